@@ -1,0 +1,63 @@
+"""Typed provider errors, all rooted at ``ProviderError``.
+
+Callers branch on the type, never on message text:
+
+* ``InsufficientCapacityError`` — the pool (offering) has no capacity now; mark it unavailable
+  for a while and route around it. Never retried in place.
+* ``QuotaExceededError`` — an account limit; not retried.
+* ``InstanceNotFoundError`` — the instance does not exist (any more). ``terminate`` treats this
+  as success, which is what makes it idempotent.
+* ``TransientError`` — throttling, 5xx, timeouts: safe to retry with backoff.
+* ``InvalidRequestError`` — rejected before any cloud call (bad offering, count, tags), or the
+  cloud said the request itself is malformed.
+* ``AuthError`` — credentials missing/expired or permission denied; not retried.
+"""
+
+from __future__ import annotations
+
+from autoscaler.errors import CoadaptError
+
+
+class ProviderError(CoadaptError):
+    """Root of all provider errors. ``code`` is the cloud's own error code when there is one."""
+
+    def __init__(self, message: str, *, code: str | None = None, pool: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.pool = pool
+
+    @property
+    def retryable(self) -> bool:
+        return False
+
+
+class InsufficientCapacityError(ProviderError):
+    """No capacity in this pool (instance type x zone x market) right now."""
+
+
+class QuotaExceededError(ProviderError):
+    """An account or project quota/limit would be exceeded."""
+
+
+class InstanceNotFoundError(ProviderError):
+    """The instance does not exist. Terminate treats it as already done."""
+
+
+class TransientError(ProviderError):
+    """A temporary failure (throttling, server error, timeout); retry with backoff."""
+
+    @property
+    def retryable(self) -> bool:
+        return True
+
+
+class InvalidRequestError(ProviderError, ValueError):
+    """The request is invalid; raised before any cloud call when we can tell."""
+
+
+class AuthError(ProviderError):
+    """Authentication or authorisation failed."""
+
+
+# Alias with the contract's short name.
+InvalidRequest = InvalidRequestError
