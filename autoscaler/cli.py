@@ -18,6 +18,11 @@ app = typer.Typer(
 )
 
 
+@app.callback()
+def _root() -> None:
+    """coadapt: goodput-driven autoscaling of elastic PyTorch training on spot GPU fleets."""
+
+
 @app.command()
 def version() -> None:
     """Print coadapt's version."""

@@ -51,7 +51,8 @@ def validate_user_tags(tags: Mapping[str, str]) -> dict[str, str]:
     for key, value in tags.items():
         if not isinstance(key, str) or not _KEY_RE.match(key):
             raise InvalidRequestError(
-                f"tag key {key!r} is malformed: use 1-63 chars of [a-z0-9_-], starting with a letter"
+                f"tag key {key!r} is malformed: "
+                "use 1-63 chars of [a-z0-9_-], starting with a letter"
             )
         if key in RESERVED_TAGS:
             raise InvalidRequestError(f"tag key {key!r} is reserved for coadapt")
