@@ -62,6 +62,8 @@ class InterruptionKind(StrEnum):
 class Offering:
     """One pool: an instance type in a zone, bought on one market.
 
+    ``gpu_type`` is the vendor model name shared by all providers ("T4", "A10G", "L4", "A100",
+    "H100", ...), so sizing can compare pools across clouds; local agent slots use "cpu-slot".
     ``price_usd_per_hour`` is ``None`` when the provider cannot tell (e.g. no price feed).
     ``key`` identifies the pool across the system (capacity cache, sizing, ledgers).
     """

@@ -22,7 +22,9 @@ class UnavailableOfferings:
 
     def mark(self, pool_key: str, ttl_s: float | None = None) -> None:
         """Mark ``pool_key`` unavailable for ``ttl_s`` (default: the cache's TTL) from now."""
-        self._until_s[pool_key] = self._clock.monotonic_s() + (ttl_s or self._ttl_s)
+        self._until_s[pool_key] = self._clock.monotonic_s() + (
+            self._ttl_s if ttl_s is None else ttl_s
+        )
 
     def is_unavailable(self, pool_key: str) -> bool:
         until = self._until_s.get(pool_key)

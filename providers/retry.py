@@ -26,7 +26,8 @@ class RetryPolicy:
     max_delay_s: float = 20.0
 
     def delay_s(self, attempt: int, rng: random.Random) -> float:
-        ceiling = min(self.max_delay_s, self.base_delay_s * (2.0**attempt))
+        # Cap the exponent: 2.0**1024 overflows a float long before the cap matters.
+        ceiling = min(self.max_delay_s, self.base_delay_s * (2.0 ** min(attempt, 60)))
         return rng.uniform(0.0, ceiling)
 
 

@@ -33,7 +33,7 @@ _ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 
 def validate_id(value: str, *, field: str) -> str:
     """Check a cluster or request id: 1-63 chars of ``[a-z0-9-]``, starting alphanumeric."""
-    if not isinstance(value, str) or not _ID_RE.match(value):
+    if not isinstance(value, str) or not _ID_RE.fullmatch(value):
         raise InvalidRequestError(
             f"{field} must be 1-63 characters of lowercase letters, digits and '-', "
             f"starting with a letter or digit; got {value!r}"
@@ -49,14 +49,14 @@ def validate_user_tags(tags: Mapping[str, str]) -> dict[str, str]:
         raise InvalidRequestError(f"at most {MAX_USER_TAGS} tags, got {len(tags)}")
     out: dict[str, str] = {}
     for key, value in tags.items():
-        if not isinstance(key, str) or not _KEY_RE.match(key):
+        if not isinstance(key, str) or not _KEY_RE.fullmatch(key):
             raise InvalidRequestError(
                 f"tag key {key!r} is malformed: "
                 "use 1-63 chars of [a-z0-9_-], starting with a letter"
             )
         if key in RESERVED_TAGS:
             raise InvalidRequestError(f"tag key {key!r} is reserved for coadapt")
-        if not isinstance(value, str) or not _VALUE_RE.match(value):
+        if not isinstance(value, str) or not _VALUE_RE.fullmatch(value):
             raise InvalidRequestError(
                 f"tag {key!r} has a malformed value {value!r}: use at most 63 chars of [a-z0-9_-]"
             )
@@ -82,6 +82,4 @@ def all_tags(cluster_id: str, request_id: str, user_tags: Mapping[str, str]) -> 
 
 def is_owned_by(tags: Mapping[str, str], cluster_id: str) -> bool:
     """True only when the resource is tagged as managed by coadapt for this cluster."""
-    return (
-        tags.get(CLUSTER_ID_TAG) == cluster_id and tags.get(MANAGED_BY_TAG) == MANAGED_BY_VALUE
-    )
+    return tags.get(CLUSTER_ID_TAG) == cluster_id and tags.get(MANAGED_BY_TAG) == MANAGED_BY_VALUE

@@ -1,0 +1,576 @@
+"""A behavioural in-memory cloud that satisfies ``providers.base.Provider``.
+
+``FakeProvider`` plays both roles at once: the *cloud* (capacity pools that run dry, instances
+with lifecycles, spot prices, preemptions) and the *adapter* in front of it (validation before
+any call, ownership by tags, idempotency by request id, typed errors, retry of transient errors
+on the injected clock, the unavailable-offerings cache). Tests drive it directly; the simulator
+uses it as its cloud, so every operation is O(instances touched), never O(fleet history).
+
+What the "cloud" side records, and what tests can steer:
+
+* ``calls`` — one ``FakeCall(op, args)`` per simulated API call, in order. ``op`` is one of
+  ``OPS``. A launch makes one call per pool attempted (like one ``RunInstances`` with
+  ``MaxCount``); ``list_instances`` one call per page of ``page_size`` matching instances;
+  ``terminate`` one call per batch of ``page_size`` ids. Pools skipped because they are marked
+  unavailable make no call.
+* ``set_capacity(pool_key, n)`` — at most ``n`` live instances in that pool (``None``:
+  unlimited). A launch fills what remains, reports ``InsufficientCapacityError`` for the pool
+  that ran dry and marks it in the ``UnavailableOfferings`` cache; until the mark expires,
+  later launches skip it without a call and still report a capacity ``PoolError``.
+* ``next_error(op, error)`` — the next call of ``op`` raises ``error`` (queue several to fail
+  several calls). ``TransientError`` is retried with backoff on the clock; any other
+  ``ProviderError`` on a launch becomes that pool's ``PoolError`` (``AuthError`` is raised);
+  on other ops it is raised.
+* ``preempt(instance_id, notice_s)`` — queues an ``InterruptionNotice`` (deadline
+  ``now + notice_s``) for ``interruptions()`` and terminates the instance once the clock passes
+  the deadline. ``rebalance(instance_id)`` queues a deadline-less recommendation.
+* ``add_foreign_instance()`` — an instance not owned by any coadapt cluster (or owned by
+  another one, given its tags): never listed, refused by ``terminate``.
+* ``reset()`` — back to the state right after construction.
+
+Launch fills the request's pools in the order given (the caller's preference). Not thread-safe:
+one controller (or one simulator) drives one instance.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+from collections import Counter, deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from functools import partial
+from types import MappingProxyType
+from typing import Final, NamedTuple
+
+from autoscaler.clock import Clock, SystemClock
+from providers.base import (
+    Instance,
+    InstanceState,
+    InterruptionKind,
+    InterruptionNotice,
+    LaunchRequest,
+    LaunchResult,
+    Market,
+    Offering,
+    PoolError,
+    SpotPrice,
+    TerminateResult,
+    find_offering,
+)
+from providers.capacity import UnavailableOfferings
+from providers.errors import (
+    AuthError,
+    InstanceNotFoundError,
+    InsufficientCapacityError,
+    InvalidRequestError,
+    ProviderError,
+)
+from providers.retry import RetryPolicy, call_with_retries
+from providers.tags import CLUSTER_ID_TAG, REQUEST_ID_TAG, all_tags, is_owned_by, validate_id
+
+FAKE_PROVIDER: Final = "fake"
+OPS: Final = frozenset({"offerings", "spot_prices", "launch", "list", "terminate", "interruptions"})
+DEFAULT_REGION: Final = "us-east-1"
+DEFAULT_ZONES: Final = ("us-east-1a", "us-east-1b")
+
+
+class FakeCall(NamedTuple):
+    """One simulated API call: the operation and a summary of its arguments."""
+
+    op: str
+    args: Mapping[str, object]
+
+
+@dataclass(frozen=True)
+class _Shape:
+    instance_type: str
+    gpu_type: str
+    gpus: int
+    vcpus: int
+    memory_gib: float
+    on_demand_usd_per_hour: float
+    spot_usd_per_hour: tuple[float, float]  # one per zone of DEFAULT_ZONES
+
+
+# us-east-1 list prices (on-demand) and typical spot prices, per instance.
+_SHAPES: Final = (
+    _Shape("g4dn.xlarge", "T4", 1, 4, 16.0, 0.526, (0.1578, 0.1702)),
+    _Shape("g4dn.12xlarge", "T4", 4, 48, 192.0, 3.912, (1.1736, 1.2483)),
+    _Shape("g5.xlarge", "A10G", 1, 4, 16.0, 1.006, (0.3018, 0.3362)),
+    _Shape("p4d.24xlarge", "A100", 8, 96, 1152.0, 32.7726, (11.5704, 12.9011)),
+)
+
+
+def default_offerings(provider: str = FAKE_PROVIDER) -> list[Offering]:
+    """A small realistic GPU catalogue: 4 types x 2 zones x {spot, on-demand} = 16 pools."""
+    out: list[Offering] = []
+    for shape in _SHAPES:
+        for zone, spot_price in zip(DEFAULT_ZONES, shape.spot_usd_per_hour, strict=True):
+            for market, price in (
+                (Market.SPOT, spot_price),
+                (Market.ON_DEMAND, shape.on_demand_usd_per_hour),
+            ):
+                out.append(
+                    Offering(
+                        provider=provider,
+                        instance_type=shape.instance_type,
+                        gpu_type=shape.gpu_type,
+                        gpus=shape.gpus,
+                        vcpus=shape.vcpus,
+                        memory_gib=shape.memory_gib,
+                        region=DEFAULT_REGION,
+                        zone=zone,
+                        market=market,
+                        price_usd_per_hour=price,
+                    )
+                )
+    return out
+
+
+def default_capacity(provider: str = FAKE_PROVIDER) -> dict[str, int | None]:
+    """Scarce A100s (2 spot, 4 on-demand per zone), everything else unlimited."""
+    caps: dict[str, int | None] = {}
+    for o in default_offerings(provider):
+        if o.instance_type == "p4d.24xlarge":
+            caps[o.key] = 2 if o.market is Market.SPOT else 4
+    return caps
+
+
+@dataclass
+class _Record:
+    """The fake cloud's own (mutable) view of one instance."""
+
+    instance_id: str
+    offering: Offering
+    tags: Mapping[str, str]
+    launched_at_s: float
+    private_ip: str
+    terminated_at_s: float | None = None
+    preempt_at_s: float | None = None
+
+    @property
+    def cluster_tag(self) -> str | None:
+        return self.tags.get(CLUSTER_ID_TAG)
+
+
+class FakeProvider:
+    """In-memory cloud + adapter. See the module docstring for the behaviour it simulates.
+
+    ``offerings`` is the catalogue (default ``default_offerings(name)``; every offering's
+    ``provider`` must equal ``name``); ``capacity`` maps pool keys to the most live instances the
+    pool holds (missing or ``None``: unlimited). ``boot_s`` is how long an instance stays
+    ``PENDING``; ``terminated_retention_s`` how long a terminated instance stays known (later it
+    is unknown, which ``terminate`` also counts as already gone).
+    """
+
+    def __init__(
+        self,
+        offerings: Iterable[Offering] | None = None,
+        capacity: Mapping[str, int | None] | None = None,
+        *,
+        clock: Clock | None = None,
+        unavailable: UnavailableOfferings | None = None,
+        name: str = FAKE_PROVIDER,
+        boot_s: float = 0.0,
+        page_size: int = 1000,
+        retry_policy: RetryPolicy | None = None,
+        seed: int = 0,
+        terminated_retention_s: float = 3600.0,
+    ) -> None:
+        self.name = name
+        catalogue = list(default_offerings(name) if offerings is None else offerings)
+        for o in catalogue:
+            if o.provider != name:
+                raise InvalidRequestError(f"offering {o.key!r} is not of provider {name!r}")
+        if len({o.key for o in catalogue}) != len(catalogue):
+            raise InvalidRequestError("duplicate offerings in the catalogue")
+        if page_size <= 0 or boot_s < 0 or terminated_retention_s < 0:
+            raise InvalidRequestError("page_size must be positive, durations non-negative")
+        self._initial_catalogue = tuple(catalogue)
+        self._initial_capacity = dict(capacity or {})
+        self._check_capacity(self._initial_capacity)
+        self._clock: Clock = clock or SystemClock()
+        self._unavailable = unavailable or UnavailableOfferings(self._clock)
+        self._boot_s = boot_s
+        self._page_size = page_size
+        self._retry_policy = retry_policy or RetryPolicy()
+        self._seed = seed
+        self._retention_s = terminated_retention_s
+        self.calls: list[FakeCall] = []
+        self._init_state()
+
+    # ------------------------------------------------------------ test controls
+
+    @property
+    def unavailable(self) -> UnavailableOfferings:
+        """The capacity cache this provider marks and consults."""
+        return self._unavailable
+
+    def reset(self) -> None:
+        """Forget every instance, call, injected error and notice; restore capacity and prices."""
+        self.calls = []
+        self._unavailable.clear()
+        self._init_state()
+
+    def set_capacity(self, pool_key: str, instances: int | None) -> None:
+        """At most ``instances`` live instances in ``pool_key`` from now on (None: unlimited)."""
+        self._offering(pool_key)
+        self._check_capacity({pool_key: instances})
+        self._capacity[pool_key] = instances
+
+    def remaining_capacity(self, pool_key: str) -> int | None:
+        """Free slots in the pool (None: unlimited)."""
+        cap = self._capacity.get(pool_key)
+        return None if cap is None else max(0, cap - self._live_by_pool[pool_key])
+
+    def set_spot_price(self, instance_type: str, zone: str, price_usd_per_hour: float) -> None:
+        """Change the spot price of one (type, zone); offerings() reflects it."""
+        if not price_usd_per_hour > 0:
+            raise InvalidRequestError("a spot price must be positive")
+        found = False
+        for key, o in self._catalogue.items():
+            if o.market is Market.SPOT and (o.instance_type, o.zone) == (instance_type, zone):
+                self._catalogue[key] = replace(o, price_usd_per_hour=price_usd_per_hour)
+                found = True
+        if not found:
+            raise InvalidRequestError(f"no spot offering {instance_type} in {zone}")
+
+    def next_error(self, op: str, error: ProviderError) -> None:
+        """The next call of ``op`` (one of ``OPS``) raises ``error``; one-shot, queued."""
+        if op not in OPS:
+            raise ValueError(f"unknown op {op!r}; expected one of {sorted(OPS)}")
+        if not isinstance(error, ProviderError):
+            raise TypeError("injected errors must be ProviderError instances")
+        self._errors[op].append(error)
+
+    def preempt(
+        self,
+        instance_id: str,
+        notice_s: float = 120.0,
+        kind: InterruptionKind = InterruptionKind.SPOT_INTERRUPTION,
+    ) -> InterruptionNotice:
+        """Announce the reclaim of a live instance; it terminates when the clock passes the
+        deadline (``notice_s == 0``: at once). Raises ``InstanceNotFoundError`` if not live."""
+        if notice_s < 0:
+            raise ValueError("notice_s must be non-negative")
+        self._advance()
+        rec = self._live_record(instance_id)
+        now = self._clock.now_s()
+        deadline = now + notice_s
+        rec.preempt_at_s = deadline if rec.preempt_at_s is None else min(rec.preempt_at_s, deadline)
+        heapq.heappush(self._deadlines, (rec.preempt_at_s, instance_id))
+        notice = InterruptionNotice(instance_id, kind, deadline, "fake", noticed_at_s=now)
+        self._queue_notice(rec, notice)
+        self._advance()
+        return notice
+
+    def rebalance(self, instance_id: str) -> InterruptionNotice:
+        """Queue a rebalance recommendation (elevated risk, no deadline) for a live instance."""
+        self._advance()
+        rec = self._live_record(instance_id)
+        notice = InterruptionNotice(
+            instance_id, InterruptionKind.REBALANCE, None, "fake", noticed_at_s=self._clock.now_s()
+        )
+        self._queue_notice(rec, notice)
+        return notice
+
+    def add_foreign_instance(
+        self, offering: Offering | None = None, tags: Mapping[str, str] | None = None
+    ) -> str:
+        """Create an instance nobody launched through coadapt (``tags`` as given, default none).
+
+        It uses pool capacity like any other instance. Returns its id."""
+        chosen = self._offering(offering.key) if offering else next(iter(self._catalogue.values()))
+        rec = self._create(chosen, MappingProxyType(dict(tags or {})))
+        return rec.instance_id
+
+    def call_count(self, op: str, **match: object) -> int:
+        """How many recorded calls have ``op`` and the given argument values."""
+        return sum(
+            1
+            for c in self.calls
+            if c.op == op and all(c.args.get(k) == v for k, v in match.items())
+        )
+
+    def instance_state(self, instance_id: str) -> InstanceState | None:
+        """The cloud's state of any known instance, owned or not (None: unknown)."""
+        self._advance()
+        rec = self._records.get(instance_id)
+        return None if rec is None else self._state(rec)
+
+    # ---------------------------------------------------------------- contract
+
+    def offerings(self) -> Sequence[Offering]:
+        self._call("offerings", {})
+        return list(self._catalogue.values())
+
+    def spot_prices(self) -> Sequence[SpotPrice]:
+        self._call("spot_prices", {})
+        now = self._clock.now_s()
+        return [
+            SpotPrice(o.instance_type, o.zone, o.price_usd_per_hour, now)
+            for o in self._catalogue.values()
+            if o.market is Market.SPOT and o.price_usd_per_hour is not None
+        ]
+
+    def launch(self, request: LaunchRequest) -> LaunchResult:
+        """Fill ``request.count`` from the request's pools in order; idempotent by request id.
+
+        Pools marked unavailable are skipped with a capacity ``PoolError`` and no call. A pool
+        that runs dry yields what it had, a capacity ``PoolError``, and a mark.
+        """
+        request.validate()
+        pools = [self._lookup(o) for o in request.offerings]
+        tags = MappingProxyType(all_tags(request.cluster_id, request.request_id, request.tags))
+        self._advance()
+        key = (request.cluster_id, request.request_id)
+        if key in self._by_request:
+            known = [self._records[i] for i in self._by_request[key] if i in self._records]
+            return LaunchResult(
+                request.request_id, request.count, tuple(self._instance(r) for r in known)
+            )
+        created: list[_Record] = []
+        errors: list[PoolError] = []
+        for pool in pools:
+            if self._unavailable.is_unavailable(pool.key):
+                errors.append(PoolError(pool.key, _skipped(pool.key)))
+                continue
+            wanted = request.count - len(created)
+            if wanted == 0:
+                continue
+            try:
+                batch = call_with_retries(
+                    partial(self._cloud_run, pool, wanted, tags),
+                    clock=self._clock,
+                    policy=self._retry_policy,
+                    rng=self._rng,
+                )
+            except AuthError:
+                raise
+            except ProviderError as err:
+                if isinstance(err, InsufficientCapacityError):
+                    self._unavailable.mark(pool.key)
+                errors.append(PoolError(pool.key, err))
+                continue
+            created.extend(batch)
+            if len(batch) < wanted:
+                self._unavailable.mark(pool.key)
+                errors.append(
+                    PoolError(
+                        pool.key,
+                        InsufficientCapacityError(
+                            f"pool {pool.key} ran dry after {len(batch)} of {wanted}",
+                            code="InsufficientInstanceCapacity",
+                            pool=pool.key,
+                        ),
+                    )
+                )
+        if created:
+            self._by_request[key] = [r.instance_id for r in created]
+        return LaunchResult(
+            request.request_id,
+            request.count,
+            tuple(self._instance(r) for r in created),
+            tuple(errors),
+        )
+
+    def list_instances(self, cluster_id: str) -> Sequence[Instance]:
+        validate_id(cluster_id, field="cluster_id")
+        self._advance()
+        ids = sorted(
+            i
+            for i in self._by_cluster.get(cluster_id, ())
+            if is_owned_by(self._records[i].tags, cluster_id)
+        )
+        pages = max(1, -(-len(ids) // self._page_size))
+        for page in range(pages):
+            call_with_retries(
+                partial(self._call, "list", {"cluster_id": cluster_id, "page": page}),
+                clock=self._clock,
+                policy=self._retry_policy,
+                rng=self._rng,
+            )
+        return [self._instance(self._records[i]) for i in ids]
+
+    def terminate(
+        self, cluster_id: str, instance_ids: Sequence[str], request_id: str
+    ) -> TerminateResult:
+        """Terminate owned live instances; unknown or terminated ids are already gone, ids not
+        owned by ``cluster_id`` are refused. One call per batch of ``page_size`` ids."""
+        validate_id(cluster_id, field="cluster_id")
+        validate_id(request_id, field="request_id")
+        ids = list(dict.fromkeys(instance_ids))
+        if not all(isinstance(i, str) and i for i in ids):
+            raise InvalidRequestError("instance ids must be non-empty strings")
+        self._advance()
+        terminated: list[str] = []
+        gone: list[str] = []
+        refused: list[str] = []
+        for start in range(0, len(ids), self._page_size):
+            batch = ids[start : start + self._page_size]
+            call_with_retries(
+                partial(self._call, "terminate", {"cluster_id": cluster_id, "count": len(batch)}),
+                clock=self._clock,
+                policy=self._retry_policy,
+                rng=self._rng,
+            )
+            for iid in batch:
+                rec = self._records.get(iid)
+                if rec is None:
+                    gone.append(iid)
+                elif not is_owned_by(rec.tags, cluster_id):
+                    refused.append(iid)
+                elif rec.terminated_at_s is not None:
+                    gone.append(iid)
+                else:
+                    self._terminate_record(rec, self._clock.now_s())
+                    terminated.append(iid)
+        return TerminateResult(request_id, tuple(terminated), tuple(gone), tuple(refused))
+
+    def interruptions(self, cluster_id: str) -> Sequence[InterruptionNotice]:
+        """Drain the notices queued for instances owned by ``cluster_id``."""
+        validate_id(cluster_id, field="cluster_id")
+        self._advance()
+        call_with_retries(
+            partial(self._call, "interruptions", {"cluster_id": cluster_id}),
+            clock=self._clock,
+            policy=self._retry_policy,
+            rng=self._rng,
+        )
+        queued = self._notices.pop(cluster_id, None) or []
+        return [n for n in queued if self._owned_record(n.instance_id, cluster_id)]
+
+    # ---------------------------------------------------------------- internals
+
+    def _init_state(self) -> None:
+        self._catalogue: dict[str, Offering] = {o.key: o for o in self._initial_catalogue}
+        self._capacity: dict[str, int | None] = dict(self._initial_capacity)
+        self._records: dict[str, _Record] = {}
+        self._live_by_pool: Counter[str] = Counter()
+        self._by_cluster: dict[str, set[str]] = {}
+        self._by_request: dict[tuple[str, str], list[str]] = {}
+        self._notices: dict[str, list[InterruptionNotice]] = {}
+        self._errors: dict[str, deque[ProviderError]] = {op: deque() for op in OPS}
+        self._deadlines: list[tuple[float, str]] = []
+        self._retired: list[tuple[float, str]] = []
+        self._ids = itertools.count(1)
+        self._rng = random.Random(self._seed)
+
+    @staticmethod
+    def _check_capacity(capacity: Mapping[str, int | None]) -> None:
+        for key, cap in capacity.items():
+            if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 0):
+                raise InvalidRequestError(f"capacity of {key!r} must be None or an int >= 0")
+
+    def _lookup(self, wanted: Offering) -> Offering:
+        """Our (current-price) offering with ``wanted.key``, else InvalidRequestError."""
+        own = self._catalogue.get(wanted.key)
+        return own if own is not None else find_offering((), wanted)
+
+    def _offering(self, pool_key: str) -> Offering:
+        try:
+            return self._catalogue[pool_key]
+        except KeyError:
+            raise InvalidRequestError(f"unknown pool {pool_key!r}") from None
+
+    def _call(self, op: str, args: Mapping[str, object]) -> None:
+        """Record one API call; raise the error injected for ``op``, if any."""
+        self.calls.append(FakeCall(op, MappingProxyType(dict(args))))
+        queue = self._errors[op]
+        if queue:
+            raise queue.popleft()
+
+    def _cloud_run(self, pool: Offering, wanted: int, tags: Mapping[str, str]) -> list[_Record]:
+        """The cloud's RunInstances: up to ``wanted`` in one pool, capacity error if none."""
+        self._call("launch", {"pool": pool.key, "count": wanted})
+        room = self.remaining_capacity(pool.key)
+        n = wanted if room is None else min(wanted, room)
+        if n == 0:
+            raise InsufficientCapacityError(
+                f"no capacity in pool {pool.key}",
+                code="InsufficientInstanceCapacity",
+                pool=pool.key,
+            )
+        return [self._create(pool, tags) for _ in range(n)]
+
+    def _create(self, offering: Offering, tags: Mapping[str, str]) -> _Record:
+        n = next(self._ids)
+        rec = _Record(
+            instance_id=f"i-{n:017x}",
+            offering=offering,
+            tags=tags,
+            launched_at_s=self._clock.now_s(),
+            private_ip=f"10.{(n >> 16) & 255}.{(n >> 8) & 255}.{n & 255}",
+        )
+        self._records[rec.instance_id] = rec
+        self._live_by_pool[offering.key] += 1
+        if rec.cluster_tag is not None:
+            self._by_cluster.setdefault(rec.cluster_tag, set()).add(rec.instance_id)
+        return rec
+
+    def _terminate_record(self, rec: _Record, at_s: float) -> None:
+        rec.terminated_at_s = at_s
+        self._live_by_pool[rec.offering.key] -= 1
+        if rec.cluster_tag is not None:
+            self._by_cluster[rec.cluster_tag].discard(rec.instance_id)
+        heapq.heappush(self._retired, (at_s, rec.instance_id))
+
+    def _advance(self) -> None:
+        """Apply what the clock made happen: preemption deadlines, forgetting old instances."""
+        now = self._clock.now_s()
+        while self._deadlines and self._deadlines[0][0] <= now:
+            at_s, iid = heapq.heappop(self._deadlines)
+            rec = self._records.get(iid)
+            if rec is not None and rec.terminated_at_s is None and rec.preempt_at_s == at_s:
+                self._terminate_record(rec, at_s)
+        while self._retired and self._retired[0][0] + self._retention_s < now:
+            _, iid = heapq.heappop(self._retired)
+            self._records.pop(iid, None)
+
+    def _state(self, rec: _Record) -> InstanceState:
+        if rec.terminated_at_s is not None:
+            return InstanceState.TERMINATED
+        if self._clock.now_s() < rec.launched_at_s + self._boot_s:
+            return InstanceState.PENDING
+        return InstanceState.RUNNING
+
+    def _instance(self, rec: _Record) -> Instance:
+        o = rec.offering
+        return Instance(
+            instance_id=rec.instance_id,
+            provider=self.name,
+            instance_type=o.instance_type,
+            zone=o.zone,
+            market=o.market,
+            state=self._state(rec),
+            cluster_id=rec.tags.get(CLUSTER_ID_TAG, ""),
+            request_id=rec.tags.get(REQUEST_ID_TAG, ""),
+            tags=rec.tags,
+            launched_at_s=rec.launched_at_s,
+            private_ip=rec.private_ip,
+        )
+
+    def _live_record(self, instance_id: str) -> _Record:
+        rec = self._records.get(instance_id)
+        if rec is None or rec.terminated_at_s is not None:
+            raise InstanceNotFoundError(f"no live instance {instance_id!r}")
+        return rec
+
+    def _owned_record(self, instance_id: str, cluster_id: str) -> bool:
+        rec = self._records.get(instance_id)
+        return rec is not None and is_owned_by(rec.tags, cluster_id)
+
+    def _queue_notice(self, rec: _Record, notice: InterruptionNotice) -> None:
+        cluster = rec.cluster_tag
+        if cluster is not None:  # nobody can read notices of untagged instances
+            self._notices.setdefault(cluster, []).append(notice)
+
+
+def _skipped(pool_key: str) -> InsufficientCapacityError:
+    return InsufficientCapacityError(
+        f"pool {pool_key} is marked unavailable after a recent capacity error; skipped",
+        code="skipped-unavailable",
+        pool=pool_key,
+    )
