@@ -1,0 +1,110 @@
+"""Tiresias (Gu et al., NSDI'19) as tuned in the Pollux paper: two-queue discretised LAS.
+
+Each job runs as a gang of exactly its user-requested GPU count (capped at the cluster size) at
+its user batch size — it either runs at that size or waits. Priority is discretised least
+attained service with two queues: a job starts in queue 0 and is demoted, for good, to the end
+of queue 1 once its attained service reaches ``threshold_gpu_s`` (16 GPU-hours by default);
+within a queue, jobs keep their order (arrival order in queue 0, demotion order in queue 1).
+Each round, the queues are scanned in order and every job whose gang still fits in the GPUs
+left is run (later, smaller jobs may skip ahead of a large one that does not fit); the others
+are preempted. A job that keeps running keeps its GPUs; a job that starts is packed onto the
+nodes with the most free GPUs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoscaler.errors import InvalidInputError
+from autoscaler.jobs import (
+    BatchChoice,
+    ClusterView,
+    JobView,
+    Plan,
+    PolicyName,
+    RoundInput,
+    fixed_batch_choice,
+)
+from autoscaler.policy import Decision
+from autoscaler.policy.placement import pack
+
+__all__ = ["TiresiasPolicy", "TiresiasState"]
+
+
+@dataclass(frozen=True)
+class TiresiasState:
+    """Names of the jobs in queue 1, in demotion order."""
+
+    demoted: tuple[str, ...] = ()
+
+
+class TiresiasPolicy:
+    """Two-queue discretised least-attained-service, gang-scheduled, fixed batch size."""
+
+    name = PolicyName.TIRESIAS
+    uses_model = False
+    uses_oracle = False
+    avoids_interference = False
+
+    def __init__(self, threshold_gpu_s: float = 16 * 3600.0) -> None:
+        if not threshold_gpu_s > 0:
+            raise InvalidInputError("threshold_gpu_s must be > 0", field="threshold_gpu_s")
+        self.threshold_gpu_s = float(threshold_gpu_s)
+
+    def initial_state(self) -> TiresiasState:
+        return TiresiasState()
+
+    def gang_size(self, job: JobView, cluster: ClusterView) -> int:
+        """The job's gang: its requested GPUs, at most the cluster's."""
+        return min(job.requested_gpus, cluster.total_gpus)
+
+    def gpu_bounds(self, job: JobView, cluster: ClusterView) -> tuple[int, int]:
+        gang = self.gang_size(job, cluster)
+        return gang, gang
+
+    def decide(self, round_input: RoundInput, state: TiresiasState) -> Decision:
+        """Queue update, gang admission, placement (see the module docstring).
+
+        ``round_input.jobs`` must be in arrival order (the order of queue 0).
+        """
+        cluster = round_input.cluster
+        jobs = {job.name: job for job in round_input.jobs}
+        queue1 = [name for name in state.demoted if name in jobs]
+        demoted = set(queue1)
+        for job in round_input.jobs:
+            if job.name not in demoted and job.attained_gpu_s >= self.threshold_gpu_s:
+                queue1.append(job.name)
+                demoted.add(job.name)
+        queue0 = [job.name for job in round_input.jobs if job.name not in demoted]
+
+        gpus_left = cluster.total_gpus
+        running: list[str] = []
+        for name in (*queue0, *queue1):
+            gang = self.gang_size(jobs[name], cluster)
+            if gang <= gpus_left:
+                running.append(name)
+                gpus_left -= gang
+        run_set = set(running)
+
+        free = np.array(cluster.gpus_per_node, dtype=np.int64)
+        allocations: dict[str, tuple[int, ...]] = {}
+        for name in running:  # Running jobs that keep their GPUs.
+            job = jobs[name]
+            if job.num_gpus == self.gang_size(job, cluster):
+                allocations[name] = job.allocation
+                free -= np.asarray(job.allocation, dtype=np.int64)
+        batches: dict[str, BatchChoice] = {}
+        for name in running:  # Jobs that start (or restart) now.
+            job = jobs[name]
+            if name not in allocations:
+                allocations[name] = pack(self.gang_size(job, cluster), free)
+            batches[name] = fixed_batch_choice(
+                job.fixed_batch_size, sum(allocations[name]), job.limits
+            )
+        zeros = (0,) * cluster.num_nodes
+        for name in jobs:
+            if name not in run_set:
+                allocations[name] = zeros
+        return Decision(Plan(allocations, batches), TiresiasState(tuple(queue1)))
