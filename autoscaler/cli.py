@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
 from autoscaler import __version__
+from autoscaler.jobs import PolicyName
 
 app = typer.Typer(
     name="coadapt",
@@ -27,6 +30,122 @@ def _root() -> None:
 def version() -> None:
     """Print coadapt's version."""
     typer.echo(f"coadapt {__version__}")
+
+
+@app.command()
+def simulate(
+    workload: Path | None = typer.Argument(
+        None, help="Workload CSV (name,time,application,num_replicas,batch_size) or a folder."
+    ),
+    policy: list[PolicyName] = typer.Option(
+        [PolicyName.POLLUX], "--policy", "-p", help="Scheduling policy (repeatable)."
+    ),
+    nodes: int = typer.Option(16, "--nodes", min=1, help="Nodes in the cluster."),
+    gpus_per_node: int = typer.Option(4, "--gpus-per-node", min=1, help="GPUs per node."),
+    interval_s: float = typer.Option(60.0, "--interval-s", help="Scheduling round, seconds."),
+    restart_delay_s: float = typer.Option(30.0, "--restart-delay-s", help="Cost of a rescale."),
+    interference: float = typer.Option(
+        0.0, "--interference", help="Slowdown of multi-node jobs sharing a node, 0-1."
+    ),
+    avoid_interference: bool = typer.Option(
+        True, "--avoid-interference/--allow-interference", help="Pollux: one multi-node job a node."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed of randomised policies."),
+    suite: str | None = typer.Option(
+        None, "--suite", help="'paper': the paper's eight workloads under all three policies."
+    ),
+    load: str = typer.Option("1.0", "--load", help="Load of the paper suite: 1.0 or 0.5."),
+    processes: int = typer.Option(2, "--processes", "-j", min=1, help="Parallel workers."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Write the results JSON here."),
+    timing: bool = typer.Option(False, "--timing", help="Include policy wall times in --out."),
+) -> None:
+    """Replay workloads on a simulated GPU cluster driven by the Pollux traces; report JCTs.
+
+    A folder of workloads runs in parallel processes. With --suite paper, the paper's eight
+    workloads at --load run under pollux, tiresias and optimus, next to the published results.
+    """
+    from autoscaler.sim.runner import limit_threads
+
+    limit_threads()  # before numpy/scipy load: a threaded BLAS slows the model fits a lot
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from autoscaler.errors import CoadaptError
+    from autoscaler.sim.engine import SimConfig
+    from autoscaler.sim.results import write_results_json
+    from autoscaler.sim.runner import RunSpec, paper_workloads, run_many
+    from autoscaler.sim.workload import workload_files
+
+    console, err = Console(), Console(stderr=True)
+    if suite not in (None, "paper"):
+        raise typer.BadParameter("the only suite is 'paper'", param_hint="--suite")
+    if suite is None and workload is None:
+        raise typer.BadParameter("give a WORKLOAD file or folder, or --suite paper")
+    try:
+        config = SimConfig(
+            num_nodes=nodes,
+            gpus_per_node=gpus_per_node,
+            interval_s=interval_s,
+            restart_delay_s=restart_delay_s,
+            interference=interference,
+            interference_avoidance=avoid_interference,
+            seed=seed,
+        )
+        files = paper_workloads(load) if suite else workload_files(workload)  # type: ignore[arg-type]
+        policies = list(PolicyName) if suite else list(dict.fromkeys(policy))
+        specs = [RunSpec(str(f), p, config) for p in policies for f in files]
+        columns = (BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress("{task.description}", *columns, console=err) as bar:
+            task = bar.add_task("simulating", total=None)
+            results = run_many(
+                specs,
+                processes=processes,
+                on_done=lambda _s, _r: bar.advance(task),
+                on_round=lambda _t, done, total: bar.update(task, completed=done, total=total),
+            )
+    except CoadaptError as e:
+        typer.echo(f"error: {e}", err=True)  # plain text: names file, line and field verbatim
+        raise typer.Exit(code=2) from None
+    console.print(_results_table(results, load if suite else None))
+    if out is not None:
+        write_results_json(out, results, include_timing=timing)
+        console.print(f"results written to {out}")
+
+
+def _results_table(results: list, paper_load: str | None) -> object:
+    """A rich table of the results; with ``paper_load``, next to the published numbers."""
+    from rich.table import Table
+
+    from autoscaler.sim.runner import compare_with_paper
+
+    title = "Simulated JCTs (s)" + (f", paper suite at {paper_load}x" if paper_load else "")
+    table = Table(title=title)
+    names = ["workload", "policy", "mean JCT", "p99 JCT", "restarts/job", "mean FTF"]
+    if paper_load:
+        names += ["paper", "ours/paper"]
+    for name in names:
+        table.add_column(name, justify="left" if name in ("workload", "policy") else "right")
+    rows = {(r.workload, r.policy): r for r in compare_with_paper(results, paper_load or "")}
+    for res in results:
+        s = res.summary()
+        cells = [res.workload, res.policy, f"{s['mean_jct_s']:.0f}", f"{s['p99_jct_s']:.0f}"]
+        cells += [f"{s['restarts_per_job']:.2f}", f"{s['mean_ftf_ratio']:.2f}"]
+        row = rows[(res.workload, res.policy)]
+        if paper_load:
+            cells += _paper_cells(row)
+        table.add_row(*cells)
+    if paper_load:
+        for (workload, _policy), row in rows.items():
+            if workload == "mean":
+                cells = ["mean", row.policy, f"{row.mean_jct_s:.0f}", "", "", ""]
+                table.add_row(*cells, *_paper_cells(row))
+    return table
+
+
+def _paper_cells(row: object) -> list[str]:
+    paper = getattr(row, "paper_jct_s", None)
+    ratio = getattr(row, "ratio", None)
+    return [f"{paper:.0f}" if paper else "-", f"{ratio:.2f}" if ratio else "-"]
 
 
 def main() -> None:

@@ -1,0 +1,477 @@
+"""The trace-driven cluster simulator.
+
+Time advances in rounds of ``interval_s``. At the start of every round the policy sees the
+active jobs (submitted at or before the round's start and not finished) exactly as a controller
+would — allocation, attained service, restarts, and a goodput model **fitted online** from the
+job's own simulated profiles with :mod:`autoscaler.goodput` — and returns a plan; the simulator
+checks it, applies it, and replays each job for the round from its traces:
+
+- its true iteration time at its placement and micro-batch comes from
+  :meth:`~autoscaler.traces.AppTrace.step_time_s` (plus one compute time per extra accumulation
+  step), slowed by ``interference`` when it spans nodes and shares a node with another
+  multi-node job;
+- its statistical progress, in initial-batch-size iterations, grows by the true AdaScale gain of
+  its total batch at its current progress per iteration
+  (:meth:`~autoscaler.traces.AppTrace.progress_curve`);
+- every change of a non-empty allocation first costs ``restart_delay_s`` without progress (the
+  first start is not counted as a restart, but pays the delay too);
+- it completes, at a fractional time, when its progress reaches the application's target.
+
+What the policy is told about gradient statistics is what a trainer would report: the true
+statistics at the job's progress and batch size, refreshed when the job enters a new epoch or
+its batch size changes. A job's throughput model is refitted only after it ran a configuration
+(placement, micro-batch, accumulation steps) not profiled before, and only if its current model
+mispredicted that configuration's iteration time by more than ``refit_tolerance``.
+
+Results (per job: JCT, GPU-seconds, restarts, finish-time fairness; per round: policy wall time)
+are in :class:`~autoscaler.sim.results.SimResult`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from autoscaler.errors import AutoscalerError, InvalidInputError
+from autoscaler.goodput import (
+    BatchLimits,
+    GoodputModel,
+    GradParams,
+    PerfParams,
+    ProfileSample,
+    fit_perf_params,
+)
+from autoscaler.jobs import (
+    Allocation,
+    BatchChoice,
+    ClusterView,
+    JobSpec,
+    JobView,
+    Oracle,
+    RoundInput,
+    fixed_batch_choice,
+    num_nodes_of,
+    placement_of,
+)
+from autoscaler.policy import Policy
+from autoscaler.sim.results import JobResult, RoundStats, SimResult
+from autoscaler.traces import AppTrace, load_app
+
+__all__ = ["SimConfig", "SimulationError", "Simulator", "isolated_jct_s", "simulate"]
+
+
+class SimulationError(AutoscalerError):
+    """The simulation cannot proceed (a policy broke an invariant, or it ran past its limit)."""
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Cluster and simulation settings.
+
+    ``interference`` is the fractional slowdown of a multi-node job that shares a node with
+    another multi-node job; ``interference_avoidance`` asks policies that support it to keep
+    such sharing away. ``max_time_s`` bounds the simulated time (a policy that starves a job
+    forever fails instead of looping). ``seed`` seeds randomised policies.
+    ``refit_tolerance``: a job's throughput model is refitted when it runs a new configuration
+    whose iteration time the current model mispredicts by more than this fraction (0 = refit
+    on every new configuration). ``fixed_applications``: jobs of these applications are
+    opted out of adaptation (they keep their user's GPU count as a cap, and batch size) — the
+    paper's simulator runs NCF this way under Pollux and Optimus; pass ``()`` to adapt all.
+    """
+
+    num_nodes: int = 16
+    gpus_per_node: int = 4
+    interval_s: float = 60.0
+    restart_delay_s: float = 30.0
+    interference: float = 0.0
+    interference_avoidance: bool = True
+    seed: int = 0
+    max_time_s: float = 30 * 24 * 3600.0
+    refit_tolerance: float = 0.05
+    fixed_applications: tuple[str, ...] = ("ncf",)
+
+    def __post_init__(self) -> None:
+        if self.num_nodes < 1 or self.gpus_per_node < 1:
+            raise InvalidInputError("need at least one node with one GPU", field="num_nodes")
+        if not self.interval_s > 0 or not math.isfinite(self.interval_s):
+            raise InvalidInputError("interval_s must be > 0", field="interval_s")
+        if self.restart_delay_s < 0:
+            raise InvalidInputError("restart_delay_s must be >= 0", field="restart_delay_s")
+        if self.refit_tolerance < 0:
+            raise InvalidInputError("refit_tolerance must be >= 0", field="refit_tolerance")
+        if not 0 <= self.interference < 1:
+            raise InvalidInputError("interference must be in [0, 1)", field="interference")
+
+    @property
+    def total_gpus(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+
+@dataclass
+class _Job:
+    """Mutable simulator-side state of one job (never handed to a policy)."""
+
+    spec: JobSpec
+    index: int
+    app: AppTrace
+    limits: BatchLimits
+    allocation: Allocation
+    batch: BatchChoice | None = None
+    progress: float = 0.0
+    delay_left_s: float = 0.0
+    starts: int = 0
+    attained_gpu_s: float = 0.0
+    completion_s: float | None = None
+    profile: dict[tuple[tuple[int, ...], int, int], ProfileSample] = field(default_factory=dict)
+    perf: PerfParams | None = None
+    stale_perf: bool = False
+    grad: GradParams | None = None
+    grad_key: tuple[int, int] | None = None
+    model: GoodputModel | None = None
+    max_profiled_gpus: int = 0
+    sharers_s: float = 0.0  # integral of (active jobs) dt over the job's life
+    oracle_times: tuple[float, ...] | None = None
+
+    @property
+    def restarts(self) -> int:
+        return max(0, self.starts - 1)
+
+
+def _limits(app: AppTrace) -> BatchLimits:
+    return BatchLimits(
+        init_batch_size=app.init_batch_size,
+        max_batch_size=app.max_batch_size,
+        max_local_bsz=app.max_local_bsz,
+        min_local_bsz=app.min_local_bsz,
+    )
+
+
+def _iteration_time_s(app: AppTrace, placement: tuple[int, ...], batch: BatchChoice):
+    """True (seconds per iteration, sync seconds) with ``batch.accum_steps`` micro-batches."""
+    step, sync = app.step_time_s(placement, batch.local_bsz)
+    return step + (batch.accum_steps - 1) * (step - sync), sync
+
+
+def _packed(num_gpus: int, per_node: int) -> tuple[int, ...]:
+    full, rest = divmod(num_gpus, per_node)
+    return (per_node,) * full + ((rest,) if rest else ())
+
+
+def isolated_jct_s(spec: JobSpec, share_gpus: float, per_node: int) -> float:
+    """JCT of ``spec`` alone on ``share_gpus`` GPUs (may be fractional): trained at its own
+    batch size on ``g = max(1, floor(share))`` GPUs packed onto the fewest nodes (at most its
+    batch's worth of micro-batches), without restarts, its time scaled by ``g / share`` (a
+    fractional share is a time-slice). The reference of the finish-time fairness ratio."""
+    app = load_app(spec.application)
+    limits = _limits(app)
+    batch_size = min(max(spec.batch_size, app.init_batch_size), app.max_batch_size)
+    g = max(1, min(math.floor(share_gpus), batch_size // app.min_local_bsz))
+    choice = fixed_batch_choice(batch_size, g, limits)
+    t_iter, _ = _iteration_time_s(app, _packed(g, per_node), choice)
+    iters = float(app.progress_curve(choice.batch_size).iterations(app.target_progress))
+    return iters * t_iter * g / max(share_gpus, 1e-9)
+
+
+class Simulator:
+    """Replays one workload under one policy (see the module docstring).
+
+    ``run()`` drives the simulation to completion and returns a
+    :class:`~autoscaler.sim.results.SimResult`. ``on_round(now_s, done, total)`` is called
+    after each simulated round (for progress bars). Deterministic for a given config and
+    workload; the per-round policy wall times are the only measured (non-simulated) values.
+    """
+
+    def __init__(
+        self,
+        jobs: tuple[JobSpec, ...] | list[JobSpec],
+        policy: Policy,
+        config: SimConfig | None = None,
+        *,
+        workload_name: str = "workload",
+        on_round: Callable[[float, int, int], None] | None = None,
+    ) -> None:
+        if not jobs:
+            raise InvalidInputError("a workload needs at least one job", field="jobs")
+        self.config = config or SimConfig()
+        self.policy = policy
+        self.workload_name = workload_name
+        self.on_round = on_round
+        zeros = (0,) * self.config.num_nodes
+        order = sorted(range(len(jobs)), key=lambda i: (jobs[i].submit_time_s, i))
+        self.jobs: list[_Job] = []
+        for rank, i in enumerate(order):
+            spec = jobs[i]
+            app = load_app(spec.application)
+            self.jobs.append(_Job(spec, rank, app, _limits(app), zeros))
+        self.now_s = 0.0
+        self.round_index = 0
+        self.rounds: list[RoundStats] = []
+        self._state = policy.initial_state()
+        self.avoid = bool(self.config.interference_avoidance and policy.avoids_interference)
+
+    # ---- main loop -------------------------------------------------------------------------
+
+    def run(self) -> SimResult:
+        started = time.perf_counter()
+        cfg = self.config
+        pending = list(self.jobs)  # sorted by submission
+        active: list[_Job] = []
+        done = 0
+        while pending or active:
+            while pending and pending[0].spec.submit_time_s <= self.now_s:
+                active.append(pending.pop(0))
+            if not active:
+                # Fast-forward to the first round at or after the next submission.
+                gap = pending[0].spec.submit_time_s - self.now_s
+                skip = max(1, math.ceil(gap / cfg.interval_s - 1e-9))
+                self.now_s += skip * cfg.interval_s
+                self.round_index += skip
+                continue
+            if self.now_s > cfg.max_time_s:
+                raise SimulationError(
+                    f"{len(active) + len(pending)} jobs unfinished after {cfg.max_time_s:.0f} s "
+                    f"under {self.policy.name}"
+                )
+            self._schedule(active)
+            self._advance(active)
+            finished = [job for job in active if job.completion_s is not None]
+            if finished:
+                done += len(finished)
+                active = [job for job in active if job.completion_s is None]
+            self.now_s += cfg.interval_s
+            self.round_index += 1
+            if self.on_round is not None:
+                self.on_round(self.now_s, done, len(self.jobs))
+        return self._result(time.perf_counter() - started)
+
+    # ---- scheduling ------------------------------------------------------------------------
+
+    def _schedule(self, active: list[_Job]) -> None:
+        cfg = self.config
+        cluster = ClusterView(
+            gpus_per_node=(cfg.gpus_per_node,) * cfg.num_nodes,
+            now_s=self.now_s,
+            round_index=self.round_index,
+            interval_s=cfg.interval_s,
+            restart_delay_s=cfg.restart_delay_s,
+            interference_avoidance=self.avoid,
+        )
+        views = tuple(self._view(job) for job in active)
+        round_input = RoundInput(cluster, views)
+        t0 = time.perf_counter()
+        decision = self.policy.decide(round_input, self._state)
+        wall_s = time.perf_counter() - t0
+        self._state = decision.state
+        plan = decision.plan
+        bounds = {view.name: self.policy.gpu_bounds(view, cluster) for view in views}
+        try:
+            plan.validate(round_input, max_gpus={k: v[1] for k, v in bounds.items()})
+        except InvalidInputError as e:
+            raise SimulationError(f"{self.policy.name} round {self.round_index}: {e}") from e
+        for job in active:
+            alloc = tuple(plan.allocations[job.spec.name])
+            gpus = sum(alloc)
+            low = bounds[job.spec.name][0]
+            if 0 < gpus < low:
+                raise SimulationError(
+                    f"{self.policy.name} gave {job.spec.name} {gpus} GPUs, below its minimum {low}"
+                )
+            if alloc != job.allocation:
+                job.allocation = alloc
+                if gpus:
+                    job.starts += 1
+                    job.delay_left_s = cfg.restart_delay_s
+                else:
+                    job.delay_left_s = 0.0
+            job.batch = plan.batches[job.spec.name] if gpus else None
+        used = sum(sum(job.allocation) for job in active)
+        self.rounds.append(RoundStats(self.now_s, len(active), used, wall_s))
+
+    def _view(self, job: _Job) -> JobView:
+        model = self._model(job) if self.policy.uses_model else None
+        oracle = self._oracle(job) if self.policy.uses_oracle else None
+        return JobView(
+            name=job.spec.name,
+            application=job.spec.application,
+            submit_time_s=job.spec.submit_time_s,
+            age_s=self.now_s - job.spec.submit_time_s,
+            attained_gpu_s=job.attained_gpu_s,
+            num_restarts=job.restarts,
+            allocation=job.allocation,
+            limits=job.limits,
+            requested_gpus=job.spec.num_replicas,
+            fixed_batch_size=job.spec.batch_size,
+            max_profiled_gpus=job.max_profiled_gpus,
+            model=model,
+            oracle=oracle,
+            adaptive=job.spec.application not in self.config.fixed_applications,
+        )
+
+    def _model(self, job: _Job) -> GoodputModel | None:
+        if not job.profile:
+            return None
+        if job.stale_perf or job.perf is None:
+            job.perf = fit_perf_params(list(job.profile.values()))
+            job.stale_perf = False
+            job.model = None
+        if job.model is None or job.model.grad != job.grad:
+            assert job.grad is not None
+            job.model = GoodputModel(job.perf, job.grad, job.limits)
+        return job.model
+
+    def _oracle(self, job: _Job) -> Oracle:
+        app, cfg = job.app, self.config
+        batch_size = min(max(job.spec.batch_size, app.init_batch_size), app.max_batch_size)
+        if job.oracle_times is None:
+            top = max(1, min(job.spec.batch_size // app.min_local_bsz, cfg.total_gpus))
+            times = []
+            for g in range(1, top + 1):
+                choice = fixed_batch_choice(job.spec.batch_size, g, job.limits)
+                times.append(_iteration_time_s(app, _packed(g, cfg.gpus_per_node), choice)[0])
+            job.oracle_times = tuple(times)
+        curve = app.progress_curve(batch_size)
+        remaining = float(curve.iterations(app.target_progress) - curve.iterations(job.progress))
+        return Oracle(max(remaining, 0.0), job.oracle_times)
+
+    # ---- replay ----------------------------------------------------------------------------
+
+    def _advance(self, active: list[_Job]) -> None:
+        cfg = self.config
+        slow = self._interfered(active) if cfg.interference > 0 else set()
+        count = len(active)
+        for job in active:
+            alive_s = cfg.interval_s
+            if job.spec.submit_time_s > self.now_s:  # pragma: no cover - active => submitted
+                alive_s = 0.0
+            job_done = self._step(job, cfg.interval_s, cfg.interference if job.index in slow else 0)
+            if job_done is not None:
+                alive_s = job_done
+            job.sharers_s += count * alive_s
+
+    def _interfered(self, active: list[_Job]) -> set[int]:
+        """Indices of multi-node jobs on a node shared by two or more multi-node jobs."""
+        spread = [job for job in active if num_nodes_of(job.allocation) > 1]
+        if len(spread) < 2:
+            return set()
+        mat = np.array([job.allocation for job in spread]) > 0
+        crowded = mat.sum(axis=0) > 1
+        return {job.index for job, row in zip(spread, mat, strict=True) if np.any(row & crowded)}
+
+    def _step(self, job: _Job, seconds: float, interference: float) -> float | None:
+        """Replay ``seconds`` of ``job``; returns the seconds it ran if it completed."""
+        gpus = sum(job.allocation)
+        if not gpus:
+            return None
+        assert job.batch is not None
+        delay = min(job.delay_left_s, seconds)
+        job.delay_left_s -= delay
+        job.attained_gpu_s += delay * gpus
+        left = seconds - delay
+        if left <= 0:
+            return None
+        app, batch = job.app, job.batch
+        placement = placement_of(job.allocation)
+        t_iter, sync = _iteration_time_s(app, placement, batch)
+        self._record(job, placement, batch, t_iter, sync)
+        rate = (1.0 - interference) / t_iter  # iterations per second
+        curve = app.progress_curve(batch.batch_size)
+        need = float(curve.iterations(app.target_progress) - curve.iterations(job.progress))
+        if need <= rate * left:
+            run_s = max(need, 0.0) / rate
+            job.attained_gpu_s += run_s * gpus
+            job.progress = app.target_progress
+            job.completion_s = self.now_s + delay + run_s
+            return delay + run_s
+        job.attained_gpu_s += left * gpus
+        job.progress = curve.progress_after(job.progress, rate * left)
+        self._report_grad(job, batch.batch_size)
+        return None
+
+    def _record(
+        self,
+        job: _Job,
+        placement: tuple[int, ...],
+        batch: BatchChoice,
+        t_iter: float,
+        sync: float,
+    ) -> None:
+        """The trainer's report of a configuration it ran (first time only), and its first
+        gradient statistics."""
+        if job.grad is None:
+            self._report_grad(job, batch.batch_size)
+        if not self.policy.uses_model:
+            job.max_profiled_gpus = max(job.max_profiled_gpus, sum(placement))
+            return
+        key = (placement, batch.local_bsz, batch.accum_steps)
+        if key in job.profile:
+            return
+        job.profile[key] = ProfileSample(
+            placement, batch.local_bsz, batch.accum_steps, t_iter, min(sync, t_iter)
+        )
+        job.max_profiled_gpus = max(job.max_profiled_gpus, sum(placement))
+        if job.model is None:
+            job.stale_perf = True
+            return
+        predicted = float(
+            job.model.step_time_s(
+                len(placement), sum(placement), batch.local_bsz, batch.accum_steps
+            )
+        )
+        if abs(predicted - t_iter) > self.config.refit_tolerance * t_iter:
+            job.stale_perf = True
+
+    def _report_grad(self, job: _Job, batch_size: int) -> None:
+        key = (job.app.epoch_of(job.progress), batch_size)
+        if key != job.grad_key:
+            sqr, var = job.app.grad_stats(job.progress, batch_size)
+            job.grad = GradParams(float(sqr), float(var))
+            job.grad_key = key
+
+    # ---- results ---------------------------------------------------------------------------
+
+    def _result(self, wall_s: float) -> SimResult:
+        cfg = self.config
+        results = []
+        for job in sorted(self.jobs, key=lambda j: j.index):
+            assert job.completion_s is not None
+            jct = job.completion_s - job.spec.submit_time_s
+            sharers = job.sharers_s / jct if jct > 0 else 1.0
+            share = cfg.total_gpus / max(sharers, 1.0)
+            iso = isolated_jct_s(job.spec, share, cfg.gpus_per_node)
+            results.append(
+                JobResult(
+                    name=job.spec.name,
+                    application=job.spec.application,
+                    submit_time_s=job.spec.submit_time_s,
+                    completion_time_s=job.completion_s,
+                    jct_s=jct,
+                    gpu_s=job.attained_gpu_s,
+                    restarts=job.restarts,
+                    avg_jobs=sharers,
+                    ftf_ratio=jct / iso,
+                )
+            )
+        return SimResult(
+            workload=self.workload_name,
+            policy=str(self.policy.name),
+            config=cfg,
+            jobs=tuple(results),
+            rounds=tuple(self.rounds),
+            wall_s=wall_s,
+        )
+
+
+def simulate(
+    jobs: tuple[JobSpec, ...] | list[JobSpec],
+    policy: Policy,
+    config: SimConfig | None = None,
+    *,
+    workload_name: str = "workload",
+    on_round: Callable[[float, int, int], None] | None = None,
+) -> SimResult:
+    """Run one simulation to completion (see :class:`Simulator`)."""
+    return Simulator(jobs, policy, config, workload_name=workload_name, on_round=on_round).run()

@@ -1,0 +1,158 @@
+"""Simulation results: per-job and per-round records, summaries, and the results JSON.
+
+The JSON written by :func:`write_results_json` is deterministic — the same workload, policy,
+config and seed give byte-identical files — unless timings are asked for: policy wall times are
+measured, not simulated, and are only included with ``include_timing=True``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from autoscaler.sim.engine import SimConfig
+
+__all__ = [
+    "JobResult",
+    "RoundStats",
+    "SimResult",
+    "results_payload",
+    "write_json_atomic",
+    "write_results_json",
+]
+
+RESULTS_FORMAT = "coadapt.sim/1"
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """One finished job.
+
+    ``jct_s`` = completion - submission (queueing included); ``gpu_s`` = GPU-seconds held
+    (restart delays included); ``restarts`` = allocation changes after the first start;
+    ``avg_jobs`` = jobs present on average during its life; ``ftf_ratio`` = ``jct_s`` over its
+    JCT alone on ``1 / avg_jobs`` of the cluster (finish-time fairness; < 1 is better than fair).
+    """
+
+    name: str
+    application: str
+    submit_time_s: float
+    completion_time_s: float
+    jct_s: float
+    gpu_s: float
+    restarts: int
+    avg_jobs: float
+    ftf_ratio: float
+
+
+@dataclass(frozen=True)
+class RoundStats:
+    """One scheduling round: its time, active jobs, GPUs allocated, policy wall time."""
+
+    time_s: float
+    active_jobs: int
+    used_gpus: int
+    policy_wall_s: float
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """The outcome of one simulation."""
+
+    workload: str
+    policy: str
+    config: SimConfig
+    jobs: tuple[JobResult, ...]
+    rounds: tuple[RoundStats, ...]
+    wall_s: float = 0.0  # measured: the simulation's elapsed time
+
+    @property
+    def jcts_s(self) -> np.ndarray:
+        return np.array([job.jct_s for job in self.jobs])
+
+    def summary(self) -> dict[str, float]:
+        """Aggregates: mean / p50 / p99 JCT, makespan, restarts per job, GPU-hours, mean and
+        p99 finish-time fairness ratio, mean GPU utilisation over rounds with active jobs."""
+        jct = self.jcts_s
+        total_gpus = self.config.num_nodes * self.config.gpus_per_node
+        ftf = np.array([job.ftf_ratio for job in self.jobs])
+        first = min(job.submit_time_s for job in self.jobs)
+        used = np.array([r.used_gpus for r in self.rounds], dtype=float)
+        return {
+            "num_jobs": float(len(self.jobs)),
+            "mean_jct_s": float(jct.mean()),
+            "p50_jct_s": float(np.percentile(jct, 50)),
+            "p99_jct_s": float(np.percentile(jct, 99)),
+            "makespan_s": float(max(job.completion_time_s for job in self.jobs) - first),
+            "restarts_per_job": float(np.mean([job.restarts for job in self.jobs])),
+            "gpu_hours": float(sum(job.gpu_s for job in self.jobs) / 3600.0),
+            "mean_ftf_ratio": float(ftf.mean()),
+            "p99_ftf_ratio": float(np.percentile(ftf, 99)),
+            "mean_utilization": float(used.mean() / total_gpus) if used.size else 0.0,
+            "rounds": float(len(self.rounds)),
+        }
+
+    def timing(self) -> dict[str, float]:
+        """Policy wall time per round (measured): p50, p99, max and total, in milliseconds."""
+        walls = np.array([r.policy_wall_s for r in self.rounds]) * 1000.0
+        if walls.size == 0:
+            walls = np.zeros(1)
+        return {
+            "policy_ms_p50": float(np.percentile(walls, 50)),
+            "policy_ms_p99": float(np.percentile(walls, 99)),
+            "policy_ms_max": float(walls.max()),
+            "policy_ms_total": float(walls.sum()),
+        }
+
+
+def results_payload(results: Sequence[SimResult], *, include_timing: bool = False) -> dict:
+    """The JSON-ready form of one or more results (see the module docstring)."""
+    runs = []
+    for res in results:
+        run: dict[str, Any] = {
+            "workload": res.workload,
+            "policy": res.policy,
+            "config": asdict(res.config),
+            "summary": res.summary(),
+            "jobs": [asdict(job) for job in res.jobs],
+            "rounds": [
+                {"time_s": r.time_s, "active_jobs": r.active_jobs, "used_gpus": r.used_gpus}
+                for r in res.rounds
+            ],
+        }
+        if include_timing:
+            run["timing"] = {**res.timing(), "wall_s": res.wall_s}
+            run["policy_wall_s"] = [r.policy_wall_s for r in res.rounds]
+        runs.append(run)
+    return {"format": RESULTS_FORMAT, "runs": runs}
+
+
+def write_json_atomic(path: str | Path, payload: Any) -> None:
+    """Write ``payload`` as JSON to ``path`` through a temporary file in the same folder and an
+    atomic rename: readers see the old file or the complete new one, never a partial one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(payload, handle, indent=1, sort_keys=True, allow_nan=False)
+            handle.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_results_json(
+    path: str | Path, results: Sequence[SimResult], *, include_timing: bool = False
+) -> None:
+    """Write results atomically (see :func:`write_json_atomic`)."""
+    write_json_atomic(path, results_payload(results, include_timing=include_timing))
