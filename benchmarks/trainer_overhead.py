@@ -1,0 +1,393 @@
+"""Overhead and restart time of coadapt's trainer library, measured with real torchrun/gloo.
+
+    python benchmarks/trainer_overhead.py --out FILE [--pairs 7 --steps 150]
+
+Same model (a ~1M-parameter MLP, AdamW, cross-entropy) and synthetic data throughout:
+
+1. **Throughput** (2 processes, gloo, one torchrun launch): plain DDP (``DataLoader`` +
+   ``DistributedSampler`` + ``DistributedDataParallel``) vs DDP + coadapt (elastic loader,
+   gradient-noise measurement every 4 steps, LR scaling, profiling, stop agreement, reporting),
+   64 samples per replica. Both variants live in the same processes and run interleaved,
+   A B, B A, A B, ... (``--pairs`` pairs of ``--steps`` steps after one warm-up pair; the order
+   alternates so that neither always runs first), because throughput drifts run to run here.
+   Per pair ``overhead = 1 - coadapt / ddp`` (steps/s); reported: the median
+   (``overhead_frac``) and the interquartile range (``overhead_spread``). Also, from CPU time
+   (process CPU seconds per step, summed over the ranks), which other processes on a shared host
+   disturb less: ``overhead_cpu_frac`` = median of ``coadapt / ddp - 1``, and its spread.
+2. **Restart**: ``coadapt-launch`` with 2 processes; SIGTERM to the launcher; when it has exited
+   (stopped with a checkpoint), a new ``coadapt-launch`` with 1 process (then, from a fresh
+   2-process run, 3); the time from the SIGTERM to the end of the first optimizer step after the
+   restore, by the wall clock (the worker logs it).
+3. **Checkpoint save/load**: timed inside the workers during those restarts (save: RNG gather,
+   serialise, checksum, atomic write; load: read, verify, deserialise, load into model and
+   optimizer), median over the restarts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+INPUT_DIM, HIDDEN, CLASSES = 256, (1024, 512, 256), 10
+LOCAL_BATCH = 64
+
+
+# ---------------------------------------------------------------------------- worker side
+
+
+def _model(seed: int = 0) -> Any:
+    import torch
+    from torch import nn
+
+    torch.manual_seed(seed)
+    dims = (INPUT_DIM, *HIDDEN)
+    layers: list[nn.Module] = []
+    for a, b in itertools.pairwise(dims):
+        layers += [nn.Linear(a, b), nn.ReLU()]
+    layers.append(nn.Linear(dims[-1], CLASSES))
+    return nn.Sequential(*layers)
+
+
+def _dataset(num_samples: int, seed: int = 1) -> Any:
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(num_samples, INPUT_DIM, generator=g)
+    y = torch.randint(0, CLASSES, (num_samples,), generator=g)
+    return torch.utils.data.TensorDataset(x, y)
+
+
+def worker_throughput(args: argparse.Namespace) -> None:
+    """Inside torchrun: interleaved plain-DDP / coadapt segments; rank 0 writes the timings."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    import trainer
+
+    world = int(os.environ["WORLD_SIZE"])
+    job = trainer.init(LOCAL_BATCH * world, checkpoint_every_s=0)
+    dataset = _dataset(LOCAL_BATCH * world * 400)
+
+    plain_model = DistributedDataParallel(_model())
+    plain_opt = torch.optim.AdamW(plain_model.parameters(), lr=1e-3)
+    sampler = DistributedSampler(dataset, shuffle=True, seed=0)
+    plain_loader = DataLoader(dataset, batch_size=LOCAL_BATCH, sampler=sampler)
+
+    def plain_batches(sampler: Any = sampler, loader: Any = plain_loader) -> Any:
+        epoch = 0
+        while True:
+            sampler.set_epoch(epoch)
+            yield from loader
+            epoch += 1
+
+    base = _model()
+    model, opt = job.prepare(base, torch.optim.AdamW(base.parameters(), lr=1e-3))
+    loader = job.data_loader(dataset)
+    job.restore()
+
+    def coadapt_batches() -> Any:
+        for _ in job.epochs(10**9):
+            yield from loader
+
+    variants = {
+        "ddp": (plain_model, plain_opt, plain_batches()),
+        "coadapt": (model, opt, coadapt_batches()),
+    }
+    if os.environ.get("COADAPT_BENCH_AA"):  # calibration: plain DDP against itself
+        twin = DistributedDataParallel(_model())
+        sampler2 = DistributedSampler(dataset, shuffle=True, seed=1)
+        loader2 = DataLoader(dataset, batch_size=LOCAL_BATCH, sampler=sampler2)
+        variants["coadapt"] = (twin, torch.optim.AdamW(twin.parameters(), lr=1e-3),
+                               plain_batches(sampler2, loader2))  # fmt: skip
+
+    def segment(name: str, steps: int) -> tuple[float, float]:
+        """Steps/s (rank 0's wall clock: DDP keeps the ranks in lockstep) and CPU seconds per
+        step summed over the ranks (less sensitive to other processes on the host)."""
+        net, optimizer, batches = variants[name]
+        dist.barrier()
+        start, cpu_start = time.perf_counter(), time.process_time()
+        for _ in range(steps):
+            x, y = next(batches)
+            loss = F.cross_entropy(net(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        wall = time.perf_counter() - start
+        cpu = torch.tensor([time.process_time() - cpu_start], dtype=torch.float64)
+        dist.all_reduce(cpu)
+        return steps / wall, float(cpu) / steps
+
+    results: dict[str, list[float]] = {"ddp": [], "coadapt": [], "ddp_cpu": [], "coadapt_cpu": []}
+    for pair in range(args.pairs + 1):
+        # A B, then B A: interleaved, and neither variant always runs first
+        order = ("ddp", "coadapt") if pair % 2 == 0 else ("coadapt", "ddp")
+        for name in order:
+            rate, cpu = segment(name, args.steps)
+            if pair > 0:  # the first pair warms both up
+                results[name].append(rate)
+                results[f"{name}_cpu"].append(cpu)
+    stats = job.gradient_stats
+    if job.rank == 0:
+        Path(args.result).write_text(
+            json.dumps({**results, "gns_measurements": stats.measurements if stats else 0})
+        )
+    job.close()
+
+
+def worker_train(args: argparse.Namespace) -> None:
+    """Inside coadapt-launch: trains until stopped; logs the first step and checkpoint times."""
+    t_start = time.time()
+    import torch
+    import torch.nn.functional as F
+
+    import trainer
+
+    t_imported = time.time()
+    job = trainer.init(LOCAL_BATCH * 2, checkpoint_every_s=0)
+    log = Path(args.log_dir) / f"rank{job.rank}-{os.getpid()}.jsonl"
+    log.parent.mkdir(parents=True, exist_ok=True)
+
+    def emit(**record: Any) -> None:
+        with open(log, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    emit(event="timeline", start=t_start, imported=t_imported, initialised=time.time())
+
+    base = _model()
+    model, opt = job.prepare(base, torch.optim.AdamW(base.parameters(), lr=1e-3))
+    loader = job.data_loader(_dataset(LOCAL_BATCH * 2 * 400))
+    t_prepared = time.time()
+    restored = job.restore()
+    if restored is not None:
+        emit(event="restored", load_s=job.timings.load_s, step=job.step, prepared=t_prepared)
+    first = True
+    try:
+        for _ in job.epochs(10**9):
+            for x, y in loader:
+                F.cross_entropy(model(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+                if first:
+                    first = False
+                    emit(event="first_step", t=time.time(), world_size=job.world_size)
+                if args.step_delay_s:
+                    time.sleep(args.step_delay_s)
+    except trainer.JobStopped:
+        emit(event="stopped", save_s=job.timings.save_s, t=time.time())
+        raise
+
+
+# ---------------------------------------------------------------------------- driver side
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        OMP_NUM_THREADS="1",
+        GLOO_SOCKET_IFNAME="lo",
+        TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
+        PYTHONPATH=str(ROOT),
+    )
+    return env
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def measure_throughput(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    result = workdir / "throughput.json"
+    env = _env()
+    env["COADAPT_REPORT_FILE"] = str(workdir / "reports.jsonl")
+    env["COADAPT_CHECKPOINT_URI"] = str(workdir / "ckpt-throughput")
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+        "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{_free_port()}",
+        str(Path(__file__).resolve()), "--worker", "throughput", "--result", str(result),
+        "--pairs", str(args.pairs), "--steps", str(args.steps),
+    ]  # fmt: skip
+    subprocess.run(command, env=env, check=True, timeout=1800)
+    data = json.loads(result.read_text())
+    ddp, ours = data["ddp"], data["coadapt"]
+    overheads = sorted(1.0 - c / d for d, c in zip(ddp, ours, strict=True))
+    quartiles = statistics.quantiles(overheads, n=4) if len(overheads) >= 2 else [0, 0, 0]
+    cpu = sorted(c / d - 1.0 for d, c in zip(data["ddp_cpu"], data["coadapt_cpu"], strict=True))
+    cpu_quartiles = statistics.quantiles(cpu, n=4) if len(cpu) >= 2 else [0, 0, 0]
+    return {
+        "overhead_cpu_frac": statistics.median(cpu),
+        "overhead_cpu_spread": cpu_quartiles[2] - cpu_quartiles[0],
+        "ddp_cpu_s_per_step": statistics.median(data["ddp_cpu"]),
+        "trainer_cpu_s_per_step": statistics.median(data["coadapt_cpu"]),
+        "ddp_steps_per_s": statistics.median(ddp),
+        "trainer_steps_per_s": statistics.median(ours),
+        "overhead_frac": statistics.median(overheads),
+        "overhead_spread": quartiles[2] - quartiles[0],
+        "overhead_pairs": [1.0 - c / d for d, c in zip(ddp, ours, strict=True)],
+        "ddp_steps_per_s_pairs": ddp,
+        "trainer_steps_per_s_pairs": ours,
+        "pairs": len(ddp),
+        "steps_per_segment": args.steps,
+        "gns_measurements": data["gns_measurements"],
+    }
+
+
+class _Job:
+    """One ``coadapt-launch`` of the training worker."""
+
+    def __init__(self, workdir: Path, ckpt: Path, logs: Path, nproc: int, delay_s: float) -> None:
+        self.logs = logs
+        self.run_dir = workdir / f"run-{time.monotonic_ns()}"
+        command = [
+            sys.executable, "-m", "trainer.launch", "--job-id", "bench", "--nproc-per-node",
+            str(nproc), "--checkpoint-uri", str(ckpt), "--report-file",
+            str(workdir / "reports.jsonl"), "--run-dir", str(self.run_dir),
+            str(Path(__file__).resolve()), "--worker", "train", "--log-dir", str(logs),
+            "--step-delay-s", str(delay_s),
+        ]  # fmt: skip
+        self.out = open(workdir / f"launch-{nproc}-{time.monotonic_ns()}.out", "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            command, env=_env(), stdout=self.out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        out = []
+        for path in self.logs.glob("*.jsonl"):
+            for line in path.read_text().splitlines():
+                record = json.loads(line)
+                if record.get("event") == name:
+                    out.append(record)
+        return out
+
+    def close(self) -> None:
+        from trainer.control import RunDir
+        from trainer.launch import end_processes
+
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        end_processes(RunDir(self.run_dir).pids(), grace_s=1.0)
+        self.out.close()
+
+
+def _wait_for(predicate: Any, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise TimeoutError(what)
+
+
+def measure_restart(workdir: Path, new_size: int, delay_s: float) -> dict[str, float]:
+    """2 processes → SIGTERM → ``new_size`` processes; seconds to the first step after it."""
+    ckpt = workdir / f"ckpt-{new_size}"
+    old_logs, new_logs = workdir / f"logs-2to{new_size}-a", workdir / f"logs-2to{new_size}-b"
+    old = _Job(workdir, ckpt, old_logs, 2, delay_s)
+    new = None
+    try:
+        _wait_for(lambda: old.events("first_step"), 120, "first step of the 2-process run")
+        time.sleep(2.0)  # steady state
+        sigterm_t = time.time()
+        old.proc.send_signal(signal.SIGTERM)
+        rc = old.proc.wait(timeout=120)
+        if rc != 75:
+            raise RuntimeError(f"2-process launcher exited {rc}, expected 75 (stopped)")
+        new = _Job(workdir, ckpt, new_logs, new_size, delay_s)
+        _wait_for(lambda: new.events("first_step"), 120, "first step after the restart")
+        first_t = min(e["t"] for e in new.events("first_step"))
+        saves = [e["save_s"] for e in old.events("stopped") if e.get("save_s") is not None]
+        loads = [e["load_s"] for e in new.events("restored")]
+        return {
+            "restart_s": first_t - sigterm_t,
+            "save_s": max(saves),
+            "load_s": max(loads),
+        }
+    finally:
+        old.close()
+        if new is not None:
+            new.proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                new.proc.wait(timeout=60)
+            new.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", help="where to write the JSON results")
+    p.add_argument("--pairs", type=int, default=20, help="interleaved DDP/coadapt pairs (>= 5)")
+    p.add_argument("--steps", type=int, default=60, help="steps per segment")
+    p.add_argument("--restart-repeats", type=int, default=1)
+    p.add_argument("--skip-throughput", action="store_true")
+    p.add_argument("--skip-restart", action="store_true")
+    # worker modes (the driver starts these under torchrun / coadapt-launch)
+    p.add_argument("--worker", choices=["throughput", "train"], default=None)
+    p.add_argument("--result", default=None)
+    p.add_argument("--log-dir", default=None)
+    p.add_argument("--step-delay-s", type=float, default=0.0)
+    args = p.parse_args(argv)
+
+    if args.worker == "throughput":
+        worker_throughput(args)
+        return 0
+    if args.worker == "train":
+        worker_train(args)
+        return 0
+    if not args.out:
+        p.error("--out is required")
+
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="coadapt-bench-") as tmp:
+        workdir = Path(tmp)
+        if not args.skip_throughput:
+            results.update(measure_throughput(args, workdir))
+        if not args.skip_restart:
+            runs: dict[int, list[dict[str, float]]] = {1: [], 3: []}
+            for _ in range(args.restart_repeats):
+                for size in (1, 3):
+                    runs[size].append(measure_restart(workdir, size, 0.0))
+            r1 = statistics.median(r["restart_s"] for r in runs[1])
+            r3 = statistics.median(r["restart_s"] for r in runs[3])
+            all_runs = runs[1] + runs[3]
+            results.update(
+                {
+                    "restart_s": max(r1, r3),
+                    "restart_2to1_s": r1,
+                    "restart_2to3_s": r3,
+                    "save_s": statistics.median(r["save_s"] for r in all_runs),
+                    "load_s": statistics.median(r["load_s"] for r in all_runs),
+                    "restart_runs": {str(k): v for k, v in runs.items()},
+                }
+            )
+    results["host_cpus"] = os.cpu_count()
+    with contextlib.suppress(OSError):
+        results["host_load_avg_1m"] = os.getloadavg()[0]
+    Path(args.out).write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    print(json.dumps(results, indent=2, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

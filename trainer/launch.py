@@ -1,0 +1,514 @@
+"""``python -m trainer.launch`` / ``coadapt-launch``: run a training script under torchrun.
+
+One launcher runs per node and job. It starts ``torchrun`` (c10d rendezvous; the workers pick
+gloo on CPU, NCCL on GPU) with the environment of :mod:`trainer.env`, supervises it, and decides
+what an exit means from the exit markers the workers leave in the run directory::
+
+    python -m trainer.launch --job-id j1 --nproc-per-node 2 [--nnodes 1:4 --rdzv-endpoint H:P] \\
+        [--checkpoint-uri s3://bucket/j1] [--controller-url http://ctl:8080] \\
+        [--batch-size 256 --accum-steps 2] [--max-restarts 3] script.py [script args...]
+
+Exit status (:class:`ExitCode`):
+
+* ``0`` DONE: training finished (every local worker marked done).
+* ``75`` STOPPED: the job checkpointed and stopped because this launcher got SIGTERM/SIGINT, a
+  preemption notice appeared (``--stop-file``), or the controller asked. Relaunch it, at any
+  world size, to continue. This never counts as a failure.
+* ``1`` FAILED: workers failed more than ``--max-restarts`` times.
+* ``2`` usage error.
+
+Restarts: torchrun itself runs with ``--max-restarts 0``; the launcher relaunches it. A *failure*
+(a worker raised, crashed or was killed, with no stop marker) consumes one unit of the
+``--max-restarts`` budget. A *rescale* (workers stopped with a checkpoint because another node
+asked, or lost a peer that went away) relaunches without consuming the budget; with
+``--nnodes MIN:MAX`` the new rendezvous then forms with whichever nodes are present, which is how a
+multi-node job shrinks or grows. Worker processes run in their own sessions (torchrun starts
+them so), so the launcher records their pids and ends any that outlive torchrun.
+
+The launcher never imports torch (it would cost seconds on every restart).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import enum
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autoscaler.clock import Clock, SystemClock
+from trainer import env as envvars
+from trainer import preload
+from trainer.control import ExitKind, ExitMarker, RunDir, process_start_time
+from trainer.errors import LaunchError, TrainerConfigError
+
+logger = logging.getLogger("trainer.launch")
+
+
+class ExitCode(enum.IntEnum):
+    DONE = 0
+    FAILED = 1
+    USAGE = 2
+    STOPPED = 75  # EX_TEMPFAIL: stopped with a checkpoint, relaunch to continue
+
+
+class Verdict(enum.StrEnum):
+    DONE = "done"
+    STOPPED = "stopped"  # exit 75, do not relaunch here
+    RESCALE = "rescale"  # relaunch now, not a failure
+    FAILURE = "failure"  # relaunch if the budget allows
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Everything one launcher needs; ``nnodes`` is ``"N"`` or ``"MIN:MAX"``."""
+
+    script: str
+    script_args: tuple[str, ...] = ()
+    job_id: str = envvars.DEFAULT_JOB_ID
+    nproc_per_node: int = 1
+    nnodes: str = "1"
+    rdzv_endpoint: str | None = None
+    max_restarts: int = 3
+    max_rescales: int = -1
+    checkpoint_uri: str | None = None
+    controller_url: str | None = None
+    report_file: str | None = None
+    report_interval_s: float | None = None
+    batch_size: int | None = None
+    accum_steps: int | None = None
+    run_dir: str | None = None
+    stop_file: str | None = None
+    shutdown_timeout_s: int = 60
+    monitor_interval_s: float = 0.1
+    omp_num_threads: int | None = None
+    preload: bool = True
+    preload_modules: tuple[str, ...] = ()
+    extra_torchrun_args: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        if self.nproc_per_node < 1:
+            raise TrainerConfigError("must be >= 1", field="nproc_per_node")
+        if self.max_restarts < 0:
+            raise TrainerConfigError("must be >= 0", field="max_restarts")
+        parts = self.nnodes.split(":")
+        if not 1 <= len(parts) <= 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
+            raise TrainerConfigError(f"expected N or MIN:MAX, got {self.nnodes!r}", field="nnodes")
+        if self.accum_steps is not None and self.batch_size is None:
+            raise TrainerConfigError("needs --batch-size", field="accum_steps")
+
+    @property
+    def elastic(self) -> bool:
+        parts = self.nnodes.split(":")
+        return len(parts) == 2 and parts[0] != parts[1]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def torchrun_command(
+    config: LaunchConfig, endpoint: str, python: str = sys.executable
+) -> list[str]:
+    """The ``torchrun`` command line for one launch."""
+    rdzv_conf = "keep_alive_interval=1,keep_alive_max_attempt=3"
+    if config.elastic:
+        rdzv_conf += ",last_call_timeout=1"
+    return [
+        python,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={config.nnodes}",
+        f"--nproc-per-node={config.nproc_per_node}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={endpoint}",
+        f"--rdzv-id={config.job_id}",
+        f"--rdzv-conf={rdzv_conf}",
+        "--max-restarts=0",
+        f"--monitor-interval={config.monitor_interval_s}",
+        f"--shutdown-timeout={config.shutdown_timeout_s}",
+        *config.extra_torchrun_args,
+        *(["--module", "trainer.preload", "run"] if config.preload else []),
+        config.script,
+        *config.script_args,
+    ]
+
+
+def worker_environment(
+    config: LaunchConfig, run_dir: str, attempt: int, base: Mapping[str, str]
+) -> dict[str, str]:
+    """The environment torchrun (and so every worker) gets."""
+    env = dict(base)
+    env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    if "OMP_NUM_THREADS" not in env or config.omp_num_threads is not None:
+        cores = os.cpu_count() or 1
+        threads = config.omp_num_threads or max(1, cores // config.nproc_per_node)
+        env["OMP_NUM_THREADS"] = str(threads)
+    env[envvars.JOB_ID] = config.job_id
+    env[envvars.RUN_DIR] = run_dir
+    env[envvars.ATTEMPT] = str(attempt)
+    optional = {
+        envvars.CHECKPOINT_URI: config.checkpoint_uri,
+        envvars.CONTROLLER_URL: config.controller_url,
+        envvars.REPORT_FILE: config.report_file,
+        envvars.REPORT_INTERVAL_S: config.report_interval_s,
+        envvars.BATCH_SIZE: config.batch_size,
+        envvars.ACCUM_STEPS: config.accum_steps,
+        envvars.STOP_FILE: config.stop_file,
+    }
+    for name, value in optional.items():
+        if value is not None:
+            env[name] = str(value)
+    # Let the workers import the project the launcher was started from.
+    root = str(Path(__file__).resolve().parent.parent)
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if root not in paths:
+        env["PYTHONPATH"] = os.pathsep.join([root, *paths])
+    return env
+
+
+def classify(markers: Sequence[ExitMarker], returncode: int, signalled: bool) -> Verdict:
+    """What one torchrun run's end means (see module docstring). Pure."""
+    kinds = {m.kind for m in markers}
+    if ExitKind.FAILED in kinds:
+        return Verdict.FAILURE
+    if ExitKind.STOPPED in kinds:
+        if signalled or any(m.initiated for m in markers):
+            return Verdict.STOPPED
+        return Verdict.RESCALE
+    if ExitKind.PEER_LOST in kinds:
+        return Verdict.STOPPED if signalled else Verdict.RESCALE
+    if signalled:
+        return Verdict.STOPPED
+    if returncode == 0:
+        return Verdict.DONE
+    return Verdict.FAILURE
+
+
+def end_processes(
+    pids: Sequence[tuple[int, str | None]], *, grace_s: float = 5.0, clock: Clock | None = None
+) -> list[int]:
+    """SIGTERM, then after ``grace_s`` SIGKILL, every listed process that is still the same
+    process (pid and kernel start time match). Returns the pids that had to be signalled."""
+    clock = clock or SystemClock()
+    alive = [
+        pid
+        for pid, start in pids
+        if process_start_time(pid) is not None
+        and (start is None or process_start_time(pid) == start)
+    ]
+    for pid in alive:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = clock.monotonic_s() + grace_s
+    remaining = list(alive)
+    while remaining and clock.monotonic_s() < deadline:
+        remaining = [pid for pid in remaining if _alive(pid)]
+        if remaining:
+            clock.sleep(0.05)
+    for pid in remaining:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    return alive
+
+
+def _signal_all(pids: Sequence[tuple[int, str | None]], signum: int) -> bool:
+    """Signal every listed process that is still the same process; False if none was."""
+    sent = False
+    for pid, start in pids:
+        if start is not None and process_start_time(pid) != start:
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signum)
+            sent = True
+    return sent
+
+
+def _alive(pid: int) -> bool:
+    state = _proc_state(pid)
+    return state is not None and state != "Z"
+
+
+def _proc_state(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2 :].split()[0]
+
+
+class Launcher:
+    """Runs and re-runs torchrun for one job on this node (see module docstring)."""
+
+    def __init__(
+        self,
+        config: LaunchConfig,
+        *,
+        clock: Clock | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        self.config = config
+        self._clock = clock or SystemClock()
+        self._environ = dict(os.environ if environ is None else environ)
+        self._signalled = 0
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._run_dir: Path | None = None
+        self.attempts = 0
+        self.failures = 0
+        self.rescales = 0
+        self.verdicts: list[Verdict] = []
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self._signalled += 1
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return
+        if self._signalled == 1:
+            logger.warning("signal %d: asking the workers to checkpoint and stop", signum)
+            # Straight to the workers when all have registered: they stop at an agreed step and
+            # exit 0, and torchrun ends cleanly. Otherwise through torchrun, which forwards it.
+            pids = RunDir(self._run_dir).pids() if self._run_dir else []
+            if len(pids) >= self.config.nproc_per_node and _signal_all(pids, signal.SIGTERM):
+                return
+            proc.send_signal(signal.SIGTERM)
+        else:
+            logger.warning("second signal: killing torchrun and the workers")
+            proc.kill()
+            if self._run_dir:
+                _signal_all(RunDir(self._run_dir).pids(), signal.SIGKILL)
+
+    def run(self) -> int:
+        """Supervise until done, stopped or out of restarts; returns the exit status."""
+        config = self.config
+        own_run_dir = config.run_dir is None
+        run_dir = Path(config.run_dir or tempfile.mkdtemp(prefix=f"coadapt-{config.job_id}-"))
+        endpoint = config.rdzv_endpoint or f"127.0.0.1:{free_port()}"
+        handled = (signal.SIGTERM, signal.SIGINT)
+        previous = {s: signal.signal(s, self._on_signal) for s in handled}
+        try:
+            while True:
+                verdict = self._run_once(run_dir, endpoint)
+                self.verdicts.append(verdict)
+                if verdict is Verdict.DONE:
+                    return ExitCode.DONE
+                if verdict is Verdict.STOPPED:
+                    return ExitCode.STOPPED
+                if verdict is Verdict.RESCALE:
+                    self.rescales += 1
+                    if 0 <= config.max_rescales < self.rescales:
+                        logger.error("more than %d rescales; stopping", config.max_rescales)
+                        return ExitCode.STOPPED
+                    logger.warning("rescale: relaunching (not counted as a failure)")
+                    continue
+                self.failures += 1
+                if self.failures > config.max_restarts:
+                    logger.error(
+                        "worker failure %d > --max-restarts %d", self.failures, config.max_restarts
+                    )
+                    return ExitCode.FAILED
+                logger.warning(
+                    "worker failure %d of %d allowed; relaunching",
+                    self.failures,
+                    config.max_restarts,
+                )
+                self._clock.sleep(min(30.0, 1.0 * self.failures))
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            if own_run_dir:
+                shutil.rmtree(run_dir, ignore_errors=True)
+
+    def _run_once(self, run_dir: Path, endpoint: str) -> Verdict:
+        rd = RunDir(run_dir)
+        rd.clear()
+        self._run_dir = run_dir
+        command = torchrun_command(self.config, endpoint)
+        env = worker_environment(self.config, str(run_dir), self.attempts, self._environ)
+        self.attempts += 1
+        server = self._start_preload(run_dir, env) if self.config.preload else None
+        try:
+            self._proc = subprocess.Popen(command, env=env)
+        except OSError as e:
+            self._stop_preload(server)
+            raise LaunchError(f"cannot start torchrun: {e}") from e
+        if self._signalled:  # a signal arrived while starting
+            self._proc.send_signal(signal.SIGTERM)
+        returncode = self._wait(self._proc)
+        logger.info("torchrun (pid %d) exited with %d", self._proc.pid, returncode)
+        self._proc = None
+        leftovers = end_processes(rd.pids(), clock=self._clock)
+        self._stop_preload(server)
+        if leftovers:
+            logger.warning("ended %d worker process(es) that outlived torchrun", len(leftovers))
+        verdict = classify(rd.markers(), returncode, self._signalled > 0)
+        logger.info("verdict: %s", verdict)
+        return verdict
+
+    def _start_preload(self, run_dir: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        """Start the preload server (see trainer.preload) alongside torchrun."""
+        run_dir.mkdir(parents=True, exist_ok=True)
+        path = run_dir / "preload.sock"
+        own_dir = None
+        if len(str(path)) > 100:  # AF_UNIX path limit
+            own_dir = tempfile.mkdtemp(prefix="coadapt-")
+            path = Path(own_dir) / "preload.sock"
+        env[preload.SOCKET_ENV] = str(path)
+        modules = (*preload.DEFAULT_MODULES, *self.config.preload_modules)
+        command = [sys.executable, "-u", "-m", "trainer.preload", "serve", str(path), *modules]
+        server = subprocess.Popen(command, env=env, stdin=subprocess.PIPE, start_new_session=True)
+        server.coadapt_socket_dir = own_dir  # type: ignore[attr-defined]
+        return server
+
+    def _stop_preload(self, server: subprocess.Popen[bytes] | None) -> None:
+        """End the server after torchrun: at once if it has no child left (the usual case),
+        else after it has ended its children (a worker forked before registering a pid)."""
+        if server is None:
+            return
+        with contextlib.suppress(OSError):
+            if server.stdin is not None:
+                server.stdin.close()  # EOF: it stops serving and ends its children
+        try:
+            server.wait(timeout=3)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        socket_dir = Path(getattr(server, "coadapt_socket_dir", "") or "")
+        if socket_dir.name.startswith("coadapt-"):
+            shutil.rmtree(socket_dir, ignore_errors=True)
+
+    def _wait(self, proc: subprocess.Popen[bytes]) -> int:
+        """Wait for torchrun, but not for its teardown or exit barrier once its workers are done.
+
+        When every local worker has exited with a final marker, torchrun has nothing left to
+        do but pass its exit barrier with the other nodes' agents and tear its interpreter down
+        (~1 s). After a stop this launcher asked for, it is ended after 0.2 s (one node) or 2 s
+        (several: enough for the agents to pass the barrier together). Otherwise it is given
+        30 s: it may be starting a new worker generation for a membership change (whose workers
+        clear their markers when they start), and only a barrier whose peer died waits longer.
+        """
+        finished_since: float | None = None
+        while True:
+            try:
+                return proc.wait(timeout=0.05)
+            except subprocess.TimeoutExpired:
+                pass
+            kinds = self._finished_workers()
+            if kinds is None:
+                finished_since = None
+                continue
+            now = self._clock.monotonic_s()
+            finished_since = now if finished_since is None else finished_since
+            alone = self.config.nnodes == "1"
+            grace = (0.2 if alone else 2.0) if self._signalled else 30.0
+            if now - finished_since >= grace:
+                logger.info("workers finished (%s); ending torchrun", sorted(kinds))
+                proc.kill()
+                proc.wait()
+                return 0 if ExitKind.FAILED not in kinds else 1
+
+    def _finished_workers(self) -> set[ExitKind] | None:
+        """The exit kinds if every local worker has a marker and has exited, else ``None``."""
+        if self._run_dir is None:
+            return None
+        rd = RunDir(self._run_dir)
+        markers = rd.markers()
+        if {m.rank for m in markers} != set(range(self.config.nproc_per_node)):
+            return None
+        if any(_alive(pid) for pid, _ in rd.pids()):
+            return None
+        return {m.kind for m in markers}
+
+
+def parse_args(argv: Sequence[str] | None = None) -> LaunchConfig:
+    p = argparse.ArgumentParser(
+        prog="coadapt-launch", description="Run an elastic coadapt training script under torchrun."
+    )
+    p.add_argument("--job-id", default=os.environ.get(envvars.JOB_ID, envvars.DEFAULT_JOB_ID))
+    p.add_argument("--nproc-per-node", type=int, default=1)
+    p.add_argument("--nnodes", default="1", help="N or MIN:MAX")
+    p.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT (default: a free local port)")
+    p.add_argument("--max-restarts", type=int, default=3, help="failure budget (not rescales)")
+    p.add_argument("--max-rescales", type=int, default=-1, help="-1: unlimited")
+    p.add_argument("--checkpoint-uri", default=None)
+    p.add_argument("--controller-url", default=None, help="absent: standalone (reports to a file)")
+    p.add_argument("--report-file", default=None)
+    p.add_argument("--report-interval-s", type=float, default=None)
+    p.add_argument("--batch-size", type=int, default=None, help="global batch size")
+    p.add_argument("--accum-steps", type=int, default=None)
+    p.add_argument("--run-dir", default=None, help="pid and exit-marker folder")
+    p.add_argument("--stop-file", default=None, help="preemption notice: stop when it exists")
+    p.add_argument("--shutdown-timeout-s", type=int, default=60)
+    p.add_argument("--monitor-interval-s", type=float, default=0.1)
+    p.add_argument("--omp-num-threads", type=int, default=None)
+    p.add_argument(
+        "--no-preload",
+        dest="preload",
+        action="store_false",
+        help="start every worker as a fresh interpreter (no fork server)",
+    )
+    p.add_argument(
+        "--preload-module",
+        action="append",
+        default=[],
+        help="also pre-import this module in the fork server (repeatable)",
+    )
+    p.add_argument("--torchrun-arg", action="append", default=[], help="extra torchrun argument")
+    p.add_argument("script")
+    p.add_argument("script_args", nargs=argparse.REMAINDER)
+    args = p.parse_args(argv)
+    return LaunchConfig(
+        script=args.script,
+        script_args=tuple(args.script_args),
+        job_id=args.job_id,
+        nproc_per_node=args.nproc_per_node,
+        nnodes=args.nnodes,
+        rdzv_endpoint=args.rdzv_endpoint,
+        max_restarts=args.max_restarts,
+        max_rescales=args.max_rescales,
+        checkpoint_uri=args.checkpoint_uri,
+        controller_url=args.controller_url,
+        report_file=args.report_file,
+        report_interval_s=args.report_interval_s,
+        batch_size=args.batch_size,
+        accum_steps=args.accum_steps,
+        run_dir=args.run_dir,
+        stop_file=args.stop_file,
+        shutdown_timeout_s=args.shutdown_timeout_s,
+        monitor_interval_s=args.monitor_interval_s,
+        omp_num_threads=args.omp_num_threads,
+        preload=args.preload,
+        preload_modules=tuple(args.preload_module),
+        extra_torchrun_args=tuple(args.torchrun_arg),
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s coadapt-launch %(levelname)s %(message)s"
+    )
+    try:
+        config = parse_args(argv)
+    except TrainerConfigError as e:
+        print(f"coadapt-launch: {e}", file=sys.stderr)
+        return ExitCode.USAGE
+    try:
+        return int(Launcher(config).run())
+    except LaunchError as e:
+        print(f"coadapt-launch: {e}", file=sys.stderr)
+        return ExitCode.FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""Sends :class:`~trainer.report.TrainerReport` payloads: HTTP to the controller, or a file.
+
+A :class:`Reporter` runs on rank 0 only, in a daemon thread that wakes every ``interval_s``
+(measured on the injected clock), asks a ``build`` callable for the current report (which must
+only read host-side values: no tensor access, so no device synchronisation), and delivers it.
+Delivery never raises into training: failures are logged (at most once a minute) and the next
+report is attempted on schedule. The controller's :class:`~trainer.report.ReportReply` is handed
+to ``on_reply``. Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from autoscaler.clock import Clock, SystemClock
+from trainer.errors import ReportSchemaError, TrainerConfigError
+from trainer.report import ReportReply, TrainerReport, report_path
+
+logger = logging.getLogger("trainer.reporter")
+
+
+class ReportSink(Protocol):
+    def send(self, report: TrainerReport) -> ReportReply | None: ...
+
+
+class HttpSink:
+    """POSTs JSON to ``{controller_url}/v1/jobs/{job_id}/reports``; parses the reply."""
+
+    def __init__(self, controller_url: str, job_id: str, *, timeout_s: float = 5.0) -> None:
+        if not controller_url.startswith(("http://", "https://")):
+            raise TrainerConfigError(f"not an http(s) URL: {controller_url!r}", field="url")
+        self.url = controller_url.rstrip("/") + report_path(job_id)
+        self.timeout_s = timeout_s
+
+    def send(self, report: TrainerReport) -> ReportReply | None:
+        request = urllib.request.Request(
+            self.url,
+            data=report.to_json().encode(),
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+            return ReportReply.from_json(response.read())
+
+
+class FileSink:
+    """Appends one JSON line per report to a local file (standalone mode)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+
+    def send(self, report: TrainerReport) -> ReportReply | None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        line = report.to_json() + "\n"
+        # One write() of a line in append mode: concurrent appenders never interleave lines.
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(line)
+        return None
+
+
+class Reporter:
+    """Periodic delivery in a background thread (see module docstring)."""
+
+    def __init__(
+        self,
+        sink: ReportSink,
+        build: Callable[[], TrainerReport],
+        *,
+        interval_s: float,
+        clock: Clock | None = None,
+        on_reply: Callable[[ReportReply], None] | None = None,
+    ) -> None:
+        if not interval_s > 0:
+            raise TrainerConfigError("must be > 0", field="report_interval_s")
+        self.sink = sink
+        self._build = build
+        self._interval_s = interval_s
+        self._clock = clock or SystemClock()
+        self._on_reply = on_reply
+        self._wake = threading.Event()
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+        self._send_lock = threading.Lock()
+        self._last_error_s = -1e18
+        self.sent = 0
+        self.failed = 0
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="coadapt-reporter", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        next_s = self._clock.monotonic_s() + self._interval_s
+        while not self._stopped:
+            wait_s = next_s - self._clock.monotonic_s()
+            if wait_s > 0:
+                self._wake.wait(wait_s)
+                continue
+            self.send_now()
+            next_s = self._clock.monotonic_s() + self._interval_s
+
+    def send_now(self) -> ReportReply | None:
+        """Build and deliver one report now (also used for the final report at exit)."""
+        with self._send_lock:
+            try:
+                report = self._build()
+                reply = self.sink.send(report)
+            except (OSError, urllib.error.URLError, ReportSchemaError, ValueError) as e:
+                self.failed += 1
+                now = self._clock.monotonic_s()
+                if now - self._last_error_s >= 60.0:
+                    self._last_error_s = now
+                    logger.warning("report delivery failed (%s); will retry", e)
+                return None
+            self.sent += 1
+        if reply is not None and self._on_reply is not None:
+            self._on_reply(reply)
+        return reply
+
+    def stop(self, *, final: bool = True) -> None:
+        """Stop the thread; optionally deliver one last report first."""
+        self._stopped = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        if final:
+            self.send_now()
+
+
+def read_reports(path: str | os.PathLike[str]) -> list[TrainerReport]:
+    """Parse a standalone report file (one JSON report per line)."""
+    out = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            out.append(TrainerReport.from_dict(json.loads(line)))
+    return out
