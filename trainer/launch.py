@@ -435,23 +435,43 @@ def parse_args(argv: Sequence[str] | None = None) -> LaunchConfig:
     p = argparse.ArgumentParser(
         prog="coadapt-launch", description="Run an elastic coadapt training script under torchrun."
     )
-    p.add_argument("--job-id", default=os.environ.get(envvars.JOB_ID, envvars.DEFAULT_JOB_ID))
-    p.add_argument("--nproc-per-node", type=int, default=1)
-    p.add_argument("--nnodes", default="1", help="N or MIN:MAX")
+    p.add_argument(
+        "--job-id",
+        default=os.environ.get(envvars.JOB_ID, envvars.DEFAULT_JOB_ID),
+        help="job name; names the default checkpoint folder and the reports (default: %(default)s)",
+    )
+    p.add_argument(
+        "--nproc-per-node", type=int, default=1, help="worker processes here (default: 1)"
+    )
+    p.add_argument("--nnodes", default="1", help="N or MIN:MAX nodes (default: 1)")
     p.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT (default: a free local port)")
     p.add_argument("--max-restarts", type=int, default=3, help="failure budget (not rescales)")
     p.add_argument("--max-rescales", type=int, default=-1, help="-1: unlimited")
-    p.add_argument("--checkpoint-uri", default=None)
+    p.add_argument(
+        "--checkpoint-uri",
+        default=None,
+        help="folder, file://, s3://BUCKET/PREFIX or gs://BUCKET/PREFIX "
+        "(default: checkpoints/JOB_ID)",
+    )
     p.add_argument("--controller-url", default=None, help="absent: standalone (reports to a file)")
-    p.add_argument("--report-file", default=None)
-    p.add_argument("--report-interval-s", type=float, default=None)
+    p.add_argument("--report-file", default=None, help="standalone: append reports here")
+    p.add_argument(
+        "--report-interval-s", type=float, default=None, help="seconds between reports (30)"
+    )
     p.add_argument("--batch-size", type=int, default=None, help="global batch size")
-    p.add_argument("--accum-steps", type=int, default=None)
+    p.add_argument("--accum-steps", type=int, default=None, help="gradient-accumulation steps")
     p.add_argument("--run-dir", default=None, help="pid and exit-marker folder")
     p.add_argument("--stop-file", default=None, help="preemption notice: stop when it exists")
-    p.add_argument("--shutdown-timeout-s", type=int, default=60)
-    p.add_argument("--monitor-interval-s", type=float, default=0.1)
-    p.add_argument("--omp-num-threads", type=int, default=None)
+    p.add_argument(
+        "--shutdown-timeout-s",
+        type=int,
+        default=60,
+        help="grace for workers to save and exit on SIGTERM before they are killed",
+    )
+    p.add_argument(
+        "--monitor-interval-s", type=float, default=0.1, help="launcher poll period, seconds"
+    )
+    p.add_argument("--omp-num-threads", type=int, default=None, help="threads per worker")
     p.add_argument(
         "--no-preload",
         dest="preload",
@@ -465,8 +485,8 @@ def parse_args(argv: Sequence[str] | None = None) -> LaunchConfig:
         help="also pre-import this module in the fork server (repeatable)",
     )
     p.add_argument("--torchrun-arg", action="append", default=[], help="extra torchrun argument")
-    p.add_argument("script")
-    p.add_argument("script_args", nargs=argparse.REMAINDER)
+    p.add_argument("script", help="the training script (imports trainer)")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
     args = p.parse_args(argv)
     return LaunchConfig(
         script=args.script,
