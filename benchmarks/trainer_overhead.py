@@ -6,9 +6,10 @@ Same model (a ~1M-parameter MLP, AdamW, cross-entropy) and synthetic data throug
 
 1. **Throughput** (2 processes, gloo, one torchrun launch): plain DDP (``DataLoader`` +
    ``DistributedSampler`` + ``DistributedDataParallel``) vs DDP + coadapt (elastic loader,
-   gradient-noise measurement every 4 steps, LR scaling, profiling, stop agreement, reporting),
-   64 samples per replica. Both variants live in the same processes and run interleaved,
-   A B, B A, A B, ... (``--pairs`` pairs of ``--steps`` steps after one warm-up pair; the order
+   gradient-noise measurement at its default interval of 16 steps, LR scaling, profiling,
+   stop agreement, reporting), 64 samples per replica. Both variants live in the same
+   processes and run interleaved, A B, B A, A B, ... (``--pairs`` pairs of ``--steps`` steps
+   after one warm-up pair; the order
    alternates so that neither always runs first), because throughput drifts run to run here.
    Per pair ``overhead = 1 - coadapt / ddp`` (steps/s); reported: the median
    (``overhead_frac``) and the interquartile range (``overhead_spread``). Also, from CPU time

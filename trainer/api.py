@@ -84,6 +84,7 @@ from trainer.env import TrainerEnv
 from trainer.errors import TrainerConfigError, TrainerUsageError
 from trainer.gns import (
     GradientNoiseEstimator,
+    Scratch,
     adam_sqrt_preconditioner,
     grad_sqr_from,
     is_adam_type,
@@ -125,7 +126,9 @@ class JobOptions:
 
     ``initial_batch_size`` (``M0``): the total batch size the hyper-parameters were tuned for.
     ``max_batch_size``, ``min/max_local_batch_size``, ``max_accum_steps``: limits passed to the
-    scheduler. ``gns_every_steps``: measure gradient noise on every k-th step (0 = never).
+    scheduler. ``gns_every_steps``: measure gradient noise on every k-th step (0 = never); a
+    measurement step costs about two extra passes over the gradients (a quarter of a step for
+    a 1M-parameter MLP on CPU), so the default 16 keeps the average cost near 1.5%.
     ``gns_smoothing``: EMA weight of the past per measurement. ``control_interval_s``: ranks
     exchange their stop/checkpoint flags about this often (every k-th step, k chosen by rank 0
     from its step time and agreed at the previous exchange; a stop lands within two exchanges of
@@ -145,7 +148,7 @@ class JobOptions:
     min_local_batch_size: int | None = None
     max_local_batch_size: int | None = None
     max_accum_steps: int | None = None
-    gns_every_steps: int = 8
+    gns_every_steps: int = 16
     gns_smoothing: float = 0.95
     control_interval_s: float = 0.5
     checkpoint_every_s: float = 600.0
@@ -296,6 +299,7 @@ class ElasticJob:
         self._pending_gns: _PendingMeasurement | None = None
         self._precond_cache: dict[int, torch.Tensor] | None = None
         self._precond_uses = 0
+        self._scratch = Scratch()  # weighted-norm temporaries, reused (measurement steps)
 
         self._model: DistributedDataParallel | None = None
         self._param_list: list[torch.Tensor] = []
@@ -810,7 +814,7 @@ class ElasticJob:
                 state.handles.append(
                     p.register_post_accumulate_grad_hook(
                         lambda q, w=weights.get(id(p)): state.local_parts.append(
-                            sq_norm_one(q.grad, w)
+                            sq_norm_one(q.grad, w, self._scratch)
                         )
                     )
                 )
@@ -847,7 +851,7 @@ class ElasticJob:
         if self._rule is not ScalingRule.SQRT or opt is None or not is_adam_type(opt.inner):
             return None
         if self._precond_cache is None or self._precond_uses >= PRECOND_REFRESH:
-            self._precond_cache = adam_sqrt_preconditioner(opt.inner)
+            self._precond_cache = adam_sqrt_preconditioner(opt.inner, self._precond_cache)
             self._precond_uses = 0
         self._precond_uses += 1
         return self._precond_cache
@@ -887,7 +891,7 @@ class ElasticJob:
         grads = [p.grad for p in params]
         global_sq = None
         if mb.measure:
-            global_sq = sq_norm_params(grads, params, state.sqrt_precond)
+            global_sq = sq_norm_params(grads, params, state.sqrt_precond, self._scratch)
             check = global_sq
         elif self.options.skip_nonfinite:
             check = torch.stack([g.sum() for g in grads]).sum()
@@ -976,7 +980,7 @@ class ElasticJob:
                 return
             final = [p.grad for p in state.small_params]
             diff = torch._foreach_sub(final, state.small_copy)
-            diff_sq = sq_norm_params(diff, state.small_params, state.sqrt_precond)
+            diff_sq = sq_norm_params(diff, state.small_params, state.sqrt_precond, self._scratch)
             sigma2 = sigma2_from_difference(diff_sq, mb.ref_size, B)
             self._gns.update(grad_sqr_from(global_sq, sigma2, B), sigma2)
             self._gns.publish()

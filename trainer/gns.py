@@ -9,8 +9,9 @@ one batch are distinct draws). Two squared norms at batch sizes ``s < B`` theref
 both unbiased, whether or not the small batch is part of the large one. The trainer gets them
 for free from what data-parallel training already computes:
 
-* several replicas: ``m_s`` is each replica's local gradient (before the all-reduce, read in the
-  DDP communication hook), ``m_B`` the all-reduced one; the per-replica estimates are averaged
+* several replicas: ``m_s`` is each replica's local gradient (read by a post-accumulate hook on
+  each parameter, before DDP's reducer copies the all-reduced values back), ``m_B`` the
+  all-reduced one; the per-replica estimates are averaged
   (one tiny all-reduce on measurement steps only);
 * one replica: ``m_s`` is the first accumulation micro-batch's gradient (copied between
   micro-steps, on measurement steps only), ``m_B`` the accumulated one; the variance comes from
@@ -71,14 +72,17 @@ def is_adam_type(optimizer: torch.optim.Optimizer) -> bool:
 
 def adam_sqrt_preconditioner(
     optimizer: torch.optim.Optimizer,
+    reuse: dict[int, torch.Tensor] | None = None,
 ) -> dict[int, torch.Tensor] | None:
     """``sqrt(1 / (sqrt(v_hat) + eps))`` per parameter (keyed by ``id(param)``), flattened.
 
     Parameters without a second-moment estimate yet (before their first step) are absent and
     measured unpreconditioned; ``None`` when no parameter has one (before the first step).
+    Tensors of ``reuse`` (a previous result) are overwritten in place where they fit, so a
+    refresh allocates nothing.
     """
     params: list[torch.Tensor] = []
-    second: list[torch.Tensor] = []
+    denom: list[torch.Tensor] = []
     divisors: list[float] = []
     eps: list[float] = []
     for group in optimizer.param_groups:
@@ -89,13 +93,17 @@ def adam_sqrt_preconditioner(
                 continue
             step = state.get("step", 1)
             step = float(step.item() if isinstance(step, torch.Tensor) else step)
+            second = state["exp_avg_sq"].reshape(-1)
+            old = None if reuse is None else reuse.get(id(p))
+            if old is not None and old.shape == second.shape and old.dtype == second.dtype:
+                denom.append(torch.sqrt(second, out=old))
+            else:
+                denom.append(torch.sqrt(second))
             params.append(p)
-            second.append(state["exp_avg_sq"].reshape(-1))
             divisors.append(math.sqrt(max(1.0 - beta2**step, 1e-30)))
             eps.append(float(group["eps"]))
     if not params:
         return None
-    denom = torch._foreach_sqrt(second)
     torch._foreach_div_(denom, divisors)
     torch._foreach_add_(denom, eps)
     torch._foreach_reciprocal_(denom)
@@ -103,13 +111,42 @@ def adam_sqrt_preconditioner(
     return {id(p): d for p, d in zip(params, denom, strict=True)}
 
 
-def sq_norm_one(grad: torch.Tensor, sqrt_weight: torch.Tensor | None) -> torch.Tensor:
-    """Squared (weighted) norm of one gradient tensor, float64 0-dim: one or two kernels."""
+class Scratch:
+    """One reusable flat buffer per (dtype, device), grown to the largest request.
+
+    Weighted norms multiply into it instead of allocating a parameter-sized temporary per
+    tensor (allocation and first-touch page faults cost more than the multiply itself). Its
+    uses are sequential: the gradient hooks of one backward pass run one after another, then
+    the optimizer step; on CUDA they are ordered on the stream, since ``backward()`` returns
+    synchronised with the caller's stream. Memory: one copy of the largest parameter.
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+
+    def take(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        key = (dtype, device)
+        buffer = self._buffers.get(key)
+        if buffer is None or buffer.numel() < numel:
+            buffer = torch.empty(numel, dtype=dtype, device=device)
+            self._buffers[key] = buffer
+        return buffer[:numel]
+
+
+def sq_norm_one(
+    grad: torch.Tensor, sqrt_weight: torch.Tensor | None, scratch: Scratch | None = None
+) -> torch.Tensor:
+    """Squared (weighted) norm of one gradient tensor, float64 0-dim: one or two kernels
+    (the weighted product goes into ``scratch`` when given, else into a temporary)."""
     flat = grad.reshape(-1)
     if flat.dtype in (torch.float16, torch.bfloat16):
         flat = flat.float()
     if sqrt_weight is not None:
-        flat = flat * sqrt_weight
+        if scratch is None:
+            flat = flat * sqrt_weight
+        else:
+            dtype = torch.promote_types(flat.dtype, sqrt_weight.dtype)
+            flat = torch.mul(flat, sqrt_weight, out=scratch.take(flat.numel(), dtype, flat.device))
     return torch.dot(flat, flat).to(torch.float64)
 
 
@@ -117,9 +154,11 @@ def sq_norm_params(
     grads: Sequence[torch.Tensor],
     params: Sequence[torch.Tensor],
     sqrt_precond: dict[int, torch.Tensor] | None,
+    scratch: Scratch | None = None,
 ) -> torch.Tensor:
     """Squared norm of flat gradients ``grads`` of ``params``, preconditioned where
-    ``sqrt_precond`` has the parameter (float64 0-dim)."""
+    ``sqrt_precond`` has the parameter (float64 0-dim). With ``scratch``, the weighted products
+    reuse its buffer instead of allocating one temporary per parameter."""
     flat = [g.reshape(-1) for g in grads]
     if not sqrt_precond:
         return sq_norm_tensors(flat)
@@ -133,11 +172,16 @@ def sq_norm_params(
         else:
             weighted.append(g)
             weights.append(w)
-    if not plain:
-        return sq_norm_weighted(weighted, weights)
-    if not weighted:
-        return sq_norm_tensors(plain)
-    return sq_norm_weighted(weighted, weights) + sq_norm_tensors(plain)
+    parts: list[torch.Tensor] = []
+    if weighted:
+        if scratch is None:
+            parts.append(sq_norm_weighted(weighted, weights))
+        else:
+            norms = [sq_norm_one(g, w, scratch) for g, w in zip(weighted, weights, strict=True)]
+            parts.append(torch.stack(norms).sum())
+    if plain:
+        parts.append(sq_norm_tensors(plain))
+    return parts[0] if len(parts) == 1 else parts[0] + parts[1]
 
 
 class HostMirror:
