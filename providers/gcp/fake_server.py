@@ -406,6 +406,7 @@ class FakeGceServer:
         networks: Iterable[str] = ("default",),
         wait_cap_s: float = 5.0,
         max_recorded_requests: int = 20_000,
+        response_latency_s: float = 0.0,
     ) -> None:
         self.project = project
         self.zones = tuple(zones)
@@ -415,6 +416,11 @@ class FakeGceServer:
         self.delete_duration_s = delete_duration_s
         self.networks = set(networks)
         self.wait_cap_s = wait_cap_s
+        # Real (wall-clock) delay before each response, as a network round trip would add;
+        # with ``max_in_flight`` it shows whether a client overlaps its requests.
+        self.response_latency_s = response_latency_s
+        self.max_in_flight = 0
+        self._in_flight = 0
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._instances: dict[str, dict[str, dict[str, Any]]] = {z: {} for z in self.zones}
@@ -750,6 +756,20 @@ class FakeGceServer:
         self, method: str, raw_path: str, headers: Mapping[str, str], body: bytes
     ) -> tuple[int, Any, dict[str, str]]:
         """Serve one request: ``(status, JSON-able body or text, extra headers)``."""
+        with self._lock:
+            self._in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self._in_flight)
+        try:
+            if self.response_latency_s > 0:
+                time.sleep(self.response_latency_s)
+            return self._handle(method, raw_path, headers, body)
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+
+    def _handle(
+        self, method: str, raw_path: str, headers: Mapping[str, str], body: bytes
+    ) -> tuple[int, Any, dict[str, str]]:
         split = urlsplit(raw_path)
         query = {k: v[-1] for k, v in parse_qs(split.query, keep_blank_values=True).items()}
         for m, pattern, route in _ROUTES:

@@ -741,6 +741,24 @@ def test_terminate_batches_operation_polls_per_zone(env: FakeGcpEnv, cluster: st
     assert sent.query["filter"] == '(operationType = "delete") AND (status != "DONE")'
 
 
+def test_terminate_overlaps_deletes() -> None:
+    # The Compute API has no bulk delete; with a real round trip per call, deleting many
+    # instances one after another would take minutes. The fake delays each response (wall
+    # clock) and counts requests in flight at once.
+    env = FakeGcpEnv(response_latency_s=0.05)
+    try:
+        provider = env.provider()
+        g2 = pool(provider.offerings(), "g2-standard-4", ZONE_A, Market.SPOT)
+        ids = [i.instance_id for i in provider.launch(request("c-overlap", [g2], 12)).instances]
+        env.server.max_in_flight = 0
+        result = provider.terminate("c-overlap", ids, "term-overlap")
+        assert sorted(result.terminated) == sorted(ids)
+        assert env.server.max_in_flight > 1
+        assert all(not env.has_live_instance(i) for i in ids)
+    finally:
+        env.close()
+
+
 def test_terminate_sorts_ids(env: FakeGcpEnv, cluster: str) -> None:
     provider = env.provider(env.config(delete_wait_s=0.0))
     g2 = pool(provider.offerings(), "g2-standard-4", ZONE_A, Market.SPOT)
