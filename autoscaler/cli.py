@@ -95,12 +95,15 @@ def simulate(
         policies = list(PolicyName) if suite else list(dict.fromkeys(policy))
         specs = [RunSpec(str(f), p, config) for p in policies for f in files]
         columns = (BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        single = len(specs) == 1  # one run: jobs completed; several: runs completed
         with Progress("{task.description}", *columns, console=err) as bar:
-            task = bar.add_task("simulating", total=None)
+            task = bar.add_task(
+                "jobs done" if single else "runs done", total=None if single else len(specs)
+            )
             results = run_many(
                 specs,
                 processes=processes,
-                on_done=lambda _s, _r: bar.advance(task),
+                on_done=None if single else lambda _s, _r: bar.advance(task),
                 on_round=lambda _t, done, total: bar.update(task, completed=done, total=total),
             )
     except CoadaptError as e:
