@@ -24,6 +24,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from autoscaler.atomic import write_json_atomic
 from autoscaler.goodput import (
     BatchLimits,
     GoodputModel,
@@ -32,7 +33,6 @@ from autoscaler.goodput import (
     fit_perf_params,
 )
 from autoscaler.traces import APPLICATIONS, ThroughputRow, load_app
-from benchmarks._common import write_json_atomic
 
 
 def to_sample(row: ThroughputRow) -> ProfileSample:

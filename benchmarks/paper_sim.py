@@ -37,9 +37,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from autoscaler.atomic import write_json_atomic
 from autoscaler.jobs import PolicyName
 from autoscaler.sim.engine import SimConfig
-from autoscaler.sim.results import SimResult, write_json_atomic
+from autoscaler.sim.results import SimResult
 from autoscaler.sim.runner import (
     RunSpec,
     paper_reference,

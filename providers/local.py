@@ -56,6 +56,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Final
 
+from autoscaler.atomic import write_json_atomic
 from autoscaler.clock import Clock, SystemClock
 from providers.base import (
     Instance,
@@ -78,7 +79,7 @@ from providers.errors import (
     InvalidRequestError,
     ProviderError,
 )
-from providers.local_agent import INSTANCE_ENV, write_json_atomic
+from providers.local_agent import INSTANCE_ENV
 from providers.tags import CLUSTER_ID_TAG, REQUEST_ID_TAG, all_tags, is_owned_by, validate_id
 
 log = logging.getLogger(__name__)
@@ -426,6 +427,8 @@ class LocalProvider:
             write_json_atomic(
                 self._agents_dir / instance_id / "spot-notice.json",
                 {"action": "terminate", "deadline_s": notice.deadline_s},
+                indent=None,
+                durable=True,
             )
             self._refresh(self._scan())
         return InterruptionNotice(
@@ -596,7 +599,9 @@ class LocalProvider:
             return None
 
     def _write(self, rec: LocalRecord) -> None:
-        write_json_atomic(self._records_dir / f"{rec.instance_id}.json", rec.to_json())
+        write_json_atomic(
+            self._records_dir / f"{rec.instance_id}.json", rec.to_json(), indent=None, durable=True
+        )
 
     def _scan(self) -> dict[str, LocalRecord]:
         self.op_counts["scan"] += 1

@@ -39,8 +39,9 @@ from typing import Any
 INSTANCE_ENV = "COADAPT_LOCAL_INSTANCE"  # marks the agent and its workload (set by the provider)
 
 
-def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
-    """Write ``payload`` to ``path`` via a sibling temporary file and ``os.replace``."""
+def _write_state_file(path: Path, payload: dict[str, Any]) -> None:
+    """Atomic, durable write (tmp + fsync + rename); stdlib only, unlike the package's
+    ``autoscaler.atomic`` (this script must not import the package)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(payload, fh, sort_keys=True)
@@ -120,7 +121,7 @@ class Agent:
 
     def _report(self, path: Path, state: str) -> None:
         try:
-            write_json_atomic(path, self._state(state))
+            _write_state_file(path, self._state(state))
         except OSError as err:
             print(f"local agent {self.instance_id}: cannot write {path}: {err}", file=sys.stderr)
 

@@ -7,15 +7,14 @@ measured, not simulated, and are only included with ``include_timing=True``.
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from autoscaler.atomic import write_json_atomic
 
 if TYPE_CHECKING:
     from autoscaler.sim.engine import SimConfig
@@ -25,7 +24,6 @@ __all__ = [
     "RoundStats",
     "SimResult",
     "results_payload",
-    "write_json_atomic",
     "write_results_json",
 ]
 
@@ -135,24 +133,8 @@ def results_payload(results: Sequence[SimResult], *, include_timing: bool = Fals
     return {"format": RESULTS_FORMAT, "runs": runs}
 
 
-def write_json_atomic(path: str | Path, payload: Any) -> None:
-    """Write ``payload`` as JSON to ``path`` through a temporary file in the same folder and an
-    atomic rename: readers see the old file or the complete new one, never a partial one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(payload, handle, indent=1, sort_keys=True, allow_nan=False)
-            handle.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_results_json(
     path: str | Path, results: Sequence[SimResult], *, include_timing: bool = False
 ) -> None:
-    """Write results atomically (see :func:`write_json_atomic`)."""
+    """Write results atomically (see :func:`autoscaler.atomic.write_json_atomic`)."""
     write_json_atomic(path, results_payload(results, include_timing=include_timing))

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from autoscaler.atomic import write_json_atomic
 from autoscaler.clock import FakeClock
 from providers.base import InstanceState, InterruptionKind, LaunchRequest, Market, Offering
 from providers.errors import InstanceNotFoundError, InsufficientCapacityError
@@ -29,7 +30,7 @@ from providers.local import (
     RecordState,
     local_offerings,
 )
-from providers.local_agent import INSTANCE_ENV, write_json_atomic
+from providers.local_agent import INSTANCE_ENV
 from providers.tags import all_tags
 from tests.providers.test_local_contract import instance_running, kill_leftovers
 

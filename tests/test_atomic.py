@@ -1,0 +1,35 @@
+"""Atomic JSON writes: complete or absent, usual permissions, no temporary files left."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from autoscaler.atomic import write_json_atomic
+
+
+def test_writes_sorted_json_with_umask_permissions(tmp_path: Path) -> None:
+    target = tmp_path / "new" / "folder" / "out.json"
+    old = os.umask(0o022)
+    try:
+        write_json_atomic(target, {"b": 1, "a": [1.5]})
+    finally:
+        os.umask(old)
+    assert json.loads(target.read_text()) == {"a": [1.5], "b": 1}
+    assert target.read_text().index('"a"') < target.read_text().index('"b"')
+    assert stat.S_IMODE(target.stat().st_mode) == 0o644
+    assert [p.name for p in target.parent.iterdir()] == ["out.json"]
+
+
+def test_failure_keeps_the_old_file_and_leaves_no_temporary(tmp_path: Path) -> None:
+    target = tmp_path / "out.json"
+    write_json_atomic(target, {"v": 1}, durable=True)
+    with pytest.raises(ValueError):
+        write_json_atomic(target, {"v": math.nan})  # NaN is not JSON
+    assert json.loads(target.read_text()) == {"v": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["out.json"]
