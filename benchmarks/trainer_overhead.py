@@ -15,6 +15,9 @@ Same model (a ~1M-parameter MLP, AdamW, cross-entropy) and synthetic data throug
    (``overhead_frac``) and the interquartile range (``overhead_spread``). Also, from CPU time
    (process CPU seconds per step, summed over the ranks), which other processes on a shared host
    disturb less: ``overhead_cpu_frac`` = median of ``coadapt / ddp - 1``, and its spread.
+   With ``--calibrate``, a second throughput run pits plain DDP against plain DDP (A/A) and
+   reports its "overhead" as ``calibration_overhead_frac``/``_spread``: the noise floor of the
+   host, against which ``overhead_frac`` should be read.
 2. **Restart**: ``coadapt-launch`` with 2 processes; SIGTERM to the launcher; when it has exited
    (stopped with a checkpoint), a new ``coadapt-launch`` with 1 process (then, from a fresh
    2-process run, 3); the time from the SIGTERM to the end of the first optimizer step after the
@@ -218,9 +221,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def measure_throughput(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    result = workdir / "throughput.json"
+def measure_throughput(
+    args: argparse.Namespace, workdir: Path, *, calibrate: bool = False
+) -> dict[str, Any]:
+    """Interleaved DDP / coadapt segments; with ``calibrate``, DDP against a second plain DDP
+    (an A/A run: how far from 0 this host's noise alone puts the figures)."""
+    result = workdir / ("calibration.json" if calibrate else "throughput.json")
     env = _env()
+    if calibrate:
+        env["COADAPT_BENCH_AA"] = "1"
     env["COADAPT_REPORT_FILE"] = str(workdir / "reports.jsonl")
     env["COADAPT_CHECKPOINT_URI"] = str(workdir / "ckpt-throughput")
     command = [
@@ -343,6 +352,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--restart-repeats", type=int, default=1)
     p.add_argument("--skip-throughput", action="store_true")
     p.add_argument("--skip-restart", action="store_true")
+    p.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="also run plain DDP against plain DDP (A/A) and report its 'overhead' as the "
+        "noise floor of this host",
+    )
     # worker modes (the driver starts these under torchrun / coadapt-launch)
     p.add_argument("--worker", choices=["throughput", "train"], default=None)
     p.add_argument("--result", default=None)
@@ -364,6 +379,10 @@ def main(argv: list[str] | None = None) -> int:
         workdir = Path(tmp)
         if not args.skip_throughput:
             results.update(measure_throughput(args, workdir))
+        if args.calibrate:
+            aa = measure_throughput(args, workdir, calibrate=True)
+            results["calibration_overhead_frac"] = aa["overhead_frac"]
+            results["calibration_overhead_spread"] = aa["overhead_spread"]
         if not args.skip_restart:
             runs: dict[int, list[dict[str, float]]] = {1: [], 3: []}
             for _ in range(args.restart_repeats):
@@ -385,7 +404,9 @@ def main(argv: list[str] | None = None) -> int:
     results["host_cpus"] = os.cpu_count()
     with contextlib.suppress(OSError):
         results["host_load_avg_1m"] = os.getloadavg()[0]
-    Path(args.out).write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    from autoscaler.atomic import write_json_atomic
+
+    write_json_atomic(args.out, results, indent=2)
     print(json.dumps(results, indent=2, sort_keys=True))
     return 0
 
