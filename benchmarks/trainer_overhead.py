@@ -9,8 +9,8 @@ Same model (a ~1M-parameter MLP, AdamW, cross-entropy) and synthetic data throug
    gradient-noise measurement at its default interval of 16 steps, LR scaling, profiling,
    stop agreement, reporting), 64 samples per replica. Both variants live in the same
    processes and run interleaved, A B, B A, A B, ... (``--pairs`` pairs of ``--steps`` steps
-   after one warm-up pair; the order
-   alternates so that neither always runs first), because throughput drifts run to run here.
+   after one warm-up pair; the order alternates so that neither always runs first), because
+   throughput drifts run to run here.
    Per pair ``overhead = 1 - coadapt / ddp`` (steps/s); reported: the median
    (``overhead_frac``) and the interquartile range (``overhead_spread``). Also, from CPU time
    (process CPU seconds per step, summed over the ranks), which other processes on a shared host
