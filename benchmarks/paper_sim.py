@@ -83,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     results = run_many(specs, processes=args.processes, on_done=done)
     elapsed = time.perf_counter() - started
 
-    out: dict = {"load": float(args.load), "policies": {}, "elapsed_s": elapsed}
+    # A custom --workloads folder has no load factor and no published results.
+    load = float(args.load) if args.workloads is None else None
+    out: dict = {"load": load, "policies": {}, "elapsed_s": elapsed}
     for policy in policies:
         runs = [r for s, r in zip(specs, results, strict=True) if s.policy is policy]
         summaries = [r.summary() for r in runs]
@@ -124,14 +126,17 @@ def _print_table(out: dict, workloads: list[str]) -> None:
         line = f"{w:12s}"
         for p in policies:
             ours = out["policies"][p]["per_workload_jct_s"].get(w, float("nan"))
-            ref = refs.get(p, {}).get(w, float("nan"))
-            line += f" {ours:14.0f} {ref:8.0f}"
+            line += f" {ours:14.0f} {_cell(refs.get(p, {}).get(w)):>8s}"
         print(line)
     line = f"{'mean':12s}"
     for p in policies:
-        ref = out.get("reference_mean_jct_s", {}).get(p, float("nan"))
-        line += f" {out['policies'][p]['mean_jct_s']:14.0f} {ref:8.0f}"
+        ref = out.get("reference_mean_jct_s", {}).get(p)
+        line += f" {out['policies'][p]['mean_jct_s']:14.0f} {_cell(ref):>8s}"
     print(line)
+
+
+def _cell(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
 
 
 if __name__ == "__main__":
