@@ -1,0 +1,39 @@
+"""``benchmarks/paper_sim.py`` on a small folder: the documented JSON, written atomically."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.paper_sim import main
+
+WORKLOAD = """name,time,application,num_replicas,batch_size
+a,0,cifar10,1,128
+b,30,ncf,2,256
+c,60,cifar10,2,256
+"""
+
+
+def test_writes_the_documented_json(tmp_path: Path, capsys) -> None:
+    folder = tmp_path / "workloads"
+    folder.mkdir()
+    (folder / "small-1.csv").write_text(WORKLOAD)
+    (folder / "small-2.csv").write_text(WORKLOAD.replace("c,60", "c,120"))
+    out = tmp_path / "out" / "bench.json"
+    argv = ["--workloads", str(folder), "--policies", "tiresias,optimus", "--processes", "1"]
+    assert main([*argv, "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert not list(out.parent.glob("*.tmp"))
+    assert doc["load"] is None and "reference_mean_jct_s" not in doc  # no published results
+    assert set(doc["policies"]) == {"tiresias", "optimus"}
+    keys = {"mean_jct_s", "per_workload_jct_s", "p99_jct_s", "makespan_s", "restarts_per_job",
+            "policy_ms_p50", "policy_ms_max", "wall_s"}  # fmt: skip
+    for summary in doc["policies"].values():
+        assert keys <= set(summary)
+        per = summary["per_workload_jct_s"]
+        assert set(per) == {"small-1", "small-2"} and all(v > 0 for v in per.values())
+        assert summary["mean_jct_s"] == pytest.approx(sum(per.values()) / 2)
+    table = capsys.readouterr().out
+    assert "small-1" in table and "mean" in table
