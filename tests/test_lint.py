@@ -15,11 +15,17 @@ PURE_CORE = [
     "autoscaler/speedup.py",
     "autoscaler/errors.py",
     "autoscaler/clock.py",
+    "autoscaler/atomic.py",
+    "autoscaler/jobs.py",
+    "autoscaler/traces.py",
+    "autoscaler/policy",
+    "autoscaler/sim",
     "providers/base.py",
     "providers/errors.py",
     "providers/tags.py",
     "providers/retry.py",
     "providers/capacity.py",
+    "providers/fake.py",
 ]
 
 
