@@ -823,8 +823,11 @@ class ElasticJob:
             # After micro-batch 0 the gradient is (b0 / B) * mean_0.
             params = [p for p in self._params if p.grad is not None]
             state.small_params = params
-            state.small_copy = torch._foreach_mul(
-                [p.grad for p in params], mb.step_samples / mb.ref_size
+            state.small_copy = list(
+                torch._foreach_mul(
+                    [p.grad for p in params],  # type: ignore[misc]  # not None: filtered
+                    mb.step_samples / mb.ref_size,
+                )
             )
         model = self._model
         if model is not None:
@@ -888,7 +891,7 @@ class ElasticJob:
         params = [p for p in self._params if p.grad is not None]
         if not params:
             raise TrainerUsageError("optimizer.step() before backward() on the last micro-batch")
-        grads = [p.grad for p in params]
+        grads: list[torch.Tensor] = [p.grad for p in params]  # type: ignore[misc]  # filtered
         global_sq = None
         if mb.measure:
             global_sq = sq_norm_params(grads, params, state.sqrt_precond, self._scratch)
@@ -978,7 +981,7 @@ class ElasticJob:
         if self.world_size == 1:
             if not state.small_copy:
                 return
-            final = [p.grad for p in state.small_params]
+            final: list[torch.Tensor] = [p.grad for p in state.small_params]  # type: ignore[misc]
             diff = torch._foreach_sub(final, state.small_copy)
             diff_sq = sq_norm_params(diff, state.small_params, state.sqrt_precond, self._scratch)
             sigma2 = sigma2_from_difference(diff_sq, mb.ref_size, B)

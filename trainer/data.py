@@ -135,7 +135,7 @@ def plan_step(
     shares = split_even(step_samples, world_size)
     start = sum(shares[:rank])
     local = shares[rank]
-    common = dict(
+    common: dict[str, Any] = dict(
         epoch=epoch,
         step=step,
         step_samples=step_samples,

@@ -130,7 +130,7 @@ def serve(path: str, modules: Sequence[str] = DEFAULT_MODULES) -> int:
     watch_stdin = not os.isatty(0)
     try:
         while not (stopping and not children):
-            readable = [listener, *children.values()]
+            readable: list[Any] = [listener, *children.values()]
             if watch_stdin:
                 readable.append(sys.stdin)
             try:
@@ -302,10 +302,10 @@ def run_client(argv: Sequence[str], *, connect_timeout_s: float = 10.0) -> int:
             os.kill(child, signal.SIGKILL)
         return 1
     if "signal" in status:
-        sig = int(status["signal"])
-        signal.signal(sig, signal.SIG_DFL)
-        os.kill(os.getpid(), sig)
-        return 128 + sig
+        number = int(status["signal"])
+        signal.signal(number, signal.SIG_DFL)
+        os.kill(os.getpid(), number)
+        return 128 + number
     return int(status["exit"])
 
 

@@ -100,16 +100,16 @@ class ElasticOptimizer(torch.optim.Optimizer):
         self._job = job
 
     # --- views of the inner optimizer ----------------------------------------------------
-    @property  # type: ignore[override]
-    def param_groups(self) -> list[dict[str, Any]]:
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
         return self.inner.param_groups
 
-    @property  # type: ignore[override]
-    def state(self) -> Any:
+    @property
+    def state(self) -> Any:  # type: ignore[override]
         return self.inner.state
 
-    @property  # type: ignore[override]
-    def defaults(self) -> dict[str, Any]:
+    @property
+    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
         return self.inner.defaults
 
     def state_dict(self) -> dict[str, Any]:
