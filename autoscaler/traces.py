@@ -45,6 +45,8 @@ __all__ = [
     "data_root",
     "even_placement",
     "load_app",
+    "parse_float",
+    "parse_int",
     "read_csv_rows",
 ]
 
@@ -168,7 +170,7 @@ def read_csv_rows(path: Path, columns: Sequence[str]) -> Iterator[tuple[int, dic
         handle.close()
 
 
-def _parse_float(text: str, *, path: Path, line: int, name: str) -> float:
+def parse_float(text: str, *, path: Path, line: int, name: str) -> float:
     """A finite, non-negative float, or :class:`TraceFormatError`."""
     try:
         value = float(text)
@@ -183,9 +185,9 @@ def _parse_float(text: str, *, path: Path, line: int, name: str) -> float:
     return value
 
 
-def _parse_int(text: str, *, path: Path, line: int, name: str, minimum: int = 0) -> int:
+def parse_int(text: str, *, path: Path, line: int, name: str, minimum: int = 0) -> int:
     """An integer >= ``minimum`` (``"12.0"`` accepted), or :class:`TraceFormatError`."""
-    value = _parse_float(text, path=path, line=line, name=name)
+    value = parse_float(text, path=path, line=line, name=name)
     if value != int(value):
         raise TraceFormatError(f"not an integer: {text!r}", path=str(path), line=line, field=name)
     if value < minimum:
@@ -219,8 +221,8 @@ def _read_scalability(path: Path) -> list[ThroughputRow]:
     cols = ("num_nodes", "num_replicas", "local_bsz", "step_time", "sync_time")
     rows = []
     for line, raw in read_csv_rows(path, cols):
-        nodes = _parse_int(raw["num_nodes"], path=path, line=line, name="num_nodes", minimum=1)
-        gpus = _parse_int(raw["num_replicas"], path=path, line=line, name="num_replicas")
+        nodes = parse_int(raw["num_nodes"], path=path, line=line, name="num_nodes", minimum=1)
+        gpus = parse_int(raw["num_replicas"], path=path, line=line, name="num_replicas")
         if gpus < nodes:
             raise TraceFormatError(
                 f"num_replicas {gpus} < num_nodes {nodes}",
@@ -235,9 +237,9 @@ def _read_scalability(path: Path) -> list[ThroughputRow]:
 def _make_row(
     path: Path, line: int, raw: dict[str, str], placement: tuple[int, ...], source: str
 ) -> ThroughputRow:
-    local_bsz = _parse_int(raw["local_bsz"], path=path, line=line, name="local_bsz", minimum=1)
-    step = _parse_float(raw["step_time"], path=path, line=line, name="step_time")
-    sync = _parse_float(raw["sync_time"], path=path, line=line, name="sync_time")
+    local_bsz = parse_int(raw["local_bsz"], path=path, line=line, name="local_bsz", minimum=1)
+    step = parse_float(raw["step_time"], path=path, line=line, name="step_time")
+    sync = parse_float(raw["sync_time"], path=path, line=line, name="sync_time")
     if step <= 0:
         raise TraceFormatError(
             "step_time must be > 0", path=str(path), line=line, field="step_time"
@@ -280,7 +282,7 @@ def _read_validation(path: Path, batch_size: int) -> ValidationTrace:
                         f"not finite: {raw[c]!r}", path=str(path), line=line, field=c
                     )
             else:
-                v = _parse_float(raw[c], path=path, line=line, name=c)
+                v = parse_float(raw[c], path=path, line=line, name=c)
             values[c].append(v)
         if values["progress"][-1] <= prev_progress:
             raise TraceFormatError(

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from autoscaler.errors import TraceFormatError
 from autoscaler.jobs import JobSpec
-from autoscaler.traces import APPLICATIONS, read_csv_rows
+from autoscaler.traces import APPLICATIONS, parse_float, parse_int, read_csv_rows
 
 __all__ = ["WORKLOAD_COLUMNS", "Workload", "load_workload", "workload_files"]
 
@@ -26,22 +26,6 @@ class Workload:
 
     name: str
     jobs: tuple[JobSpec, ...]
-
-
-def _number(text: str, *, path: Path, line: int, name: str, integer: bool) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise TraceFormatError(
-            f"not a number: {text!r}", path=str(path), line=line, field=name
-        ) from None
-    if value != value or value in (float("inf"), float("-inf")):
-        raise TraceFormatError(f"not finite: {text!r}", path=str(path), line=line, field=name)
-    if value < 0:
-        raise TraceFormatError(f"negative: {text!r}", path=str(path), line=line, field=name)
-    if integer and value != int(value):
-        raise TraceFormatError(f"not an integer: {text!r}", path=str(path), line=line, field=name)
-    return value
 
 
 def load_workload(path: str | Path) -> Workload:
@@ -67,16 +51,12 @@ def load_workload(path: str | Path) -> Workload:
                 line=line,
                 field="application",
             )
-        time_s = _number(row["time"], path=path, line=line, name="time", integer=False)
-        values = {}
-        for col in ("num_replicas", "batch_size"):
-            v = _number(row[col], path=path, line=line, name=col, integer=True)
-            if v < 1:
-                raise TraceFormatError(
-                    f"must be >= 1: {row[col]!r}", path=str(path), line=line, field=col
-                )
-            values[col] = int(v)
-        jobs.append(JobSpec(name, app, time_s, values["num_replicas"], values["batch_size"]))
+        time_s = parse_float(row["time"], path=path, line=line, name="time")
+        replicas, batch = (
+            parse_int(row[col], path=path, line=line, name=col, minimum=1)
+            for col in ("num_replicas", "batch_size")
+        )
+        jobs.append(JobSpec(name, app, time_s, replicas, batch))
     if not jobs:
         raise TraceFormatError("no jobs in workload", path=str(path), line=2)
     return Workload(path.stem, tuple(jobs))
