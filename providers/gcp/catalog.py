@@ -125,14 +125,6 @@ def accelerator(name: str) -> Accelerator:
     return ACCELERATORS[name]
 
 
-def accelerator_by_gpu_type(gpu_type: str) -> Accelerator | None:
-    """Reverse lookup from coadapt's ``gpu_type`` (``T4``) to the GCE accelerator."""
-    for acc in ACCELERATORS.values():
-        if acc.gpu_type == gpu_type:
-            return acc
-    return None
-
-
 def region_of(zone: str) -> str:
     """``us-central1-a`` -> ``us-central1`` (a GCE zone is its region plus ``-<letter>``)."""
     region, sep, suffix = zone.rpartition("-")
