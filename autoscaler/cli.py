@@ -74,7 +74,7 @@ def simulate(
     from autoscaler.sim.engine import SimConfig
     from autoscaler.sim.results import write_results_json
     from autoscaler.sim.runner import RunSpec, paper_workloads, run_many
-    from autoscaler.sim.workload import load_workload, workload_files
+    from autoscaler.sim.workload import workload_files
 
     console, err = Console(), Console(stderr=True)
     if suite not in (None, "paper"):
@@ -95,19 +95,22 @@ def simulate(
         policies = list(PolicyName) if suite else list(dict.fromkeys(policy))
         specs = [RunSpec(str(f), p, config) for p in policies for f in files]
         columns = (BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        for f in files:  # bad input fails here, before the progress display starts
-            load_workload(f)
         single = len(specs) == 1  # one run: jobs completed; several: runs completed
-        with Progress("{task.description}", *columns, console=err) as bar:
-            task = bar.add_task(
-                "jobs done" if single else "runs done", total=None if single else len(specs)
-            )
+        bar = Progress("{task.description}", *columns, console=err)
+        task = bar.add_task(
+            "jobs done" if single else "runs done", total=None if single else len(specs)
+        )
+        try:
             results = run_many(
                 specs,
                 processes=processes,
+                on_start=bar.start,  # after every workload validated: bad input shows no bar
                 on_done=None if single else lambda _s, _r: bar.advance(task),
                 on_round=lambda _t, done, total: bar.update(task, completed=done, total=total),
             )
+        finally:
+            if bar.live.is_started:
+                bar.stop()
     except CoadaptError as e:
         typer.echo(f"error: {e}", err=True)  # plain text: names file, line and field verbatim
         raise typer.Exit(code=2) from None

@@ -87,6 +87,7 @@ def run_many(
     specs: Sequence[RunSpec],
     *,
     processes: int = 2,
+    on_start: Callable[[], None] | None = None,
     on_done: Callable[[RunSpec, SimResult], None] | None = None,
     on_round: Callable[[float, int, int], None] | None = None,
 ) -> list[SimResult]:
@@ -95,11 +96,13 @@ def run_many(
     ``on_round(now_s, jobs_done, jobs)`` after every round, but only for a single task run in
     this process. Expensive policies are started first so that the workers finish together.
     Any task's error is re-raised here (after the others are cancelled). Every workload is
-    loaded (validated) before any simulation starts."""
+    loaded (validated) before any simulation starts; ``on_start`` is called once that passed."""
     if processes < 1:
         raise InvalidInputError("processes must be >= 1", field="processes")
     for spec in specs:  # Fail fast on bad input, before starting any worker.
         load_workload(spec.workload)
+    if on_start is not None:
+        on_start()
     results: list[SimResult | None] = [None] * len(specs)
     if processes == 1 or len(specs) <= 1:
         for i, spec in enumerate(specs):
