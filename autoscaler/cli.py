@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from autoscaler import __version__
 from autoscaler.jobs import PolicyName
+
+if TYPE_CHECKING:
+    from autoscaler.sim.cluster import ClusterSpec
 
 app = typer.Typer(
     name="coadapt",
@@ -40,8 +44,22 @@ def simulate(
     policy: list[PolicyName] = typer.Option(
         [PolicyName.POLLUX], "--policy", "-p", help="Scheduling policy (repeatable)."
     ),
-    nodes: int = typer.Option(16, "--nodes", min=1, help="Nodes in the cluster."),
+    nodes: int = typer.Option(16, "--nodes", min=1, help="Nodes in the cluster (all T4)."),
     gpus_per_node: int = typer.Option(4, "--gpus-per-node", min=1, help="GPUs per node."),
+    cluster: Path | None = typer.Option(
+        None,
+        "--cluster",
+        help="YAML file of node groups (gpu_type, gpus_per_node, count) for a cluster of "
+        "several GPU types; replaces --nodes/--gpus-per-node. Example: "
+        "examples/clusters/mixed-64.yaml.",
+    ),
+    traces: Path | None = typer.Option(
+        None,
+        "--traces",
+        help="Trace folder with one sub-folder per application (placements.csv, "
+        "scalability.csv, validation-<M>.csv, optional placements-<gpu>.csv) instead of the "
+        "shipped Pollux traces.",
+    ),
     interval_s: float = typer.Option(60.0, "--interval-s", help="Scheduling round, seconds."),
     restart_delay_s: float = typer.Option(30.0, "--restart-delay-s", help="Cost of a rescale."),
     interference: float = typer.Option(
@@ -82,16 +100,21 @@ def simulate(
     if suite is None and workload is None:
         raise typer.BadParameter("give a WORKLOAD file or folder, or --suite paper")
     try:
+        files = paper_workloads(load) if suite else workload_files(workload)  # type: ignore[arg-type]
+        cluster_spec = None
+        if cluster is not None:
+            cluster_spec = _load_cluster(cluster, files, traces)
         config = SimConfig(
             num_nodes=nodes,
             gpus_per_node=gpus_per_node,
+            cluster=cluster_spec,
+            traces_dir=None if traces is None else str(traces),
             interval_s=interval_s,
             restart_delay_s=restart_delay_s,
             interference=interference,
             interference_avoidance=avoid_interference,
             seed=seed,
         )
-        files = paper_workloads(load) if suite else workload_files(workload)  # type: ignore[arg-type]
         policies = list(PolicyName) if suite else list(dict.fromkeys(policy))
         specs = [RunSpec(str(f), p, config) for p in policies for f in files]
         columns = (BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -118,6 +141,16 @@ def simulate(
     if out is not None:
         write_results_json(out, results, include_timing=timing)
         console.print(f"results written to {out}")
+
+
+def _load_cluster(path: Path, files: list, traces: Path | None) -> ClusterSpec:
+    """The cluster file, checked against the GPU types the workloads' applications can run on."""
+    from autoscaler.gputypes import default_speed_table
+    from autoscaler.sim.cluster import load_cluster
+    from autoscaler.sim.workload import load_workload
+
+    apps = sorted({job.application for f in files for job in load_workload(f).jobs})
+    return load_cluster(path, speeds=default_speed_table(), applications=apps, traces_root=traces)
 
 
 def _results_table(results: list, paper_load: str | None) -> object:

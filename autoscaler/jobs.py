@@ -5,18 +5,28 @@ controller later) and the policies in :mod:`autoscaler.policy`:
 
 - :class:`JobSpec` — what a user submitted (validated on construction);
 - :class:`JobView` — what a policy may know about one active job in one round;
-- :class:`ClusterView` — the nodes and their GPU capacity, and the round's settings;
+- :class:`NodeView` / :class:`ClusterView` — the fleet's nodes, each with **our own node id**,
+  its GPU type and count and (optionally) the offering it came from, and the round's settings;
 - :class:`RoundInput` — one round's complete input to a policy;
-- :class:`Plan` — a policy's output: GPUs per node and a batch configuration for every job.
+- :class:`Plan` — a policy's output: GPUs per node id and a batch configuration for every job,
+  and the fleet (instances per offering) the plan assumes.
 
-An *allocation* is a tuple with one entry per cluster node: the number of GPUs (= replicas) the
-job holds on that node. Its *placement* is the non-zero entries sorted descending.
+An :class:`Allocation` maps node ids to the number of GPUs (= replicas) a job holds there. It is
+keyed by node id, never by position: a node that disappears between rounds (a preempted
+instance) changes nothing for jobs on the other nodes. Policies may build dense matrices over
+``ClusterView.nodes`` internally each round (:meth:`ClusterView.dense` /
+:meth:`ClusterView.sparse`). A job's *placement* is its non-zero GPU counts sorted descending.
+
+**One GPU type per job.** A job trains on one GPU type at a time; data parallelism across GPU
+types is out of scope. A type-aware policy never mixes types in one allocation; a type-unaware
+baseline (which sees every GPU as the same) may, and then the observer runs the job at the pace
+of its slowest type (synchronous data parallelism waits for the straggler).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
@@ -33,6 +43,8 @@ __all__ = [
     "ClusterView",
     "JobSpec",
     "JobView",
+    "NodeView",
+    "OfferingRef",
     "Oracle",
     "Plan",
     "PolicyName",
@@ -42,8 +54,75 @@ __all__ = [
     "placement_of",
 ]
 
-#: GPUs per node, one entry per cluster node.
-Allocation = tuple[int, ...]
+
+class Allocation(Mapping[str, int]):
+    """GPUs a job holds per node id: an immutable, hashable mapping without zero entries.
+
+    ``Allocation({"node-03": 4, "node-07": 2})``; ``Allocation()`` is the empty allocation (the
+    job waits). Equal to any mapping with the same non-zero entries. Raises
+    :class:`InvalidInputError` on an empty node id or a negative / non-integer count.
+    """
+
+    __slots__ = ("_hash", "_items", "_map")
+
+    def __init__(self, gpus_by_node: Mapping[str, int] | Iterable[tuple[str, int]] = ()) -> None:
+        pairs = gpus_by_node.items() if isinstance(gpus_by_node, Mapping) else gpus_by_node
+        merged: dict[str, int] = {}
+        for node_id, gpus in pairs:
+            if not isinstance(node_id, str) or not node_id:
+                raise InvalidInputError(f"bad node id {node_id!r}", field="allocation")
+            if isinstance(gpus, bool) or int(gpus) != gpus or gpus < 0:
+                raise InvalidInputError(
+                    f"bad GPU count {gpus!r} on node {node_id}", field="allocation"
+                )
+            if gpus:
+                merged[node_id] = merged.get(node_id, 0) + int(gpus)
+        self._items: tuple[tuple[str, int], ...] = tuple(sorted(merged.items()))
+        self._map = dict(self._items)
+        self._hash = hash(self._items)
+
+    def __getitem__(self, node_id: str) -> int:
+        return self._map[node_id]
+
+    def get(self, node_id: str, default: int = 0) -> int:  # type: ignore[override]
+        return self._map.get(node_id, default)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._map)
+
+    def __len__(self) -> int:
+        return len(self._map)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Allocation):
+            return self._items == other._items
+        if isinstance(other, Mapping):
+            return self._map == {k: v for k, v in other.items() if v}
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"Allocation({self._map!r})"
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(self._map.values())
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self._map)
+
+    @property
+    def placement(self) -> tuple[int, ...]:
+        """The GPU counts sorted descending (what throughput depends on)."""
+        return tuple(sorted(self._map.values(), reverse=True))
+
+    def without(self, node_ids: Iterable[str]) -> Allocation:
+        """This allocation less the given nodes (e.g. nodes that left the fleet)."""
+        gone = set(node_ids)
+        return Allocation((k, v) for k, v in self._items if k not in gone)
 
 
 class PolicyName(StrEnum):
@@ -54,14 +133,17 @@ class PolicyName(StrEnum):
     OPTIMUS = "optimus"
 
 
-def placement_of(allocation: Allocation) -> tuple[int, ...]:
-    """The non-zero GPU counts of ``allocation``, sorted descending."""
-    return tuple(sorted((g for g in allocation if g), reverse=True))
+def placement_of(allocation: Allocation | Sequence[int]) -> tuple[int, ...]:
+    """The non-zero GPU counts of ``allocation`` (a mapping, or a dense row), sorted
+    descending."""
+    counts = allocation.values() if isinstance(allocation, Mapping) else allocation
+    return tuple(sorted((int(g) for g in counts if g), reverse=True))
 
 
-def num_nodes_of(allocation: Allocation) -> int:
-    """How many nodes ``allocation`` uses."""
-    return sum(1 for g in allocation if g)
+def num_nodes_of(allocation: Allocation | Sequence[int]) -> int:
+    """How many nodes ``allocation`` (a mapping, or a dense row) uses."""
+    counts = allocation.values() if isinstance(allocation, Mapping) else allocation
+    return sum(1 for g in counts if g)
 
 
 @dataclass(frozen=True)
@@ -157,13 +239,16 @@ class JobView:
         submit_time_s: submission time; ``age_s`` is the time since.
         attained_gpu_s: GPU-seconds held so far (restart delays included).
         num_restarts: allocation changes so far (the first allocation is not a restart).
-        allocation: GPUs held on each node now (one entry per cluster node).
-        limits: batch-size limits of the job.
+        allocation: GPUs held per node id now (only nodes of this round's cluster).
+        limits: batch-size limits of the job (on the traces' reference GPU type).
         requested_gpus: the user's ``num_replicas`` (gang size for fixed-size policies).
         fixed_batch_size: the user's batch size (fixed-batch policies use it).
         max_profiled_gpus: largest GPU count the job has run on (0 if never run).
-        model: the job's goodput model fitted online from its profiles (``None`` before its
-            first profile).
+        model: the job's goodput model fitted online from all its profiles, whatever GPU type
+            they ran on — what a type-unaware policy sees (``None`` before the first profile).
+        models: one goodput model per GPU type the job has run on, each fitted from the job's
+            own profiles on that type (filled only for type-aware policies; estimates for other
+            types come from :func:`autoscaler.gputypes.estimate_model`).
         oracle: ground truth for oracle baselines (``None`` unless the observer provides it).
         adaptive: ``False`` if the user opted the job out of adaptation: it then runs on at most
             ``requested_gpus`` GPUs at ``fixed_batch_size``, under every policy.
@@ -181,8 +266,14 @@ class JobView:
     fixed_batch_size: int
     max_profiled_gpus: int = 0
     model: GoodputModel | None = None
+    models: Mapping[str, GoodputModel] = field(default_factory=dict)
     oracle: Oracle | None = None
     adaptive: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.allocation, Allocation):
+            object.__setattr__(self, "allocation", Allocation(self.allocation))
+        object.__setattr__(self, "models", MappingProxyType(dict(self.models)))
 
     @property
     def max_gpus(self) -> int | None:
@@ -192,36 +283,159 @@ class JobView:
 
     @property
     def num_gpus(self) -> int:
-        return sum(self.allocation)
+        return self.allocation.num_gpus
 
     @property
     def num_nodes(self) -> int:
-        return num_nodes_of(self.allocation)
+        return self.allocation.num_nodes
+
+
+@dataclass(frozen=True)
+class OfferingRef:
+    """Where a node came from: one pool of one provider (provider, instance type, zone,
+    market). ``key`` names the pool across the system (plans, sizing, ledgers)."""
+
+    provider: str
+    instance_type: str
+    zone: str
+    market: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.provider}/{self.instance_type}/{self.zone}/{self.market}"
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """One node of the fleet: our own ``node_id`` (stable while the node lives, never reused
+    for another node), its ``gpu_type`` (vendor model name: "T4", "V100", "A100", ...), its GPU
+    count and, for cloud instances, the offering it came from."""
+
+    node_id: str
+    gpu_type: str
+    gpus: int
+    offering: OfferingRef | None = None
+
+    def __post_init__(self) -> None:
+        if not self.node_id:
+            raise InvalidInputError("node id must not be empty", field="node_id")
+        if not self.gpu_type:
+            raise InvalidInputError(f"node {self.node_id}: empty GPU type", field="gpu_type")
+        if isinstance(self.gpus, bool) or int(self.gpus) != self.gpus or self.gpus < 1:
+            raise InvalidInputError(
+                f"node {self.node_id}: GPU count must be an integer >= 1, got {self.gpus!r}",
+                field="gpus",
+            )
 
 
 @dataclass(frozen=True)
 class ClusterView:
-    """The cluster in one round.
+    """The fleet in one round.
 
-    ``gpus_per_node[i]`` is node ``i``'s GPU capacity. ``restart_delay_s`` is what any change of
-    a job's allocation costs; ``interference_avoidance`` asks policies to keep at most one
-    multi-node job on each node.
+    ``nodes`` lists the nodes (ids unique) in a fixed order, the order policies use for their
+    dense matrices. ``restart_delay_s`` is what any change of a job's allocation costs;
+    ``interference_avoidance`` asks policies to keep at most one multi-node job on each node.
     """
 
-    gpus_per_node: tuple[int, ...]
+    nodes: tuple[NodeView, ...]
     now_s: float
     round_index: int
     interval_s: float = 60.0
     restart_delay_s: float = 30.0
     interference_avoidance: bool = True
+    _index: Mapping[str, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        nodes = tuple(self.nodes)
+        object.__setattr__(self, "nodes", nodes)
+        index: dict[str, int] = {}
+        for i, node in enumerate(nodes):
+            if node.node_id in index:
+                raise InvalidInputError(f"duplicate node id {node.node_id}", field="nodes")
+            index[node.node_id] = i
+        object.__setattr__(self, "_index", MappingProxyType(index))
+
+    @classmethod
+    def uniform(
+        cls,
+        num_nodes: int,
+        gpus_per_node: int,
+        *,
+        gpu_type: str = "T4",
+        now_s: float = 0.0,
+        round_index: int = 0,
+        **settings: float | bool,
+    ) -> ClusterView:
+        """``num_nodes`` identical nodes named ``node-00``, ``node-01``, ..."""
+        width = max(2, len(str(num_nodes - 1)))
+        nodes = tuple(
+            NodeView(f"node-{i:0{width}d}", gpu_type, gpus_per_node) for i in range(num_nodes)
+        )
+        return cls(nodes, now_s, round_index, **settings)  # type: ignore[arg-type]
 
     @property
     def num_nodes(self) -> int:
-        return len(self.gpus_per_node)
+        return len(self.nodes)
+
+    @property
+    def node_ids(self) -> tuple[str, ...]:
+        return tuple(node.node_id for node in self.nodes)
+
+    @property
+    def gpus_per_node(self) -> tuple[int, ...]:
+        """GPU capacity per node, in ``nodes`` order."""
+        return tuple(node.gpus for node in self.nodes)
+
+    @property
+    def gpu_types(self) -> tuple[str, ...]:
+        """The distinct GPU types of the fleet, sorted."""
+        return tuple(sorted({node.gpu_type for node in self.nodes}))
 
     @property
     def total_gpus(self) -> int:
-        return sum(self.gpus_per_node)
+        return sum(node.gpus for node in self.nodes)
+
+    def index_of(self, node_id: str) -> int | None:
+        """Position of ``node_id`` in ``nodes`` (``None`` if it is not in the fleet)."""
+        return self._index.get(node_id)
+
+    def node(self, node_id: str) -> NodeView:
+        i = self._index.get(node_id)
+        if i is None:
+            raise InvalidInputError(f"unknown node id {node_id}", field="allocation")
+        return self.nodes[i]
+
+    def dense(self, allocation: Mapping[str, int]) -> tuple[int, ...]:
+        """``allocation`` as one entry per node in ``nodes`` order; entries on nodes that are
+        not in the fleet are dropped."""
+        row = [0] * len(self.nodes)
+        for node_id, gpus in allocation.items():
+            i = self._index.get(node_id)
+            if i is not None:
+                row[i] += int(gpus)
+        return tuple(row)
+
+    def sparse(self, row: Sequence[int]) -> Allocation:
+        """A dense row (one entry per node in ``nodes`` order) as an :class:`Allocation`."""
+        if len(row) != len(self.nodes):
+            raise InvalidInputError(
+                f"row has {len(row)} entries for {len(self.nodes)} nodes", field="allocation"
+            )
+        return Allocation(
+            (node.node_id, int(g)) for node, g in zip(self.nodes, row, strict=True) if g
+        )
+
+    def gpu_types_of(self, allocation: Mapping[str, int]) -> tuple[str, ...]:
+        """The distinct GPU types ``allocation`` uses (sorted); raises for unknown nodes."""
+        return tuple(sorted({self.node(n).gpu_type for n, g in allocation.items() if g}))
+
+    def fleet(self) -> Mapping[str, int]:
+        """Instances per offering key among the nodes that came from an offering."""
+        counts: dict[str, int] = {}
+        for node in self.nodes:
+            if node.offering is not None:
+                counts[node.offering.key] = counts.get(node.offering.key, 0) + 1
+        return MappingProxyType(dict(sorted(counts.items())))
 
 
 @dataclass(frozen=True)
@@ -236,23 +450,38 @@ class RoundInput:
 class Plan:
     """A policy's decision for one round.
 
-    ``allocations`` holds every active job's GPUs per node (all zeros = not running);
-    ``batches`` the batch configuration of every job that runs. Read-only mappings.
+    ``allocations`` holds every active job's GPUs per node id (empty = not running);
+    ``batches`` the batch configuration of every job that runs; ``fleet`` the instances per
+    offering key the plan assumes (the observed fleet unless the policy or sizing asks for
+    another one; the controller reconciles it). Read-only mappings.
     """
 
     allocations: Mapping[str, Allocation] = field(default_factory=dict)
     batches: Mapping[str, BatchChoice] = field(default_factory=dict)
+    fleet: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "allocations", MappingProxyType(dict(self.allocations)))
+        allocations = {
+            name: alloc if isinstance(alloc, Allocation) else Allocation(alloc)
+            for name, alloc in self.allocations.items()
+        }
+        object.__setattr__(self, "allocations", MappingProxyType(allocations))
         object.__setattr__(self, "batches", MappingProxyType(dict(self.batches)))
+        object.__setattr__(self, "fleet", MappingProxyType(dict(self.fleet)))
 
-    def validate(self, round_input: RoundInput, *, max_gpus: Mapping[str, int] | None = None):
+    def validate(
+        self,
+        round_input: RoundInput,
+        *,
+        max_gpus: Mapping[str, int] | None = None,
+        single_type: bool = False,
+    ) -> None:
         """Check the plan against the round: raises :class:`InvalidInputError` if a job is
-        unknown or missing, an allocation has the wrong length or a negative entry, a node is
+        unknown or missing, an allocation names a node that is not in the fleet, a node is
         over-allocated, a running job lacks a batch choice (or its batch does not match its GPU
-        count), a job exceeds ``max_gpus[name]``, or — when the cluster asks for interference
-        avoidance — a node holds two or more multi-node jobs."""
+        count), a job exceeds ``max_gpus[name]``, ``single_type`` is asked and a job spans GPU
+        types, or — when the cluster asks for interference avoidance — a node holds two or
+        more multi-node jobs."""
         cluster = round_input.cluster
         names = {job.name for job in round_input.jobs}
         if set(self.allocations) != names:
@@ -265,18 +494,27 @@ class Plan:
         used = [0] * cluster.num_nodes
         multi_node = [0] * cluster.num_nodes
         for name, alloc in self.allocations.items():
-            if len(alloc) != cluster.num_nodes or min(alloc, default=0) < 0:
-                raise InvalidInputError(f"bad allocation for {name}: {alloc}", field="allocations")
-            gpus = sum(alloc)
+            unknown = sorted(n for n in alloc if cluster.index_of(n) is None)
+            if unknown:
+                raise InvalidInputError(
+                    f"{name} is placed on nodes not in the fleet: {unknown}", field="allocations"
+                )
+            gpus = alloc.num_gpus
             if max_gpus is not None and gpus > max_gpus.get(name, gpus):
                 raise InvalidInputError(
                     f"{name} holds {gpus} GPUs, more than its maximum {max_gpus[name]}",
                     field="allocations",
                 )
-            spread = num_nodes_of(alloc) > 1
-            for i, g in enumerate(alloc):
+            if single_type and len(cluster.gpu_types_of(alloc)) > 1:
+                raise InvalidInputError(
+                    f"{name} spans GPU types {cluster.gpu_types_of(alloc)}", field="allocations"
+                )
+            spread = alloc.num_nodes > 1
+            for node_id, g in alloc.items():
+                i = cluster.index_of(node_id)
+                assert i is not None  # checked above
                 used[i] += g
-                if g and spread:
+                if spread:
                     multi_node[i] += 1
             if gpus:
                 choice = self.batches.get(name)
@@ -287,12 +525,13 @@ class Plan:
                         f"batch choice {choice} of {name} does not match its {gpus} GPUs",
                         field="batches",
                     )
-        for i, (u, cap) in enumerate(zip(used, cluster.gpus_per_node, strict=True)):
-            if u > cap:
+        for node, u, multi in zip(cluster.nodes, used, multi_node, strict=True):
+            if u > node.gpus:
                 raise InvalidInputError(
-                    f"node {i} over-allocated: {u} > {cap} GPUs", field="allocations"
+                    f"node {node.node_id} over-allocated: {u} > {node.gpus} GPUs",
+                    field="allocations",
                 )
-            if cluster.interference_avoidance and multi_node[i] > 1:
+            if cluster.interference_avoidance and multi > 1:
                 raise InvalidInputError(
-                    f"node {i} holds {multi_node[i]} multi-node jobs", field="allocations"
+                    f"node {node.node_id} holds {multi} multi-node jobs", field="allocations"
                 )

@@ -44,10 +44,12 @@ __all__ = [
     "ValidationTrace",
     "data_root",
     "even_placement",
+    "has_type_traces",
     "load_app",
     "parse_float",
     "parse_int",
     "read_csv_rows",
+    "traces_folder",
 ]
 
 #: The six measured applications, in alphabetical order.
@@ -430,13 +432,20 @@ class AppTrace:
     # ---- construction ----------------------------------------------------------------------
 
     @classmethod
-    def from_dir(cls, name: str, trace_dir: Path) -> AppTrace:
+    def from_dir(cls, name: str, trace_dir: Path, gpu_type: str | None = None) -> AppTrace:
         """Load and validate ``trace_dir`` (``placements.csv``, ``scalability.csv``,
-        ``validation-<M>.csv``). Raises :class:`TraceFormatError` on any malformed file."""
-        placements = _read_placements(trace_dir / "placements.csv")
-        scalability = _read_scalability(trace_dir / "scalability.csv")
+        ``validation-<M>.csv``). With ``gpu_type``, the throughput files are that type's
+        ``placements-<gpu_type>.csv`` and (optional) ``scalability-<gpu_type>.csv``, same
+        columns; the validation traces are shared by all types. Columns are matched by header
+        name, in any order. Raises :class:`TraceFormatError` on any malformed file."""
+        suffix = "" if gpu_type is None else f"-{gpu_type}"
+        placements = _read_placements(trace_dir / f"placements{suffix}.csv")
+        scal_path = trace_dir / f"scalability{suffix}.csv"
+        scalability = [] if gpu_type and not scal_path.exists() else _read_scalability(scal_path)
         if not placements:
-            raise TraceFormatError("no data rows", path=str(trace_dir / "placements.csv"), line=2)
+            raise TraceFormatError(
+                "no data rows", path=str(trace_dir / f"placements{suffix}.csv"), line=2
+            )
         validation: dict[int, ValidationTrace] = {}
         for path in sorted(trace_dir.glob("validation-*.csv")):
             match = _VALIDATION_NAME.match(path.name)
@@ -460,7 +469,7 @@ class AppTrace:
             )
         measured = [r.local_bsz for r in placements]
         max_local = max(measured)
-        if name in _MAX_LOCAL_BSZ_OVERRIDE:
+        if name in _MAX_LOCAL_BSZ_OVERRIDE and gpu_type is None:
             max_local = min(max_local, _MAX_LOCAL_BSZ_OVERRIDE[name])
         rows = tuple(placements + scalability)
 
@@ -646,21 +655,43 @@ class AppTrace:
         return int(np.searchsorted(ends, progress, side="right"))
 
 
-@functools.lru_cache(maxsize=32)
-def _load_cached(name: str, root: str) -> AppTrace:
-    return AppTrace.from_dir(name, Path(root) / "traces" / name)
+@functools.lru_cache(maxsize=64)
+def _load_cached(name: str, traces_dir: str, gpu_type: str | None) -> AppTrace:
+    return AppTrace.from_dir(name, Path(traces_dir) / name, gpu_type)
 
 
-def load_app(name: str, root: Path | None = None) -> AppTrace:
-    """The :class:`AppTrace` of application ``name``, loaded once per data root and cached.
+def traces_folder(root: Path | None = None) -> Path:
+    """The folder holding one sub-folder per application: ``root/traces`` (``root`` defaults to
+    :func:`data_root`)."""
+    return (Path(root) if root is not None else data_root()) / "traces"
 
-    ``root`` defaults to :func:`data_root`. Raises :class:`InvalidInputError` for a name not
-    in :data:`APPLICATIONS` and :class:`TraceFormatError` for a malformed trace file.
+
+def has_type_traces(name: str, gpu_type: str, traces_dir: Path | None = None) -> bool:
+    """Whether application ``name`` has measured throughput files for ``gpu_type``
+    (``placements-<gpu_type>.csv``) in ``traces_dir`` (default :func:`traces_folder`)."""
+    folder = Path(traces_dir) if traces_dir is not None else traces_folder()
+    return (folder / name / f"placements-{gpu_type}.csv").is_file()
+
+
+def load_app(
+    name: str,
+    root: Path | None = None,
+    gpu_type: str | None = None,
+    *,
+    traces_dir: Path | None = None,
+) -> AppTrace:
+    """The :class:`AppTrace` of application ``name``, loaded once per folder and cached.
+
+    The files are read from ``traces_dir/<name>/`` if given, else from
+    ``traces_folder(root)/<name>/``. ``gpu_type`` selects that type's throughput files (see
+    :meth:`AppTrace.from_dir`; ``None``: the default files, measured on T4). Raises
+    :class:`InvalidInputError` for a name not in :data:`APPLICATIONS` and
+    :class:`TraceFormatError` for a malformed or missing trace file.
     """
     if name not in APPLICATIONS:
         raise InvalidInputError(
             f"unknown application {name!r}; expected one of {', '.join(APPLICATIONS)}",
             field="application",
         )
-    base = Path(root) if root is not None else data_root()
-    return _load_cached(name, str(base.resolve()))
+    folder = Path(traces_dir) if traces_dir is not None else traces_folder(root)
+    return _load_cached(name, str(folder.resolve()), gpu_type)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoscaler.jobs import (
+    Allocation,
     BatchChoice,
     ClusterView,
     JobView,
@@ -104,22 +105,21 @@ class OptimusPolicy:
             heapq.heappush(heap, (-gain(i), i))
 
         free = np.array(cluster.gpus_per_node, dtype=np.int64)
-        allocations: dict[str, tuple[int, ...]] = {}
+        allocations: dict[str, Allocation] = {}
         for job, g in zip(jobs, gpus, strict=True):
             if g > 0 and job.view.num_gpus == g:
                 allocations[job.view.name] = job.view.allocation
-                free -= np.asarray(job.view.allocation, dtype=np.int64)
+                free -= np.asarray(cluster.dense(job.view.allocation), dtype=np.int64)
         order = sorted(range(len(jobs)), key=lambda i: gpus[i])
-        zeros = (0,) * cluster.num_nodes
         batches: dict[str, BatchChoice] = {}
         for i in order:
             name = jobs[i].view.name
             if gpus[i] == 0:
-                allocations[name] = zeros
+                allocations[name] = Allocation()
                 continue
             if name not in allocations:
-                allocations[name] = pack(gpus[i], free)
+                allocations[name] = cluster.sparse(pack(gpus[i], free))
             batches[name] = fixed_batch_choice(
                 jobs[i].view.fixed_batch_size, gpus[i], jobs[i].view.limits
             )
-        return Decision(Plan(allocations, batches), None)
+        return Decision(Plan(allocations, batches, cluster.fleet()), None)

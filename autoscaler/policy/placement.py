@@ -5,15 +5,14 @@ from __future__ import annotations
 import numpy as np
 
 from autoscaler.errors import InvalidInputError
-from autoscaler.jobs import Allocation
 
 __all__ = ["pack"]
 
 
-def pack(num_gpus: int, free: np.ndarray) -> Allocation:
+def pack(num_gpus: int, free: np.ndarray) -> tuple[int, ...]:
     """Take ``num_gpus`` GPUs from ``free`` (GPUs free per node, updated in place), repeatedly
     from the node with the most free GPUs (lowest index on ties), so a job lands on as few
-    nodes as the free space allows. Returns the allocation (GPUs per node).
+    nodes as the free space allows. Returns the GPUs taken per node (a dense row).
 
     Raises :class:`InvalidInputError` if fewer than ``num_gpus`` GPUs are free.
     """

@@ -64,6 +64,7 @@ import numpy as np
 from autoscaler.errors import InvalidInputError
 from autoscaler.goodput import GoodputModel
 from autoscaler.jobs import (
+    Allocation,
     BatchChoice,
     ClusterView,
     JobView,
@@ -145,11 +146,14 @@ class _TableEntry:
 class PolluxState:
     """What Pollux carries from one round to the next.
 
-    ``job_names`` labels the job axis of ``population`` (shape population x jobs x nodes);
-    ``tables`` caches each job's speedup table with the model it was built from.
+    ``job_names`` labels the job axis and ``node_ids`` the node axis of ``population`` (shape
+    population x jobs x nodes): the next round maps both by name, so nodes that joined or left
+    the fleet in between shift nothing; ``tables`` caches each job's speedup table with the
+    model it was built from.
     """
 
     job_names: tuple[str, ...] = ()
+    node_ids: tuple[str, ...] = ()
     population: np.ndarray | None = None
     tables: Mapping[str, _TableEntry] = field(default_factory=dict)
     table_builds: int = 0
@@ -200,12 +204,12 @@ class PolluxPolicy:
         if not round_input.jobs:
             return Decision(Plan({}, {}), PolluxState(table_builds=state.table_builds))
         jobs = sorted(round_input.jobs, key=lambda j: (j.attained_gpu_s, j.submit_time_s, j.name))
-        num_jobs, num_nodes = len(jobs), cluster.num_nodes
+        num_jobs = len(jobs)
         capacity = np.asarray(cluster.gpus_per_node, dtype=np.int16)
         max_gpus = np.array([self.gpu_bounds(j, cluster)[1] for j in jobs], dtype=np.int16)
 
         speed, tables, builds = self._speedups(jobs, cluster, max_gpus, state)
-        base = np.array([j.allocation for j in jobs], dtype=np.int16)
+        base = np.array([cluster.dense(j.allocation) for j in jobs], dtype=np.int16)
         if opt.restart_penalty:
             delay = cluster.restart_delay_s
             age = np.array([j.age_s for j in jobs])
@@ -226,22 +230,21 @@ class PolluxPolicy:
             reset_prob=opt.reset_prob,
             zero_prob=opt.zero_prob,
         )
-        population = self._initial_population(jobs, num_nodes, base, state)
+        population = self._initial_population(jobs, cluster.node_ids, base, state)
         population, _ = search.run(population, opt.generations, opt.patience)
         best = population[0]
 
-        allocations: dict[str, tuple[int, ...]] = {}
+        allocations: dict[str, Allocation] = {}
         batches: dict[str, BatchChoice] = {}
         for j, job in enumerate(jobs):
             row = tuple(int(g) for g in best[j])
-            allocations[job.name] = row
-            gpus = sum(row)
-            if gpus:
+            allocations[job.name] = cluster.sparse(row)
+            if sum(row):
                 batches[job.name] = self._batch(job, tables.get(job.name), row)
         names = tuple(job.name for job in jobs)
         population.setflags(write=False)
-        new_state = PolluxState(names, population, tables, builds)
-        return Decision(Plan(allocations, batches), new_state)
+        new_state = PolluxState(names, cluster.node_ids, population, tables, builds)
+        return Decision(Plan(allocations, batches, cluster.fleet()), new_state)
 
     # ---- helpers ---------------------------------------------------------------------------
 
@@ -306,19 +309,32 @@ class PolluxPolicy:
         return speed, tables, builds
 
     def _initial_population(
-        self, jobs: list[JobView], num_nodes: int, base: np.ndarray, state: PolluxState
+        self,
+        jobs: list[JobView],
+        node_ids: tuple[str, ...],
+        base: np.ndarray,
+        state: PolluxState,
     ) -> np.ndarray:
-        """The previous final population mapped onto this round's jobs (new jobs: no GPUs),
-        or copies of the current allocation; the first individual is the current allocation."""
+        """The previous final population mapped onto this round's jobs and nodes by name (new
+        jobs and new nodes: no GPUs; nodes that left: dropped), or copies of the current
+        allocation; the first individual is the current allocation."""
         size = self.options.population
-        pop = np.zeros((size, len(jobs), num_nodes), dtype=np.int16)
+        pop = np.zeros((size, len(jobs), len(node_ids)), dtype=np.int16)
         prev = state.population
-        if prev is not None and prev.shape[0] == size and prev.shape[2] == num_nodes:
-            index = {name: i for i, name in enumerate(state.job_names)}
+        if prev is not None and prev.shape[0] == size:
+            jobs_before = {name: i for i, name in enumerate(state.job_names)}
+            nodes_before = {node_id: i for i, node_id in enumerate(state.node_ids)}
+            cols = [
+                (n, nodes_before[node_id])
+                for n, node_id in enumerate(node_ids)
+                if node_id in nodes_before
+            ]
+            now_cols = np.array([c[0] for c in cols], dtype=np.int64)
+            old_cols = np.array([c[1] for c in cols], dtype=np.int64)
             for j, job in enumerate(jobs):
-                i = index.get(job.name)
-                if i is not None:
-                    pop[:, j, :] = prev[:, i, :]
+                i = jobs_before.get(job.name)
+                if i is not None and cols:
+                    pop[:, j, now_cols] = prev[:, i, old_cols]
         else:
             pop[:] = base
         pop[0] = base

@@ -19,6 +19,7 @@ import numpy as np
 
 from autoscaler.errors import InvalidInputError
 from autoscaler.jobs import (
+    Allocation,
     BatchChoice,
     ClusterView,
     JobView,
@@ -89,22 +90,22 @@ class TiresiasPolicy:
         run_set = set(running)
 
         free = np.array(cluster.gpus_per_node, dtype=np.int64)
-        allocations: dict[str, tuple[int, ...]] = {}
+        allocations: dict[str, Allocation] = {}
         for name in running:  # Running jobs that keep their GPUs.
             job = jobs[name]
             if job.num_gpus == self.gang_size(job, cluster):
                 allocations[name] = job.allocation
-                free -= np.asarray(job.allocation, dtype=np.int64)
+                free -= np.asarray(cluster.dense(job.allocation), dtype=np.int64)
         batches: dict[str, BatchChoice] = {}
         for name in running:  # Jobs that start (or restart) now.
             job = jobs[name]
             if name not in allocations:
-                allocations[name] = pack(self.gang_size(job, cluster), free)
+                allocations[name] = cluster.sparse(pack(self.gang_size(job, cluster), free))
             batches[name] = fixed_batch_choice(
-                job.fixed_batch_size, sum(allocations[name]), job.limits
+                job.fixed_batch_size, allocations[name].num_gpus, job.limits
             )
-        zeros = (0,) * cluster.num_nodes
         for name in jobs:
             if name not in run_set:
-                allocations[name] = zeros
-        return Decision(Plan(allocations, batches), TiresiasState(tuple(queue1)))
+                allocations[name] = Allocation()
+        plan = Plan(allocations, batches, cluster.fleet())
+        return Decision(plan, TiresiasState(tuple(queue1)))

@@ -23,8 +23,17 @@ its batch size changes. A job's throughput model is refitted only after it ran a
 (placement, micro-batch, accumulation steps) not profiled before, and only if its current model
 mispredicted that configuration's iteration time by more than ``refit_tolerance``.
 
-Results (per job: JCT, GPU-seconds, restarts, finish-time fairness; per round: policy wall time)
-are in :class:`~autoscaler.sim.results.SimResult`.
+**Clusters of several GPU types** (``SimConfig.cluster``, see :mod:`autoscaler.sim.cluster`):
+nodes have ids, a GPU type and an instance type; a job's true speed on a type comes from that
+type's trace files or is derived from the T4 traces (:class:`~autoscaler.sim.cluster.TypeSpeed`).
+A job placed across types (only type-unaware baselines do that) runs at its slowest type's pace.
+Type-unaware policies see one goodput model per job fitted from all its profiles; type-aware
+ones (``Policy.type_aware``) also get one model per GPU type the job has run on, each fitted from
+that type's profiles only.
+
+Results (per job: JCT, GPU-seconds, restarts, finish-time fairness; per round: policy wall time
+and, timed apart from it, the online model fitting) are in
+:class:`~autoscaler.sim.results.SimResult`.
 """
 
 from __future__ import annotations
@@ -33,8 +42,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-
-import numpy as np
+from pathlib import Path
 
 from autoscaler.errors import AutoscalerError, InvalidInputError
 from autoscaler.goodput import (
@@ -45,6 +53,7 @@ from autoscaler.goodput import (
     ProfileSample,
     fit_perf_params,
 )
+from autoscaler.gputypes import SpeedTable, default_speed_table
 from autoscaler.jobs import (
     Allocation,
     BatchChoice,
@@ -54,10 +63,9 @@ from autoscaler.jobs import (
     Oracle,
     RoundInput,
     fixed_batch_choice,
-    num_nodes_of,
-    placement_of,
 )
 from autoscaler.policy import Policy
+from autoscaler.sim.cluster import ClusterSpec, NodeGroup, TypeSpeed, uniform_cluster
 from autoscaler.sim.results import JobResult, RoundStats, SimResult
 from autoscaler.traces import AppTrace, load_app
 
@@ -81,6 +89,9 @@ class SimConfig:
     on every new configuration). ``fixed_applications``: jobs of these applications are
     opted out of adaptation (they keep their user's GPU count as a cap, and batch size) — the
     paper's simulator runs NCF this way under Pollux and Optimus; pass ``()`` to adapt all.
+    ``cluster``: node groups of several GPU types (overrides ``num_nodes`` and
+    ``gpus_per_node``, which describe a uniform T4 cluster); ``traces_dir``: a data folder
+    holding one ``<application>/`` folder each, used instead of the shipped Pollux traces.
     """
 
     num_nodes: int = 16
@@ -93,6 +104,8 @@ class SimConfig:
     max_time_s: float = 30 * 24 * 3600.0
     refit_tolerance: float = 0.05
     fixed_applications: tuple[str, ...] = ("ncf",)
+    cluster: ClusterSpec | None = None
+    traces_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.num_nodes < 1 or self.gpus_per_node < 1:
@@ -107,8 +120,24 @@ class SimConfig:
             raise InvalidInputError("interference must be in [0, 1)", field="interference")
 
     @property
+    def cluster_spec(self) -> ClusterSpec:
+        """The node groups simulated (a uniform T4 cluster unless ``cluster`` is given)."""
+        if self.cluster is not None:
+            return self.cluster
+        return uniform_cluster(self.num_nodes, self.gpus_per_node)
+
+    @property
     def total_gpus(self) -> int:
-        return self.num_nodes * self.gpus_per_node
+        return self.cluster_spec.total_gpus
+
+    @property
+    def max_gpus_per_node(self) -> int:
+        return self.cluster_spec.max_gpus_per_node
+
+    @property
+    def traces_root(self) -> Path | None:
+        """The trace folder (one sub-folder per application), ``None`` for the shipped one."""
+        return None if self.traces_dir is None else Path(self.traces_dir)
 
 
 @dataclass
@@ -126,12 +155,11 @@ class _Job:
     starts: int = 0
     attained_gpu_s: float = 0.0
     completion_s: float | None = None
-    profile: dict[tuple[tuple[int, ...], int, int], ProfileSample] = field(default_factory=dict)
-    perf: PerfParams | None = None
-    stale_perf: bool = False
+    # Throughput fits: ``None`` -> all profiles pooled (what type-unaware policies see),
+    # ``"<gpu type>"`` -> that type's profiles only.
+    fits: dict[str | None, _Fit] = field(default_factory=dict)
     grad: GradParams | None = None
     grad_key: tuple[int, int] | None = None
-    model: GoodputModel | None = None
     max_profiled_gpus: int = 0
     sharers_s: float = 0.0  # integral of (active jobs) dt over the job's life
     oracle_times: tuple[float, ...] | None = None
@@ -141,16 +169,33 @@ class _Job:
         return max(0, self.starts - 1)
 
 
-def _limits(app: AppTrace) -> BatchLimits:
+@dataclass
+class _Fit:
+    """One throughput fit of a job: its profiles and the model fitted from them."""
+
+    profile: dict[tuple[tuple[int, ...], int, int], ProfileSample] = field(default_factory=dict)
+    perf: PerfParams | None = None
+    stale: bool = False
+    model: GoodputModel | None = None
+
+
+def _limits(app: AppTrace, max_local_bsz: int | None = None) -> BatchLimits:
     return BatchLimits(
         init_batch_size=app.init_batch_size,
         max_batch_size=app.max_batch_size,
-        max_local_bsz=app.max_local_bsz,
+        max_local_bsz=app.max_local_bsz if max_local_bsz is None else max_local_bsz,
         min_local_bsz=app.min_local_bsz,
     )
 
 
-def _iteration_time_s(app: AppTrace, placement: tuple[int, ...], batch: BatchChoice):
+class _Timer:
+    """Accumulates the wall time of online model fitting."""
+
+    def __init__(self) -> None:
+        self.total_s = 0.0
+
+
+def _iteration_time_s(app: AppTrace | TypeSpeed, placement: tuple[int, ...], batch: BatchChoice):
     """True (seconds per iteration, sync seconds) with ``batch.accum_steps`` micro-batches."""
     step, sync = app.step_time_s(placement, batch.local_bsz)
     return step + (batch.accum_steps - 1) * (step - sync), sync
@@ -161,12 +206,15 @@ def _packed(num_gpus: int, per_node: int) -> tuple[int, ...]:
     return (per_node,) * full + ((rest,) if rest else ())
 
 
-def isolated_jct_s(spec: JobSpec, share_gpus: float, per_node: int) -> float:
+def isolated_jct_s(
+    spec: JobSpec, share_gpus: float, per_node: int, traces_root: Path | None = None
+) -> float:
     """JCT of ``spec`` alone on ``share_gpus`` GPUs (may be fractional): trained at its own
     batch size on ``g = max(1, floor(share))`` GPUs packed onto the fewest nodes (at most its
-    batch's worth of micro-batches), without restarts, its time scaled by ``g / share`` (a
-    fractional share is a time-slice). The reference of the finish-time fairness ratio."""
-    app = load_app(spec.application)
+    batch's worth of micro-batches), on the traces' T4 speeds, without restarts, its time
+    scaled by ``g / share`` (a fractional share is a time-slice). The reference of the
+    finish-time fairness ratio."""
+    app = load_app(spec.application, traces_dir=traces_root)
     limits = _limits(app)
     batch_size = min(max(spec.batch_size, app.init_batch_size), app.max_batch_size)
     g = max(1, min(math.floor(share_gpus), batch_size // app.min_local_bsz))
@@ -200,13 +248,20 @@ class Simulator:
         self.policy = policy
         self.workload_name = workload_name
         self.on_round = on_round
-        zeros = (0,) * self.config.num_nodes
+        self.speeds: SpeedTable = default_speed_table()
+        spec_cluster = self.config.cluster_spec
+        self.nodes = spec_cluster.nodes()
+        self._group = spec_cluster.group_of()
+        self._type_speed: dict[tuple[str, NodeGroup], TypeSpeed] = {}
+        self.type_aware = bool(getattr(policy, "type_aware", False))
+        self.fit_timer = _Timer()
         order = sorted(range(len(jobs)), key=lambda i: (jobs[i].submit_time_s, i))
         self.jobs: list[_Job] = []
+        root = self.config.traces_root
         for rank, i in enumerate(order):
             spec = jobs[i]
-            app = load_app(spec.application)
-            self.jobs.append(_Job(spec, rank, app, _limits(app), zeros))
+            app = load_app(spec.application, traces_dir=root)
+            self.jobs.append(_Job(spec, rank, app, _limits(app), Allocation()))
         self.now_s = 0.0
         self.round_index = 0
         self.rounds: list[RoundStats] = []
@@ -253,14 +308,16 @@ class Simulator:
     def _schedule(self, active: list[_Job]) -> None:
         cfg = self.config
         cluster = ClusterView(
-            gpus_per_node=(cfg.gpus_per_node,) * cfg.num_nodes,
+            nodes=self.nodes,
             now_s=self.now_s,
             round_index=self.round_index,
             interval_s=cfg.interval_s,
             restart_delay_s=cfg.restart_delay_s,
             interference_avoidance=self.avoid,
         )
+        fit_before_s = self.fit_timer.total_s
         views = tuple(self._view(job) for job in active)
+        fit_s = self.fit_timer.total_s - fit_before_s
         round_input = RoundInput(cluster, views)
         t0 = time.perf_counter()
         decision = self.policy.decide(round_input, self._state)
@@ -269,12 +326,16 @@ class Simulator:
         plan = decision.plan
         bounds = {view.name: self.policy.gpu_bounds(view, cluster) for view in views}
         try:
-            plan.validate(round_input, max_gpus={k: v[1] for k, v in bounds.items()})
+            plan.validate(
+                round_input,
+                max_gpus={k: v[1] for k, v in bounds.items()},
+                single_type=self.type_aware,
+            )
         except InvalidInputError as e:
             raise SimulationError(f"{self.policy.name} round {self.round_index}: {e}") from e
         for job in active:
-            alloc = tuple(plan.allocations[job.spec.name])
-            gpus = sum(alloc)
+            alloc = plan.allocations[job.spec.name]
+            gpus = alloc.num_gpus
             low = bounds[job.spec.name][0]
             if 0 < gpus < low:
                 raise SimulationError(
@@ -288,11 +349,18 @@ class Simulator:
                 else:
                     job.delay_left_s = 0.0
             job.batch = plan.batches[job.spec.name] if gpus else None
-        used = sum(sum(job.allocation) for job in active)
-        self.rounds.append(RoundStats(self.now_s, len(active), used, wall_s))
+        used = sum(job.allocation.num_gpus for job in active)
+        self.rounds.append(RoundStats(self.now_s, len(active), used, wall_s, fit_s))
 
     def _view(self, job: _Job) -> JobView:
-        model = self._model(job) if self.policy.uses_model else None
+        model = self._model(job, None) if self.policy.uses_model else None
+        models: dict[str, GoodputModel] = {}
+        if self.type_aware and self.policy.uses_model:
+            for key in job.fits:
+                if key is not None:
+                    fitted = self._model(job, key)
+                    if fitted is not None:
+                        models[key] = fitted
         oracle = self._oracle(job) if self.policy.uses_oracle else None
         return JobView(
             name=job.spec.name,
@@ -307,21 +375,28 @@ class Simulator:
             fixed_batch_size=job.spec.batch_size,
             max_profiled_gpus=job.max_profiled_gpus,
             model=model,
+            models=models,
             oracle=oracle,
             adaptive=job.spec.application not in self.config.fixed_applications,
         )
 
-    def _model(self, job: _Job) -> GoodputModel | None:
-        if not job.profile:
+    def _model(self, job: _Job, gpu_type: str | None) -> GoodputModel | None:
+        fit = job.fits.get(gpu_type)
+        if fit is None or not fit.profile:
             return None
-        if job.stale_perf or job.perf is None:
-            job.perf = fit_perf_params(list(job.profile.values()))
-            job.stale_perf = False
-            job.model = None
-        if job.model is None or job.model.grad != job.grad:
+        if fit.stale or fit.perf is None:
+            t0 = time.perf_counter()
+            fit.perf = fit_perf_params(list(fit.profile.values()))
+            self.fit_timer.total_s += time.perf_counter() - t0
+            fit.stale = False
+            fit.model = None
+        if fit.model is None or fit.model.grad != job.grad:
             assert job.grad is not None
-            job.model = GoodputModel(job.perf, job.grad, job.limits)
-        return job.model
+            limits = job.limits
+            if gpu_type is not None:
+                limits = _limits(job.app, self._speed_of_type(job, gpu_type).max_local_bsz)
+            fit.model = GoodputModel(fit.perf, job.grad, limits)
+        return fit.model
 
     def _oracle(self, job: _Job) -> Oracle:
         app, cfg = job.app, self.config
@@ -331,7 +406,7 @@ class Simulator:
             times = []
             for g in range(1, top + 1):
                 choice = fixed_batch_choice(job.spec.batch_size, g, job.limits)
-                times.append(_iteration_time_s(app, _packed(g, cfg.gpus_per_node), choice)[0])
+                times.append(_iteration_time_s(app, _packed(g, cfg.max_gpus_per_node), choice)[0])
             job.oracle_times = tuple(times)
         curve = app.progress_curve(batch_size)
         remaining = float(curve.iterations(app.target_progress) - curve.iterations(job.progress))
@@ -354,16 +429,52 @@ class Simulator:
 
     def _interfered(self, active: list[_Job]) -> set[int]:
         """Indices of multi-node jobs on a node shared by two or more multi-node jobs."""
-        spread = [job for job in active if num_nodes_of(job.allocation) > 1]
+        spread = [job for job in active if job.allocation.num_nodes > 1]
         if len(spread) < 2:
             return set()
-        mat = np.array([job.allocation for job in spread]) > 0
-        crowded = mat.sum(axis=0) > 1
-        return {job.index for job, row in zip(spread, mat, strict=True) if np.any(row & crowded)}
+        count: dict[str, int] = {}
+        for job in spread:
+            for node_id in job.allocation:
+                count[node_id] = count.get(node_id, 0) + 1
+        return {job.index for job in spread if any(count[n] > 1 for n in job.allocation)}
+
+    # ---- true speeds -----------------------------------------------------------------------
+
+    def _speed(self, job: _Job, group: NodeGroup) -> TypeSpeed:
+        key = (job.spec.application, group)
+        speed = self._type_speed.get(key)
+        if speed is None:
+            speed = TypeSpeed(job.app, group, self.speeds, self.config.traces_root)
+            self._type_speed[key] = speed
+        return speed
+
+    def _speed_of_type(self, job: _Job, gpu_type: str) -> TypeSpeed:
+        group = next(g for g in self.config.cluster_spec.groups if g.gpu_type == gpu_type)
+        return self._speed(job, group)
+
+    def _true_time(
+        self, job: _Job, placement: tuple[int, ...], batch: BatchChoice
+    ) -> tuple[float, float, str]:
+        """(seconds per iteration, sync seconds, GPU type it runs at) of ``job`` on its
+        allocation: the slowest of its node groups' times when it spans several."""
+        groups = {self._group[node_id] for node_id in job.allocation}
+        best: tuple[float, float, str] | None = None
+        for group in sorted(groups, key=lambda g: (g.gpu_type, g.instance_type)):
+            speed = self._speed(job, group)
+            if batch.local_bsz > speed.max_local_bsz:
+                raise SimulationError(
+                    f"{self.policy.name} ran {job.spec.name} at micro-batch {batch.local_bsz} "
+                    f"on {group.gpu_type}, above its memory limit {speed.max_local_bsz}"
+                )
+            t_iter, sync = _iteration_time_s(speed, placement, batch)
+            if best is None or t_iter > best[0]:
+                best = (t_iter, sync, group.gpu_type)
+        assert best is not None
+        return best
 
     def _step(self, job: _Job, seconds: float, interference: float) -> float | None:
         """Replay ``seconds`` of ``job``; returns the seconds it ran if it completed."""
-        gpus = sum(job.allocation)
+        gpus = job.allocation.num_gpus
         if not gpus:
             return None
         assert job.batch is not None
@@ -374,9 +485,9 @@ class Simulator:
         if left <= 0:
             return None
         app, batch = job.app, job.batch
-        placement = placement_of(job.allocation)
-        t_iter, sync = _iteration_time_s(app, placement, batch)
-        self._record(job, placement, batch, t_iter, sync)
+        placement = job.allocation.placement
+        t_iter, sync, gpu_type = self._true_time(job, placement, batch)
+        self._record(job, gpu_type, placement, batch, t_iter, sync)
         rate = (1.0 - interference) / t_iter  # iterations per second
         curve = app.progress_curve(batch.batch_size)
         need = float(curve.iterations(app.target_progress) - curve.iterations(job.progress))
@@ -394,35 +505,39 @@ class Simulator:
     def _record(
         self,
         job: _Job,
+        gpu_type: str,
         placement: tuple[int, ...],
         batch: BatchChoice,
         t_iter: float,
         sync: float,
     ) -> None:
-        """The trainer's report of a configuration it ran (first time only), and its first
-        gradient statistics."""
+        """The trainer's report of a configuration it ran on ``gpu_type`` (first time only),
+        and its first gradient statistics."""
         if job.grad is None:
             self._report_grad(job, batch.batch_size)
+        job.max_profiled_gpus = max(job.max_profiled_gpus, sum(placement))
         if not self.policy.uses_model:
-            job.max_profiled_gpus = max(job.max_profiled_gpus, sum(placement))
             return
-        key = (placement, batch.local_bsz, batch.accum_steps)
-        if key in job.profile:
-            return
-        job.profile[key] = ProfileSample(
+        sample = ProfileSample(
             placement, batch.local_bsz, batch.accum_steps, t_iter, min(sync, t_iter)
         )
-        job.max_profiled_gpus = max(job.max_profiled_gpus, sum(placement))
-        if job.model is None:
-            job.stale_perf = True
-            return
-        predicted = float(
-            job.model.step_time_s(
-                len(placement), sum(placement), batch.local_bsz, batch.accum_steps
+        keys: tuple[str | None, ...] = (None, gpu_type) if self.type_aware else (None,)
+        for fit_key in keys:
+            fit = job.fits.setdefault(fit_key, _Fit())
+            key = (placement, batch.local_bsz, batch.accum_steps)
+            if key in fit.profile:
+                continue
+            fit.profile[key] = sample
+            if fit.model is None:
+                fit.stale = True
+                continue
+            predicted = float(
+                fit.model.step_time_s(
+                    len(placement), sum(placement), batch.local_bsz, batch.accum_steps
+                )
             )
-        )
-        if abs(predicted - t_iter) > self.config.refit_tolerance * t_iter:
-            job.stale_perf = True
+            if abs(predicted - t_iter) > self.config.refit_tolerance * t_iter:
+                fit.stale = True
 
     def _report_grad(self, job: _Job, batch_size: int) -> None:
         key = (job.app.epoch_of(job.progress), batch_size)
@@ -441,7 +556,7 @@ class Simulator:
             jct = job.completion_s - job.spec.submit_time_s
             sharers = job.sharers_s / jct if jct > 0 else 1.0
             share = cfg.total_gpus / max(sharers, 1.0)
-            iso = isolated_jct_s(job.spec, share, cfg.gpus_per_node)
+            iso = isolated_jct_s(job.spec, share, cfg.max_gpus_per_node, cfg.traces_root)
             results.append(
                 JobResult(
                     name=job.spec.name,

@@ -53,12 +53,14 @@ class JobResult:
 
 @dataclass(frozen=True)
 class RoundStats:
-    """One scheduling round: its time, active jobs, GPUs allocated, policy wall time."""
+    """One scheduling round: its time, active jobs, GPUs allocated, the policy's wall time, and
+    the wall time of the online model fitting done for the round (not part of the policy's)."""
 
     time_s: float
     active_jobs: int
     used_gpus: int
     policy_wall_s: float
+    fit_wall_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,7 @@ class SimResult:
         """Aggregates: mean / p50 / p99 JCT, makespan, restarts per job, GPU-hours, mean and
         p99 finish-time fairness ratio, mean GPU utilisation over rounds with active jobs."""
         jct = self.jcts_s
-        total_gpus = self.config.num_nodes * self.config.gpus_per_node
+        total_gpus = self.config.total_gpus
         ftf = np.array([job.ftf_ratio for job in self.jobs])
         first = min(job.submit_time_s for job in self.jobs)
         used = np.array([r.used_gpus for r in self.rounds], dtype=float)
@@ -99,15 +101,20 @@ class SimResult:
         }
 
     def timing(self) -> dict[str, float]:
-        """Policy wall time per round (measured): p50, p99, max and total, in milliseconds."""
+        """Policy wall time per round (measured): p50, p99, max and total, in milliseconds; and
+        the online model fitting per round, timed apart: p50, max and total."""
         walls = np.array([r.policy_wall_s for r in self.rounds]) * 1000.0
+        fits = np.array([r.fit_wall_s for r in self.rounds]) * 1000.0
         if walls.size == 0:
-            walls = np.zeros(1)
+            walls = fits = np.zeros(1)
         return {
             "policy_ms_p50": float(np.percentile(walls, 50)),
             "policy_ms_p99": float(np.percentile(walls, 99)),
             "policy_ms_max": float(walls.max()),
             "policy_ms_total": float(walls.sum()),
+            "fit_ms_p50": float(np.percentile(fits, 50)),
+            "fit_ms_max": float(fits.max()),
+            "fit_ms_total": float(fits.sum()),
         }
 
 

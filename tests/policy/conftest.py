@@ -11,13 +11,24 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 from autoscaler.goodput import BatchLimits, GoodputModel, GradParams, PerfParams
-from autoscaler.jobs import ClusterView, JobView, Oracle, RoundInput
+from autoscaler.jobs import Allocation, ClusterView, JobView, Oracle, Plan, RoundInput
 
 LIMITS = BatchLimits(init_batch_size=128, max_batch_size=4096, max_local_bsz=512, min_local_bsz=32)
 
 
 def cluster(nodes: int = 2, gpus: int = 4, **kwargs) -> ClusterView:
-    return ClusterView(gpus_per_node=(gpus,) * nodes, now_s=600.0, round_index=10, **kwargs)
+    """``nodes`` identical nodes with ids node-00, node-01, ..."""
+    return ClusterView.uniform(nodes, gpus, now_s=600.0, round_index=10, **kwargs)
+
+
+def alloc_of(row: tuple[int, ...]) -> Allocation:
+    """A dense row over node-00, node-01, ... as an allocation by node id."""
+    return Allocation((f"node-{i:02d}", g) for i, g in enumerate(row) if g)
+
+
+def rows(c: ClusterView, plan: Plan) -> dict[str, tuple[int, ...]]:
+    """The plan's allocations as dense rows over ``c.nodes`` (for literal comparisons)."""
+    return {name: c.dense(a) for name, a in plan.allocations.items()}
 
 
 def view(
@@ -43,7 +54,7 @@ def view(
         age_s=age,
         attained_gpu_s=attained,
         num_restarts=restarts,
-        allocation=alloc if alloc is not None else (0,) * nodes,
+        allocation=alloc_of(alloc) if alloc is not None else Allocation(),
         limits=limits,
         requested_gpus=requested,
         fixed_batch_size=batch,

@@ -14,7 +14,7 @@ from autoscaler.policy import make_policy
 from autoscaler.policy.optimus import OptimusPolicy
 from autoscaler.policy.placement import pack
 from autoscaler.policy.tiresias import TiresiasPolicy, TiresiasState
-from tests.policy.conftest import cluster, round_input, view
+from tests.policy.conftest import cluster, round_input, rows, view
 
 # ---- placement and batch helpers ----------------------------------------------------------
 
@@ -65,7 +65,7 @@ def test_tiresias_gangs_skip_ahead_and_keep_running_jobs() -> None:
         view("d", requested=2),
     ]
     d = policy.decide(round_input(c, *jobs), policy.initial_state())
-    a = d.plan.allocations
+    a = rows(c, d.plan)
     assert a["a"] == (0, 4)
     assert a["b"] == (0, 0)
     assert sum(a["c"]) == 2 and sum(a["d"]) == 2
@@ -81,11 +81,11 @@ def test_tiresias_demotes_after_threshold_and_preempts() -> None:
     new = view("new", nodes=1, requested=4, submit=100.0)
     d = policy.decide(round_input(c, old, new), policy.initial_state())
     assert d.state == TiresiasState(("old",))
-    assert d.plan.allocations == {"old": (0,), "new": (4,)}
+    assert rows(c, d.plan) == {"old": (0,), "new": (4,)}
     # Once demoted, stays in queue 1 even when alone.
     d2 = policy.decide(round_input(c, old), d.state)
     assert d2.state.demoted == ("old",)
-    assert d2.plan.allocations["old"] == (4,)
+    assert rows(c, d2.plan)["old"] == (4,)
 
 
 def test_tiresias_caps_gang_at_cluster_size() -> None:
@@ -93,7 +93,7 @@ def test_tiresias_caps_gang_at_cluster_size() -> None:
     policy = TiresiasPolicy()
     big = view("big", nodes=1, requested=16, batch=1024)
     d = policy.decide(round_input(c, big), policy.initial_state())
-    assert d.plan.allocations["big"] == (4,)
+    assert rows(c, d.plan)["big"] == (4,)
     assert policy.gpu_bounds(big, c) == (4, 4)
 
 
@@ -111,7 +111,7 @@ def test_optimus_gives_gpus_by_marginal_gain() -> None:
     a = view("a", batch=4096, oracle=Oracle(1000.0, tuple(1.0 / g for g in range(1, 9))))
     b = view("b", batch=4096, oracle=Oracle(1000.0, (1.0, 0.5) + (0.5,) * 6))
     d = OptimusPolicy().decide(round_input(c, a, b), None)
-    got = {k: sum(v) for k, v in d.plan.allocations.items()}
+    got = {k: sum(v) for k, v in rows(c, d.plan).items()}
     assert got == {"a": 6, "b": 2}
     assert d.plan.batches["a"] == fixed_batch_choice(4096, 6, a.limits)
 
@@ -121,7 +121,7 @@ def test_optimus_one_gpu_each_first_in_arrival_order() -> None:
     flat = Oracle(1.0, (1.0, 1.0))
     jobs = [view(n, nodes=1, oracle=flat) for n in "abc"]
     d = OptimusPolicy().decide(round_input(c, *jobs), None)
-    assert d.plan.allocations == {"a": (1,), "b": (1,), "c": (0,)}
+    assert rows(c, d.plan) == {"a": (1,), "b": (1,), "c": (0,)}
 
 
 def test_optimus_respects_batch_cap_and_keeps_unchanged_allocations() -> None:
@@ -131,7 +131,7 @@ def test_optimus_respects_batch_cap_and_keeps_unchanged_allocations() -> None:
         "s", batch=64, alloc=(0, 2), oracle=Oracle(1e6, tuple(1.0 / g for g in range(1, 9)))
     )
     d = OptimusPolicy().decide(round_input(c, small), None)
-    assert d.plan.allocations["s"] == (0, 2)
+    assert rows(c, d.plan)["s"] == (0, 2)
     assert OptimusPolicy().gpu_bounds(small, c) == (0, 2)
 
 
@@ -142,8 +142,8 @@ def test_optimus_without_oracle_uses_model_or_one_gpu() -> None:
     unknown = view("u")
     fitted = view("f", batch=4096, model=model(0.0001), profiled=1)
     d = OptimusPolicy().decide(round_input(c, unknown, fitted), None)
-    assert sum(d.plan.allocations["u"]) == 1
-    assert sum(d.plan.allocations["f"]) > 1
+    assert sum(rows(c, d.plan)["u"]) == 1
+    assert sum(rows(c, d.plan)["f"]) > 1
 
 
 def test_make_policy() -> None:

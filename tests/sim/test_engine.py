@@ -67,7 +67,7 @@ class Scripted:
             alloc = self.allocations.get(job.name, zeros)
             if round_input.cluster.round_index < self.start_round.get(job.name, 0):
                 alloc = zeros
-            allocs[job.name] = alloc
+            allocs[job.name] = round_input.cluster.sparse(alloc)
             if sum(alloc):
                 batches[job.name] = fixed_batch_choice(job.fixed_batch_size, sum(alloc), job.limits)
         return Decision(Plan(allocs, batches), state)
@@ -208,7 +208,7 @@ def _check_invariants(result_rounds: list[RoundInput], plans: list[Plan], policy
         used = np.zeros(cluster.num_nodes, dtype=int)
         multi = np.zeros(cluster.num_nodes, dtype=int)
         for job in round_input.jobs:
-            alloc = np.array(plan.allocations[job.name])
+            alloc = np.array(cluster.dense(plan.allocations[job.name]))
             used += alloc
             low, high = policy.gpu_bounds(job, cluster)
             assert alloc.sum() == 0 or low <= alloc.sum() <= high
