@@ -68,7 +68,8 @@ class Interconnect:
 
 
 #: Published figures: PCIe 3.0 x16 ~16 GB/s; NVLink 2 (V100, p3) 150 GB/s and NVLink 3 via
-#: NVSwitch (A100, p4d) 300 GB/s per GPU and direction; instance networks as AWS lists them.
+#: NVSwitch (A100, p4d) 300 GB/s, NVLink 4 (H100, p5) 450 GB/s per GPU and direction; instance
+#: networks as AWS lists them.
 INTERCONNECTS: Mapping[str, Interconnect] = MappingProxyType(
     {
         "g4dn.12xlarge": Interconnect(16.0, 50.0),
@@ -77,12 +78,13 @@ INTERCONNECTS: Mapping[str, Interconnect] = MappingProxyType(
         "p3.16xlarge": Interconnect(150.0, 25.0),
         "p3dn.24xlarge": Interconnect(150.0, 100.0),
         "p4d.24xlarge": Interconnect(300.0, 400.0),
+        "p5.48xlarge": Interconnect(450.0, 3200.0),
     }
 )
 
 #: The instance a GPU type's nodes are assumed to be when a cluster file names none.
 DEFAULT_INSTANCE: Mapping[str, str] = MappingProxyType(
-    {"T4": "g4dn.12xlarge", "V100": "p3.16xlarge", "A100": "p4d.24xlarge"}
+    {"T4": "g4dn.12xlarge", "V100": "p3.16xlarge", "A100": "p4d.24xlarge", "H100": "p5.48xlarge"}
 )
 
 #: The instance the T4 traces were measured on, and its GPUs per node.
@@ -284,7 +286,7 @@ class TypeSpeed:
             and math.isclose(group.intra_gbytes_per_s, ref.intra_gbytes_per_s)
             and math.isclose(group.network_gbps, ref.network_gbps)
         )
-        self.ratio = speeds.model_speed(base.name, group.gpu_type)
+        self.ratio = 1.0 if self.measured else speeds.model_speed(base.name, group.gpu_type)
         self.intra_factor = max(MIN_SYNC_FACTOR, ref.intra_gbytes_per_s / group.intra_gbytes_per_s)
         self.inter_factor = max(MIN_SYNC_FACTOR, ref.network_gbps / group.network_gbps)
         if self.measured is not None:

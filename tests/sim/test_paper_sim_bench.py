@@ -29,7 +29,7 @@ def test_writes_the_documented_json(tmp_path: Path, capsys) -> None:
     assert doc["load"] is None and "reference_mean_jct_s" not in doc  # no published results
     assert set(doc["policies"]) == {"tiresias", "optimus"}
     keys = {"mean_jct_s", "per_workload_jct_s", "p99_jct_s", "makespan_s", "restarts_per_job",
-            "policy_ms_p50", "policy_ms_max", "wall_s"}  # fmt: skip
+            "policy_ms_p50", "policy_ms_max", "fit_ms_p50", "fit_ms_max", "wall_s"}  # fmt: skip
     for summary in doc["policies"].values():
         assert keys <= set(summary)
         per = summary["per_workload_jct_s"]
@@ -37,3 +37,17 @@ def test_writes_the_documented_json(tmp_path: Path, capsys) -> None:
         assert summary["mean_jct_s"] == pytest.approx(sum(per.values()) / 2)
     table = capsys.readouterr().out
     assert "small-1" in table and "mean" in table
+
+
+def test_runs_on_a_cluster_file(tmp_path: Path) -> None:
+    folder = tmp_path / "workloads"
+    folder.mkdir()
+    (folder / "small-1.csv").write_text(WORKLOAD)
+    repo = Path(__file__).resolve().parents[2]
+    out = tmp_path / "bench.json"
+    argv = ["--workloads", str(folder), "--policies", "tiresias", "--processes", "1"]
+    argv += ["--cluster", str(repo / "examples/clusters/mixed-64.yaml"), "--out", str(out)]
+    assert main(argv) == 0
+    doc = json.loads(out.read_text())
+    assert doc["cluster"].endswith("mixed-64.yaml")
+    assert doc["policies"]["tiresias"]["mean_jct_s"] > 0
