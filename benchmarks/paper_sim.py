@@ -22,14 +22,24 @@ instead of 16 x 4 T4, and then the published numbers are not comparable (none ar
 ``wall_s`` is the policy's summed simulation time (worker seconds; ``elapsed_s`` is the whole
 benchmark's elapsed time).
 A per-workload table, ours next to the published numbers, is printed to stdout.
+
+``--arrival-scale X`` replays the same workloads with every submission time divided by ``X``
+(``1.5``, ``2``: jobs arrive 1.5x / 2x as fast; see
+:func:`~autoscaler.sim.workload.compress_arrivals`), to load the cluster more heavily. The
+published results are for the uncompressed workloads, so with ``X != 1`` the output has no
+``reference_*`` keys; it records ``"arrival_scale": X``. Whenever pollux ran next to a baseline,
+``"pollux_ratio"`` holds, per baseline, the ratio of mean JCTs (``"mean"``: pollux's
+``mean_jct_s`` over the baseline's) and the per-workload ratios (``"per_workload"``).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import resource
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -50,7 +60,12 @@ from autoscaler.sim.runner import (
     paper_workloads,
     run_many,
 )
-from autoscaler.sim.workload import workload_files
+from autoscaler.sim.workload import (
+    compress_arrivals,
+    load_workload,
+    workload_files,
+    write_workload,
+)
 
 
 def _peak_rss_mib() -> float:
@@ -70,7 +85,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cluster", type=Path, default=None, help="cluster YAML (node groups of GPU types)"
     )
+    parser.add_argument(
+        "--arrival-scale",
+        type=_arrival_scale,
+        default=1.0,
+        help="divide every submission time by this factor (> 0; 2 = jobs arrive twice as fast)",
+    )
     args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="paper-sim-") as scratch:
+        return _run(args, Path(scratch))
+
+
+def _arrival_scale(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
+
+
+def _run(args: argparse.Namespace, scratch: Path) -> int:
 
     policies = [PolicyName(p.strip()) for p in args.policies.split(",") if p.strip()]
     files = workload_files(args.workloads) if args.workloads else paper_workloads(args.load)
@@ -83,6 +119,12 @@ def main(argv: list[str] | None = None) -> int:
         cluster = load_cluster(
             args.cluster, speeds=default_speed_table(), applications=APPLICATIONS
         )
+    if args.arrival_scale != 1.0:
+        scale = args.arrival_scale
+        files = [
+            write_workload(compress_arrivals(load_workload(f), scale), scratch / f.name)
+            for f in files
+        ]
     config = SimConfig(seed=args.seed, cluster=cluster)
     specs = [RunSpec(str(f), p, config) for p in policies for f in files]
     started = time.perf_counter()
@@ -101,7 +143,12 @@ def main(argv: list[str] | None = None) -> int:
     # A custom --workloads folder has no load factor and no published results.
     paper = args.workloads is None and cluster is None
     load = float(args.load) if args.workloads is None else None
-    out: dict = {"load": load, "policies": {}, "elapsed_s": elapsed}
+    out: dict = {
+        "load": load,
+        "arrival_scale": args.arrival_scale,
+        "policies": {},
+        "elapsed_s": elapsed,
+    }
     if cluster is not None:
         out["cluster"] = str(args.cluster)
     for policy in policies:
@@ -125,13 +172,28 @@ def main(argv: list[str] | None = None) -> int:
             "fit_ms_max": float(fits_ms.max()),
             "wall_s": float(sum(r.wall_s for r in runs)),
         }
-    if paper:
+    if "pollux" in out["policies"]:
+        ours = out["policies"]["pollux"]
+        out["pollux_ratio"] = {
+            name: {
+                "mean": ours["mean_jct_s"] / other["mean_jct_s"],
+                "per_workload": {
+                    w: jct / other["per_workload_jct_s"][w]
+                    for w, jct in ours["per_workload_jct_s"].items()
+                },
+            }
+            for name, other in out["policies"].items()
+            if name != "pollux"
+        }
+    if paper and args.arrival_scale == 1.0:
         all_refs = {p: paper_reference(p, args.load) for p in ("pollux", "optimus", "tiresias")}
         out["reference_mean_jct_s"] = {p: round(r["mean"], 1) for p, r in all_refs.items()}
         out["reference_per_workload_jct_s"] = {p: r["avgs"] for p, r in all_refs.items()}
     out["peak_rss_mib"] = _peak_rss_mib()
 
     _print_table(out, [r.workload for r in results[: len(files)]])
+    for name, ratio in out.get("pollux_ratio", {}).items():
+        print(f"pollux / {name}: {ratio['mean']:.3f}")
     print(f"elapsed {elapsed:.0f} s, peak RSS {out['peak_rss_mib']:.0f} MiB")
     if args.out is not None:
         write_json_atomic(args.out, out)

@@ -3,19 +3,32 @@
 ``time`` is the submission second; ``num_replicas`` and ``batch_size`` are the user's settings
 (used as-is by fixed-size baselines). Any malformed row fails with
 :class:`~autoscaler.errors.TraceFormatError` naming the file, the line and the field.
+
+Heavier loads: :func:`compress_arrivals` divides every submission time by a factor (2 = jobs
+arrive twice as fast, the same jobs in the same order), and :func:`write_workload` writes a
+workload back as CSV, so that the simulator and the benchmarks can replay it from a file.
 """
 
 from __future__ import annotations
 
+import csv
+import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from autoscaler.errors import TraceFormatError
+from autoscaler.errors import InvalidInputError, TraceFormatError
 from autoscaler.jobs import JobSpec
 from autoscaler.traces import APPLICATIONS, parse_float, parse_int, read_csv_rows
 
-__all__ = ["WORKLOAD_COLUMNS", "Workload", "load_workload", "workload_files"]
+__all__ = [
+    "WORKLOAD_COLUMNS",
+    "Workload",
+    "compress_arrivals",
+    "load_workload",
+    "workload_files",
+    "write_workload",
+]
 
 WORKLOAD_COLUMNS = ("name", "time", "application", "num_replicas", "batch_size")
 
@@ -77,3 +90,33 @@ def workload_files(path: str | Path) -> list[Path]:
 
         return sorted(files, key=natural)
     return [path]
+
+
+def compress_arrivals(workload: Workload, factor: float) -> Workload:
+    """The same jobs submitted ``factor`` times as fast: each submission time divided by
+    ``factor`` (> 0; 1.5 and 2 give the 1.5x and 2x arrival rates of a workload). Names,
+    applications, user settings and the order of submissions are unchanged. Raises
+    :class:`InvalidInputError` (field ``arrival_scale``) for a factor that is not a finite
+    number > 0."""
+    if not (isinstance(factor, int | float) and math.isfinite(factor) and factor > 0):
+        raise InvalidInputError(
+            f"arrival scale must be a finite number > 0, got {factor!r}", field="arrival_scale"
+        )
+    jobs = tuple(replace(job, submit_time_s=job.submit_time_s / factor) for job in workload.jobs)
+    return Workload(workload.name, jobs)
+
+
+def write_workload(workload: Workload, path: str | Path) -> Path:
+    """Write ``workload`` as a workload CSV at ``path`` (created, or replaced) that
+    :func:`load_workload` reads back to the same jobs (times written with ``repr`` precision).
+    Returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(WORKLOAD_COLUMNS)
+        for job in workload.jobs:
+            time_s = job.submit_time_s
+            text = str(int(time_s)) if float(time_s).is_integer() else repr(float(time_s))
+            writer.writerow([job.name, text, job.application, job.num_replicas, job.batch_size])
+    return path

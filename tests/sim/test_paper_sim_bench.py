@@ -51,3 +51,35 @@ def test_runs_on_a_cluster_file(tmp_path: Path) -> None:
     doc = json.loads(out.read_text())
     assert doc["cluster"].endswith("mixed-64.yaml")
     assert doc["policies"]["tiresias"]["mean_jct_s"] > 0
+
+
+def test_arrival_scale_compresses_submissions_and_reports_ratios(tmp_path: Path) -> None:
+    folder = tmp_path / "workloads"
+    folder.mkdir()
+    late = WORKLOAD + "d,6000,ncf,1,256\n"  # a short job arriving after the others are done...
+    (folder / "small-1.csv").write_text(late)
+    base = ["--workloads", str(folder), "--policies", "pollux,tiresias", "--processes", "1"]
+    docs = {}
+    for scale in ("1", "60"):  # ... unless arrivals are 60x faster (d at 100 s)
+        out = tmp_path / f"bench-{scale}.json"
+        assert main([*base, "--arrival-scale", scale, "--out", str(out)]) == 0
+        docs[scale] = json.loads(out.read_text())
+    assert docs["60"]["arrival_scale"] == 60.0 and "reference_mean_jct_s" not in docs["60"]
+    # d cannot finish before it is submitted: at 6000 s as written, well before when compressed.
+    for policy in ("pollux", "tiresias"):
+        slow, fast = (docs[s]["policies"][policy]["makespan_s"] for s in ("1", "60"))
+        assert slow > 6000 > fast
+    for doc in docs.values():
+        ratio = doc["pollux_ratio"]["tiresias"]
+        pollux, tiresias = (doc["policies"][p]["mean_jct_s"] for p in ("pollux", "tiresias"))
+        assert ratio["mean"] == pytest.approx(pollux / tiresias)
+        assert ratio["per_workload"]["small-1"] == pytest.approx(pollux / tiresias)
+
+
+@pytest.mark.parametrize("bad", ["0", "-2", "fast", "nan"])
+def test_bad_arrival_scale_is_one_line_exit_2(bad: str, capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["--arrival-scale", bad])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "--arrival-scale" in err[-1] and bad in err[-1]

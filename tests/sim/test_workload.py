@@ -106,3 +106,34 @@ def test_fuzzed_cell_parses_or_fails_typed(cell: str, column: int, tmp_path_fact
     else:
         job = workload.jobs[0]
         assert job.submit_time_s >= 0 and job.num_replicas >= 1 and job.batch_size >= 1
+
+
+def test_compress_arrivals_divides_times_and_keeps_jobs(small_workload: Path) -> None:
+    from autoscaler.sim.workload import compress_arrivals
+
+    workload = load_workload(small_workload)
+    fast = compress_arrivals(workload, 2.0)
+    assert fast.name == workload.name
+    assert [j.submit_time_s for j in fast.jobs] == [j.submit_time_s / 2 for j in workload.jobs]
+    assert [(j.name, j.application, j.num_replicas, j.batch_size) for j in fast.jobs] == [
+        (j.name, j.application, j.num_replicas, j.batch_size) for j in workload.jobs
+    ]
+    assert compress_arrivals(workload, 1.0) == workload
+
+
+@pytest.mark.parametrize("factor", [0.0, -1.5, float("nan"), float("inf")])
+def test_compress_arrivals_rejects_bad_factor(small_workload: Path, factor: float) -> None:
+    from autoscaler.errors import InvalidInputError
+    from autoscaler.sim.workload import compress_arrivals
+
+    with pytest.raises(InvalidInputError, match="arrival scale") as info:
+        compress_arrivals(load_workload(small_workload), factor)
+    assert info.value.field == "arrival_scale"
+
+
+def test_write_workload_round_trips_fractional_times(small_workload: Path, tmp_path: Path) -> None:
+    from autoscaler.sim.workload import compress_arrivals, write_workload
+
+    fast = compress_arrivals(load_workload(small_workload), 1.5)  # 30 / 1.5 = 20, 95 / 1.5 ...
+    path = write_workload(fast, tmp_path / "out" / "small.csv")
+    assert load_workload(path) == fast
