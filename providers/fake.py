@@ -54,12 +54,12 @@ from providers.base import (
     LaunchResult,
     Market,
     Offering,
-    PoolError,
     SpotPrice,
     TerminateResult,
     find_offering,
+    launch_shortfall,
 )
-from providers.capacity import UnavailableOfferings
+from providers.capacity import Placement, UnavailableOfferings, walk_pools
 from providers.errors import (
     AuthError,
     InstanceNotFoundError,
@@ -316,7 +316,9 @@ class FakeProvider:
         ]
 
     def launch(self, request: LaunchRequest) -> LaunchResult:
-        """Fill ``request.count`` from the request's pools in order; idempotent by request id.
+        """The launch rule of ``providers.base``: create only the shortfall of the request's
+        live instances (found by the cloud's request-id index), pools tried in order through
+        ``walk_pools``.
 
         Pools marked unavailable are skipped with a capacity ``PoolError`` and no call. A pool
         that runs dry yields what it had, a capacity ``PoolError``, and a mark.
@@ -326,55 +328,45 @@ class FakeProvider:
         tags = MappingProxyType(all_tags(request.cluster_id, request.request_id, request.tags))
         self._advance()
         key = (request.cluster_id, request.request_id)
-        if key in self._by_request:
-            known = [self._records[i] for i in self._by_request[key] if i in self._records]
-            return LaunchResult(
-                request.request_id, request.count, tuple(self._instance(r) for r in known)
-            )
-        created: list[_Record] = []
-        errors: list[PoolError] = []
-        for pool in pools:
-            if self._unavailable.is_unavailable(pool.key):
-                errors.append(PoolError(pool.key, _skipped(pool.key)))
-                continue
-            wanted = request.count - len(created)
-            if wanted == 0:
-                continue
-            try:
-                batch = call_with_retries(
-                    partial(self._cloud_run, pool, wanted, tags),
-                    clock=self._clock,
-                    policy=self._retry_policy,
-                    rng=self._rng,
-                )
-            except AuthError:
-                raise
-            except ProviderError as err:
-                if isinstance(err, InsufficientCapacityError):
-                    self._unavailable.mark(pool.key)
-                errors.append(PoolError(pool.key, err))
-                continue
-            created.extend(batch)
-            if len(batch) < wanted:
-                self._unavailable.mark(pool.key)
-                errors.append(
-                    PoolError(
-                        pool.key,
-                        InsufficientCapacityError(
-                            f"pool {pool.key} ran dry after {len(batch)} of {wanted}",
-                            code="InsufficientInstanceCapacity",
-                            pool=pool.key,
-                        ),
-                    )
-                )
-        if created:
-            self._by_request[key] = [r.instance_id for r in created]
+        found = [
+            self._instance(self._records[i])
+            for i in self._by_request.get(key, ())
+            if i in self._records
+        ]
+        found = [i for i in found if i.state is not InstanceState.TERMINATED]
+        missing = launch_shortfall(request, found)
+        if missing == 0:
+            return LaunchResult(request.request_id, request.count, tuple(found))
+        walk = walk_pools(pools, missing, self._unavailable, partial(self._place, tags))
+        if found or walk.created:  # the index keeps only the request's live instances
+            self._by_request[key] = [i.instance_id for i in found] + [
+                r.instance_id for r in walk.created
+            ]
         return LaunchResult(
             request.request_id,
             request.count,
-            tuple(self._instance(r) for r in created),
-            tuple(errors),
+            (*found, *(self._instance(r) for r in walk.created)),
+            walk.errors,
         )
+
+    def _place(
+        self, tags: Mapping[str, str], pools: Sequence[Offering], wanted: int
+    ) -> Placement[_Record]:
+        """One pool attempt of the walk (``RunInstances`` with ``MaxCount``), with retries of
+        transient errors; ``AuthError`` raises, other errors are the pool's."""
+        (pool,) = pools
+        try:
+            batch = call_with_retries(
+                partial(self._cloud_run, pool, wanted, tags),
+                clock=self._clock,
+                policy=self._retry_policy,
+                rng=self._rng,
+            )
+        except AuthError:
+            raise
+        except ProviderError as err:
+            return Placement(errors={pool.key: err})
+        return Placement(tuple(batch))
 
     def list_instances(self, cluster_id: str) -> Sequence[Instance]:
         validate_id(cluster_id, field="cluster_id")
@@ -566,11 +558,3 @@ class FakeProvider:
         cluster = rec.cluster_tag
         if cluster is not None:  # nobody can read notices of untagged instances
             self._notices.setdefault(cluster, []).append(notice)
-
-
-def _skipped(pool_key: str) -> InsufficientCapacityError:
-    return InsufficientCapacityError(
-        f"pool {pool_key} is marked unavailable after a recent capacity error; skipped",
-        code="skipped-unavailable",
-        pool=pool_key,
-    )
