@@ -661,21 +661,27 @@ def test_operation_timeout_reports_transient_and_keeps_the_names(cluster: str) -
         assert {i.state for i in result.instances} == {InstanceState.PENDING}
 
 
-def test_relaunch_after_loss_creates_nothing_and_reuses_no_id(
-    env: FakeGcpEnv, cluster: str
-) -> None:
+def test_relaunch_after_loss_tops_up_under_a_new_name(env: FakeGcpEnv, cluster: str) -> None:
+    """The launch rule: an ended instance no longer counts, so re-issuing the request creates
+    one replacement (inside the requestId window too: a new shortfall is a new requestId),
+    under a name this provider never used; a restarted controller then finds the request full."""
     provider = env.provider()
     g2 = pool(provider.offerings(), "g2-standard-4", ZONE_A, Market.SPOT)
     req = request(cluster, [g2], 2)
     first = provider.launch(req)
     lost, kept = (i.instance_id for i in first.instances)
     env.preempt(lost)
-    for launcher in (provider, env.provider()):  # same process, and after a restart
-        again = launcher.launch(req)
-        assert [i.instance_id for i in again.instances] == [kept]
-        assert not again.fulfilled and again.errors == ()
     env.server.settle()
-    assert [i.instance_id for i in provider.list_instances(cluster)] == [kept]
+    again = provider.launch(req)
+    assert again.fulfilled and again.errors == ()
+    ids = {i.instance_id for i in again.instances}
+    assert kept in ids and lost not in ids and len(ids) == 2
+    launches = env.launch_attempts(g2)
+    restarted = env.provider()
+    assert {i.instance_id for i in restarted.launch(req).instances} == ids
+    assert env.launch_attempts(g2) == launches
+    env.server.settle()
+    assert {i.instance_id for i in provider.list_instances(cluster)} == ids
 
 
 @pytest.mark.parametrize("bulk", [True, False])
