@@ -27,6 +27,8 @@ What the "cloud" side records, and what tests can steer:
 * ``add_foreign_instance()`` — an instance not owned by any coadapt cluster (or owned by
   another one, given its tags): never listed, refused by ``terminate``.
 * ``reset()`` — back to the state right after construction.
+* ``restarted()`` — a new adapter over the same cloud, as a controller restarted after a crash
+  builds it (shares the cloud's state, none of the adapter's).
 
 Launch fills the request's pools in the order given (the caller's preference). Not thread-safe:
 one controller (or one simulator) drives one instance.
@@ -34,6 +36,7 @@ one controller (or one simulator) drives one instance.
 
 from __future__ import annotations
 
+import copy
 import heapq
 import itertools
 import random
@@ -213,6 +216,19 @@ class FakeProvider:
         self.calls = []
         self._unavailable.clear()
         self._init_state()
+
+    def restarted(self) -> FakeProvider:
+        """A new adapter over this same cloud, as a restarted controller builds it.
+
+        Shares the cloud's state with this object (instances, the request-id tag index,
+        capacity, prices, call records, injected errors, notices) and none of the adapter's: a
+        fresh unavailable-offerings cache and retry randomness. ``reset()`` on either one
+        detaches them.
+        """
+        twin = copy.copy(self)  # shallow: the cloud's containers are shared, not copied
+        twin._unavailable = UnavailableOfferings(self._clock)
+        twin._rng = random.Random(self._seed)
+        return twin
 
     def set_capacity(self, pool_key: str, instances: int | None) -> None:
         """At most ``instances`` live instances in ``pool_key`` from now on (None: unlimited)."""

@@ -127,6 +127,22 @@ class AwsMotoHarness:
     def cloud_calls(self) -> int:
         return self._cloud.counter.total()
 
+    def restarted_provider(self) -> AwsProvider:
+        """A new ``AwsProvider`` on the same moto server and queue, with its own capacity hooks
+        (so moto's ``RunInstances`` launches ``MaxCount`` for it too, as EC2 does)."""
+        provider = make_provider(
+            self._cloud.url,
+            clock=FakeClock(),
+            launch_api=self.provider.config.launch_api,
+            interruption_queue_url=self._cloud.queue_url,
+        )
+        CapacityModel(provider)
+        return provider
+
+    def forget_idempotency_tokens(self) -> None:
+        """moto keeps no ``ClientToken`` memory at all (ENVIRONMENT.md): every launch there is
+        already a launch after the token window, which is why this contract runs it."""
+
     def cloud_has_instance(self, instance_id: str) -> bool:
         response = self._ec2.describe_instances(
             Filters=[

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from providers.base import Market, Offering
+from providers.gcp.provider import GcpProvider
 from providers.gcp.testing import FakeGcpEnv
 from tests.providers.contract import ProviderContract
 
@@ -58,6 +59,12 @@ class GcpHarness:
 
     def cloud_has_instance(self, instance_id: str) -> bool:
         return self.env.has_live_instance(instance_id)
+
+    def restarted_provider(self) -> GcpProvider:
+        return self.env.provider()
+
+    def forget_idempotency_tokens(self) -> None:
+        self.env.server.forget_request_ids()
 
     def close(self) -> None:
         """Delete what the test left behind and give exhausted pools their capacity back."""
