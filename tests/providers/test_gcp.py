@@ -2,7 +2,7 @@
 
 Pure parts (error mapping, parsers, naming, config, the fake's filter language) are tested
 directly; the adapter is tested with the real google-cloud-compute REST client against the fake
-Compute server (``providers.gcp.fake_server``), asserting on what the server saw (request
+Compute server (``emulators.gce_server``), asserting on what the server saw (request
 shapes, counters) and on what the cloud holds afterwards. No mocks of our own code.
 """
 
@@ -20,6 +20,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from autoscaler.clock import FakeClock, SystemClock
+from emulators.gce_server import FakeGceServer, parse_filter
+from emulators.gcp_env import TEST_PROJECT, FakeGcpEnv, anonymous_credentials
 from providers.base import (
     InstanceState,
     InterruptionKind,
@@ -43,7 +45,6 @@ from providers.gcp.error_map import (
     error_from_http,
     error_from_operation,
 )
-from providers.gcp.fake_server import FakeGceServer, parse_filter
 from providers.gcp.metadata import PreemptionWatcher, discover_instance_id
 from providers.gcp.parse import (
     instance_from_resource,
@@ -56,7 +57,6 @@ from providers.gcp.parse import (
     state_from_status,
 )
 from providers.gcp.provider import GcpProvider
-from providers.gcp.testing import TEST_PROJECT, FakeGcpEnv, anonymous_credentials
 from providers.retry import RetryPolicy
 from providers.tags import CLUSTER_ID_TAG, MANAGED_BY_TAG, REQUEST_ID_TAG
 

@@ -1,7 +1,7 @@
 """The provider contract, run against ``GcpProvider`` over the fake Compute REST server.
 
 The provider uses the real google-cloud-compute client (REST transport, AnonymousCredentials)
-against ``providers.gcp.fake_server.FakeGceServer`` on 127.0.0.1; one server serves the whole
+against ``emulators.gce_server.FakeGceServer`` on 127.0.0.1; one server serves the whole
 module, each test works in its own cluster id with a fresh provider (fresh capacity cache) and
 reads the server's counters as differences.
 """
@@ -13,9 +13,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from emulators.gcp_env import FakeGcpEnv
 from providers.base import Market, Offering
 from providers.gcp.provider import GcpProvider
-from providers.gcp.testing import FakeGcpEnv
 from tests.providers.contract import ProviderContract
 
 
