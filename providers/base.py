@@ -131,8 +131,9 @@ class LaunchRequest:
 
     ``offerings`` are the acceptable pools (e.g. several types/zones for a spot fleet); the
     provider chooses among them by its strategy and fills what it can. ``request_id`` names the
-    intent: the same id twice launches once. ``user_data`` is the agent start-up data handed to
-    the instance (cloud-init / startup-script / local agent argv).
+    intent: re-issuing it creates only what the cloud lacks of ``count`` (the launch rule).
+    ``user_data`` is the agent start-up data handed to the instance (cloud-init /
+    startup-script / local agent argv).
     """
 
     request_id: str
