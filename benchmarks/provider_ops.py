@@ -16,8 +16,12 @@ What counts as a call:
 * ``fake``: the fake cloud's call records (one per pool attempt, page, or terminate batch);
 * ``local``: agent process spawns (launch), state-folder scans (list), process-group signals
   (terminate);
-* ``aws-moto`` / ``gcp-fake``: the ``call_counter`` of ``providers.aws.testing.
-  moto_benchmark_env`` / ``providers.gcp.testing.fake_benchmark_env`` (real HTTP calls).
+* ``aws-moto`` / ``gcp-fake``: the ``call_counter`` of ``emulators.aws_moto.
+  moto_benchmark_env`` / ``emulators.gcp_env.fake_benchmark_env`` (real HTTP calls).
+
+The emulators come from the dev-only top-level ``emulators`` package of a checkout (not the
+installed wheel, not the ``tests`` tree; see ``emulators/__init__.py`` for why), which is why
+this script puts the repository root on ``sys.path``.
 
     python benchmarks/provider_ops.py --provider aws-moto|gcp-fake|local|fake \\
         --instances N --out FILE [--pool-capacity K]
@@ -125,18 +129,18 @@ def cloud_env(kind: str, cluster_id: str) -> Iterator[BenchEnv]:
     make_env: Callable[[str], contextlib.AbstractContextManager[Any]]
     try:
         if kind == "aws-moto":
-            from providers.aws.testing import moto_benchmark_env
+            from emulators.aws_moto import moto_benchmark_env
 
             make_env = moto_benchmark_env
         else:
-            from providers.gcp.testing import fake_benchmark_env
+            from emulators.gcp_env import fake_benchmark_env
 
             make_env = fake_benchmark_env
     except ImportError as err:
         needed = (
-            "providers.aws.testing.moto_benchmark_env"
+            "emulators.aws_moto.moto_benchmark_env"
             if kind == "aws-moto"
-            else "providers.gcp.testing.fake_benchmark_env"
+            else "emulators.gcp_env.fake_benchmark_env"
         )
         raise SystemExit(
             f"--provider {kind} needs {needed}, which could not be imported: {err}"

@@ -6,17 +6,34 @@ Rules that hold for every method of every provider:
   ``coadapt-cluster-id=<cluster_id>`` and ``coadapt-managed-by=coadapt`` (``providers.tags``).
   An untagged or foreign instance is invisible to ``list_instances`` and refused by
   ``terminate``.
-* **Idempotency.** ``launch`` with a request id that already produced instances returns those
-  instances and creates nothing new (AWS: deterministic ``ClientToken`` plus a tag lookup; GCP:
-  ``request_id`` plus a label lookup). ``terminate`` of an instance that is already gone counts
-  as done.
+* **The launch rule (idempotency by request id).** The instances of a request are those that
+  carry its request id tag/label and are not ``TERMINATED`` (the same states ``list_instances``
+  returns: pending, running, stopping). A launch first finds them *in the cloud* (tag or label
+  lookup, never only the provider's memory) and then:
+
+  - ``found < count``: creates only the shortfall, ``count - found``, never more, and returns
+    the found and the created instances together;
+  - ``found >= count``: creates nothing, terminates nothing, and returns all ``found`` (when
+    ``found > count`` the surplus is logged as a likely leak; reconciling it is the caller's
+    decision, never the launch's).
+
+  So re-issuing a recorded launch after a crash (the first answer lost, a new provider object
+  over the same cloud) never duplicates and returns every instance of the request; re-issuing
+  it after some of its instances ended tops it back up to ``count``. Cloud idempotency tokens
+  (EC2 ``ClientToken``, GCE ``requestId``) only cover the window in which the lookup may not
+  see fresh instances yet; they never replace the lookup. ``launch_shortfall`` states the rule
+  in code. ``terminate`` of an instance that is already gone counts as done.
+* **One pool walk.** Every provider places the shortfall with ``providers.capacity.walk_pools``:
+  pools marked unavailable are skipped without a call and reported with an
+  ``InsufficientCapacityError`` whose code is ``SKIPPED_UNAVAILABLE_CODE``; pools that report
+  no capacity, or fill only part of what they were asked, are marked unavailable.
 * **Partial success is normal.** ``launch`` fills as much of ``count`` as it can from the
   request's pools and reports a typed error per pool that failed; it raises only when the
   request itself is invalid (``InvalidRequestError``, before any cloud call) or the provider is
   unreachable/unauthorised.
 * **Capacity errors fail fast.** A pool that reported no capacity is marked unavailable for a
-  while (``providers.capacity.UnavailableOfferings``); later launches skip it (reporting
-  ``InsufficientCapacityError`` without a cloud call) instead of retrying it in a hot loop.
+  while (``providers.capacity.UnavailableOfferings``); later launches skip it (see the pool
+  walk above) instead of retrying it in a hot loop.
 * **Eventually consistent.** ``list_instances`` reflects the cloud's view, which may lag a
   launch or terminate by seconds; callers reconcile against it and never assume.
 * **Injected clock.** Providers that wait or retry take an ``autoscaler.clock.Clock``.
@@ -24,6 +41,7 @@ Rules that hold for every method of every provider:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -31,6 +49,8 @@ from typing import Protocol, runtime_checkable
 
 from providers.errors import InvalidRequestError, ProviderError
 from providers.tags import validate_id, validate_user_tags
+
+log = logging.getLogger(__name__)
 
 
 class Market(StrEnum):
@@ -111,8 +131,9 @@ class LaunchRequest:
 
     ``offerings`` are the acceptable pools (e.g. several types/zones for a spot fleet); the
     provider chooses among them by its strategy and fills what it can. ``request_id`` names the
-    intent: the same id twice launches once. ``user_data`` is the agent start-up data handed to
-    the instance (cloud-init / startup-script / local agent argv).
+    intent: re-issuing it creates only what the cloud lacks of ``count`` (the launch rule).
+    ``user_data`` is the agent start-up data handed to the instance (cloud-init /
+    startup-script / local agent argv).
     """
 
     request_id: str
@@ -161,8 +182,9 @@ class PoolError:
 class LaunchResult:
     """Outcome of a launch: the instances that exist for the request, and per-pool errors.
 
-    ``instances`` includes instances found from an earlier call with the same request id.
-    ``fulfilled`` is true when ``len(instances) >= requested``.
+    ``instances`` includes instances found from an earlier call with the same request id (all
+    of them, also when there are more than ``requested``: see the launch rule in the module
+    docstring). ``fulfilled`` is true when ``len(instances) >= requested``.
     """
 
     request_id: str
@@ -227,11 +249,12 @@ class Provider(Protocol):
         ...
 
     def launch(self, request: LaunchRequest) -> LaunchResult:
-        """Create up to ``request.count`` instances; idempotent by ``request.request_id``.
+        """Bring the request's instances up to ``request.count`` (the launch rule, module doc).
 
         Validates the request first (``InvalidRequestError`` before any cloud call, also for an
-        offering this provider does not have). Returns created + pre-existing instances for the
-        request id and one ``PoolError`` per pool that failed or was skipped.
+        offering this provider does not have). Creates only ``launch_shortfall(request,
+        found)``; returns the found and the created instances of the request id, and one
+        ``PoolError`` per pool that failed or was skipped.
         """
         ...
 
@@ -263,3 +286,21 @@ def find_offering(offerings: Sequence[Offering], wanted: Offering) -> Offering:
         if o.key == wanted.key:
             return o
     raise InvalidRequestError(f"unknown offering {wanted.key!r} for this provider")
+
+
+def launch_shortfall(request: LaunchRequest, found: Sequence[Instance]) -> int:
+    """How many instances a launch of ``request`` creates, given the request's instances
+    ``found`` in the cloud: ``count`` minus the non-terminated ones, never below zero.
+
+    ``found`` beyond ``count`` is logged as a likely leak (and left alone).
+    """
+    live = sum(1 for i in found if i.state is not InstanceState.TERMINATED)
+    if live > request.count:
+        log.warning(
+            "request %s asked for %d instances but %d exist: creating none, terminating none "
+            "(likely a leak or a reused request id)",
+            request.request_id,
+            request.count,
+            live,
+        )
+    return max(0, request.count - live)

@@ -27,6 +27,8 @@ What the "cloud" side records, and what tests can steer:
 * ``add_foreign_instance()`` — an instance not owned by any coadapt cluster (or owned by
   another one, given its tags): never listed, refused by ``terminate``.
 * ``reset()`` — back to the state right after construction.
+* ``restarted()`` — a new adapter over the same cloud, as a controller restarted after a crash
+  builds it (shares the cloud's state, none of the adapter's).
 
 Launch fills the request's pools in the order given (the caller's preference). Not thread-safe:
 one controller (or one simulator) drives one instance.
@@ -34,6 +36,7 @@ one controller (or one simulator) drives one instance.
 
 from __future__ import annotations
 
+import copy
 import heapq
 import itertools
 import random
@@ -54,12 +57,12 @@ from providers.base import (
     LaunchResult,
     Market,
     Offering,
-    PoolError,
     SpotPrice,
     TerminateResult,
     find_offering,
+    launch_shortfall,
 )
-from providers.capacity import UnavailableOfferings
+from providers.capacity import Placement, UnavailableOfferings, walk_pools
 from providers.errors import (
     AuthError,
     InstanceNotFoundError,
@@ -214,6 +217,19 @@ class FakeProvider:
         self._unavailable.clear()
         self._init_state()
 
+    def restarted(self) -> FakeProvider:
+        """A new adapter over this same cloud, as a restarted controller builds it.
+
+        Shares the cloud's state with this object (instances, the request-id tag index,
+        capacity, prices, call records, injected errors, notices) and none of the adapter's: a
+        fresh unavailable-offerings cache and retry randomness. ``reset()`` on either one
+        detaches them.
+        """
+        twin = copy.copy(self)  # shallow: the cloud's containers are shared, not copied
+        twin._unavailable = UnavailableOfferings(self._clock)
+        twin._rng = random.Random(self._seed)
+        return twin
+
     def set_capacity(self, pool_key: str, instances: int | None) -> None:
         """At most ``instances`` live instances in ``pool_key`` from now on (None: unlimited)."""
         self._offering(pool_key)
@@ -316,7 +332,9 @@ class FakeProvider:
         ]
 
     def launch(self, request: LaunchRequest) -> LaunchResult:
-        """Fill ``request.count`` from the request's pools in order; idempotent by request id.
+        """The launch rule of ``providers.base``: create only the shortfall of the request's
+        live instances (found by the cloud's request-id index), pools tried in order through
+        ``walk_pools``.
 
         Pools marked unavailable are skipped with a capacity ``PoolError`` and no call. A pool
         that runs dry yields what it had, a capacity ``PoolError``, and a mark.
@@ -326,55 +344,45 @@ class FakeProvider:
         tags = MappingProxyType(all_tags(request.cluster_id, request.request_id, request.tags))
         self._advance()
         key = (request.cluster_id, request.request_id)
-        if key in self._by_request:
-            known = [self._records[i] for i in self._by_request[key] if i in self._records]
-            return LaunchResult(
-                request.request_id, request.count, tuple(self._instance(r) for r in known)
-            )
-        created: list[_Record] = []
-        errors: list[PoolError] = []
-        for pool in pools:
-            if self._unavailable.is_unavailable(pool.key):
-                errors.append(PoolError(pool.key, _skipped(pool.key)))
-                continue
-            wanted = request.count - len(created)
-            if wanted == 0:
-                continue
-            try:
-                batch = call_with_retries(
-                    partial(self._cloud_run, pool, wanted, tags),
-                    clock=self._clock,
-                    policy=self._retry_policy,
-                    rng=self._rng,
-                )
-            except AuthError:
-                raise
-            except ProviderError as err:
-                if isinstance(err, InsufficientCapacityError):
-                    self._unavailable.mark(pool.key)
-                errors.append(PoolError(pool.key, err))
-                continue
-            created.extend(batch)
-            if len(batch) < wanted:
-                self._unavailable.mark(pool.key)
-                errors.append(
-                    PoolError(
-                        pool.key,
-                        InsufficientCapacityError(
-                            f"pool {pool.key} ran dry after {len(batch)} of {wanted}",
-                            code="InsufficientInstanceCapacity",
-                            pool=pool.key,
-                        ),
-                    )
-                )
-        if created:
-            self._by_request[key] = [r.instance_id for r in created]
+        found = [
+            self._instance(self._records[i])
+            for i in self._by_request.get(key, ())
+            if i in self._records
+        ]
+        found = [i for i in found if i.state is not InstanceState.TERMINATED]
+        missing = launch_shortfall(request, found)
+        if missing == 0:
+            return LaunchResult(request.request_id, request.count, tuple(found))
+        walk = walk_pools(pools, missing, self._unavailable, partial(self._place, tags))
+        if found or walk.created:  # the index keeps only the request's live instances
+            self._by_request[key] = [i.instance_id for i in found] + [
+                r.instance_id for r in walk.created
+            ]
         return LaunchResult(
             request.request_id,
             request.count,
-            tuple(self._instance(r) for r in created),
-            tuple(errors),
+            (*found, *(self._instance(r) for r in walk.created)),
+            walk.errors,
         )
+
+    def _place(
+        self, tags: Mapping[str, str], pools: Sequence[Offering], wanted: int
+    ) -> Placement[_Record]:
+        """One pool attempt of the walk (``RunInstances`` with ``MaxCount``), with retries of
+        transient errors; ``AuthError`` raises, other errors are the pool's."""
+        (pool,) = pools
+        try:
+            batch = call_with_retries(
+                partial(self._cloud_run, pool, wanted, tags),
+                clock=self._clock,
+                policy=self._retry_policy,
+                rng=self._rng,
+            )
+        except AuthError:
+            raise
+        except ProviderError as err:
+            return Placement(errors={pool.key: err})
+        return Placement(tuple(batch))
 
     def list_instances(self, cluster_id: str) -> Sequence[Instance]:
         validate_id(cluster_id, field="cluster_id")
@@ -566,11 +574,3 @@ class FakeProvider:
         cluster = rec.cluster_tag
         if cluster is not None:  # nobody can read notices of untagged instances
             self._notices.setdefault(cluster, []).append(notice)
-
-
-def _skipped(pool_key: str) -> InsufficientCapacityError:
-    return InsufficientCapacityError(
-        f"pool {pool_key} is marked unavailable after a recent capacity error; skipped",
-        code="skipped-unavailable",
-        pool=pool_key,
-    )

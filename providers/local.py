@@ -67,12 +67,12 @@ from providers.base import (
     LaunchResult,
     Market,
     Offering,
-    PoolError,
     SpotPrice,
     TerminateResult,
     find_offering,
+    launch_shortfall,
 )
-from providers.capacity import UnavailableOfferings
+from providers.capacity import Placement, UnavailableOfferings, walk_pools
 from providers.errors import (
     InstanceNotFoundError,
     InsufficientCapacityError,
@@ -458,66 +458,76 @@ class LocalProvider:
         ]
 
     def launch(self, request: LaunchRequest) -> LaunchResult:
-        """Start up to ``request.count`` agents, filling the request's pools in order.
+        """The launch rule of ``providers.base``: start agents only for the shortfall of the
+        request's live instances (read from ``state_dir``), pools tried in order through
+        ``walk_pools``, all under the state lock.
 
-        Idempotent by (cluster id, request id): if the request already produced instances,
-        returns them (in their current state) and starts nothing.
+        The found and the started instances are returned (in their current state).
         """
         request.validate()
         pools = [find_offering(list(self._catalogue.values()), o) for o in request.offerings]
         tags = MappingProxyType(all_tags(request.cluster_id, request.request_id, request.tags))
         with self._locked():
             records = self._refresh(self._scan())
-            existing = sorted(
-                (
-                    r
-                    for r in records.values()
-                    if self._owns(r, request.cluster_id)
-                    and r.request_id == request.request_id
-                    and r.end_reason is not EndReason.NEVER_STARTED
-                ),
-                key=lambda r: (r.created_at_s, r.instance_id),
-            )
-            if existing:
-                return LaunchResult(
-                    request.request_id, request.count, tuple(self._instance(r) for r in existing)
-                )
+            found = [
+                self._instance(r)
+                for r in sorted(records.values(), key=lambda r: (r.created_at_s, r.instance_id))
+                if r.live
+                and self._owns(r, request.cluster_id)
+                and r.request_id == request.request_id
+            ]
+            missing = launch_shortfall(request, found)
+            if missing == 0:
+                return LaunchResult(request.request_id, request.count, tuple(found))
             live = [r for r in records.values() if r.live]
-            used_slots = sum(r.offering.gpus for r in live)
-            per_pool = Counter(r.offering.key for r in live)
-            created: list[LocalRecord] = []
-            errors: list[PoolError] = []
-            for pool in pools:
-                if self._unavailable.is_unavailable(pool.key):
-                    errors.append(PoolError(pool.key, _capacity_error(pool.key, skipped=True)))
-                    continue
-                wanted = request.count - len(created)
-                if wanted == 0:
-                    continue
-                self.op_counts["attempt"] += 1
-                self.launch_attempts[pool.key] += 1
-                room = (self._max_gpu_slots - used_slots) // pool.gpus
-                cap = self._pool_capacity.get(pool.key)
-                if cap is not None:
-                    room = min(room, cap - per_pool[pool.key])
-                n = max(0, min(room, wanted))
-                try:
-                    for _ in range(n):
-                        created.append(self._start(pool, tags, request.user_data))
-                        used_slots += pool.gpus
-                        per_pool[pool.key] += 1
-                except ProviderError as err:
-                    errors.append(PoolError(pool.key, err))
-                    continue
-                if n < wanted:
-                    self._unavailable.mark(pool.key)
-                    errors.append(PoolError(pool.key, _capacity_error(pool.key, skipped=False)))
+            budget = _SlotBudget(
+                used_slots=sum(r.offering.gpus for r in live),
+                per_pool=Counter(r.offering.key for r in live),
+            )
+            walk = walk_pools(
+                pools,
+                missing,
+                self._unavailable,
+                lambda batch, wanted: self._place(batch, wanted, tags, request.user_data, budget),
+            )
             return LaunchResult(
                 request.request_id,
                 request.count,
-                tuple(self._instance(r) for r in created),
-                tuple(errors),
+                (*found, *(self._instance(r) for r in walk.created)),
+                walk.errors,
             )
+
+    def _place(
+        self,
+        pools: Sequence[Offering],
+        wanted: int,
+        tags: Mapping[str, str],
+        user_data: str,
+        budget: _SlotBudget,
+    ) -> Placement[LocalRecord]:
+        """One pool attempt of the walk: start as many agents as the slot budget and the pool
+        limit allow (lock held). No room at all is the pool's capacity error."""
+        (pool,) = pools
+        self.op_counts["attempt"] += 1
+        self.launch_attempts[pool.key] += 1
+        room = (self._max_gpu_slots - budget.used_slots) // pool.gpus
+        cap = self._pool_capacity.get(pool.key)
+        if cap is not None:
+            room = min(room, cap - budget.per_pool[pool.key])
+        n = max(0, min(room, wanted))
+        if n == 0:
+            return Placement(errors={pool.key: _capacity_error(pool.key)})
+        started: list[LocalRecord] = []
+        try:
+            for _ in range(n):
+                started.append(self._start(pool, tags, user_data))
+                budget.used_slots += pool.gpus
+                budget.per_pool[pool.key] += 1
+        except ProviderError as err:
+            return Placement(tuple(started), errors={pool.key: err})
+        if n < wanted:
+            return Placement(tuple(started), errors={pool.key: _capacity_error(pool.key)})
+        return Placement(tuple(started))
 
     def list_instances(self, cluster_id: str) -> Sequence[Instance]:
         validate_id(cluster_id, field="cluster_id")
@@ -890,11 +900,17 @@ def _owned(pid: int, rec: LocalRecord) -> bool:
     return _carries_marker(pid, rec.instance_id) or is_agent_process(pid, rec.instance_id)
 
 
-def _capacity_error(pool_key: str, *, skipped: bool) -> InsufficientCapacityError:
-    if skipped:
-        message = f"pool {pool_key} is marked unavailable after a recent capacity error; skipped"
-        code = "skipped-unavailable"
-    else:
-        message = f"no local capacity left in pool {pool_key} (GPU slots or pool limit)"
-        code = "local-capacity"
-    return InsufficientCapacityError(message, code=code, pool=pool_key)
+@dataclass
+class _SlotBudget:
+    """GPU slots and per-pool instances in use during one launch (mutated as agents start)."""
+
+    used_slots: int
+    per_pool: Counter[str]
+
+
+def _capacity_error(pool_key: str) -> InsufficientCapacityError:
+    return InsufficientCapacityError(
+        f"no local capacity left in pool {pool_key} (GPU slots or pool limit)",
+        code="local-capacity",
+        pool=pool_key,
+    )

@@ -3,8 +3,8 @@
 Modules: ``config`` (``AwsConfig``), ``catalog`` (on-demand prices, GPU names), ``errors`` (AWS
 codes -> typed errors), ``events`` (pure parsers of IMDS and EventBridge notices), ``imds``
 (node-side IMDSv2 poller, standard library only), ``interruptions`` (EventBridge -> SQS
-consumer), ``provider`` (``AwsProvider``), ``testing`` (moto server helpers for tests and
-benchmarks).
+consumer), ``provider`` (``AwsProvider``). The moto server helpers for tests and benchmarks are
+dev-only: ``emulators.aws_moto``, not installed with the package.
 
 boto3/botocore are imported only when a client is built or an SDK error is translated, so
 ``import providers.aws`` and the pure modules (config, catalog, events, imds) work without

@@ -21,17 +21,21 @@ injected clock):
 Idempotency of ``launch``
 -------------------------
 
-The request id is a tag on every instance. A launch first lists the instances tagged with it
-and creates only ``count - found`` (``found > count`` is refused: nothing is created and the
-surplus is logged as a likely leak). The ``ClientToken`` is a SHA-256 of (cluster, request,
-pools tried, instances already found, count asked, attempt generation): a retry after a crash
-whose instances are not yet visible to ``DescribeInstances`` (eventual consistency) repeats the
-same token and EC2 answers with the original instances instead of launching again. The
-generation goes up after a launch that reported pool errors, so a later retry after capacity
-comes back is a new request, not a replay of the old failure. Known gap: if a retry sees only
-*some* of the earlier instances (partial visibility), the missing count differs, so does the
-token, and the retry may launch a few too many; the next launch with that id then finds more
-than it asked for, logs it, and creates nothing.
+The launch rule of ``providers.base``: the request id is a tag on every instance; a launch
+first lists the live instances tagged with it and creates only ``count - found``
+(``launch_shortfall``; ``found >= count`` creates nothing, and a surplus is logged as a likely
+leak), placed by ``providers.capacity.walk_pools`` (``CreateFleet``: one call over the usable
+pools; ``RunInstances``: pool by pool, cheapest first).
+
+The ``ClientToken`` is a SHA-256 of (cluster, request, pools tried, instances already found,
+count asked, attempt generation): a retry after a crash whose instances are not yet visible to
+``DescribeInstances`` (eventual consistency) repeats the same token and EC2 answers with the
+original instances instead of launching again. The generation goes up after a launch that
+reported pool errors, so a later retry after capacity comes back is a new request, not a replay
+of the old failure. Known gap: if a retry sees only *some* of the earlier instances (partial
+visibility), the missing count differs, so does the token, and the retry may launch a few too
+many; the next launch with that id then finds more than it asked for, logs it, and creates
+nothing.
 
 Tags
 ----
@@ -48,7 +52,6 @@ import base64
 import contextlib
 import hashlib
 import json
-import logging
 import random
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -71,11 +74,11 @@ from providers.base import (
     LaunchResult,
     Market,
     Offering,
-    PoolError,
     SpotPrice,
     TerminateResult,
+    launch_shortfall,
 )
-from providers.capacity import UnavailableOfferings
+from providers.capacity import Placement, UnavailableOfferings, walk_pools
 from providers.errors import (
     InstanceNotFoundError,
     InsufficientCapacityError,
@@ -93,8 +96,6 @@ from providers.tags import (
     is_owned_by,
     validate_id,
 )
-
-log = logging.getLogger(__name__)
 
 PROVIDER_NAME = "aws"
 LIVE_EC2_STATES = ("pending", "running", "stopping", "stopped", "shutting-down")
@@ -598,8 +599,8 @@ class AwsProvider:
 
         Order: validate (``InvalidRequestError``, no call; the catalogue is read once per
         provider, so only a provider's very first call may read it) -> list instances already
-        tagged with the request id -> skip pools marked unavailable (typed capacity error, no
-        call) -> launch the missing count -> mark pools that reported capacity errors.
+        tagged with the request id -> ``walk_pools`` over the shortfall (skip pools marked
+        unavailable, launch, mark pools that reported capacity errors or filled short).
         Auth failures, exhausted transient retries and requests EC2 calls malformed raise;
         capacity and quota errors are reported per pool.
         """
@@ -621,56 +622,37 @@ class AwsProvider:
                 request.cluster_id,
                 [{"Name": f"tag:{REQUEST_ID_TAG}", "Values": [request.request_id]}],
             )
-            if len(existing) >= request.count:
-                if len(existing) > request.count:
-                    log.warning(
-                        "request %s asked for %d instances but %d exist: creating none "
-                        "(likely a leak or a reused request id)",
-                        request.request_id,
-                        request.count,
-                        len(existing),
-                    )
+            missing = launch_shortfall(request, existing)
+            if missing == 0:
                 return LaunchResult(request.request_id, request.count, tuple(existing))
 
-            errors: dict[str, ProviderError] = {}
-            usable: list[Offering] = []
-            for offering in pools:
-                if self.unavailable.is_unavailable(offering.key):
-                    errors[offering.key] = InsufficientCapacityError(
-                        f"{offering.key} recently reported no capacity; skipped without a call",
-                        code="MarkedUnavailable",
-                        pool=offering.key,
-                    )
-                else:
-                    usable.append(offering)
-
-            created: list[Instance] = []
-            if usable:
-                missing = request.count - len(existing)
-                gen_key = f"{request.cluster_id}/{request.request_id}"
-                generation = self._generations.get(gen_key, 0)
-                if self.config.launch_api is LaunchApi.CREATE_FLEET:
-                    created, pool_errors = self._launch_fleet(
-                        request, usable, missing, len(existing), tags, generation
-                    )
-                else:
-                    created, pool_errors = self._launch_run_instances(
-                        request, usable, missing, len(existing), tags, generation
-                    )
-                for key, err in pool_errors.items():
-                    if isinstance(err, InsufficientCapacityError):
-                        self.unavailable.mark(key)
-                    errors.setdefault(key, err)
-                if pool_errors:
-                    self._bump_generation(gen_key)
+            gen_key = f"{request.cluster_id}/{request.request_id}"
+            generation = self._generations.get(gen_key, 0)
+            if self.config.launch_api is LaunchApi.CREATE_FLEET:
+                walk = walk_pools(
+                    pools,
+                    missing,
+                    self.unavailable,
+                    lambda usable, n: self._launch_fleet(
+                        request, usable, n, request.count - n, tags, generation
+                    ),
+                    together=True,
+                )
+            else:
+                walk = walk_pools(
+                    self._by_price(pools),
+                    missing,
+                    self.unavailable,
+                    lambda pool, n: self._run_instances(pool[0], request, n, tags, generation),
+                )
+            if walk.call_errors:
+                self._bump_generation(gen_key)
             order = {o.key: n for n, o in enumerate(request.offerings)}
             return LaunchResult(
                 request_id=request.request_id,
                 requested=request.count,
-                instances=tuple({i.instance_id: i for i in (*existing, *created)}.values()),
-                errors=tuple(
-                    PoolError(k, errors[k]) for k in sorted(errors, key=lambda k: order.get(k, 0))
-                ),
+                instances=tuple({i.instance_id: i for i in (*existing, *walk.created)}.values()),
+                errors=tuple(sorted(walk.errors, key=lambda e: order.get(e.pool_key, 0))),
             )
 
     def _bump_generation(self, key: str) -> None:
@@ -733,7 +715,8 @@ class AwsProvider:
         existing: int,
         tags: Mapping[str, str],
         generation: int,
-    ) -> tuple[list[Instance], dict[str, ProviderError]]:
+    ) -> Placement[Instance]:
+        """One instant ``CreateFleet`` over the usable pools (the walk's ``together`` call)."""
         market = request.market
         template = self._fleet_template(request.cluster_id, request.user_data)
         overrides = []
@@ -781,8 +764,9 @@ class AwsProvider:
         try:
             response = self._caller.call(self.ec2, "create_fleet", params)
         except ProviderError as err:
-            return [], self._whole_call_errors(err, pools)
-        return self._read_fleet_response(response, pools, market, tags)
+            return Placement(errors=self._whole_call_errors(err, pools))
+        created, errors = self._read_fleet_response(response, pools, market, tags)
+        return Placement(tuple(created), errors=errors)
 
     def _read_fleet_response(
         self,
@@ -919,16 +903,8 @@ class AwsProvider:
 
     # -- RunInstances ----------------------------------------------------------------------
 
-    def _launch_run_instances(
-        self,
-        request: LaunchRequest,
-        pools: Sequence[Offering],
-        missing: int,
-        existing: int,
-        tags: Mapping[str, str],
-        generation: int,
-    ) -> tuple[list[Instance], dict[str, ProviderError]]:
-        """``RunInstances`` pool by pool, cheapest known price first, until ``missing`` exist."""
+    def _by_price(self, pools: Sequence[Offering]) -> list[Offering]:
+        """``pools`` cheapest known price first (unknown prices last, ties in request order)."""
         catalogue = self._load_catalogue()
         priced = {o.key: o.price_usd_per_hour for o in catalogue.offerings.values()}
         for price in self._spot_prices or []:
@@ -939,83 +915,83 @@ class AwsProvider:
             range(len(pools)),
             key=lambda n: (priced.get(pools[n].key) is None, priced.get(pools[n].key) or 0.0, n),
         )
-        created: list[Instance] = []
-        errors: dict[str, ProviderError] = {}
-        for n in order:
-            remaining = missing - len(created)
-            if remaining <= 0:
-                break
-            offering = pools[n]
-            params: dict[str, Any] = {
-                "MinCount": 1,
-                "MaxCount": remaining,
-                "InstanceType": offering.instance_type,
-                "ClientToken": self._token(
-                    request, [offering.key], existing + len(created), remaining, generation
-                ),
-                "TagSpecifications": [
-                    {"ResourceType": "instance", "Tags": _tag_list(tags)},
-                    {"ResourceType": "volume", "Tags": _tag_list(tags)},
-                ],
-                "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
+        return [pools[n] for n in order]
+
+    def _run_instances(
+        self,
+        offering: Offering,
+        request: LaunchRequest,
+        remaining: int,
+        tags: Mapping[str, str],
+        generation: int,
+    ) -> Placement[Instance]:
+        """One ``RunInstances`` (``MinCount`` 1, ``MaxCount`` ``remaining``) into one pool.
+
+        EC2 launches as many as it can up to ``MaxCount``: a short count means the pool ran dry,
+        which the walk reports as that pool's capacity error. Capacity and quota errors are
+        the pool's; any other error raises.
+        """
+        params: dict[str, Any] = {
+            "MinCount": 1,
+            "MaxCount": remaining,
+            "InstanceType": offering.instance_type,
+            "ClientToken": self._token(
+                request, [offering.key], request.count - remaining, remaining, generation
+            ),
+            "TagSpecifications": [
+                {"ResourceType": "instance", "Tags": _tag_list(tags)},
+                {"ResourceType": "volume", "Tags": _tag_list(tags)},
+            ],
+            "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
+        }
+        placement = self._placement_of(offering)
+        if "SubnetId" in placement:
+            params["SubnetId"] = placement["SubnetId"]
+        else:
+            params["Placement"] = {"AvailabilityZone": placement["AvailabilityZone"]}
+        if self.config.launch_template is not None:
+            params["LaunchTemplate"] = self.config.launch_template.as_spec()
+        else:
+            params["ImageId"] = self.config.image_id
+            params["InstanceInitiatedShutdownBehavior"] = "terminate"
+            if self.config.security_group_ids:
+                params["SecurityGroupIds"] = list(self.config.security_group_ids)
+            if self.config.iam_instance_profile_arn:
+                params["IamInstanceProfile"] = {"Arn": self.config.iam_instance_profile_arn}
+            if self.config.key_name:
+                params["KeyName"] = self.config.key_name
+        if request.user_data:
+            params["UserData"] = request.user_data  # boto3 base64-encodes it
+        if request.market is Market.SPOT:
+            spot_options: dict[str, Any] = {
+                "SpotInstanceType": "one-time",
+                "InstanceInterruptionBehavior": "terminate",
             }
-            placement = self._placement_of(offering)
-            if "SubnetId" in placement:
-                params["SubnetId"] = placement["SubnetId"]
-            else:
-                params["Placement"] = {"AvailabilityZone": placement["AvailabilityZone"]}
-            if self.config.launch_template is not None:
-                params["LaunchTemplate"] = self.config.launch_template.as_spec()
-            else:
-                params["ImageId"] = self.config.image_id
-                params["InstanceInitiatedShutdownBehavior"] = "terminate"
-                if self.config.security_group_ids:
-                    params["SecurityGroupIds"] = list(self.config.security_group_ids)
-                if self.config.iam_instance_profile_arn:
-                    params["IamInstanceProfile"] = {"Arn": self.config.iam_instance_profile_arn}
-                if self.config.key_name:
-                    params["KeyName"] = self.config.key_name
-            if request.user_data:
-                params["UserData"] = request.user_data  # boto3 base64-encodes it
-            if request.market is Market.SPOT:
-                spot_options: dict[str, Any] = {
-                    "SpotInstanceType": "one-time",
-                    "InstanceInterruptionBehavior": "terminate",
-                }
-                if self.config.spot_max_price_usd_per_hour is not None:
-                    spot_options["MaxPrice"] = f"{self.config.spot_max_price_usd_per_hour:.5f}"
-                params["InstanceMarketOptions"] = {
-                    "MarketType": "spot",
-                    "SpotOptions": spot_options,
-                }
-            try:
-                response = self._caller.call(self.ec2, "run_instances", params, pool=offering.key)
-            except ProviderError as err:
-                if isinstance(err, InsufficientCapacityError | QuotaExceededError):
-                    errors[offering.key] = err
-                    continue
-                raise
-            launched = response.get("Instances", []) or []
-            if len(launched) < remaining:
-                # EC2 launches as many as it can up to MaxCount: a short count means the pool
-                # ran dry, which is a capacity error for it (no retry in place).
-                errors[offering.key] = InsufficientCapacityError(
-                    f"{offering.key}: EC2 launched {len(launched)} of {remaining}",
-                    code="PartialFulfillment",
-                    pool=offering.key,
+            if self.config.spot_max_price_usd_per_hour is not None:
+                spot_options["MaxPrice"] = f"{self.config.spot_max_price_usd_per_hour:.5f}"
+            params["InstanceMarketOptions"] = {
+                "MarketType": "spot",
+                "SpotOptions": spot_options,
+            }
+        try:
+            response = self._caller.call(self.ec2, "run_instances", params, pool=offering.key)
+        except ProviderError as err:
+            if isinstance(err, InsufficientCapacityError | QuotaExceededError):
+                return Placement(errors={offering.key: err})
+            raise
+        created = []
+        for raw in response.get("Instances", []) or []:
+            instance = self._instance_from_aws(raw)
+            created.append(
+                replace(
+                    instance,
+                    tags={**dict(tags), **instance.tags},
+                    cluster_id=tags[CLUSTER_ID_TAG],
+                    request_id=tags[REQUEST_ID_TAG],
+                    market=request.market,
                 )
-            for raw in launched:
-                instance = self._instance_from_aws(raw)
-                created.append(
-                    replace(
-                        instance,
-                        tags={**dict(tags), **instance.tags},
-                        cluster_id=tags[CLUSTER_ID_TAG],
-                        request_id=tags[REQUEST_ID_TAG],
-                        market=request.market,
-                    )
-                )
-        return created, errors
+            )
+        return Placement(tuple(created))
 
     # --------------------------------------------------------------------- interruptions
 

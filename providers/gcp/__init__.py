@@ -6,8 +6,9 @@ google-cloud-compute is imported only inside this package and only on the first 
 Modules: ``config`` (``GcpConfig``, ``MachineSpec``), ``catalog`` (machine shapes and prices),
 ``naming`` (instance ids ``"<zone>/<name>"``, deterministic names and request ids),
 ``error_map`` (GCE errors -> typed errors), ``parse`` (REST JSON -> coadapt values),
-``metadata`` (node-side preemption watcher), ``provider`` (the adapter), ``fake_server`` (a fake
-Compute REST server for tests) and ``testing`` (ready-made fake environments).
+``metadata`` (node-side preemption watcher) and ``provider`` (the adapter). The fake Compute
+REST server and the ready-made fake environments are dev-only: ``emulators.gce_server`` and
+``emulators.gcp_env``, not installed with the package.
 """
 
 from providers.gcp.config import DEFAULT_MACHINES, GcpConfig, MachineSpec

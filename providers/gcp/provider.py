@@ -17,31 +17,37 @@ How each method works
 ``launch(request)``
     1. Validate (``InvalidRequestError`` before any call, also for an offering not in
        ``offerings()``).
-    2. List the request's instances by label (``coadapt-request-id``); the live ones count
-       toward ``count``. Only the missing number is created, under deterministic names
-       (``providers.gcp.naming``: cluster + request + index) that earlier attempts did not use.
-    3. Pools are tried in the request's order (the caller's preference); a pool in the
-       ``UnavailableOfferings`` cache is skipped with an ``InsufficientCapacityError`` and no
-       call. A pool gets one ``instances.bulkInsert`` (``perInstanceProperties`` = the names,
-       ``minCount`` 1, so a half-dry pool still fills what it can) with a UUID ``requestId``
-       derived from (cluster, request, pool, attempt); its zone operation is waited on
-       (``zoneOperations.wait``, bounded by ``operation_timeout_s`` on the injected clock).
-       What the pool could not place falls through to the next pool. With
-       ``use_bulk_insert=False`` the pool gets one ``instances.insert`` per name instead (the
-       first alone, as a capacity probe), each with its own ``requestId``.
+    2. The launch rule of ``providers.base``: list the request's instances by label
+       (``coadapt-request-id``); the ones not gone count toward ``count``
+       (``launch_shortfall``). Only the missing number is created, under deterministic names
+       (``providers.gcp.naming``: cluster + request + index) that neither an existing instance
+       nor an earlier attempt of this provider object used.
+    3. ``providers.capacity.walk_pools`` tries the pools in the request's order (the caller's
+       preference); a pool in the ``UnavailableOfferings`` cache is skipped with an
+       ``InsufficientCapacityError`` and no call. A pool gets one ``instances.bulkInsert``
+       (``perInstanceProperties`` = the names, ``minCount`` 1, so a half-dry pool still fills
+       what it can) with a UUID ``requestId`` derived from (cluster, request, pool, attempt,
+       names); its zone operation is waited on (``zoneOperations.wait``, bounded by
+       ``operation_timeout_s`` on the injected clock). What the pool could not place falls
+       through to the next pool; names whose operation timed out count as placed (uncertain),
+       so no other pool duplicates them. With ``use_bulk_insert=False`` the pool gets one
+       ``instances.insert`` per name instead (the first alone, as a capacity probe), each with
+       its own ``requestId``.
 
-       Idempotency, like EC2's ``ClientToken``: within GCE's 60-minute ``requestId`` window a
-       repeated launch of a request into a pool it already used replays the first operation
-       and creates nothing, even if an instance was lost since (a replacement is a new
-       intent: give it a new request id). After a *failed* operation the attempt counter moves
-       on, so a later retry of that pool is a real attempt. One provider object never reuses
-       a name (so never an instance id); deterministic names make GCE refuse duplicates
+       Idempotency: the label lookup is what prevents duplicates; GCE's 60-minute
+       ``requestId`` de-duplication only covers a retry whose instances the lookup cannot see
+       yet (the same shortfall asks for the same names, hence the same ``requestId``). A
+       different shortfall (an instance ended since) is a different intent, with other names
+       and another ``requestId``. After a *failed* operation the attempt counter moves on, so
+       a later retry of that pool is a real attempt. One provider object never reuses a name
+       (so never an instance id); deterministic names make GCE refuse duplicates
        (``alreadyExists``), and existing instances carrying our labels are then adopted.
     4. A capacity error (``ZONE_RESOURCE_POOL_EXHAUSTED*``, "does not have enough resources",
        or a partial bulk fill) marks the pool unavailable; quota, invalid and transient errors
        are reported for the pool without marking it. Auth errors, and failures of the initial
        listing (cloud unreachable), raise.
-    5. The result lists the request's live instances, re-read from the API after creating.
+    5. The result lists the request's instances that are not gone, re-read from the API after
+       creating.
 
 ``list_instances(cluster_id)``
     ``instances.aggregatedList`` (all zones, paginated) filtered server-side by
@@ -93,12 +99,12 @@ from providers.base import (
     LaunchResult,
     Market,
     Offering,
-    PoolError,
     SpotPrice,
     TerminateResult,
     find_offering,
+    launch_shortfall,
 )
-from providers.capacity import UnavailableOfferings
+from providers.capacity import Placement, UnavailableOfferings, walk_pools
 from providers.errors import (
     AuthError,
     InstanceNotFoundError,
@@ -136,7 +142,6 @@ from providers.tags import (
 
 T = TypeVar("T")
 
-LIVE_STATES = frozenset({InstanceState.PENDING, InstanceState.RUNNING})
 WAIT_CALL_MAX_S = 120.0  # zoneOperations.wait returns within 2 minutes, DONE or not
 WAIT_INDIVIDUALLY_MAX = 3  # per zone: up to this many operations are waited on one by one
 SOURCE_OPERATION = "gce-operation"
@@ -383,17 +388,18 @@ class GcpProvider:
     # ---------------------------------------------------------------- launch
 
     def launch(self, request: LaunchRequest) -> LaunchResult:
-        """Create what is missing of ``request.count`` (see the module docstring)."""
+        """The launch rule of ``providers.base``: create only the shortfall of the request's
+        live instances, found by label (see the module docstring)."""
         request.validate()
         catalogue = self.offerings()
         pools = [find_offering(catalogue, wanted) for wanted in request.offerings]
         labels = all_tags(request.cluster_id, request.request_id, request.tags)
 
         existing = self._list_owned(request.cluster_id, request.request_id)
-        live = [i for i in existing if i.state in LIVE_STATES]
-        missing = request.count - len(live)
-        if missing <= 0:
-            return LaunchResult(request.request_id, request.count, tuple(live))
+        found = [i for i in existing if i.state is not InstanceState.TERMINATED]
+        missing = launch_shortfall(request, found)
+        if missing == 0:
+            return LaunchResult(request.request_id, request.count, tuple(found))
 
         used = self._used_names.setdefault((request.cluster_id, request.request_id), set())
         taken = used | {naming.parse_instance_id(i.instance_id)[1] for i in existing}
@@ -405,36 +411,20 @@ class GcpProvider:
                 names.append(name)
             index += 1
 
-        errors: list[PoolError] = []
-        touched = False
-        for pool in pools:
-            if not names:
-                break
-            if self.unavailable.is_unavailable(pool.key):
-                errors.append(
-                    PoolError(
-                        pool.key,
-                        InsufficientCapacityError(
-                            f"{pool.key} recently had no capacity; skipped", pool=pool.key
-                        ),
-                    )
-                )
-                continue
-            touched = True
-            outcome = self._launch_pool(pool, request, labels, names)
+        def place(batch: Sequence[Offering], wanted: int) -> Placement[str]:
+            (pool,) = batch
+            chunk = names[:wanted]
+            outcome = self._launch_pool(pool, request, labels, chunk)
             used.update(outcome.created | outcome.uncertain)
-            names = [n for n in names if n not in outcome.created and n not in outcome.uncertain]
-            if outcome.error is not None:
-                if isinstance(outcome.error, AuthError):
-                    raise outcome.error
-                if isinstance(outcome.error, InsufficientCapacityError):
-                    self.unavailable.mark(pool.key)
-                errors.append(PoolError(pool.key, outcome.error))
+            names[:] = [n for n in names if n not in outcome.created | outcome.uncertain]
+            errors = {} if outcome.error is None else {pool.key: outcome.error}
+            return Placement(tuple(sorted(outcome.created)), len(outcome.uncertain), errors)
 
-        if touched:
+        walk = walk_pools(pools, missing, self.unavailable, place)
+        if walk.called:
             existing = self._list_owned(request.cluster_id, request.request_id)
-            live = [i for i in existing if i.state in LIVE_STATES]
-        return LaunchResult(request.request_id, request.count, tuple(live), tuple(errors))
+            found = [i for i in existing if i.state is not InstanceState.TERMINATED]
+        return LaunchResult(request.request_id, request.count, tuple(found), walk.errors)
 
     def _scheduling(self, market: Market) -> Any:
         compute = self._api.compute
@@ -564,6 +554,7 @@ class GcpProvider:
             request.request_id,
             pool.key,
             self._salt(request, pool),
+            *names,  # another shortfall is another intent, not a replay of this one
         )
         api_request = compute.BulkInsertInstanceRequest(
             project=self.config.project,
@@ -625,8 +616,23 @@ class GcpProvider:
     def _adopt_existing(
         self, pool: Offering, request: LaunchRequest, names: list[str]
     ) -> _PoolOutcome:
-        """Some names already exist in the zone: ours are adopted, foreign ones are an error."""
+        """Some names already exist in the zone: ours are adopted, foreign ones are an error.
+
+        Names of ``names`` that do not exist were not created by the refused call (GCE refuses
+        a bulkInsert with a taken name as a whole): a transient error for the pool, not a
+        capacity signal, and the walk moves them on to the next pool.
+        """
         present = self._names_present(pool, request, names)
+        if present and len(present) < len(names):
+            return _PoolOutcome(
+                present,
+                error=TransientError(
+                    f"{pool.key}: {len(names) - len(present)} instance names of request "
+                    f"{request.request_id} were taken concurrently; not created",
+                    code="alreadyExists",
+                    pool=pool.key,
+                ),
+            )
         if present:
             return _PoolOutcome(present)
         return _PoolOutcome(

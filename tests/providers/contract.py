@@ -53,6 +53,15 @@ The harness interface (stable; additions only)
 ``cloud_has_instance(instance_id) -> bool``
     True while the cloud holds that instance in a non-terminated state (pending, running),
     whoever owns it. Read directly from the cloud, not through the provider.
+``restarted_provider() -> Provider``
+    A new provider object over the same cloud, as a controller restarted after a crash builds
+    it: it shares nothing in memory with ``provider`` (capacity cache, names or tokens used,
+    attempt counters) except what the cloud itself holds. Instrumented like ``provider`` where
+    the cloud needs it to behave (e.g. moto's EC2 capacity hooks).
+``forget_idempotency_tokens() -> None``
+    The cloud forgets the idempotency tokens of every earlier call, as if their window had
+    passed (GCE ``requestId``: 60 minutes). A no-op where the cloud keeps none, which the
+    harness says.
 
 The contract itself is written in ``providers/base.py``; each test below names the rule it
 checks.
@@ -107,6 +116,10 @@ class ContractHarness(Protocol):
     def cloud_calls(self) -> int: ...
 
     def cloud_has_instance(self, instance_id: str) -> bool: ...
+
+    def restarted_provider(self) -> Provider: ...
+
+    def forget_idempotency_tokens(self) -> None: ...
 
 
 def new_request_id() -> str:
@@ -287,6 +300,102 @@ class ProviderContract:
         assert {i.instance_id for i in second.instances} == first_ids
         harness.settle()
         assert listed_ids(harness) == first_ids
+
+    # The launch rule of ``providers.base``: found < count creates only the shortfall and
+    # returns found + created; found >= count creates and ends nothing and returns all found.
+
+    def test_relaunch_with_a_larger_count_creates_only_the_shortfall(
+        self, harness: ContractHarness
+    ) -> None:
+        a, b = two_pools(harness)
+        request_id = new_request_id()
+        first = {i.instance_id for i in launch(harness, [a, b], 2, request_id=request_id).instances}
+        assert len(first) == 2
+        second = launch(harness, [a, b], 4, request_id=request_id)  # now 2 of 4: partly filled
+        ids = {i.instance_id for i in second.instances}
+        assert len(second.instances) == 4 and first <= ids
+        assert second.fulfilled and second.errors == ()
+        for instance in second.instances:
+            assert_owned(instance, harness, request_id)
+        harness.settle()
+        assert listed_ids(harness) == ids
+
+    def test_relaunch_after_an_instance_ended_tops_up_to_count(
+        self, harness: ContractHarness
+    ) -> None:
+        a, b = two_pools(harness)
+        request_id = new_request_id()
+        first = [i.instance_id for i in launch(harness, [a, b], 3, request_id=request_id).instances]
+        ended, *kept = first
+        harness.settle()
+        harness.provider.terminate(harness.cluster_id, [ended], new_request_id())
+        harness.settle()
+        again = launch(harness, [a, b], 3, request_id=request_id)
+        ids = {i.instance_id for i in again.instances}
+        assert len(ids) == 3 and set(kept) <= ids and ended not in ids
+        assert again.fulfilled
+        harness.settle()
+        assert listed_ids(harness) == ids
+
+    def test_relaunch_with_more_instances_than_count_creates_and_ends_nothing(
+        self, harness: ContractHarness
+    ) -> None:
+        a, b = two_pools(harness)
+        request_id = new_request_id()
+        first = {i.instance_id for i in launch(harness, [a, b], 3, request_id=request_id).instances}
+        harness.settle()
+        calls = (harness.cloud_launch_calls(a.key), harness.cloud_launch_calls(b.key))
+        again = launch(harness, [a, b], 2, request_id=request_id)
+        assert {i.instance_id for i in again.instances} == first, "all of them are returned"
+        assert again.fulfilled and again.errors == ()
+        assert (harness.cloud_launch_calls(a.key), harness.cloud_launch_calls(b.key)) == calls
+        harness.settle()
+        assert listed_ids(harness) == first
+        assert all(harness.cloud_has_instance(i) for i in first), "launch ended an instance"
+
+    def test_relaunch_after_the_cloud_forgot_its_idempotency_tokens(
+        self, harness: ContractHarness
+    ) -> None:
+        a, b = two_pools(harness)
+        request_id = new_request_id()
+        first = {i.instance_id for i in launch(harness, [a, b], 2, request_id=request_id).instances}
+        harness.settle()
+        harness.forget_idempotency_tokens()
+        again = launch(harness, [a, b], 2, request_id=request_id)
+        assert {i.instance_id for i in again.instances} == first
+        harness.settle()
+        assert listed_ids(harness) == first, "the request-id lookup did not prevent a duplicate"
+        harness.forget_idempotency_tokens()
+        more = launch(harness, [a, b], 3, request_id=request_id)
+        ids = {i.instance_id for i in more.instances}
+        assert len(ids) == 3 and first <= ids
+        harness.settle()
+        assert listed_ids(harness) == ids
+
+    @pytest.mark.parametrize("tokens", ["kept", "forgotten"])
+    def test_relaunch_after_a_crash_before_the_answer_was_recorded(
+        self, harness: ContractHarness, tokens: str
+    ) -> None:
+        a, b = two_pools(harness)
+        request = LaunchRequest(
+            request_id=new_request_id(),
+            cluster_id=harness.cluster_id,
+            offerings=(a, b),
+            count=3,
+        )
+        harness.provider.launch(request)  # the controller dies before it records the answer
+        if tokens == "forgotten":
+            harness.settle()
+            harness.forget_idempotency_tokens()
+        restarted = harness.restarted_provider()
+        again = restarted.launch(request)  # the recorded intent, re-issued after the restart
+        ids = {i.instance_id for i in again.instances}
+        assert len(ids) == 3 and again.fulfilled
+        for instance in again.instances:
+            assert_owned(instance, harness, request.request_id)
+        harness.settle()
+        assert listed_ids(harness) == ids, "the re-issued launch duplicated instances"
+        assert {i.instance_id for i in restarted.list_instances(harness.cluster_id)} == ids
 
     def test_distinct_requests_launch_distinct_instances(self, harness: ContractHarness) -> None:
         a, _ = two_pools(harness)

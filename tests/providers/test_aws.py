@@ -2,7 +2,7 @@
 
 Where each kind of test gets its AWS:
 
-* **moto server** (real boto3 over HTTP to ``providers.aws.testing.shared_moto_server``):
+* **moto server** (real boto3 over HTTP to ``emulators.aws_moto.shared_moto_server``):
   catalogue, launch tags, ownership filters, batching, EventBridge -> SQS interruptions.
 * **botocore Stubber** on the provider's real client, for what moto does not model: capacity
   and quota errors in a partial ``CreateFleet`` answer, throttling/5xx retries,
@@ -519,8 +519,7 @@ pytest.importorskip("moto")
 
 from botocore.stub import ANY, Stubber  # noqa: E402
 
-from providers.aws.provider import AwsProvider, client_token  # noqa: E402
-from providers.aws.testing import (  # noqa: E402
+from emulators.aws_moto import (  # noqa: E402
     ApiCallCounter,
     CapacityModel,
     MotoServer,
@@ -533,6 +532,7 @@ from providers.aws.testing import (  # noqa: E402
     send_ec2_event,
     shared_moto_server,
 )
+from providers.aws.provider import AwsProvider, client_token  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ which is exactly what the contract checks.
 What moto does not model, and how this harness covers it (all on the provider's *real*
 botocore client, through botocore event hooks; no coadapt code is patched):
 
-* capacity errors: ``exhaust_pool`` uses ``providers.aws.testing.CapacityModel`` (which also
+* capacity errors: ``exhaust_pool`` uses ``emulators.aws_moto.CapacityModel`` (which also
   makes moto's ``RunInstances`` launch ``MaxCount`` like EC2, where moto launches ``MinCount``). For
   ``CreateFleet`` the dry pool's override is taken out of the request before it is sent and an
   EC2-shaped ``InsufficientInstanceCapacity`` entry is added to the response's ``Errors`` (a
@@ -36,9 +36,7 @@ pytest.importorskip("boto3")
 pytest.importorskip("moto")
 
 from autoscaler.clock import FakeClock
-from providers.aws.config import LaunchApi
-from providers.aws.provider import AwsProvider
-from providers.aws.testing import (
+from emulators.aws_moto import (
     ApiCallCounter,
     CapacityModel,
     MotoServer,
@@ -49,6 +47,8 @@ from providers.aws.testing import (
     send_spot_warning,
     shared_moto_server,
 )
+from providers.aws.config import LaunchApi
+from providers.aws.provider import AwsProvider
 from providers.base import Market, Offering
 from providers.tags import CLUSTER_ID_TAG, MANAGED_BY_TAG, MANAGED_BY_VALUE
 from tests.providers.contract import OTHER_CLUSTER_ID, ContractHarness, ProviderContract
@@ -126,6 +126,22 @@ class AwsMotoHarness:
 
     def cloud_calls(self) -> int:
         return self._cloud.counter.total()
+
+    def restarted_provider(self) -> AwsProvider:
+        """A new ``AwsProvider`` on the same moto server and queue, with its own capacity hooks
+        (so moto's ``RunInstances`` launches ``MaxCount`` for it too, as EC2 does)."""
+        provider = make_provider(
+            self._cloud.url,
+            clock=FakeClock(),
+            launch_api=self.provider.config.launch_api,
+            interruption_queue_url=self._cloud.queue_url,
+        )
+        CapacityModel(provider)
+        return provider
+
+    def forget_idempotency_tokens(self) -> None:
+        """moto keeps no ``ClientToken`` memory at all (ENVIRONMENT.md): every launch there is
+        already a launch after the token window, which is why this contract runs it."""
 
     def cloud_has_instance(self, instance_id: str) -> bool:
         response = self._ec2.describe_instances(

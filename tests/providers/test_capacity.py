@@ -1,11 +1,27 @@
-"""``providers.capacity.UnavailableOfferings`` on a ``FakeClock``."""
+"""``providers.capacity``: ``UnavailableOfferings`` on a ``FakeClock``, and ``walk_pools``."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import pytest
 
 from autoscaler.clock import FakeClock
-from providers.capacity import UnavailableOfferings
+from providers.base import Market, Offering
+from providers.capacity import (
+    PARTIAL_FILL_CODE,
+    SKIPPED_UNAVAILABLE_CODE,
+    Placement,
+    UnavailableOfferings,
+    walk_pools,
+)
+from providers.errors import (
+    InsufficientCapacityError,
+    ProviderError,
+    QuotaExceededError,
+    TransientError,
+)
+from providers.fake import default_offerings
 
 POOL_A = "fake/us-east-1a/g4dn.xlarge/spot"
 POOL_B = "fake/us-east-1b/g4dn.xlarge/spot"
@@ -74,3 +90,99 @@ def test_clear_forgets_every_mark() -> None:
 def test_ttl_must_be_positive(ttl_s: float) -> None:
     with pytest.raises(ValueError):
         UnavailableOfferings(FakeClock(), ttl_s=ttl_s)
+
+
+# ------------------------------------------------------------------ walk_pools
+
+
+class Cloud:
+    """A tiny cloud for the walk: pool key -> free slots; records every call it gets."""
+
+    def __init__(self, free: dict[str, int], errors: dict[str, ProviderError] | None = None):
+        self.free = dict(free)
+        self.errors = dict(errors or {})
+        self.calls: list[tuple[tuple[str, ...], int]] = []
+
+    def place(self, pools: Sequence[Offering], wanted: int) -> Placement[str]:
+        self.calls.append((tuple(p.key for p in pools), wanted))
+        created: list[str] = []
+        errors: dict[str, ProviderError] = {}
+        for pool in pools:
+            if pool.key in self.errors:
+                errors[pool.key] = self.errors[pool.key]
+                continue
+            n = min(self.free[pool.key], wanted - len(created))
+            self.free[pool.key] -= n
+            created += [f"{pool.key}#{k}" for k in range(n)]
+        return Placement(tuple(created), errors=errors)
+
+
+OFFERINGS = [o for o in default_offerings() if o.instance_type == "g4dn.xlarge"]
+A, B = (o for o in OFFERINGS if o.market is Market.SPOT)
+
+
+def test_walk_skips_marked_pools_with_the_one_skip_code_and_no_call() -> None:
+    cache = UnavailableOfferings(FakeClock())
+    cache.mark(A.key)
+    cloud = Cloud({A.key: 5, B.key: 5})
+    walk = walk_pools([A, B], 3, cache, cloud.place)
+    assert cloud.calls == [((B.key,), 3)]
+    assert len(walk.created) == 3 and walk.called
+    assert [(e.pool_key, e.error.code) for e in walk.errors] == [(A.key, SKIPPED_UNAVAILABLE_CODE)]
+    assert walk.skipped == {A.key} and walk.call_errors == ()
+
+
+def test_walk_asks_each_pool_for_the_shortfall_and_marks_a_short_pool() -> None:
+    cache = UnavailableOfferings(FakeClock())
+    cloud = Cloud({A.key: 2, B.key: 5})
+    walk = walk_pools([A, B], 5, cache, cloud.place)
+    assert cloud.calls == [((A.key,), 5), ((B.key,), 3)]
+    assert len(walk.created) == 5
+    assert [(e.pool_key, e.error.code) for e in walk.errors] == [(A.key, PARTIAL_FILL_CODE)]
+    assert isinstance(walk.errors[0].error, InsufficientCapacityError)
+    assert cache.unavailable() == {A.key}
+
+
+def test_walk_marks_capacity_errors_only() -> None:
+    cache = UnavailableOfferings(FakeClock())
+    cloud = Cloud(
+        {A.key: 0, B.key: 0},
+        {A.key: QuotaExceededError("quota"), B.key: InsufficientCapacityError("dry")},
+    )
+    walk = walk_pools([A, B], 1, cache, cloud.place)
+    assert [e.pool_key for e in walk.errors] == [A.key, B.key]
+    assert walk.created == () and cache.unavailable() == {B.key}
+
+
+def test_walk_together_makes_one_call_and_stops_when_nothing_is_missing() -> None:
+    cache = UnavailableOfferings(FakeClock())
+    cloud = Cloud({A.key: 1, B.key: 5})
+    walk = walk_pools([A, B], 4, cache, cloud.place, together=True)
+    assert cloud.calls == [((A.key, B.key), 4)]
+    assert len(walk.created) == 4 and walk.errors == ()
+    cloud = Cloud({A.key: 5, B.key: 5})
+    walk_pools([A, B], 2, cache, cloud.place)
+    assert cloud.calls == [((A.key,), 2)], "a filled request asks no further pool"
+
+
+def test_uncertain_instances_count_against_the_shortfall() -> None:
+    cache = UnavailableOfferings(FakeClock())
+    calls: list[str] = []
+
+    def place(pools: Sequence[Offering], wanted: int) -> Placement[str]:
+        calls.append(pools[0].key)
+        return Placement((), uncertain=wanted, errors={pools[0].key: TransientError("slow")})
+
+    walk = walk_pools([A, B], 2, cache, place)
+    assert calls == [A.key], "the next pool would duplicate what may exist"
+    assert [type(e.error) for e in walk.errors] == [TransientError]
+    assert cache.unavailable() == frozenset()
+
+
+def test_walk_on_only_marked_pools_makes_no_call() -> None:
+    cache = UnavailableOfferings(FakeClock())
+    cache.mark(A.key)
+    cache.mark(B.key)
+    cloud = Cloud({A.key: 5, B.key: 5})
+    walk = walk_pools([A, B], 2, cache, cloud.place, together=True)
+    assert cloud.calls == [] and not walk.called and walk.skipped == {A.key, B.key}

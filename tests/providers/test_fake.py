@@ -296,13 +296,18 @@ def test_notices_go_to_the_owning_cluster_only(fake: FakeProvider, a: Offering) 
 # -------------------------------------------------------------- idempotency
 
 
-def test_same_request_id_returns_the_first_result_even_with_other_arguments(
+def test_same_request_id_with_a_larger_count_creates_only_the_shortfall(
     fake: FakeProvider, a: Offering, b: Offering
 ) -> None:
     first = fake.launch(req("r1", [a], 2))
     second = fake.launch(req("r1", [b], 5))
-    assert second.instances == first.instances
-    assert fake.call_count("launch") == 1
+    assert second.instances[:2] == first.instances
+    assert [i.pool_key for i in second.instances[2:]] == [b.key] * 3
+    assert fake.call_count("launch") == 2
+    assert fake.call_count("launch", pool=b.key, count=3) == 1
+    third = fake.launch(req("r1", [a], 1))  # more exist than asked: nothing created or ended
+    assert third.instances == second.instances
+    assert fake.call_count("launch") == 2
 
 
 def test_a_request_that_produced_nothing_can_be_retried(

@@ -52,6 +52,12 @@ class FakeHarness:
             InstanceState.RUNNING,
         }
 
+    def restarted_provider(self) -> FakeProvider:
+        return self.provider.restarted()
+
+    def forget_idempotency_tokens(self) -> None:
+        """The fake cloud keeps no idempotency tokens: only the request-id tag index."""
+
 
 @pytest.fixture
 def harness() -> Iterator[FakeHarness]:

@@ -2,7 +2,7 @@
 
 Pure parts (error mapping, parsers, naming, config, the fake's filter language) are tested
 directly; the adapter is tested with the real google-cloud-compute REST client against the fake
-Compute server (``providers.gcp.fake_server``), asserting on what the server saw (request
+Compute server (``emulators.gce_server``), asserting on what the server saw (request
 shapes, counters) and on what the cloud holds afterwards. No mocks of our own code.
 """
 
@@ -20,6 +20,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from autoscaler.clock import FakeClock, SystemClock
+from emulators.gce_server import FakeGceServer, parse_filter
+from emulators.gcp_env import TEST_PROJECT, FakeGcpEnv, anonymous_credentials
 from providers.base import (
     InstanceState,
     InterruptionKind,
@@ -43,7 +45,6 @@ from providers.gcp.error_map import (
     error_from_http,
     error_from_operation,
 )
-from providers.gcp.fake_server import FakeGceServer, parse_filter
 from providers.gcp.metadata import PreemptionWatcher, discover_instance_id
 from providers.gcp.parse import (
     instance_from_resource,
@@ -56,7 +57,6 @@ from providers.gcp.parse import (
     state_from_status,
 )
 from providers.gcp.provider import GcpProvider
-from providers.gcp.testing import TEST_PROJECT, FakeGcpEnv, anonymous_credentials
 from providers.retry import RetryPolicy
 from providers.tags import CLUSTER_ID_TAG, MANAGED_BY_TAG, REQUEST_ID_TAG
 
@@ -661,21 +661,27 @@ def test_operation_timeout_reports_transient_and_keeps_the_names(cluster: str) -
         assert {i.state for i in result.instances} == {InstanceState.PENDING}
 
 
-def test_relaunch_after_loss_creates_nothing_and_reuses_no_id(
-    env: FakeGcpEnv, cluster: str
-) -> None:
+def test_relaunch_after_loss_tops_up_under_a_new_name(env: FakeGcpEnv, cluster: str) -> None:
+    """The launch rule: an ended instance no longer counts, so re-issuing the request creates
+    one replacement (inside the requestId window too: a new shortfall is a new requestId),
+    under a name this provider never used; a restarted controller then finds the request full."""
     provider = env.provider()
     g2 = pool(provider.offerings(), "g2-standard-4", ZONE_A, Market.SPOT)
     req = request(cluster, [g2], 2)
     first = provider.launch(req)
     lost, kept = (i.instance_id for i in first.instances)
     env.preempt(lost)
-    for launcher in (provider, env.provider()):  # same process, and after a restart
-        again = launcher.launch(req)
-        assert [i.instance_id for i in again.instances] == [kept]
-        assert not again.fulfilled and again.errors == ()
     env.server.settle()
-    assert [i.instance_id for i in provider.list_instances(cluster)] == [kept]
+    again = provider.launch(req)
+    assert again.fulfilled and again.errors == ()
+    ids = {i.instance_id for i in again.instances}
+    assert kept in ids and lost not in ids and len(ids) == 2
+    launches = env.launch_attempts(g2)
+    restarted = env.provider()
+    assert {i.instance_id for i in restarted.launch(req).instances} == ids
+    assert env.launch_attempts(g2) == launches
+    env.server.settle()
+    assert {i.instance_id for i in provider.list_instances(cluster)} == ids
 
 
 @pytest.mark.parametrize("bulk", [True, False])

@@ -1,7 +1,7 @@
 """The provider contract, run against ``GcpProvider`` over the fake Compute REST server.
 
 The provider uses the real google-cloud-compute client (REST transport, AnonymousCredentials)
-against ``providers.gcp.fake_server.FakeGceServer`` on 127.0.0.1; one server serves the whole
+against ``emulators.gce_server.FakeGceServer`` on 127.0.0.1; one server serves the whole
 module, each test works in its own cluster id with a fresh provider (fresh capacity cache) and
 reads the server's counters as differences.
 """
@@ -13,8 +13,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from emulators.gcp_env import FakeGcpEnv
 from providers.base import Market, Offering
-from providers.gcp.testing import FakeGcpEnv
+from providers.gcp.provider import GcpProvider
 from tests.providers.contract import ProviderContract
 
 
@@ -58,6 +59,12 @@ class GcpHarness:
 
     def cloud_has_instance(self, instance_id: str) -> bool:
         return self.env.has_live_instance(instance_id)
+
+    def restarted_provider(self) -> GcpProvider:
+        return self.env.provider()
+
+    def forget_idempotency_tokens(self) -> None:
+        self.env.server.forget_request_ids()
 
     def close(self) -> None:
         """Delete what the test left behind and give exhausted pools their capacity back."""

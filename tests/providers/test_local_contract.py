@@ -76,9 +76,7 @@ class LocalHarness:
     def __init__(self, state_dir: Path) -> None:
         self.clock = FakeClock()
         self.state_dir = state_dir
-        self.provider = LocalProvider(
-            state_dir, clock=self.clock, max_gpu_slots=16, term_grace_s=2.0, heartbeat_s=0.5
-        )
+        self.provider = self.restarted_provider()
         self.cluster_id = f"local-{uuid.uuid4().hex[:10]}"
         self.foreign_clusters: list[str] = []
 
@@ -114,6 +112,15 @@ class LocalHarness:
 
     def cloud_has_instance(self, instance_id: str) -> bool:
         return instance_running(self.state_dir, instance_id)
+
+    def restarted_provider(self) -> LocalProvider:
+        """A new provider over the same state folder (the local "cloud")."""
+        return LocalProvider(
+            self.state_dir, clock=self.clock, max_gpu_slots=16, term_grace_s=2.0, heartbeat_s=0.5
+        )
+
+    def forget_idempotency_tokens(self) -> None:
+        """Local launches keep no idempotency tokens: only the records' request-id tags."""
 
     def close(self) -> None:
         """Bring everything down and check that no process of this test survives."""

@@ -14,10 +14,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from autoscaler.clock import FakeClock
+from emulators.gce_server import FakeGceServer
 from providers.base import Market, Offering
 from providers.gcp import naming
 from providers.gcp.config import GcpConfig, parse_instance_type
-from providers.gcp.fake_server import FakeGceServer
 from providers.gcp.provider import GcpProvider
 from providers.retry import RetryPolicy
 

@@ -32,6 +32,8 @@ Behaviour modelled on the real API:
   one is ``STOPPING`` until its delete operation is done, then gone.
 * **requestId**: must be a UUID (else 400); the same requestId in the same zone within an hour
   returns the first call's operation and does nothing else, whatever the body.
+  ``forget_request_ids()`` ends every window at once (as an hour passing would, without moving
+  the clock), so tests can check that a client does not rely on it.
 * **Names**: inserting an existing name is ``409 alreadyExists``; bulkInsert with an existing
   ``perInstanceProperties`` name is refused the same way (all or nothing).
 * **bulkInsert**: ``count``/``minCount``/``perInstanceProperties``/``namePattern``; creates
@@ -551,6 +553,14 @@ class FakeGceServer:
             self._injected.clear()
             self._injected_op.clear()
             self._zone_accelerators = {z: set(ACCELERATOR_TYPES) for z in self.zones}
+
+    def forget_request_ids(self) -> int:
+        """End the de-duplication window of every ``requestId`` seen so far (instances and
+        operations stay); returns how many were forgotten."""
+        with self._lock:
+            n = len(self._request_ids)
+            self._request_ids.clear()
+            return n
 
     def set_zone_accelerators(self, zone: str, accelerators: Iterable[str]) -> None:
         """Only these accelerator types exist in ``zone`` (machine types built on others too)."""
