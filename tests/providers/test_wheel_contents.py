@@ -60,6 +60,10 @@ def test_the_wheel_holds_the_product_packages(wheel_files: list[str]) -> None:
     assert "providers/gcp/provider.py" in wheel_files
     assert "providers/aws/provider.py" in wheel_files
     assert "providers/local_agent.py" in wheel_files
+    # The data the simulator and the GPU-type estimates read ship with the package.
+    assert "autoscaler/data/gpu-types/speed_vs_t4.csv" in wheel_files
+    assert "autoscaler/data/pollux/traces/bert/placements.csv" in wheel_files
+    assert "autoscaler/data/pollux/LICENSE" in wheel_files
 
 
 def test_the_wheel_holds_no_emulator_test_or_benchmark(wheel_files: list[str]) -> None:
