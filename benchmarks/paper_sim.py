@@ -37,7 +37,6 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autoscaler.atomic import write_json_atomic
 from autoscaler.jobs import PolicyName
 from autoscaler.sim.engine import SimConfig
 from autoscaler.sim.results import SimResult
@@ -48,6 +47,7 @@ from autoscaler.sim.runner import (
     run_many,
 )
 from autoscaler.sim.workload import workload_files
+from coadapt_common.atomic import write_json_atomic
 
 
 def _peak_rss_mib() -> float:

@@ -7,7 +7,7 @@ capacity error for them without a cloud call; sizing reads ``unavailable()`` to 
 
 from __future__ import annotations
 
-from autoscaler.clock import Clock
+from coadapt_common.clock import Clock
 
 
 class UnavailableOfferings:

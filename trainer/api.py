@@ -69,7 +69,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from autoscaler.clock import Clock, SystemClock
+from coadapt_common.clock import Clock, SystemClock
 from trainer.checkpoint import CheckpointInfo, CheckpointManager, RestoreInfo, encode
 from trainer.control import (
     ControlChannel,

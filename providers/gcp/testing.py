@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from autoscaler.clock import FakeClock
+from coadapt_common.clock import FakeClock
 from providers.base import Market, Offering
 from providers.gcp import naming
 from providers.gcp.config import GcpConfig, parse_instance_type

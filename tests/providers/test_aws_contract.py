@@ -35,7 +35,7 @@ import pytest
 pytest.importorskip("boto3")
 pytest.importorskip("moto")
 
-from autoscaler.clock import FakeClock
+from coadapt_common.clock import FakeClock
 from providers.aws.config import LaunchApi
 from providers.aws.provider import AwsProvider
 from providers.aws.testing import (

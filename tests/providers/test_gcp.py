@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from autoscaler.clock import FakeClock, SystemClock
+from coadapt_common.clock import FakeClock, SystemClock
 from providers.base import (
     InstanceState,
     InterruptionKind,
