@@ -70,7 +70,7 @@ def simulate(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    from autoscaler.sim.engine import SimConfig
+    from autoscaler.sim.config import SimConfig
     from autoscaler.sim.results import write_results_json
     from autoscaler.sim.runner import RunSpec, paper_workloads, run_many
     from autoscaler.sim.workload import workload_files

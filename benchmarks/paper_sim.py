@@ -38,7 +38,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from autoscaler.jobs import PolicyName
-from autoscaler.sim.engine import SimConfig
+from autoscaler.sim.config import SimConfig
 from autoscaler.sim.results import SimResult
 from autoscaler.sim.runner import (
     RunSpec,

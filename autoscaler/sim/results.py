@@ -10,14 +10,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from autoscaler.sim.config import SimConfig
 from coadapt_common.atomic import write_json_atomic
-
-if TYPE_CHECKING:
-    from autoscaler.sim.engine import SimConfig
 
 __all__ = [
     "JobResult",
