@@ -18,6 +18,7 @@ __all__ = [
     "ProcStat",
     "has_procfs",
     "is_running",
+    "native_thread_count",
     "process_start_time",
     "read_proc_strings",
     "read_stat",
@@ -91,3 +92,12 @@ def read_proc_strings(pid: int, name: str, *, settle: bool = True) -> list[bytes
         if raw or not settle or time.monotonic() >= deadline or not is_running(read_stat(pid)):
             return [part for part in raw.split(b"\0") if part]
         time.sleep(0.001)
+
+
+def native_thread_count() -> int | None:
+    """Threads of this process as the kernel sees them (native ones included, not only Python's),
+    or ``None`` where ``/proc`` cannot tell."""
+    try:
+        return len(list((PROC_ROOT / "self" / "task").iterdir()))
+    except OSError:
+        return None

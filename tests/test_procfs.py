@@ -13,6 +13,7 @@ import pytest
 from coadapt_common.procfs import (
     has_procfs,
     is_running,
+    native_thread_count,
     process_start_time,
     read_proc_strings,
     read_stat,
@@ -67,3 +68,18 @@ def test_a_zombie_is_not_running_and_a_reaped_pid_is_gone() -> None:
     assert read_stat(child.pid) is None
     assert process_start_time(child.pid) is None
     assert read_proc_strings(child.pid, "cmdline") == []
+
+
+def test_native_threads_are_counted() -> None:
+    import threading
+
+    before = native_thread_count()
+    assert before is not None and before >= 1
+    release = threading.Event()
+    worker = threading.Thread(target=release.wait)
+    worker.start()
+    try:
+        assert native_thread_count() == before + 1
+    finally:
+        release.set()
+        worker.join()
