@@ -34,8 +34,9 @@ What the job does around that loop:
   :class:`JobStopped` (exit status 0). The launcher then relaunches at the new world size and
   :meth:`ElasticJob.restore` resumes at the exact sample.
 * **Step loop.** The per-step work (micro-batch entry, optimizer step, gradient-noise
-  measurement, the stop/checkpoint exchange and the safe points) is :class:`trainer.stepping.
-  StepLoop`; the job owns one and supplies the checkpoint, restore and stop actions it needs.
+  measurement, the stop/checkpoint exchange and the safe points) is
+  :class:`trainer.stepping.StepLoop`; the job owns one and supplies the checkpoint, restore and
+  stop actions it needs.
 * **Reports.** Rank 0 reports profiles and gradient statistics every ``report_interval_s``
   (:mod:`trainer.reporter`).
 
