@@ -88,11 +88,11 @@ def simulate(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    from autoscaler.errors import CoadaptError
-    from autoscaler.sim.engine import SimConfig
+    from autoscaler.sim.config import SimConfig
     from autoscaler.sim.results import write_results_json
     from autoscaler.sim.runner import RunSpec, paper_workloads, run_many
     from autoscaler.sim.workload import workload_files
+    from coadapt_common.errors import CoadaptError
 
     console, err = Console(), Console(stderr=True)
     if suite not in (None, "paper"):

@@ -1,15 +1,13 @@
-"""Error roots.
+"""The decision plane's errors, rooted at ``AutoscalerError``.
 
-``CoadaptError`` is the root of every error coadapt raises on purpose. Each package has one
-root beneath it (``AutoscalerError`` here, ``providers.errors.ProviderError``,
-``trainer.errors.TrainerError``); catch those, never bare ``Exception``.
+``AutoscalerError`` derives from :class:`coadapt_common.errors.CoadaptError`, the root of every
+error coadapt raises on purpose (``providers.errors.ProviderError`` and
+``trainer.errors.TrainerError`` are its siblings); catch those, never bare ``Exception``.
 """
 
 from __future__ import annotations
 
-
-class CoadaptError(Exception):
-    """Root of all coadapt errors."""
+from coadapt_common.errors import CoadaptError
 
 
 class AutoscalerError(CoadaptError):

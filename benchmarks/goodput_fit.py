@@ -24,7 +24,6 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autoscaler.atomic import write_json_atomic
 from autoscaler.goodput import (
     BatchLimits,
     GoodputModel,
@@ -33,6 +32,7 @@ from autoscaler.goodput import (
     fit_perf_params,
 )
 from autoscaler.traces import APPLICATIONS, ThroughputRow, load_app
+from coadapt_common.atomic import write_json_atomic
 
 
 def to_sample(row: ThroughputRow) -> ProfileSample:

@@ -50,9 +50,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autoscaler.atomic import write_json_atomic
 from autoscaler.jobs import PolicyName
-from autoscaler.sim.engine import SimConfig
+from autoscaler.sim.config import SimConfig
 from autoscaler.sim.results import SimResult
 from autoscaler.sim.runner import (
     RunSpec,
@@ -66,6 +65,7 @@ from autoscaler.sim.workload import (
     workload_files,
     write_workload,
 )
+from coadapt_common.atomic import write_json_atomic
 
 
 def _peak_rss_mib() -> float:

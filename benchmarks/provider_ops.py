@@ -43,8 +43,8 @@ from typing import Any, TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autoscaler.atomic import write_json_atomic
-from autoscaler.clock import SystemClock
+from coadapt_common.atomic import write_json_atomic
+from coadapt_common.clock import SystemClock
 from providers.base import LaunchRequest, Market, Offering, Provider
 
 PHASES = ("launch", "list", "terminate")

@@ -404,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     results["host_cpus"] = os.cpu_count()
     with contextlib.suppress(OSError):
         results["host_load_avg_1m"] = os.getloadavg()[0]
-    from autoscaler.atomic import write_json_atomic
+    from coadapt_common.atomic import write_json_atomic
 
     write_json_atomic(args.out, results, indent=2)
     print(json.dumps(results, indent=2, sort_keys=True))

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from autoscaler.clock import Clock, SystemClock
+from coadapt_common.clock import Clock, SystemClock
 from providers.aws.config import AwsConfig
 from providers.aws.events import INTERRUPTION_DETAIL_TYPES, SPOT_WARNING_DETAIL_TYPE
 from providers.aws.provider import AwsProvider

@@ -87,7 +87,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from autoscaler.clock import Clock, SystemClock
+from coadapt_common.clock import Clock, SystemClock
 
 GOOGLE_BASE = "https://www.googleapis.com/compute/v1"
 DEFAULT_ZONES = ("us-central1-a", "us-central1-b", "us-east1-c", "europe-west4-a")

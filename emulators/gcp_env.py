@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from autoscaler.clock import FakeClock
+from coadapt_common.clock import FakeClock
 from emulators.gce_server import FakeGceServer
 from providers.base import Market, Offering
 from providers.gcp import naming

@@ -36,7 +36,7 @@ Rules that hold for every method of every provider:
   walk above) instead of retrying it in a hot loop.
 * **Eventually consistent.** ``list_instances`` reflects the cloud's view, which may lag a
   launch or terminate by seconds; callers reconcile against it and never assume.
-* **Injected clock.** Providers that wait or retry take an ``autoscaler.clock.Clock``.
+* **Injected clock.** Providers that wait or retry take an ``coadapt_common.clock.Clock``.
 """
 
 from __future__ import annotations

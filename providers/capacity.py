@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Generic, TypeVar
 
-from autoscaler.clock import Clock
+from coadapt_common.clock import Clock
 from providers.base import Offering, PoolError
 from providers.errors import InsufficientCapacityError, ProviderError
 

@@ -15,7 +15,7 @@ Callers branch on the type, never on message text:
 
 from __future__ import annotations
 
-from autoscaler.errors import CoadaptError
+from coadapt_common.errors import CoadaptError
 
 
 class ProviderError(CoadaptError):

@@ -47,7 +47,7 @@ from functools import partial
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-from autoscaler.clock import Clock, SystemClock
+from coadapt_common.clock import Clock, SystemClock
 from providers.base import (
     Instance,
     InstanceState,

@@ -46,7 +46,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -56,8 +55,16 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Final
 
-from autoscaler.atomic import write_json_atomic
-from autoscaler.clock import Clock, SystemClock
+from coadapt_common.atomic import write_json_atomic
+from coadapt_common.clock import Clock, SystemClock
+from coadapt_common.procfs import (
+    PROC_ROOT,
+    ProcStat,
+    has_procfs,
+    is_running,
+    read_proc_strings,
+    read_stat,
+)
 from providers.base import (
     Instance,
     InstanceState,
@@ -89,10 +96,8 @@ LOCAL_REGION: Final = "local"
 LOCAL_ZONE: Final = "local-a"
 AGENT_SCRIPT: Final = str(Path(__file__).resolve().with_name("local_agent.py"))
 RECORD_VERSION: Final = 1
-_PROC: Final = Path("/proc")
 _POLL_S: Final = 0.01
 _KILL_WAIT_S: Final = 5.0
-_EXEC_WINDOW_S: Final = 0.5  # bound on the post-exec instant when /proc argv/envp read empty
 
 
 def local_offerings() -> list[Offering]:
@@ -220,59 +225,20 @@ class LocalRecord:
 # ------------------------------------------------------------------ /proc probes
 
 
-@dataclass(frozen=True)
-class _Proc:
-    pid: int
-    state: str
-    pgid: int
-
-
-def _read_stat(pid: int) -> _Proc | None:
-    try:
-        raw = (_PROC / str(pid) / "stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    fields = raw[raw.rfind(")") + 2 :].split()  # the command name may contain spaces
-    return _Proc(pid=pid, state=fields[0], pgid=int(fields[2]))
-
-
-def _alive(proc: _Proc | None) -> bool:
-    return proc is not None and proc.state not in ("Z", "X", "x")
-
-
-def _read_proc_strings(pid: int, name: str, *, settle: bool = True) -> list[bytes]:
-    """``/proc/<pid>/{cmdline,environ}`` as a list of NUL-separated entries ([] if unreadable).
-
-    For an instant after ``exec`` both files read empty: the parent's ``Popen`` has already
-    returned (close-on-exec fds closed) but the kernel has not yet placed the new argv/envp.
-    An empty read of a live process is therefore retried for up to ``_EXEC_WINDOW_S``, unless
-    ``settle`` is false (scans of the whole table, where kernel threads read empty for good).
-    """
-    deadline = time.monotonic() + _EXEC_WINDOW_S
-    while True:
-        try:
-            raw = (_PROC / str(pid) / name).read_bytes()
-        except OSError:
-            return []
-        if raw or not settle or time.monotonic() >= deadline or not _alive(_read_stat(pid)):
-            return [part for part in raw.split(b"\0") if part]
-        time.sleep(0.001)
-
-
 def _read_cmdline(pid: int, *, settle: bool = True) -> list[str]:
-    raw = _read_proc_strings(pid, "cmdline", settle=settle)
+    raw = read_proc_strings(pid, "cmdline", settle=settle)
     return [part.decode(errors="replace") for part in raw]
 
 
 def _carries_marker(pid: int, instance_id: str) -> bool:
-    return f"{INSTANCE_ENV}={instance_id}".encode() in _read_proc_strings(pid, "environ")
+    return f"{INSTANCE_ENV}={instance_id}".encode() in read_proc_strings(pid, "environ")
 
 
 def is_agent_process(pid: int | None, instance_id: str) -> bool:
     """True when ``pid`` is alive and is the local agent of ``instance_id``."""
     if pid is None:
         return False
-    if not _PROC.is_dir():
+    if not has_procfs():
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
@@ -280,7 +246,7 @@ def is_agent_process(pid: int | None, instance_id: str) -> bool:
         except PermissionError:
             return True
         return True
-    if not _alive(_read_stat(pid)):
+    if not is_running(read_stat(pid)):
         return False
     cmd = _read_cmdline(pid)
     return AGENT_SCRIPT in cmd and instance_id in cmd
@@ -291,7 +257,7 @@ def live_groups(pgids: Iterable[int]) -> dict[int, list[int]]:
     wanted = set(pgids)
     if not wanted:
         return {}
-    if not _PROC.is_dir():
+    if not has_procfs():
         out: dict[int, list[int]] = {}
         for pgid in wanted:
             try:
@@ -303,27 +269,27 @@ def live_groups(pgids: Iterable[int]) -> dict[int, list[int]]:
             out[pgid] = [pgid]
         return out
     members: dict[int, list[int]] = {}
-    for entry in os.scandir(_PROC):
+    for entry in os.scandir(PROC_ROOT):
         if not entry.name.isdigit():
             continue
-        proc = _read_stat(int(entry.name))
-        if proc is not None and proc.pgid in wanted and _alive(proc):
+        proc = read_stat(int(entry.name))
+        if proc is not None and proc.pgid in wanted and is_running(proc):
             members.setdefault(proc.pgid, []).append(proc.pid)
     return members
 
 
-def _find_agent(instance_id: str) -> _Proc | None:
+def _find_agent(instance_id: str) -> ProcStat | None:
     """Search the process table for the agent of ``instance_id`` (crash recovery)."""
-    if not _PROC.is_dir():
+    if not has_procfs():
         return None
-    for entry in os.scandir(_PROC):
+    for entry in os.scandir(PROC_ROOT):
         if not entry.name.isdigit():
             continue
         pid = int(entry.name)
         cmd = _read_cmdline(pid, settle=False)
         if AGENT_SCRIPT in cmd and instance_id in cmd:
-            proc = _read_stat(pid)
-            if _alive(proc):
+            proc = read_stat(pid)
+            if is_running(proc):
                 return proc
     return None
 
@@ -895,7 +861,7 @@ class LocalProvider:
 
 def _owned(pid: int, rec: LocalRecord) -> bool:
     """Is ``pid`` part of ``rec``'s instance (its agent or the agent's workload)?"""
-    if not _PROC.is_dir():
+    if not has_procfs():
         return True  # no way to tell; the pgid was recorded by us
     return _carries_marker(pid, rec.instance_id) or is_agent_process(pid, rec.instance_id)
 

@@ -41,7 +41,8 @@ INSTANCE_ENV = "COADAPT_LOCAL_INSTANCE"  # marks the agent and its workload (set
 
 def _write_state_file(path: Path, payload: dict[str, Any]) -> None:
     """Atomic, durable write (tmp + fsync + rename); stdlib only, unlike the package's
-    ``autoscaler.atomic`` (this script must not import the package)."""
+    ``coadapt_common.atomic`` (this script must not import the package). The one documented
+    second atomic writer: ``tests/test_imports.py`` allows it here and nowhere else."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(payload, fh, sort_keys=True)

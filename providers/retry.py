@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from autoscaler.clock import Clock
+from coadapt_common.clock import Clock
 from providers.errors import ProviderError
 
 T = TypeVar("T")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from autoscaler.atomic import write_json_atomic
+from coadapt_common.atomic import write_bytes_atomic, write_json_atomic, write_text_atomic
 
 
 def test_writes_sorted_json_with_umask_permissions(tmp_path: Path) -> None:
@@ -33,3 +33,29 @@ def test_failure_keeps_the_old_file_and_leaves_no_temporary(tmp_path: Path) -> N
         write_json_atomic(target, {"v": math.nan})  # NaN is not JSON
     assert json.loads(target.read_text()) == {"v": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["out.json"]
+
+
+def test_bytes_write_is_durable_and_hides_its_temporary(tmp_path: Path) -> None:
+    target = tmp_path / "blob.bin"
+    write_bytes_atomic(target, b"\x00\x01payload", durable=True)
+    write_text_atomic(tmp_path / "note.txt", "héllo\n")
+    assert target.read_bytes() == b"\x00\x01payload"
+    assert (tmp_path / "note.txt").read_text(encoding="utf-8") == "héllo\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["blob.bin", "note.txt"]
+
+
+def test_bytes_write_into_an_unwritable_folder_raises_and_leaves_the_old_file(
+    tmp_path: Path,
+) -> None:
+    target = tmp_path / "ro" / "blob.bin"
+    write_bytes_atomic(target, b"old")
+    target.parent.chmod(0o500)
+    try:
+        if os.access(target.parent, os.W_OK):
+            pytest.skip("running as a user who can write anywhere (root)")
+        with pytest.raises(OSError):
+            write_bytes_atomic(target, b"new")
+    finally:
+        target.parent.chmod(0o700)
+    assert target.read_bytes() == b"old"
+    assert [p.name for p in target.parent.iterdir()] == ["blob.bin"]

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from autoscaler.errors import CoadaptError, InvalidInputError
+from autoscaler.errors import InvalidInputError
 from autoscaler.goodput import (
     BatchLimits,
     GoodputModel,
@@ -23,6 +23,7 @@ from autoscaler.goodput import (
 )
 from autoscaler.speedup import SpeedupCache, SpeedupTable
 from autoscaler.traces import APPLICATIONS, load_app
+from coadapt_common.errors import CoadaptError
 
 positive = st.floats(min_value=1e-4, max_value=1e4, allow_nan=False, allow_infinity=False)
 

@@ -1,4 +1,5 @@
-"""Static checks kept in CI: ruff over the tree, mypy over autoscaler/, providers/ and trainer/."""
+"""Static checks kept in CI: ruff over the tree, mypy over autoscaler/, coadapt_common/, providers/
+and trainer/."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 TYPED_PACKAGES = [  # the decision plane and the provider adapters: pure core and thin edges
     "autoscaler",
+    "coadapt_common",
+    "emulators",
     "providers",
     "trainer",
 ]

@@ -33,6 +33,10 @@ What the job does around that loop:
   one) rank 0 saves one checkpoint, every rank writes an exit marker and raises
   :class:`JobStopped` (exit status 0). The launcher then relaunches at the new world size and
   :meth:`ElasticJob.restore` resumes at the exact sample.
+* **Step loop.** The per-step work (micro-batch entry, optimizer step, gradient-noise
+  measurement, the stop/checkpoint exchange and the safe points) is
+  :class:`trainer.stepping.StepLoop`; the job owns one and supplies the checkpoint, restore and
+  stop actions it needs.
 * **Reports.** Rank 0 reports profiles and gradient statistics every ``report_interval_s``
   (:mod:`trainer.reporter`).
 
@@ -58,53 +62,33 @@ import random
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from autoscaler.clock import Clock, SystemClock
+from coadapt_common.clock import Clock, SystemClock
 from trainer.checkpoint import CheckpointInfo, CheckpointManager, RestoreInfo, encode
-from trainer.control import (
-    ControlChannel,
-    Decision,
-    ExitKind,
-    ExitMarker,
-    RunDir,
-    StopCause,
-)
-from trainer.data import ElasticDataLoader, MicroBatch
+from trainer.control import ControlChannel, ExitKind, ExitMarker, RunDir, StopCause
+from trainer.data import DataState, ElasticDataLoader, MicroBatch
 from trainer.env import TrainerEnv
 from trainer.errors import TrainerConfigError, TrainerUsageError
-from trainer.gns import (
-    GradientNoiseEstimator,
-    Scratch,
-    adam_sqrt_preconditioner,
-    grad_sqr_from,
-    is_adam_type,
-    sigma2_from_difference,
-    sigma2_from_replicas,
-    small_batch_terms,
-    sq_norm_one,
-    sq_norm_params,
-)
-from trainer.metrics import ProfileKey, StepProfiler
+from trainer.options import JobOptions
 from trainer.report import BatchConfig, GradientStats, JobHints, ReportReply, TrainerReport
 from trainer.reporter import FileSink, HttpSink, Reporter
-from trainer.scaling import ElasticOptimizer, ScalingRule, adascale_gain, default_rule, lr_factor
+from trainer.scaling import ElasticOptimizer, ScalingRule, default_rule
+from trainer.stepping import StepLoop
 from trainer.storage import open_store
 
 logger = logging.getLogger("trainer")
 
 CHECKPOINT_FORMAT = 1
-_NO_DECISION = Decision()
-PRECOND_REFRESH = 8  # measurements between recomputations of Adam's preconditioner
 
 
 class JobStopped(SystemExit):
@@ -121,104 +105,12 @@ class JobStopped(SystemExit):
 
 
 @dataclass(frozen=True)
-class JobOptions:
-    """Settings of the job that the script decides (the environment decides the rest).
-
-    ``initial_batch_size`` (``M0``): the total batch size the hyper-parameters were tuned for.
-    ``max_batch_size``, ``min/max_local_batch_size``, ``max_accum_steps``: limits passed to the
-    scheduler. ``gns_every_steps``: measure gradient noise on every k-th step (0 = never); a
-    measurement step costs about two extra passes over the gradients (a quarter of a step for
-    a 1M-parameter MLP on CPU), so the default 16 keeps the average cost near 1.5%.
-    ``gns_smoothing``: EMA weight of the past per measurement. ``control_interval_s``: ranks
-    exchange their stop/checkpoint flags about this often (every k-th step, k chosen by rank 0
-    from its step time and agreed at the previous exchange; a stop lands within two exchanges of
-    the request; each exchange costs one small CPU all-reduce; alone, every step, for free).
-    ``checkpoint_every_s`` / ``checkpoint_every_steps``: periodic checkpoints (0 = off; stops
-    always checkpoint).
-    ``keep_last``: checkpoints kept. ``data_seed``: seed of the data order.
-    ``scaling_rule``: ``None`` = by optimizer type. ``skip_nonfinite``: check the reduced
-    gradient every step (one read pass over it) and skip the update if any value is not finite;
-    with ``False`` only measurement steps are checked (their norms come for free) and other
-    steps always update. ``preimport``: import ``torch._dynamo`` (which
-    the first optimizer use needs, 1.5-3 s) in the background while the process group forms.
-    """
-
-    initial_batch_size: int
-    max_batch_size: int | None = None
-    min_local_batch_size: int | None = None
-    max_local_batch_size: int | None = None
-    max_accum_steps: int | None = None
-    gns_every_steps: int = 16
-    gns_smoothing: float = 0.95
-    control_interval_s: float = 0.5
-    checkpoint_every_s: float = 600.0
-    checkpoint_every_steps: int = 0
-    keep_last: int = 3
-    data_seed: int = 0
-    scaling_rule: ScalingRule | None = None
-    skip_nonfinite: bool = True
-    preimport: bool = True
-
-    def __post_init__(self) -> None:
-        if self.initial_batch_size < 1:
-            raise TrainerConfigError("must be >= 1", field="initial_batch_size")
-        if self.gns_every_steps < 0:
-            raise TrainerConfigError("must be >= 0", field="gns_every_steps")
-        if self.control_interval_s < 0:
-            raise TrainerConfigError("must be >= 0", field="control_interval_s")
-        if self.checkpoint_every_s < 0 or self.checkpoint_every_steps < 0:
-            raise TrainerConfigError("must be >= 0", field="checkpoint_every")
-        if self.max_batch_size is not None and self.max_batch_size < self.initial_batch_size:
-            raise TrainerConfigError("must be >= initial_batch_size", field="max_batch_size")
-
-
-@dataclass(frozen=True)
-class DataState:
-    """Where the data stands: ``position`` samples of ``epoch`` consumed, of ``num_samples``."""
-
-    epoch: int = 0
-    position: int = 0
-    num_samples: int | None = None
-
-
-@dataclass(frozen=True)
 class Timings:
     """Durations of the last checkpoint save and of the restore (seconds, this process)."""
 
     save_s: float | None = None
     load_s: float | None = None
     restore_total_s: float | None = None
-
-
-class _StepState:
-    """What the micro-batch entry, the gradient hooks and the optimizer step share for one
-    global step (gradient-noise measurement only; other steps leave it empty)."""
-
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
-        self.measure = False
-        self.sqrt_precond: dict[int, torch.Tensor] | None = None
-        self.local_parts: list[torch.Tensor] = []
-        self.handles: list[Any] = []
-        self.small_params: list[torch.Tensor] = []
-        self.small_copy: list[torch.Tensor] = []
-
-    def remove_hooks(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-        self.handles = []
-
-
-@dataclass
-class _PendingMeasurement:
-    """A measurement whose cross-replica all-reduce is still in flight (finished next step)."""
-
-    work: Any
-    terms: torch.Tensor
-    global_sq: torch.Tensor
-    step_samples: int
 
 
 def _capture_rng() -> dict[str, Any]:
@@ -284,43 +176,22 @@ class ElasticJob:
         self._init_process_group()
         self._control = ControlChannel(self._ctrl_group, self.world_size)
 
-        self._batch = self.env.batch or BatchConfig(options.initial_batch_size, 1)
-        self._pending_batch: BatchConfig | None = None
-        self._data = DataState()
-        self._step = 0
-        self._progress = 0.0
-        self._skipped = 0
-        self._gns = GradientNoiseEstimator(
-            options.initial_batch_size, smoothing=options.gns_smoothing, device=self.device
+        self._loop = StepLoop(
+            options,
+            env=self.env,
+            clock=self._clock,
+            host=self,
+            control=self._control,
+            ctrl_group=self._ctrl_group,
+            device=self.device,
         )
-        self._profiler = StepProfiler(self._clock)
-        self._profile_keys: dict[BatchConfig, ProfileKey] = {}
-        self._state = _StepState()
-        self._pending_gns: _PendingMeasurement | None = None
-        self._precond_cache: dict[int, torch.Tensor] | None = None
-        self._precond_uses = 0
-        self._scratch = Scratch()  # weighted-norm temporaries, reused (measurement steps)
-
         self._model: DistributedDataParallel | None = None
-        self._param_list: list[torch.Tensor] = []
-        self._optimizer: ElasticOptimizer | None = None
         self._loader: ElasticDataLoader | None = None
         self._states: dict[str, Any] = {}
-        self._rule = options.scaling_rule or ScalingRule.NONE
 
-        self._micro: MicroBatch | None = None
-        self._weight_handle: Any = None
-        self._micro_step_called = False
-        self._step_done = True
-        self._weight = 1.0
-
-        self._pending_decision = Decision()
-        self._control_every = 1  # adapted at each exchange (see trainer.control)
-        self._since_exchange = 0
         self._restored = False
         self._restore_info: RestoreInfo | None = None
         self._last_checkpoint: CheckpointInfo | None = None
-        self._last_checkpoint_s = self._clock.monotonic_s()
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="coadapt-ckpt")
         self._pending_write: Future[None] | None = None
         self.timings = Timings()
@@ -397,29 +268,29 @@ class ElasticJob:
     @property
     def batch(self) -> BatchConfig:
         """The batch configuration in force."""
-        return self._batch
+        return self._loop.batch
 
     @property
     def step(self) -> int:
         """Optimizer steps taken over the whole run (including skipped ones)."""
-        return self._step
+        return self._loop.step
 
     @property
     def skipped_steps(self) -> int:
-        return self._skipped
+        return self._loop.skipped
 
     @property
     def progress(self) -> float:
         """Initial-batch-size iterations of progress (see :mod:`trainer.scaling`)."""
-        return self._progress
+        return self._loop.progress
 
     @property
     def data_state(self) -> DataState:
-        return self._data
+        return self._loop.data
 
     @property
     def epoch(self) -> int:
-        return self._data.epoch
+        return self._loop.data.epoch
 
     @property
     def gns_every_steps(self) -> int:
@@ -428,29 +299,29 @@ class ElasticJob:
     @property
     def micro_batch(self) -> MicroBatch | None:
         """The micro-batch the loader handed out last (``None`` outside an epoch)."""
-        return self._micro
+        return self._loop.micro_batch
 
     @property
     def at_step_boundary(self) -> bool:
         """True once ``optimizer.step()`` has applied (or skipped) the current global batch."""
-        return self._step_done
+        return self._loop.at_step_boundary
 
     @property
     def scaling_rule(self) -> ScalingRule:
-        return self._rule
+        return self._loop.rule
 
     @property
     def gradient_stats(self) -> GradientStats | None:
         """Host view of the smoothed statistics (as of the last measurement step but one)."""
-        values = self._gns.values()
+        values = self._loop.gns.values()
         if values is None:
             return None
         return GradientStats(
             initial_batch_size=self.options.initial_batch_size,
             grad_sqr=values[0],
             grad_var=values[1],
-            measurements=self._gns.measurements,
-            preconditioned=self._rule is ScalingRule.SQRT,
+            measurements=self._loop.gns.measurements,
+            preconditioned=self._loop.rule is ScalingRule.SQRT,
         )
 
     @property
@@ -467,16 +338,16 @@ class ElasticJob:
         Completes a measurement still in flight first, and forces a device-to-host copy: for
         tests and debugging, not for the training loop.
         """
-        self._finish_measurement()
-        return [float(v) for v in self._gns.state.tolist()]
+        self._loop.finish_measurement()
+        return [float(v) for v in self._loop.gns.state.tolist()]
 
     def gain(self) -> float:
         """AdaScale gain at the current batch size from the host statistics (1 before data)."""
-        values = self._gns.values()
-        ratio = self._batch.global_batch_size / self.options.initial_batch_size
-        if values is None:
-            return 1.0
-        return adascale_gain(values[0], values[1], ratio)
+        return self._loop.gain()
+
+    def gain_at(self, ratio: float) -> float:
+        """AdaScale gain at ``ratio`` times the initial batch size (1 before data)."""
+        return self._loop.gain_at(ratio)
 
     # ------------------------------------------------------------------ setup
     def prepare(
@@ -506,28 +377,29 @@ class ElasticJob:
         ddp = DistributedDataParallel(model, **ddp_kwargs)
         # The first parameter's gradient is (nearly always) the last one the backward pass
         # produces: its accumulation marks "compute done" for the profiler's sync split.
-        self._param_list = [p for p in model.parameters() if p.requires_grad]
-        if not self._param_list:
+        params: list[torch.Tensor] = [p for p in model.parameters() if p.requires_grad]
+        if not params:
             raise TrainerConfigError("the model has no trainable parameters", field="model")
-        self._param_list[0].register_post_accumulate_grad_hook(self._mark_grads_done)
+        params[0].register_post_accumulate_grad_hook(self._loop.mark_grads_done)
         self._model = ddp
-        self._rule = self.options.scaling_rule or default_rule(optimizer)
-        self._optimizer = ElasticOptimizer(optimizer, self, self._rule)
+        rule = self.options.scaling_rule or default_rule(optimizer)
+        elastic = ElasticOptimizer(optimizer, self._loop, rule)
+        self._loop.attach(ddp, params, elastic)
         self._states["model"] = model
         self._states["optimizer"] = optimizer
         if lr_scheduler is not None:
             self._states["lr_scheduler"] = lr_scheduler
             self._guard_scheduler(lr_scheduler)
-        return ddp, self._optimizer
+        return ddp, elastic
 
     def _guard_scheduler(self, scheduler: Any) -> None:
         """Make ``scheduler.step()`` a no-op inside accumulation by giving the instance a
         subclass (an instance attribute would end up in the scheduler's ``state_dict``)."""
-        job = self
+        loop = self._loop
         base = type(scheduler)
 
         def step(sched: Any, *args: Any, **kwargs: Any) -> Any:
-            if job._micro is not None and not job._step_done:
+            if loop.inside_accumulation:
                 return None
             return base.step(sched, *args, **kwargs)
 
@@ -542,7 +414,7 @@ class ElasticJob:
         if self._loader is not None:
             raise TrainerUsageError("a job has one elastic data loader")
         self._loader = ElasticDataLoader(
-            self, dataset, shuffle=shuffle, seed=self.options.data_seed, **dataloader_kwargs
+            self._loop, dataset, shuffle=shuffle, seed=self.options.data_seed, **dataloader_kwargs
         )
         return self._loader
 
@@ -557,7 +429,7 @@ class ElasticJob:
     # ------------------------------------------------------------------ requests
     def request_batch_config(self, batch: BatchConfig) -> None:
         """Use ``batch`` from the next epoch boundary on (rank 0's request is what counts)."""
-        self._pending_batch = batch
+        self._loop.pending_batch = batch
 
     def request_stop(self) -> None:
         """Checkpoint and stop at the next agreed step (as on SIGTERM)."""
@@ -574,7 +446,7 @@ class ElasticJob:
 
     def _on_reply(self, reply: ReportReply) -> None:
         if reply.batch is not None:
-            self._pending_batch = reply.batch
+            self._loop.pending_batch = reply.batch
         if reply.stop and self._stop_cause is None:
             self._stop_cause = StopCause.CONTROLLER
 
@@ -625,13 +497,13 @@ class ElasticJob:
             logger.info(
                 "restored %s (step %d, epoch %d, position %d) in %.3f s (read %.3f s)",
                 self._restore_info.checkpoint.name if self._restore_info else "?",
-                self._step,
-                self._data.epoch,
-                self._data.position,
+                self._loop.step,
+                self._loop.data.epoch,
+                self._loop.data.position,
                 load_s,
                 read_s,
             )
-        self._profiler.break_chain()
+        self._loop.profiler.break_chain()
         return self._restore_info
 
     def _apply_checkpoint(self, payload: dict[str, Any]) -> None:
@@ -650,15 +522,15 @@ class ElasticJob:
             else:
                 logger.warning("checkpoint has no state for %r; keeping its current state", name)
         t = payload["trainer"]
-        self._step = int(t["step"])
-        self._progress = float(t["progress"])
-        self._skipped = int(t["skipped_steps"])
-        self._data = DataState(int(t["epoch"]), int(t["position"]), t["num_samples"])
-        self._gns.load_state_dict(t["gns"])
+        self._loop.step = int(t["step"])
+        self._loop.progress = float(t["progress"])
+        self._loop.skipped = int(t["skipped_steps"])
+        self._loop.data = DataState(int(t["epoch"]), int(t["position"]), t["num_samples"])
+        self._loop.gns.load_state_dict(t["gns"])
         saved_batch = BatchConfig.from_dict(t["batch"])
-        self._batch = self.env.batch or saved_batch
-        if self._batch != saved_batch:
-            logger.info("batch configuration %s -> %s at restart", saved_batch, self._batch)
+        self._loop.batch = self.env.batch or saved_batch
+        if self._loop.batch != saved_batch:
+            logger.info("batch configuration %s -> %s at restart", saved_batch, self._loop.batch)
         rng = payload["rng"]
         if self.rank < len(rng):
             _apply_rng(rng[self.rank])
@@ -670,19 +542,19 @@ class ElasticJob:
         return {
             "format": CHECKPOINT_FORMAT,
             "job_id": self.env.job_id,
-            "step": self._step,
+            "step": self._loop.step,
             "world_size": self.world_size,
             "saved_at_s": self._clock.now_s(),
             "states": {name: obj.state_dict() for name, obj in self._states.items()},
             "trainer": {
-                "step": self._step,
-                "progress": self._progress,
-                "skipped_steps": self._skipped,
-                "epoch": self._data.epoch,
-                "position": self._data.position,
-                "num_samples": self._data.num_samples,
-                "batch": self._batch.to_dict(),
-                "gns": self._gns.state_dict(),
+                "step": self._loop.step,
+                "progress": self._loop.progress,
+                "skipped_steps": self._loop.skipped,
+                "epoch": self._loop.data.epoch,
+                "position": self._loop.data.position,
+                "num_samples": self._loop.data.num_samples,
+                "batch": self._loop.batch.to_dict(),
+                "gns": self._loop.gns.state_dict(),
             },
             "rng": rng,
         }
@@ -693,11 +565,11 @@ class ElasticJob:
         Rank 0 serialises; the write runs in the background unless ``wait``. With ``wait``,
         every rank returns only once the checkpoint is stored. Returns the info on rank 0.
         """
-        if not self._step_done:
+        if not self._loop.at_step_boundary:
             raise TrainerUsageError("checkpoints are taken between optimizer steps")
         start = self._clock.monotonic_s()
         self._control.drain()
-        self._finish_measurement()
+        self._loop.finish_measurement()
         rng_states: list[Any] = [None] * self.world_size
         if self.world_size > 1:
             dist.gather_object(
@@ -712,14 +584,14 @@ class ElasticJob:
         if self.rank == 0:
             if self._pending_write is not None:
                 self._pending_write.result()
-            blob, info = encode(self._checkpoint_payload(rng_states), self._step)
+            blob, info = encode(self._checkpoint_payload(rng_states), self._loop.step)
             self._pending_write = self._writer.submit(self._manager.write, blob, info)
             if wait:
                 self._pending_write.result()
             self._last_checkpoint = info
         if wait and self.world_size > 1:
             dist.barrier(group=self._ctrl_group)
-        self._last_checkpoint_s = self._clock.monotonic_s()
+        self._loop.note_checkpoint()
         self.timings = dataclasses.replace(self.timings, save_s=self._clock.monotonic_s() - start)
         return info
 
@@ -733,331 +605,41 @@ class ElasticJob:
         if not self._restored:
             self.restore()
         while True:
-            self._normalize_epoch()
-            epoch = self._data.epoch
+            self._loop.normalize_epoch()
+            epoch = self._loop.data.epoch
             if epoch >= total:
                 return
             yield epoch
-            self._safe_point()
-            if self._data.epoch == epoch:
-                self._data = DataState(epoch + 1, 0, self._data.num_samples)
-
-    def _normalize_epoch(self) -> None:
-        n = self._data.num_samples
-        if n is not None and self._data.position >= n:
-            self._data = DataState(self._data.epoch + 1, 0, n)
-
-    def _start_epoch_iteration(self, num_samples: int) -> None:
-        if not self._restored:
-            self.restore()
-        if self._model is None or self._optimizer is None:
-            raise TrainerUsageError("call prepare() before iterating the data loader")
-        if not self._step_done:
-            raise TrainerUsageError("optimizer.step() was not called for the last global batch")
-        if self._data.num_samples is None:
-            self._data = dataclasses.replace(self._data, num_samples=num_samples)
-        elif self._data.num_samples != num_samples:
-            raise TrainerConfigError(
-                f"dataset has {num_samples} samples, the checkpoint {self._data.num_samples}",
-                field="dataset",
-            )
-        self._safe_point()
-        self._normalize_epoch()
-        if self._data.position == 0:
-            self._agree_batch_config()
-        self._micro = None
-        self._profiler.break_chain()
-
-    def _agree_batch_config(self) -> None:
-        """At an epoch boundary, every rank adopts rank 0's pending batch configuration."""
-        pending = self._pending_batch if self.rank == 0 else None
-        if self.world_size > 1:
-            self._control.drain()
-            flat = torch.tensor(
-                [0, 0, 0]
-                if pending is None
-                else [1, pending.global_batch_size, pending.accum_steps],
-                dtype=torch.int64,
-            )
-            dist.broadcast(flat, src=0, group=self._ctrl_group)
-            has, size, accum = (int(v) for v in flat.tolist())
-            pending = BatchConfig(size, accum) if has else None
-        self._pending_batch = None
-        if pending is not None and pending != self._batch:
-            logger.info(
-                "batch configuration %s -> %s at epoch %d", self._batch, pending, self.epoch
-            )
-            self._batch = pending
-
-    def _leave_epoch_iteration(self) -> None:
-        self._micro = None
-
-    def _enter_micro_batch(self, mb: MicroBatch) -> None:
-        state = self._state
-        if mb.index == 0:
-            self._safe_point()
-            if not self._step_done:
-                raise TrainerUsageError(
-                    f"optimizer.step() was not called for global step {mb.step - 1}"
-                )
-            self._step_done = False
-            self._profiler.begin_step()
-            if mb.measure:
-                state.reset()
-                state.measure = True
-                state.sqrt_precond = self._preconditioner()
-        if mb.measure and mb.is_last and self.world_size > 1:
-            # Local gradient norms, read as each gradient is accumulated, before DDP's reducer
-            # copies the reduced values back (measurement steps only; removed at the step).
-            weights = state.sqrt_precond or {}
-            for p in self._params:
-                state.handles.append(
-                    p.register_post_accumulate_grad_hook(
-                        lambda q, w=weights.get(id(p)): state.local_parts.append(
-                            sq_norm_one(q.grad, w, self._scratch)
-                        )
-                    )
-                )
-        elif mb.measure and mb.index == 1 and self.world_size == 1:
-            # One replica: keep the first micro-batch's mean gradient (measurement steps only).
-            # After micro-batch 0 the gradient is (b0 / B) * mean_0.
-            params = [p for p in self._params if p.grad is not None]
-            state.small_params = params
-            state.small_copy = list(
-                torch._foreach_mul(
-                    [p.grad for p in params],  # type: ignore[misc]  # not None: filtered
-                    mb.step_samples / mb.ref_size,
-                )
-            )
-        model = self._model
-        if model is not None:
-            if model.require_backward_grad_sync is not mb.is_last:
-                model.require_backward_grad_sync = mb.is_last
-            # The output-gradient weight hook exists only while some weight is not 1.
-            if mb.weight != 1.0 and self._weight_handle is None:
-                self._weight_handle = model.register_forward_hook(self._forward_hook)
-            elif mb.weight == 1.0 and self._weight_handle is not None:
-                self._weight_handle.remove()
-                self._weight_handle = None
-        self._weight = mb.weight
-        self._micro = mb
-        self._micro_step_called = False
-
-    @property
-    def _params(self) -> list[torch.Tensor]:
-        return self._param_list
-
-    def _preconditioner(self) -> dict[int, torch.Tensor] | None:
-        """Adam's ``sqrt(1/(sqrt(v_hat)+eps))``, recomputed every ``PRECOND_REFRESH``
-        measurements (it drifts slowly; any fixed weighting keeps the estimates unbiased)."""
-        opt = self._optimizer
-        if self._rule is not ScalingRule.SQRT or opt is None or not is_adam_type(opt.inner):
-            return None
-        if self._precond_cache is None or self._precond_uses >= PRECOND_REFRESH:
-            self._precond_cache = adam_sqrt_preconditioner(opt.inner, self._precond_cache)
-            self._precond_uses = 0
-        self._precond_uses += 1
-        return self._precond_cache
-
-    def _mark_grads_done(self, param: torch.Tensor) -> None:
-        self._profiler.mark_last_bucket()
-
-    def _forward_hook(self, module: Any, inputs: Any, output: Any) -> Any:
-        weight = self._weight
-        if weight != 1.0 and torch.is_grad_enabled():
-            for tensor in _tensors_in(output):
-                if tensor.requires_grad:
-                    tensor.register_hook(lambda g, w=weight: g * w)
-        return None
-
-    def _zero_grad_allowed(self) -> bool:
-        if self._micro is None or self._step_done:
-            return True
-        return self._micro.index == 0 and not self._micro_step_called
-
-    def _optimizer_step(self, opt: ElasticOptimizer, closure: Callable[[], Any] | None) -> Any:
-        mb = self._micro
-        if mb is None:
-            raise TrainerUsageError("optimizer.step() outside an epoch of the elastic data loader")
-        self._micro_step_called = True
-        if not mb.is_last:
-            return None
-        if self._step_done:
-            raise TrainerUsageError("optimizer.step() called twice for one global batch")
-        state = self._state
-        if state.handles:
-            state.remove_hooks()
-        self._finish_measurement()
-        params = [p for p in self._params if p.grad is not None]
-        if not params:
-            raise TrainerUsageError("optimizer.step() before backward() on the last micro-batch")
-        grads: list[torch.Tensor] = [p.grad for p in params]  # type: ignore[misc]  # filtered
-        global_sq = None
-        if mb.measure:
-            global_sq = sq_norm_params(grads, params, state.sqrt_precond, self._scratch)
-            check = global_sq
-        elif self.options.skip_nonfinite:
-            check = torch.stack([g.sum() for g in grads]).sum()
-        else:
-            check = None
-        # the one host read per step
-        finite = check is None or bool(torch.isfinite(check).item())
-        self._since_exchange += 1
-        exchange = self._since_exchange >= self._control_every
-        decision = _NO_DECISION
-        if exchange:
-            self._since_exchange = 0
-            decision = self._control.collect()
-            if decision.next_every and self.world_size > 1:  # alone, exchanging is free
-                self._control_every = decision.next_every
-        if mb.measure:
-            self._gns.refresh()
-        ratio = mb.batch.global_batch_size / self.options.initial_batch_size
-        gain = self.gain_at(ratio)
-        result = None
-        if finite:
-            if global_sq is not None:
-                self._start_measurement(mb, global_sq)
-            result = opt.scaled_step(lr_factor(self._rule, gain, ratio), closure)
-            self._progress += gain * mb.step_samples / mb.batch.global_batch_size
-        else:
-            self._skipped += 1
-            logger.warning(
-                "step %d: non-finite gradient; update skipped (%d skipped so far)",
-                self._step,
-                self._skipped,
-            )
-        if mb.measure:
-            state.reset()
-        data = self._data
-        self._data = DataState(data.epoch, data.position + mb.step_samples, data.num_samples)
-        self._step += 1
-        self._step_done = True
-        self._profiler.end_step(
-            self._profile_key(mb.batch),
-            # typical steps only: a full global batch, split as configured
-            record=mb.step_samples == mb.batch.global_batch_size
-            and mb.count == mb.batch.accum_steps,
-        )
-        if exchange:
-            self._control.post(
-                stop=self._stop_cause is not None,
-                checkpoint=self._checkpoint_due(),
-                next_every=self._propose_control_every(),
-            )
-        self._after_step(decision)
-        return result
-
-    def _propose_control_every(self) -> int:
-        """Rank 0: steps per ``control_interval_s`` at the recent step time (1..64)."""
-        if self.rank != 0:
-            return 0
-        step_s = self._profiler.recent_step_s()
-        if step_s is None or step_s <= 0:
-            return 1
-        return max(1, min(64, int(self.options.control_interval_s / step_s)))
-
-    def _profile_key(self, batch: BatchConfig) -> ProfileKey:
-        key = self._profile_keys.get(batch)
-        if key is None:
-            key = ProfileKey(
-                self.env.num_nodes,
-                self.world_size,
-                batch.local_batch_size(self.world_size),
-                batch.accum_steps,
-            )
-            self._profile_keys[batch] = key
-        return key
-
-    def gain_at(self, ratio: float) -> float:
-        values = self._gns.values()
-        return 1.0 if values is None else adascale_gain(values[0], values[1], ratio)
-
-    def _start_measurement(self, mb: MicroBatch, global_sq: torch.Tensor) -> None:
-        """Fold this step's norms into the estimator (one replica) or start the tiny
-        all-reduce of the replicas' terms, finished at the next step (several)."""
-        state = self._state
-        B = mb.step_samples
-        if self.world_size == 1:
-            if not state.small_copy:
-                return
-            final: list[torch.Tensor] = [p.grad for p in state.small_params]  # type: ignore[misc]
-            diff = torch._foreach_sub(final, state.small_copy)
-            diff_sq = sq_norm_params(diff, state.small_params, state.sqrt_precond, self._scratch)
-            sigma2 = sigma2_from_difference(diff_sq, mb.ref_size, B)
-            self._gns.update(grad_sqr_from(global_sq, sigma2, B), sigma2)
-            self._gns.publish()
-            return
-        if not state.local_parts:
-            return
-        # Local gradient = (W / B) * sum of local per-sample gradients = (W n / B) * m_local.
-        scale = B / (self.world_size * mb.local_samples)
-        local_sq = torch.stack(state.local_parts).sum() * scale**2
-        terms = small_batch_terms(local_sq, mb.local_samples, B)
-        work = dist.all_reduce(terms, async_op=True)
-        self._pending_gns = _PendingMeasurement(work, terms, global_sq, B)
-
-    def _finish_measurement(self) -> None:
-        pending = self._pending_gns
-        if pending is None:
-            return
-        self._pending_gns = None
-        pending.work.wait()
-        sigma2 = sigma2_from_replicas(pending.global_sq, pending.terms, self.world_size)
-        self._gns.update(grad_sqr_from(pending.global_sq, sigma2, pending.step_samples), sigma2)
-        self._gns.publish()
-
-    def _checkpoint_due(self) -> bool:
-        every = self.options.checkpoint_every_s
-        return (
-            self.rank == 0
-            and every > 0
-            and self._clock.monotonic_s() - self._last_checkpoint_s >= every
-        )
-
-    def _after_step(self, decision: Decision) -> None:
-        """Remember what the step agreed; it is acted on at the next safe point."""
-        every = self.options.checkpoint_every_steps
-        checkpoint = decision.checkpoint or bool(every and self._step % every == 0)
-        if decision.stop or checkpoint:
-            pending = self._pending_decision
-            self._pending_decision = Decision(
-                stop=pending.stop or decision.stop, checkpoint=pending.checkpoint or checkpoint
-            )
-
-    def _safe_point(self) -> None:
-        """Between global batches, after the user's loop body finished the last one (so its
-        own per-step work, e.g. ``scheduler.step()``, is in the checkpoint): stop or save if a
-        step agreed to. Every rank reaches the same safe point with the same decision."""
-        decision = self._pending_decision
-        if not (decision.stop or decision.checkpoint):
-            return
-        self._pending_decision = Decision()
-        if decision.stop:
-            cause = self._stop_cause or StopCause.PEER
-            # A SIGTERM may come from torchrun's agent restarting the workers for a membership
-            # change: only a notice, the controller or the script mean "this node stops".
-            initiated = cause in (StopCause.NOTICE, StopCause.CONTROLLER, StopCause.REQUEST)
-            info = self.save_checkpoint(wait=True)
-            name = info.name if info else None
-            logger.warning(
-                "stopping at step %d (%s); checkpoint saved in %.3f s",
-                self._step,
-                cause,
-                self.timings.save_s or 0.0,
-            )
-            self._write_marker(ExitKind.STOPPED, cause=str(cause), initiated=initiated, name=name)
-            self._shutdown(final_report=True)
-            self._exit_fast = True
-            raise JobStopped(self._step, name)
-        self.save_checkpoint(wait=False)
+            self._loop.safe_point()
+            if self._loop.data.epoch == epoch:
+                self._loop.data = DataState(epoch + 1, 0, self._loop.data.num_samples)
 
     # ------------------------------------------------------------------ end
+    def stop_at_safe_point(self, cause: StopCause) -> NoReturn:
+        """Called by the step loop at the safe point where the ranks agreed to stop: save the
+        stop checkpoint (collective), write this worker's exit marker, stop the background
+        threads and raise :class:`JobStopped` (the process then exits fast, status 0)."""
+        # A SIGTERM may come from torchrun's agent restarting the workers for a membership
+        # change: only a notice, the controller or the script mean "this node stops".
+        initiated = cause in (StopCause.NOTICE, StopCause.CONTROLLER, StopCause.REQUEST)
+        info = self.save_checkpoint(wait=True)
+        name = info.name if info else None
+        logger.warning(
+            "stopping at step %d (%s); checkpoint saved in %.3f s",
+            self._loop.step,
+            cause,
+            self.timings.save_s or 0.0,
+        )
+        self._write_marker(ExitKind.STOPPED, cause=str(cause), initiated=initiated, name=name)
+        self._shutdown(final_report=True)
+        self._exit_fast = True
+        raise JobStopped(self._loop.step, name)
+
     def finish(self) -> None:
         """Training is complete: save a final checkpoint, report, mark done (collective)."""
         if self._finished:
             return
-        if not self._step_done:
+        if not self._loop.at_step_boundary:
             raise TrainerUsageError("finish() in the middle of a global batch")
         info = self.save_checkpoint(wait=True)
         self._finished = True
@@ -1075,7 +657,7 @@ class ElasticJob:
                 kind=kind,
                 cause=cause,
                 initiated=initiated,
-                step=self._step,
+                step=self._loop.step,
                 checkpoint=name or (self._last_checkpoint.name if self._last_checkpoint else None),
             )
         )
@@ -1136,35 +718,24 @@ class ElasticJob:
             sent_at_s=self._clock.now_s(),
             world_size=self.world_size,
             num_nodes=self.env.num_nodes,
-            batch=self._batch,
-            step=self._step,
-            skipped_steps=self._skipped,
-            epoch=self._data.epoch,
-            epoch_position=self._data.position,
-            progress=self._progress,
+            batch=self._loop.batch,
+            step=self._loop.step,
+            skipped_steps=self._loop.skipped,
+            epoch=self._loop.data.epoch,
+            epoch_position=self._loop.data.position,
+            progress=self._loop.progress,
             gradient=self.gradient_stats,
-            profiles=self._profiler.snapshot(),
+            profiles=self._loop.profiler.snapshot(),
             hints=JobHints(
                 initial_batch_size=options.initial_batch_size,
                 max_batch_size=options.max_batch_size,
                 min_local_batch_size=options.min_local_batch_size,
                 max_local_batch_size=options.max_local_batch_size,
                 max_accum_steps=options.max_accum_steps,
-                scaling_rule=str(self._rule),
+                scaling_rule=str(self._loop.rule),
             ),
             standalone=self.env.standalone,
         )
-
-
-def _tensors_in(value: Any) -> Iterator[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _tensors_in(item)
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _tensors_in(item)
 
 
 def _is_peer_failure(error: BaseException | None) -> bool:

@@ -16,10 +16,12 @@ from __future__ import annotations
 import enum
 import json
 import os
-import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from coadapt_common.atomic import write_text_atomic
+from coadapt_common.procfs import process_start_time
 
 
 class StopCause(enum.StrEnum):
@@ -84,24 +86,6 @@ class ControlChannel:
             self._pending[0].wait()
 
 
-def process_start_time(pid: int) -> str | None:
-    """The kernel's start time of ``pid`` (clock ticks since boot; Linux), or ``None``."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # Field 22; the command name (field 2) may contain spaces, so split after its ')'.
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return fields[19] if len(fields) > 19 else None
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 @dataclass(frozen=True)
 class ExitMarker:
     """Why one worker exited. ``rank`` is its local rank on the node (the file key)."""
@@ -145,7 +129,7 @@ class RunDir:
 
     def write_pid(self, rank: int, pid: int | None = None) -> None:
         pid = os.getpid() if pid is None else pid
-        _atomic_write(self.pid_dir / f"rank-{rank}.pid", f"{pid} {process_start_time(pid)}\n")
+        write_text_atomic(self.pid_dir / f"rank-{rank}.pid", f"{pid} {process_start_time(pid)}\n")
 
     def pids(self) -> list[tuple[int, str | None]]:
         """``(pid, start_time)`` of every worker that registered."""
@@ -159,7 +143,7 @@ class RunDir:
         return out
 
     def write_marker(self, marker: ExitMarker) -> None:
-        _atomic_write(self.marker_dir / f"rank-{marker.rank}.json", marker.to_json())
+        write_text_atomic(self.marker_dir / f"rank-{marker.rank}.json", marker.to_json())
 
     def clear_marker(self, rank: int) -> None:
         (self.marker_dir / f"rank-{rank}.json").unlink(missing_ok=True)

@@ -34,15 +34,21 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from trainer.errors import TrainerConfigError
 from trainer.report import BatchConfig
 
-if TYPE_CHECKING:  # pragma: no cover
-    from trainer.api import ElasticJob
+
+@dataclass(frozen=True)
+class DataState:
+    """Where the data stands: ``position`` samples of ``epoch`` consumed, of ``num_samples``."""
+
+    epoch: int = 0
+    position: int = 0
+    num_samples: int | None = None
 
 
 def epoch_order(num_samples: int, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
@@ -212,6 +218,40 @@ def plan_epoch(
         step += 1
 
 
+class LoaderJob(Protocol):
+    """The port :class:`ElasticDataLoader` drives; :class:`trainer.stepping.StepLoop` implements it.
+
+    The read-only views say where the job stands; ``start_epoch_iteration(num_samples)`` is
+    called once before an epoch's first micro-batch (it may run a safe point and adopt a new
+    batch configuration), ``enter_micro_batch(mb)`` before each micro-batch is handed out, and
+    ``leave_epoch_iteration()`` after the last one.
+    """
+
+    @property
+    def data_state(self) -> DataState: ...
+
+    @property
+    def step(self) -> int: ...
+
+    @property
+    def batch(self) -> BatchConfig: ...
+
+    @property
+    def world_size(self) -> int: ...
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def gns_every_steps(self) -> int: ...
+
+    def start_epoch_iteration(self, num_samples: int) -> None: ...
+
+    def enter_micro_batch(self, mb: MicroBatch) -> None: ...
+
+    def leave_epoch_iteration(self) -> None: ...
+
+
 class ElasticDataLoader:
     """Iterates one epoch of ``dataset`` for this replica, from the job's current position.
 
@@ -225,7 +265,7 @@ class ElasticDataLoader:
 
     def __init__(
         self,
-        job: ElasticJob,
+        job: LoaderJob,
         dataset: Any,
         *,
         shuffle: bool = True,
@@ -266,7 +306,7 @@ class ElasticDataLoader:
     def __iter__(self) -> Iterator[Any]:
         from torch.utils.data import DataLoader
 
-        self.job._start_epoch_iteration(len(self.dataset))
+        self.job.start_epoch_iteration(len(self.dataset))
         plan = self.plan()
         if not plan:
             return
@@ -276,6 +316,6 @@ class ElasticDataLoader:
             **self._kwargs,
         )
         for micro, batch in zip(plan, loader, strict=True):
-            self.job._enter_micro_batch(micro)
+            self.job.enter_micro_batch(micro)
             yield batch
-        self.job._leave_epoch_iteration()
+        self.job.leave_epoch_iteration()

@@ -1,12 +1,12 @@
 """Trainer error root and its typed subclasses.
 
 Every error ``trainer`` raises on purpose derives from :class:`TrainerError` (itself under
-``autoscaler.errors.CoadaptError``). This module is torch-free and cheap to import.
+``coadapt_common.errors.CoadaptError``). This module is torch-free and cheap to import.
 """
 
 from __future__ import annotations
 
-from autoscaler.errors import CoadaptError
+from coadapt_common.errors import CoadaptError
 
 
 class TrainerError(CoadaptError):

@@ -45,10 +45,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autoscaler.clock import Clock, SystemClock
+from coadapt_common.clock import Clock, SystemClock
+from coadapt_common.procfs import is_running, process_start_time, read_stat
 from trainer import env as envvars
 from trainer import preload
-from trainer.control import ExitKind, ExitMarker, RunDir, process_start_time
+from trainer.control import ExitKind, ExitMarker, RunDir
 from trainer.errors import LaunchError, TrainerConfigError
 
 logger = logging.getLogger("trainer.launch")
@@ -215,7 +216,7 @@ def end_processes(
     deadline = clock.monotonic_s() + grace_s
     remaining = list(alive)
     while remaining and clock.monotonic_s() < deadline:
-        remaining = [pid for pid in remaining if _alive(pid)]
+        remaining = [pid for pid in remaining if is_running(read_stat(pid))]
         if remaining:
             clock.sleep(0.05)
     for pid in remaining:
@@ -234,19 +235,6 @@ def _signal_all(pids: Sequence[tuple[int, str | None]], signum: int) -> bool:
             os.kill(pid, signum)
             sent = True
     return sent
-
-
-def _alive(pid: int) -> bool:
-    state = _proc_state(pid)
-    return state is not None and state != "Z"
-
-
-def _proc_state(pid: int) -> str | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat[stat.rindex(")") + 2 :].split()[0]
 
 
 class Launcher:
@@ -426,7 +414,7 @@ class Launcher:
         markers = rd.markers()
         if {m.rank for m in markers} != set(range(self.config.nproc_per_node)):
             return None
-        if any(_alive(pid) for pid, _ in rd.pids()):
+        if any(is_running(read_stat(pid)) for pid, _ in rd.pids()):
             return None
         return {m.kind for m in markers}
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from autoscaler.clock import Clock, SystemClock
+from coadapt_common.clock import Clock, SystemClock
 from trainer.report import ProfileEntry
 
 

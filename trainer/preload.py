@@ -23,7 +23,8 @@ OpenMP pool (imports do neither); it logs a warning if other native threads exis
 pool, when ``OMP_NUM_THREADS``/``OPENBLAS_NUM_THREADS`` is not 1). If the server is not reachable
 within ``connect_timeout_s``, the client runs the script in a fresh interpreter instead.
 
-Standard library only at import time.
+Standard library only at import time (the server imports the stdlib-only
+``coadapt_common.procfs`` when it forks).
 """
 
 from __future__ import annotations
@@ -167,7 +168,9 @@ def _accept(listener: socket.socket, children: dict[int, socket.socket], server_
         logger.warning("preload: bad request (%s)", e)
         conn.close()
         return
-    threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
+    from coadapt_common.procfs import native_thread_count  # server side only: the client stays lean
+
+    threads = native_thread_count() or 1
     if threads > 1:
         logger.warning("preload: forking with %d native threads (set OMP_NUM_THREADS=1)", threads)
     for stream in (sys.stdout, sys.stderr):

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from autoscaler.clock import Clock, SystemClock
+from coadapt_common.clock import Clock, SystemClock
 from trainer.errors import ReportSchemaError, TrainerConfigError
 from trainer.report import ReportReply, TrainerReport, report_path
 

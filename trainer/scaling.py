@@ -27,14 +27,22 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
 from trainer.errors import TrainerConfigError
 
-if TYPE_CHECKING:  # pragma: no cover
-    from trainer.api import ElasticJob
+
+class StepDriver(Protocol):
+    """The port :class:`ElasticOptimizer` calls (implemented by :class:`trainer.stepping.StepLoop`):
+    ``zero_grad_allowed()`` is false while gradients accumulate within a global step;
+    ``optimizer_step(opt, closure)`` runs (or, on an accumulation micro-batch, skips) the step
+    of ``opt`` with the job's per-step bookkeeping, and returns what the inner step returned."""
+
+    def zero_grad_allowed(self) -> bool: ...
+
+    def optimizer_step(self, opt: ElasticOptimizer, closure: Callable[[], Any] | None) -> Any: ...
 
 
 class ScalingRule(enum.StrEnum):
@@ -92,7 +100,7 @@ class ElasticOptimizer(torch.optim.Optimizer):
     It is a view: ``Optimizer.__init__`` is deliberately not called.
     """
 
-    def __init__(self, inner: torch.optim.Optimizer, job: ElasticJob, rule: ScalingRule) -> None:
+    def __init__(self, inner: torch.optim.Optimizer, job: StepDriver, rule: ScalingRule) -> None:
         if isinstance(inner, ElasticOptimizer):
             raise TrainerConfigError("optimizer is already wrapped", field="optimizer")
         self.inner = inner
@@ -126,11 +134,11 @@ class ElasticOptimizer(torch.optim.Optimizer):
 
     # --- stepping -----------------------------------------------------------------------
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if self._job._zero_grad_allowed():
+        if self._job.zero_grad_allowed():
             self.inner.zero_grad(set_to_none=set_to_none)
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
-        return self._job._optimizer_step(self, closure)
+        return self._job.optimizer_step(self, closure)
 
     def scaled_step(self, factor: float, closure: Callable[[], Any] | None) -> Any:
         """Run the inner step with every group's learning rate multiplied by ``factor``."""

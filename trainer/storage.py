@@ -25,10 +25,10 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-import uuid
 from pathlib import Path
 from typing import Any, Protocol
 
+from coadapt_common.atomic import write_bytes_atomic
 from trainer.errors import CheckpointNotFoundError, CheckpointStorageError, TrainerConfigError
 
 
@@ -61,21 +61,9 @@ class LocalStore:
 
     def write(self, name: str, data: bytes) -> None:
         path = self.root / _check_name(name)
-        tmp = self.root / f".{name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-            dir_fd = os.open(self.root, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+            write_bytes_atomic(path, data, durable=True)
         except OSError as e:
-            tmp.unlink(missing_ok=True)
             raise CheckpointStorageError(f"cannot write {path}: {e}") from e
 
     def read(self, name: str) -> bytes:

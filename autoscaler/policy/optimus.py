@@ -30,7 +30,7 @@ from autoscaler.jobs import (
     RoundInput,
     fixed_batch_choice,
 )
-from autoscaler.policy import Decision
+from autoscaler.policy.base import Decision
 from autoscaler.policy.placement import pack
 
 __all__ = ["OptimusPolicy"]

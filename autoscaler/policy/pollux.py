@@ -73,7 +73,7 @@ from autoscaler.jobs import (
     RoundInput,
     fixed_batch_choice,
 )
-from autoscaler.policy import Decision
+from autoscaler.policy.base import Decision
 from autoscaler.speedup import SpeedupTable
 
 __all__ = ["PolluxOptions", "PolluxPolicy", "PolluxState", "power_mean"]

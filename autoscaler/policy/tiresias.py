@@ -28,7 +28,7 @@ from autoscaler.jobs import (
     RoundInput,
     fixed_batch_choice,
 )
-from autoscaler.policy import Decision
+from autoscaler.policy.base import Decision
 from autoscaler.policy.placement import pack
 
 __all__ = ["TiresiasPolicy", "TiresiasState"]

@@ -64,80 +64,17 @@ from autoscaler.jobs import (
     RoundInput,
     fixed_batch_choice,
 )
-from autoscaler.policy import Policy
-from autoscaler.sim.cluster import ClusterSpec, NodeGroup, TypeSpeed, uniform_cluster
+from autoscaler.policy.base import Policy
+from autoscaler.sim.cluster import NodeGroup, TypeSpeed
+from autoscaler.sim.config import SimConfig
 from autoscaler.sim.results import JobResult, RoundStats, SimResult
 from autoscaler.traces import AppTrace, load_app
 
-__all__ = ["SimConfig", "SimulationError", "Simulator", "isolated_jct_s", "simulate"]
+__all__ = ["SimulationError", "Simulator", "isolated_jct_s", "simulate"]
 
 
 class SimulationError(AutoscalerError):
     """The simulation cannot proceed (a policy broke an invariant, or it ran past its limit)."""
-
-
-@dataclass(frozen=True)
-class SimConfig:
-    """Cluster and simulation settings.
-
-    ``interference`` is the fractional slowdown of a multi-node job that shares a node with
-    another multi-node job; ``interference_avoidance`` asks policies that support it to keep
-    such sharing away. ``max_time_s`` bounds the simulated time (a policy that starves a job
-    forever fails instead of looping). ``seed`` seeds randomised policies.
-    ``refit_tolerance``: a job's throughput model is refitted when it runs a new configuration
-    whose iteration time the current model mispredicts by more than this fraction (0 = refit
-    on every new configuration). ``fixed_applications``: jobs of these applications are
-    opted out of adaptation (they keep their user's GPU count as a cap, and batch size) — the
-    paper's simulator runs NCF this way under Pollux and Optimus; pass ``()`` to adapt all.
-    ``cluster``: node groups of several GPU types (overrides ``num_nodes`` and
-    ``gpus_per_node``, which describe a uniform T4 cluster); ``traces_dir``: a data folder
-    holding one ``<application>/`` folder each, used instead of the shipped Pollux traces.
-    """
-
-    num_nodes: int = 16
-    gpus_per_node: int = 4
-    interval_s: float = 60.0
-    restart_delay_s: float = 30.0
-    interference: float = 0.0
-    interference_avoidance: bool = True
-    seed: int = 0
-    max_time_s: float = 30 * 24 * 3600.0
-    refit_tolerance: float = 0.05
-    fixed_applications: tuple[str, ...] = ("ncf",)
-    cluster: ClusterSpec | None = None
-    traces_dir: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.num_nodes < 1 or self.gpus_per_node < 1:
-            raise InvalidInputError("need at least one node with one GPU", field="num_nodes")
-        if not self.interval_s > 0 or not math.isfinite(self.interval_s):
-            raise InvalidInputError("interval_s must be > 0", field="interval_s")
-        if self.restart_delay_s < 0:
-            raise InvalidInputError("restart_delay_s must be >= 0", field="restart_delay_s")
-        if self.refit_tolerance < 0:
-            raise InvalidInputError("refit_tolerance must be >= 0", field="refit_tolerance")
-        if not 0 <= self.interference < 1:
-            raise InvalidInputError("interference must be in [0, 1)", field="interference")
-
-    @property
-    def cluster_spec(self) -> ClusterSpec:
-        """The node groups simulated (a uniform T4 cluster unless ``cluster`` is given)."""
-        if self.cluster is not None:
-            return self.cluster
-        return uniform_cluster(self.num_nodes, self.gpus_per_node)
-
-    @property
-    def total_gpus(self) -> int:
-        return self.cluster_spec.total_gpus
-
-    @property
-    def max_gpus_per_node(self) -> int:
-        return self.cluster_spec.max_gpus_per_node
-
-    @property
-    def traces_root(self) -> Path | None:
-        """The trace folder (one sub-folder per application), ``None`` for the shipped one."""
-        return None if self.traces_dir is None else Path(self.traces_dir)
 
 
 @dataclass

@@ -10,14 +10,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from autoscaler.atomic import write_json_atomic
-
-if TYPE_CHECKING:
-    from autoscaler.sim.engine import SimConfig
+from autoscaler.sim.config import SimConfig
+from coadapt_common.atomic import write_json_atomic
 
 __all__ = [
     "JobResult",
@@ -143,5 +141,5 @@ def results_payload(results: Sequence[SimResult], *, include_timing: bool = Fals
 def write_results_json(
     path: str | Path, results: Sequence[SimResult], *, include_timing: bool = False
 ) -> None:
-    """Write results atomically (see :func:`autoscaler.atomic.write_json_atomic`)."""
+    """Write results atomically (see :func:`coadapt_common.atomic.write_json_atomic`)."""
     write_json_atomic(path, results_payload(results, include_timing=include_timing))

@@ -22,7 +22,8 @@ from typing import Any
 
 from autoscaler.errors import InvalidInputError
 from autoscaler.jobs import PolicyName
-from autoscaler.sim.engine import SimConfig, simulate
+from autoscaler.sim.config import SimConfig
+from autoscaler.sim.engine import simulate
 from autoscaler.sim.results import SimResult
 from autoscaler.sim.workload import load_workload
 from autoscaler.traces import data_root

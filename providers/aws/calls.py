@@ -14,7 +14,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from autoscaler.clock import Clock
+from coadapt_common.clock import Clock
 from providers.aws.errors import translate
 from providers.retry import RetryPolicy, call_with_retries
 

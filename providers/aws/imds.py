@@ -21,7 +21,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 
-from autoscaler.clock import Clock, SystemClock
+from coadapt_common.clock import Clock, SystemClock
 from providers.aws.events import parse_imds_instance_action, parse_imds_rebalance
 from providers.base import InterruptionNotice
 from providers.errors import ProviderError, TransientError

@@ -60,7 +60,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from autoscaler.clock import Clock, SystemClock
+from coadapt_common.clock import Clock, SystemClock
 from providers.aws.calls import AwsCaller, make_client
 from providers.aws.catalog import gpu_type_name, on_demand_price_usd_per_hour
 from providers.aws.config import AwsConfig, LaunchApi

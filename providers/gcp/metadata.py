@@ -16,7 +16,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from autoscaler.clock import Clock
+from coadapt_common.clock import Clock
 from providers.base import InterruptionKind, InterruptionNotice
 from providers.errors import ProviderError, TransientError
 from providers.gcp.naming import format_instance_id, last_segment

@@ -22,7 +22,8 @@ from autoscaler.jobs import (
     RoundInput,
     fixed_batch_choice,
 )
-from autoscaler.policy import Decision, make_policy
+from autoscaler.policy import make_policy
+from autoscaler.policy.base import Decision
 from autoscaler.sim.cluster import TypeSpeed, load_cluster
 from autoscaler.sim.engine import SimConfig, _limits, simulate
 from autoscaler.sim.results import results_payload

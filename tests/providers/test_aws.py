@@ -34,7 +34,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from autoscaler.clock import FakeClock
+from coadapt_common.clock import FakeClock
 from providers.aws.catalog import gpu_type_name, on_demand_price_usd_per_hour
 from providers.aws.config import AwsConfig, LaunchApi, LaunchTemplateRef
 from providers.aws.errors import error_from_code

@@ -35,7 +35,7 @@ import pytest
 pytest.importorskip("boto3")
 pytest.importorskip("moto")
 
-from autoscaler.clock import FakeClock
+from coadapt_common.clock import FakeClock
 from emulators.aws_moto import (
     ApiCallCounter,
     CapacityModel,

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from autoscaler.clock import FakeClock
+from coadapt_common.clock import FakeClock
 from providers.base import Market, Offering
 from providers.capacity import (
     PARTIAL_FILL_CODE,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autoscaler.clock import FakeClock
+from coadapt_common.clock import FakeClock
 from providers.base import (
     InstanceState,
     InterruptionKind,

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from autoscaler.clock import FakeClock
+from coadapt_common.clock import FakeClock
 from providers.base import InstanceState, Market, Offering
 from providers.fake import FakeProvider
 from tests.providers.contract import ProviderContract

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from autoscaler.clock import FakeClock, SystemClock
+from coadapt_common.clock import FakeClock, SystemClock
 from emulators.gce_server import FakeGceServer, parse_filter
 from emulators.gcp_env import TEST_PROJECT, FakeGcpEnv, anonymous_credentials
 from providers.base import (

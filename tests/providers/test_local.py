@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from autoscaler.atomic import write_json_atomic
-from autoscaler.clock import FakeClock
+from coadapt_common.atomic import write_json_atomic
+from coadapt_common.clock import FakeClock
 from providers.base import InstanceState, InterruptionKind, LaunchRequest, Market, Offering
 from providers.errors import InstanceNotFoundError, InsufficientCapacityError
 from providers.local import (

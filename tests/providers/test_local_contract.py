@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from autoscaler.clock import FakeClock
+from coadapt_common.clock import FakeClock
 from providers.base import LaunchRequest, Market, Offering
 from providers.local import LocalProvider
 from providers.local_agent import INSTANCE_ENV

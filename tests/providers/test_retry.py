@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from autoscaler.clock import FakeClock
+from coadapt_common.clock import FakeClock
 from providers.errors import (
     AuthError,
     InstanceNotFoundError,

@@ -118,7 +118,7 @@ def test_folder_runs_in_parallel_like_serial(tmp_path: Path) -> None:
         ("tiresias", "w-1"),
         ("tiresias", "w-2"),
     ]
-    from autoscaler.sim.engine import SimConfig
+    from autoscaler.sim.config import SimConfig
 
     serial = run_many(
         [RunSpec(str(folder / "w-2.csv"), "tiresias", SimConfig(num_nodes=2))], processes=1

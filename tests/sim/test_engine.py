@@ -25,7 +25,8 @@ from autoscaler.jobs import (
     fixed_batch_choice,
     num_nodes_of,
 )
-from autoscaler.policy import Decision, make_policy
+from autoscaler.policy import make_policy
+from autoscaler.policy.base import Decision
 from autoscaler.sim.engine import (
     SimConfig,
     SimulationError,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autoscaler.jobs import PolicyName
-from autoscaler.sim.engine import SimConfig
+from autoscaler.sim.config import SimConfig
 from autoscaler.sim.runner import RunSpec, paper_reference, paper_workloads, run_many
 
 

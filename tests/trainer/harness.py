@@ -20,7 +20,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from trainer.control import RunDir, process_start_time
+from coadapt_common.procfs import process_start_time
+from trainer.control import RunDir
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "elastic_mlp.py"

@@ -16,8 +16,9 @@ from typing import ClassVar
 
 import pytest
 
-from autoscaler.clock import FakeClock
-from trainer.control import ExitKind, ExitMarker, RunDir, process_start_time
+from coadapt_common.clock import FakeClock
+from coadapt_common.procfs import process_start_time
+from trainer.control import ExitKind, ExitMarker, RunDir
 from trainer.errors import TrainerConfigError
 from trainer.launch import (
     LaunchConfig,

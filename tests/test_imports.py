@@ -1,0 +1,459 @@
+"""The import rules, checked on the source with ``ast`` (nothing is imported).
+
+Rules over our packages (``autoscaler``, ``coadapt_common``, ``providers``, ``trainer``, and, for
+cycles, ``benchmarks`` and ``tests`` too):
+
+1. ``providers`` and ``trainer`` import nothing from ``autoscaler`` (the act and train planes
+   never depend on the decision plane; ``autoscaler`` may import ``providers``).
+2. ``coadapt_common`` (the shared kernel) imports none of our other packages.
+3. ``providers/local_agent.py`` imports none of our packages: it runs as a standalone script
+   (the local instance agent) and keeps its own tiny atomic writer by design.
+4. No import cycles among modules. Every import counts, including function-level (lazy) imports
+   and imports between a package ``__init__`` and its modules; the one exemption is imports
+   under ``if TYPE_CHECKING:``, which never run. ``from pkg import name`` is an edge to the
+   module ``pkg.name`` when that is a module, else to ``pkg``; importing ``pkg.mod`` is not
+   counted as importing ``pkg/__init__.py`` (Python runs it, but that would make every package
+   that imports its own submodules a cycle).
+5. No module of the four packages uses another module's private names: no ``from ours import
+   _x``, no ``ours_module._x``, and no ``obj._x`` for a private name that the using module does
+   not define itself (a cheap, conservative proxy for "another module's private attribute";
+   receivers bound to third-party imports, e.g. ``torch._foreach_mul``, are not ours and are
+   skipped). Tests are exempt from this rule: they may exercise internals.
+
+The checker is tested on small synthetic trees too, so that each rule is known to fire.
+"""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("autoscaler", "coadapt_common", "providers", "trainer", "benchmarks", "tests")
+LIBRARY = ("autoscaler", "coadapt_common", "providers", "trainer")  # rule 5 applies to these
+STANDALONE = ("providers.local_agent",)
+PUBLIC_UNDERSCORE = frozenset({"_replace", "_asdict", "_fields", "_make"})  # namedtuple API
+
+
+@dataclass(frozen=True)
+class Edge:
+    source: str
+    target: str
+    line: int
+
+
+@dataclass
+class Module:
+    name: str
+    path: Path
+    is_package: bool
+    tree: ast.Module
+    edges: list[Edge] = field(default_factory=list)
+
+
+def discover(root: Path, packages: Iterable[str] = PACKAGES) -> dict[str, Module]:
+    """Every ``.py`` file under ``root/<package>`` as a parsed module, keyed by dotted name."""
+    out: dict[str, Module] = {}
+    for package in packages:
+        base = root / package
+        if not base.is_dir():
+            continue
+        for path in sorted(base.rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            is_package = parts[-1] == "__init__"
+            name = ".".join(parts[:-1] if is_package else parts)
+            tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+            out[name] = Module(name, path, is_package, tree)
+    return out
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _runtime_nodes(tree: ast.AST) -> Iterator[ast.AST]:
+    """Every node, except the bodies of ``if TYPE_CHECKING:`` blocks (their ``else`` runs)."""
+    stack: list[ast.AST] = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            stack.extend(node.orelse)
+            continue
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def _known(name: str, modules: dict[str, Module]) -> str | None:
+    """``name`` or its longest prefix that is one of our modules."""
+    parts = name.split(".")
+    while parts:
+        candidate = ".".join(parts)
+        if candidate in modules:
+            return candidate
+        parts.pop()
+    return None
+
+
+def _from_base(module: Module, node: ast.ImportFrom) -> str:
+    if node.level == 0:
+        return node.module or ""
+    package = module.name if module.is_package else module.name.rpartition(".")[0]
+    parts = package.split(".")
+    if node.level > 1:
+        parts = parts[: len(parts) - (node.level - 1)]
+    base = ".".join(parts)
+    return f"{base}.{node.module}" if node.module else base
+
+
+def build_graph(modules: dict[str, Module]) -> None:
+    """Fill ``Module.edges`` with the runtime imports between our modules."""
+    for module in modules.values():
+        for node in _runtime_nodes(module.tree):
+            targets: list[str | None] = []
+            if isinstance(node, ast.Import):
+                targets = [_known(alias.name, modules) for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = _from_base(module, node)
+                for alias in node.names:
+                    sub = f"{base}.{alias.name}"
+                    targets.append(sub if sub in modules else _known(base, modules))
+            for target in dict.fromkeys(targets):  # one edge per target and import statement
+                if target is not None and target != module.name:
+                    module.edges.append(Edge(module.name, target, node.lineno))
+
+
+def _in(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def _where(modules: dict[str, Module], edge: Edge) -> str:
+    return f"{modules[edge.source].path.relative_to(ROOT_OF[0])}:{edge.line}"
+
+
+ROOT_OF = [ROOT]  # the root that paths in messages are relative to (synthetic trees change it)
+
+
+def layering_violations(modules: dict[str, Module]) -> list[str]:
+    """Rules 1-3, one line per offending import."""
+    out = []
+    for module in modules.values():
+        for edge in module.edges:
+            where = _where(modules, edge)
+            if (_in(edge.source, "providers") or _in(edge.source, "trainer")) and _in(
+                edge.target, "autoscaler"
+            ):
+                out.append(f"{where}: {edge.source} imports {edge.target} (the decision plane)")
+            if _in(edge.source, "coadapt_common") and not _in(edge.target, "coadapt_common"):
+                out.append(f"{where}: the kernel {edge.source} imports {edge.target}")
+            if edge.source in STANDALONE:
+                out.append(f"{where}: standalone script {edge.source} imports {edge.target}")
+    return out
+
+
+def find_cycles(modules: dict[str, Module]) -> list[str]:
+    """Rule 4: one line per strongly connected component with more than one module, showing one
+    cycle through it with the file and line of each import."""
+    graph: dict[str, dict[str, Edge]] = {name: {} for name in modules}
+    for module in modules.values():
+        for edge in module.edges:
+            graph[edge.source].setdefault(edge.target, edge)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    components: list[list[str]] = []
+    counter = [0]
+
+    def connect(v: str) -> None:  # Tarjan (recursion depth is bounded by the module count)
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for name in sorted(graph):
+        if name not in index:
+            connect(name)
+    out = []
+    for component in components:
+        members = set(component)
+        start = component[0]
+        # Breadth-first search inside the component for the shortest way back to ``start``.
+        previous: dict[str, Edge] = {}
+        frontier = [start]
+        found: Edge | None = None
+        while frontier and found is None:
+            nxt = []
+            for v in frontier:
+                for w, edge in sorted(graph[v].items()):
+                    if w == start:
+                        found = edge
+                        break
+                    if w in members and w not in previous and w != start:
+                        previous[w] = edge
+                        nxt.append(w)
+                if found is not None:
+                    break
+            frontier = nxt
+        assert found is not None  # a component of size > 1 always has a cycle through start
+        path = [found]
+        while path[-1].source != start:
+            path.append(previous[path[-1].source])
+        path.reverse()
+        hops = " -> ".join([start, *(e.target for e in path)])
+        lines = ", ".join(_where(modules, e) for e in path)
+        out.append(f"import cycle {hops} (imports at {lines})")
+    return out
+
+
+def private_name_uses(modules: dict[str, Module]) -> list[str]:
+    """Rule 5 (library modules only), in file and line order."""
+    found: list[tuple[str, int, str]] = []
+    for module in modules.values():
+        if not any(_in(module.name, p) for p in LIBRARY):
+            continue
+        rel = module.path.relative_to(ROOT_OF[0])
+        ours: set[str] = set()  # local names bound to our modules
+        foreign: set[str] = set()  # local names bound to third-party/stdlib imports
+        defined: set[str] = set()  # private names this module defines (functions, attributes)
+        for node in ast.walk(module.tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    bound = alias.asname or alias.name.split(".")[0]
+                    (ours if _known(alias.name, modules) is not None else foreign).add(bound)
+            elif isinstance(node, ast.ImportFrom):
+                base = _from_base(module, node)
+                for alias in node.names:
+                    bound = alias.asname or alias.name
+                    if _known(base, modules) is None:
+                        foreign.add(bound)
+                    elif f"{base}.{alias.name}" in modules:
+                        ours.add(bound)
+                    private = alias.name.startswith("_") and not alias.name.startswith("__")
+                    if _known(base, modules) is not None and private:
+                        found.append(
+                            (str(rel), node.lineno, f"imports private {base}.{alias.name}")
+                        )
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                defined.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                defined.add(node.attr)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                defined.add(node.id)
+            elif isinstance(node, ast.arg):
+                defined.add(node.arg)
+        for node in ast.walk(module.tree):
+            if not isinstance(node, ast.Attribute):
+                continue
+            attr = node.attr
+            if not attr.startswith("_") or attr.startswith("__") or attr in PUBLIC_UNDERSCORE:
+                continue
+            root: ast.expr = node.value
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            receiver = root.id if isinstance(root, ast.Name) else None
+            if receiver in ours and root is node.value:
+                found.append(
+                    (str(rel), node.lineno, f"uses private {receiver}.{attr} of our module")
+                )
+            elif (receiver in ("self", "cls") and root is node.value) or attr in defined:
+                continue  # its own attribute, or a private name this module defines
+            elif receiver in foreign:
+                continue
+            else:
+                found.append(
+                    (str(rel), node.lineno, f"uses {attr}, a private name defined elsewhere")
+                )
+    return [f"{rel}:{line}: {message}" for rel, line, message in sorted(found)]
+
+
+def check(root: Path) -> list[str]:
+    """Every violation of rules 1-5 under ``root``, as messages (empty when all hold)."""
+    ROOT_OF[0] = root
+    try:
+        modules = discover(root)
+        build_graph(modules)
+        return layering_violations(modules) + find_cycles(modules) + private_name_uses(modules)
+    finally:
+        ROOT_OF[0] = ROOT
+
+
+# ---------------------------------------------------------------------- the tree itself
+
+
+def test_the_tree_follows_the_import_rules() -> None:
+    problems = check(ROOT)
+    assert not problems, "import rules broken:\n" + "\n".join(problems)
+
+
+def test_the_graph_sees_the_real_edges() -> None:
+    """Guards the checker against silently seeing nothing (e.g. a path change)."""
+    modules = discover(ROOT)
+    build_graph(modules)
+    edges = {(e.source, e.target) for m in modules.values() for e in m.edges}
+    assert ("providers.local", "coadapt_common.procfs") in edges
+    assert ("trainer.api", "trainer.stepping") in edges
+    assert ("autoscaler.policy", "autoscaler.policy.pollux") in edges  # lazy, function-level
+    assert ("tests.trainer.test_launch_support", "tests.trainer.harness") in edges  # relative
+    assert len(modules) > 100
+
+
+def test_one_copy_of_atomic_writes_and_proc_parsing() -> None:
+    """Renames over a target (``os.replace``/``os.rename``/``mkstemp``) only in
+    ``coadapt_common/atomic.py`` (and the standalone agent's own writer); ``/proc`` paths only in
+    ``coadapt_common/procfs.py``. Tests are not scanned: they read ``/proc`` independently, as an
+    oracle for the code under test."""
+    allowed_rename = {"coadapt_common/atomic.py", "providers/local_agent.py"}
+    allowed_proc = {"coadapt_common/procfs.py"}
+    found = []
+    for package in (*LIBRARY, "benchmarks", "examples"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            rel = str(path.relative_to(ROOT))
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+                    call = f"{node.value.id}.{node.attr}"
+                    renames = call in ("os.replace", "os.rename", "tempfile.mkstemp")
+                    if renames and rel not in allowed_rename:
+                        found.append(f"{rel}:{node.lineno}: {call}")
+                elif (  # also the literal parts of f-strings, which ast.walk visits
+                    isinstance(node, ast.Constant)
+                    and isinstance(node.value, str)
+                    and node.value.startswith("/proc")
+                    and rel not in allowed_proc
+                ):
+                    found.append(f"{rel}:{node.lineno}: {node.value!r}")
+    assert not found, "a second copy of the kernel:\n" + "\n".join(found)
+
+
+# ---------------------------------------------------------------------- the checker itself
+
+
+def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text), encoding="utf-8")
+    return tmp_path
+
+
+CLEAN = {
+    "coadapt_common/__init__.py": "",
+    "coadapt_common/clock.py": "import time\n",
+    "autoscaler/__init__.py": "",
+    "autoscaler/jobs.py": "from coadapt_common.clock import time\n",
+    "providers/__init__.py": "",
+    "providers/base.py": "from coadapt_common import clock\n",
+    "providers/local_agent.py": "import os\n",
+    "trainer/__init__.py": "",
+}
+
+
+def test_checker_passes_a_clean_tree(tmp_path: Path) -> None:
+    assert check(_tree(tmp_path, CLEAN)) == []
+
+
+def test_checker_flags_a_forbidden_import(tmp_path: Path) -> None:
+    root = _tree(tmp_path, {**CLEAN, "providers/base.py": "import autoscaler.jobs\n"})
+    assert check(root) == [
+        "providers/base.py:1: providers.base imports autoscaler.jobs (the decision plane)"
+    ]
+
+
+def test_checker_flags_the_kernel_and_the_standalone_agent(tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path,
+        {
+            **CLEAN,
+            "coadapt_common/clock.py": "def f():\n    from trainer import x\n",
+            "providers/local_agent.py": "from coadapt_common.clock import time\n",
+        },
+    )
+    problems = check(root)
+    assert "coadapt_common/clock.py:2: the kernel coadapt_common.clock imports trainer" in problems
+    assert any("standalone script providers.local_agent" in p for p in problems)
+
+
+def test_checker_reports_a_lazy_cycle_with_its_path(tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path,
+        {
+            **CLEAN,
+            "trainer/a.py": "from trainer.b import B\n",
+            "trainer/b.py": "def f():\n    from trainer.c import C\n",
+            "trainer/c.py": "from trainer import a\n",
+            "trainer/d.py": (
+                "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from trainer.a import A\n"
+            ),
+        },
+    )
+    assert check(root) == [
+        "import cycle trainer.a -> trainer.b -> trainer.c -> trainer.a "
+        "(imports at trainer/a.py:1, trainer/b.py:2, trainer/c.py:1)"
+    ]
+
+
+def test_checker_flags_a_package_init_cycle(tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path,
+        {
+            **CLEAN,
+            "autoscaler/policy/__init__.py": "def make():\n    from autoscaler.policy import p\n",
+            "autoscaler/policy/p.py": "from autoscaler.policy import make\n",
+        },
+    )
+    assert check(root) == [
+        "import cycle autoscaler.policy -> autoscaler.policy.p -> autoscaler.policy "
+        "(imports at autoscaler/policy/__init__.py:2, autoscaler/policy/p.py:1)"
+    ]
+
+
+def test_checker_flags_private_names_of_other_modules(tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path,
+        {
+            **CLEAN,
+            "trainer/api.py": "class Job:\n    def _step(self):\n        self._n = 1\n",
+            "trainer/data.py": """\
+                import torch
+                from trainer import api
+                from trainer.api import _helper
+
+
+                class Loader:
+                    def go(self, job):
+                        self.job._step()
+                        job._step()
+                        api._x
+                        torch._foreach_mul
+                        self._own = 1
+                        job._mine = 1
+                        return job._mine, self._own, self.__class__
+                """,
+        },
+    )
+    assert check(root) == [
+        "trainer/data.py:3: imports private trainer.api._helper",
+        "trainer/data.py:8: uses _step, a private name defined elsewhere",
+        "trainer/data.py:9: uses _step, a private name defined elsewhere",
+        "trainer/data.py:10: uses private api._x of our module",
+    ]

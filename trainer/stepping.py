@@ -1,0 +1,531 @@
+"""The step loop of an elastic job: micro-batch entry, the optimizer step, gradient-noise
+measurement, stop/checkpoint agreement and safe points.
+
+:class:`StepLoop` is what the elastic data loader (:class:`trainer.data.ElasticDataLoader`, through
+its :class:`trainer.data.LoaderJob` port) and the optimizer wrapper
+(:class:`trainer.scaling.ElasticOptimizer`, through its :class:`trainer.scaling.StepDriver` port)
+call; :class:`trainer.api.ElasticJob` owns one and implements :class:`StepHost`, the few actions
+a safe point needs from the job (restore, checkpoint, stop). The loop owns the training counters
+(step, progress, data position, batch configuration, gradient statistics, step profile), which
+the job reads and writes when it checkpoints, restores and reports.
+
+Contract, per global step: the loader calls :meth:`StepLoop.enter_micro_batch` before handing
+out each micro-batch; on the first one of a step it first runs the safe point (stop or save if an
+earlier step agreed to). ``optimizer.step()`` on the last micro-batch ends the step
+(:meth:`StepLoop.optimizer_step`): finiteness check, learning-rate scaling, progress, data
+position, profile, and (every few steps, the period adapted to ``control_interval_s``) the lagged
+stop/checkpoint exchange among ranks (:class:`trainer.control.ControlChannel`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, NoReturn, Protocol
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from coadapt_common.clock import Clock
+from trainer.control import ControlChannel, Decision, StopCause
+from trainer.data import DataState, MicroBatch
+from trainer.env import TrainerEnv
+from trainer.errors import TrainerConfigError, TrainerUsageError
+from trainer.gns import (
+    GradientNoiseEstimator,
+    Scratch,
+    adam_sqrt_preconditioner,
+    grad_sqr_from,
+    is_adam_type,
+    sigma2_from_difference,
+    sigma2_from_replicas,
+    small_batch_terms,
+    sq_norm_one,
+    sq_norm_params,
+)
+from trainer.metrics import ProfileKey, StepProfiler
+from trainer.options import JobOptions
+from trainer.report import BatchConfig
+from trainer.scaling import ElasticOptimizer, ScalingRule, adascale_gain, lr_factor
+
+__all__ = ["PRECOND_REFRESH", "StepHost", "StepLoop"]
+
+logger = logging.getLogger("trainer")
+
+_NO_DECISION = Decision()
+PRECOND_REFRESH = 8  # measurements between recomputations of Adam's preconditioner
+
+
+class StepHost(Protocol):
+    """What a safe point needs from the job that owns the loop (:class:`trainer.api.ElasticJob`).
+
+    ``stop_cause``: why this rank wants to stop, or ``None``. ``restore()``: idempotent; loads
+    the newest checkpoint the first time. ``save_checkpoint(wait=...)``: collective, at a step
+    boundary. ``stop_at_safe_point(cause)``: save the stop checkpoint, write the exit marker and
+    end the worker (it never returns).
+    """
+
+    @property
+    def stop_cause(self) -> StopCause | None: ...
+
+    def restore(self) -> object: ...
+
+    def save_checkpoint(self, *, wait: bool = True) -> object: ...
+
+    def stop_at_safe_point(self, cause: StopCause) -> NoReturn: ...
+
+
+class _StepState:
+    """What the micro-batch entry, the gradient hooks and the optimizer step share for one
+    global step (gradient-noise measurement only; other steps leave it empty)."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.measure = False
+        self.sqrt_precond: dict[int, torch.Tensor] | None = None
+        self.local_parts: list[torch.Tensor] = []
+        self.handles: list[Any] = []
+        self.small_params: list[torch.Tensor] = []
+        self.small_copy: list[torch.Tensor] = []
+
+    def remove_hooks(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+
+@dataclass
+class _PendingMeasurement:
+    """A measurement whose cross-replica all-reduce is still in flight (finished next step)."""
+
+    work: Any
+    terms: torch.Tensor
+    global_sq: torch.Tensor
+    step_samples: int
+
+
+class StepLoop:
+    """One worker's step loop (see module docstring). Not thread-safe, except that the counters
+    may be read from the reporter thread (host-side values only).
+
+    Public state: ``batch`` (configuration in force), ``pending_batch`` (rank 0's request for the
+    next epoch boundary), ``data`` (:class:`~trainer.data.DataState`), ``step`` (optimizer steps
+    over the whole run, skipped ones included), ``progress`` (initial-batch-size iterations),
+    ``skipped`` (non-finite steps), ``gns`` (the estimator), ``profiler``, ``rule`` (scaling rule
+    in force), ``control`` (the agreement channel), ``last_checkpoint_s`` (monotonic time of the
+    last save, for ``checkpoint_every_s``).
+    """
+
+    def __init__(
+        self,
+        options: JobOptions,
+        *,
+        env: TrainerEnv,
+        clock: Clock,
+        host: StepHost,
+        control: ControlChannel,
+        ctrl_group: Any,
+        device: torch.device,
+    ) -> None:
+        self._options = options
+        self._env = env
+        self._clock = clock
+        self._host = host
+        self._ctrl_group = ctrl_group
+        self.control = control
+        self.batch = env.batch or BatchConfig(options.initial_batch_size, 1)
+        self.pending_batch: BatchConfig | None = None
+        self.data = DataState()
+        self.step = 0
+        self.progress = 0.0
+        self.skipped = 0
+        self.gns = GradientNoiseEstimator(
+            options.initial_batch_size, smoothing=options.gns_smoothing, device=device
+        )
+        self.profiler = StepProfiler(clock)
+        self.rule = options.scaling_rule or ScalingRule.NONE
+        self.last_checkpoint_s = clock.monotonic_s()
+        self._profile_keys: dict[BatchConfig, ProfileKey] = {}
+        self._state = _StepState()
+        self._pending_gns: _PendingMeasurement | None = None
+        self._precond_cache: dict[int, torch.Tensor] | None = None
+        self._precond_uses = 0
+        self._scratch = Scratch()  # weighted-norm temporaries, reused (measurement steps)
+
+        self._model: DistributedDataParallel | None = None
+        self._param_list: list[torch.Tensor] = []
+        self._optimizer: ElasticOptimizer | None = None
+
+        self._micro: MicroBatch | None = None
+        self._weight_handle: Any = None
+        self._micro_step_called = False
+        self._step_done = True
+        self._weight = 1.0
+
+        self._pending_decision = Decision()
+        self._control_every = 1  # adapted at each exchange (see trainer.control)
+        self._since_exchange = 0
+
+    def attach(
+        self,
+        model: DistributedDataParallel,
+        params: list[torch.Tensor],
+        optimizer: ElasticOptimizer,
+    ) -> None:
+        """Use ``model`` (DDP-wrapped), its trainable ``params`` and the wrapped ``optimizer``
+        (whose ``rule`` becomes the rule in force). Once, before the first epoch."""
+        self._model = model
+        self._param_list = params
+        self._optimizer = optimizer
+        self.rule = optimizer.rule
+
+    # ------------------------------------------------------------------ views
+    @property
+    def rank(self) -> int:
+        return self._env.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._env.world_size
+
+    @property
+    def data_state(self) -> DataState:
+        return self.data
+
+    @property
+    def gns_every_steps(self) -> int:
+        return self._options.gns_every_steps
+
+    @property
+    def micro_batch(self) -> MicroBatch | None:
+        """The micro-batch the loader handed out last (``None`` outside an epoch)."""
+        return self._micro
+
+    @property
+    def at_step_boundary(self) -> bool:
+        """True once ``optimizer.step()`` has applied (or skipped) the current global batch."""
+        return self._step_done
+
+    @property
+    def inside_accumulation(self) -> bool:
+        """True between a global batch's first micro-batch and its optimizer step."""
+        return self._micro is not None and not self._step_done
+
+    def gain(self) -> float:
+        """AdaScale gain at the current batch size from the host statistics (1 before data)."""
+        return self.gain_at(self.batch.global_batch_size / self._options.initial_batch_size)
+
+    def note_checkpoint(self) -> None:
+        """A checkpoint was just saved (restarts the ``checkpoint_every_s`` period)."""
+        self.last_checkpoint_s = self._clock.monotonic_s()
+
+    # ------------------------------------------------------------------ the loop
+    def normalize_epoch(self) -> None:
+        n = self.data.num_samples
+        if n is not None and self.data.position >= n:
+            self.data = DataState(self.data.epoch + 1, 0, n)
+
+    def start_epoch_iteration(self, num_samples: int) -> None:
+        self._host.restore()
+        if self._model is None or self._optimizer is None:
+            raise TrainerUsageError("call prepare() before iterating the data loader")
+        if not self._step_done:
+            raise TrainerUsageError("optimizer.step() was not called for the last global batch")
+        if self.data.num_samples is None:
+            self.data = dataclasses.replace(self.data, num_samples=num_samples)
+        elif self.data.num_samples != num_samples:
+            raise TrainerConfigError(
+                f"dataset has {num_samples} samples, the checkpoint {self.data.num_samples}",
+                field="dataset",
+            )
+        self.safe_point()
+        self.normalize_epoch()
+        if self.data.position == 0:
+            self._agree_batch_config()
+        self._micro = None
+        self.profiler.break_chain()
+
+    def _agree_batch_config(self) -> None:
+        """At an epoch boundary, every rank adopts rank 0's pending batch configuration."""
+        pending = self.pending_batch if self.rank == 0 else None
+        if self.world_size > 1:
+            self.control.drain()
+            flat = torch.tensor(
+                [0, 0, 0]
+                if pending is None
+                else [1, pending.global_batch_size, pending.accum_steps],
+                dtype=torch.int64,
+            )
+            dist.broadcast(flat, src=0, group=self._ctrl_group)
+            has, size, accum = (int(v) for v in flat.tolist())
+            pending = BatchConfig(size, accum) if has else None
+        self.pending_batch = None
+        if pending is not None and pending != self.batch:
+            logger.info(
+                "batch configuration %s -> %s at epoch %d", self.batch, pending, self.data.epoch
+            )
+            self.batch = pending
+
+    def leave_epoch_iteration(self) -> None:
+        self._micro = None
+
+    def enter_micro_batch(self, mb: MicroBatch) -> None:
+        state = self._state
+        if mb.index == 0:
+            self.safe_point()
+            if not self._step_done:
+                raise TrainerUsageError(
+                    f"optimizer.step() was not called for global step {mb.step - 1}"
+                )
+            self._step_done = False
+            self.profiler.begin_step()
+            if mb.measure:
+                state.reset()
+                state.measure = True
+                state.sqrt_precond = self._preconditioner()
+        if mb.measure and mb.is_last and self.world_size > 1:
+            # Local gradient norms, read as each gradient is accumulated, before DDP's reducer
+            # copies the reduced values back (measurement steps only; removed at the step).
+            weights = state.sqrt_precond or {}
+            for p in self._params:
+                state.handles.append(
+                    p.register_post_accumulate_grad_hook(
+                        lambda q, w=weights.get(id(p)): state.local_parts.append(
+                            sq_norm_one(q.grad, w, self._scratch)
+                        )
+                    )
+                )
+        elif mb.measure and mb.index == 1 and self.world_size == 1:
+            # One replica: keep the first micro-batch's mean gradient (measurement steps only).
+            # After micro-batch 0 the gradient is (b0 / B) * mean_0.
+            params = [p for p in self._params if p.grad is not None]
+            state.small_params = params
+            state.small_copy = list(
+                torch._foreach_mul(
+                    [p.grad for p in params],  # type: ignore[misc]  # not None: filtered
+                    mb.step_samples / mb.ref_size,
+                )
+            )
+        model = self._model
+        if model is not None:
+            if model.require_backward_grad_sync is not mb.is_last:
+                model.require_backward_grad_sync = mb.is_last
+            # The output-gradient weight hook exists only while some weight is not 1.
+            if mb.weight != 1.0 and self._weight_handle is None:
+                self._weight_handle = model.register_forward_hook(self._forward_hook)
+            elif mb.weight == 1.0 and self._weight_handle is not None:
+                self._weight_handle.remove()
+                self._weight_handle = None
+        self._weight = mb.weight
+        self._micro = mb
+        self._micro_step_called = False
+
+    @property
+    def _params(self) -> list[torch.Tensor]:
+        return self._param_list
+
+    def _preconditioner(self) -> dict[int, torch.Tensor] | None:
+        """Adam's ``sqrt(1/(sqrt(v_hat)+eps))``, recomputed every ``PRECOND_REFRESH``
+        measurements (it drifts slowly; any fixed weighting keeps the estimates unbiased)."""
+        opt = self._optimizer
+        if self.rule is not ScalingRule.SQRT or opt is None or not is_adam_type(opt.inner):
+            return None
+        if self._precond_cache is None or self._precond_uses >= PRECOND_REFRESH:
+            self._precond_cache = adam_sqrt_preconditioner(opt.inner, self._precond_cache)
+            self._precond_uses = 0
+        self._precond_uses += 1
+        return self._precond_cache
+
+    def mark_grads_done(self, param: torch.Tensor) -> None:
+        self.profiler.mark_last_bucket()
+
+    def _forward_hook(self, module: Any, inputs: Any, output: Any) -> Any:
+        weight = self._weight
+        if weight != 1.0 and torch.is_grad_enabled():
+            for tensor in _tensors_in(output):
+                if tensor.requires_grad:
+                    tensor.register_hook(lambda g, w=weight: g * w)
+        return None
+
+    def zero_grad_allowed(self) -> bool:
+        if self._micro is None or self._step_done:
+            return True
+        return self._micro.index == 0 and not self._micro_step_called
+
+    def optimizer_step(self, opt: ElasticOptimizer, closure: Callable[[], Any] | None) -> Any:
+        mb = self._micro
+        if mb is None:
+            raise TrainerUsageError("optimizer.step() outside an epoch of the elastic data loader")
+        self._micro_step_called = True
+        if not mb.is_last:
+            return None
+        if self._step_done:
+            raise TrainerUsageError("optimizer.step() called twice for one global batch")
+        state = self._state
+        if state.handles:
+            state.remove_hooks()
+        self.finish_measurement()
+        params = [p for p in self._params if p.grad is not None]
+        if not params:
+            raise TrainerUsageError("optimizer.step() before backward() on the last micro-batch")
+        grads: list[torch.Tensor] = [p.grad for p in params]  # type: ignore[misc]  # filtered
+        global_sq = None
+        if mb.measure:
+            global_sq = sq_norm_params(grads, params, state.sqrt_precond, self._scratch)
+            check = global_sq
+        elif self._options.skip_nonfinite:
+            check = torch.stack([g.sum() for g in grads]).sum()
+        else:
+            check = None
+        # the one host read per step
+        finite = check is None or bool(torch.isfinite(check).item())
+        self._since_exchange += 1
+        exchange = self._since_exchange >= self._control_every
+        decision = _NO_DECISION
+        if exchange:
+            self._since_exchange = 0
+            decision = self.control.collect()
+            if decision.next_every and self.world_size > 1:  # alone, exchanging is free
+                self._control_every = decision.next_every
+        if mb.measure:
+            self.gns.refresh()
+        ratio = mb.batch.global_batch_size / self._options.initial_batch_size
+        gain = self.gain_at(ratio)
+        result = None
+        if finite:
+            if global_sq is not None:
+                self._start_measurement(mb, global_sq)
+            result = opt.scaled_step(lr_factor(self.rule, gain, ratio), closure)
+            self.progress += gain * mb.step_samples / mb.batch.global_batch_size
+        else:
+            self.skipped += 1
+            logger.warning(
+                "step %d: non-finite gradient; update skipped (%d skipped so far)",
+                self.step,
+                self.skipped,
+            )
+        if mb.measure:
+            state.reset()
+        data = self.data
+        self.data = DataState(data.epoch, data.position + mb.step_samples, data.num_samples)
+        self.step += 1
+        self._step_done = True
+        self.profiler.end_step(
+            self._profile_key(mb.batch),
+            # typical steps only: a full global batch, split as configured
+            record=mb.step_samples == mb.batch.global_batch_size
+            and mb.count == mb.batch.accum_steps,
+        )
+        if exchange:
+            self.control.post(
+                stop=self._host.stop_cause is not None,
+                checkpoint=self._checkpoint_due(),
+                next_every=self._propose_control_every(),
+            )
+        self._after_step(decision)
+        return result
+
+    def _propose_control_every(self) -> int:
+        """Rank 0: steps per ``control_interval_s`` at the recent step time (1..64)."""
+        if self.rank != 0:
+            return 0
+        step_s = self.profiler.recent_step_s()
+        if step_s is None or step_s <= 0:
+            return 1
+        return max(1, min(64, int(self._options.control_interval_s / step_s)))
+
+    def _profile_key(self, batch: BatchConfig) -> ProfileKey:
+        key = self._profile_keys.get(batch)
+        if key is None:
+            key = ProfileKey(
+                self._env.num_nodes,
+                self.world_size,
+                batch.local_batch_size(self.world_size),
+                batch.accum_steps,
+            )
+            self._profile_keys[batch] = key
+        return key
+
+    def gain_at(self, ratio: float) -> float:
+        values = self.gns.values()
+        return 1.0 if values is None else adascale_gain(values[0], values[1], ratio)
+
+    def _start_measurement(self, mb: MicroBatch, global_sq: torch.Tensor) -> None:
+        """Fold this step's norms into the estimator (one replica) or start the tiny
+        all-reduce of the replicas' terms, finished at the next step (several)."""
+        state = self._state
+        B = mb.step_samples
+        if self.world_size == 1:
+            if not state.small_copy:
+                return
+            final: list[torch.Tensor] = [p.grad for p in state.small_params]  # type: ignore[misc]
+            diff = torch._foreach_sub(final, state.small_copy)
+            diff_sq = sq_norm_params(diff, state.small_params, state.sqrt_precond, self._scratch)
+            sigma2 = sigma2_from_difference(diff_sq, mb.ref_size, B)
+            self.gns.update(grad_sqr_from(global_sq, sigma2, B), sigma2)
+            self.gns.publish()
+            return
+        if not state.local_parts:
+            return
+        # Local gradient = (W / B) * sum of local per-sample gradients = (W n / B) * m_local.
+        scale = B / (self.world_size * mb.local_samples)
+        local_sq = torch.stack(state.local_parts).sum() * scale**2
+        terms = small_batch_terms(local_sq, mb.local_samples, B)
+        work = dist.all_reduce(terms, async_op=True)
+        self._pending_gns = _PendingMeasurement(work, terms, global_sq, B)
+
+    def finish_measurement(self) -> None:
+        pending = self._pending_gns
+        if pending is None:
+            return
+        self._pending_gns = None
+        pending.work.wait()
+        sigma2 = sigma2_from_replicas(pending.global_sq, pending.terms, self.world_size)
+        self.gns.update(grad_sqr_from(pending.global_sq, sigma2, pending.step_samples), sigma2)
+        self.gns.publish()
+
+    def _checkpoint_due(self) -> bool:
+        every = self._options.checkpoint_every_s
+        return (
+            self.rank == 0
+            and every > 0
+            and self._clock.monotonic_s() - self.last_checkpoint_s >= every
+        )
+
+    def _after_step(self, decision: Decision) -> None:
+        """Remember what the step agreed; it is acted on at the next safe point."""
+        every = self._options.checkpoint_every_steps
+        checkpoint = decision.checkpoint or bool(every and self.step % every == 0)
+        if decision.stop or checkpoint:
+            pending = self._pending_decision
+            self._pending_decision = Decision(
+                stop=pending.stop or decision.stop, checkpoint=pending.checkpoint or checkpoint
+            )
+
+    def safe_point(self) -> None:
+        """Between global batches, after the user's loop body finished the last one (so its
+        own per-step work, e.g. ``scheduler.step()``, is in the checkpoint): stop or save if a
+        step agreed to. Every rank reaches the same safe point with the same decision."""
+        decision = self._pending_decision
+        if not (decision.stop or decision.checkpoint):
+            return
+        self._pending_decision = Decision()
+        if decision.stop:
+            self._host.stop_at_safe_point(self._host.stop_cause or StopCause.PEER)
+        self._host.save_checkpoint(wait=False)
+
+
+def _tensors_in(value: Any) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors_in(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors_in(item)
