@@ -346,10 +346,10 @@ class Launcher:
         if proc is None or proc.poll() is not None:
             return
         if self._signalled == 1:
-            if self._finished_workers() is not None:
-                # Every worker has already exited with its final marker: torchrun is only
-                # tearing down, and _wait ends it. Signalling it now would only make it print
-                # a traceback (SignalException / ChildFailedError) for a job that is over.
+            if self._finished_workers() is not None or self._all_done():
+                # Every worker has finished training (and saved): torchrun and the workers are
+                # only exiting, and _wait ends torchrun. Signalling now would only make them
+                # die by SIGTERM and torchrun print a ChildFailedError for a job that is over.
                 logger.info("signal %d: the workers have already finished", signum)
                 return
             logger.warning("signal %d: asking the workers to checkpoint and stop", signum)
@@ -512,6 +512,14 @@ class Launcher:
                 proc.kill()
                 proc.wait()
                 return 0 if ExitKind.FAILED not in kinds else 1
+
+    def _all_done(self) -> bool:
+        """Every local worker has written a DONE marker (it may still be exiting)."""
+        if self._run_dir is None:
+            return False
+        markers = RunDir(self._run_dir).markers()
+        ranks = {m.rank for m in markers if m.kind is ExitKind.DONE}
+        return ranks == set(range(self.config.nproc_per_node))
 
     def _finished_workers(self) -> set[ExitKind] | None:
         """The exit kinds if every local worker has a marker and has exited, else ``None``."""
