@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
+import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
 
@@ -18,7 +20,7 @@ app = typer.Typer(
     help=(
         "coadapt: goodput-driven autoscaling of elastic PyTorch training on spot GPU fleets.\n\n"
         "Decides every job's GPUs, placement, batch size and learning-rate scaling each round "
-        "(Pollux), and the fleet's size and instance mix by goodput per dollar."
+        "(Pollux); replays workloads on a simulated cluster (simulate)."
     ),
     no_args_is_help=True,
     add_completion=False,
@@ -61,18 +63,22 @@ def simulate(
         "shipped Pollux traces.",
     ),
     interval_s: float = typer.Option(60.0, "--interval-s", help="Scheduling round, seconds."),
-    restart_delay_s: float = typer.Option(30.0, "--restart-delay-s", help="Cost of a rescale."),
+    restart_delay_s: float = typer.Option(
+        30.0, "--restart-delay-s", help="Cost of a rescale, seconds."
+    ),
     interference: float = typer.Option(
         0.0, "--interference", help="Slowdown of multi-node jobs sharing a node, 0-1."
     ),
     avoid_interference: bool = typer.Option(
         True, "--avoid-interference/--allow-interference", help="Pollux: one multi-node job a node."
     ),
-    seed: int = typer.Option(0, "--seed", help="Seed of randomised policies."),
+    seed: int = typer.Option(0, "--seed", help="Seed of randomised policies, >= 0."),
     suite: str | None = typer.Option(
         None, "--suite", help="'paper': the paper's eight workloads under all three policies."
     ),
-    load: str = typer.Option("1.0", "--load", help="Load of the paper suite: 1.0 or 0.5."),
+    load: str | None = typer.Option(
+        None, "--load", help="Load of the paper suite: 1.0 (default) or 0.5; needs --suite."
+    ),
     processes: int = typer.Option(2, "--processes", "-j", min=1, help="Parallel workers."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Write the results JSON here."),
     timing: bool = typer.Option(False, "--timing", help="Include policy wall times in --out."),
@@ -81,6 +87,8 @@ def simulate(
 
     A folder of workloads runs in parallel processes. With --suite paper, the paper's eight
     workloads at --load run under pollux, tiresias and optimus, next to the published results.
+    JCT: job completion time (submission to finish). FTF: finish-time fairness, a job's JCT over
+    its JCT alone on 1/N of the cluster (N: jobs present on average); below 1 is better than fair.
     """
     from autoscaler.sim.runner import limit_threads
 
@@ -89,7 +97,7 @@ def simulate(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     from autoscaler.sim.config import SimConfig
-    from autoscaler.sim.results import write_results_json
+    from autoscaler.sim.results import results_table, write_results_json
     from autoscaler.sim.runner import RunSpec, paper_workloads, run_many
     from autoscaler.sim.workload import workload_files
     from coadapt_common.errors import CoadaptError
@@ -99,8 +107,12 @@ def simulate(
         raise typer.BadParameter("the only suite is 'paper'", param_hint="--suite")
     if suite is None and workload is None:
         raise typer.BadParameter("give a WORKLOAD file or folder, or --suite paper")
+    _check_simulate_args(workload, suite, load, seed, interval_s, restart_delay_s, out)
+    load = load or "1.0"
     try:
         files = paper_workloads(load) if suite else workload_files(workload)  # type: ignore[arg-type]
+        if not files:
+            _usage_error(f"{workload}: folder holds no *.csv workload file")
         cluster_spec = None
         if cluster is not None:
             cluster_spec = _load_cluster(cluster, files, traces)
@@ -137,7 +149,10 @@ def simulate(
     except CoadaptError as e:
         typer.echo(f"error: {e}", err=True)  # plain text: names file, line and field verbatim
         raise typer.Exit(code=2) from None
-    console.print(_results_table(results, load if suite else None))
+    from autoscaler.sim.runner import compare_with_paper
+
+    paper = compare_with_paper(results, load) if suite else None
+    console.print(results_table(results, paper, title_suffix=f"paper suite at {load}x"))
     if out is not None:
         write_results_json(out, results, include_timing=timing)
         console.print(f"results written to {out}")
@@ -153,40 +168,42 @@ def _load_cluster(path: Path, files: list, traces: Path | None) -> ClusterSpec:
     return load_cluster(path, speeds=default_speed_table(), applications=apps, traces_root=traces)
 
 
-def _results_table(results: list, paper_load: str | None) -> object:
-    """A rich table of the results; with ``paper_load``, next to the published numbers."""
-    from rich.table import Table
-
-    from autoscaler.sim.runner import compare_with_paper
-
-    title = "Simulated JCTs (s)" + (f", paper suite at {paper_load}x" if paper_load else "")
-    table = Table(title=title)
-    names = ["workload", "policy", "mean JCT", "p99 JCT", "restarts/job", "mean FTF"]
-    if paper_load:
-        names += ["paper", "ours/paper"]
-    for name in names:
-        table.add_column(name, justify="left" if name in ("workload", "policy") else "right")
-    rows = {(r.workload, r.policy): r for r in compare_with_paper(results, paper_load or "")}
-    for res in results:
-        s = res.summary()
-        cells = [res.workload, res.policy, f"{s['mean_jct_s']:.0f}", f"{s['p99_jct_s']:.0f}"]
-        cells += [f"{s['restarts_per_job']:.2f}", f"{s['mean_ftf_ratio']:.2f}"]
-        row = rows[(res.workload, res.policy)]
-        if paper_load:
-            cells += _paper_cells(row)
-        table.add_row(*cells)
-    if paper_load:
-        for (workload, _policy), row in rows.items():
-            if workload == "mean":
-                cells = ["mean", row.policy, f"{row.mean_jct_s:.0f}", "", "", ""]
-                table.add_row(*cells, *_paper_cells(row))
-    return table
+def _usage_error(message: str) -> NoReturn:
+    """Bad input: one line on stderr, exit status 2."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code=2)
 
 
-def _paper_cells(row: object) -> list[str]:
-    paper = getattr(row, "paper_jct_s", None)
-    ratio = getattr(row, "ratio", None)
-    return [f"{paper:.0f}" if paper else "-", f"{ratio:.2f}" if ratio else "-"]
+def _check_simulate_args(
+    workload: Path | None,
+    suite: str | None,
+    load: str | None,
+    seed: int,
+    interval_s: float,
+    restart_delay_s: float,
+    out: Path | None,
+) -> None:
+    """What can be checked before any simulation runs (so that no run's results are lost)."""
+    if load is not None and suite is None:
+        _usage_error("--load applies only to --suite paper (a WORKLOAD runs as given)")
+    if seed < 0:
+        _usage_error(f"--seed must be >= 0, got {seed}")
+    if not (math.isfinite(interval_s) and interval_s > 0):
+        _usage_error(f"--interval-s must be a finite number of seconds > 0, got {interval_s}")
+    if not (math.isfinite(restart_delay_s) and restart_delay_s >= 0):
+        _usage_error(
+            f"--restart-delay-s must be a finite number of seconds >= 0, got {restart_delay_s}"
+        )
+    if workload is not None and not workload.exists():
+        _usage_error(f"{workload}: no such file or folder")
+    if out is not None:
+        if out.is_dir():
+            _usage_error(f"--out {out}: is a folder; give a file name")
+        parent = out.parent if str(out.parent) else Path(".")
+        if not parent.is_dir():
+            _usage_error(f"--out {out}: folder {parent} does not exist")
+        if not os.access(parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
+            _usage_error(f"--out {out}: not writable")
 
 
 def main() -> None:

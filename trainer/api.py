@@ -461,7 +461,7 @@ class ElasticJob:
     def _excepthook(self, kind: type[BaseException], value: BaseException, tb: Any) -> None:
         with contextlib.suppress(Exception):
             exit_kind = ExitKind.PEER_LOST if _is_peer_failure(value) else ExitKind.FAILED
-            self._write_marker(exit_kind, cause=kind.__name__)
+            self._write_marker(exit_kind, cause=_one_line(kind, value))
         self._previous_excepthook(kind, value, tb)
 
     # ------------------------------------------------------------------ restore
@@ -494,6 +494,8 @@ class ElasticJob:
             self._apply_checkpoint(payload)
             load_s = self._clock.monotonic_s() - start
             self.timings = dataclasses.replace(self.timings, load_s=load_s)
+            if self.rank == 0:  # visible without logging set up: a user should see a resume
+                print(f"coadapt: resumed from step {self._loop.step}", file=sys.stderr, flush=True)
             logger.info(
                 "restored %s (step %d, epoch %d, position %d) in %.3f s (read %.3f s)",
                 self._restore_info.checkpoint.name if self._restore_info else "?",
@@ -704,7 +706,7 @@ class ElasticJob:
         if kind is not None and not issubclass(kind, SystemExit):
             exit_kind = ExitKind.PEER_LOST if _is_peer_failure(value) else ExitKind.FAILED
             with contextlib.suppress(Exception):
-                self._write_marker(exit_kind, cause=kind.__name__)
+                self._write_marker(exit_kind, cause=_one_line(kind, value))
         self.close()
 
     # ------------------------------------------------------------------ reports
@@ -736,6 +738,12 @@ class ElasticJob:
             ),
             standalone=self.env.standalone,
         )
+
+
+def _one_line(kind: type[BaseException], value: BaseException | None) -> str:
+    """``Type: first line of the message`` (at most 300 characters), for exit markers."""
+    text = str(value).strip().splitlines()[0] if value is not None and str(value).strip() else ""
+    return f"{kind.__name__}: {text}"[:300] if text else kind.__name__
 
 
 def _is_peer_failure(error: BaseException | None) -> bool:

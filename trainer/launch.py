@@ -14,8 +14,14 @@ Exit status (:class:`ExitCode`):
 * ``75`` STOPPED: the job checkpointed and stopped because this launcher got SIGTERM/SIGINT, a
   preemption notice appeared (``--stop-file``), or the controller asked. Relaunch it, at any
   world size, to continue. This never counts as a failure.
-* ``1`` FAILED: workers failed more than ``--max-restarts`` times.
-* ``2`` usage error.
+* ``1`` FAILED: workers failed more than ``--max-restarts`` times, or failed twice in a row the
+  same way (same exit status and exit-marker causes: a deterministic failure that a retry
+  cannot fix); the cause is logged on one line.
+* ``2`` usage error, found before anything is launched (:func:`preflight`): a missing script, a
+  local checkpoint folder that is a file, a bad ``--nnodes``/``--batch-size``/``--rdzv-endpoint``.
+
+A job whose workers all finished is DONE even if a signal arrived meanwhile: a SIGTERM that comes
+after the last step does not turn a finished job into a stopped one.
 
 Restarts: torchrun itself runs with ``--max-restarts 0``; the launcher relaunches it. A *failure*
 (a worker raised, crashed or was killed, with no stop marker) consumes one unit of the
@@ -104,13 +110,73 @@ class LaunchConfig:
         parts = self.nnodes.split(":")
         if not 1 <= len(parts) <= 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
             raise TrainerConfigError(f"expected N or MIN:MAX, got {self.nnodes!r}", field="nnodes")
+        if len(parts) == 2 and int(parts[0]) > int(parts[1]):
+            raise TrainerConfigError(f"MIN > MAX in {self.nnodes!r}", field="nnodes")
         if self.accum_steps is not None and self.batch_size is None:
             raise TrainerConfigError("needs --batch-size", field="accum_steps")
+        for name in ("batch_size", "accum_steps"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise TrainerConfigError(f"must be >= 1, got {value}", field=name)
 
     @property
     def elastic(self) -> bool:
         parts = self.nnodes.split(":")
         return len(parts) == 2 and parts[0] != parts[1]
+
+
+def preflight(config: LaunchConfig, cwd: str | None = None) -> None:
+    """Check what can be checked before launching; raises :class:`TrainerConfigError`.
+
+    The script must be a file; a local ``--checkpoint-uri`` (a path or ``file://``; default
+    ``checkpoints/JOB_ID``) must not be, or lie under, an existing non-folder; ``--rdzv-endpoint``
+    must be ``HOST:PORT`` with a port in 1-65535 and a host that resolves.
+    """
+    base = Path(cwd or os.getcwd())
+    script = base / config.script
+    if not script.is_file():
+        what = "is a folder" if script.is_dir() else "no such file"
+        raise TrainerConfigError(f"{config.script}: {what}", field="script")
+    uri = config.checkpoint_uri or str(Path("checkpoints") / config.job_id)
+    if "://" not in uri or uri.startswith("file://"):
+        path = base / uri.removeprefix("file://")
+        for folder in (path, *path.parents):
+            if folder.exists():
+                if not folder.is_dir():
+                    raise TrainerConfigError(
+                        f"{uri}: {folder} exists and is not a folder", field="checkpoint_uri"
+                    )
+                break
+    if config.rdzv_endpoint is not None:
+        host, sep, port = config.rdzv_endpoint.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise TrainerConfigError(
+                f"expected HOST:PORT, got {config.rdzv_endpoint!r}", field="rdzv_endpoint"
+            )
+        try:
+            socket.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_STREAM)
+        except OSError as e:
+            raise TrainerConfigError(
+                f"cannot resolve host {host!r}: {e}", field="rdzv_endpoint"
+            ) from e
+
+
+def failure_signature(markers: Sequence[ExitMarker], returncode: int) -> tuple[object, ...]:
+    """What identifies one failure: the exit status and the failed workers' causes. Pure."""
+    causes = sorted((m.rank, m.cause or "") for m in markers if m.kind is ExitKind.FAILED)
+    return (returncode, tuple(causes))
+
+
+def describe_failure(signature: tuple[object, ...]) -> str:
+    """One line for :func:`failure_signature`'s value."""
+    returncode, causes = signature
+    if not causes:
+        return (
+            f"exit status {returncode}, no exit marker (the script failed before or outside "
+            "trainer.init; its traceback is above)"
+        )
+    seen = sorted({cause for _rank, cause in causes})  # type: ignore[attr-defined]
+    return f"exit status {returncode}: " + "; ".join(seen)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -183,6 +249,8 @@ def worker_environment(
 def classify(markers: Sequence[ExitMarker], returncode: int, signalled: bool) -> Verdict:
     """What one torchrun run's end means (see module docstring). Pure."""
     kinds = {m.kind for m in markers}
+    if markers and kinds == {ExitKind.DONE}:
+        return Verdict.DONE  # finished before any signal could stop it
     if ExitKind.FAILED in kinds:
         return Verdict.FAILURE
     if ExitKind.STOPPED in kinds:
@@ -253,10 +321,12 @@ class Launcher:
         self._signalled = 0
         self._proc: subprocess.Popen[bytes] | None = None
         self._run_dir: Path | None = None
+        self._failure: tuple[object, ...] = ()
         self.attempts = 0
         self.failures = 0
         self.rescales = 0
         self.verdicts: list[Verdict] = []
+        self.last_failure: tuple[object, ...] | None = None
 
     def _on_signal(self, signum: int, frame: object) -> None:
         self._signalled += 1
@@ -264,6 +334,12 @@ class Launcher:
         if proc is None or proc.poll() is not None:
             return
         if self._signalled == 1:
+            if self._finished_workers() is not None or self._all_done():
+                # Every worker has finished training (and saved): torchrun and the workers are
+                # only exiting, and _wait ends torchrun. Signalling now would only make them
+                # die by SIGTERM and torchrun print a ChildFailedError for a job that is over.
+                logger.info("signal %d: the workers have already finished", signum)
+                return
             logger.warning("signal %d: asking the workers to checkpoint and stop", signum)
             # Straight to the workers when all have registered: they stop at an agreed step and
             # exit 0, and torchrun ends cleanly. Otherwise through torchrun, which forwards it.
@@ -285,6 +361,13 @@ class Launcher:
         endpoint = config.rdzv_endpoint or f"127.0.0.1:{free_port()}"
         handled = (signal.SIGTERM, signal.SIGINT)
         previous = {s: signal.signal(s, self._on_signal) for s in handled}
+        if config.controller_url is None:
+            report = config.report_file or str(Path("coadapt-reports") / f"{config.job_id}.jsonl")
+            logger.info(
+                "standalone (no --controller-url): reports go to %s, checkpoints to %s",
+                Path(report).absolute(),
+                config.checkpoint_uri or Path("checkpoints", config.job_id).absolute(),
+            )
         try:
             while True:
                 verdict = self._run_once(run_dir, endpoint)
@@ -301,6 +384,14 @@ class Launcher:
                     logger.warning("rescale: relaunching (not counted as a failure)")
                     continue
                 self.failures += 1
+                signature = self._failure
+                if signature == self.last_failure:
+                    logger.error(
+                        "fatal: the same failure twice in a row, not retrying: %s",
+                        describe_failure(signature),
+                    )
+                    return ExitCode.FAILED
+                self.last_failure = signature
                 if self.failures > config.max_restarts:
                     logger.error(
                         "worker failure %d > --max-restarts %d", self.failures, config.max_restarts
@@ -340,8 +431,12 @@ class Launcher:
         self._stop_preload(server)
         if leftovers:
             logger.warning("ended %d worker process(es) that outlived torchrun", len(leftovers))
-        verdict = classify(rd.markers(), returncode, self._signalled > 0)
+        markers = rd.markers()
+        verdict = classify(markers, returncode, self._signalled > 0)
+        self._failure = failure_signature(markers, returncode)
         logger.info("verdict: %s", verdict)
+        if verdict is Verdict.FAILURE:
+            logger.warning("worker failure: %s", describe_failure(self._failure))
         return verdict
 
     def _start_preload(self, run_dir: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -406,6 +501,14 @@ class Launcher:
                 proc.wait()
                 return 0 if ExitKind.FAILED not in kinds else 1
 
+    def _all_done(self) -> bool:
+        """Every local worker has written a DONE marker (it may still be exiting)."""
+        if self._run_dir is None:
+            return False
+        markers = RunDir(self._run_dir).markers()
+        ranks = {m.rank for m in markers if m.kind is ExitKind.DONE}
+        return ranks == set(range(self.config.nproc_per_node))
+
     def _finished_workers(self) -> set[ExitKind] | None:
         """The exit kinds if every local worker has a marker and has exited, else ``None``."""
         if self._run_dir is None:
@@ -433,46 +536,89 @@ def parse_args(argv: Sequence[str] | None = None) -> LaunchConfig:
     )
     p.add_argument("--nnodes", default="1", help="N or MIN:MAX nodes (default: 1)")
     p.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT (default: a free local port)")
-    p.add_argument("--max-restarts", type=int, default=3, help="failure budget (not rescales)")
-    p.add_argument("--max-rescales", type=int, default=-1, help="-1: unlimited")
+    p.add_argument(
+        "--max-restarts",
+        type=int,
+        default=3,
+        help="relaunches after worker failures; rescales do not count (default: 3)",
+    )
+    p.add_argument(
+        "--max-rescales",
+        type=int,
+        default=-1,
+        help="relaunches for rescales; -1: unlimited (default)",
+    )
     p.add_argument(
         "--checkpoint-uri",
         default=None,
         help="folder, file://, s3://BUCKET/PREFIX or gs://BUCKET/PREFIX "
         "(default: checkpoints/JOB_ID)",
     )
-    p.add_argument("--controller-url", default=None, help="absent: standalone (reports to a file)")
-    p.add_argument("--report-file", default=None, help="standalone: append reports here")
+    p.add_argument("--controller-url", default=None, help="http(s) URL (default: none, standalone)")
     p.add_argument(
-        "--report-interval-s", type=float, default=None, help="seconds between reports (30)"
+        "--report-file",
+        default=None,
+        help="standalone: append JSON-lines reports here "
+        "(default: coadapt-reports/JOB_ID.jsonl in the working folder)",
     )
-    p.add_argument("--batch-size", type=int, default=None, help="global batch size")
-    p.add_argument("--accum-steps", type=int, default=None, help="gradient-accumulation steps")
-    p.add_argument("--run-dir", default=None, help="pid and exit-marker folder")
-    p.add_argument("--stop-file", default=None, help="preemption notice: stop when it exists")
+    p.add_argument(
+        "--report-interval-s",
+        type=float,
+        default=None,
+        help="seconds between reports (default: 30)",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="global batch size, samples, >= 1 (default: the script's initial_batch_size)",
+    )
+    p.add_argument(
+        "--accum-steps", type=int, default=None, help="gradient-accumulation steps (default: 1)"
+    )
+    p.add_argument(
+        "--run-dir", default=None, help="pid and exit-marker folder (default: a temporary folder)"
+    )
+    p.add_argument(
+        "--stop-file", default=None, help="preemption notice: stop when it exists (default: none)"
+    )
     p.add_argument(
         "--shutdown-timeout-s",
         type=int,
         default=60,
-        help="grace for workers to save and exit on SIGTERM before they are killed",
+        help="seconds workers get to save and exit on SIGTERM before they are killed (default: 60)",
     )
     p.add_argument(
-        "--monitor-interval-s", type=float, default=0.1, help="launcher poll period, seconds"
+        "--monitor-interval-s",
+        type=float,
+        default=0.1,
+        help="torchrun's poll period, seconds (default: 0.1)",
     )
-    p.add_argument("--omp-num-threads", type=int, default=None, help="threads per worker")
+    p.add_argument(
+        "--omp-num-threads",
+        type=int,
+        default=None,
+        help="threads per worker (default: $OMP_NUM_THREADS, else CPU cores / --nproc-per-node)",
+    )
     p.add_argument(
         "--no-preload",
         dest="preload",
         action="store_false",
-        help="start every worker as a fresh interpreter (no fork server)",
+        help="start every worker as a fresh interpreter (default: fork them from a server "
+        "that has imported torch)",
     )
     p.add_argument(
         "--preload-module",
         action="append",
         default=[],
-        help="also pre-import this module in the fork server (repeatable)",
+        help="also pre-import this module in the fork server (repeatable; default: none)",
     )
-    p.add_argument("--torchrun-arg", action="append", default=[], help="extra torchrun argument")
+    p.add_argument(
+        "--torchrun-arg",
+        action="append",
+        default=[],
+        help="extra torchrun argument (repeatable; default: none)",
+    )
     p.add_argument("script", help="the training script (imports trainer)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
     args = p.parse_args(argv)
@@ -508,6 +654,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         config = parse_args(argv)
+        preflight(config)
     except TrainerConfigError as e:
         print(f"coadapt-launch: {e}", file=sys.stderr)
         return ExitCode.USAGE

@@ -22,8 +22,16 @@ __all__ = [
     "RoundStats",
     "SimResult",
     "results_payload",
+    "results_table",
     "write_results_json",
 ]
+
+#: The table's footnote: what its abbreviations mean.
+TABLE_CAPTION = (
+    "JCT: job completion time, submission to finish, seconds. FTF: finish-time fairness, a "
+    "job's JCT over its JCT alone on 1/N of the cluster (N: jobs present on average); below 1 "
+    "is better than fair."
+)
 
 RESULTS_FORMAT = "coadapt.sim/1"
 
@@ -143,3 +151,48 @@ def write_results_json(
 ) -> None:
     """Write results atomically (see :func:`coadapt_common.atomic.write_json_atomic`)."""
     write_json_atomic(path, results_payload(results, include_timing=include_timing))
+
+
+def results_table(
+    results: Sequence[SimResult], paper: Sequence[Any] | None = None, *, title_suffix: str = ""
+) -> Any:
+    """A :class:`rich.table.Table` of the results, one row per run, with :data:`TABLE_CAPTION`.
+
+    ``paper``: rows of :func:`autoscaler.sim.runner.compare_with_paper` (workload, policy,
+    mean_jct_s, paper_jct_s, ratio) to show the published numbers next to ours, plus the
+    ``"mean"`` rows. Workload and policy names are never shortened, whatever the console width
+    (a narrow console wraps the numeric columns' headers instead).
+    """
+    from rich.table import Table
+
+    title = "Simulated JCTs (s)" + (
+        f", {title_suffix}" if paper is not None and title_suffix else ""
+    )
+    table = Table(title=title, caption=TABLE_CAPTION)
+    labels = [res.workload for res in results] + ["workload", "mean"]
+    table.add_column("workload", no_wrap=True, min_width=max(len(x) for x in labels))
+    policies = [res.policy for res in results] + ["policy"]
+    table.add_column("policy", no_wrap=True, min_width=max(len(x) for x in policies))
+    names = ["mean JCT", "p99 JCT", "restarts/job", "mean FTF"]
+    if paper is not None:
+        names += ["paper", "ours/paper"]
+    for name in names:
+        table.add_column(name, justify="right", overflow="fold")
+    rows = {(r.workload, r.policy): r for r in paper or ()}
+    for res in results:
+        s = res.summary()
+        cells = [res.workload, res.policy, f"{s['mean_jct_s']:.0f}", f"{s['p99_jct_s']:.0f}"]
+        cells += [f"{s['restarts_per_job']:.2f}", f"{s['mean_ftf_ratio']:.2f}"]
+        if paper is not None:
+            cells += _paper_cells(rows.get((res.workload, res.policy)))
+        table.add_row(*cells)
+    for (workload, policy), row in rows.items():
+        if workload == "mean":
+            table.add_row("mean", policy, f"{row.mean_jct_s:.0f}", "", "", "", *_paper_cells(row))
+    return table
+
+
+def _paper_cells(row: Any) -> list[str]:
+    paper = getattr(row, "paper_jct_s", None)
+    ratio = getattr(row, "ratio", None)
+    return [f"{paper:.0f}" if paper else "-", f"{ratio:.2f}" if ratio else "-"]

@@ -25,7 +25,8 @@ from autoscaler.jobs import (
 from autoscaler.policy import make_policy
 from autoscaler.policy.base import Decision
 from autoscaler.sim.cluster import TypeSpeed, load_cluster
-from autoscaler.sim.engine import SimConfig, _limits, simulate
+from autoscaler.sim.config import SimConfig
+from autoscaler.sim.engine import _limits, simulate
 from autoscaler.sim.results import results_payload
 from autoscaler.traces import load_app
 

@@ -1,0 +1,137 @@
+"""``coadapt-launch`` on what a new user hit: bad input fails before launching (one line, exit
+2); a failure that repeats identically is fatal; a SIGTERM after the last step leaves the job
+DONE; a resume says so. Real launcher and torchrun processes (gloo, CPU)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.trainer.harness import EXAMPLE, Cluster, base_env, max_step, wait_until
+from trainer.control import ExitKind, ExitMarker, RunDir
+from trainer.launch import Verdict, classify
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(tmp_path, base_env())
+    yield c
+    c.close()
+
+
+def launch_fast(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer.launch", *args],
+        cwd=tmp_path,
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert time.monotonic() - start < 20, "rejected before launching anything"
+    return proc
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["missing.py"], "coadapt-launch: script: missing.py: no such file"),
+        (["--checkpoint-uri", "afile", str(EXAMPLE)], "afile exists and is not a folder"),
+        (["--checkpoint-uri", "afile/sub", str(EXAMPLE)], "afile exists and is not a folder"),
+        (["--batch-size", "0", str(EXAMPLE)], "batch_size: must be >= 1, got 0"),
+        (["--batch-size", "-1", str(EXAMPLE)], "batch_size: must be >= 1, got -1"),
+        (["--nnodes", "3:1", str(EXAMPLE)], "nnodes: MIN > MAX in '3:1'"),
+        (["--rdzv-endpoint", "nohost", str(EXAMPLE)], "expected HOST:PORT, got 'nohost'"),
+        (["--rdzv-endpoint", "nohost.invalid:29400", str(EXAMPLE)], "cannot resolve host"),
+    ],
+)
+def test_bad_input_is_one_line_before_launching(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    (tmp_path / "afile").write_text("not a folder\n")
+    proc = launch_fast(tmp_path, *args)
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], lines
+    assert not (tmp_path / "coadapt-reports").exists()
+
+
+def test_help_shows_a_default_for_every_option(tmp_path: Path) -> None:
+    proc = launch_fast(tmp_path, "--help")
+    assert proc.returncode == 0
+    entries: dict[str, str] = {}
+    name = None
+    for line in proc.stdout.split("options:", 1)[1].splitlines():
+        if line.startswith("  --"):
+            name = line.split()[0]
+            entries[name] = line
+        elif name is not None:
+            entries[name] += " " + line.strip()
+    assert "--shutdown-timeout-s" in entries and len(entries) >= 20
+    missing = [n for n, text in entries.items() if "default" not in text]
+    assert missing == [], missing
+
+
+def test_classify_done_beats_a_late_signal() -> None:
+    done = [ExitMarker(r, ExitKind.DONE, None, False, 10, "ckpt-10") for r in range(2)]
+    assert classify(done, returncode=0, signalled=True) is Verdict.DONE
+    assert classify(done, returncode=-15, signalled=True) is Verdict.DONE
+    stopped = [ExitMarker(0, ExitKind.STOPPED, "signal", False, 5, "ckpt-5")]
+    assert classify(stopped, returncode=0, signalled=True) is Verdict.STOPPED
+
+
+@pytest.mark.slow
+def test_identical_failure_is_fatal_after_two_attempts(cluster: Cluster, tmp_path: Path) -> None:
+    script = tmp_path / "broken.py"
+    script.write_text('raise RuntimeError("no data folder")\n')
+    launch = cluster.launch("broken", ["--max-restarts", "3", str(script)])
+    assert launch.wait(180) == 1
+    text = launch.text()
+    assert text.count("verdict: failure") == 2, text[-3000:]
+    fatal = [line for line in text.splitlines() if "fatal:" in line]
+    assert len(fatal) == 1 and "the same failure twice in a row" in fatal[0]
+    assert "exit status 1" in fatal[0]
+
+
+@pytest.mark.slow
+def test_sigterm_after_the_workers_finished_is_done(cluster: Cluster, tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    launch = cluster.launch(
+        "late",
+        ["--checkpoint-uri", str(ckpt), str(EXAMPLE), "--epochs", "1", "--num-samples", "256"],
+    )
+    run_dir = RunDir(launch.run_dir)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and launch.proc.poll() is None:
+        launch.remember_workers()
+        if any(m.kind is ExitKind.DONE for m in run_dir.markers()):
+            launch.terminate()  # the job is over; torchrun may still be tearing down
+            break
+        time.sleep(0.01)
+    rc = launch.wait(60)
+    text = launch.text()
+    assert rc == 0, text[-3000:]
+    assert "verdict: done" in text and "verdict: stopped" not in text
+    assert "ChildFailedError" not in text and "Traceback" not in text
+
+
+@pytest.mark.slow
+def test_resume_says_from_which_step(cluster: Cluster, tmp_path: Path) -> None:
+    ckpt, logs = tmp_path / "ckpt", tmp_path / "logs"
+    args = ["--checkpoint-uri", str(ckpt), str(EXAMPLE), "--epochs", "4", "--step-delay-s", "0.05"]
+    first = cluster.launch("first", [*args, "--log-dir", str(logs)])
+    wait_until(lambda: max_step(logs) >= 5, 120, "5 steps", first)
+    first.terminate()
+    assert first.wait(120) == 75, first.text()[-3000:]
+    assert "resumed from step" not in first.text()
+    second = cluster.launch("second", args)
+    assert second.wait(240) == 0, second.text()[-3000:]
+    lines = [line for line in second.text().splitlines() if "resumed from step" in line]
+    assert len(lines) == 1, second.text()[-3000:]
+    assert lines[0].startswith("coadapt: resumed from step ") and int(lines[0].split()[-1]) > 0
