@@ -60,6 +60,9 @@ from trainer.errors import LaunchError, TrainerConfigError
 
 logger = logging.getLogger("trainer.launch")
 
+#: Thread-pool sizes set to 1 for the preload server (see ``_start_preload``).
+_SINGLE_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
 
 class ExitCode(enum.IntEnum):
     DONE = 0
@@ -450,7 +453,13 @@ class Launcher:
         env[preload.SOCKET_ENV] = str(path)
         modules = (*preload.DEFAULT_MODULES, *self.config.preload_modules)
         command = [sys.executable, "-u", "-m", "trainer.preload", "serve", str(path), *modules]
-        server = subprocess.Popen(command, env=env, stdin=subprocess.PIPE, start_new_session=True)
+        # The server itself runs single-threaded: a BLAS/OpenMP pool started while it imports
+        # would be forked into every worker (it warned "forking with N native threads"). Each
+        # forked worker then sets torch's threads from its own OMP_NUM_THREADS.
+        server_env = {**env, **dict.fromkeys(_SINGLE_THREAD_VARS, "1")}
+        server = subprocess.Popen(
+            command, env=server_env, stdin=subprocess.PIPE, start_new_session=True
+        )
         server.coadapt_socket_dir = own_dir  # type: ignore[attr-defined]
         return server
 

@@ -135,3 +135,20 @@ def test_resume_says_from_which_step(cluster: Cluster, tmp_path: Path) -> None:
     lines = [line for line in second.text().splitlines() if "resumed from step" in line]
     assert len(lines) == 1, second.text()[-3000:]
     assert lines[0].startswith("coadapt: resumed from step ") and int(lines[0].split()[-1]) > 0
+
+
+@pytest.mark.slow
+def test_preload_server_forks_single_threaded(cluster: Cluster, tmp_path: Path) -> None:
+    """With 2 threads per worker the preload server used to warn "forking with 2 native
+    threads" (its own BLAS pool, forked into every worker): it now runs single-threaded and each
+    worker still gets its own thread count."""
+    launch = cluster.launch(
+        "threads",
+        ["--omp-num-threads", "2", str(EXAMPLE), "--epochs", "1", "--num-samples", "64"],
+        OMP_NUM_THREADS="2",
+        OPENBLAS_NUM_THREADS="2",
+    )
+    rc = launch.wait(120)
+    text = launch.text()
+    assert rc == 0, text[-3000:]
+    assert "native threads" not in text, text[-3000:]
