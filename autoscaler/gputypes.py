@@ -24,6 +24,7 @@ this module is pure.
 from __future__ import annotations
 
 import csv
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -197,19 +198,13 @@ def _flagged(path: Path) -> set[tuple[str, str]]:
         return out
 
 
+@functools.cache
 def default_speed_table() -> SpeedTable:
-    """The table shipped with coadapt (``autoscaler/data/gpu-types/speed_vs_t4.csv``)."""
-    return _default_table()
-
-
-_DEFAULT: list[SpeedTable] = []
-
-
-def _default_table() -> SpeedTable:
-    if not _DEFAULT:
-        here = Path(__file__).resolve().parent / "data" / "gpu-types" / "speed_vs_t4.csv"
-        _DEFAULT.append(load_speed_table(here))
-    return _DEFAULT[0]
+    """The table shipped with coadapt (``autoscaler/data/gpu-types/speed_vs_t4.csv``), read
+    once per process."""
+    return load_speed_table(
+        Path(__file__).resolve().parent / "data" / "gpu-types" / "speed_vs_t4.csv"
+    )
 
 
 @dataclass(frozen=True)

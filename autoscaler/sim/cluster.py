@@ -125,10 +125,6 @@ class ClusterSpec:
     def max_gpus_per_node(self) -> int:
         return max(g.gpus_per_node for g in self.groups)
 
-    @property
-    def gpu_types(self) -> tuple[str, ...]:
-        return tuple(sorted({g.gpu_type for g in self.groups}))
-
     def nodes(self) -> tuple[NodeView, ...]:
         """The nodes, ids ``<type>-<n>`` numbered per GPU type in group order."""
         seen: dict[str, int] = {}
@@ -275,7 +271,6 @@ class TypeSpeed:
         self.base = base
         self.group = group
         self.measured: AppTrace | None = None
-        self.identity = False
         if group.gpu_type != REFERENCE_GPU_TYPE and has_type_traces(
             base.name, group.gpu_type, traces_root
         ):

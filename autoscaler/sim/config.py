@@ -7,6 +7,7 @@ the other back.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,9 +61,10 @@ class SimConfig:
         if not 0 <= self.interference < 1:
             raise InvalidInputError("interference must be in [0, 1)", field="interference")
 
-    @property
+    @functools.cached_property
     def cluster_spec(self) -> ClusterSpec:
-        """The node groups simulated (a uniform T4 cluster unless ``cluster`` is given)."""
+        """The node groups simulated (a uniform T4 cluster unless ``cluster`` is given);
+        built once per config."""
         if self.cluster is not None:
             return self.cluster
         return uniform_cluster(self.num_nodes, self.gpus_per_node)

@@ -125,13 +125,6 @@ def _limits(app: AppTrace, max_local_bsz: int | None = None) -> BatchLimits:
     )
 
 
-class _Timer:
-    """Accumulates the wall time of online model fitting."""
-
-    def __init__(self) -> None:
-        self.total_s = 0.0
-
-
 def _iteration_time_s(app: AppTrace | TypeSpeed, placement: tuple[int, ...], batch: BatchChoice):
     """True (seconds per iteration, sync seconds) with ``batch.accum_steps`` micro-batches."""
     step, sync = app.step_time_s(placement, batch.local_bsz)
@@ -191,7 +184,7 @@ class Simulator:
         self._group = spec_cluster.group_of()
         self._type_speed: dict[tuple[str, NodeGroup], TypeSpeed] = {}
         self.type_aware = bool(getattr(policy, "type_aware", False))
-        self.fit_timer = _Timer()
+        self.fit_wall_s = 0.0  # wall time of online model fitting so far
         order = sorted(range(len(jobs)), key=lambda i: (jobs[i].submit_time_s, i))
         self.jobs: list[_Job] = []
         root = self.config.traces_root
@@ -252,9 +245,9 @@ class Simulator:
             restart_delay_s=cfg.restart_delay_s,
             interference_avoidance=self.avoid,
         )
-        fit_before_s = self.fit_timer.total_s
+        fit_before_s = self.fit_wall_s
         views = tuple(self._view(job) for job in active)
-        fit_s = self.fit_timer.total_s - fit_before_s
+        fit_s = self.fit_wall_s - fit_before_s
         round_input = RoundInput(cluster, views)
         t0 = time.perf_counter()
         decision = self.policy.decide(round_input, self._state)
@@ -324,7 +317,7 @@ class Simulator:
         if fit.stale or fit.perf is None:
             t0 = time.perf_counter()
             fit.perf = fit_perf_params(list(fit.profile.values()))
-            self.fit_timer.total_s += time.perf_counter() - t0
+            self.fit_wall_s += time.perf_counter() - t0
             fit.stale = False
             fit.model = None
         if fit.model is None or fit.model.grad != job.grad:

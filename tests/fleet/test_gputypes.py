@@ -39,6 +39,10 @@ def test_shipped_table_excludes_flagged_rows() -> None:
     v100 = [r.speed_vs_t4 for r in t.rows.values() if r.gpu_type == "V100" and r.usable]
     assert t.relative_speed("V100") == pytest.approx(math.exp(sum(map(math.log, v100)) / len(v100)))
     assert t.model_speed("ncf", "V100") == t.relative_speed("V100")
+    # The generic speeds and spreads quoted in the docs.
+    assert t.relative_speed("V100") == pytest.approx(2.85, abs=0.005)
+    assert t.relative_speed("A100") == pytest.approx(4.06, abs=0.005)
+    assert t.log_spread("A100") == pytest.approx(0.67, abs=0.005)
     assert t.model_speed("bert", "A100") == pytest.approx(10.78)
     assert t.max_local_bsz("ncf", "V100") == 32768  # a memory fact, kept for flagged rows
     with pytest.raises(InvalidInputError, match="H100"):
