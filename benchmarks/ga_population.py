@@ -1,10 +1,12 @@
 """Pollux's genetic search: best fitness at population 64 (the default) vs 100 (the paper's).
 
-Captures real scheduling rounds from a simulation of one paper workload at 0.5x load (the
-default Pollux policy drives it; every ``--every``-th round with at least ``--min-jobs`` active
-jobs is kept, up to ``--rounds``), then re-runs one round's decision on each captured round at
-each population size and seed, from a cold start (no previous population, so both sizes start
-alike), and scores the plan it returns.
+Captures real scheduling rounds from a simulation of one paper workload (``--load`` 0.5 or 1.0,
+arrivals optionally compressed by ``--arrival-scale``; the default Pollux policy drives it;
+every ``--every``-th round with at least ``--min-jobs`` active jobs is kept, up to
+``--rounds``), then re-runs one round's decision on each captured round at each population size
+and seed, from a cold start (no previous population, so both sizes start alike), and scores the
+plan it returns. Crowded rounds (``--load 1.0 --arrival-scale 2 --min-jobs 30``) are the hard
+case: there the score also counts the jobs left waiting (``mean_waiting_jobs``).
 
 The score is the fitness the module docstring of :mod:`autoscaler.policy.pollux` defines,
 evaluated here from public pieces only (each job's :meth:`GoodputModel.optimize`, the restart
@@ -12,8 +14,8 @@ factor, :func:`power_mean`), on the same scale as the policy's internal fitness 
 nodes / GPUs). Prints JSON: per population, the mean best fitness over rounds and seeds, the
 per-seed means, and the search's wall time; and the relative difference of the means.
 
-    python benchmarks/ga_population.py [--workload workload-1] [--rounds 6] [--seeds 5]
-        [--out FILE]
+    python benchmarks/ga_population.py [--workload workload-1] [--load 0.5] [--arrival-scale 1]
+        [--rounds 6] [--every 4] [--min-jobs 5] [--seeds 5] [--out FILE]
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from autoscaler.policy.pollux import PolluxOptions, PolluxPolicy, PolluxState, p
 from autoscaler.sim.config import SimConfig
 from autoscaler.sim.engine import simulate
 from autoscaler.sim.runner import paper_workloads
-from autoscaler.sim.workload import load_workload
+from autoscaler.sim.workload import compress_arrivals, load_workload
 from coadapt_common.atomic import write_json_atomic
 
 
@@ -108,19 +110,26 @@ def plan_fitness(round_input: RoundInput, plan: Plan, options: PolluxOptions) ->
     return float(power_mean(np.array(speedups), options.power))
 
 
-def capture(workload: str, rounds: int, every: int, min_jobs: int) -> list[RoundInput]:
-    files = {p.stem: p for p in paper_workloads("0.5")}
+def capture(
+    workload: str, rounds: int, every: int, min_jobs: int, load: str = "0.5", scale: float = 1.0
+) -> list[RoundInput]:
+    files = {p.stem: p for p in paper_workloads(load)}
     if workload not in files:
         raise SystemExit(f"ga_population: unknown workload {workload!r}; one of {sorted(files)}")
     recorder = Recorder(PolluxPolicy(seed=0), rounds, every, min_jobs)
+    jobs = compress_arrivals(load_workload(files[workload]), scale).jobs
     with contextlib.suppress(_Captured):  # the recorder ends the run once it has its rounds
-        simulate(load_workload(files[workload]).jobs, recorder, SimConfig(), workload_name=workload)
+        simulate(jobs, recorder, SimConfig(), workload_name=workload)
     return recorder.kept
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--workload", default="workload-1", help="paper workload at 0.5x load")
+    ap.add_argument("--workload", default="workload-1", help="paper workload name")
+    ap.add_argument("--load", default="0.5", choices=["0.5", "1.0"], help="paper load")
+    ap.add_argument(
+        "--arrival-scale", type=float, default=1.0, help="submit jobs this many times as fast"
+    )
     ap.add_argument("--rounds", type=int, default=6, help="rounds to capture")
     ap.add_argument("--every", type=int, default=4, help="keep every N-th eligible round")
     ap.add_argument("--min-jobs", type=int, default=5, help="eligible: at least this many jobs")
@@ -131,10 +140,12 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(p) for p in args.populations.split(",")]
 
     t0 = time.perf_counter()
-    captured = capture(args.workload, args.rounds, args.every, args.min_jobs)
+    captured = capture(
+        args.workload, args.rounds, args.every, args.min_jobs, args.load, args.arrival_scale
+    )
     capture_s = time.perf_counter() - t0
     result: dict[str, Any] = {
-        "workload": f"{args.workload} (0.5x)",
+        "workload": f"{args.workload} ({args.load}x, arrivals x{args.arrival_scale:g})",
         "rounds": [{"round_index": r.cluster.round_index, "jobs": len(r.jobs)} for r in captured],
         "seeds": args.seeds,
         "capture_s": capture_s,
@@ -142,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     for size in sizes:
         options = PolluxOptions(population=size)
-        per_seed, walls = [], []
+        per_seed, walls, waiting = [], [], []
         for seed in range(args.seeds):
             scores = []
             for round_input in captured:
@@ -151,12 +162,14 @@ def main(argv: list[str] | None = None) -> int:
                 decision = policy.decide(round_input, PolluxState())
                 walls.append(time.perf_counter() - t1)
                 scores.append(plan_fitness(round_input, decision.plan, options))
+                waiting.append(sum(1 for a in decision.plan.allocations.values() if not a))
             per_seed.append(statistics.fmean(scores))
         result["populations"][str(size)] = {
             "mean_best_fitness": statistics.fmean(per_seed),
             "per_seed_mean": per_seed,
             "seed_stdev": statistics.stdev(per_seed) if len(per_seed) > 1 else 0.0,
             "decide_s_mean": statistics.fmean(walls),
+            "mean_waiting_jobs": statistics.fmean(waiting),
         }
     if len(sizes) == 2:
         a, b = (result["populations"][str(s)]["mean_best_fitness"] for s in sizes)

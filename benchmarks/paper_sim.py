@@ -30,11 +30,18 @@ published results are for the uncompressed workloads, so with ``X != 1`` the out
 ``reference_*`` keys; it records ``"arrival_scale": X``. Whenever pollux ran next to a baseline,
 ``"pollux_ratio"`` holds, per baseline, the ratio of mean JCTs (``"mean"``: pollux's
 ``mean_jct_s`` over the baseline's) and the per-workload ratios (``"per_workload"``).
+
+``--reference POLICY=FILE`` (repeatable) compares a ``--workloads`` folder with published
+results in the Pollux artifact's ``summary.json`` format, e.g. its heavier-load workloads
+``simulator/workloads-2.0`` with ``results-jobload/pollux-2.0/summary.json`` (not shipped here:
+fetch the artifact, petuum/adaptdl branch ``osdi21-artifact``). Whenever published numbers are
+known, ``"ours_over_reference"`` holds, per policy, our ``mean_jct_s`` over the published mean.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import resource
@@ -86,12 +93,24 @@ def main(argv: list[str] | None = None) -> int:
         "--cluster", type=Path, default=None, help="cluster YAML (node groups of GPU types)"
     )
     parser.add_argument(
+        "--reference",
+        action="append",
+        default=[],
+        metavar="POLICY=FILE",
+        help="published results for --workloads, in the Pollux artifact's summary.json format "
+        '({"avgs": {workload: mean JCT}, "mean": ...}); repeatable, one per policy',
+    )
+    parser.add_argument(
         "--arrival-scale",
         type=_arrival_scale,
         default=1.0,
         help="divide every submission time by this factor (> 0; 2 = jobs arrive twice as fast)",
     )
     args = parser.parse_args(argv)
+    try:
+        args.reference = dict(_reference(item) for item in args.reference)
+    except ValueError as e:
+        parser.error(str(e))
     with tempfile.TemporaryDirectory(prefix="paper-sim-") as scratch:
         return _run(args, Path(scratch))
 
@@ -104,6 +123,19 @@ def _arrival_scale(text: str) -> float:
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
     return value
+
+
+def _reference(item: str) -> tuple[str, dict]:
+    """``POLICY=FILE`` -> (policy, {"avgs": ..., "mean": ...}) read from FILE."""
+    policy, sep, path = item.partition("=")
+    if not sep or policy not in {p.value for p in PolicyName}:
+        raise ValueError(f"--reference wants POLICY=FILE with a known policy, got {item!r}")
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        avgs = {str(k): float(v) for k, v in data["avgs"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"--reference {path}: not a results summary ({e})") from None
+    return policy, {"avgs": avgs, "mean": float(np.mean(list(avgs.values())))}
 
 
 def _run(args: argparse.Namespace, scratch: Path) -> int:
@@ -185,15 +217,26 @@ def _run(args: argparse.Namespace, scratch: Path) -> int:
             for name, other in out["policies"].items()
             if name != "pollux"
         }
+    all_refs: dict[str, dict] = {}
     if paper and args.arrival_scale == 1.0:
         all_refs = {p: paper_reference(p, args.load) for p in ("pollux", "optimus", "tiresias")}
+    if args.reference and args.arrival_scale == 1.0:
+        all_refs = {p: args.reference[p] for p in sorted(args.reference)}
+    if all_refs:
         out["reference_mean_jct_s"] = {p: round(r["mean"], 1) for p, r in all_refs.items()}
         out["reference_per_workload_jct_s"] = {p: r["avgs"] for p, r in all_refs.items()}
+        out["ours_over_reference"] = {
+            p: out["policies"][p]["mean_jct_s"] / all_refs[p]["mean"]
+            for p in out["policies"]
+            if p in all_refs
+        }
     out["peak_rss_mib"] = _peak_rss_mib()
 
     _print_table(out, [r.workload for r in results[: len(files)]])
     for name, ratio in out.get("pollux_ratio", {}).items():
         print(f"pollux / {name}: {ratio['mean']:.3f}")
+    for name, ratio in out.get("ours_over_reference", {}).items():
+        print(f"{name}: ours / published {ratio:.3f}")
     print(f"elapsed {elapsed:.0f} s, peak RSS {out['peak_rss_mib']:.0f} MiB")
     if args.out is not None:
         write_json_atomic(args.out, out)

@@ -20,8 +20,13 @@ the current allocation. Operators, all vectorised over the population:
 - *crossover*: single-point over the job axis (rows before the point from one parent, after it
   from the other);
 - *mutation*: reset a job's row to its current allocation (probability 0.1); zero some of a
-  job's entries; grow a job on a node with free GPUs or on a node it already uses, to a random
-  count up to the node's capacity;
+  job's entries; grow jobs on nodes with free GPUs, to a random count up to the node's
+  capacity — each such node is grown by about one job drawn from all jobs and one of the jobs
+  already on it (per job and node, probabilities ``1 / jobs`` and ``1 / jobs on the node``).
+  Growth is per free node, not per job: when every job grew at once, a crowded cluster (tens
+  of jobs, a few free GPUs) got children so over-subscribed that repair emptied other jobs in
+  every one of them, the search stalled at the current allocation and jobs waited beside idle
+  GPUs — the cause of this policy's drift above the published results as load grew;
 - *repair*, in this order: at most one multi-node job per node (interference avoidance, when
   asked for; earlier jobs in priority order keep their place); at most ``max_gpus`` per job
   (excess removed from randomly ordered nodes); node capacity (GPUs taken from the
@@ -489,33 +494,23 @@ class _Search:
         chosen = np.flatnonzero(rng.random(rows, dtype=np.float32) < self.zero_prob)
         if chosen.size:
             by_row[chosen] *= rng.random((chosen.size, num_nodes), dtype=np.float32) >= 0.1
-        # (3) Grow each job on one random node with free GPUs, and on one random node it already
-        # uses that has free GPUs: the entry becomes a random count between its current value
-        # and the node's capacity (repair trims what does not fit).
+        # (3) Grow jobs on nodes with free GPUs. Each such node is grown, in expectation, by one
+        # job drawn from all jobs and by one of the jobs already on it: a job grows on a free
+        # node with probability p1 = 1 / jobs, or, if it already uses that node, also with
+        # p2 = 1 / (jobs on that node). The entry becomes a random count between its current
+        # value and the node's capacity (repair trims what does not fit).
         free = self._cap[None, :] - x.sum(axis=0)  # (population, nodes)
-        has_free = free > 0
-        n_free = has_free.sum(axis=1)  # (population,)
-        free_order = np.argsort(~has_free, axis=1, kind="stable").reshape(-1)  # free first
-        u = rng.random((2, num_jobs, size), dtype=np.float32)
-        pick = np.minimum((u[0] * n_free[None, :]).astype(np.int64), num_nodes - 1)
-        node_a = free_order.take(np.arange(size)[None, :] * num_nodes + pick)  # (jobs, pop.)
-        mine = ((x > 0) & has_free[None, :, :]).astype(np.float32)
-        n_mine = mine @ self._ones
-        rank = np.floor(u[1] * n_mine)
-        # The rank-th candidate node: how many nodes have fewer than rank + 1 candidates up to
-        # and including them (cumulative counts are non-decreasing).
-        node_b = ((mine @ self._upper) <= rank[:, :, None]).astype(np.float32) @ self._ones
-        for node, ok in (
-            (node_a, np.broadcast_to(n_free[None, :] > 0, (num_jobs, size))),
-            (node_b.astype(np.int64), n_mine > 0),
-        ):
-            where = np.flatnonzero(ok)
-            n = node.reshape(-1).take(where)
-            at = where * num_nodes + n
-            cur = flat.take(at)
-            cap = self._cap.take(n)
-            grow = rng.random(at.size, dtype=np.float32) * (cap - cur + 1)
-            flat[at] = np.minimum(cur + np.floor(grow), cap)
+        has_free = (free > 0).astype(np.float32)
+        p1 = has_free / num_jobs  # (population, nodes)
+        mine = (x > 0) * has_free[None, :, :]  # (jobs, population, nodes)
+        p2 = mine / np.maximum(mine.sum(axis=0), 1.0)[None, :, :]
+        grow_p = p1[None, :, :] + p2 - p1[None, :, :] * p2
+        hit = rng.random(x.shape, dtype=np.float32) < grow_p
+        if hit.any():
+            cur = x[hit]
+            cap = np.broadcast_to(self._cap, x.shape)[hit]
+            step = np.floor(rng.random(cur.size, dtype=np.float32) * (cap - cur + 1))
+            x[hit] = np.minimum(cur + step, cap)
         if keep_first:
             x[:, 0] = self._base[:, 0]
         return x

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -9,6 +11,7 @@ from hypothesis import strategies as st
 
 from autoscaler.errors import InvalidInputError
 from autoscaler.policy.pollux import PolluxOptions, PolluxPolicy, PolluxState, _Search, power_mean
+from autoscaler.jobs import ClusterView, JobView
 from tests.policy.conftest import cluster, model, round_input, rows, view
 
 FAST = {"population": 40, "generations": 40}
@@ -164,3 +167,50 @@ def test_empty_round_and_options() -> None:
         PolluxOptions(power=2.0)
     with pytest.raises(InvalidInputError):
         PolluxPolicy(options=PolluxOptions(), population=3)
+
+
+def _crowded_round() -> tuple[ClusterView, tuple[JobView, ...]]:
+    """16 nodes x 4 GPUs, 48 jobs: 40 running on 1-2 GPUs (58 GPUs in use, 6 free), 8 new
+    jobs waiting. Every job fits on one GPU, so the optimum leaves nobody waiting."""
+    c = cluster(nodes=16, gpus=4)
+    rng = np.random.default_rng(3)
+    running = []
+    free = [4] * 16
+    for i in range(40):
+        want = 2 if i < 18 else 1
+        node = max(range(16), key=lambda n: (free[n], -n))
+        free[node] -= want
+        row = tuple(want if n == node else 0 for n in range(16))
+        running.append(
+            view(f"r{i:02d}", nodes=16, alloc=row, age=float(rng.integers(1200, 9000)),
+                 attained=float(rng.integers(1000, 50000)), restarts=1, profiled=2)
+        )
+    waiting = [view(f"w{i}", nodes=16, age=300.0) for i in range(8)]
+    assert sum(free) == 6
+    return c, (*running, *waiting)
+
+
+def test_crowded_cluster_starts_every_waiting_job() -> None:
+    # With p = -1, a waiting job drags the power mean towards 0, so the search must find
+    # the free GPUs for the waiting jobs. A mutation that grows every job at once would
+    # over-subscribe the free nodes and have repair empty other jobs in every child; growing
+    # each free node by about one job keeps children feasible (the regression this guards).
+    c, jobs = _crowded_round()
+    for seed in range(3):
+        policy = PolluxPolicy(seed=seed)
+        d = policy.decide(round_input(c, *jobs), policy.initial_state())
+        gpus = {name: sum(r) for name, r in rows(c, d.plan).items()}
+        assert all(g >= 1 for g in gpus.values()), sorted(n for n, g in gpus.items() if not g)
+
+
+def test_mutation_grows_about_one_job_per_free_node() -> None:
+    # Many jobs, one node with free GPUs: a child grows about two entries there (one job
+    # drawn from all, one from those already on the node), not one per job.
+    num_jobs, size = 40, 400
+    search = replace(_search(num_jobs, 4, 4, [4] * num_jobs, False, 0), reset_prob=0, zero_prob=0)
+    pop = np.zeros((size, num_jobs, 4), dtype=np.int16)
+    pop[:, :16, :] = np.eye(4, dtype=np.int16)[np.arange(16) % 4]  # nodes 0-3 full
+    pop[:, 3, 3] = 0  # one GPU free on node 3
+    grown = (search.mutate(pop) > pop).sum(axis=(1, 2))
+    assert 1.0 <= grown.mean() <= 3.0
+    assert np.all((search.mutate(pop) > pop)[:, :, :3] == 0)  # only the free node grows

@@ -83,3 +83,29 @@ def test_bad_arrival_scale_is_one_line_exit_2(bad: str, capsys) -> None:
     assert info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert "--arrival-scale" in err[-1] and bad in err[-1]
+
+
+def test_reference_files_give_ours_over_published(tmp_path: Path) -> None:
+    folder = tmp_path / "workloads"
+    folder.mkdir()
+    (folder / "small-1.csv").write_text(WORKLOAD)
+    (folder / "small-2.csv").write_text(WORKLOAD.replace("c,60", "c,120"))
+    ref = tmp_path / "tiresias-summary.json"  # the Pollux artifact's summary.json shape
+    ref.write_text(json.dumps({"jcts": {}, "avgs": {"small-1": 100.0, "small-2": 300.0}}))
+    out = tmp_path / "bench.json"
+    argv = ["--workloads", str(folder), "--policies", "tiresias", "--processes", "1"]
+    assert main([*argv, "--reference", f"tiresias={ref}", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["reference_mean_jct_s"] == {"tiresias": 200.0}
+    assert doc["reference_per_workload_jct_s"]["tiresias"]["small-2"] == 300.0
+    ours = doc["policies"]["tiresias"]["mean_jct_s"]
+    assert doc["ours_over_reference"]["tiresias"] == pytest.approx(ours / 200.0)
+
+
+@pytest.mark.parametrize("bad", ["tiresias", "nosuch=x.json", "pollux=/no/such/file.json"])
+def test_bad_reference_is_one_line_exit_2(bad: str, capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["--reference", bad])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "--reference" in err[-1]
