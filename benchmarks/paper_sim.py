@@ -8,7 +8,8 @@ GPUs with 60 s rounds, two workloads at a time, and writes::
 
     {"load": 1.0,
      "policies": {"<policy>": {"mean_jct_s", "per_workload_jct_s": {...}, "p99_jct_s",
-                                "makespan_s", "restarts_per_job", "policy_ms_p50",
+                                "makespan_s", "restarts_per_job", "mean_ftf_ratio",
+                                "max_ftf_ratio", "policy_ms_p50",
                                 "policy_ms_max", "fit_ms_p50", "fit_ms_max", "wall_s"}},
      "reference_mean_jct_s": {"pollux": 2751.1, "optimus": 5681.9, "tiresias": 4038.5},
      "reference_per_workload_jct_s": {...}, "peak_rss_mib": float}
@@ -29,7 +30,10 @@ A per-workload table, ours next to the published numbers, is printed to stdout.
 published results are for the uncompressed workloads, so with ``X != 1`` the output has no
 ``reference_*`` keys; it records ``"arrival_scale": X``. Whenever pollux ran next to a baseline,
 ``"pollux_ratio"`` holds, per baseline, the ratio of mean JCTs (``"mean"``: pollux's
-``mean_jct_s`` over the baseline's) and the per-workload ratios (``"per_workload"``).
+``mean_jct_s`` over the baseline's) and the per-workload ratios (``"per_workload"``); and
+``"vs_pollux"``, per other policy, its mean JCT, p99 JCT and worst finish-time fairness ratio
+(``max_ftf_ratio``, over all jobs) over pollux's, and on how many workloads its mean JCT is no
+worse than pollux's (``"workloads_no_worse"``).
 
 ``--reference POLICY=FILE`` (repeatable) compares a ``--workloads`` folder with published
 results in the Pollux artifact's ``summary.json`` format, e.g. its heavier-load workloads
@@ -198,6 +202,7 @@ def _run(args: argparse.Namespace, scratch: Path) -> int:
             "makespan_s": float(np.mean([s["makespan_s"] for s in summaries])),
             "restarts_per_job": float(np.mean([s["restarts_per_job"] for s in summaries])),
             "mean_ftf_ratio": float(np.mean([s["mean_ftf_ratio"] for s in summaries])),
+            "max_ftf_ratio": float(max(s["max_ftf_ratio"] for s in summaries)),
             "policy_ms_p50": float(np.percentile(walls_ms, 50)),
             "policy_ms_max": float(walls_ms.max()),
             "fit_ms_p50": float(np.percentile(fits_ms, 50)),
@@ -213,6 +218,19 @@ def _run(args: argparse.Namespace, scratch: Path) -> int:
                     w: jct / other["per_workload_jct_s"][w]
                     for w, jct in ours["per_workload_jct_s"].items()
                 },
+            }
+            for name, other in out["policies"].items()
+            if name != "pollux"
+        }
+        out["vs_pollux"] = {
+            name: {
+                "mean": other["mean_jct_s"] / ours["mean_jct_s"],
+                "p99": other["p99_jct_s"] / ours["p99_jct_s"],
+                "max_ftf": other["max_ftf_ratio"] / ours["max_ftf_ratio"],
+                "workloads_no_worse": sum(
+                    jct <= ours["per_workload_jct_s"][w]
+                    for w, jct in other["per_workload_jct_s"].items()
+                ),
             }
             for name, other in out["policies"].items()
             if name != "pollux"
@@ -235,6 +253,11 @@ def _run(args: argparse.Namespace, scratch: Path) -> int:
     _print_table(out, [r.workload for r in results[: len(files)]])
     for name, ratio in out.get("pollux_ratio", {}).items():
         print(f"pollux / {name}: {ratio['mean']:.3f}")
+    for name, vs in out.get("vs_pollux", {}).items():
+        print(
+            f"{name} / pollux: mean JCT {vs['mean']:.3f}, p99 JCT {vs['p99']:.3f}, worst FTF "
+            f"{vs['max_ftf']:.3f}, no worse on {vs['workloads_no_worse']} of {len(files)}"
+        )
     for name, ratio in out.get("ours_over_reference", {}).items():
         print(f"{name}: ours / published {ratio:.3f}")
     print(f"elapsed {elapsed:.0f} s, peak RSS {out['peak_rss_mib']:.0f} MiB")

@@ -85,8 +85,8 @@ class SimResult:
         return np.array([job.jct_s for job in self.jobs])
 
     def summary(self) -> dict[str, float]:
-        """Aggregates: mean / p50 / p99 JCT, makespan, restarts per job, GPU-hours, mean and
-        p99 finish-time fairness ratio, mean GPU utilisation over rounds with active jobs."""
+        """Aggregates: mean / p50 / p99 JCT, makespan, restarts per job, GPU-hours, mean, p99 and
+        worst finish-time fairness ratio, mean GPU utilisation over rounds with active jobs."""
         jct = self.jcts_s
         total_gpus = self.config.total_gpus
         ftf = np.array([job.ftf_ratio for job in self.jobs])
@@ -102,6 +102,7 @@ class SimResult:
             "gpu_hours": float(sum(job.gpu_s for job in self.jobs) / 3600.0),
             "mean_ftf_ratio": float(ftf.mean()),
             "p99_ftf_ratio": float(np.percentile(ftf, 99)),
+            "max_ftf_ratio": float(ftf.max()),
             "mean_utilization": float(used.mean() / total_gpus) if used.size else 0.0,
             "rounds": float(len(self.rounds)),
         }

@@ -29,7 +29,8 @@ def test_writes_the_documented_json(tmp_path: Path, capsys) -> None:
     assert doc["load"] is None and "reference_mean_jct_s" not in doc  # no published results
     assert set(doc["policies"]) == {"tiresias", "optimus"}
     keys = {"mean_jct_s", "per_workload_jct_s", "p99_jct_s", "makespan_s", "restarts_per_job",
-            "policy_ms_p50", "policy_ms_max", "fit_ms_p50", "fit_ms_max", "wall_s"}  # fmt: skip
+            "mean_ftf_ratio", "max_ftf_ratio", "policy_ms_p50", "policy_ms_max", "fit_ms_p50",
+            "fit_ms_max", "wall_s"}  # fmt: skip
     for summary in doc["policies"].values():
         assert keys <= set(summary)
         per = summary["per_workload_jct_s"]
@@ -74,6 +75,13 @@ def test_arrival_scale_compresses_submissions_and_reports_ratios(tmp_path: Path)
         pollux, tiresias = (doc["policies"][p]["mean_jct_s"] for p in ("pollux", "tiresias"))
         assert ratio["mean"] == pytest.approx(pollux / tiresias)
         assert ratio["per_workload"]["small-1"] == pytest.approx(pollux / tiresias)
+        vs = doc["vs_pollux"]["tiresias"]  # the other way round, with the tail metrics
+        assert vs["mean"] == pytest.approx(tiresias / pollux)
+        p99 = [doc["policies"][p]["p99_jct_s"] for p in ("tiresias", "pollux")]
+        assert vs["p99"] == pytest.approx(p99[0] / p99[1])
+        ftf = [doc["policies"][p]["max_ftf_ratio"] for p in ("tiresias", "pollux")]
+        assert vs["max_ftf"] == pytest.approx(ftf[0] / ftf[1])
+        assert vs["workloads_no_worse"] == int(tiresias <= pollux)
 
 
 @pytest.mark.parametrize("bad", ["0", "-2", "fast", "nan"])
