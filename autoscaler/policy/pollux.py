@@ -488,7 +488,6 @@ class _Search:
         # (1) Reset some jobs to their current allocation.
         reset = (rng.random((num_jobs, size), dtype=np.float32) < self.reset_prob)[:, :, None]
         np.copyto(x, self._base, where=reset)
-        flat = x.reshape(-1)
         by_row = x.reshape(rows, num_nodes)
         # (2) Zero out some entries (each with probability 0.1) of some jobs.
         chosen = np.flatnonzero(rng.random(rows, dtype=np.float32) < self.zero_prob)

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autoscaler.errors import InvalidInputError
-from autoscaler.policy.pollux import PolluxOptions, PolluxPolicy, PolluxState, _Search, power_mean
 from autoscaler.jobs import ClusterView, JobView
+from autoscaler.policy.pollux import PolluxOptions, PolluxPolicy, PolluxState, _Search, power_mean
 from tests.policy.conftest import cluster, model, round_input, rows, view
 
 FAST = {"population": 40, "generations": 40}
@@ -182,8 +182,15 @@ def _crowded_round() -> tuple[ClusterView, tuple[JobView, ...]]:
         free[node] -= want
         row = tuple(want if n == node else 0 for n in range(16))
         running.append(
-            view(f"r{i:02d}", nodes=16, alloc=row, age=float(rng.integers(1200, 9000)),
-                 attained=float(rng.integers(1000, 50000)), restarts=1, profiled=2)
+            view(
+                f"r{i:02d}",
+                nodes=16,
+                alloc=row,
+                age=float(rng.integers(1200, 9000)),
+                attained=float(rng.integers(1000, 50000)),
+                restarts=1,
+                profiled=2,
+            )
         )
     waiting = [view(f"w{i}", nodes=16, age=300.0) for i in range(8)]
     assert sum(free) == 6
