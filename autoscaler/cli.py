@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, NoReturn
 import typer
 
 from autoscaler import __version__
-from autoscaler.jobs import PolicyName
+from autoscaler.jobs import PAPER_POLICIES, PolicyName
 
 if TYPE_CHECKING:
     from autoscaler.sim.cluster import ClusterSpec
@@ -127,7 +127,7 @@ def simulate(
             interference_avoidance=avoid_interference,
             seed=seed,
         )
-        policies = list(PolicyName) if suite else list(dict.fromkeys(policy))
+        policies = list(PAPER_POLICIES) if suite else list(dict.fromkeys(policy))
         specs = [RunSpec(str(f), p, config) for p in policies for f in files]
         columns = (BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         single = len(specs) == 1  # one run: jobs completed; several: runs completed

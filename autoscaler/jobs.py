@@ -38,6 +38,7 @@ if TYPE_CHECKING:  # imported for annotations only; keeps ``import autoscaler.jo
     from autoscaler.goodput import BatchLimits, GoodputModel
 
 __all__ = [
+    "PAPER_POLICIES",
     "Allocation",
     "BatchChoice",
     "ClusterView",
@@ -128,9 +129,18 @@ class Allocation(Mapping[str, int]):
 class PolicyName(StrEnum):
     """The scheduling policies coadapt implements."""
 
+    COADAPT = "coadapt"
     POLLUX = "pollux"
     TIRESIAS = "tiresias"
     OPTIMUS = "optimus"
+
+
+#: The policies the Pollux paper compares, whose simulator results it published.
+PAPER_POLICIES: tuple[PolicyName, ...] = (
+    PolicyName.POLLUX,
+    PolicyName.TIRESIAS,
+    PolicyName.OPTIMUS,
+)
 
 
 def placement_of(allocation: Allocation | Sequence[int]) -> tuple[int, ...]:
@@ -252,6 +262,12 @@ class JobView:
         oracle: ground truth for oracle baselines (``None`` unless the observer provides it).
         adaptive: ``False`` if the user opted the job out of adaptation: it then runs on at most
             ``requested_gpus`` GPUs at ``fixed_batch_size``, under every policy.
+        remaining_progress: statistical progress still to make before the job is done, in
+            initial-batch-size iterations (the trainer's progress unit: one unit = ``M0``
+            samples at efficiency 1), from the training length the user declared (epochs) and
+            the progress the trainer reported; ``None`` if unknown. Remaining work in
+            ``M0``-equivalent samples is ``remaining_progress * limits.init_batch_size``, so
+            ``that / goodput`` estimates the time left at an allocation.
     """
 
     name: str
@@ -269,8 +285,16 @@ class JobView:
     models: Mapping[str, GoodputModel] = field(default_factory=dict)
     oracle: Oracle | None = None
     adaptive: bool = True
+    remaining_progress: float | None = None
 
     def __post_init__(self) -> None:
+        if self.remaining_progress is not None and not (
+            math.isfinite(self.remaining_progress) and self.remaining_progress >= 0
+        ):
+            raise InvalidInputError(
+                f"remaining_progress must be finite and >= 0, got {self.remaining_progress}",
+                field="remaining_progress",
+            )
         if not isinstance(self.allocation, Allocation):
             object.__setattr__(self, "allocation", Allocation(self.allocation))
         object.__setattr__(self, "models", MappingProxyType(dict(self.models)))
@@ -453,12 +477,16 @@ class Plan:
     ``allocations`` holds every active job's GPUs per node id (empty = not running);
     ``batches`` the batch configuration of every job that runs; ``fleet`` the instances per
     offering key the plan assumes (the observed fleet unless the policy or sizing asks for
-    another one; the controller reconciles it). Read-only mappings.
+    another one; the controller reconciles it); ``refused`` the jobs the policy can never run on
+    this fleet, each with the reason (e.g. its smallest feasible allocation is larger than any
+    pool), so that the observer fails them at once instead of letting them wait forever; a
+    refused job's allocation is empty. Read-only mappings.
     """
 
     allocations: Mapping[str, Allocation] = field(default_factory=dict)
     batches: Mapping[str, BatchChoice] = field(default_factory=dict)
     fleet: Mapping[str, int] = field(default_factory=dict)
+    refused: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         allocations = {
@@ -468,6 +496,7 @@ class Plan:
         object.__setattr__(self, "allocations", MappingProxyType(allocations))
         object.__setattr__(self, "batches", MappingProxyType(dict(self.batches)))
         object.__setattr__(self, "fleet", MappingProxyType(dict(self.fleet)))
+        object.__setattr__(self, "refused", MappingProxyType(dict(self.refused)))
 
     def validate(
         self,
@@ -480,8 +509,8 @@ class Plan:
         unknown or missing, an allocation names a node that is not in the fleet, a node is
         over-allocated, a running job lacks a batch choice (or its batch does not match its GPU
         count), a job exceeds ``max_gpus[name]``, ``single_type`` is asked and a job spans GPU
-        types, or — when the cluster asks for interference avoidance — a node holds two or
-        more multi-node jobs."""
+        types, a refused job holds GPUs or is not a job of the round, or — when the cluster asks
+        for interference avoidance — a node holds two or more multi-node jobs."""
         cluster = round_input.cluster
         names = {job.name for job in round_input.jobs}
         if set(self.allocations) != names:
@@ -491,6 +520,11 @@ class Plan:
                 f"plan jobs differ from round jobs (extra {extra}, missing {missing})",
                 field="allocations",
             )
+        for name in self.refused:
+            if name not in names or self.allocations[name].num_gpus:
+                raise InvalidInputError(
+                    f"refused job {name} is not an idle job of the round", field="refused"
+                )
         used = [0] * cluster.num_nodes
         multi_node = [0] * cluster.num_nodes
         for name, alloc in self.allocations.items():

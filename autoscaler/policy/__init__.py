@@ -9,6 +9,8 @@ decision. The simulator and the controller call the same objects.
 
 Policies:
 
+- ``coadapt`` (:mod:`autoscaler.policy.coadapt`) — the default: type-aware co-adaptive
+  scheduling, a deterministic knapsack over each job's menu of (GPU type, GPU count) shapes;
 - ``pollux`` (:mod:`autoscaler.policy.pollux`) — co-adaptive: a genetic search over replica
   matrices maximising the power mean of goodput speedups, batch size from the goodput model;
 - ``tiresias`` (:mod:`autoscaler.policy.tiresias`) — two-queue discretised least attained
@@ -43,6 +45,10 @@ def make_policy(name: str | PolicyName, *, seed: int = 0, **options: Any) -> Pol
         raise InvalidInputError(
             f"unknown policy {name!r}; expected one of {choices}", field="policy"
         ) from None
+    if kind is PolicyName.COADAPT:
+        from autoscaler.policy.coadapt import CoadaptPolicy
+
+        return CoadaptPolicy(**options)
     if kind is PolicyName.POLLUX:
         from autoscaler.policy.pollux import PolluxPolicy
 

@@ -263,6 +263,9 @@ class Simulator:
             )
         except InvalidInputError as e:
             raise SimulationError(f"{self.policy.name} round {self.round_index}: {e}") from e
+        if plan.refused:
+            name, reason = sorted(plan.refused.items())[0]
+            raise SimulationError(f"{self.policy.name} cannot run {name}: {reason}")
         for job in active:
             alloc = plan.allocations[job.spec.name]
             gpus = alloc.num_gpus
@@ -308,6 +311,7 @@ class Simulator:
             models=models,
             oracle=oracle,
             adaptive=job.spec.application not in self.config.fixed_applications,
+            remaining_progress=max(0.0, job.app.target_progress - job.progress),
         )
 
     def _model(self, job: _Job, gpu_type: str | None) -> GoodputModel | None:

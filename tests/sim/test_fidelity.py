@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from autoscaler.jobs import PolicyName
+from autoscaler.jobs import PAPER_POLICIES
 from autoscaler.sim.config import SimConfig
 from autoscaler.sim.runner import RunSpec, paper_reference, paper_workloads, run_many
 
@@ -33,7 +33,7 @@ PINNED_MEAN_JCT_S = {
 @pytest.fixture(scope="module")
 def means() -> dict[tuple[str, str], float]:
     files = paper_workloads("0.5")
-    specs = [RunSpec(str(files[i]), p, SimConfig()) for i in (0, 4) for p in PolicyName]
+    specs = [RunSpec(str(files[i]), p, SimConfig()) for i in (0, 4) for p in PAPER_POLICIES]
     results = run_many(specs, processes=2)
     for result in results:
         assert len(result.jobs) == 80  # every job completed

@@ -1,0 +1,1336 @@
+"""The ``coadapt`` policy: co-adaptive scheduling across GPU types, solved deterministically.
+
+Every round decides, for every job: the GPU type, the GPU count, the nodes and the batch
+configuration (the goodput-optimal one for the allocation, :mod:`autoscaler.goodput`). A job runs
+on one GPU type at a time.
+
+**Pools.** Nodes are grouped into *pools* of one GPU type and one node size (``T4x4``: nodes of 4
+T4s). A job's allocation lies in one pool.
+
+**Menu.** Each job may take, in each pool, a *canonical* shape: ``k`` GPUs on one node with ``k`` a
+power of two up to the node size, or whole nodes (``k`` a multiple of the node size); up to its
+cap (``exploration_factor`` x the most GPUs it has run on, 1 before its first profile, within its
+batch limits, the pool and, for a job opted out of adaptation, its requested GPUs). Its current
+allocation is on the menu too, whatever its shape, as the only choice that needs no restart.
+Powers of two pack into nodes of a power-of-two size without loss, and whole-node jobs never
+share a node, so interference is avoided by construction and a menu choice that fits a pool's
+capacity fits its nodes, up to the fragmentation left by jobs kept in place (see Placement).
+
+**Objective** (each ingredient an option, so that the benchmark can switch it off)::
+
+    maximise  sum_j  w_j * U_p( rho_j(c) * s_j(c) )
+
+- ``s_j(c)`` is the job's speedup on candidate ``c``: its best goodput there over its goodput on
+  the fair share (``ceil(GPUs / jobs)`` GPUs on the fewest nodes of the reference pool), scaled by
+  nodes / GPUs as in Pollux. Goodput on a type the job has not run on is estimated with the ratio
+  rule (:func:`autoscaler.gputypes.estimate_model`); with ``explore_types`` the estimate is taken
+  at its optimistic end, ``x (1 + relative_uncertainty)``, so that a type that could win is tried
+  (once tried, the job's own fit replaces the estimate). A job without a model yet has
+  speedup ``GPUs x type speed / fair-share GPUs``.
+- ``U_p`` is Pollux's power-mean kernel: ``-(x + 1e-3)^p`` for ``p < 0``, ``log(x + 1e-3)`` for
+  ``p = 0``, ``(x + 1e-3)^p`` for ``0 < p <= 1``; maximising the sum maximises the power mean
+  (``p = -1`` is Pollux's default; very negative ``p`` approaches max-min fairness).
+- ``w_j = (T_j / mean T)^remaining_weight`` with ``T_j`` the job's expected remaining time on its
+  fair share (remaining progress x ``M0`` / fair-share goodput; jobs with unknown remaining work
+  get the mean). ``remaining_weight < 0`` favours jobs close to completion (shortest remaining
+  time first, softened by ``U_p``); 0 switches it off.
+- ``rho_j(c)`` is the restart factor, 1 for the current allocation. Rule ``"age"`` is Pollux's:
+  ``max(age - restarts x delay, 0) / (age + delay)``. Rule ``"horizon"``: the productive share of
+  the time the new allocation will serve, ``max(H - delay, 0) / H`` with ``H`` the smaller of the
+  job's expected remaining time on ``c`` and ``restart_horizon_s``.
+- ``admit_first``: a job left waiting costs 1,000 times the whole spread of the running values
+  (the values are rescaled to [0, 1] before solving), so queued jobs are admitted before running
+  ones grow. Without it, waiting is worth the kernel at 0, floored at that same level (for
+  ``p < 0`` the kernel at 0 is otherwise too far below every running value for the solvers to
+  resolve the differences between those).
+
+**Solver** (``solver``): the objective is a sum over jobs of one chosen candidate each, under one
+GPU capacity per pool: a multiple-choice knapsack. ``"lagrange"`` (default) starts with every job
+waiting, applies the upgrades (a job's move to a better candidate that fits) with the largest
+gain per added GPU first until none fits, then lets each job in turn re-choose its best
+candidate given what the others leave free, while that improves. Its Lagrangian dual (a price
+per pool GPU; projected subgradient steps) bounds the optimum from above, so every decision
+reports its gap (``CoadaptState.gap``).
+``"milp"`` solves the same problem exactly with HiGHS (:func:`scipy.optimize.milp`).
+
+**Placement.** Kept allocations stay on their nodes. Then whole-node jobs take fully free nodes
+(lowest index first) and one-node jobs, largest first, the fullest node where they fit
+(best fit). A choice that does not fit after all (fragmentation) is lowered to the largest menu
+size that fits in its pool, or the job waits.
+
+Pure and deterministic: the same :class:`~autoscaler.jobs.RoundInput` and state give the same
+plan; no seed. The state caches each (job, pool) goodput table with the model it came from.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from autoscaler.errors import InvalidInputError
+from autoscaler.goodput import BatchLimits, GoodputModel
+from autoscaler.goodput_batch import JobArrays, optimize_many
+from autoscaler.gputypes import REFERENCE_GPU_TYPE, SpeedTable, default_speed_table, estimate_model
+from autoscaler.jobs import (
+    Allocation,
+    BatchChoice,
+    ClusterView,
+    JobView,
+    Plan,
+    PolicyName,
+    RoundInput,
+    fixed_batch_choice,
+)
+from autoscaler.policy.base import Decision
+
+__all__ = [
+    "CoadaptOptions",
+    "CoadaptPolicy",
+    "CoadaptState",
+    "Pool",
+    "pools_of",
+    "solve_choices",
+]
+
+_EPS = 1e-3  # the power mean's floor, as in Pollux
+#: For p < -2 the kernel spans too many orders of magnitude for the solvers (0.1^-30 vs 1^-30),
+#: so the round is solved twice: at p = -2, then at p with speedups taken relative to the
+#: smallest speedup of that first plan, values clipped at -_WAIT_FLOOR (a candidate that far
+#: below the first plan's worst job is never the answer).
+_WAIT_FLOOR = 1e4
+_RESTART_RULES = ("age", "horizon")
+_SOLVERS = ("lagrange", "milp")
+
+
+@dataclass(frozen=True)
+class CoadaptOptions:
+    """Tunables of the coadapt policy (see the module docstring for each ingredient).
+
+    ``power``: the power-mean exponent ``p`` (<= 1); ``restart_penalty``: apply a restart
+    factor; ``restart_rule``: ``"age"`` (Pollux's) or ``"horizon"``; ``restart_horizon_s``: the
+    horizon of the ``"horizon"`` rule; ``remaining_weight``: exponent of the remaining-time
+    weight (0 = off); ``admit_first``: admit queued jobs before growing running ones;
+    ``explore_types``: value unprofiled GPU types at their optimistic estimate;
+    ``exploration_factor``: GPU cap as a multiple of the most GPUs a job has run on;
+    ``max_gpus_per_job``: hard cap; ``solver``: ``"lagrange"`` or ``"milp"``.
+    """
+
+    power: float = -1.0
+    restart_penalty: bool = True
+    restart_rule: str = "horizon"
+    restart_horizon_s: float = 3600.0
+    remaining_weight: float = 0.0
+    admit_first: bool = True
+    explore_types: bool = True
+    exploration_factor: float = 2.0
+    start_gpus: int = 1
+    max_gpus_per_job: int = 4096
+    solver: str = "lagrange"
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.power) or self.power > 1:
+            raise InvalidInputError("power must be finite and <= 1", field="power")
+        if self.restart_rule not in _RESTART_RULES:
+            raise InvalidInputError(
+                f"restart_rule must be one of {_RESTART_RULES}, got {self.restart_rule!r}",
+                field="restart_rule",
+            )
+        if not (math.isfinite(self.restart_horizon_s) and self.restart_horizon_s > 0):
+            raise InvalidInputError("restart_horizon_s must be > 0", field="restart_horizon_s")
+        if not math.isfinite(self.remaining_weight):
+            raise InvalidInputError("remaining_weight must be finite", field="remaining_weight")
+        if self.exploration_factor < 1 or self.max_gpus_per_job < 1 or self.start_gpus < 1:
+            raise InvalidInputError(
+                "exploration_factor, start_gpus and max_gpus_per_job must be >= 1",
+                field="exploration_factor",
+            )
+        if self.solver not in _SOLVERS:
+            raise InvalidInputError(
+                f"solver must be one of {_SOLVERS}, got {self.solver!r}", field="solver"
+            )
+
+
+@dataclass(frozen=True)
+class Pool:
+    """Nodes of one GPU type and one node size; ``nodes`` are indices into
+    ``ClusterView.nodes``, in fleet order."""
+
+    gpu_type: str
+    gpus_per_node: int
+    nodes: tuple[int, ...]
+
+    @property
+    def key(self) -> str:
+        return f"{self.gpu_type}x{self.gpus_per_node}"
+
+    @property
+    def capacity(self) -> int:
+        return self.gpus_per_node * len(self.nodes)
+
+    def sizes(self, cap: int) -> tuple[tuple[int, int], ...]:
+        """Canonical (GPUs, nodes) shapes up to ``cap`` GPUs: powers of two on one node (and the
+        node size itself), then whole nodes."""
+        n = self.gpus_per_node
+        out: list[tuple[int, int]] = []
+        k = 1
+        while k < n and k <= cap:
+            out.append((k, 1))
+            k *= 2
+        m = 1
+        while m <= len(self.nodes) and m * n <= cap:
+            out.append((m * n, m))
+            m += 1
+        return tuple(out)
+
+
+def pools_of(cluster: ClusterView) -> tuple[Pool, ...]:
+    """The cluster's pools, sorted by key."""
+    groups: dict[tuple[str, int], list[int]] = {}
+    for i, node in enumerate(cluster.nodes):
+        groups.setdefault((node.gpu_type, node.gpus), []).append(i)
+    return tuple(Pool(t, n, tuple(idx)) for (t, n), idx in sorted(groups.items()))
+
+
+@dataclass(frozen=True, eq=False)
+class _Table:
+    """One job's goodput over one pool's canonical shapes (what the state caches)."""
+
+    model: GoodputModel | None
+    shapes: tuple[tuple[int, int], ...]
+    goodput: np.ndarray
+    batch: np.ndarray  # (shapes, 3): total, local, accum; zeros where infeasible
+    fair: dict[int, float] = field(default_factory=dict)  # fair-share goodput by GPUs (memo)
+
+    @functools.cached_property
+    def shape_array(self) -> np.ndarray:
+        """``shapes`` as an int array (shapes, 2): GPUs, nodes."""
+        return np.asarray(self.shapes, dtype=np.int64).reshape(-1, 2)
+
+
+@dataclass(frozen=True, eq=False)
+class CoadaptState:
+    """What coadapt carries between rounds: goodput tables per (job name, pool key), rebuilt
+    only when the job's model for the pool changes (``builds`` counts rebuilds), and ratio-rule
+    estimates per (job name, GPU type), redone only when the fits they came from change.
+    ``objective`` and ``bound`` are the last round's objective value and the solver's upper
+    bound on it (``gap = bound - objective >= 0``; 0 for the exact solver)."""
+
+    tables: Mapping[tuple[str, str], _Table] = field(default_factory=dict)
+    builds: int = 0
+    objective: float = 0.0
+    bound: float = 0.0
+    estimates: Mapping[tuple[str, str], _Estimate] = field(default_factory=dict)
+
+    @property
+    def gap(self) -> float:
+        return max(0.0, self.bound - self.objective)
+
+
+@dataclass(frozen=True, eq=False)
+class _Menu:
+    """All candidates of all jobs as flat arrays, grouped by job (``job`` non-decreasing):
+    pool index, GPUs, nodes, whether it is the job's current allocation, goodput, goodput at
+    its optimistic end (unprofiled types), and the best batch (total, local, accumulation;
+    zeros for a job without a model)."""
+
+    job: np.ndarray
+    pool: np.ndarray
+    gpus: np.ndarray
+    nodes: np.ndarray
+    current: np.ndarray
+    goodput: np.ndarray
+    optimistic: np.ndarray
+    batch: np.ndarray
+
+    @classmethod
+    def empty(cls) -> _Menu:
+        i = np.zeros(0, dtype=np.int64)
+        f = np.zeros(0)
+        return cls(i, i, i, i, np.zeros(0, dtype=bool), f, f, np.zeros((0, 3), dtype=np.int64))
+
+
+@dataclass(frozen=True, eq=False)
+class _Estimate:
+    """A ratio-rule estimate and the fitted models it came from (reused while they hold)."""
+
+    sources: Mapping[str, GoodputModel]
+    model: GoodputModel
+    uncertainty: float
+
+
+class CoadaptPolicy:
+    """Type-aware co-adaptive scheduling (see the module docstring)."""
+
+    name = PolicyName.COADAPT
+    uses_model = True
+    uses_oracle = False
+    avoids_interference = True
+    type_aware = True
+
+    def __init__(
+        self,
+        options: CoadaptOptions | None = None,
+        *,
+        speeds: SpeedTable | None = None,
+        **kwargs: object,
+    ) -> None:
+        kwargs.pop("seed", None)  # deterministic: a seed changes nothing
+        if options is not None and kwargs:
+            raise InvalidInputError("pass either options or keyword options", field="options")
+        self.options = options or CoadaptOptions(**kwargs)  # type: ignore[arg-type]
+        self.speeds = speeds if speeds is not None else default_speed_table()
+        # A memo of _limits_on (pure: a function of its key and the speed table).
+        self._limits_memo: dict[tuple[str, str, BatchLimits], BatchLimits] = {}
+
+    def initial_state(self) -> CoadaptState:
+        return CoadaptState()
+
+    # ---- bounds ----------------------------------------------------------------------------
+
+    def gpu_bounds(self, job: JobView, cluster: ClusterView) -> tuple[int, int]:
+        """(0, cap): a job may wait; it may get at most ``exploration_factor`` x the most GPUs
+        it has run on (``start_gpus`` before any profile, and never fewer than the fewest it can
+        run on), within its batch limits, the cluster and, for a job opted out of adaptation,
+        its requested GPUs."""
+        opt = self.options
+        explore = max(opt.start_gpus, math.floor(opt.exploration_factor * job.max_profiled_gpus))
+        fewest = min((self.min_gpus(job, t) for t in cluster.gpu_types), default=1)
+        by_batch = max(1, job.limits.max_batch_size // job.limits.min_local_bsz)
+        cap = min(max(explore, fewest), by_batch, cluster.total_gpus, opt.max_gpus_per_job)
+        return 0, cap if job.max_gpus is None else min(cap, job.max_gpus)
+
+    def min_gpus(self, job: JobView, gpu_type: str) -> int:
+        """The fewest GPUs of ``gpu_type`` the job can train on: its batch (``M0``, or the
+        user's fixed batch) split into micro-batches of at most the type's per-GPU batch, at
+        most ``max_accum_steps`` of them per GPU."""
+        limits = self._limits_on(job, gpu_type)
+        batch = limits.init_batch_size if job.adaptive else job.fixed_batch_size
+        return max(1, math.ceil(batch / (limits.max_local_bsz * limits.max_accum_steps)))
+
+    def refusal(self, job: JobView, pools: Sequence[Pool]) -> str | None:
+        """Why the job can never run on these pools (``None`` if it can)."""
+        by_batch = max(1, job.limits.max_batch_size // job.limits.min_local_bsz)
+        limit = by_batch if job.max_gpus is None else min(by_batch, job.max_gpus)
+        limit = min(limit, self.options.max_gpus_per_job)
+        need = {pool.key: self.min_gpus(job, pool.gpu_type) for pool in pools}
+        if any(need[pool.key] <= min(limit, pool.capacity) for pool in pools):
+            return None
+        largest = max(pools, key=lambda pool: pool.capacity)
+        fewest = min(need.values())
+        if fewest > limit:
+            return (
+                f"needs at least {fewest} GPUs for its batch size but may use at most {limit} "
+                f"(batch limits or requested GPUs)"
+            )
+        return (
+            f"needs at least {fewest} GPUs of one type; the largest pool ({largest.key}) has "
+            f"{largest.capacity}"
+        )
+
+    # ---- the round -------------------------------------------------------------------------
+
+    def decide(self, round_input: RoundInput, state: CoadaptState) -> Decision:
+        cluster = round_input.cluster
+        if not round_input.jobs:
+            return Decision(Plan({}, {}, cluster.fleet()), CoadaptState(builds=state.builds))
+        opt = self.options
+        jobs = sorted(round_input.jobs, key=lambda j: (j.submit_time_s, j.name))
+        pools = pools_of(cluster)
+        if not pools:  # no node yet (a fleet still being provisioned): everyone waits
+            idle = {job.name: Allocation() for job in jobs}
+            return Decision(Plan(idle, {}, cluster.fleet()), CoadaptState(builds=state.builds))
+        pool_of_node = np.empty(cluster.num_nodes, dtype=np.int64)
+        for p, pool in enumerate(pools):
+            pool_of_node[list(pool.nodes)] = p
+        ref_pool = self._reference_pool(pools)
+        total_gpus = cluster.total_gpus
+        types = tuple(sorted({pool.gpu_type for pool in pools}))
+        fair_all = max(1, math.ceil(total_gpus / len(jobs)))
+
+        refused: dict[str, str] = {}
+        caps: dict[int, int] = {}
+        for j, job in enumerate(jobs):
+            reason = self.refusal(job, pools)
+            if reason is None:
+                caps[j] = self._cap(job, types, total_gpus)
+            else:
+                refused[job.name] = reason
+        estimates: dict[tuple[str, str], _Estimate] = {}
+        models = {
+            (j, t): self._model_on(jobs[j], t, len(pools), state, estimates)
+            for j in caps
+            for t in types
+        }
+        tables, builds = self._tables(jobs, pools, caps, models, state)
+        fair_goodput = self._fair(jobs, pools[ref_pool], caps, models, tables, fair_all)
+        menu = self._menu(jobs, cluster, pools, pool_of_node, caps, models, tables)
+
+        capacity = np.array([pool.capacity for pool in pools], dtype=np.int64)
+        ref = 1.0
+        if opt.power < -2.0 and menu.job.size:
+            values, empty = self._values(jobs, cluster, menu, fair_goodput, power=-2.0)
+            first, _, _ = solve_choices(
+                menu.job, menu.pool, menu.gpus, values, empty, capacity, opt.solver
+            )
+            running = first[first >= 0]
+            if running.size:
+                speed = self._speedups(jobs, cluster, menu, fair_goodput)
+                ref = max(float(np.min(speed[running])), 1e-9)
+        values, empty = self._values(jobs, cluster, menu, fair_goodput, ref)
+        choice, objective, bound = solve_choices(
+            menu.job, menu.pool, menu.gpus, values, empty, capacity, opt.solver
+        )
+        allocations = self._place(jobs, cluster, pools, menu, choice)
+        batches: dict[str, BatchChoice] = {}
+        for j, job in enumerate(jobs):
+            alloc = allocations[job.name]
+            if alloc.num_gpus:
+                c = int(choice[j])
+                gpu_type = pools[int(menu.pool[c])].gpu_type
+                best = (int(menu.batch[c, 0]), int(menu.batch[c, 1]), int(menu.batch[c, 2]))
+                batches[job.name] = self._batch(job, alloc.num_gpus, gpu_type, best)
+        plan = Plan(allocations, batches, cluster.fleet(), refused)
+        new_state = CoadaptState(tables, builds, objective, bound, estimates)
+        return Decision(plan, new_state)
+
+    # ---- models and menus ------------------------------------------------------------------
+
+    def _cap(self, job: JobView, types: Sequence[str], total_gpus: int) -> int:
+        """:meth:`gpu_bounds`' cap from precomputed round constants."""
+        opt = self.options
+        explore = max(opt.start_gpus, math.floor(opt.exploration_factor * job.max_profiled_gpus))
+        fewest = min((self.min_gpus(job, t) for t in types), default=1)
+        by_batch = max(1, job.limits.max_batch_size // job.limits.min_local_bsz)
+        cap = min(max(explore, fewest), by_batch, total_gpus, opt.max_gpus_per_job)
+        return cap if job.max_gpus is None else min(cap, job.max_gpus)
+
+    @staticmethod
+    def _reference_pool(pools: Sequence[Pool]) -> int:
+        """The pool fair shares are measured on: the reference GPU type's largest pool if the
+        fleet has one, else the largest pool (ties: first by key)."""
+        ranked = sorted(
+            range(len(pools)),
+            key=lambda p: (pools[p].gpu_type != REFERENCE_GPU_TYPE, -pools[p].capacity, p),
+        )
+        return ranked[0]
+
+    @staticmethod
+    def _current_pool(job: JobView, cluster: ClusterView, pool_of_node: np.ndarray) -> int | None:
+        """The pool holding the job's whole current allocation (``None``: waiting, or spread
+        over pools or onto nodes that left)."""
+        if not job.allocation:
+            return None
+        idx = [cluster.index_of(n) for n in job.allocation]
+        if any(i is None for i in idx):
+            return None
+        found = {int(pool_of_node[i]) for i in idx if i is not None}
+        return found.pop() if len(found) == 1 else None
+
+    def _limits_on(self, job: JobView, gpu_type: str) -> BatchLimits:
+        """The job's batch limits on ``gpu_type``: its own, with the per-GPU batch measured on
+        that type when the speed table knows it."""
+        if gpu_type == REFERENCE_GPU_TYPE:
+            return job.limits
+        key = (job.application, gpu_type, job.limits)
+        limits = self._limits_memo.get(key)
+        if limits is None:
+            measured = self.speeds.max_local_bsz(job.application, gpu_type)
+            limits = job.limits
+            if measured is not None:
+                limits = replace(limits, max_local_bsz=max(limits.min_local_bsz, measured))
+            if len(self._limits_memo) > 4096:
+                self._limits_memo.clear()
+            self._limits_memo[key] = limits
+        return limits
+
+    def _model_on(
+        self,
+        job: JobView,
+        gpu_type: str,
+        num_pools: int,
+        state: CoadaptState | None = None,
+        estimates: dict[tuple[str, str], _Estimate] | None = None,
+    ) -> tuple[GoodputModel | None, float]:
+        """(model, relative uncertainty) of the job on ``gpu_type``: its own fit, else the ratio
+        rule from the types it ran on; ``(None, 0)`` before any profile. Estimates are reused
+        from ``state`` while the fits they came from are unchanged (and kept in
+        ``estimates``)."""
+        if job.models:
+            if gpu_type in job.models:
+                return job.models[gpu_type], 0.0
+            sources: Mapping[str, GoodputModel] = job.models
+        elif job.model is None:
+            return None, 0.0
+        elif num_pools == 1 or gpu_type == REFERENCE_GPU_TYPE:
+            return job.model, 0.0
+        else:  # A type-unaware observer: the pooled model, read as the reference type's.
+            sources = {REFERENCE_GPU_TYPE: job.model}
+        key = (job.name, gpu_type)
+        cached = state.estimates.get(key) if state is not None else None
+        if cached is None or cached.sources != dict(sources):
+            est = estimate_model(
+                sources, gpu_type, self.speeds, limits=self._limits_on(job, gpu_type)
+            )
+            cached = _Estimate(dict(sources), est.model, est.relative_uncertainty)
+        if estimates is not None:
+            estimates[key] = cached
+        return cached.model, cached.uncertainty
+
+    def _tables(
+        self,
+        jobs: Sequence[JobView],
+        pools: Sequence[Pool],
+        caps: Mapping[int, int],
+        models: Mapping[tuple[int, str], tuple[GoodputModel | None, float]],
+        state: CoadaptState,
+    ) -> tuple[dict[tuple[str, str], _Table], int]:
+        """Every (job, pool) goodput table: the state's where still valid, the others rebuilt
+        together, one vectorised call per pool (:func:`autoscaler.goodput_batch.optimize_many`).
+        """
+        tables: dict[tuple[str, str], _Table] = {}
+        builds = state.builds
+        for pool in pools:
+            stale: list[tuple[int, tuple[tuple[int, int], ...], GoodputModel]] = []
+            sizes: dict[int, tuple[tuple[int, int], ...]] = {}
+            for j, cap in caps.items():
+                job = jobs[j]
+                model = models[(j, pool.gpu_type)][0]
+                shapes = sizes.get(cap)
+                if shapes is None:
+                    shapes = sizes[cap] = pool.sizes(min(cap, pool.capacity))
+                key = (job.name, pool.key)
+                table = state.tables.get(key)
+                if (
+                    table is not None
+                    and table.shapes == shapes
+                    and (table.model is model or table.model == model)
+                ):
+                    tables[key] = table
+                    continue
+                builds += 1
+                if model is None or not shapes:
+                    tables[key] = self._plain_table(job, pool, model, shapes)
+                else:
+                    stale.append((j, shapes, model))
+            if stale:
+                tables.update(self._batch_tables(jobs, pool, stale))
+        return tables, builds
+
+    def _plain_table(
+        self,
+        job: JobView,
+        pool: Pool,
+        model: GoodputModel | None,
+        shapes: tuple[tuple[int, int], ...],
+    ) -> _Table:
+        """A table without a model: goodput taken as GPUs x the type's speed."""
+        speed = self.speeds.model_speed(job.application, pool.gpu_type)
+        good = np.array([g for g, _ in shapes], dtype=float) * speed
+        return _Table(model, shapes, good, np.zeros((len(shapes), 3), dtype=np.int64))
+
+    def _batch_tables(
+        self,
+        jobs: Sequence[JobView],
+        pool: Pool,
+        stale: Sequence[tuple[int, tuple[tuple[int, int], ...], GoodputModel]],
+    ) -> dict[tuple[str, str], _Table]:
+        width = max(len(shapes) for _, shapes, _ in stale)
+        gpus = np.zeros((len(stale), width), dtype=np.int64)
+        nodes = np.zeros((len(stale), width), dtype=np.int64)
+        for i, (_, shapes, _) in enumerate(stale):
+            gpus[i, : len(shapes)] = [g for g, _ in shapes]
+            nodes[i, : len(shapes)] = [n for _, n in shapes]
+        fixed = np.array(
+            [0 if jobs[j].adaptive else jobs[j].fixed_batch_size for j, _, _ in stale],
+            dtype=np.int64,
+        )
+        arrays = JobArrays.from_models([model for _, _, model in stale])
+        cfg = optimize_many(
+            arrays, np.maximum(nodes, 1), gpus, fixed_batch_size=fixed if fixed.any() else None
+        )
+        out = {}
+        for i, (j, shapes, model) in enumerate(stale):
+            n = len(shapes)
+            batch = np.stack(
+                [cfg.batch_size[i, :n], cfg.local_bsz[i, :n], cfg.accum_steps[i, :n]], axis=1
+            ).astype(np.int64)
+            good = np.asarray(cfg.goodput[i, :n], dtype=float)
+            out[(jobs[j].name, pool.key)] = _Table(model, shapes, good, batch)
+        return out
+
+    def _fair(
+        self,
+        jobs: Sequence[JobView],
+        ref: Pool,
+        caps: Mapping[int, int],
+        models: Mapping[tuple[int, str], tuple[GoodputModel | None, float]],
+        tables: Mapping[tuple[str, str], _Table],
+        fair_all: int,
+    ) -> np.ndarray:
+        """Each job's goodput on its fair share of the reference pool, ``min(ceil(GPUs /
+        jobs), batch limit)`` GPUs on the fewest nodes (memoised in its table; a job without a
+        model: GPUs x type speed)."""
+        out = np.ones(len(jobs))
+        missing: list[tuple[int, int, GoodputModel, _Table]] = []
+        for j in caps:
+            job = jobs[j]
+            fair = min(fair_all, max(1, job.limits.max_batch_size // job.limits.min_local_bsz))
+            table = tables[(job.name, ref.key)]
+            memo = table.fair.get(fair)
+            if memo is not None:
+                out[j] = memo
+                continue
+            model = models[(j, ref.gpu_type)][0]
+            if model is None:
+                memo = float(fair * self.speeds.model_speed(job.application, ref.gpu_type))
+                out[j] = table.fair[fair] = memo
+            else:
+                missing.append((j, fair, model, table))
+        if missing:
+            gpus = np.array([[fair] for _, fair, _, _ in missing], dtype=np.int64)
+            nodes = np.maximum(1, -(-gpus // ref.gpus_per_node))
+            fixed = np.array(
+                [0 if jobs[j].adaptive else jobs[j].fixed_batch_size for j, _, _, _ in missing],
+                dtype=np.int64,
+            )
+            cfg = optimize_many(
+                JobArrays.from_models([m for _, _, m, _ in missing]),
+                nodes,
+                gpus,
+                fixed_batch_size=fixed if fixed.any() else None,
+            )
+            for i, (j, fair, _, table) in enumerate(missing):
+                good = float(cfg.goodput[i, 0])
+                out[j] = table.fair[fair] = good if good > 0 else 1e-9
+        return out
+
+    def _menu(
+        self,
+        jobs: Sequence[JobView],
+        cluster: ClusterView,
+        pools: Sequence[Pool],
+        pool_of_node: np.ndarray,
+        caps: Mapping[int, int],
+        models: Mapping[tuple[int, str], tuple[GoodputModel | None, float]],
+        tables: Mapping[tuple[str, str], _Table],
+    ) -> _Menu:
+        """Every job's candidates (see Menu in the module docstring), grouped by job."""
+        explore = self.options.explore_types
+        tabs: list[_Table] = []
+        owner: list[int] = []
+        where: list[int] = []
+        boosts: list[float] = []
+        keeps: list[bool] = []
+        extra: list[tuple[int, int, int, int, float, tuple[int, int, int], float]] = []
+        current = np.zeros((len(jobs), 2), dtype=np.int64)  # GPUs, nodes of the kept allocation
+        for j, cap in caps.items():
+            job = jobs[j]
+            holds = self._current_pool(job, cluster, pool_of_node)
+            cur = (job.allocation.num_gpus, job.allocation.num_nodes)
+            for p, pool in enumerate(pools):
+                model, uncertainty = models[(j, pool.gpu_type)]
+                table = tables[(job.name, pool.key)]
+                keep = holds == p and 0 < cur[0] <= cap
+                tabs.append(table)
+                owner.append(j)
+                where.append(p)
+                boosts.append(1.0 + (uncertainty if explore else 0.0))
+                keeps.append(keep)
+                if keep:
+                    current[j] = cur
+                    if cur not in table.shapes or table.goodput[table.shapes.index(cur)] <= 0:
+                        # A non-canonical current allocation: keepable as it is.
+                        good, batch = self._goodput_at(job, pool, model, cur[1], cur[0])
+                        if good > 0:
+                            extra.append((j, p, cur[0], cur[1], good, batch, boosts[-1]))
+        if not tabs:
+            return _Menu.empty()
+        sizes = np.fromiter((len(t.shapes) for t in tabs), dtype=np.int64, count=len(tabs))
+        job_idx = np.repeat(np.asarray(owner, dtype=np.int64), sizes)
+        pool_idx = np.repeat(np.asarray(where, dtype=np.int64), sizes)
+        shape = np.concatenate([t.shape_array for t in tabs])
+        goods = np.concatenate([t.goodput for t in tabs])
+        batches = np.concatenate([t.batch for t in tabs])
+        boost = np.repeat(np.asarray(boosts), sizes)
+        kept = np.repeat(np.asarray(keeps, dtype=bool), sizes)
+        is_cur = kept & (shape[:, 0] == current[job_idx, 0]) & (shape[:, 1] == current[job_idx, 1])
+        if extra:
+            job_idx = np.concatenate([job_idx, [e[0] for e in extra]])
+            pool_idx = np.concatenate([pool_idx, [e[1] for e in extra]])
+            shape = np.concatenate([shape, [[e[2], e[3]] for e in extra]])
+            goods = np.concatenate([goods, [e[4] for e in extra]])
+            batches = np.concatenate([batches, [e[5] for e in extra]])
+            boost = np.concatenate([boost, [e[6] for e in extra]])
+            is_cur = np.concatenate([is_cur, np.ones(len(extra), dtype=bool)])
+        ok = goods > 0
+        order = np.flatnonzero(ok)[np.argsort(job_idx[ok], kind="stable")]
+        return _Menu(
+            job=job_idx[order].astype(np.int64),
+            pool=pool_idx[order].astype(np.int64),
+            gpus=shape[order, 0].astype(np.int64),
+            nodes=shape[order, 1].astype(np.int64),
+            current=is_cur[order],
+            goodput=goods[order],
+            optimistic=(goods * boost)[order],
+            batch=batches[order].astype(np.int64).reshape(-1, 3),
+        )
+
+    def _goodput_at(
+        self, job: JobView, pool: Pool, model: GoodputModel | None, nodes: int, gpus: int
+    ) -> tuple[float, tuple[int, int, int]]:
+        """Goodput and best batch of one allocation (for a non-canonical current one)."""
+        if model is None:
+            return gpus * self.speeds.model_speed(job.application, pool.gpu_type), (0, 0, 0)
+        fixed = None if job.adaptive else job.fixed_batch_size
+        cfg = model.optimize(nodes, gpus, fixed_batch_size=fixed)
+        return float(cfg.goodput), (int(cfg.batch_size), int(cfg.local_bsz), int(cfg.accum_steps))
+
+    # ---- objective -------------------------------------------------------------------------
+
+    def _values(
+        self,
+        jobs: Sequence[JobView],
+        cluster: ClusterView,
+        menu: _Menu,
+        fair_goodput: np.ndarray,
+        ref: float = 1.0,
+        power: float | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Per-candidate objective values and each job's value when left waiting, the kernel
+        taken at speedup / ``ref`` (``power`` overrides the option's)."""
+        opt = self.options if power is None else replace(self.options, power=power)
+        job_idx = np.asarray(menu.job, dtype=np.int64)
+        speedup = self._speedups(jobs, cluster, menu, fair_goodput)
+        weight = self._weights(jobs, fair_goodput)
+        values = weight[job_idx] * _kernel(speedup / ref, opt.power)
+        empty = weight * _kernel(np.zeros(len(jobs)), opt.power)
+        if ref != 1.0:  # p < -2: see _WAIT_FLOOR
+            values = np.maximum(values, -_WAIT_FLOOR)
+            empty = np.maximum(empty, -_WAIT_FLOOR)
+        if opt.admit_first and values.size:
+            spread = float(np.max(values) - min(float(np.min(values)), float(np.min(empty))))
+            empty = np.full(len(jobs), float(np.min(values)) - 10.0 * max(spread, 1.0))
+        return values, empty
+
+    def _speedups(
+        self,
+        jobs: Sequence[JobView],
+        cluster: ClusterView,
+        menu: _Menu,
+        fair_goodput: np.ndarray,
+    ) -> np.ndarray:
+        """Each candidate's (optimistic, restart-discounted) speedup over its job's fair share,
+        scaled by nodes / GPUs as in Pollux."""
+        job_idx = np.asarray(menu.job, dtype=np.int64)
+        good = np.asarray(menu.optimistic, dtype=float)
+        current = np.asarray(menu.current, dtype=bool)
+        scale = cluster.num_nodes / cluster.total_gpus
+        speedup = good / fair_goodput[job_idx] * scale
+        if self.options.restart_penalty:
+            speedup = speedup * np.where(current, 1.0, self._restart_factor(jobs, cluster, menu))
+        return speedup
+
+    def _remaining_s(self, job: JobView, goodput: np.ndarray | float) -> np.ndarray | None:
+        if job.remaining_progress is None:
+            return None
+        work = job.remaining_progress * job.limits.init_batch_size
+        return np.asarray(work, dtype=float) / np.maximum(goodput, 1e-12)
+
+    def _weights(self, jobs: Sequence[JobView], fair_goodput: np.ndarray) -> np.ndarray:
+        beta = self.options.remaining_weight
+        if beta == 0:
+            return np.ones(len(jobs))
+        times = [
+            self._remaining_s(job, float(g)) for job, g in zip(jobs, fair_goodput, strict=True)
+        ]
+        known = np.array([float(t) for t in times if t is not None])
+        if known.size == 0:
+            return np.ones(len(jobs))
+        known = np.maximum(known, 1.0)
+        mean = float(np.exp(np.mean(np.log(known))))
+        out = np.array([mean if t is None else max(float(t), 1.0) for t in times])
+        return (out / mean) ** beta
+
+    def _restart_factor(
+        self, jobs: Sequence[JobView], cluster: ClusterView, menu: _Menu
+    ) -> np.ndarray:
+        delay = cluster.restart_delay_s
+        job_idx = np.asarray(menu.job, dtype=np.int64)
+        if self.options.restart_rule == "age":
+            age = np.array([j.age_s for j in jobs])
+            restarts = np.array([j.num_restarts for j in jobs])
+            per_job = np.maximum(age - restarts * delay, 0.0) / (age + delay)
+            return per_job[job_idx]
+        work = np.array(
+            [
+                math.inf
+                if j.remaining_progress is None
+                else j.remaining_progress * j.limits.init_batch_size
+                for j in jobs
+            ]
+        )
+        good = np.maximum(np.asarray(menu.goodput, dtype=float), 1e-12)
+        horizon = np.minimum(work[job_idx] / good, self.options.restart_horizon_s)
+        horizon = np.maximum(horizon, 1e-9)
+        return np.maximum(horizon - delay, 0.0) / horizon
+
+    # ---- placement -------------------------------------------------------------------------
+
+    def _place(
+        self,
+        jobs: Sequence[JobView],
+        cluster: ClusterView,
+        pools: Sequence[Pool],
+        menu: _Menu,
+        choice: np.ndarray,
+    ) -> dict[str, Allocation]:
+        """Allocations by job name (see Placement in the module docstring); ``choice`` is
+        updated to the candidate each job was placed at (-1: waiting)."""
+        free = np.array(cluster.gpus_per_node, dtype=np.int64)
+        allocations: dict[str, Allocation] = {}
+        todo: list[tuple[int, int]] = []  # (job, candidate)
+        for j, job in enumerate(jobs):
+            c = int(choice[j])
+            if c < 0:
+                allocations[job.name] = Allocation()
+            elif menu.current[c]:
+                allocations[job.name] = job.allocation
+                for node_id, g in job.allocation.items():
+                    i = cluster.index_of(node_id)
+                    assert i is not None
+                    free[i] -= g
+            else:
+                todo.append((j, c))
+        # Whole-node jobs first, then one-node jobs largest first (best fit).
+        todo.sort(key=lambda t: (-int(menu.nodes[t[1]]), -int(menu.gpus[t[1]]), t[0]))
+        bounds = (
+            np.searchsorted(menu.job, [j for j, _ in todo]),
+            np.searchsorted(menu.job, [j for j, _ in todo], side="right"),
+        )
+        for (j, c), lo, hi in zip(todo, *bounds, strict=True):
+            pool = pools[int(menu.pool[c])]
+            # The candidate, or the largest smaller menu size of the same pool, that fits.
+            span = np.arange(lo, hi)
+            options = span[
+                (menu.pool[lo:hi] == menu.pool[c])
+                & (menu.gpus[lo:hi] <= menu.gpus[c])
+                & ~menu.current[lo:hi]
+            ]
+            options = options[np.argsort(-menu.gpus[options], kind="stable")]
+            placed = Allocation()
+            choice[j] = -1
+            for o in options:
+                row = _fit(pool, int(menu.gpus[o]), int(menu.nodes[o]), free)
+                if row is not None:
+                    placed = Allocation((cluster.nodes[i].node_id, g) for i, g in row.items() if g)
+                    for i, g in row.items():
+                        free[i] -= g
+                    choice[j] = o
+                    break
+            allocations[jobs[j].name] = placed
+        return allocations
+
+    def _batch(
+        self, job: JobView, gpus: int, gpu_type: str, best: tuple[int, int, int]
+    ) -> BatchChoice:
+        """The goodput-optimal configuration computed with the candidate's goodput (``best``),
+        the user's fixed batch for a job opted out of adaptation, or ``max(M0, min local x
+        GPUs)`` for a job without a model yet."""
+        limits = self._limits_on(job, gpu_type)
+        if not job.adaptive:
+            return fixed_batch_choice(job.fixed_batch_size, gpus, limits)
+        if best[0] > 0:
+            return BatchChoice(*best)
+        start = max(limits.init_batch_size, limits.min_local_bsz * gpus)
+        return fixed_batch_choice(start, gpus, limits)
+
+
+def _fit(pool: Pool, gpus: int, nodes: int, free: np.ndarray) -> dict[int, int] | None:
+    """Where ``gpus`` GPUs on ``nodes`` nodes of ``pool`` go given ``free`` GPUs per node:
+    whole nodes (fully free, lowest index first) or one node (best fit); ``None`` if none."""
+    idx = np.asarray(pool.nodes, dtype=np.int64)
+    if nodes > 1 or gpus == pool.gpus_per_node:
+        empty = idx[free[idx] == pool.gpus_per_node]
+        want = max(nodes, 1)
+        if len(empty) < want:
+            return None
+        per = gpus // want
+        return {int(i): per for i in empty[:want]}
+    room = free[idx]
+    ok = np.flatnonzero(room >= gpus)
+    if ok.size == 0:
+        return None
+    best = ok[np.argmin(room[ok])]  # first of the fullest
+    return {int(idx[best]): gpus}
+
+
+def _kernel(x: np.ndarray, power: float) -> np.ndarray:
+    """Pollux's power-mean kernel: maximising its sum maximises the power mean of ``x``."""
+    v = np.asarray(x, dtype=float) + _EPS
+    if power == 0:
+        return np.log(v)
+    if power < 0:
+        return -(v**power)
+    return v**power
+
+
+# --------------------------------------------------------------------------------------------
+# The multiple-choice knapsack
+# --------------------------------------------------------------------------------------------
+
+
+def solve_choices(
+    job: np.ndarray,
+    pool: np.ndarray,
+    gpus: np.ndarray,
+    value: np.ndarray,
+    empty: np.ndarray,
+    capacity: np.ndarray,
+    solver: str = "lagrange",
+) -> tuple[np.ndarray, float, float]:
+    """Choose at most one candidate per job to maximise the total value within each pool's
+    GPU capacity.
+
+    Candidates are given flat, grouped by job (``job`` non-decreasing): candidate ``c`` belongs
+    to job ``job[c]``, uses ``gpus[c]`` GPUs of pool ``pool[c]`` and is worth ``value[c]``; a job
+    with no candidate chosen is worth ``empty[job]``. Returns ``(choice, objective, bound)``:
+    ``choice[j]`` is the chosen candidate index or -1; ``bound >= optimum >= objective`` (equal
+    for ``"milp"``, which is exact). Deterministic.
+    """
+    num_jobs = len(empty)
+    if solver not in _SOLVERS:
+        raise InvalidInputError(f"unknown solver {solver!r}", field="solver")
+    if len(job) and np.any(np.diff(job) < 0):
+        raise InvalidInputError("candidates must be grouped by job", field="job")
+    if len(job) == 0:
+        return np.full(num_jobs, -1), float(np.sum(empty)), float(np.sum(empty))
+    # Drop dominated candidates (another of the same job and pool is worth as much with fewer
+    # GPUs, or more with as many): never needed by an optimum, and a trap for greedy steps.
+    kept = _undominated(job, pool, gpus, value, empty)
+    args = (job[kept], pool[kept], gpus[kept], value[kept], empty, capacity)
+    if solver == "milp":
+        choice, objective, bound = _solve_milp(*args)
+    else:
+        choice, objective, bound = _Greedy(*args).solve()
+    return np.where(choice >= 0, kept[np.maximum(choice, 0)], -1), objective, bound
+
+
+def _undominated(
+    job: np.ndarray, pool: np.ndarray, gpus: np.ndarray, value: np.ndarray, empty: np.ndarray
+) -> np.ndarray:
+    """Indices (ascending) of the candidates that no other candidate of the same job and pool
+    dominates, and that are worth more than waiting."""
+    group = job * (int(pool.max()) + 1) + pool
+    # Highest group first, then best value, then fewest GPUs: a candidate is dominated iff an
+    # earlier one of its group has as few GPUs or fewer. Offsetting GPUs by the group (groups
+    # in descending order) lets one running minimum serve all groups.
+    order = np.lexsort((gpus, -value, -group))
+    offset = gpus[order].astype(np.int64) + group[order].astype(np.int64) * (int(gpus.max()) + 1)
+    before = np.minimum.accumulate(np.concatenate([[np.iinfo(np.int64).max], offset]))[:-1]
+    keep = np.zeros(len(job), dtype=bool)
+    keep[order] = offset < before
+    keep &= value > empty[job]
+    return np.flatnonzero(keep)
+
+
+def _objective(choice: np.ndarray, value: np.ndarray, empty: np.ndarray) -> float:
+    return float(np.sum(np.where(choice >= 0, value[np.maximum(choice, 0)], empty)))
+
+
+def _solve_milp(
+    job: np.ndarray,
+    pool: np.ndarray,
+    gpus: np.ndarray,
+    value: np.ndarray,
+    empty: np.ndarray,
+    capacity: np.ndarray,
+) -> tuple[np.ndarray, float, float]:
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import coo_matrix, vstack
+
+    n = len(job)
+    cols = np.arange(n)
+    one_each = coo_matrix((np.ones(n), (job, cols)), shape=(len(empty), n))
+    per_pool = coo_matrix((gpus.astype(float), (pool, cols)), shape=(len(capacity), n))
+    a = vstack([one_each, per_pool]).tocsr()
+    upper = np.concatenate([np.ones(len(empty)), capacity.astype(float)])
+    gain = value - empty[job]
+    res = milp(
+        -gain,
+        constraints=LinearConstraint(a, -np.inf, upper),
+        integrality=np.ones(n),
+        bounds=Bounds(0, 1),
+        options={"mip_rel_gap": 1e-9, "time_limit": 60.0},
+    )
+    if res.x is None:  # pragma: no cover - the empty choice is always feasible
+        raise InvalidInputError(f"MILP failed: {res.message}", field="solver")
+    picked = np.flatnonzero(res.x > 0.5)
+    choice = np.full(len(empty), -1)
+    choice[job[picked]] = picked
+    objective = _objective(choice, value, empty)
+    return choice, objective, objective
+
+
+class _Greedy:
+    """The fast solver (module docstring): greedy upgrades, one-job re-optimisation, and a
+    Lagrangian upper bound."""
+
+    def __init__(
+        self,
+        job: np.ndarray,
+        pool: np.ndarray,
+        gpus: np.ndarray,
+        value: np.ndarray,
+        empty: np.ndarray,
+        capacity: np.ndarray,
+    ) -> None:
+        self.job, self.pool, self.gpus = job, pool, gpus.astype(float)
+        self.value, self.empty = value.astype(float), empty.astype(float)
+        self.capacity = capacity.astype(float)
+        self.num_jobs = len(empty)
+        present = np.unique(job)
+        self.present = present
+        self.starts = np.searchsorted(job, present)
+        self.lo = np.zeros(self.num_jobs, dtype=np.int64)
+        self.hi = np.zeros(self.num_jobs, dtype=np.int64)
+        self.lo[present] = self.starts
+        self.hi[present] = np.searchsorted(job, present, side="right")
+        self.index = np.arange(len(job))
+        self.by_pool = [np.flatnonzero(pool == p) for p in range(len(capacity))]
+
+    # ---- primal ----------------------------------------------------------------------------
+
+    def solve(self) -> tuple[np.ndarray, float, float]:
+        # (1) Every job's best candidate with GPUs free of charge; over-full pools repaired,
+        # then the rest filled and improved: a first plan.
+        choice = self.plan(np.zeros(len(self.capacity)))
+        objective = _objective(choice, self.value, self.empty)
+        # (2) Prices from the dual, and the same from the jobs' best candidates at those
+        # prices; the better plan is the answer (the dual value bounds both).
+        bound, prices = self.dual(objective)
+        priced = self.plan(prices)
+        other = _objective(priced, self.value, self.empty)
+        if other > objective:
+            choice, objective = priced, other
+        return choice, objective, max(bound, objective)
+
+    def plan(self, prices: np.ndarray) -> np.ndarray:
+        """A feasible plan from every job's best candidate at ``prices``."""
+        choice, _ = self.best(prices)
+        free = self.capacity - self.demand(choice)
+        self.repair(choice, free)
+        self.admit(choice, free)
+        self.fill(choice, free)
+        self.rebalance(choice, free)
+        self.improve(choice, free)
+        return choice
+
+    def admit(self, choice: np.ndarray, free: np.ndarray) -> None:
+        """Start waiting jobs where that pays for itself: for a waiting job, the cheapest
+        candidate (fewest GPUs, best value) of each pool, made room for by lowering running
+        jobs of that pool (each by its cheapest step per freed GPU, cheapest steps first) when
+        its gain exceeds the value those steps lose. Steps are listed once per pool and used
+        up in order (a job lowered once is not lowered again in this pass)."""
+        cache: dict[int, list[tuple[int, int, float, float]]] = {}
+        fresh: set[int] = set()  # pools whose cached steps were listed since the last change
+
+        def walk(p: int, need: float, gain: float) -> tuple[int, float, float]:
+            used, loss = 0, 0.0
+            for _, _, lost, freed in cache[p]:
+                used += 1
+                loss += lost
+                need -= freed
+                if need <= 1e-9 or loss >= gain:
+                    break
+            return used, loss, need
+
+        for j in np.flatnonzero(choice < 0):
+            lo, hi = int(self.lo[j]), int(self.hi[j])
+            best: tuple[float, int, int, int] | None = None  # (net, pool, to, steps used)
+            for p in np.unique(self.pool[lo:hi]):
+                p = int(p)
+                mine = np.arange(lo, hi)[self.pool[lo:hi] == p]
+                small = mine[self.gpus[mine] == self.gpus[mine].min()]
+                c = int(small[np.argmax(self.value[small])])
+                gain = float(self.value[c] - self.empty[j])
+                need = float(self.gpus[c]) - float(free[p])
+                used, loss = 0, 0.0
+                if need > 1e-9:
+                    if p not in cache:
+                        cache[p] = self._steps(choice, p)
+                        fresh.add(p)
+                    used, loss, left = walk(p, need, gain)
+                    if left > 1e-9 and p not in fresh:  # used up: list the steps again
+                        cache[p] = self._steps(choice, p)
+                        fresh.add(p)
+                        used, loss, left = walk(p, need, gain)
+                    need = left
+                net = gain - loss
+                if need <= 1e-9 and net > 1e-12 and (best is None or net > best[0]):
+                    best = (net, p, c, used)
+            if best is not None:
+                _, p, c, used = best
+                if used:
+                    for k, to, _, _ in cache[p][:used]:
+                        self._apply(choice, free, k, to)
+                    cache[p] = cache[p][used:]
+                    fresh.discard(p)
+                self._apply(choice, free, int(j), c)
+
+    def _steps(self, choice: np.ndarray, p: int) -> list[tuple[int, int, float, float]]:
+        """Each running job of pool ``p`` with a smaller candidate there: its step down to the
+        next smaller one, as (job, candidate, value lost, GPUs freed), least loss per freed GPU
+        first."""
+        running = np.flatnonzero(choice >= 0)
+        jobs = running[self.pool[choice[running]] == p]
+        alt = self._next_smaller(choice, jobs, p)
+        jobs, alt = jobs[alt >= 0], alt[alt >= 0]
+        if jobs.size == 0:
+            return []
+        loss = self.value[choice[jobs]] - self.value[alt]
+        freed = self.gpus[choice[jobs]] - self.gpus[alt]
+        order = np.lexsort((jobs, loss / freed))
+        return [(int(jobs[k]), int(alt[k]), float(loss[k]), float(freed[k])) for k in order]
+
+    def _next_smaller(self, choice: np.ndarray, jobs: np.ndarray, p: int) -> np.ndarray:
+        """For each of ``jobs`` (running in pool ``p``): its step down along the upper hull of
+        its menu in ``p``, the smaller candidate that loses least per freed GPU; or -1."""
+        return self._hull_step(choice, jobs, p, down=True)
+
+    def _next_larger(self, choice: np.ndarray, jobs: np.ndarray, p: int) -> np.ndarray:
+        """For each of ``jobs`` (running in pool ``p``): its step up along the upper hull of its
+        menu in ``p``, the larger, better candidate that gains most per added GPU; or -1."""
+        return self._hull_step(choice, jobs, p, down=False)
+
+    def _hull_step(self, choice: np.ndarray, jobs: np.ndarray, p: int, down: bool) -> np.ndarray:
+        if jobs.size == 0:
+            return np.zeros(0, dtype=np.int64)
+        cur_g = np.full(self.num_jobs, np.nan)
+        cur_v = np.full(self.num_jobs, np.nan)
+        cur_g[jobs] = self.gpus[choice[jobs]]
+        cur_v[jobs] = self.value[choice[jobs]]
+        in_p = self.by_pool[p]
+        g, v = cur_g[self.job[in_p]], cur_v[self.job[in_p]]
+        if down:
+            alt = in_p[self.gpus[in_p] < g]
+        else:
+            alt = in_p[(self.gpus[in_p] > g) & (self.value[in_p] > v)]
+        g, v = cur_g[self.job[alt]], cur_v[self.job[alt]]
+        if down:
+            key = (v - self.value[alt]) / (g - self.gpus[alt])  # loss per GPU: low
+        else:
+            key = -(self.value[alt] - v) / (self.gpus[alt] - g)  # gain per GPU: high
+        out = np.full(self.num_jobs, -1, dtype=np.int64)
+        if alt.size:
+            order = np.lexsort((self.gpus[alt] if down else -self.gpus[alt], key, self.job[alt]))
+            head = order[np.unique(self.job[alt][order], return_index=True)[1]]
+            out[self.job[alt[head]]] = alt[head]
+        return out[jobs]
+
+    def rebalance(self, choice: np.ndarray, free: np.ndarray, rounds: int = 200) -> None:
+        """Within each pool, move GPUs from the running job that loses least per GPU by
+        stepping down to the one that gains most per GPU by stepping up, while that gains."""
+        for p in range(len(self.capacity)):
+            for _ in range(rounds):
+                steps = self._steps(choice, p)
+                running = np.flatnonzero(choice >= 0)
+                jobs = running[self.pool[choice[running]] == p]
+                up = self._next_larger(choice, jobs, p)
+                jobs, up = jobs[up >= 0], up[up >= 0]
+                if not steps or jobs.size == 0:
+                    break
+                gain = self.value[up] - self.value[choice[jobs]]
+                extra = self.gpus[up] - self.gpus[choice[jobs]]
+                k = int(np.argmax(gain / extra))
+                j, to, g, need = int(jobs[k]), int(up[k]), float(gain[k]), float(extra[k])
+                need -= float(free[p])
+                taken: list[tuple[int, int]] = []
+                loss = 0.0
+                for k2, to2, lost, freed in steps:
+                    if need <= 1e-9:
+                        break
+                    if k2 == j:
+                        continue
+                    taken.append((k2, to2))
+                    loss += lost
+                    need -= freed
+                if need > 1e-9 or g - loss <= 1e-12 * max(1.0, abs(g)):
+                    break
+                for k2, to2 in taken:
+                    self._apply(choice, free, k2, to2)
+                self._apply(choice, free, j, to)
+
+    def demand(self, choice: np.ndarray) -> np.ndarray:
+        picked = choice[choice >= 0]
+        return np.bincount(
+            self.pool[picked], weights=self.gpus[picked], minlength=len(self.capacity)
+        )
+
+    def repair(self, choice: np.ndarray, free: np.ndarray) -> None:
+        """Over-full pools: each pass lowers jobs, at most once each, to the smaller candidate
+        of the same pool (or waiting) that loses least per freed GPU, cheapest first, until the
+        pool fits."""
+        for p in (int(q) for q in np.flatnonzero(free < -1e-9)):
+            while free[p] < -1e-9:
+                running = choice >= 0
+                in_p = np.zeros(self.num_jobs, dtype=bool)
+                in_p[running] = self.pool[choice[running]] == p
+                jobs = np.flatnonzero(in_p)
+                cur = choice[jobs]
+                cur_v = np.full(self.num_jobs, np.nan)
+                cur_g = np.zeros(self.num_jobs)
+                cur_v[jobs] = self.value[cur]
+                cur_g[jobs] = self.gpus[cur]
+                # The next smaller candidates of the same pool (the largest size below the
+                # current one), or waiting for a job with none.
+                alt = self._next_smaller(choice, jobs, p)
+                has = alt >= 0
+                alt_job = jobs
+                alt_to = alt
+                loss = cur_v[jobs] - np.where(has, self.value[np.maximum(alt, 0)], self.empty[jobs])
+                freed = cur_g[jobs] - np.where(has, self.gpus[np.maximum(alt, 0)], 0.0)
+                ratio = loss / freed
+                order = np.lexsort((alt_to, ratio, alt_job))  # per job: cheapest first
+                first = np.unique(alt_job[order], return_index=True)[1]
+                pick = order[first]
+                pick = pick[np.lexsort((alt_job[pick], ratio[pick]))]  # cheapest jobs first
+                need = -free[p]
+                enough = np.searchsorted(np.cumsum(freed[pick]), need - 1e-9) + 1
+                for k in pick[:enough]:
+                    self._apply(choice, free, int(alt_job[k]), int(alt_to[k]))
+
+    def _current(self, choice: np.ndarray, j: int) -> tuple[float, int, float]:
+        c = int(choice[j])
+        if c < 0:
+            return float(self.empty[j]), -1, 0.0
+        return float(self.value[c]), int(self.pool[c]), float(self.gpus[c])
+
+    def _best_upgrade(
+        self, choice: np.ndarray, free: np.ndarray, j: int
+    ) -> tuple[float, int] | None:
+        """Job ``j``'s move with the largest gain per added GPU that fits: (ratio, candidate)."""
+        lo, hi = int(self.lo[j]), int(self.hi[j])
+        if lo == hi:
+            return None
+        cur, cur_pool, cur_gpus = self._current(choice, j)
+        pools = self.pool[lo:hi]
+        extra = np.where(pools == cur_pool, self.gpus[lo:hi] - cur_gpus, self.gpus[lo:hi])
+        gain = self.value[lo:hi] - cur
+        ok = (extra <= free[pools] + 1e-9) & (gain > 1e-12)
+        if not ok.any():
+            return None
+        ratio = np.where(ok, gain / np.maximum(extra, 1e-9), -np.inf)
+        k = int(np.argmax(ratio))
+        return float(ratio[k]), lo + k
+
+    def _apply(self, choice: np.ndarray, free: np.ndarray, j: int, c: int) -> None:
+        old = int(choice[j])
+        if old >= 0:
+            free[self.pool[old]] += self.gpus[old]
+        if c >= 0:
+            free[self.pool[c]] -= self.gpus[c]
+        choice[j] = c
+
+    def fill(self, choice: np.ndarray, free: np.ndarray) -> None:
+        """Upgrades by gain per added GPU, best first, while any fits."""
+        version = np.zeros(self.num_jobs, dtype=np.int64)
+        heap = self._all_upgrades(choice, free)
+        heapq.heapify(heap)
+        while heap:
+            _, j, c, ver = heapq.heappop(heap)
+            if ver != version[j]:
+                continue
+            cur_pool = self._current(choice, j)[1]
+            cur_gpus = self._current(choice, j)[2]
+            extra = self.gpus[c] - (cur_gpus if self.pool[c] == cur_pool else 0.0)
+            if extra <= free[self.pool[c]] + 1e-9:
+                self._apply(choice, free, j, c)
+            version[j] += 1
+            move = self._best_upgrade(choice, free, j)
+            if move is not None:
+                heapq.heappush(heap, (-move[0], j, move[1], int(version[j])))
+
+    def _all_upgrades(
+        self, choice: np.ndarray, free: np.ndarray
+    ) -> list[tuple[float, int, int, int]]:
+        """:meth:`_best_upgrade` of every job at once, as heap entries (version 0)."""
+        running = choice >= 0
+        cur_v = np.where(running, self.value[np.maximum(choice, 0)], self.empty)
+        cur_p = np.where(running, self.pool[np.maximum(choice, 0)], -1)
+        cur_g = np.where(running, self.gpus[np.maximum(choice, 0)], 0.0)
+        j = self.job
+        extra = np.where(self.pool == cur_p[j], self.gpus - cur_g[j], self.gpus)
+        gain = self.value - cur_v[j]
+        ok = (extra <= free[self.pool] + 1e-9) & (gain > 1e-12)
+        ratio = np.where(ok, gain / np.maximum(extra, 1e-9), -np.inf)
+        top = np.maximum.reduceat(ratio, self.starts)
+        first = np.minimum.reduceat(
+            np.where(ratio >= top[np.searchsorted(self.present, j)], self.index, len(j)),
+            self.starts,
+        )
+        keep = np.isfinite(top)
+        return [
+            (-float(r), int(jj), int(c), 0)
+            for r, jj, c in zip(top[keep], self.present[keep], first[keep], strict=True)
+        ]
+
+    def improve(self, choice: np.ndarray, free: np.ndarray, passes: int = 3) -> None:
+        """One-job re-optimisation: each job in turn takes its best candidate given what the
+        others leave free (its own GPUs included); repeated while it improves."""
+        for _ in range(passes):
+            changed = False
+            for j in self.present:
+                lo, hi = int(self.lo[j]), int(self.hi[j])
+                cur, cur_pool, cur_gpus = self._current(choice, j)
+                room = free[self.pool[lo:hi]] + np.where(
+                    self.pool[lo:hi] == cur_pool, cur_gpus, 0.0
+                )
+                vals = np.where(self.gpus[lo:hi] <= room + 1e-9, self.value[lo:hi], -np.inf)
+                k = int(np.argmax(vals))
+                best = float(vals[k])
+                if max(best, float(self.empty[j])) > cur + 1e-12 * max(1.0, abs(cur)):
+                    self._apply(choice, free, int(j), lo + k if best >= self.empty[j] else -1)
+                    changed = True
+            if not changed:
+                break
+
+    # ---- dual ------------------------------------------------------------------------------
+
+    def best(self, prices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each job's best candidate at ``prices`` (-1: waiting) and its priced score."""
+        score = self.value - prices[self.pool] * self.gpus
+        top = np.maximum.reduceat(score, self.starts)
+        top_full = np.full(self.num_jobs, -np.inf)
+        top_full[self.present] = top
+        is_top = score >= top_full[self.job]
+        first = np.minimum.reduceat(np.where(is_top, self.index, len(self.job)), self.starts)
+        choice = np.full(self.num_jobs, -1)
+        run = top > self.empty[self.present]
+        choice[self.present[run]] = first[run]
+        return choice, np.maximum(top_full, self.empty)
+
+    def dual(self, objective: float, iterations: int = 60) -> tuple[float, np.ndarray]:
+        """An upper bound on the optimum and the prices that give it: the Lagrangian dual
+        ``L(prices) = sum_p price_p x capacity_p + sum_j max(waiting, max_c value_c -
+        price_pool(c) x gpus_c)`` (valid for any prices >= 0), minimised by projected
+        subgradient steps with Polyak's step towards ``objective``."""
+        prices = np.zeros(len(self.capacity))
+        best_bound, best_prices = math.inf, prices
+        for _ in range(iterations):
+            choice, score = self.best(prices)
+            value = float(np.dot(prices, self.capacity) + np.sum(score))
+            if value < best_bound:
+                best_bound, best_prices = value, prices
+            slope = self.capacity - self.demand(choice)  # a subgradient of L at prices
+            if value - objective <= 1e-9 * max(1.0, abs(objective)):
+                break
+            norm = float(np.dot(slope, slope))
+            if norm == 0:
+                break
+            prices = np.maximum(prices - (value - objective) / norm * slope, 0.0)
+        return best_bound, best_prices
