@@ -44,7 +44,11 @@ def simulate(
         None, help="Workload CSV (name,time,application,num_replicas,batch_size) or a folder."
     ),
     policy: list[PolicyName] = typer.Option(
-        [PolicyName.POLLUX], "--policy", "-p", help="Scheduling policy (repeatable)."
+        [PolicyName.COADAPT],
+        "--policy",
+        "-p",
+        help="Scheduling policy (repeatable): coadapt (the default), pollux (the paper's, the "
+        "reference), tiresias, optimus.",
     ),
     nodes: int = typer.Option(16, "--nodes", min=1, help="Nodes in the cluster (all T4)."),
     gpus_per_node: int = typer.Option(4, "--gpus-per-node", min=1, help="GPUs per node."),
@@ -74,7 +78,9 @@ def simulate(
     ),
     seed: int = typer.Option(0, "--seed", help="Seed of randomised policies, >= 0."),
     suite: str | None = typer.Option(
-        None, "--suite", help="'paper': the paper's eight workloads under all three policies."
+        None,
+        "--suite",
+        help="'paper': the paper's eight workloads under coadapt and the paper's three policies.",
     ),
     load: str | None = typer.Option(
         None, "--load", help="Load of the paper suite: 1.0 (default) or 0.5; needs --suite."
@@ -86,7 +92,8 @@ def simulate(
     """Replay workloads on a simulated GPU cluster driven by the Pollux traces; report JCTs.
 
     A folder of workloads runs in parallel processes. With --suite paper, the paper's eight
-    workloads at --load run under pollux, tiresias and optimus, next to the published results.
+    workloads at --load run under coadapt and the paper's pollux, tiresias and optimus, the
+    latter three next to their published results.
     JCT: job completion time (submission to finish). FTF: finish-time fairness, a job's JCT over
     its JCT alone on 1/N of the cluster (N: jobs present on average); below 1 is better than fair.
     """
@@ -127,7 +134,8 @@ def simulate(
             interference_avoidance=avoid_interference,
             seed=seed,
         )
-        policies = list(PAPER_POLICIES) if suite else list(dict.fromkeys(policy))
+        suite_policies = [PolicyName.COADAPT, *PAPER_POLICIES]
+        policies = suite_policies if suite else list(dict.fromkeys(policy))
         specs = [RunSpec(str(f), p, config) for p in policies for f in files]
         columns = (BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         single = len(specs) == 1  # one run: jobs completed; several: runs completed

@@ -46,6 +46,7 @@ in ``M0``-equivalent samples per second.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
@@ -68,6 +69,7 @@ __all__ = [
     "efficiency",
     "fit_perf_params",
     "lr_scale",
+    "predict_step_time_s",
 ]
 
 
@@ -261,6 +263,25 @@ def _iter_time(
     return (accum_steps - 1) * t_c + last, t_s
 
 
+def predict_step_time_s(
+    perf: PerfParams,
+    num_nodes: ArrayLike,
+    num_gpus: ArrayLike,
+    local_bsz: ArrayLike,
+    accum_steps: ArrayLike,
+) -> np.ndarray:
+    """Seconds per iteration that ``perf`` predicts (broadcasting); the throughput model of the
+    module docstring, without the statistical side (see :meth:`GoodputModel.step_time_s`)."""
+    t, _ = _iter_time(
+        perf.as_array(),
+        np.asarray(num_nodes),
+        np.asarray(num_gpus),
+        np.asarray(local_bsz, dtype=float),
+        np.asarray(accum_steps, dtype=float),
+    )
+    return t
+
+
 # --------------------------------------------------------------------------------------------
 # Statistical efficiency and learning-rate scaling
 # --------------------------------------------------------------------------------------------
@@ -333,6 +354,14 @@ class BatchConfig:
 _N_TOTAL_CANDIDATES = 48
 
 
+@functools.lru_cache(maxsize=1024)
+def _total_grid(lo: int, hi: int) -> np.ndarray:
+    """The candidate total batch sizes between ``lo`` and ``hi`` (read-only, shared)."""
+    grid = np.unique(np.round(np.geomspace(lo, hi, _N_TOTAL_CANDIDATES))).astype(float)
+    grid.setflags(write=False)
+    return grid
+
+
 class GoodputModel:
     """A job's goodput as a function of allocation and batch configuration."""
 
@@ -341,9 +370,7 @@ class GoodputModel:
         self.grad = grad
         self.limits = limits
         self._p = perf.as_array()
-        lo, hi = limits.init_batch_size, limits.max_batch_size
-        grid = np.unique(np.round(np.geomspace(lo, hi, _N_TOTAL_CANDIDATES)))
-        self._total_grid = grid.astype(float)
+        self._total_grid = _total_grid(limits.init_batch_size, limits.max_batch_size)
 
     def __eq__(self, other: object) -> bool:
         return (

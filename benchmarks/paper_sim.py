@@ -35,6 +35,9 @@ published results are for the uncompressed workloads, so with ``X != 1`` the out
 (``max_ftf_ratio``, over all jobs) over pollux's, and on how many workloads its mean JCT is no
 worse than pollux's (``"workloads_no_worse"``).
 
+``--option POLICY.KEY=VALUE`` (repeatable) passes an option to a policy's constructor (for
+ablations: ``--option coadapt.remaining_weight=0``); the JSON records them under ``"options"``.
+
 ``--reference POLICY=FILE`` (repeatable) compares a ``--workloads`` folder with published
 results in the Pollux artifact's ``summary.json`` format, e.g. its heavier-load workloads
 ``simulator/workloads-2.0`` with ``results-jobload/pollux-2.0/summary.json`` (not shipped here:
@@ -105,6 +108,14 @@ def main(argv: list[str] | None = None) -> int:
         '({"avgs": {workload: mean JCT}, "mean": ...}); repeatable, one per policy',
     )
     parser.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="POLICY.KEY=VALUE",
+        help="a policy option (repeatable), e.g. coadapt.remaining_weight=0 for an ablation; "
+        "VALUE is a Python literal (number, True/False, 'text')",
+    )
+    parser.add_argument(
         "--arrival-scale",
         type=_arrival_scale,
         default=1.0,
@@ -113,8 +124,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         args.reference = dict(_reference(item) for item in args.reference)
+        args.option = _options(args.option)
     except ValueError as e:
         parser.error(str(e))
+    from autoscaler.errors import AutoscalerError
+    from autoscaler.policy import make_policy
+
+    for policy, options in args.option.items():  # a bad option fails here, not in a worker
+        try:
+            make_policy(policy, **dict(options))
+        except (AutoscalerError, TypeError) as e:
+            parser.error(f"--option {policy}: {e}")
     with tempfile.TemporaryDirectory(prefix="paper-sim-") as scratch:
         return _run(args, Path(scratch))
 
@@ -127,6 +147,23 @@ def _arrival_scale(text: str) -> float:
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
     return value
+
+
+def _options(items: list[str]) -> dict[str, tuple[tuple[str, object], ...]]:
+    """``POLICY.KEY=VALUE`` items -> per policy, sorted (key, value) pairs."""
+    import ast
+
+    out: dict[str, dict[str, object]] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        policy, dot, key = name.partition(".")
+        if not sep or not dot or not key or policy not in {p.value for p in PolicyName}:
+            raise ValueError(f"--option wants POLICY.KEY=VALUE with a known policy, got {item!r}")
+        try:
+            out.setdefault(policy, {})[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            raise ValueError(f"--option {item}: {value!r} is not a Python literal") from None
+    return {p: tuple(sorted(o.items())) for p, o in out.items()}
 
 
 def _reference(item: str) -> tuple[str, dict]:
@@ -162,7 +199,9 @@ def _run(args: argparse.Namespace, scratch: Path) -> int:
             for f in files
         ]
     config = SimConfig(seed=args.seed, cluster=cluster)
-    specs = [RunSpec(str(f), p, config) for p in policies for f in files]
+    specs = [
+        RunSpec(str(f), p, config, args.option.get(p.value, ())) for p in policies for f in files
+    ]
     started = time.perf_counter()
 
     def done(spec: RunSpec, result: SimResult) -> None:
@@ -182,6 +221,7 @@ def _run(args: argparse.Namespace, scratch: Path) -> int:
     out: dict = {
         "load": load,
         "arrival_scale": args.arrival_scale,
+        "options": {p: dict(o) for p, o in args.option.items()},
         "policies": {},
         "elapsed_s": elapsed,
     }

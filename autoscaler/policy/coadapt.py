@@ -310,7 +310,7 @@ class CoadaptPolicy:
         most ``max_accum_steps`` of them per GPU."""
         limits = self._limits_on(job, gpu_type)
         batch = limits.init_batch_size if job.adaptive else job.fixed_batch_size
-        return max(1, math.ceil(batch / (limits.max_local_bsz * limits.max_accum_steps)))
+        return max(1, -(-batch // (limits.max_local_bsz * limits.max_accum_steps)))
 
     def refusal(self, job: JobView, pools: Sequence[Pool]) -> str | None:
         """Why the job can never run on these pools (``None`` if it can)."""
@@ -382,8 +382,10 @@ class CoadaptPolicy:
                 speed = self._speedups(jobs, cluster, menu, fair_goodput)
                 ref = max(float(np.min(speed[running])), 1e-9)
         values, empty = self._values(jobs, cluster, menu, fair_goodput, ref)
+        start = np.full(len(jobs), -1)
+        start[menu.job[menu.current]] = np.flatnonzero(menu.current)
         choice, objective, bound = solve_choices(
-            menu.job, menu.pool, menu.gpus, values, empty, capacity, opt.solver
+            menu.job, menu.pool, menu.gpus, values, empty, capacity, opt.solver, start
         )
         allocations = self._place(jobs, cluster, pools, menu, choice)
         batches: dict[str, BatchChoice] = {}
@@ -892,6 +894,7 @@ def solve_choices(
     empty: np.ndarray,
     capacity: np.ndarray,
     solver: str = "lagrange",
+    start: np.ndarray | None = None,
 ) -> tuple[np.ndarray, float, float]:
     """Choose at most one candidate per job to maximise the total value within each pool's
     GPU capacity.
@@ -900,7 +903,8 @@ def solve_choices(
     to job ``job[c]``, uses ``gpus[c]`` GPUs of pool ``pool[c]`` and is worth ``value[c]``; a job
     with no candidate chosen is worth ``empty[job]``. Returns ``(choice, objective, bound)``:
     ``choice[j]`` is the chosen candidate index or -1; ``bound >= optimum >= objective`` (equal
-    for ``"milp"``, which is exact). Deterministic.
+    for ``"milp"``, which is exact). ``start`` (per job, a candidate index or -1; feasible) is a
+    plan the fast solver may start from, e.g. everyone's current allocation. Deterministic.
     """
     num_jobs = len(empty)
     if solver not in _SOLVERS:
@@ -916,7 +920,12 @@ def solve_choices(
     if solver == "milp":
         choice, objective, bound = _solve_milp(*args)
     else:
-        choice, objective, bound = _Greedy(*args).solve()
+        first = None
+        if start is not None:  # in the kept candidates' numbering (a dominated start: none)
+            where = np.full(len(job), -1)
+            where[kept] = np.arange(len(kept))
+            first = np.where(start >= 0, where[np.maximum(start, 0)], -1)
+        choice, objective, bound = _Greedy(*args).solve(first)
     return np.where(choice >= 0, kept[np.maximum(choice, 0)], -1), objective, bound
 
 
@@ -1005,13 +1014,17 @@ class _Greedy:
 
     # ---- primal ----------------------------------------------------------------------------
 
-    def solve(self) -> tuple[np.ndarray, float, float]:
-        # (1) Every job's best candidate with GPUs free of charge; over-full pools repaired,
-        # then the rest filled and improved: a first plan.
-        choice = self.plan(np.zeros(len(self.capacity)))
+    def solve(self, start: np.ndarray | None = None) -> tuple[np.ndarray, float, float]:
+        # (1) A first plan: from ``start`` (a feasible choice, e.g. everyone where they are)
+        # when at least half the jobs have one there, else from every job's best candidate
+        # with GPUs free of charge; improved by the local moves.
+        if start is not None and np.count_nonzero(start >= 0) * 2 >= self.num_jobs:
+            choice = self.plan(None, start.copy())
+        else:
+            choice = self.plan(np.zeros(len(self.capacity)))
         objective = _objective(choice, self.value, self.empty)
-        # (2) Prices from the dual, and the same from the jobs' best candidates at those
-        # prices; the better plan is the answer (the dual value bounds both).
+        # (2) Prices from the dual, and a plan from the jobs' best candidates at those prices;
+        # the better plan is the answer (the dual value bounds both).
         bound, prices = self.dual(objective)
         priced = self.plan(prices)
         other = _objective(priced, self.value, self.empty)
@@ -1019,9 +1032,9 @@ class _Greedy:
             choice, objective = priced, other
         return choice, objective, max(bound, objective)
 
-    def plan(self, prices: np.ndarray) -> np.ndarray:
-        """A feasible plan from every job's best candidate at ``prices``."""
-        choice, _ = self.best(prices)
+    def plan(self, prices: np.ndarray | None, start: np.ndarray | None = None) -> np.ndarray:
+        """A feasible plan from ``start`` or from every job's best candidate at ``prices``."""
+        choice = start if start is not None else self.best(prices)[0]  # type: ignore[arg-type]
         free = self.capacity - self.demand(choice)
         self.repair(choice, free)
         self.admit(choice, free)
@@ -1070,6 +1083,8 @@ class _Greedy:
                         fresh.add(p)
                         used, loss, left = walk(p, need, gain)
                     need = left
+                    if not cache[p] and p in fresh:  # nobody in p can step down: p is full
+                        continue
                 net = gain - loss
                 if need <= 1e-9 and net > 1e-12 and (best is None or net > best[0]):
                     best = (net, p, c, used)
@@ -1314,7 +1329,7 @@ class _Greedy:
         choice[self.present[run]] = first[run]
         return choice, np.maximum(top_full, self.empty)
 
-    def dual(self, objective: float, iterations: int = 60) -> tuple[float, np.ndarray]:
+    def dual(self, objective: float, iterations: int = 30) -> tuple[float, np.ndarray]:
         """An upper bound on the optimum and the prices that give it: the Lagrangian dual
         ``L(prices) = sum_p price_p x capacity_p + sum_j max(waiting, max_c value_c -
         price_pool(c) x gpus_c)`` (valid for any prices >= 0), minimised by projected
@@ -1327,7 +1342,7 @@ class _Greedy:
             if value < best_bound:
                 best_bound, best_prices = value, prices
             slope = self.capacity - self.demand(choice)  # a subgradient of L at prices
-            if value - objective <= 1e-9 * max(1.0, abs(objective)):
+            if value - objective <= 1e-5 * max(1.0, abs(objective)):
                 break
             norm = float(np.dot(slope, slope))
             if norm == 0:

@@ -19,9 +19,11 @@ checks it, applies it, and replays each job for the round from its traces:
 
 What the policy is told about gradient statistics is what a trainer would report: the true
 statistics at the job's progress and batch size, refreshed when the job enters a new epoch or
-its batch size changes. A job's throughput model is refitted only after it ran a configuration
-(placement, micro-batch, accumulation steps) not profiled before, and only if its current model
-mispredicted that configuration's iteration time by more than ``refit_tolerance``.
+its batch size changes. Throughput models are fitted online by a
+:class:`~autoscaler.fitting.ModelBook` (the controller's code path too): a job's model is
+refitted only after it ran a configuration (placement, micro-batch, accumulation steps) not
+profiled before, and only if its current model mispredicted that configuration's iteration time
+by more than ``refit_tolerance``; all such refits of a round are done together, warm-started.
 
 **Clusters of several GPU types** (``SimConfig.cluster``, see :mod:`autoscaler.sim.cluster`):
 nodes have ids, a GPU type and an instance type; a job's true speed on a type comes from that
@@ -45,13 +47,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autoscaler.errors import AutoscalerError, InvalidInputError
+from autoscaler.fitting import ModelBook
 from autoscaler.goodput import (
     BatchLimits,
     GoodputModel,
     GradParams,
-    PerfParams,
     ProfileSample,
-    fit_perf_params,
 )
 from autoscaler.gputypes import SpeedTable, default_speed_table
 from autoscaler.jobs import (
@@ -92,9 +93,9 @@ class _Job:
     starts: int = 0
     attained_gpu_s: float = 0.0
     completion_s: float | None = None
-    # Throughput fits: ``None`` -> all profiles pooled (what type-unaware policies see),
-    # ``"<gpu type>"`` -> that type's profiles only.
-    fits: dict[str | None, _Fit] = field(default_factory=dict)
+    # Goodput models built from the model book's fits, by fit key (``None``: all profiles
+    # pooled, what type-unaware policies see; ``"<gpu type>"``: that type's profiles only).
+    models: dict[str | None, GoodputModel] = field(default_factory=dict)
     grad: GradParams | None = None
     grad_key: tuple[int, int] | None = None
     max_profiled_gpus: int = 0
@@ -104,16 +105,6 @@ class _Job:
     @property
     def restarts(self) -> int:
         return max(0, self.starts - 1)
-
-
-@dataclass
-class _Fit:
-    """One throughput fit of a job: its profiles and the model fitted from them."""
-
-    profile: dict[tuple[tuple[int, ...], int, int], ProfileSample] = field(default_factory=dict)
-    perf: PerfParams | None = None
-    stale: bool = False
-    model: GoodputModel | None = None
 
 
 def _limits(app: AppTrace, max_local_bsz: int | None = None) -> BatchLimits:
@@ -185,6 +176,7 @@ class Simulator:
         self._type_speed: dict[tuple[str, NodeGroup], TypeSpeed] = {}
         self.type_aware = bool(getattr(policy, "type_aware", False))
         self.fit_wall_s = 0.0  # wall time of online model fitting so far
+        self.book = ModelBook(self.config.refit_tolerance)
         order = sorted(range(len(jobs)), key=lambda i: (jobs[i].submit_time_s, i))
         self.jobs: list[_Job] = []
         root = self.config.traces_root
@@ -226,6 +218,8 @@ class Simulator:
             finished = [job for job in active if job.completion_s is not None]
             if finished:
                 done += len(finished)
+                for job in finished:
+                    self.book.drop(job.index)
                 active = [job for job in active if job.completion_s is None]
             self.now_s += cfg.interval_s
             self.round_index += 1
@@ -245,9 +239,11 @@ class Simulator:
             restart_delay_s=cfg.restart_delay_s,
             interference_avoidance=self.avoid,
         )
-        fit_before_s = self.fit_wall_s
+        t0 = time.perf_counter()
+        self.book.refit()
+        fit_s = time.perf_counter() - t0
+        self.fit_wall_s += fit_s
         views = tuple(self._view(job) for job in active)
-        fit_s = self.fit_wall_s - fit_before_s
         round_input = RoundInput(cluster, views)
         t0 = time.perf_counter()
         decision = self.policy.decide(round_input, self._state)
@@ -289,7 +285,7 @@ class Simulator:
         model = self._model(job, None) if self.policy.uses_model else None
         models: dict[str, GoodputModel] = {}
         if self.type_aware and self.policy.uses_model:
-            for key in job.fits:
+            for key in self.book.keys(job.index):
                 if key is not None:
                     fitted = self._model(job, key)
                     if fitted is not None:
@@ -315,22 +311,19 @@ class Simulator:
         )
 
     def _model(self, job: _Job, gpu_type: str | None) -> GoodputModel | None:
-        fit = job.fits.get(gpu_type)
-        if fit is None or not fit.profile:
+        """The job's goodput model from its ``gpu_type`` fit (``None``: pooled), rebuilt when
+        the fit or the gradient statistics changed."""
+        perf = self.book.perf(job.index, gpu_type)
+        if perf is None:
             return None
-        if fit.stale or fit.perf is None:
-            t0 = time.perf_counter()
-            fit.perf = fit_perf_params(list(fit.profile.values()))
-            self.fit_wall_s += time.perf_counter() - t0
-            fit.stale = False
-            fit.model = None
-        if fit.model is None or fit.model.grad != job.grad:
+        model = job.models.get(gpu_type)
+        if model is None or model.perf != perf or model.grad != job.grad:
             assert job.grad is not None
             limits = job.limits
             if gpu_type is not None:
                 limits = _limits(job.app, self._speed_of_type(job, gpu_type).max_local_bsz)
-            fit.model = GoodputModel(fit.perf, job.grad, limits)
-        return fit.model
+            model = job.models[gpu_type] = GoodputModel(perf, job.grad, limits)
+        return model
 
     def _oracle(self, job: _Job) -> Oracle:
         app, cfg = job.app, self.config
@@ -457,21 +450,7 @@ class Simulator:
         )
         keys: tuple[str | None, ...] = (None, gpu_type) if self.type_aware else (None,)
         for fit_key in keys:
-            fit = job.fits.setdefault(fit_key, _Fit())
-            key = (placement, batch.local_bsz, batch.accum_steps)
-            if key in fit.profile:
-                continue
-            fit.profile[key] = sample
-            if fit.model is None:
-                fit.stale = True
-                continue
-            predicted = float(
-                fit.model.step_time_s(
-                    len(placement), sum(placement), batch.local_bsz, batch.accum_steps
-                )
-            )
-            if abs(predicted - t_iter) > self.config.refit_tolerance * t_iter:
-                fit.stale = True
+            self.book.record(job.index, fit_key, sample)
 
     def _report_grad(self, job: _Job, batch_size: int) -> None:
         key = (job.app.epoch_of(job.progress), batch_size)

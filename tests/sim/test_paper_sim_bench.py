@@ -117,3 +117,28 @@ def test_bad_reference_is_one_line_exit_2(bad: str, capsys) -> None:
     assert info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert "--reference" in err[-1]
+
+
+def test_policy_options_reach_the_policy(tmp_path: Path) -> None:
+    folder = tmp_path / "workloads"
+    folder.mkdir()
+    (folder / "small-1.csv").write_text(WORKLOAD)
+    out = tmp_path / "bench.json"
+    argv = ["--workloads", str(folder), "--policies", "tiresias", "--processes", "1"]
+    # Tiresias demotes after threshold_gpu_s; any value reaches the constructor and the JSON.
+    assert main([*argv, "--option", "tiresias.threshold_gpu_s=60.0", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["options"] == {"tiresias": {"threshold_gpu_s": 60.0}}
+    with pytest.raises(SystemExit) as info:  # refused by the policy, before any run
+        main([*argv, "--option", "tiresias.threshold_gpu_s=-1.0"])
+    assert info.value.code == 2
+
+
+@pytest.mark.parametrize(
+    "bad", ["coadapt", "nosuch.x=1", "coadapt.power=", "coadapt.power=fast", "coadapt.nosuch=1"]
+)
+def test_bad_option_is_one_line_exit_2(bad: str, capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["--option", bad])
+    assert info.value.code == 2
+    assert "--option" in capsys.readouterr().err.strip().splitlines()[-1]
