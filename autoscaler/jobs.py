@@ -254,6 +254,7 @@ class JobView:
         requested_gpus: the user's ``num_replicas`` (gang size for fixed-size policies).
         fixed_batch_size: the user's batch size (fixed-batch policies use it).
         max_profiled_gpus: largest GPU count the job has run on (0 if never run).
+        max_profiled_nodes: largest number of nodes the job has run on (0 if never run).
         model: the job's goodput model fitted online from all its profiles, whatever GPU type
             they ran on — what a type-unaware policy sees (``None`` before the first profile).
         models: one goodput model per GPU type the job has run on, each fitted from the job's
@@ -281,6 +282,7 @@ class JobView:
     requested_gpus: int
     fixed_batch_size: int
     max_profiled_gpus: int = 0
+    max_profiled_nodes: int = 0
     model: GoodputModel | None = None
     models: Mapping[str, GoodputModel] = field(default_factory=dict)
     oracle: Oracle | None = None

@@ -1,6 +1,6 @@
 """Reproduce the Pollux paper's simulator results (Figure/Table: average JCT per policy).
 
-    python benchmarks/paper_sim.py --load 1.0 --policies pollux,tiresias,optimus --out FILE
+    python benchmarks/paper_sim.py --load 1.0 --policies coadapt,pollux,tiresias,optimus --out FILE
 
 Runs every workload of the chosen load (``--load 1.0``: the eight 1.0x workloads, ``0.5``: the
 0.5x set; ``--workloads PATH``: any folder of workload CSVs) under each policy, on 16 nodes x 4
@@ -91,7 +91,7 @@ def _peak_rss_mib() -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--load", default="1.0", choices=["1.0", "0.5"])
-    parser.add_argument("--policies", default="pollux,tiresias,optimus")
+    parser.add_argument("--policies", default="coadapt,pollux,tiresias,optimus")
     parser.add_argument("--workloads", type=Path, default=None, help="folder of workload CSVs")
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)

@@ -18,6 +18,9 @@ A round is built the way a real one looks to a policy (seeded):
   rounds follow, each with the gradient statistics of a third of the jobs refreshed (a new
   epoch), the previous round's state handed back, and the clock advanced a minute.
 
+``coadapt-milp`` (not run by default) is coadapt with its exact solver
+(``solver="milp"``, HiGHS), to compare the fast solver's time and gap with it.
+
 Measured, per size and policy, on one core (``OPENBLAS_NUM_THREADS=1``): the median and p95 of
 ``decide``, and one *round with refits*: every running job reports one new configuration, the
 :class:`~autoscaler.fitting.ModelBook` refits all of them (together, warm-started), the models
@@ -39,6 +42,7 @@ import multiprocessing
 import os
 import queue as queue_module
 import resource
+import signal
 import statistics
 import sys
 import time
@@ -188,13 +192,37 @@ class Round:
                 )
 
 
-def measure(gpus: int, mixed: bool, policy_name: str, rounds: int, seed: int) -> dict[str, Any]:
-    """One (size, variant, policy), in its own process."""
+class _TooSlow(Exception):
+    pass
+
+
+def _too_slow(_signum: int, _frame: Any) -> None:
+    raise _TooSlow
+
+
+def measure(
+    gpus: int, mixed: bool, policy_name: str, rounds: int, seed: int, limit_s: float | None = None
+) -> dict[str, Any]:
+    """One (size, variant, policy), in its own process; ``{"skipped": ...}`` if its first round
+    takes more than ``limit_s``."""
     rnd = Round(gpus, mixed, seed)
-    policy = make_policy(policy_name, seed=seed)
+    if policy_name == "coadapt-milp":  # coadapt with the exact solver, for comparison
+        policy = make_policy("coadapt", solver="milp")
+    else:
+        policy = make_policy(policy_name, seed=seed)
     state = policy.initial_state()
     now = 3600.0
-    first = policy.decide(RoundInput(rnd.cluster_at(now, 60), rnd.views({}, now)), state)
+    ri = RoundInput(rnd.cluster_at(now, 60), rnd.views({}, now))
+    if limit_s is not None:  # stop a round that runs past the limit (the child process only)
+        signal.signal(signal.SIGALRM, _too_slow)
+        signal.setitimer(signal.ITIMER_REAL, limit_s)
+    try:
+        first = policy.decide(ri, state)
+    except _TooSlow:
+        return {"skipped": f"a round took over {limit_s:g} s"}
+    finally:
+        if limit_s is not None:
+            signal.setitimer(signal.ITIMER_REAL, 0)
     state, allocations = first.state, dict(first.plan.allocations)
     walls, gaps = [], []
     for r in range(rounds):
@@ -275,14 +303,17 @@ def main(argv: list[str] | None = None) -> int:
                     reason = f"a round took over {args.pollux_limit_s:g} s at a smaller size"
                     row[policy] = {"skipped": reason}
                     continue
-                limit = args.pollux_limit_s * (args.rounds + 3) if policy == "pollux" else None
-                measured = _in_child(limit, gpus, mixed, policy, args.rounds, args.seed)
-                if measured is None:
-                    row[policy] = {"skipped": f"over {args.pollux_limit_s:g} s a round"}
+                slow = policy in ("pollux", "coadapt-milp")
+                limit = args.pollux_limit_s if slow else None
+                hard = None if limit is None else limit * (args.rounds + 4)
+                measured = _in_child(hard, gpus, mixed, policy, args.rounds, args.seed, limit)
+                if measured is None or "skipped" in measured:
+                    reason = f"a round took over {args.pollux_limit_s:g} s"
+                    row[policy] = measured or {"skipped": reason}
                     too_slow.add(policy)
                     continue
                 row[policy] = measured
-                if policy == "pollux" and row[policy]["median_s"] > args.pollux_limit_s:
+                if slow and row[policy]["median_s"] > args.pollux_limit_s:
                     too_slow.add(policy)
                 print(f"{variant} {gpus:5d} {policy:8s} {json.dumps(row[policy])}", flush=True)
     print(json.dumps(result, indent=2))

@@ -9,8 +9,10 @@ T4s). A job's allocation lies in one pool.
 
 **Menu.** Each job may take, in each pool, a *canonical* shape: ``k`` GPUs on one node with ``k`` a
 power of two up to the node size, or whole nodes (``k`` a multiple of the node size); up to its
-cap (``exploration_factor`` x the most GPUs it has run on, 1 before its first profile, within its
-batch limits, the pool and, for a job opted out of adaptation, its requested GPUs). Its current
+cap (``exploration_factor`` x the most GPUs it has run on, ``start_gpus`` before its first
+profile, and never fewer than the fewest it can run on; within its batch limits, the pool and,
+for a job opted out of adaptation, its requested GPUs). A job that no pool can ever hold is
+refused (``Plan.refused``, with the reason). Its current
 allocation is on the menu too, whatever its shape, as the only choice that needs no restart.
 Powers of two pack into nodes of a power-of-two size without loss, and whole-node jobs never
 share a node, so interference is avoided by construction and a menu choice that fits a pool's
@@ -25,7 +27,10 @@ capacity fits its nodes, up to the fragmentation left by jobs kept in place (see
   nodes / GPUs as in Pollux. Goodput on a type the job has not run on is estimated with the ratio
   rule (:func:`autoscaler.gputypes.estimate_model`); with ``explore_types`` the estimate is taken
   at its optimistic end, ``x (1 + relative_uncertainty)``, so that a type that could win is tried
-  (once tried, the job's own fit replaces the estimate). A job without a model yet has
+  (once tried, the job's own fit replaces the estimate); with ``explore_nodes``, a shape on
+  more nodes than the job has run on is valued with its fitted inter-node sync taken as its
+  intra-node sync, the optimistic end of what one multi-node profile can tell (a job whose
+  2-node profile was slow still tries 4 nodes once). A job without a model yet has
   speedup ``GPUs x type speed / fair-share GPUs``.
 - ``U_p`` is Pollux's power-mean kernel: ``-(x + 1e-3)^p`` for ``p < 0``, ``log(x + 1e-3)`` for
   ``p = 0``, ``(x + 1e-3)^p`` for ``0 < p <= 1``; maximising the sum maximises the power mean
@@ -38,20 +43,27 @@ capacity fits its nodes, up to the fragmentation left by jobs kept in place (see
   ``max(age - restarts x delay, 0) / (age + delay)``. Rule ``"horizon"``: the productive share of
   the time the new allocation will serve, ``max(H - delay, 0) / H`` with ``H`` the smaller of the
   job's expected remaining time on ``c`` and ``restart_horizon_s``.
-- ``admit_first``: a job left waiting costs 1,000 times the whole spread of the running values
-  (the values are rescaled to [0, 1] before solving), so queued jobs are admitted before running
-  ones grow. Without it, waiting is worth the kernel at 0, floored at that same level (for
-  ``p < 0`` the kernel at 0 is otherwise too far below every running value for the solvers to
-  resolve the differences between those).
+- ``admit_first``: a job left waiting is worth 10 x the spread of all running values below the
+  worst of them, so queued jobs are admitted before running ones grow; without it, waiting is
+  worth ``w_j * U_p(0)``. For ``p < -2`` the kernel spans too many orders of magnitude for the
+  solvers (``0.1^-30`` next to ``1^-30``): the round is solved first at ``p = -2``, then at ``p``
+  with speedups taken relative to the smallest speedup of that first plan and values clipped at
+  -10^4 (a candidate that far below the first plan's worst job is never the answer).
 
 **Solver** (``solver``): the objective is a sum over jobs of one chosen candidate each, under one
-GPU capacity per pool: a multiple-choice knapsack. ``"lagrange"`` (default) starts with every job
-waiting, applies the upgrades (a job's move to a better candidate that fits) with the largest
-gain per added GPU first until none fits, then lets each job in turn re-choose its best
-candidate given what the others leave free, while that improves. Its Lagrangian dual (a price
-per pool GPU; projected subgradient steps) bounds the optimum from above, so every decision
-reports its gap (``CoadaptState.gap``).
-``"milp"`` solves the same problem exactly with HiGHS (:func:`scipy.optimize.milp`).
+GPU capacity per pool: a multiple-choice knapsack. Candidates dominated by another of the same
+job and pool (as many GPUs or more for no more value) are dropped first. ``"lagrange"`` (the
+default) builds a first plan from the current allocations (or, when fewer than half the jobs
+have one, from every job's best candidate with GPUs free of charge, over-full pools repaired),
+improves it by local moves (queued jobs admitted where the room their start needs costs less
+than it gains; upgrades by gain per added GPU; GPUs moved from the job that loses least per GPU
+to the one that gains most, along the upper hulls of their menus; each job re-choosing given
+what the others leave free), then prices each pool's GPUs by the Lagrangian dual (projected
+subgradient steps) and builds a second plan the same way from every job's best candidate at
+those prices; the better plan wins. The dual value bounds the optimum from above, so every
+decision reports its gap (``CoadaptState.gap``). ``"milp"`` solves the same problem exactly
+with HiGHS (:func:`scipy.optimize.milp`); it is the reference the fast solver is measured
+against (``benchmarks/policy_scale.py``, and ``tests/policy/test_coadapt.py``).
 
 **Placement.** Kept allocations stay on their nodes. Then whole-node jobs take fully free nodes
 (lowest index first) and one-node jobs, largest first, the fullest node where they fit
@@ -73,7 +85,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from autoscaler.errors import InvalidInputError
-from autoscaler.goodput import BatchLimits, GoodputModel
+from autoscaler.goodput import BatchConfig, BatchLimits, GoodputModel
 from autoscaler.goodput_batch import JobArrays, optimize_many
 from autoscaler.gputypes import REFERENCE_GPU_TYPE, SpeedTable, default_speed_table, estimate_model
 from autoscaler.jobs import (
@@ -116,6 +128,8 @@ class CoadaptOptions:
     horizon of the ``"horizon"`` rule; ``remaining_weight``: exponent of the remaining-time
     weight (0 = off); ``admit_first``: admit queued jobs before growing running ones;
     ``explore_types``: value unprofiled GPU types at their optimistic estimate;
+    ``explore_nodes``: value shapes on more nodes than the job has run on with its inter-node
+    sync taken as intra-node;
     ``exploration_factor``: GPU cap as a multiple of the most GPUs a job has run on;
     ``max_gpus_per_job``: hard cap; ``solver``: ``"lagrange"`` or ``"milp"``.
     """
@@ -127,6 +141,7 @@ class CoadaptOptions:
     remaining_weight: float = 0.0
     admit_first: bool = True
     explore_types: bool = True
+    explore_nodes: bool = True
     exploration_factor: float = 2.0
     start_gpus: int = 1
     max_gpus_per_job: int = 4096
@@ -204,6 +219,7 @@ class _Table:
     shapes: tuple[tuple[int, int], ...]
     goodput: np.ndarray
     batch: np.ndarray  # (shapes, 3): total, local, accum; zeros where infeasible
+    profiled_nodes: int = 0  # shapes on more nodes were valued optimistically
     fair: dict[int, float] = field(default_factory=dict)  # fair-share goodput by GPUs (memo)
 
     @functools.cached_property
@@ -510,6 +526,7 @@ class CoadaptPolicy:
                 if (
                     table is not None
                     and table.shapes == shapes
+                    and table.profiled_nodes == self._profiled_nodes(job)
                     and (table.model is model or table.model == model)
                 ):
                     tables[key] = table
@@ -533,7 +550,8 @@ class CoadaptPolicy:
         """A table without a model: goodput taken as GPUs x the type's speed."""
         speed = self.speeds.model_speed(job.application, pool.gpu_type)
         good = np.array([g for g, _ in shapes], dtype=float) * speed
-        return _Table(model, shapes, good, np.zeros((len(shapes), 3), dtype=np.int64))
+        batch = np.zeros((len(shapes), 3), dtype=np.int64)
+        return _Table(model, shapes, good, batch, self._profiled_nodes(job))
 
     def _batch_tables(
         self,
@@ -551,10 +569,22 @@ class CoadaptPolicy:
             [0 if jobs[j].adaptive else jobs[j].fixed_batch_size for j, _, _ in stale],
             dtype=np.int64,
         )
+        fixed_or_none = fixed if fixed.any() else None
         arrays = JobArrays.from_models([model for _, _, model in stale])
-        cfg = optimize_many(
-            arrays, np.maximum(nodes, 1), gpus, fixed_batch_size=fixed if fixed.any() else None
-        )
+        cfg = optimize_many(arrays, np.maximum(nodes, 1), gpus, fixed_batch_size=fixed_or_none)
+        # Node counts a job has never run on: valued with inter-node sync taken as intra-node
+        # (the optimistic end of what its fit knows), so that a larger shape that could win is
+        # tried once (then the fit knows).
+        profiled = np.array([self._profiled_nodes(jobs[j]) for j, _, _ in stale])
+        unseen = (nodes > profiled[:, None]) & (nodes > 1) & (gpus > 0)
+        if self.options.explore_nodes and unseen.any():
+            hopeful = JobArrays.from_models([_optimistic(model) for _, _, model in stale])
+            best = optimize_many(
+                hopeful, np.maximum(nodes, 1), gpus, fixed_batch_size=fixed_or_none
+            )
+            cfg = BatchConfig(
+                *(np.where(unseen, getattr(best, f), getattr(cfg, f)) for f in _CONFIG_FIELDS)
+            )
         out = {}
         for i, (j, shapes, model) in enumerate(stale):
             n = len(shapes)
@@ -562,8 +592,14 @@ class CoadaptPolicy:
                 [cfg.batch_size[i, :n], cfg.local_bsz[i, :n], cfg.accum_steps[i, :n]], axis=1
             ).astype(np.int64)
             good = np.asarray(cfg.goodput[i, :n], dtype=float)
-            out[(jobs[j].name, pool.key)] = _Table(model, shapes, good, batch)
+            seen = int(profiled[i])
+            out[(jobs[j].name, pool.key)] = _Table(model, shapes, good, batch, seen)
         return out
+
+    def _profiled_nodes(self, job: JobView) -> int:
+        """The node count above which shapes are explored optimistically (a large number when
+        ``explore_nodes`` is off, so that nothing is)."""
+        return job.max_profiled_nodes if self.options.explore_nodes else 1 << 30
 
     def _fair(
         self,
@@ -869,6 +905,15 @@ def _fit(pool: Pool, gpus: int, nodes: int, free: np.ndarray) -> dict[int, int] 
         return None
     best = ok[np.argmin(room[ok])]  # first of the fullest
     return {int(idx[best]): gpus}
+
+
+_CONFIG_FIELDS = ("goodput", "throughput", "efficiency", "batch_size", "local_bsz", "accum_steps")
+
+
+def _optimistic(model: GoodputModel) -> GoodputModel:
+    """``model`` with its inter-node sync taken as its intra-node sync."""
+    perf = replace(model.perf, alpha_r=model.perf.alpha_n, beta_r=model.perf.beta_n)
+    return GoodputModel(perf, model.grad, model.limits)
 
 
 def _kernel(x: np.ndarray, power: float) -> np.ndarray:

@@ -99,6 +99,7 @@ class _Job:
     grad: GradParams | None = None
     grad_key: tuple[int, int] | None = None
     max_profiled_gpus: int = 0
+    max_profiled_nodes: int = 0
     sharers_s: float = 0.0  # integral of (active jobs) dt over the job's life
     oracle_times: tuple[float, ...] | None = None
 
@@ -303,6 +304,7 @@ class Simulator:
             requested_gpus=job.spec.num_replicas,
             fixed_batch_size=job.spec.batch_size,
             max_profiled_gpus=job.max_profiled_gpus,
+            max_profiled_nodes=job.max_profiled_nodes,
             model=model,
             models=models,
             oracle=oracle,
@@ -443,6 +445,7 @@ class Simulator:
         if job.grad is None:
             self._report_grad(job, batch.batch_size)
         job.max_profiled_gpus = max(job.max_profiled_gpus, sum(placement))
+        job.max_profiled_nodes = max(job.max_profiled_nodes, len(placement))
         if not self.policy.uses_model:
             return
         sample = ProfileSample(

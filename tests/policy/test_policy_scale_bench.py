@@ -1,0 +1,24 @@
+"""``benchmarks/policy_scale.py``: the documented JSON, at the smallest size."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from benchmarks.policy_scale import main
+
+
+def test_writes_the_documented_json(tmp_path: Path) -> None:
+    out = tmp_path / "scale.json"
+    argv = ["--sizes", "64", "--policies", "coadapt,pollux", "--rounds", "2"]
+    assert main([*argv, "--pollux-limit-s", "0.001", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    for variant in ("sizes", "sizes_t4"):
+        row = doc[variant]["64"]
+        coadapt = row["coadapt"]
+        assert coadapt["jobs"] == 160 and coadapt["gpus"] == 64
+        for key in ("median_s", "p95_s", "round_with_refits_s", "peak_rss_mib", "gap"):
+            assert coadapt[key] >= 0
+        assert coadapt["p95_s"] >= coadapt["median_s"]
+        # A pollux round cannot fit in a millisecond: skipped, and the JSON says why.
+        assert "over 0.001 s" in row["pollux"]["skipped"]
