@@ -35,3 +35,24 @@ class TraceFormatError(AutoscalerError, ValueError):
         self.path = path
         self.line = line
         self.field = field
+
+
+class DuplicateOfferingError(TraceFormatError):
+    """Two catalogue rows describe the same offering (provider, instance type, zone).
+
+    ``path``/``line`` name the second row, ``other_path``/``other_line`` the first one.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str,
+        line: int,
+        other_path: str,
+        other_line: int,
+        field: str | None = None,
+    ) -> None:
+        super().__init__(message, path=path, line=line, field=field)
+        self.other_path = other_path
+        self.other_line = other_line
