@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, NoReturn
 import typer
 
 from autoscaler import __version__
+from autoscaler.cli_cost import cost_app
+from autoscaler.cli_prices import prices_app
 from autoscaler.jobs import PAPER_POLICIES, PolicyName
 
 if TYPE_CHECKING:
@@ -25,6 +27,8 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
+app.add_typer(cost_app, name="cost")
+app.add_typer(prices_app, name="prices")
 
 
 @app.callback()

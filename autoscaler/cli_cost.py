@@ -1,0 +1,170 @@
+"""``coadapt cost``: cost reports from a cost record (thin: read, find, render, write).
+
+``coadapt cost report FILE [--format table|csv|json|html] [--out PATH]``. FILE is JSON holding a
+cost record (:func:`autoscaler.costs.record_to_json`) at top level, under ``"cost_record"`` of a
+simulation result, or in each of a list of results (each reported, labelled by its policy,
+strategy and workload). Bad input — a missing file, invalid JSON, no cost record, a malformed
+one — is one line on stderr and exit status 2; files are written atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from enum import StrEnum
+from pathlib import Path
+from typing import NoReturn
+
+import typer
+
+__all__ = ["ReportFormat", "cost_app"]
+
+cost_app = typer.Typer(
+    name="cost",
+    help="Cost reports: what a fleet cost, per job and per offering, and what spot saved.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+
+class ReportFormat(StrEnum):
+    TABLE = "table"
+    CSV = "csv"
+    JSON = "json"
+    HTML = "html"
+
+
+@cost_app.callback()
+def _cost() -> None:
+    """Cost reports: what a fleet cost, per job and per offering, and what spot saved."""
+
+
+def _fail(message: str) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code=2)
+
+
+def _slug(label: str) -> str:
+    return re.sub(r"[^a-z0-9._-]+", "-", label.lower()).strip("-.") or "run"
+
+
+def _unique_slugs(labels: list[str | None]) -> list[str]:
+    """File-system names for the labels, made unique with a numeric suffix."""
+    out: list[str] = []
+    for n, label in enumerate(labels, start=1):
+        base = _slug(label or f"run {n}")
+        name, k = base, 2
+        while name in out:
+            name, k = f"{base}-{k}", k + 1
+        out.append(name)
+    return out
+
+
+@cost_app.command("report")
+def report(
+    file: Path = typer.Argument(
+        ..., help="JSON: a cost record, a simulation result with one, or a list of results."
+    ),
+    fmt: ReportFormat = typer.Option(
+        ReportFormat.TABLE,
+        "--format",
+        "-f",
+        help="table (terminal), csv (one file per table, in the --out folder), json (summary), "
+        "html (one self-contained page with plots).",
+    ),
+    out: Path | None = typer.Option(
+        None,
+        "--out",
+        "-o",
+        help="Where to write: a folder for csv (one sub-folder per run when several), a file "
+        "otherwise; table and json print to stdout without it.",
+    ),
+) -> None:
+    """Report what a run cost: totals, per job (GPU-hours, USD, goodput per USD, JCT), per
+    offering and market (instance-hours, USD, savings vs on-demand), and over time.
+
+    USD are rounded to the cent at report time (ROUND_HALF_UP). A job is charged its share of
+    its instances' GPUs times their price while it held them; what no job held (free GPUs,
+    provisioning, minimum billing) is idle cost, so jobs + idle = total.
+    """
+    from autoscaler.errors import InvalidInputError
+    from autoscaler.report.source import find_cost_records
+    from coadapt_common.atomic import write_text_atomic
+
+    if not file.exists():
+        _fail(f"{file}: no such file")
+    if file.is_dir():
+        _fail(f"{file}: is a folder; give a JSON file")
+    if fmt in (ReportFormat.CSV, ReportFormat.HTML) and out is None:
+        what = "a folder" if fmt is ReportFormat.CSV else "an .html file"
+        _fail(f"--format {fmt.value} writes files: give --out with {what}")
+    if out is not None:
+        if fmt is ReportFormat.CSV and out.exists() and not out.is_dir():
+            _fail(f"--out {out}: is a file; csv needs a folder")
+        if fmt is not ReportFormat.CSV and out.is_dir():
+            _fail(f"--out {out}: is a folder; give a file name")
+    try:
+        payload = json.loads(file.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        _fail(f"{file}: not UTF-8 text ({e.reason} at byte {e.start})")
+    except json.JSONDecodeError as e:
+        _fail(f"{file}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}")
+    except OSError as e:
+        _fail(f"{file}: cannot read: {e.strerror or e}")
+    try:
+        found = find_cost_records(payload)
+    except InvalidInputError as e:
+        _fail(f"{file}: {e}")
+    for label in found.skipped:
+        typer.echo(f"note: {label}: no cost record (skipped)", err=True)
+    reports = [(r.label, r.record) for r in found.records]
+    try:
+        if fmt is ReportFormat.TABLE:
+            text = _render_tables(reports, plain=out is not None)
+            if out is None:
+                return
+            write_text_atomic(out, text)
+        elif fmt is ReportFormat.JSON:
+            from autoscaler.report.export import summary_json
+
+            summaries = [summary_json(rec, label=label) for label, rec in reports]
+            body = summaries[0] if len(summaries) == 1 else summaries
+            text = json.dumps(body, indent=1, allow_nan=False) + "\n"
+            if out is None:
+                typer.echo(text, nl=False)
+                return
+            write_text_atomic(out, text)
+        elif fmt is ReportFormat.CSV:
+            from autoscaler.report.export import write_csv_files
+
+            assert out is not None
+            if len(reports) == 1:
+                write_csv_files(out, reports[0][1])
+            else:
+                for slug, (_, rec) in zip(
+                    _unique_slugs([label for label, _ in reports]), reports, strict=True
+                ):
+                    write_csv_files(out / slug, rec)
+        else:
+            from autoscaler.report.html import write_html
+
+            assert out is not None
+            write_html(out, reports, title=f"coadapt cost report: {file.name}")
+    except OSError as e:
+        _fail(f"--out {out}: cannot write: {e.strerror or e}")
+    typer.echo(f"report written to {out}", err=True)
+
+
+def _render_tables(reports: list, *, plain: bool) -> str:
+    """Print the tables (``plain``: into a string, no colour, 120 columns, returned)."""
+    import io
+
+    from rich.console import Console
+
+    from autoscaler.report.tables import print_report
+
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=120, no_color=True) if plain else Console()
+    for label, record in reports:
+        print_report(console, record, label=label)
+    return buffer.getvalue()

@@ -1,0 +1,14 @@
+"""Cost reports people can read, from a :class:`~autoscaler.costs.CostRecord`.
+
+- :mod:`~autoscaler.report.rows`: the report's tables (summary, per job, per offering and
+  market) as formatted rows, shared by every output;
+- :mod:`~autoscaler.report.tables`: rich terminal tables;
+- :mod:`~autoscaler.report.export`: CSV files (one per table, plus the time series) and a JSON
+  summary;
+- :mod:`~autoscaler.report.html`: one self-contained HTML page with the tables and three plots;
+- :mod:`~autoscaler.report.source`: finding cost records in JSON files (a record, a simulation
+  result holding one, or a list of results).
+
+Dollar figures are rounded to the cent only here, at report time, with
+:func:`autoscaler.costs.usd_to_cents`.
+"""
