@@ -49,7 +49,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from enum import StrEnum
 
 import numpy as np
@@ -69,6 +69,7 @@ __all__ = [
     "efficiency",
     "fit_perf_params",
     "lr_scale",
+    "optimistic_internode",
     "predict_step_time_s",
 ]
 
@@ -518,6 +519,13 @@ _LOG_CEIL = math.log(1e4)
 _GAMMA_MAX = 10.0
 _PRIOR_WEIGHT = 1e-5  # weak: pulls only what the data cannot identify
 _SYNC_FLOOR_FRAC = 1e-3  # sync times below this fraction of the step time carry no information
+
+
+def optimistic_internode(model: GoodputModel) -> GoodputModel:
+    """``model`` with its inter-node sync taken as its intra-node sync: the optimistic end of
+    what a job that never ran on several nodes can expect there."""
+    perf = replace(model.perf, alpha_r=model.perf.alpha_n, beta_r=model.perf.beta_n)
+    return GoodputModel(perf, model.grad, model.limits)
 
 
 def default_prior(samples: Sequence[ProfileSample]) -> PerfParams:

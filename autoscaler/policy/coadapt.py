@@ -95,7 +95,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from autoscaler.errors import InvalidInputError
-from autoscaler.goodput import BatchConfig, BatchLimits, GoodputModel
+from autoscaler.goodput import BatchConfig, BatchLimits, GoodputModel, optimistic_internode
 from autoscaler.goodput_batch import JobArrays, optimize_many
 from autoscaler.gputypes import REFERENCE_GPU_TYPE, SpeedTable, default_speed_table, estimate_model
 from autoscaler.jobs import (
@@ -588,7 +588,7 @@ class CoadaptPolicy:
         profiled = np.array([self._profiled_nodes(jobs[j]) for j, _, _ in stale])
         unseen = (nodes > profiled[:, None]) & (nodes > 1) & (gpus > 0)
         if self.options.explore_nodes and unseen.any():
-            hopeful = JobArrays.from_models([_optimistic(model) for _, _, model in stale])
+            hopeful = JobArrays.from_models([optimistic_internode(model) for _, _, model in stale])
             best = optimize_many(
                 hopeful, np.maximum(nodes, 1), gpus, fixed_batch_size=fixed_or_none
             )
@@ -918,12 +918,6 @@ def _fit(pool: Pool, gpus: int, nodes: int, free: np.ndarray) -> dict[int, int] 
 
 
 _CONFIG_FIELDS = ("goodput", "throughput", "efficiency", "batch_size", "local_bsz", "accum_steps")
-
-
-def _optimistic(model: GoodputModel) -> GoodputModel:
-    """``model`` with its inter-node sync taken as its intra-node sync."""
-    perf = replace(model.perf, alpha_r=model.perf.alpha_n, beta_r=model.perf.beta_n)
-    return GoodputModel(perf, model.grad, model.limits)
 
 
 def _kernel(x: np.ndarray, power: float) -> np.ndarray:

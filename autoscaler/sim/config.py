@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autoscaler.errors import InvalidInputError
+from autoscaler.sim.cloud import CloudConfig
 from autoscaler.sim.cluster import ClusterSpec, uniform_cluster
 
 __all__ = ["SimConfig"]
@@ -34,6 +35,9 @@ class SimConfig:
     ``cluster``: node groups of several GPU types (overrides ``num_nodes`` and
     ``gpus_per_node``, which describe a uniform T4 cluster); ``traces_dir``: a data folder
     holding one ``<application>/`` folder each, used instead of the shipped Pollux traces.
+    ``cloud``: run on a fleet of priced instances that a fleet strategy sizes every round
+    (:mod:`autoscaler.sim.cloud`); the cluster above then only sets the fair share that
+    finish-time fairness is measured against.
     """
 
     num_nodes: int = 16
@@ -48,6 +52,7 @@ class SimConfig:
     fixed_applications: tuple[str, ...] = ("ncf",)
     cluster: ClusterSpec | None = None
     traces_dir: str | None = None
+    cloud: CloudConfig | None = None
 
     def __post_init__(self) -> None:
         if self.num_nodes < 1 or self.gpus_per_node < 1:

@@ -66,6 +66,7 @@ from autoscaler.jobs import (
     fixed_batch_choice,
 )
 from autoscaler.policy.base import Policy
+from autoscaler.sim.cloud import CloudFleet, FleetView
 from autoscaler.sim.cluster import NodeGroup, TypeSpeed
 from autoscaler.sim.config import SimConfig
 from autoscaler.sim.results import JobResult, RoundStats, SimResult
@@ -102,6 +103,11 @@ class _Job:
     max_profiled_nodes: int = 0
     sharers_s: float = 0.0  # integral of (active jobs) dt over the job's life
     oracle_times: tuple[float, ...] | None = None
+    # Cloud mode: progress at the last checkpoint, running seconds since, preemptions.
+    checkpoint_progress: float = 0.0
+    since_checkpoint_s: float = 0.0
+    preemptions: int = 0
+    submitted_logged: bool = False
 
     @property
     def restarts(self) -> int:
@@ -190,6 +196,19 @@ class Simulator:
         self.rounds: list[RoundStats] = []
         self._state = policy.initial_state()
         self.avoid = bool(self.config.interference_avoidance and policy.avoids_interference)
+        self.fleet: CloudFleet | None = None
+        if self.config.cloud is not None:
+            cloud = self.config.cloud
+            cheapest = min(o.price.price_at(0.0) for o in cloud.offerings)
+            if cloud.budget_usd_per_hour is not None and cloud.budget_usd_per_hour < cheapest:
+                raise InvalidInputError(
+                    f"budget {cloud.budget_usd_per_hour:.2f} $/h is below the cheapest "
+                    f"offering's price {cheapest:.4f} $/h: nothing could be launched",
+                    field="budget_usd_per_hour",
+                )
+            self.fleet = CloudFleet(cloud)
+            self.nodes = ()
+            self._group = {}
 
     # ---- main loop -------------------------------------------------------------------------
 
@@ -202,6 +221,11 @@ class Simulator:
         while pending or active:
             while pending and pending[0].spec.submit_time_s <= self.now_s:
                 active.append(pending.pop(0))
+            if not active and self.fleet is not None and self.fleet.instances:
+                self._fleet_round([])  # the fleet is billed while it waits: size it anyway
+                self.now_s += cfg.interval_s
+                self.round_index += 1
+                continue
             if not active:
                 # Fast-forward to the first round at or after the next submission.
                 gap = pending[0].spec.submit_time_s - self.now_s
@@ -214,6 +238,10 @@ class Simulator:
                     f"{len(active) + len(pending)} jobs unfinished after {cfg.max_time_s:.0f} s "
                     f"under {self.policy.name}"
                 )
+            for job in active:
+                if job.submitted_logged is False and self.fleet is not None:
+                    self.fleet.ledger.job_event(job.spec.name, job.spec.submit_time_s, "submitted")
+                    job.submitted_logged = True
             self._schedule(active)
             self._advance(active)
             finished = [job for job in active if job.completion_s is not None]
@@ -230,9 +258,9 @@ class Simulator:
 
     # ---- scheduling ------------------------------------------------------------------------
 
-    def _schedule(self, active: list[_Job]) -> None:
+    def _cluster(self) -> ClusterView:
         cfg = self.config
-        cluster = ClusterView(
+        return ClusterView(
             nodes=self.nodes,
             now_s=self.now_s,
             round_index=self.round_index,
@@ -240,10 +268,71 @@ class Simulator:
             restart_delay_s=cfg.restart_delay_s,
             interference_avoidance=self.avoid,
         )
+
+    def _fleet_round(self, active: list[_Job]) -> None:
+        """Cloud mode, before the policy: nodes join and leave, the strategy sizes the fleet,
+        the fleet is reconciled (see :mod:`autoscaler.sim.cloud`)."""
+        fleet, cfg = self.fleet, self.config
+        assert fleet is not None and cfg.cloud is not None
+        gone = fleet.begin_round(self.now_s, cfg.interval_s)
+        for job in active:
+            hit = {n: gone[n] for n in job.allocation if n in gone}
+            if hit:
+                self._preempted(job, hit)
+        self.nodes = fleet.nodes(self.now_s)
+        views = tuple(self._view(job) for job in active)
+        view = FleetView(
+            self.now_s, views, self._cluster(), fleet.held(), fleet.options(self.now_s)
+        )
+        target = cfg.cloud.strategy.propose(view)
+        used: dict[str, int] = {}
+        for job in active:
+            for node_id, gpus in job.allocation.items():
+                used[node_id] = used.get(node_id, 0) + gpus
+        released = fleet.reconcile(self.now_s, target, used)
+        self._stop_on(active, released, planned=True)
+        self.nodes = fleet.nodes(self.now_s)
+        self._group = {node.node_id: fleet.group_of(node.node_id) for node in self.nodes}
+
+    def _stop_on(self, active: list[_Job], node_ids: set[str], *, planned: bool) -> None:
+        """Jobs on released ``node_ids`` stop, writing a checkpoint first."""
+        for job in active:
+            if any(n in node_ids for n in job.allocation):
+                job.checkpoint_progress = job.progress
+                job.since_checkpoint_s = 0.0
+                job.allocation = Allocation()
+                job.batch = None
+                job.delay_left_s = 0.0
+
+    def _preempted(self, job: _Job, hit: dict[str, float]) -> None:
+        """``job`` lost the nodes in ``hit`` (node id -> preemption time): it stops, and falls
+        back to its last checkpoint unless every notice left time to write one."""
+        fleet = self.fleet
+        assert fleet is not None
+        job.preemptions += 1
+        fleet.ledger.job_event(job.spec.name, min(hit.values()), "preemption")
+        if not all(fleet.notice_suffices(n) for n in hit):
+            job.progress = job.checkpoint_progress
+        job.checkpoint_progress = job.progress
+        job.since_checkpoint_s = 0.0
+        job.allocation = Allocation()
+        job.batch = None
+        job.delay_left_s = 0.0
+
+    def _schedule(self, active: list[_Job]) -> None:
+        cfg = self.config
         t0 = time.perf_counter()
         self.book.refit()
         fit_s = time.perf_counter() - t0
         self.fit_wall_s += fit_s
+        if self.fleet is not None:
+            self._fleet_round(active)
+        cluster = self._cluster()
+        if not cluster.nodes:  # cloud mode, nothing ready yet: every job waits
+            for job in active:
+                job.allocation, job.batch, job.delay_left_s = Allocation(), None, 0.0
+            self.rounds.append(RoundStats(self.now_s, len(active), 0, 0.0, fit_s))
+            return
         views = tuple(self._view(job) for job in active)
         round_input = RoundInput(cluster, views)
         t0 = time.perf_counter()
@@ -272,7 +361,12 @@ class Simulator:
                     f"{self.policy.name} gave {job.spec.name} {gpus} GPUs, below its minimum {low}"
                 )
             if alloc != job.allocation:
+                if job.allocation.num_gpus:  # a planned stop writes a checkpoint
+                    job.checkpoint_progress = job.progress
+                    job.since_checkpoint_s = 0.0
                 job.allocation = alloc
+                if gpus and self.fleet is not None and job.starts:
+                    self.fleet.ledger.job_event(job.spec.name, self.now_s, "restart")
                 if gpus:
                     job.starts += 1
                     job.delay_left_s = cfg.restart_delay_s
@@ -347,14 +441,44 @@ class Simulator:
         cfg = self.config
         slow = self._interfered(active) if cfg.interference > 0 else set()
         count = len(active)
+        cut: dict[str, float] = {}
+        if self.fleet is not None:
+            cut = self.fleet.preemptions_in(self.now_s, self.now_s + cfg.interval_s)
         for job in active:
             alive_s = cfg.interval_s
             if job.spec.submit_time_s > self.now_s:  # pragma: no cover - active => submitted
                 alive_s = 0.0
-            job_done = self._step(job, cfg.interval_s, cfg.interference if job.index in slow else 0)
+            run_s = cfg.interval_s
+            hit = [cut[n] for n in job.allocation if n in cut]
+            if hit:
+                run_s = max(0.0, min(hit) - self.now_s)
+            held = job.allocation
+            job_done = self._step(job, run_s, cfg.interference if job.index in slow else 0)
             if job_done is not None:
                 alive_s = job_done
             job.sharers_s += count * alive_s
+            if self.fleet is not None:
+                hit_nodes = {n: cut[n] for n in held if n in cut}
+                self._account(job, held, job_done if job_done is not None else run_s, hit_nodes)
+
+    def _account(self, job: _Job, held: Allocation, ran_s: float, hit: dict[str, float]) -> None:
+        """Cloud mode: the job's GPU time to the ledger, its checkpoints, its preemption."""
+        fleet, cloud = self.fleet, self.config.cloud
+        assert fleet is not None and cloud is not None
+        for node_id, gpus in held.items():
+            if ran_s > 0:
+                fleet.ledger.job_usage(job.spec.name, node_id, self.now_s, self.now_s + ran_s, gpus)
+        if job.completion_s is not None:
+            fleet.ledger.job_event(job.spec.name, job.completion_s, "finished")
+            fleet.ledger.job_work(job.spec.name, job.progress * job.limits.init_batch_size)
+            return
+        if held.num_gpus:
+            job.since_checkpoint_s += ran_s
+            if job.since_checkpoint_s >= cloud.checkpoint_interval_s:
+                job.checkpoint_progress = job.progress
+                job.since_checkpoint_s = 0.0
+        if hit:
+            self._preempted(job, hit)
 
     def _interfered(self, active: list[_Job]) -> set[int]:
         """Indices of multi-node jobs on a node shared by two or more multi-node jobs."""
@@ -378,7 +502,10 @@ class Simulator:
         return speed
 
     def _speed_of_type(self, job: _Job, gpu_type: str) -> TypeSpeed:
-        group = next(g for g in self.config.cluster_spec.groups if g.gpu_type == gpu_type)
+        if self.config.cloud is not None:
+            group = next(o.group for o in self.config.cloud.offerings if o.gpu_type == gpu_type)
+        else:
+            group = next(g for g in self.config.cluster_spec.groups if g.gpu_type == gpu_type)
         return self._speed(job, group)
 
     def _true_time(
@@ -486,6 +613,15 @@ class Simulator:
                     ftf_ratio=jct / iso,
                 )
             )
+        cost, fleet = None, None
+        if self.fleet is not None:
+            cost = self.fleet.close(self.now_s)
+            fleet = {
+                "launches": float(self.fleet.launches),
+                "preemptions": float(self.fleet.preemptions),
+                "capacity_errors": float(self.fleet.capacity_errors),
+                "peak_usd_per_hour": self.fleet.peak_usd_per_hour,
+            }
         return SimResult(
             workload=self.workload_name,
             policy=str(self.policy.name),
@@ -493,6 +629,8 @@ class Simulator:
             jobs=tuple(results),
             rounds=tuple(self.rounds),
             wall_s=wall_s,
+            cost=cost,
+            fleet=fleet,
         )
 
 

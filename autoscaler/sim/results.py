@@ -7,15 +7,18 @@ measured, not simulated, and are only included with ``include_timing=True``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from autoscaler.sim.config import SimConfig
 from coadapt_common.atomic import write_json_atomic
+
+if TYPE_CHECKING:
+    from autoscaler.costs import CostRecord
 
 __all__ = [
     "JobResult",
@@ -79,6 +82,10 @@ class SimResult:
     jobs: tuple[JobResult, ...]
     rounds: tuple[RoundStats, ...]
     wall_s: float = 0.0  # measured: the simulation's elapsed time
+    # Cloud mode: the closed cost record and the fleet's counters (launches, preemptions,
+    # capacity errors, peak $/h); ``None`` on a fixed cluster.
+    cost: CostRecord | None = None
+    fleet: Mapping[str, float] | None = None
 
     @property
     def jcts_s(self) -> np.ndarray:
@@ -132,7 +139,7 @@ def results_payload(results: Sequence[SimResult], *, include_timing: bool = Fals
         run: dict[str, Any] = {
             "workload": res.workload,
             "policy": res.policy,
-            "config": asdict(res.config),
+            "config": _config_json(res.config),
             "summary": res.summary(),
             "jobs": [asdict(job) for job in res.jobs],
             "rounds": [
@@ -140,11 +147,33 @@ def results_payload(results: Sequence[SimResult], *, include_timing: bool = Fals
                 for r in res.rounds
             ],
         }
+        if res.cost is not None:
+            from autoscaler.costs import record_to_json
+
+            run["cost_record"] = record_to_json(res.cost)
+            run["fleet"] = dict(res.fleet or {})
         if include_timing:
             run["timing"] = {**res.timing(), "wall_s": res.wall_s}
             run["policy_wall_s"] = [r.policy_wall_s for r in res.rounds]
         runs.append(run)
     return {"format": RESULTS_FORMAT, "runs": runs}
+
+
+def _config_json(config: SimConfig) -> dict[str, Any]:
+    """The config as JSON; a cloud config by its strategy, offerings and settings."""
+    cloud = config.cloud
+    out = asdict(replace(config, cloud=None))
+    if cloud is not None:
+        out["cloud"] = {
+            "strategy": cloud.strategy.name,
+            "offerings": [o.key for o in cloud.offerings],
+            "provisioning_delay_s": cloud.provisioning_delay_s,
+            "checkpoint_interval_s": cloud.checkpoint_interval_s,
+            "checkpoint_write_s": cloud.checkpoint_write_s,
+            "min_billed_s": cloud.min_billed_s,
+            "budget_usd_per_hour": cloud.budget_usd_per_hour,
+        }
+    return out
 
 
 def write_results_json(

@@ -1,0 +1,275 @@
+"""The cloud experiments: which offerings, traces, strategies and policies each one uses.
+
+Offerings come from the shipped catalogue (:func:`autoscaler.pricing.load_catalog`, real
+AWS prices with their dates), all in one zone, ``us-east-1`` / ``use1-az1`` (the zone with
+spot prices for every instance type used):
+
+- ``g4dn.xlarge`` (1 x T4) and ``g4dn.12xlarge`` (4 x T4): spot capacity replays the Bamboo
+  g4dn availability trace (each trace node is one instance of the offering; the trace is
+  applied to each g4dn offering on its own);
+- ``p3.16xlarge`` (8 x V100): spot capacity replays the Bamboo p3 trace;
+- ``p4d.24xlarge`` (8 x A100, E3 only): no trace; spot preemptions at the Spot Advisor band's
+  hazard (:class:`autoscaler.pricing.SpotHazardModel`), seeded.
+
+Spot prices are constant at the catalogue's price unless a price series is given. Every
+strategy runs with a 60 s round, a 2 min provisioning delay, checkpoints every 10 min and a
+20 s checkpoint write (so AWS's 120 s notice always suffices), per-second billing with a 60 s
+minimum.
+
+Strategies (see :mod:`autoscaler.strategies` for the rules):
+
+========================  ============================================  ========
+name                      fleet                                          policy
+========================  ============================================  ========
+``static-ondemand``       16 x g4dn.12xlarge on demand                   pollux
+``pollux-autoscale``      g4dn.12xlarge on demand, utility band          pollux
+``throughput-autoscale``  g4dn.12xlarge on demand, throughput sizing     coadapt
+``cheapest-spot``         per job, cheapest spot offering that fits      tiresias
+``coadapt-ondemand``      goodput-per-dollar sizing, on demand only      coadapt
+``coadapt``               goodput-per-dollar sizing, spot + on demand    coadapt
+``coadapt-t4`` ...        ``coadapt`` restricted to one GPU type         coadapt
+========================  ============================================  ========
+
+``throughput-autoscale`` runs the coadapt policy (goodput-optimal batch sizes) on its fleet:
+only its sizing rule differs from ``coadapt-ondemand``, which makes the comparison about the
+sizing alone (and is kinder to the baseline than a fixed per-GPU batch would be).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autoscaler.errors import InvalidInputError
+from autoscaler.jobs import JobSpec
+from autoscaler.pricing import (
+    AvailabilityTrace,
+    Catalog,
+    ConstantPrice,
+    MarketOffering,
+    SpotHazardModel,
+    bamboo_trace_path,
+    load_availability_trace,
+    load_catalog,
+    load_hazard_model,
+)
+from autoscaler.sim.cloud import CloudConfig, CloudOffering, FleetStrategy, PreemptionModel
+from autoscaler.sim.cluster import INTERCONNECTS
+from autoscaler.sizing import SizingConfig
+from autoscaler.strategies import FixedFleet, GoodputSizing, PerJobCheapest, UtilityBand
+
+__all__ = [
+    "EXPERIMENTS",
+    "CloudRun",
+    "HazardPreemption",
+    "TracePreemption",
+    "build_run",
+    "e1_workload",
+]
+
+REGION = "us-east-1"
+ZONE = "use1-az1"
+
+#: Strategies per experiment, in the order the benchmark prints them.
+EXPERIMENTS: Mapping[str, tuple[str, ...]] = {
+    "E1": ("pollux-autoscale", "throughput-autoscale", "coadapt-ondemand", "coadapt"),
+    "E2": (
+        "static-ondemand",
+        "pollux-autoscale",
+        "throughput-autoscale",
+        "cheapest-spot",
+        "coadapt",
+    ),
+    "E3": ("coadapt", "coadapt-t4", "coadapt-v100", "coadapt-a100"),
+}
+
+_INSTANCES: Mapping[str, tuple[str, ...]] = {
+    "E1": ("g4dn.12xlarge",),
+    "E2": ("g4dn.xlarge", "g4dn.12xlarge", "p3.16xlarge"),
+    "E3": ("g4dn.xlarge", "g4dn.12xlarge", "p3.16xlarge", "p4d.24xlarge"),
+}
+_TRACE_OF: Mapping[str, str] = {"g4dn": "g4dn-trace.csv", "p3": "p3-trace.csv"}
+#: Intra-node GPU links of instance types not in the simulator's table (one GPU: unused).
+_SINGLE_GPU_INTRA_GBYTES_PER_S = 16.0
+
+
+@dataclass(frozen=True)
+class TracePreemption:
+    """A replayed availability trace as a :class:`~autoscaler.sim.cloud.PreemptionModel`:
+    capacity only (instances are preempted when it drops below what is held)."""
+
+    trace: AvailabilityTrace
+
+    def preemption_time_s(self, instance_id: str, launched_at_s: float) -> float | None:
+        return None
+
+    def capacity_at(self, t_s: float) -> int | None:
+        return self.trace.capacity_at(t_s)
+
+    def capacity_changes(self, t0_s: float, t1_s: float) -> list[tuple[float, int]]:
+        times, caps = self.trace.times_s, self.trace.capacity
+        return [(t, c) for t, c in zip(times, caps, strict=True) if t0_s < t <= t1_s]
+
+
+@dataclass(frozen=True)
+class HazardPreemption:
+    """A constant per-instance hazard as a :class:`~autoscaler.sim.cloud.PreemptionModel`."""
+
+    model: SpotHazardModel
+    offering: MarketOffering
+
+    def preemption_time_s(self, instance_id: str, launched_at_s: float) -> float | None:
+        return self.model.sample_preemption_s(self.offering, instance_id, launched_at_s)
+
+    def capacity_at(self, t_s: float) -> int | None:
+        return None
+
+    def capacity_changes(self, t0_s: float, t1_s: float) -> list[tuple[float, int]]:
+        return []
+
+
+@dataclass(frozen=True)
+class CloudRun:
+    """One strategy of one experiment: the policy to run and the cloud it runs on."""
+
+    experiment: str
+    strategy: str
+    policy: str
+    cloud: CloudConfig
+    policy_options: Mapping[str, object] = field(default_factory=dict)
+
+
+def e1_workload() -> tuple[JobSpec, ...]:
+    """The paper's cloud experiment: one ImageNet job (the traces' own batch size and GPUs of
+    an ImageNet job of workload-1), alone."""
+    return (JobSpec("imagenet-0", "imagenet", 0.0, 32, 6400),)
+
+
+def _offerings(
+    experiment: str,
+    catalog: Catalog,
+    *,
+    markets: Sequence[str],
+    gpu_types: Sequence[str] | None,
+    traces: Mapping[str, AvailabilityTrace],
+    hazard: SpotHazardModel,
+) -> tuple[CloudOffering, ...]:
+    out = []
+    for instance_type in _INSTANCES[experiment]:
+        priced = catalog.get("aws", instance_type, ZONE)
+        if gpu_types is not None and priced.gpu_type not in gpu_types:
+            continue
+        link = INTERCONNECTS.get(instance_type)
+        intra = link.intra_gbytes_per_s if link else _SINGLE_GPU_INTRA_GBYTES_PER_S
+        network = link.network_gbps if link else float(priced.network_gbps or 25.0)
+        for market in markets:
+            price = priced.price_usd_per_hour(market)
+            if price is None:
+                continue
+            market_offering = MarketOffering(priced, market, price)
+            preemption: PreemptionModel | None = None
+            hazard_per_hour = 0.0
+            if market == "spot":
+                family = instance_type.split(".")[0]
+                trace = traces.get(family)
+                if trace is not None:
+                    preemption = TracePreemption(trace)
+                else:
+                    preemption = HazardPreemption(hazard, market_offering)
+                    hazard_per_hour = hazard.hazard_per_hour(market_offering)
+            out.append(
+                CloudOffering(
+                    ref=market_offering.ref,
+                    gpu_type=priced.gpu_type,
+                    gpus=priced.gpus,
+                    price=ConstantPrice(price),
+                    ondemand_usd_per_hour=priced.ondemand_usd_per_hour,
+                    preemption=preemption,
+                    notice_s=120.0,
+                    hazard_per_hour=hazard_per_hour,
+                    intra_gbytes_per_s=intra,
+                    network_gbps=network,
+                )
+            )
+    if not out:
+        raise InvalidInputError(f"no offerings for {experiment} {markets} {gpu_types}")
+    return tuple(out)
+
+
+def load_traces(paths: Mapping[str, str | Path] | None = None) -> dict[str, AvailabilityTrace]:
+    """The Bamboo spot traces by instance family (``g4dn``, ``p3``), or the files given."""
+    chosen = paths or {family: bamboo_trace_path(name) for family, name in _TRACE_OF.items()}
+    return {family: load_availability_trace(path) for family, path in chosen.items()}
+
+
+def build_run(
+    experiment: str,
+    strategy: str,
+    *,
+    catalog: Catalog | None = None,
+    traces: Mapping[str, AvailabilityTrace] | None = None,
+    sizing: SizingConfig | None = None,
+    budget_usd_per_hour: float | None = None,
+    seed: int = 0,
+) -> CloudRun:
+    """The :class:`CloudRun` of ``strategy`` in ``experiment`` (see the module docstring)."""
+    if experiment not in EXPERIMENTS:
+        raise InvalidInputError(f"unknown experiment {experiment!r}", field="experiment")
+    if strategy not in EXPERIMENTS[experiment]:
+        raise InvalidInputError(
+            f"{experiment} has no strategy {strategy!r}; "
+            f"it has {', '.join(EXPERIMENTS[experiment])}",
+            field="strategy",
+        )
+    catalog = catalog or load_catalog()
+    traces = load_traces() if traces is None else traces
+    hazard = load_hazard_model(seed=seed)
+    sizing = sizing or SizingConfig(budget_usd_per_hour=budget_usd_per_hour)
+
+    def offer(markets: Sequence[str], types: Sequence[str] | None = None, instances=None):
+        found = _offerings(
+            experiment, catalog, markets=markets, gpu_types=types, traces=traces, hazard=hazard
+        )
+        if instances is not None:
+            found = tuple(o for o in found if o.ref.instance_type in instances)
+        return found
+
+    t4_node = ("g4dn.12xlarge",)
+    plan: FleetStrategy
+    if strategy == "static-ondemand":
+        offerings = offer(["on-demand"], instances=t4_node)
+        plan = FixedFleet(strategy, {offerings[0].key: 16})
+        policy = "pollux"
+    elif strategy == "pollux-autoscale":
+        offerings = offer(["on-demand"], instances=t4_node)
+        plan = UtilityBand(strategy, offerings[0].key)
+        policy = "pollux"
+    elif strategy == "throughput-autoscale":
+        offerings = offer(["on-demand"], instances=t4_node)
+        cfg = SizingConfig(
+            value="throughput",
+            min_efficiency=sizing.min_efficiency,
+            budget_usd_per_hour=sizing.budget_usd_per_hour,
+        )
+        plan = GoodputSizing(strategy, cfg)
+        policy = "coadapt"
+    elif strategy == "cheapest-spot":
+        offerings = offer(["spot"])
+        plan = PerJobCheapest(strategy)
+        policy = "tiresias"
+    elif strategy == "coadapt-ondemand":
+        offerings = offer(["on-demand"])
+        plan = GoodputSizing(strategy, sizing)
+        policy = "coadapt"
+    elif strategy.startswith("coadapt"):
+        types = None
+        if strategy != "coadapt":
+            types = [strategy.removeprefix("coadapt-").upper()]
+        offerings = offer(["spot", "on-demand"], types)
+        plan = GoodputSizing(strategy, sizing)
+        policy = "coadapt"
+    else:  # pragma: no cover - every listed name is handled above
+        raise InvalidInputError(f"unknown strategy {strategy!r}", field="strategy")
+    cloud = CloudConfig(offerings, plan, budget_usd_per_hour=sizing.budget_usd_per_hour)
+    return CloudRun(experiment, strategy, policy, cloud)

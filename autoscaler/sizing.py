@@ -1,0 +1,436 @@
+"""Goodput-per-dollar fleet sizing: how many instances of which offering and market to hold.
+
+Pure: numbers in, a :class:`FleetProposal` out; no clock, no cloud, no I/O.
+
+**What an instance is worth.** Every job has a *value curve* per instance kind (GPU type, GPUs
+per instance): its goodput on ``g`` GPUs of that type packed onto the fewest instances, in
+units of its goodput on one GPU of the reference type (T4): "T4-GPU equivalents of useful
+work" (:func:`job_demand`). A job's curve on a type comes from its fitted model there, else the
+ratio rule (:func:`autoscaler.gputypes.estimate_model`); shapes on more instances than the
+job has run on are valued at the better of its fit and its fit with the inter-node sync taken
+as the intra-node one (:func:`~autoscaler.goodput.optimistic_internode`: a fleet that never
+offers a second instance would never learn what it is worth); a job with no profile yet is valued at
+``min(g, requested GPUs) x`` the type's generic speed. With ``value="throughput"`` the curves
+count samples per second at the largest per-GPU batch and ignore statistical efficiency (the
+rule of throughput-driven autoscaling, Or et al., MLSys'20) -- the only difference between
+the ``coadapt`` and ``throughput-autoscale`` strategies.
+
+**Growing a fleet** (:func:`size_fleet`). Starting from no instances, repeatedly price one more
+instance of every offering: its *marginal value* is what the jobs gain when its GPUs are handed,
+one at a time, to the job whose fairness-kernel value ``U_p`` rises most per GPU (a job takes
+one GPU type; a waiting job needs its minimum GPUs at once). Its *effective* value discounts
+
+- spot preemptions: ``x max(0, 1 - hazard_per_hour x preemption_loss_s / 3600)`` (each
+  preemption costs the restart, the progress since the last checkpoint and the replacement's
+  provisioning, ``preemption_loss_s`` in all);
+- provisioning, for an instance not yet held: ``x max(0, 1 - provisioning_delay_s /
+  planning_horizon_s)``.
+
+The *efficiency* of a candidate is its effective value over its ideal: its GPUs times the
+type's generic speed (:meth:`~autoscaler.gputypes.SpeedTable.relative_speed`), i.e. the share
+of perfect scaling the added instance would achieve. Among the candidates whose efficiency is
+at least ``min_efficiency`` (``x (1 - hysteresis)`` for an instance already held, so a fleet
+does not thrash between two sizes; no floor at all for a candidate that starts a waiting
+job, so no job waits for efficiency's sake), the one of most effective value per dollar is
+added --
+cheapest goodput first -- while the budget (``$/h``, at the prices in effect) and
+``max_instances`` allow and the offering has capacity. ``min_instances`` are added whatever
+their efficiency. A proposal names what stopped the growth (``limited_by``).
+
+Jobs and their GPUs are a model of what the policy will do with the fleet, not its plan: the
+policy allocates on the proposal next, and the pair is scored together in the simulator.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Literal
+
+import numpy as np
+
+from autoscaler.errors import InvalidInputError
+from autoscaler.goodput import GoodputModel, optimistic_internode
+from autoscaler.gputypes import REFERENCE_GPU_TYPE, SpeedTable, estimate_model
+from autoscaler.jobs import JobView
+
+__all__ = [
+    "FleetOption",
+    "FleetProposal",
+    "JobDemand",
+    "SizingConfig",
+    "job_demand",
+    "modelled_value",
+    "size_fleet",
+]
+
+Market = Literal["spot", "on-demand"]
+ValueKind = Literal["goodput", "throughput"]
+
+
+@dataclass(frozen=True)
+class FleetOption:
+    """One pool the fleet can buy from: ``key`` (an ``OfferingRef.key``), its GPU type and
+    GPUs per instance, the market, the price in effect (``usd_per_hour`` per instance), the
+    expected preemptions per instance-hour (0 on demand), how many more instances it can
+    give (``capacity``; ``None``: unlimited) and whether it may be used now (``available``:
+    false after a capacity error)."""
+
+    key: str
+    gpu_type: str
+    gpus: int
+    market: Market
+    usd_per_hour: float
+    hazard_per_hour: float = 0.0
+    capacity: int | None = None
+    available: bool = True
+
+    def __post_init__(self) -> None:
+        if self.gpus < 1:
+            raise InvalidInputError(f"{self.key}: GPUs per instance must be >= 1", field="gpus")
+        if not (self.usd_per_hour > 0 and math.isfinite(self.usd_per_hour)):
+            raise InvalidInputError(
+                f"{self.key}: price must be a positive number, got {self.usd_per_hour!r}",
+                field="usd_per_hour",
+            )
+        if not self.hazard_per_hour >= 0:
+            raise InvalidInputError(f"{self.key}: negative hazard", field="hazard_per_hour")
+        if self.market not in ("spot", "on-demand"):
+            raise InvalidInputError(f"{self.key}: unknown market {self.market!r}", field="market")
+
+    @property
+    def kind(self) -> tuple[str, int]:
+        return (self.gpu_type, self.gpus)
+
+
+@dataclass(frozen=True)
+class SizingConfig:
+    """The knobs of :func:`size_fleet` (see the module docstring).
+
+    ``power`` is the fairness kernel's ``p`` (1: total goodput; lower values favour giving
+    every job something before growing any); ``budget_usd_per_hour`` caps the fleet's price
+    at the prices in effect (``None``: no cap)."""
+
+    value: ValueKind = "goodput"
+    min_efficiency: float = 0.5
+    hysteresis: float = 0.2
+    budget_usd_per_hour: float | None = None
+    min_instances: int = 0
+    max_instances: int = 256
+    preemption_loss_s: float = 300.0
+    provisioning_delay_s: float = 120.0
+    planning_horizon_s: float = 1800.0
+    power: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.value not in ("goodput", "throughput"):
+            raise InvalidInputError(f"unknown value {self.value!r}", field="value")
+        if not 0 <= self.min_efficiency < math.inf:
+            raise InvalidInputError("min_efficiency must be >= 0", field="min_efficiency")
+        if not 0 <= self.hysteresis < 1:
+            raise InvalidInputError("hysteresis must be in [0, 1)", field="hysteresis")
+        if self.budget_usd_per_hour is not None and not self.budget_usd_per_hour >= 0:
+            raise InvalidInputError("budget must be >= 0 $/h", field="budget_usd_per_hour")
+        if not 0 <= self.min_instances <= self.max_instances:
+            raise InvalidInputError(
+                "need 0 <= min_instances <= max_instances", field="min_instances"
+            )
+        if not 0 < self.power <= 1:
+            raise InvalidInputError("power must be in (0, 1]", field="power")
+        for name in ("preemption_loss_s", "provisioning_delay_s"):
+            if not getattr(self, name) >= 0:
+                raise InvalidInputError(f"{name} must be >= 0", field=name)
+        if not self.planning_horizon_s > 0:
+            raise InvalidInputError("planning_horizon_s must be > 0", field="planning_horizon_s")
+
+
+@dataclass(frozen=True)
+class JobDemand:
+    """A job's value curves: ``curves[(gpu_type, gpus_per_instance)][g - 1]`` is its value on
+    ``g`` GPUs (non-decreasing in ``g``; T4-GPU equivalents, see the module docstring);
+    ``min_gpus`` it needs to run at all; ``gpu_type`` the type it runs on now (``None``: not
+    running), which the sizing keeps it on."""
+
+    name: str
+    curves: Mapping[tuple[str, int], tuple[float, ...]]
+    min_gpus: int = 1
+    gpu_type: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "curves", MappingProxyType(dict(self.curves)))
+        if self.min_gpus < 1:
+            raise InvalidInputError(f"{self.name}: min_gpus must be >= 1", field="min_gpus")
+
+
+@dataclass(frozen=True)
+class FleetProposal:
+    """Instances to hold per offering key (keys with 0 omitted), their price per hour at the
+    prices in effect, the modelled total value (sum of the jobs' values), the efficiency of
+    the last instance added, and what stopped the growth: ``"efficiency"``, ``"budget"``,
+    ``"max_instances"``, ``"capacity"`` or ``"no_demand"``."""
+
+    counts: Mapping[str, int]
+    usd_per_hour: float
+    value: float
+    last_efficiency: float
+    limited_by: str
+    gpus_by_job: Mapping[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "counts", MappingProxyType(dict(self.counts)))
+        object.__setattr__(self, "gpus_by_job", MappingProxyType(dict(self.gpus_by_job)))
+
+
+# ---- value curves ---------------------------------------------------------------------------
+
+
+def _raw(model: GoodputModel, nodes: np.ndarray, g: np.ndarray, value: ValueKind) -> np.ndarray:
+    if value == "goodput":
+        return model.optimize(nodes, g).goodput
+    m = model.limits.max_local_bsz
+    return model.throughput(nodes, g, np.full_like(g, m), np.ones_like(g))
+
+
+def _curve(
+    model: GoodputModel,
+    per_node: int,
+    max_gpus: int,
+    value: ValueKind,
+    scale: float,
+    profiled_nodes: int,
+) -> tuple[float, ...]:
+    g = np.arange(1, max_gpus + 1)
+    nodes = -(-g // per_node)
+    raw = _raw(model, nodes, g, value)
+    unseen = nodes > max(1, profiled_nodes)
+    if unseen.any():
+        hopeful = _raw(optimistic_internode(model), nodes, g, value)
+        raw = np.where(unseen, np.maximum(raw, hopeful), raw)
+    out = np.maximum.accumulate(np.maximum(raw, 0.0)) / scale
+    return tuple(float(x) for x in out)
+
+
+def job_demand(
+    job: JobView,
+    kinds: Sequence[tuple[str, int]],
+    speeds: SpeedTable,
+    *,
+    max_gpus: int,
+    min_gpus: int = 1,
+    gpu_type: str | None = None,
+    value: ValueKind = "goodput",
+) -> JobDemand:
+    """The job's :class:`JobDemand` over instance ``kinds`` ``(gpu_type, gpus_per_instance)``,
+    up to ``max_gpus`` GPUs (see the module docstring for the units and the rules);
+    ``gpu_type`` is the type it runs on now, if it runs."""
+    if max_gpus < 1:
+        raise InvalidInputError(f"{job.name}: max_gpus must be >= 1", field="max_gpus")
+    models: Mapping[str, GoodputModel] = job.models or (
+        {REFERENCE_GPU_TYPE: job.model} if job.model is not None else {}
+    )
+    curves: dict[tuple[str, int], tuple[float, ...]] = {}
+    if not models:
+        want = max(job.requested_gpus, min_gpus, 1)
+        for kind in kinds:
+            speed = speeds.relative_speed(kind[0])
+            g = np.arange(1, max_gpus + 1)
+            curves[kind] = tuple(float(x) for x in np.minimum(g, want) * speed)
+        return JobDemand(job.name, curves, min_gpus, gpu_type)
+    ref = models.get(REFERENCE_GPU_TYPE) or estimate_model(models, REFERENCE_GPU_TYPE, speeds).model
+    if value == "goodput":
+        base = float(ref.optimize(1, 1).goodput)
+    else:
+        base = float(ref.throughput(1, 1, ref.limits.max_local_bsz, 1))
+    scale = max(base, 1e-12)
+    for kind in kinds:
+        model = models.get(kind[0]) or estimate_model(models, kind[0], speeds).model
+        curves[kind] = _curve(model, kind[1], max_gpus, value, scale, job.max_profiled_nodes)
+    return JobDemand(job.name, curves, min_gpus, gpu_type)
+
+
+# ---- growing the fleet ----------------------------------------------------------------------
+
+
+def _kernel(x: np.ndarray, power: float) -> np.ndarray:
+    return np.power(np.asarray(x, dtype=float) + 1e-3, power)
+
+
+class _Allocation:
+    """The modelled allocation of GPUs to jobs while the fleet grows: per instance kind, a
+    table ``U[j, g]`` of job ``j``'s kernel value on ``g`` GPUs of that kind (``-inf`` where
+    the job cannot run on it)."""
+
+    def __init__(self, demands: Sequence[JobDemand], power: float) -> None:
+        self.demands = demands
+        self.power = power
+        self.gpus = np.zeros(len(demands), dtype=np.int64)
+        self.kind: list[tuple[str, int] | None] = [None] * len(demands)
+        self.min_gpus = np.array([d.min_gpus for d in demands], dtype=np.int64)
+        self.free: dict[tuple[str, int], int] = {}  # GPUs bought but not handed out, per kind
+        self._tables: dict[tuple[str, int], np.ndarray] = {}
+
+    def waiting_minimums(self, kind: tuple[str, int]) -> set[int]:
+        """Minimum GPUs of the jobs not yet given any that could run on ``kind``."""
+        table = self._table(kind)
+        return {
+            int(self.min_gpus[j])
+            for j in range(len(self.demands))
+            if self.gpus[j] == 0 and np.isfinite(table[j, 0])
+        }
+
+    def _table(self, kind: tuple[str, int]) -> np.ndarray:
+        table = self._tables.get(kind)
+        if table is None:
+            width = 1 + max((len(d.curves.get(kind, ())) for d in self.demands), default=0)
+            table = np.full((len(self.demands), width + 1), -np.inf)
+            for j, d in enumerate(self.demands):
+                curve = d.curves.get(kind)
+                if curve is None or (d.gpu_type is not None and d.gpu_type != kind[0]):
+                    continue
+                table[j, 0] = _kernel(np.zeros(1), self.power)[0]
+                table[j, 1 : len(curve) + 1] = _kernel(np.asarray(curve), self.power)
+            self._tables[kind] = table
+        return table
+
+    def value(self) -> float:
+        total = 0.0
+        for j, d in enumerate(self.demands):
+            kind = self.kind[j]
+            if kind is not None and self.gpus[j]:
+                total += d.curves[kind][int(self.gpus[j]) - 1]
+        return total
+
+    def fill(self, kind: tuple[str, int], gpus: int, commit: bool) -> tuple[float, int]:
+        """Hand ``gpus`` more GPUs of ``kind`` (with those of that kind still free) to the
+        jobs, each step to the job whose kernel value rises most per GPU (a waiting job's
+        step is its minimum GPUs); the utility gained and the number of waiting jobs started.
+        The allocation changes only if ``commit``."""
+        if not self.demands:
+            return 0.0, 0
+        table = self._table(kind)
+        allowed = np.array([k is None or k == kind for k in self.kind])
+        held = self.gpus.copy()
+        rows = np.arange(len(self.demands))
+        width = table.shape[1] - 1
+        gain, free = 0.0, gpus + self.free.get(kind, 0)
+        while free > 0:
+            step = np.where(held == 0, self.min_gpus, 1)
+            nxt = np.minimum(held + step, width)
+            du = table[rows, nxt] - table[rows, held]
+            ok = allowed & (held + step <= width) & (step <= free) & np.isfinite(du)
+            rate = np.where(ok, du / step, -np.inf)
+            j = int(np.argmax(rate))
+            if not (rate[j] > 1e-12):
+                break
+            held[j] += step[j]
+            gain += float(du[j])
+            free -= int(step[j])
+        started = int(np.count_nonzero((held > 0) & (self.gpus == 0)))
+        if commit:
+            self.free[kind] = free
+            changed = held != self.gpus
+            for index in np.flatnonzero(changed):
+                self.kind[int(index)] = kind
+            self.gpus = held
+        return gain, started
+
+
+def size_fleet(
+    demands: Sequence[JobDemand],
+    options: Sequence[FleetOption],
+    held: Mapping[str, int],
+    config: SizingConfig,
+    speeds: SpeedTable,
+) -> FleetProposal:
+    """The fleet to hold (see the module docstring). ``held`` counts the instances held now
+    per offering key (launched, ready or not); keys not among ``options`` are proposed at 0.
+    Deterministic: ties go to the lower price, then the key."""
+    usable = [o for o in options if o.available or held.get(o.key, 0) > 0]
+    keys = [o.key for o in usable]
+    if len(set(keys)) != len(keys):
+        raise InvalidInputError("duplicate offering keys", field="options")
+    counts: dict[str, int] = {}
+    if not usable:
+        return FleetProposal({}, 0.0, 0.0, 0.0, "capacity")
+    alloc = _Allocation(demands, config.power)
+    price = 0.0
+    last_eff = math.inf
+    limited_by = "no_demand" if not demands else "efficiency"
+    delay_factor = max(0.0, 1.0 - config.provisioning_delay_s / config.planning_horizon_s)
+    total = 0
+    while total < config.max_instances:
+        best: tuple[float, float, str] | None = None
+        best_option: FleetOption | None = None
+        best_eff = 0.0
+        blocked = ""
+        best_size = 1
+        for o in sorted(usable, key=lambda o: (o.usd_per_hour, o.key)):
+            n = counts.get(o.key, 0)
+            # One instance, or as many as it takes to start a waiting job that needs more.
+            spare = alloc.free.get(o.kind, 0)
+            sizes = {1} | {
+                -(-(m - spare) // o.gpus) for m in alloc.waiting_minimums(o.kind) if m > spare
+            }
+            for size in sorted(sizes):
+                is_held = n + size <= held.get(o.key, 0)
+                if total + size > config.max_instances:
+                    blocked = blocked or "max_instances"
+                    continue
+                if not is_held and (
+                    not o.available or (o.capacity is not None and n + size > o.capacity)
+                ):
+                    blocked = blocked or "capacity"
+                    continue
+                budget = config.budget_usd_per_hour
+                if budget is not None and price + size * o.usd_per_hour > budget + 1e-9:
+                    blocked = "budget"
+                    continue
+                gain, started = alloc.fill(o.kind, size * o.gpus, commit=False)
+                effective = gain * _preemption_factor(o, config)
+                effective *= 1.0 if is_held else delay_factor
+                eff = effective / (size * o.gpus * speeds.relative_speed(o.gpu_type))
+                floor = config.min_efficiency * ((1.0 - config.hysteresis) if is_held else 1.0)
+                if started:  # a waiting job is never left waiting for efficiency's sake
+                    floor = 0.0
+                if total >= config.min_instances and eff < floor:
+                    continue
+                rank = (effective / (size * o.usd_per_hour), -o.usd_per_hour, o.key)
+                if best is None or rank > best:
+                    best, best_option, best_eff, best_size = rank, o, eff, size
+        if best_option is None:
+            if demands and blocked:
+                limited_by = blocked
+            break
+        alloc.fill(best_option.kind, best_size * best_option.gpus, commit=True)
+        counts[best_option.key] = counts.get(best_option.key, 0) + best_size
+        price += best_size * best_option.usd_per_hour
+        last_eff = best_eff
+        total += best_size
+    if total >= config.max_instances and demands:
+        limited_by = "max_instances"
+    gpus_by_job = {d.name: int(g) for d, g in zip(demands, alloc.gpus, strict=True) if g}
+    return FleetProposal(
+        counts,
+        price,
+        alloc.value(),
+        0.0 if math.isinf(last_eff) else last_eff,
+        limited_by,
+        gpus_by_job,
+    )
+
+
+def modelled_value(demands: Sequence[JobDemand], option: FleetOption, count: int) -> float:
+    """The jobs' total modelled value (T4-GPU equivalents, the fairness kernel not applied)
+    on ``count`` instances of ``option`` alone, GPUs handed out as :func:`size_fleet` does
+    (with ``power = 1``)."""
+    alloc = _Allocation(demands, 1.0)
+    alloc.fill(option.kind, count * option.gpus, commit=True)
+    return alloc.value()
+
+
+def _preemption_factor(option: FleetOption, config: SizingConfig) -> float:
+    if option.market != "spot" or option.hazard_per_hour <= 0:
+        return 1.0
+    return max(0.0, 1.0 - option.hazard_per_hour * config.preemption_loss_s / 3600.0)

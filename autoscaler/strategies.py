@@ -1,0 +1,177 @@
+"""Fleet strategies: who decides how many instances of which offering to hold (pure).
+
+A strategy sees a :class:`~autoscaler.sim.cloud.FleetView` each round (the jobs as the policy
+sees them, the ready nodes, what is held, the offerings at the prices in effect) and returns
+instance counts per offering key. The policy then allocates jobs on the fleet it gets. Which
+offerings a strategy may buy from (spot or not, which GPU types) is the offering list it is
+run with, not part of the strategy.
+
+- :class:`FixedFleet` -- a constant fleet (``static-ondemand``: 16 x g4dn.12xlarge).
+- :class:`GoodputSizing` -- :func:`autoscaler.sizing.size_fleet` on the jobs' goodput
+  (``coadapt`` and its variants) or throughput (``throughput-autoscale``, Or et al.,
+  MLSys'20: scale out while an added instance's throughput gain per dollar stays above the
+  threshold, statistical efficiency ignored).
+- :class:`UtilityBand` -- our reading of the Pollux paper's cloud autoscaling
+  (``pollux-autoscale``): one instance type; the fleet grows while the modelled *utility*
+  (T4-GPU equivalents of goodput per GPU held, see :mod:`autoscaler.sizing`) stays above
+  ``high`` and shrinks while it is below ``low``.
+- :class:`PerJobCheapest` -- how SkyPilot-style managed jobs behave (``cheapest-spot``):
+  every active job gets its own instances of the cheapest offering (by price for the GPUs it
+  asked for) that has capacity, released when it finishes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from autoscaler.errors import InvalidInputError
+from autoscaler.gputypes import SpeedTable, default_speed_table
+from autoscaler.jobs import ClusterView, JobView
+from autoscaler.sim.cloud import FleetView
+from autoscaler.sizing import (
+    FleetOption,
+    JobDemand,
+    SizingConfig,
+    ValueKind,
+    job_demand,
+    modelled_value,
+    size_fleet,
+)
+
+__all__ = ["FixedFleet", "GoodputSizing", "PerJobCheapest", "UtilityBand", "demands_of"]
+
+
+def _job_type(job: JobView, cluster: ClusterView) -> str | None:
+    types = {cluster.node(n).gpu_type for n in job.allocation if cluster.index_of(n) is not None}
+    return next(iter(types)) if len(types) == 1 else None
+
+
+def demands_of(
+    view: FleetView,
+    speeds: SpeedTable,
+    *,
+    value: ValueKind = "goodput",
+    growth_factor: int = 5,
+    max_gpus: int = 64,
+) -> list[JobDemand]:
+    """Every active job's value curves over the instance kinds on offer, up to
+    ``growth_factor`` x the most GPUs it has run on (the policy's exploration cap; 1 before
+    any run) and at most ``max_gpus``."""
+    kinds = sorted({o.kind for o in view.options})
+    out = []
+    for job in view.jobs:
+        cap = growth_factor * max(1, job.max_profiled_gpus)
+        cap = max(1, min(cap, max_gpus, job.limits.max_batch_size // job.limits.min_local_bsz))
+        if not job.adaptive:
+            cap = max(1, min(cap, job.requested_gpus))
+        out.append(
+            job_demand(
+                job,
+                kinds,
+                speeds,
+                max_gpus=cap,
+                gpu_type=_job_type(job, view.cluster),
+                value=value,
+            )
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class FixedFleet:
+    """Hold ``counts`` instances per offering key, whatever the jobs."""
+
+    name: str
+    counts: Mapping[str, int]
+
+    def propose(self, view: FleetView) -> Mapping[str, int]:
+        return dict(self.counts)
+
+
+@dataclass
+class GoodputSizing:
+    """:func:`~autoscaler.sizing.size_fleet` every round (see the module docstring)."""
+
+    name: str
+    config: SizingConfig = field(default_factory=SizingConfig)
+    speeds: SpeedTable = field(default_factory=default_speed_table)
+    growth_factor: int = 5
+
+    def propose(self, view: FleetView) -> Mapping[str, int]:
+        demands = demands_of(
+            view, self.speeds, value=self.config.value, growth_factor=self.growth_factor
+        )
+        return dict(size_fleet(demands, view.options, view.held, self.config, self.speeds).counts)
+
+
+@dataclass
+class UtilityBand:
+    """Instances of one offering ``key``, kept where the modelled utility lies in
+    ``[low, high]`` (see the module docstring); at least ``min_instances``."""
+
+    name: str
+    key: str
+    low: float = 0.5
+    high: float = 0.8
+    min_instances: int = 1
+    max_instances: int = 64
+    speeds: SpeedTable = field(default_factory=default_speed_table)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.low < self.high:
+            raise InvalidInputError("need 0 < low < high", field="low")
+
+    def propose(self, view: FleetView) -> Mapping[str, int]:
+        option = next((o for o in view.options if o.key == self.key), None)
+        if option is None:
+            raise InvalidInputError(f"offering {self.key!r} not on offer", field="key")
+        demands = demands_of(view, self.speeds)
+        n = max(self.min_instances, view.held.get(self.key, 0))
+        if not demands:
+            return {self.key: self.min_instances}
+
+        def utility(count: int) -> float:
+            return modelled_value(demands, option, count) / (count * option.gpus)
+
+        while n < self.max_instances and utility(n) > self.high:
+            n += 1
+        while n > self.min_instances and utility(n) < self.low:
+            n -= 1
+        return {self.key: n}
+
+
+@dataclass
+class PerJobCheapest:
+    """Every active job on its own instances of the cheapest offering that fits the GPUs it
+    asked for and has capacity (see the module docstring)."""
+
+    name: str
+
+    def propose(self, view: FleetView) -> Mapping[str, int]:
+        counts: dict[str, int] = {}
+        left = {o.key: (math.inf if o.capacity is None else o.capacity) for o in view.options}
+        usable = [o for o in view.options if o.available]
+        for job in sorted(view.jobs, key=lambda j: (j.submit_time_s, j.name)):
+            choice = _cheapest(usable, max(1, job.requested_gpus), left)
+            if choice is None:
+                continue
+            option, n = choice
+            counts[option.key] = counts.get(option.key, 0) + n
+            left[option.key] -= n
+        return counts
+
+
+def _cheapest(
+    options: Sequence[FleetOption], gpus: int, left: Mapping[str, float]
+) -> tuple[FleetOption, int] | None:
+    best: tuple[float, str, FleetOption, int] | None = None
+    for o in options:
+        n = -(-gpus // o.gpus)
+        if left[o.key] < n:
+            continue
+        rank = (n * o.usd_per_hour, o.key)
+        if best is None or rank < best[:2]:
+            best = (rank[0], rank[1], o, n)
+    return None if best is None else (best[2], best[3])

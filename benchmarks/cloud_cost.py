@@ -1,0 +1,171 @@
+"""Fleet strategies side by side on priced, preemptible cloud offerings (cost vs JCT).
+
+    python benchmarks/cloud_cost.py --experiment E1|E2|E3 [--spot-trace FAMILY=FILE]
+        [--workloads N] [--budget USD_PER_HOUR] [--min-efficiency X] [-j 2] --out FILE
+
+Experiments (offerings, traces and strategies: :mod:`autoscaler.sim.experiments`):
+
+- ``E1``: one ImageNet job (the Pollux paper's cloud experiment): ``pollux-autoscale``,
+  ``throughput-autoscale``, ``coadapt-ondemand``, ``coadapt``;
+- ``E2``: the eight 1.0x paper workloads on g4dn + p3 offerings with the Bamboo g4dn and p3
+  spot traces: ``static-ondemand``, ``pollux-autoscale``, ``throughput-autoscale``,
+  ``cheapest-spot``, ``coadapt``;
+- ``E3``: the same workloads with g4dn + p3 + p4d offerings: ``coadapt`` and its single-type
+  variants ``coadapt-t4``, ``coadapt-v100``, ``coadapt-a100``.
+
+Writes ``{"experiment": str, "strategies": {"<name>": {"cost_usd", "mean_jct_s",
+"p99_jct_s", "preemptions", "instance_hours", "per_workload": {...}}}, "ratios": {...}}``
+(costs and instance-hours summed over workloads; ``mean_jct_s`` the mean over workloads of
+each workload's mean JCT, as in ``paper_sim.py``) and prints the ratios the acceptance
+criteria name. ``--workloads N`` runs only the first N workloads (a quick look).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import numpy as np
+
+from autoscaler.costs import summarize
+from autoscaler.policy import make_policy
+from autoscaler.sim.config import SimConfig
+from autoscaler.sim.engine import Simulator
+from autoscaler.sim.experiments import EXPERIMENTS, build_run, e1_workload, load_traces
+from autoscaler.sim.runner import paper_workloads
+from autoscaler.sim.workload import load_workload
+from autoscaler.sizing import SizingConfig
+from coadapt_common.atomic import write_json_atomic
+
+
+def _one(task: tuple) -> dict:
+    experiment, strategy, workload, traces_files, budget, min_eff = task
+    traces = load_traces(traces_files) if traces_files else None
+    sizing = SizingConfig(budget_usd_per_hour=budget, min_efficiency=min_eff)
+    run = build_run(experiment, strategy, traces=traces, sizing=sizing)
+    jobs = e1_workload() if workload == "E1" else load_workload(workload).jobs
+    t0 = time.perf_counter()
+    result = Simulator(
+        jobs, make_policy(run.policy), SimConfig(cloud=run.cloud), workload_name=str(workload)
+    ).run()
+    assert result.cost is not None and result.fleet is not None
+    totals = summarize(result.cost)
+    return {
+        "strategy": strategy,
+        "workload": Path(str(workload)).stem,
+        "cost_usd": totals.total_usd,
+        "instance_hours": totals.instance_hours,
+        "mean_jct_s": float(result.jcts_s.mean()),
+        "jcts_s": [float(x) for x in result.jcts_s],
+        "preemptions": int(result.fleet["preemptions"]),
+        "peak_usd_per_hour": result.fleet["peak_usd_per_hour"],
+        "wall_s": time.perf_counter() - t0,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--experiment", required=True, choices=sorted(EXPERIMENTS))
+    ap.add_argument("--spot-trace", action="append", default=[], metavar="FAMILY=FILE")
+    ap.add_argument("--workloads", type=int, default=8)
+    ap.add_argument("--budget", type=float, default=None, help="fleet budget, USD per hour")
+    ap.add_argument("--min-efficiency", type=float, default=SizingConfig().min_efficiency)
+    ap.add_argument("-j", "--jobs", type=int, default=2)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    traces = {}
+    for item in args.spot_trace:
+        family, sep, path = item.partition("=")
+        if not sep or not Path(path).is_file():
+            ap.error(f"--spot-trace wants FAMILY=FILE with an existing file, got {item!r}")
+        traces[family] = path
+    if traces:
+        load_traces(traces)  # fail before any simulation on a bad trace
+    workloads: list[str] = (
+        ["E1"]
+        if args.experiment == "E1"
+        else [str(p) for p in paper_workloads("1.0")[: args.workloads]]
+    )
+    names = EXPERIMENTS[args.experiment]
+    tasks = [
+        (args.experiment, s, w, traces or None, args.budget, args.min_efficiency)
+        for s in names
+        for w in workloads
+    ]
+    started = time.perf_counter()
+    rows = []
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        for row in pool.map(_one, tasks):
+            rows.append(row)
+            print(
+                f"  {row['strategy']:22s} {row['workload']:12s} ${row['cost_usd']:10.2f} "
+                f"mean JCT {row['mean_jct_s']:8.0f} s  preemptions {row['preemptions']:3d}  "
+                f"({row['wall_s']:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
+    out: dict = {"experiment": args.experiment, "strategies": {}}
+    for s in names:
+        mine = [r for r in rows if r["strategy"] == s]
+        out["strategies"][s] = {
+            "cost_usd": round(sum(r["cost_usd"] for r in mine), 2),
+            "mean_jct_s": float(np.mean([r["mean_jct_s"] for r in mine])),
+            "p99_jct_s": float(np.percentile([j for r in mine for j in r["jcts_s"]], 99)),
+            "preemptions": sum(r["preemptions"] for r in mine),
+            "instance_hours": sum(r["instance_hours"] for r in mine),
+            "peak_usd_per_hour": max(r["peak_usd_per_hour"] for r in mine),
+            "per_workload": {
+                r["workload"]: {"cost_usd": r["cost_usd"], "mean_jct_s": r["mean_jct_s"]}
+                for r in mine
+            },
+        }
+    out["ratios"] = _ratios(args.experiment, out["strategies"])
+    out["elapsed_s"] = time.perf_counter() - started
+    write_json_atomic(args.out, out)
+    for s, v in out["strategies"].items():
+        print(
+            f"{s:22s} cost ${v['cost_usd']:10.2f}  mean JCT {v['mean_jct_s']:8.0f} s  "
+            f"p99 {v['p99_jct_s']:8.0f} s  instance-h {v['instance_hours']:8.1f}  "
+            f"preemptions {v['preemptions']}"
+        )
+    for k, v in out["ratios"].items():
+        print(f"{k}: cost {v['cost']:.3f}, mean JCT {v['mean_jct']:.3f}")
+    return 0
+
+
+def _ratios(experiment: str, s: dict) -> dict:
+    def ratio(a: str, b: str) -> dict:
+        return {
+            "cost": s[a]["cost_usd"] / s[b]["cost_usd"],
+            "mean_jct": s[a]["mean_jct_s"] / s[b]["mean_jct_s"],
+        }
+
+    if experiment == "E1":
+        return {
+            "coadapt-ondemand / throughput-autoscale": ratio(
+                "coadapt-ondemand", "throughput-autoscale"
+            ),
+            "coadapt / throughput-autoscale": ratio("coadapt", "throughput-autoscale"),
+            "coadapt / pollux-autoscale": ratio("coadapt", "pollux-autoscale"),
+        }
+    if experiment == "E2":
+        return {
+            "coadapt / static-ondemand": ratio("coadapt", "static-ondemand"),
+            "coadapt / cheapest-spot": ratio("coadapt", "cheapest-spot"),
+            "coadapt / pollux-autoscale": ratio("coadapt", "pollux-autoscale"),
+            "coadapt / throughput-autoscale": ratio("coadapt", "throughput-autoscale"),
+        }
+    return {
+        f"coadapt / {v}": ratio("coadapt", v)
+        for v in ("coadapt-t4", "coadapt-v100", "coadapt-a100")
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())

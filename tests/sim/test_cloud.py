@@ -1,0 +1,175 @@
+"""Cloud mode of the simulator: provisioning, preemptions with and without notice, capacity
+from traces, the budget, and the cost ledger's totals against price x time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from autoscaler.costs import job_costs, summarize, usd_to_cents
+from autoscaler.errors import InvalidInputError
+from autoscaler.jobs import JobSpec, OfferingRef
+from autoscaler.policy import make_policy
+from autoscaler.pricing import ConstantPrice, StepPriceSeries
+from autoscaler.sim.cloud import BudgetExceededError, CloudConfig, CloudOffering
+from autoscaler.sim.config import SimConfig
+from autoscaler.sim.engine import Simulator
+from autoscaler.sim.experiments import EXPERIMENTS, build_run
+from autoscaler.sizing import SizingConfig
+from autoscaler.strategies import FixedFleet, GoodputSizing
+
+T4_OD = OfferingRef("aws", "g4dn.12xlarge", "use1-az1", "on-demand")
+T4_SPOT = OfferingRef("aws", "g4dn.12xlarge", "use1-az1", "spot")
+JOBS = (
+    JobSpec("cifar10-0", "cifar10", 0.0, 4, 512),
+    JobSpec("ncf-0", "ncf", 300.0, 1, 256),
+)
+
+
+@dataclass(frozen=True)
+class At:
+    """Every instance of the offering is preempted ``after_s`` after its launch (once: the
+    replacement lives on)."""
+
+    after_s: float
+
+    def preemption_time_s(self, instance_id: str, launched_at_s: float) -> float | None:
+        return launched_at_s + self.after_s if instance_id.endswith("00001") else None
+
+    def capacity_at(self, t_s: float) -> int | None:
+        return None
+
+    def capacity_changes(self, t0_s: float, t1_s: float) -> list[tuple[float, int]]:
+        return []
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """Two instances until ``drop_s``, one after."""
+
+    drop_s: float
+
+    def preemption_time_s(self, instance_id: str, launched_at_s: float) -> float | None:
+        return None
+
+    def capacity_at(self, t_s: float) -> int | None:
+        return 2 if t_s < self.drop_s else 1
+
+    def capacity_changes(self, t0_s: float, t1_s: float) -> list[tuple[float, int]]:
+        return [(self.drop_s, 1)] if t0_s < self.drop_s <= t1_s else []
+
+
+def offering(ref=T4_OD, price=3.912, **kw) -> CloudOffering:
+    return CloudOffering(ref, "T4", 4, ConstantPrice(price), ondemand_usd_per_hour=3.912, **kw)
+
+
+def run(offerings, strategy, jobs=JOBS, policy="coadapt", **kw):
+    cloud = CloudConfig(tuple(offerings), strategy, **kw)
+    return Simulator(jobs, make_policy(policy), SimConfig(cloud=cloud)).run()
+
+
+def test_fixed_fleet_costs_price_times_time_to_the_cent_and_nothing_runs_before_provisioning():
+    r = run([offering()], FixedFleet("two", {T4_OD.key: 2}))
+    assert r.cost is not None
+    end = r.cost.closed_s
+    assert usd_to_cents(summarize(r.cost).total_usd) == usd_to_cents(2 * 3.912 * end / 3600)
+    first_use = min(u.t0_s for job in r.cost.jobs for u in job.usages)
+    assert first_use >= 120.0  # the default provisioning delay
+    s = summarize(r.cost)
+    assert s.attributed_usd + s.idle_usd == pytest.approx(s.total_usd)
+    assert sum(j.cost_usd for j in job_costs(r.cost)) == pytest.approx(s.attributed_usd)
+    assert {j.job_id for j in job_costs(r.cost)} == {"cifar10-0", "ncf-0"}
+    assert all(j.finished_s is not None for j in job_costs(r.cost))
+
+
+def test_a_spot_price_change_is_billed_from_the_round_it_takes_effect():
+    series = StepPriceSeries.from_points([(0.0, 1.0), (600.0, 2.0)])
+    ref = T4_SPOT
+    r = run([CloudOffering(ref, "T4", 4, series)], FixedFleet("one", {ref.key: 1}))
+    assert r.cost is not None
+    end = r.cost.closed_s
+    assert end > 600
+    expected = 1.0 * 600 / 3600 + 2.0 * (end - 600) / 3600
+    assert usd_to_cents(summarize(r.cost).total_usd) == usd_to_cents(expected)
+
+
+def test_a_preemption_stops_the_job_and_costs_progress_only_without_enough_notice():
+    # Tiresias keeps the job's GPUs fixed: no planned restart writes a checkpoint before the
+    # preemption at 930 s (mid-round), and periodic checkpoints come every hour.
+    fleet = FixedFleet("one", {T4_SPOT.key: 1})
+    jobs = JOBS[:1]
+
+    def go(notice_s: float):
+        o = offering(T4_SPOT, 1.3, preemption=At(930.0), notice_s=notice_s)
+        return run([o], fleet, jobs=jobs, policy="tiresias", checkpoint_interval_s=3600.0)
+
+    ok, short = go(120.0), go(5.0)
+    for r in (ok, short):
+        assert r.fleet is not None and r.fleet["preemptions"] == 1
+        assert r.cost is not None and summarize(r.cost).preemptions == 1
+        assert r.jobs[0].restarts == 1
+    # Without time to write a checkpoint the job redoes its ~800 s of work since the start.
+    assert short.jobs[0].jct_s > ok.jobs[0].jct_s + 600
+    assert go(120.0).jobs == ok.jobs  # deterministic
+
+
+def test_trace_capacity_preempts_the_newest_instance_and_refuses_launches_above_it():
+    fleet = FixedFleet("three", {T4_SPOT.key: 3})
+    r = run([offering(T4_SPOT, 1.3, preemption=Capacity(1200.0))], fleet)
+    assert r.fleet is not None
+    assert r.fleet["capacity_errors"] >= 1  # the third launch, and relaunches after the drop
+    assert r.fleet["preemptions"] == 1
+    assert r.cost is not None
+    preempted = [i for i in r.cost.instances if i.end_reason == "preempted"]
+    assert len(preempted) == 1 and preempted[0].ended_s == pytest.approx(1200.0)
+    assert preempted[0].instance_id == max(i.instance_id for i in r.cost.instances[:2])
+
+
+def test_goodput_sizing_keeps_the_budget_at_every_round_and_a_tiny_budget_is_refused():
+    sizing = GoodputSizing("coadapt", SizingConfig(budget_usd_per_hour=5.0))
+    r = run([offering()], sizing, budget_usd_per_hour=5.0)
+    assert r.fleet is not None and r.fleet["peak_usd_per_hour"] <= 5.0
+    with pytest.raises(InvalidInputError, match="below the cheapest"):
+        run([offering()], sizing, budget_usd_per_hour=3.0)
+    # A strategy that ignores the budget is caught by the simulator.
+    with pytest.raises(BudgetExceededError):
+        run([offering()], FixedFleet("two", {T4_OD.key: 2}), budget_usd_per_hour=5.0)
+
+
+def test_goodput_sizing_grows_for_work_and_releases_when_idle():
+    jobs = (JobSpec("cifar10-0", "cifar10", 0.0, 4, 512), JobSpec("ncf-1", "ncf", 4000.0, 1, 256))
+    r = run([offering()], GoodputSizing("coadapt"), jobs=jobs)
+    assert r.cost is not None
+    ends = sorted(i.ended_s for i in r.cost.instances)
+    # Between the two jobs the fleet was released: some instance ended before the second job.
+    assert ends[0] < 4000.0
+    assert all(j.finished_s is not None for j in job_costs(r.cost))
+
+
+def test_experiment_runs_are_built_from_the_shipped_catalogue_and_traces():
+    for experiment, names in EXPERIMENTS.items():
+        for name in names:
+            cr = build_run(experiment, name)
+            assert cr.cloud.offerings
+            assert all(o.price.price_at(0.0) > 0 for o in cr.cloud.offerings)
+    e2 = build_run("E2", "coadapt")
+    spot = [o for o in e2.cloud.offerings if o.ref.market == "spot"]
+    assert spot and all(o.preemption is not None for o in spot)
+    with pytest.raises(InvalidInputError, match="no strategy"):
+        build_run("E1", "cheapest-spot")
+
+
+def test_results_json_carries_the_cost_record_for_cost_reports(tmp_path):
+    from typer.testing import CliRunner
+
+    from autoscaler.cli import app
+    from autoscaler.sim.results import write_results_json
+
+    r = run([offering()], FixedFleet("two", {T4_OD.key: 2}))
+    path = tmp_path / "result.json"
+    write_results_json(path, [r])
+    out = CliRunner().invoke(app, ["cost", "report", str(path), "--format", "json"])
+    assert out.exit_code == 0, out.output
+    assert r.cost is not None
+    assert str(usd_to_cents(summarize(r.cost).total_usd)) in out.output

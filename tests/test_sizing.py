@@ -1,0 +1,180 @@
+"""Goodput-per-dollar fleet sizing (autoscaler.sizing): literal fleets, the budget, markets,
+GPU types, hysteresis, and value curves from real goodput models."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from autoscaler.errors import InvalidInputError
+from autoscaler.gputypes import default_speed_table
+from autoscaler.sizing import (
+    FleetOption,
+    JobDemand,
+    SizingConfig,
+    job_demand,
+    modelled_value,
+    size_fleet,
+)
+from tests.policy.conftest import model, view
+
+SPEEDS = default_speed_table()
+T4_OD = FleetOption("aws/g4dn.12xlarge/use1-az1/on-demand", "T4", 4, "on-demand", 3.912)
+T4_SPOT = FleetOption("aws/g4dn.12xlarge/use1-az1/spot", "T4", 4, "spot", 1.3, 0.01)
+
+
+def linear(name: str, gpus: int, per_gpu: float = 1.0, kind=("T4", 4)) -> JobDemand:
+    """A job that scales perfectly up to ``gpus`` GPUs."""
+    return JobDemand(name, {kind: tuple(per_gpu * min(g, gpus) for g in range(1, 65))})
+
+
+def test_perfectly_scaling_jobs_get_exactly_their_gpus() -> None:
+    demands = [linear("a", 8), linear("b", 4)]
+    p = size_fleet(demands, [T4_OD], {}, SizingConfig(), SPEEDS)
+    assert dict(p.counts) == {T4_OD.key: 3}
+    assert p.gpus_by_job == {"a": 8, "b": 4}
+    assert p.value == pytest.approx(12.0)
+    assert p.usd_per_hour == pytest.approx(3 * 3.912)
+    assert p.limited_by == "efficiency"
+
+
+def test_no_jobs_no_fleet_unless_a_minimum_is_asked() -> None:
+    assert dict(size_fleet([], [T4_OD], {}, SizingConfig(), SPEEDS).counts) == {}
+    p = size_fleet([], [T4_OD], {}, SizingConfig(min_instances=2), SPEEDS)
+    assert dict(p.counts) == {T4_OD.key: 2}
+
+
+def test_the_efficiency_floor_stops_a_job_that_stops_scaling() -> None:
+    # Each GPU beyond the fourth adds a tenth of a GPU's work: the second instance returns
+    # 0.1 of the first's value per dollar, below the default floor of 0.5.
+    curve = tuple(min(g, 4) + 0.1 * max(0, g - 4) for g in range(1, 33))
+    p = size_fleet([JobDemand("a", {("T4", 4): curve})], [T4_OD], {}, SizingConfig(), SPEEDS)
+    assert dict(p.counts) == {T4_OD.key: 1}
+    assert p.limited_by == "efficiency"
+    low = size_fleet(
+        [JobDemand("a", {("T4", 4): curve})], [T4_OD], {}, SizingConfig(min_efficiency=0.05), SPEEDS
+    )
+    assert low.counts[T4_OD.key] == 8
+
+
+def test_budget_holds_and_a_budget_below_one_instance_buys_nothing() -> None:
+    demands = [linear(f"j{i}", 4) for i in range(10)]
+    p = size_fleet(demands, [T4_OD], {}, SizingConfig(budget_usd_per_hour=10.0), SPEEDS)
+    assert p.counts[T4_OD.key] == 2 and p.usd_per_hour <= 10.0
+    assert p.limited_by == "budget"
+    none = size_fleet(demands, [T4_OD], {}, SizingConfig(budget_usd_per_hour=3.0), SPEEDS)
+    assert dict(none.counts) == {} and none.limited_by == "budget"
+
+
+def test_spot_wins_when_cheap_and_on_demand_when_preemptions_eat_the_saving() -> None:
+    demands = [linear("a", 4)]
+    p = size_fleet(demands, [T4_OD, T4_SPOT], {}, SizingConfig(), SPEEDS)
+    assert dict(p.counts) == {T4_SPOT.key: 1}
+    # 10 preemptions an hour at 300 s lost each: the spot instance does ~nothing.
+    flaky = FleetOption(T4_SPOT.key, "T4", 4, "spot", 1.3, hazard_per_hour=10.0)
+    p = size_fleet(demands, [T4_OD, flaky], {}, SizingConfig(), SPEEDS)
+    assert dict(p.counts) == {T4_OD.key: 1}
+
+
+def test_each_job_goes_to_the_gpu_type_that_pays_for_it() -> None:
+    a100 = FleetOption("aws/p4d.24xlarge/use1-az1/on-demand", "A100", 8, "on-demand", 21.96)
+    t4 = FleetOption("aws/g4dn.2xlarge/use1-az1/on-demand", "T4", 1, "on-demand", 0.752)
+    # "fast" runs 12x faster on an A100 than on a T4; "slow" only 1.5x (per GPU, linear).
+    fast = JobDemand(
+        "fast",
+        {
+            ("A100", 8): tuple(12.0 * min(g, 8) for g in range(1, 9)),
+            ("T4", 1): tuple(float(min(g, 8)) for g in range(1, 9)),
+        },
+    )
+    slow = JobDemand(
+        "slow",
+        {
+            ("A100", 8): tuple(1.5 * min(g, 2) for g in range(1, 9)),
+            ("T4", 1): tuple(float(min(g, 2)) for g in range(1, 9)),
+        },
+    )
+    p = size_fleet([fast, slow], [a100, t4], {}, SizingConfig(), SPEEDS)
+    assert dict(p.counts) == {a100.key: 1, t4.key: 2}
+    assert p.gpus_by_job == {"fast": 8, "slow": 2}
+
+
+def test_held_instances_stay_inside_the_hysteresis_band() -> None:
+    # The second instance returns 0.45 of the reference value per dollar: below the 0.5 floor
+    # for a new instance, above 0.5 x (1 - 0.2) = 0.4 for one already held.
+    curve = tuple(min(g, 4) + 0.45 * max(0, min(g, 8) - 4) for g in range(1, 17))
+    demands = [JobDemand("a", {("T4", 4): curve})]
+    cfg = SizingConfig(provisioning_delay_s=0.0)
+    assert size_fleet(demands, [T4_OD], {}, cfg, SPEEDS).counts[T4_OD.key] == 1
+    assert size_fleet(demands, [T4_OD], {T4_OD.key: 2}, cfg, SPEEDS).counts[T4_OD.key] == 2
+
+
+def test_unavailable_and_capacity_limited_offerings_are_routed_around() -> None:
+    spot = FleetOption(T4_SPOT.key, "T4", 4, "spot", 1.3, capacity=1)
+    demands = [linear("a", 12)]
+    p = size_fleet(demands, [T4_OD, spot], {}, SizingConfig(), SPEEDS)
+    assert dict(p.counts) == {spot.key: 1, T4_OD.key: 2}
+    gone = FleetOption(T4_SPOT.key, "T4", 4, "spot", 1.3, available=False)
+    p = size_fleet(demands, [T4_OD, gone], {}, SizingConfig(), SPEEDS)
+    assert dict(p.counts) == {T4_OD.key: 3}
+
+
+def test_waiting_jobs_need_their_minimum_at_once() -> None:
+    big = JobDemand("big", {("T4", 4): tuple(float(g) for g in range(1, 9))}, min_gpus=8)
+    small = FleetOption("aws/g4dn.xlarge/use1-az1/on-demand", "T4", 4, "on-demand", 3.912)
+    p = size_fleet([big], [small], {}, SizingConfig(max_instances=1), SPEEDS)
+    assert dict(p.counts) == {}  # one 4-GPU instance cannot start an 8-GPU job
+    p = size_fleet([big], [small], {}, SizingConfig(min_efficiency=0.0), SPEEDS)
+    assert p.gpus_by_job == {"big": 8}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(1, 16), min_size=0, max_size=8),
+    st.floats(0.0, 60.0),
+    st.integers(0, 6),
+)
+def test_budget_and_max_instances_hold_for_any_demand(
+    wants: list[int], budget: float, cap: int
+) -> None:
+    demands = [linear(f"j{i}", w) for i, w in enumerate(wants)]
+    cfg = SizingConfig(budget_usd_per_hour=budget, max_instances=cap)
+    p = size_fleet(demands, [T4_OD, T4_SPOT], {}, cfg, SPEEDS)
+    assert p.usd_per_hour <= budget + 1e-9
+    assert sum(p.counts.values()) <= cap
+    assert sum(p.gpus_by_job.values()) <= sum(n * 4 for n in p.counts.values())
+    again = size_fleet(demands, [T4_OD, T4_SPOT], {}, cfg, SPEEDS)
+    assert again == p
+
+
+def test_value_curves_from_goodput_models_scale_and_respect_statistical_efficiency() -> None:
+    job = view("a", model=model(0.001), profiled=4)
+    kinds = [("T4", 4), ("A100", 8)]
+    d = job_demand(job, kinds, SPEEDS, max_gpus=16)
+    t4 = d.curves[("T4", 4)]
+    assert t4[0] == pytest.approx(1.0)  # units: the job's goodput on one T4
+    assert all(b >= a for a, b in itertools.pairwise(t4))
+    assert d.curves[("A100", 8)][0] > 1.5 * t4[0]  # the ratio rule: an A100 is faster
+    # Throughput ignores statistical efficiency, so it never values a GPU less.
+    tp = job_demand(job, kinds, SPEEDS, max_gpus=16, value="throughput").curves[("T4", 4)]
+    assert tp[15] / tp[0] >= t4[15] / t4[0] - 1e-9
+    # A job never profiled is valued linearly up to what it asked for.
+    new = job_demand(view("b", requested=2), kinds, SPEEDS, max_gpus=4)
+    assert new.curves[("T4", 4)] == (1.0, 2.0, 2.0, 2.0)
+
+
+def test_modelled_value_and_bad_input() -> None:
+    assert modelled_value([linear("a", 6)], T4_OD, 2) == pytest.approx(6.0)
+    with pytest.raises(InvalidInputError, match="price"):
+        FleetOption("k", "T4", 4, "spot", -1.0)
+    with pytest.raises(InvalidInputError, match="market"):
+        FleetOption("k", "T4", 4, "reserved", 1.0)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError):
+        SizingConfig(budget_usd_per_hour=-1.0)
+    with pytest.raises(InvalidInputError, match="duplicate"):
+        size_fleet([], [T4_OD, T4_OD], {}, SizingConfig(), SPEEDS)
+    assert math.isfinite(size_fleet([linear("a", 4)], [T4_OD], {}, SizingConfig(), SPEEDS).value)
