@@ -7,7 +7,8 @@ per instance): its goodput on ``g`` GPUs of that type packed onto the fewest ins
 units of its goodput on one GPU of the reference type (T4): "T4-GPU equivalents of useful
 work" (:func:`job_demand`). A job's curve on a type comes from its fitted model there, else the
 ratio rule (:func:`autoscaler.gputypes.estimate_model`); shapes on more instances than the
-job has run on are valued at the better of its fit and its fit with the inter-node sync taken
+job has run on (or on several instances with more GPUs than it has run on) are valued at the
+better of its fit and its fit with the inter-node sync taken
 as the intra-node one (:func:`~autoscaler.goodput.optimistic_internode`: a fleet that never
 offers a second instance would never learn what it is worth); a job with no profile yet is valued at
 ``min(g, requested GPUs) x`` the type's generic speed. With ``value="throughput"`` the curves
@@ -18,7 +19,9 @@ the ``coadapt`` and ``throughput-autoscale`` strategies.
 **Growing a fleet** (:func:`size_fleet`). Starting from no instances, repeatedly price one more
 instance of every offering: its *marginal value* is what the jobs gain when its GPUs are handed,
 one at a time, to the job whose fairness-kernel value ``U_p`` rises most per GPU (a job takes
-one GPU type; a waiting job needs its minimum GPUs at once). Its *effective* value discounts
+one GPU type; a waiting job needs its minimum GPUs at once; a value curve is taken along its
+least concave majorant, so that a dip at the first multi-instance shape does not hide the
+larger shapes beyond it). Its *effective* value discounts
 
 - spot preemptions: ``x max(0, 1 - hazard_per_hour x preemption_loss_s / 3600)`` (each
   preemption costs the restart, the progress since the last checkpoint and the replacement's
@@ -200,11 +203,12 @@ def _curve(
     value: ValueKind,
     scale: float,
     profiled_nodes: int,
+    profiled_gpus: int,
 ) -> tuple[float, ...]:
     g = np.arange(1, max_gpus + 1)
     nodes = -(-g // per_node)
     raw = _raw(model, nodes, g, value)
-    unseen = nodes > max(1, profiled_nodes)
+    unseen = (nodes > max(1, profiled_nodes)) | ((nodes > 1) & (g > profiled_gpus))
     if unseen.any():
         hopeful = _raw(optimistic_internode(model), nodes, g, value)
         raw = np.where(unseen, np.maximum(raw, hopeful), raw)
@@ -246,11 +250,31 @@ def job_demand(
     scale = max(base, 1e-12)
     for kind in kinds:
         model = models.get(kind[0]) or estimate_model(models, kind[0], speeds).model
-        curves[kind] = _curve(model, kind[1], max_gpus, value, scale, job.max_profiled_nodes)
+        curves[kind] = _curve(
+            model, kind[1], max_gpus, value, scale, job.max_profiled_nodes, job.max_profiled_gpus
+        )
     return JobDemand(job.name, curves, min_gpus, gpu_type)
 
 
 # ---- growing the fleet ----------------------------------------------------------------------
+
+
+def _upper_hull(curve: Sequence[float]) -> np.ndarray:
+    """The least concave majorant of ``(0, 0), (1, curve[0]), (2, curve[1]), ...`` at ``g = 1,
+    2, ...``: a job whose value dips across an instance boundary (a slow first multi-instance
+    shape) is handed GPUs along the line to its better, larger shapes."""
+    points = [(0, 0.0)] + [(g + 1, float(v)) for g, v in enumerate(curve)]
+    hull: list[tuple[int, float]] = []
+    for p in points:
+        while len(hull) >= 2:
+            (x1, y1), (x2, y2) = hull[-2], hull[-1]
+            if (y2 - y1) * (p[0] - x1) <= (p[1] - y1) * (x2 - x1):
+                hull.pop()
+            else:
+                break
+        hull.append(p)
+    xs, ys = zip(*hull, strict=True)
+    return np.interp(np.arange(1, len(curve) + 1), xs, ys)
 
 
 def _kernel(x: np.ndarray, power: float) -> np.ndarray:
@@ -290,7 +314,7 @@ class _Allocation:
                 if curve is None or (d.gpu_type is not None and d.gpu_type != kind[0]):
                     continue
                 table[j, 0] = _kernel(np.zeros(1), self.power)[0]
-                table[j, 1 : len(curve) + 1] = _kernel(np.asarray(curve), self.power)
+                table[j, 1 : len(curve) + 1] = _kernel(_upper_hull(curve), self.power)
             self._tables[kind] = table
         return table
 
@@ -318,7 +342,8 @@ class _Allocation:
         while free > 0:
             step = np.where(held == 0, self.min_gpus, 1)
             nxt = np.minimum(held + step, width)
-            du = table[rows, nxt] - table[rows, held]
+            with np.errstate(invalid="ignore"):
+                du = table[rows, nxt] - table[rows, held]
             ok = allowed & (held + step <= width) & (step <= free) & np.isfinite(du)
             rate = np.where(ok, du / step, -np.inf)
             j = int(np.argmax(rate))
@@ -366,6 +391,7 @@ def size_fleet(
         best_eff = 0.0
         blocked = ""
         best_size = 1
+        gains: dict[tuple[tuple[str, int], int], tuple[float, int]] = {}
         for o in sorted(usable, key=lambda o: (o.usd_per_hour, o.key)):
             n = counts.get(o.key, 0)
             # One instance, or as many as it takes to start a waiting job that needs more.
@@ -387,7 +413,10 @@ def size_fleet(
                 if budget is not None and price + size * o.usd_per_hour > budget + 1e-9:
                     blocked = "budget"
                     continue
-                gain, started = alloc.fill(o.kind, size * o.gpus, commit=False)
+                fill_key = (o.kind, size)
+                if fill_key not in gains:  # offerings of one kind differ only in price
+                    gains[fill_key] = alloc.fill(o.kind, size * o.gpus, commit=False)
+                gain, started = gains[fill_key]
                 effective = gain * _preemption_factor(o, config)
                 effective *= 1.0 if is_held else delay_factor
                 eff = effective / (size * o.gpus * speeds.relative_speed(o.gpu_type))

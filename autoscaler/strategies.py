@@ -55,27 +55,43 @@ def demands_of(
     value: ValueKind = "goodput",
     growth_factor: int = 5,
     max_gpus: int = 64,
+    cache: dict[str, tuple[tuple, JobDemand]] | None = None,
 ) -> list[JobDemand]:
     """Every active job's value curves over the instance kinds on offer, up to
     ``growth_factor`` x the most GPUs it has run on (the policy's exploration cap; 1 before
-    any run) and at most ``max_gpus``."""
-    kinds = sorted({o.kind for o in view.options})
+    any run) and at most ``max_gpus``. With a ``cache`` (by job name), a job's curves are
+    rebuilt only when what they depend on changed (its models, caps, type, profile)."""
+    kinds = tuple(sorted({o.kind for o in view.options}))
     out = []
     for job in view.jobs:
         cap = growth_factor * max(1, job.max_profiled_gpus)
         cap = max(1, min(cap, max_gpus, job.limits.max_batch_size // job.limits.min_local_bsz))
         if not job.adaptive:
             cap = max(1, min(cap, job.requested_gpus))
-        out.append(
-            job_demand(
-                job,
-                kinds,
-                speeds,
-                max_gpus=cap,
-                gpu_type=_job_type(job, view.cluster),
-                value=value,
-            )
+        gpu_type = _job_type(job, view.cluster)
+        key = (
+            kinds,
+            cap,
+            gpu_type,
+            value,
+            job.model,
+            tuple(sorted(job.models.items())),
+            job.max_profiled_nodes,
+            job.max_profiled_gpus,
+            job.requested_gpus,
         )
+        hit = cache.get(job.name) if cache is not None else None
+        if hit is not None and hit[0] == key:
+            out.append(hit[1])
+            continue
+        demand = job_demand(job, kinds, speeds, max_gpus=cap, gpu_type=gpu_type, value=value)
+        if cache is not None:
+            cache[job.name] = (key, demand)
+        out.append(demand)
+    if cache is not None and len(cache) > 4 * max(1, len(view.jobs)):
+        live = {job.name for job in view.jobs}
+        for name in [n for n in cache if n not in live]:
+            del cache[name]
     return out
 
 
@@ -98,10 +114,15 @@ class GoodputSizing:
     config: SizingConfig = field(default_factory=SizingConfig)
     speeds: SpeedTable = field(default_factory=default_speed_table)
     growth_factor: int = 5
+    _cache: dict[str, tuple[tuple, JobDemand]] = field(default_factory=dict, repr=False)
 
     def propose(self, view: FleetView) -> Mapping[str, int]:
         demands = demands_of(
-            view, self.speeds, value=self.config.value, growth_factor=self.growth_factor
+            view,
+            self.speeds,
+            value=self.config.value,
+            growth_factor=self.growth_factor,
+            cache=self._cache,
         )
         return dict(size_fleet(demands, view.options, view.held, self.config, self.speeds).counts)
 

@@ -52,7 +52,10 @@ def _one(task: tuple) -> dict:
     jobs = e1_workload() if workload == "E1" else load_workload(workload).jobs
     t0 = time.perf_counter()
     result = Simulator(
-        jobs, make_policy(run.policy), SimConfig(cloud=run.cloud), workload_name=str(workload)
+        jobs,
+        make_policy(run.policy, **run.policy_options),
+        SimConfig(cloud=run.cloud),
+        workload_name=str(workload),
     ).run()
     assert result.cost is not None and result.fleet is not None
     totals = summarize(result.cost)

@@ -141,7 +141,11 @@ class CoadaptOptions:
     ``explore_nodes``: value shapes on more nodes than the job has run on with its inter-node
     sync taken as intra-node;
     ``exploration_factor``: GPU cap as a multiple of the most GPUs a job has run on;
-    ``max_gpus_per_job``: hard cap; ``solver``: ``"lagrange"`` or ``"milp"``.
+    ``max_gpus_per_job``: hard cap; ``solver``: ``"lagrange"`` or ``"milp"``;
+    ``batch_rule``: ``"goodput"`` (the goodput-optimal configuration) or ``"linear"`` (the
+    user's per-GPU batch, ``batch_size / num_replicas`` of the job spec, times the GPUs given:
+    how throughput-driven elastic training scales, Or et al. MLSys'20; allocations are still
+    valued at the goodput-optimal configuration -- a baseline, not a mode to run).
     """
 
     power: float = 0.5
@@ -156,6 +160,7 @@ class CoadaptOptions:
     start_gpus: int = 1
     max_gpus_per_job: int = 4096
     solver: str = "lagrange"
+    batch_rule: str = "goodput"
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.power) or self.power > 1:
@@ -173,6 +178,11 @@ class CoadaptOptions:
             raise InvalidInputError(
                 "exploration_factor, start_gpus and max_gpus_per_job must be >= 1",
                 field="exploration_factor",
+            )
+        if self.batch_rule not in ("goodput", "linear"):
+            raise InvalidInputError(
+                f"batch_rule must be 'goodput' or 'linear', got {self.batch_rule!r}",
+                field="batch_rule",
             )
         if self.solver not in _SOLVERS:
             raise InvalidInputError(
@@ -892,6 +902,10 @@ class CoadaptPolicy:
         limits = self._limits_on(job, gpu_type)
         if not job.adaptive:
             return fixed_batch_choice(job.fixed_batch_size, gpus, limits)
+        if self.options.batch_rule == "linear":
+            per_gpu = max(1, job.fixed_batch_size // max(1, job.requested_gpus))
+            total = min(max(per_gpu * gpus, limits.init_batch_size), limits.max_batch_size)
+            return fixed_batch_choice(total, gpus, limits)
         if best[0] > 0:
             return BatchChoice(*best)
         start = max(limits.init_batch_size, limits.min_local_bsz * gpus)

@@ -30,9 +30,10 @@ name                      fleet                                          policy
 ``coadapt-t4`` ...        ``coadapt`` restricted to one GPU type         coadapt
 ========================  ============================================  ========
 
-``throughput-autoscale`` runs the coadapt policy (goodput-optimal batch sizes) on its fleet:
-only its sizing rule differs from ``coadapt-ondemand``, which makes the comparison about the
-sizing alone (and is kinder to the baseline than a fixed per-GPU batch would be).
+``throughput-autoscale`` is Or et al.'s throughput-driven elastic training: the fleet sized by
+throughput gain (statistical efficiency ignored), and jobs that keep their per-GPU batch, so
+their total batch grows with their GPUs (the coadapt policy with ``batch_rule="linear"``
+allocates them).
 """
 
 from __future__ import annotations
@@ -237,6 +238,7 @@ def build_run(
 
     t4_node = ("g4dn.12xlarge",)
     plan: FleetStrategy
+    policy_options: dict[str, object] = {}
     if strategy == "static-ondemand":
         offerings = offer(["on-demand"], instances=t4_node)
         plan = FixedFleet(strategy, {offerings[0].key: 16})
@@ -254,6 +256,7 @@ def build_run(
         )
         plan = GoodputSizing(strategy, cfg)
         policy = "coadapt"
+        policy_options = {"batch_rule": "linear"}
     elif strategy == "cheapest-spot":
         offerings = offer(["spot"])
         plan = PerJobCheapest(strategy)
@@ -272,4 +275,4 @@ def build_run(
     else:  # pragma: no cover - every listed name is handled above
         raise InvalidInputError(f"unknown strategy {strategy!r}", field="strategy")
     cloud = CloudConfig(offerings, plan, budget_usd_per_hour=sizing.budget_usd_per_hour)
-    return CloudRun(experiment, strategy, policy, cloud)
+    return CloudRun(experiment, strategy, policy, cloud, policy_options)
