@@ -178,3 +178,13 @@ def test_modelled_value_and_bad_input() -> None:
     with pytest.raises(InvalidInputError, match="duplicate"):
         size_fleet([], [T4_OD, T4_OD], {}, SizingConfig(), SPEEDS)
     assert math.isfinite(size_fleet([linear("a", 4)], [T4_OD], {}, SizingConfig(), SPEEDS).value)
+
+
+def test_a_dip_at_the_first_multi_instance_shape_does_not_hide_larger_shapes() -> None:
+    # One instance: 4.0; two: barely more (a slow two-node sync); four: 15 of 16 GPUs' worth.
+    curve = tuple(
+        float(g) if g <= 4 else (4.2 if g <= 8 else 4.2 + (g - 8) * (15.0 - 4.2) / 8)
+        for g in range(1, 17)
+    )
+    p = size_fleet([JobDemand("a", {("T4", 4): curve})], [T4_OD], {}, SizingConfig(), SPEEDS)
+    assert p.counts[T4_OD.key] == 4

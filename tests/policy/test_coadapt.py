@@ -348,3 +348,18 @@ def test_kept_allocation_is_not_moved_and_new_ones_fill_free_nodes() -> None:
     assert rows(c, plan)["a"] == (0, 3, 0)
     assert rows(c, plan)["b"] == (4, 0, 4)  # two whole free nodes
     assert alloc_of((4, 0, 4)) == plan.allocations["b"]
+
+
+def test_linear_batch_rule_keeps_the_users_per_gpu_batch() -> None:
+    """``batch_rule="linear"`` (the throughput-autoscale baseline) scales the batch with the
+    GPUs: the spec's 256 over 2 replicas is 128 per GPU, whatever the goodput optimum."""
+    c = cluster(1, 4)
+    job = view("a", nodes=1, requested=2, batch=256, model=model(0.001), profiled=4)
+    ri = RoundInput(c, (job,))
+    policy = CoadaptPolicy(CoadaptOptions(batch_rule="linear"))
+    plan = policy.decide(ri, policy.initial_state()).plan
+    gpus = plan.allocations["a"].num_gpus
+    assert gpus >= 1
+    assert plan.batches["a"].batch_size == 128 * gpus
+    with pytest.raises(InvalidInputError, match="batch_rule"):
+        CoadaptOptions(batch_rule="largest")
