@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 
@@ -89,6 +89,18 @@ def simulate(
     load: str | None = typer.Option(
         None, "--load", help="Load of the paper suite: 1.0 (default) or 0.5; needs --suite."
     ),
+    fleet: str | None = typer.Option(
+        None,
+        "--fleet",
+        help="Cloud mode: run on priced AWS instances (us-east-1, spot capacity from the Bamboo "
+        "traces) sized every round by this fleet strategy, which also picks the policy: "
+        "coadapt, coadapt-ondemand, coadapt-t4, coadapt-v100, coadapt-a100, static-ondemand, "
+        "pollux-autoscale, throughput-autoscale or cheapest-spot. Runs in one process; the "
+        "results JSON (--out) carries each run's cost record for 'coadapt cost report'.",
+    ),
+    budget_usd_per_hour: float | None = typer.Option(
+        None, "--budget-usd-per-hour", help="Cloud mode: cap on the fleet's price, USD/hour."
+    ),
     processes: int = typer.Option(2, "--processes", "-j", min=1, help="Parallel workers."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Write the results JSON here."),
     timing: bool = typer.Option(False, "--timing", help="Include policy wall times in --out."),
@@ -141,6 +153,9 @@ def simulate(
         suite_policies = [PolicyName.COADAPT, *PAPER_POLICIES]
         policies = suite_policies if suite else list(dict.fromkeys(policy))
         specs = [RunSpec(str(f), p, config) for p in policies for f in files]
+        if fleet is not None:
+            specs = [_fleet_spec(str(f), fleet, budget_usd_per_hour, config) for f in files]
+            processes = 1
         columns = (BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         single = len(specs) == 1  # one run: jobs completed; several: runs completed
         bar = Progress("{task.description}", *columns, console=err)
@@ -165,9 +180,39 @@ def simulate(
 
     paper = compare_with_paper(results, load) if suite else None
     console.print(results_table(results, paper, title_suffix=f"paper suite at {load}x"))
+    if fleet is not None:
+        from autoscaler.costs import summarize, usd_to_cents
+
+        for r in results:
+            if r.cost is not None:
+                s = summarize(r.cost)
+                console.print(
+                    f"{r.workload}: {fleet} cost ${usd_to_cents(s.total_usd)}, "
+                    f"{s.instance_hours:.1f} instance-hours, {s.preemptions} preemptions, "
+                    f"peak {s.peak_instances} instances"
+                )
     if out is not None:
         write_results_json(out, results, include_timing=timing)
         console.print(f"results written to {out}")
+
+
+def _fleet_spec(workload: str, fleet: str, budget: float | None, config: Any) -> Any:
+    """The run of ``workload`` under fleet strategy ``fleet`` (cloud mode)."""
+    from dataclasses import replace
+
+    from autoscaler.sim.experiments import EXPERIMENTS, build_run
+    from autoscaler.sim.runner import RunSpec
+    from autoscaler.sizing import SizingConfig
+
+    experiment = (
+        "E2" if fleet in EXPERIMENTS["E2"] else "E3" if fleet in EXPERIMENTS["E3"] else "E1"
+    )
+    if fleet not in EXPERIMENTS[experiment]:
+        names = sorted({n for names in EXPERIMENTS.values() for n in names})
+        raise typer.BadParameter(f"unknown strategy {fleet!r}; one of {', '.join(names)}")
+    run = build_run(experiment, fleet, sizing=SizingConfig(budget_usd_per_hour=budget))
+    options = tuple(sorted(run.policy_options.items()))
+    return RunSpec(workload, PolicyName(run.policy), replace(config, cloud=run.cloud), options)
 
 
 def _load_cluster(path: Path, files: list, traces: Path | None) -> ClusterSpec:

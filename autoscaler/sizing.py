@@ -6,9 +6,10 @@ Pure: numbers in, a :class:`FleetProposal` out; no clock, no cloud, no I/O.
 per instance): its goodput on ``g`` GPUs of that type packed onto the fewest instances, in
 units of its goodput on one GPU of the reference type (T4): "T4-GPU equivalents of useful
 work" (:func:`job_demand`). A job's curve on a type comes from its fitted model there, else the
-ratio rule (:func:`autoscaler.gputypes.estimate_model`); shapes on more instances than the
-job has run on (or on several instances with more GPUs than it has run on) are valued at the
-better of its fit and its fit with the inter-node sync taken
+ratio rule (:func:`autoscaler.gputypes.estimate_model`); with ``optimistic``
+(``SizingConfig.optimistic_nodes``, on by default), shapes on more instances than the job has
+run on (or on several instances with more GPUs than it has run on) are valued at the better of
+its fit and its fit with the inter-node sync taken
 as the intra-node one (:func:`~autoscaler.goodput.optimistic_internode`: a fleet that never
 offers a second instance would never learn what it is worth); a job with no profile yet is valued at
 ``min(g, requested GPUs) x`` the type's generic speed. With ``value="throughput"`` the curves
@@ -114,7 +115,11 @@ class SizingConfig:
 
     ``power`` is the fairness kernel's ``p`` (1: total goodput; lower values favour giving
     every job something before growing any); ``budget_usd_per_hour`` caps the fleet's price
-    at the prices in effect (``None``: no cap)."""
+    at the prices in effect (``None``: no cap); ``optimistic_nodes``: value multi-instance
+    shapes a job has not run optimistically (without it, one slow early two-node profile kept
+    the E1 ImageNet job on one instance for most of its run: ``benchmarks/cloud_cost.py
+    --experiment E1 --no-optimistic-nodes``).
+    """
 
     value: ValueKind = "goodput"
     min_efficiency: float = 0.5
@@ -126,6 +131,7 @@ class SizingConfig:
     provisioning_delay_s: float = 120.0
     planning_horizon_s: float = 1800.0
     power: float = 1.0
+    optimistic_nodes: bool = True
 
     def __post_init__(self) -> None:
         if self.value not in ("goodput", "throughput"):
@@ -204,12 +210,13 @@ def _curve(
     scale: float,
     profiled_nodes: int,
     profiled_gpus: int,
+    optimistic: bool,
 ) -> tuple[float, ...]:
     g = np.arange(1, max_gpus + 1)
     nodes = -(-g // per_node)
     raw = _raw(model, nodes, g, value)
     unseen = (nodes > max(1, profiled_nodes)) | ((nodes > 1) & (g > profiled_gpus))
-    if unseen.any():
+    if optimistic and unseen.any():
         hopeful = _raw(optimistic_internode(model), nodes, g, value)
         raw = np.where(unseen, np.maximum(raw, hopeful), raw)
     out = np.maximum.accumulate(np.maximum(raw, 0.0)) / scale
@@ -225,10 +232,12 @@ def job_demand(
     min_gpus: int = 1,
     gpu_type: str | None = None,
     value: ValueKind = "goodput",
+    optimistic: bool = False,
 ) -> JobDemand:
     """The job's :class:`JobDemand` over instance ``kinds`` ``(gpu_type, gpus_per_instance)``,
     up to ``max_gpus`` GPUs (see the module docstring for the units and the rules);
-    ``gpu_type`` is the type it runs on now, if it runs."""
+    ``gpu_type`` is the type it runs on now, if it runs; ``optimistic`` values unseen
+    multi-instance shapes optimistically (see the module docstring)."""
     if max_gpus < 1:
         raise InvalidInputError(f"{job.name}: max_gpus must be >= 1", field="max_gpus")
     models: Mapping[str, GoodputModel] = job.models or (
@@ -251,7 +260,14 @@ def job_demand(
     for kind in kinds:
         model = models.get(kind[0]) or estimate_model(models, kind[0], speeds).model
         curves[kind] = _curve(
-            model, kind[1], max_gpus, value, scale, job.max_profiled_nodes, job.max_profiled_gpus
+            model,
+            kind[1],
+            max_gpus,
+            value,
+            scale,
+            job.max_profiled_nodes,
+            job.max_profiled_gpus,
+            optimistic,
         )
     return JobDemand(job.name, curves, min_gpus, gpu_type)
 

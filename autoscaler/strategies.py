@@ -55,6 +55,7 @@ def demands_of(
     value: ValueKind = "goodput",
     growth_factor: int = 5,
     max_gpus: int = 64,
+    optimistic: bool = True,
     cache: dict[str, tuple[tuple, JobDemand]] | None = None,
 ) -> list[JobDemand]:
     """Every active job's value curves over the instance kinds on offer, up to
@@ -70,6 +71,7 @@ def demands_of(
             cap = max(1, min(cap, job.requested_gpus))
         gpu_type = _job_type(job, view.cluster)
         key = (
+            optimistic,
             kinds,
             cap,
             gpu_type,
@@ -84,7 +86,15 @@ def demands_of(
         if hit is not None and hit[0] == key:
             out.append(hit[1])
             continue
-        demand = job_demand(job, kinds, speeds, max_gpus=cap, gpu_type=gpu_type, value=value)
+        demand = job_demand(
+            job,
+            kinds,
+            speeds,
+            max_gpus=cap,
+            gpu_type=gpu_type,
+            value=value,
+            optimistic=optimistic,
+        )
         if cache is not None:
             cache[job.name] = (key, demand)
         out.append(demand)
@@ -122,6 +132,7 @@ class GoodputSizing:
             self.speeds,
             value=self.config.value,
             growth_factor=self.growth_factor,
+            optimistic=self.config.optimistic_nodes,
             cache=self._cache,
         )
         return dict(size_fleet(demands, view.options, view.held, self.config, self.speeds).counts)

@@ -45,9 +45,11 @@ from coadapt_common.atomic import write_json_atomic
 
 
 def _one(task: tuple) -> dict:
-    experiment, strategy, workload, traces_files, budget, min_eff = task
+    experiment, strategy, workload, traces_files, budget, min_eff, optimistic = task
     traces = load_traces(traces_files) if traces_files else None
-    sizing = SizingConfig(budget_usd_per_hour=budget, min_efficiency=min_eff)
+    sizing = SizingConfig(
+        budget_usd_per_hour=budget, min_efficiency=min_eff, optimistic_nodes=optimistic
+    )
     run = build_run(experiment, strategy, traces=traces, sizing=sizing)
     jobs = e1_workload() if workload == "E1" else load_workload(workload).jobs
     t0 = time.perf_counter()
@@ -79,6 +81,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workloads", type=int, default=8)
     ap.add_argument("--budget", type=float, default=None, help="fleet budget, USD per hour")
     ap.add_argument("--min-efficiency", type=float, default=SizingConfig().min_efficiency)
+    ap.add_argument(
+        "--no-optimistic-nodes",
+        action="store_true",
+        help="size on the fitted multi-instance scaling only (SizingConfig.optimistic_nodes)",
+    )
     ap.add_argument("-j", "--jobs", type=int, default=2)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
@@ -97,7 +104,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     names = EXPERIMENTS[args.experiment]
     tasks = [
-        (args.experiment, s, w, traces or None, args.budget, args.min_efficiency)
+        (
+            args.experiment,
+            s,
+            w,
+            traces or None,
+            args.budget,
+            args.min_efficiency,
+            not args.no_optimistic_nodes,
+        )
         for s in names
         for w in workloads
     ]

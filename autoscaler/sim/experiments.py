@@ -38,6 +38,7 @@ allocates them).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -249,11 +250,7 @@ def build_run(
         policy = "pollux"
     elif strategy == "throughput-autoscale":
         offerings = offer(["on-demand"], instances=t4_node)
-        cfg = SizingConfig(
-            value="throughput",
-            min_efficiency=sizing.min_efficiency,
-            budget_usd_per_hour=sizing.budget_usd_per_hour,
-        )
+        cfg = dataclasses.replace(sizing, value="throughput")
         plan = GoodputSizing(strategy, cfg)
         policy = "coadapt"
         policy_options = {"batch_rule": "linear"}
