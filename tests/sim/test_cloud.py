@@ -173,3 +173,25 @@ def test_results_json_carries_the_cost_record_for_cost_reports(tmp_path):
     assert out.exit_code == 0, out.output
     assert r.cost is not None
     assert str(usd_to_cents(summarize(r.cost).total_usd)) in out.output
+
+
+def test_simulate_fleet_from_the_cli_writes_cost_records(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from autoscaler.cli import app
+
+    wl = tmp_path / "w.csv"
+    wl.write_text("name,time,application,num_replicas,batch_size\nncf-0,0,ncf,1,256\n")
+    out = tmp_path / "r.json"
+    args = ["simulate", str(wl), "--fleet", "coadapt", "--budget-usd-per-hour", "10"]
+    res = CliRunner().invoke(app, [*args, "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "coadapt cost $" in res.output
+    run_json = json.loads(out.read_text())["runs"][0]
+    assert run_json["config"]["cloud"]["strategy"] == "coadapt"
+    assert run_json["cost_record"]["version"] == 1
+    assert run_json["fleet"]["peak_usd_per_hour"] <= 10.0
+    bad = CliRunner().invoke(app, ["simulate", str(wl), "--fleet", "cheapest"])
+    assert bad.exit_code == 2 and "unknown strategy" in bad.output
