@@ -11,9 +11,11 @@ ratio rule (:func:`autoscaler.gputypes.estimate_model`); with ``optimistic``
 run on (or on several instances with more GPUs than it has run on) are valued at the better of
 its fit and its fit with the inter-node sync taken
 as the intra-node one (:func:`~autoscaler.goodput.optimistic_internode`: a fleet that never
-offers a second instance would never learn what it is worth); a job with no profile yet is valued at
-``min(g, requested GPUs) x`` the type's generic speed. With ``value="throughput"`` the curves
-count samples per second at the largest per-GPU batch and ignore statistical efficiency (the
+offers a second instance would never learn what it is worth); a job with no profile yet is
+valued at ``g x`` the type's generic speed up to its cap (the policy will grow it that far if
+it scales), or up to the GPUs it asked for if it does not adapt. With ``value="throughput"``
+the curves count samples per second at the largest per-GPU batch and ignore statistical
+efficiency (the
 rule of throughput-driven autoscaling, Or et al., MLSys'20) -- the only difference between
 the ``coadapt`` and ``throughput-autoscale`` strategies.
 
@@ -47,6 +49,7 @@ policy allocates on the proposal next, and the pair is scored together in the si
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -245,7 +248,7 @@ def job_demand(
     )
     curves: dict[tuple[str, int], tuple[float, ...]] = {}
     if not models:
-        want = max(job.requested_gpus, min_gpus, 1)
+        want = max_gpus if job.adaptive else max(job.requested_gpus, min_gpus, 1)
         for kind in kinds:
             speed = speeds.relative_speed(kind[0])
             g = np.arange(1, max_gpus + 1)
@@ -387,14 +390,94 @@ def size_fleet(
 ) -> FleetProposal:
     """The fleet to hold (see the module docstring). ``held`` counts the instances held now
     per offering key (launched, ready or not); keys not among ``options`` are proposed at 0.
-    Deterministic: ties go to the lower price, then the key."""
+    Deterministic: ties go to the lower price, then the key.
+
+    With several GPU types on offer, the growth runs twice: the first pass prices each type
+    at what its last instance cost per GPU (or its cheapest offering's, if none was bought:
+    when spot capacity runs out, the next GPU of that type costs the on-demand price), each
+    job not pinned to a type then takes the type that returns most per dollar at that price
+    for the GPUs it got, and the second pass grows the fleet with those types. The pass of
+    more value per dollar is proposed (the first on a tie)."""
     usable = [o for o in options if o.available or held.get(o.key, 0) > 0]
     keys = [o.key for o in usable]
     if len(set(keys)) != len(keys):
         raise InvalidInputError("duplicate offering keys", field="options")
-    counts: dict[str, int] = {}
     if not usable:
         return FleetProposal({}, 0.0, 0.0, 0.0, "capacity")
+    first = _grow(demands, usable, held, config, speeds)
+    types = sorted({o.gpu_type for o in usable})
+    if len(types) < 2 or not demands:
+        return first.proposal()
+    per_gpu: dict[str, float] = {}
+    for t in types:
+        bought = [o for o in usable if o.gpu_type == t and first.counts.get(o.key, 0)]
+        pool = bought or [o for o in usable if o.gpu_type == t]
+        per_gpu[t] = (
+            max(o.usd_per_hour / o.gpus / _preemption_factor_or_tiny(o, config) for o in pool)
+            if bought
+            else min(o.usd_per_hour / o.gpus / _preemption_factor_or_tiny(o, config) for o in pool)
+        )
+    repinned = []
+    for j, d in enumerate(demands):
+        if d.gpu_type is not None:
+            repinned.append(d)
+            continue
+        g = max(int(first.alloc.gpus[j]), d.min_gpus)
+        best_type, best_rate = None, -math.inf
+        for kind, curve in sorted(d.curves.items()):
+            if kind[0] not in per_gpu:
+                continue
+            hull = _upper_hull(curve)
+            value = float(hull[min(g, len(hull)) - 1])
+            rate = value / (min(g, len(hull)) * per_gpu[kind[0]])
+            if rate > best_rate + 1e-12:
+                best_type, best_rate = kind[0], rate
+        repinned.append(dataclasses.replace(d, gpu_type=best_type))
+    second = _grow(repinned, usable, held, config, speeds)
+
+    def per_dollar(grown: _Growth) -> float:
+        return grown.alloc.value() / grown.price if grown.price > 0 else 0.0
+
+    return (second if per_dollar(second) > per_dollar(first) + 1e-12 else first).proposal()
+
+
+def _preemption_factor_or_tiny(option: FleetOption, config: SizingConfig) -> float:
+    return max(_preemption_factor(option, config), 1e-6)
+
+
+@dataclass
+class _Growth:
+    """One pass of fleet growth: the modelled allocation and what was bought."""
+
+    alloc: _Allocation
+    counts: dict[str, int]
+    price: float
+    last_eff: float
+    limited_by: str
+
+    def proposal(self) -> FleetProposal:
+        gpus_by_job = {
+            d.name: int(g) for d, g in zip(self.alloc.demands, self.alloc.gpus, strict=True) if g
+        }
+        return FleetProposal(
+            self.counts,
+            self.price,
+            self.alloc.value(),
+            0.0 if math.isinf(self.last_eff) else self.last_eff,
+            self.limited_by,
+            gpus_by_job,
+        )
+
+
+def _grow(
+    demands: Sequence[JobDemand],
+    usable: Sequence[FleetOption],
+    held: Mapping[str, int],
+    config: SizingConfig,
+    speeds: SpeedTable,
+) -> _Growth:
+    """One pass of the growth described in the module docstring."""
+    counts: dict[str, int] = {}
     alloc = _Allocation(demands, config.power)
     price = 0.0
     last_eff = math.inf
@@ -455,15 +538,7 @@ def size_fleet(
         total += best_size
     if total >= config.max_instances and demands:
         limited_by = "max_instances"
-    gpus_by_job = {d.name: int(g) for d, g in zip(demands, alloc.gpus, strict=True) if g}
-    return FleetProposal(
-        counts,
-        price,
-        alloc.value(),
-        0.0 if math.isinf(last_eff) else last_eff,
-        limited_by,
-        gpus_by_job,
-    )
+    return _Growth(alloc, counts, price, last_eff, limited_by)
 
 
 def modelled_value(demands: Sequence[JobDemand], option: FleetOption, count: int) -> float:

@@ -4,6 +4,7 @@ GPU types, hysteresis, and value curves from real goodput models."""
 from __future__ import annotations
 
 import itertools
+import dataclasses
 import math
 
 import pytest
@@ -162,9 +163,12 @@ def test_value_curves_from_goodput_models_scale_and_respect_statistical_efficien
     # Throughput ignores statistical efficiency, so it never values a GPU less.
     tp = job_demand(job, kinds, SPEEDS, max_gpus=16, value="throughput").curves[("T4", 4)]
     assert tp[15] / tp[0] >= t4[15] / t4[0] - 1e-9
-    # A job never profiled is valued linearly up to what it asked for.
+    # A job never profiled is valued linearly up to its cap, or to what it asked for if it
+    # does not adapt.
     new = job_demand(view("b", requested=2), kinds, SPEEDS, max_gpus=4)
-    assert new.curves[("T4", 4)] == (1.0, 2.0, 2.0, 2.0)
+    assert new.curves[("T4", 4)] == (1.0, 2.0, 3.0, 4.0)
+    fixed = dataclasses.replace(view("c", requested=2), adaptive=False)
+    assert job_demand(fixed, kinds, SPEEDS, max_gpus=4).curves[("T4", 4)] == (1.0, 2.0, 2.0, 2.0)
 
 
 def test_modelled_value_and_bad_input() -> None:
@@ -188,3 +192,26 @@ def test_a_dip_at_the_first_multi_instance_shape_does_not_hide_larger_shapes() -
     )
     p = size_fleet([JobDemand("a", {("T4", 4): curve})], [T4_OD], {}, SizingConfig(), SPEEDS)
     assert p.counts[T4_OD.key] == 4
+
+
+def test_jobs_take_the_type_that_pays_once_cheap_spot_capacity_runs_out() -> None:
+    # T4 spot: the cheapest T4-equivalent, but one 1-GPU instance only; T4 on demand: dear;
+    # V100 spot (8 GPUs, 3x a T4 each): cheaper per T4-equivalent than T4 on demand.
+    t4_spot = FleetOption("aws/g4dn.xlarge/z/spot", "T4", 1, "spot", 0.2, capacity=1)
+    t4_od = FleetOption("aws/g4dn.xlarge/z/on-demand", "T4", 1, "on-demand", 0.526)
+    v100 = FleetOption("aws/p3.16xlarge/z/spot", "V100", 8, "spot", 4.85)
+
+    def job(name: str) -> JobDemand:
+        return JobDemand(
+            name,
+            {
+                ("T4", 1): tuple(float(min(g, 4)) for g in range(1, 9)),
+                ("V100", 8): tuple(3.0 * min(g, 4) for g in range(1, 9)),
+            },
+        )
+
+    demands = [job(f"j{i}") for i in range(4)]
+    p = size_fleet(demands, [t4_spot, t4_od, v100], {}, SizingConfig(), SPEEDS)
+    assert p.counts.get(v100.key, 0) == 2
+    assert p.counts.get(t4_od.key, 0) == 0
+    assert sum(p.gpus_by_job.values()) == 16
