@@ -3,8 +3,8 @@ GPU types, hysteresis, and value curves from real goodput models."""
 
 from __future__ import annotations
 
-import itertools
 import dataclasses
+import itertools
 import math
 
 import pytest
