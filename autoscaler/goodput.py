@@ -374,6 +374,8 @@ class GoodputModel:
         self._total_grid = _total_grid(limits.init_batch_size, limits.max_batch_size)
 
     def __eq__(self, other: object) -> bool:
+        if other is self:
+            return True
         return (
             isinstance(other, GoodputModel)
             and self.perf == other.perf

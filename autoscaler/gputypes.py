@@ -96,6 +96,7 @@ class SpeedTable:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rows", MappingProxyType(dict(self.rows)))
+        object.__setattr__(self, "_memo", {})  # (method, type) -> value; rows never change
 
     @property
     def gpu_types(self) -> tuple[str, ...]:
@@ -114,12 +115,17 @@ class SpeedTable:
         usable per-model ratios. Raises :class:`InvalidInputError` for a type without any."""
         if gpu_type == REFERENCE_GPU_TYPE:
             return 1.0
+        memo: dict[tuple[str, str], float] = self._memo  # type: ignore[attr-defined]
+        hit = memo.get(("speed", gpu_type))
+        if hit is not None:
+            return hit
         rows = self._usable(gpu_type)
         if not rows:
             raise InvalidInputError(
                 f"no speed known for GPU type {gpu_type!r} (in {self.source})", field="gpu_type"
             )
-        return math.exp(sum(math.log(r.speed_vs_t4) for r in rows) / len(rows))
+        memo[("speed", gpu_type)] = math.exp(sum(math.log(r.speed_vs_t4) for r in rows) / len(rows))
+        return memo[("speed", gpu_type)]
 
     def log_spread(self, gpu_type: str) -> float:
         """Sample standard deviation of the log per-model ratios of ``gpu_type`` (0 for the

@@ -1074,6 +1074,14 @@ class _Greedy:
         self.hi[present] = np.searchsorted(job, present, side="right")
         self.index = np.arange(len(job))
         self.by_pool = [np.flatnonzero(pool == p) for p in range(len(capacity))]
+        # Each job's entry candidate per pool: its fewest GPUs there, of the best value.
+        order = np.lexsort((-self.value, self.gpus, pool, job))
+        first = np.ones(len(order), dtype=bool)
+        first[1:] = (job[order][1:] != job[order][:-1]) | (pool[order][1:] != pool[order][:-1])
+        entries = order[first]
+        self.entries: dict[int, list[tuple[int, int]]] = {}
+        for c in entries.tolist():
+            self.entries.setdefault(int(job[c]), []).append((int(pool[c]), c))
 
     # ---- primal ----------------------------------------------------------------------------
 
@@ -1125,16 +1133,12 @@ class _Greedy:
                     break
             return used, loss, need
 
-        for j in np.flatnonzero(choice < 0):
-            lo, hi = int(self.lo[j]), int(self.hi[j])
+        value, gpus = self.value.tolist(), self.gpus.tolist()
+        for j in np.flatnonzero(choice < 0).tolist():
             best: tuple[float, int, int, int] | None = None  # (net, pool, to, steps used)
-            for p in np.unique(self.pool[lo:hi]):
-                p = int(p)
-                mine = np.arange(lo, hi)[self.pool[lo:hi] == p]
-                small = mine[self.gpus[mine] == self.gpus[mine].min()]
-                c = int(small[np.argmax(self.value[small])])
-                gain = float(self.value[c] - self.empty[j])
-                need = float(self.gpus[c]) - float(free[p])
+            for p, c in self.entries.get(j, ()):
+                gain = value[c] - float(self.empty[j])
+                need = gpus[c] - float(free[p])
                 used, loss = 0, 0.0
                 if need > 1e-9:
                     if p not in cache:
