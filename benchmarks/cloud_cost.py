@@ -1,7 +1,11 @@
 """Fleet strategies side by side on priced, preemptible cloud offerings (cost vs JCT).
 
     python benchmarks/cloud_cost.py --experiment E1|E2|E3 [--spot-trace FAMILY=FILE]
-        [--workloads N] [--budget USD_PER_HOUR] [--min-efficiency X] [-j 2] --out FILE
+        [--spot-prices constant|stochastic] [--seed N] [--workloads N]
+        [--budget USD_PER_HOUR] [--min-efficiency X] [--no-optimistic-nodes] [-j 2] --out FILE
+
+``--spot-trace g4dn=FILE`` replaces a family's availability trace (either Bamboo format: the
+event list or the counts over time).
 
 Experiments (offerings, traces and strategies: :mod:`autoscaler.sim.experiments`):
 
@@ -45,12 +49,14 @@ from coadapt_common.atomic import write_json_atomic
 
 
 def _one(task: tuple) -> dict:
-    experiment, strategy, workload, traces_files, budget, min_eff, optimistic = task
+    experiment, strategy, workload, traces_files, budget, min_eff, optimistic, prices, seed = task
     traces = load_traces(traces_files) if traces_files else None
     sizing = SizingConfig(
         budget_usd_per_hour=budget, min_efficiency=min_eff, optimistic_nodes=optimistic
     )
-    run = build_run(experiment, strategy, traces=traces, sizing=sizing)
+    run = build_run(
+        experiment, strategy, traces=traces, sizing=sizing, spot_prices=prices, seed=seed
+    )
     jobs = e1_workload() if workload == "E1" else load_workload(workload).jobs
     t0 = time.perf_counter()
     result = Simulator(
@@ -86,6 +92,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="size on the fitted multi-instance scaling only (SizingConfig.optimistic_nodes)",
     )
+    ap.add_argument(
+        "--spot-prices",
+        choices=["constant", "stochastic"],
+        default="constant",
+        help="spot prices: the catalogue's, constant, or a seeded walk around them",
+    )
+    ap.add_argument("--seed", type=int, default=0, help="seed of spot prices and hazards")
     ap.add_argument("-j", "--jobs", type=int, default=2)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
@@ -112,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
             args.budget,
             args.min_efficiency,
             not args.no_optimistic_nodes,
+            args.spot_prices,
+            args.seed,
         )
         for s in names
         for w in workloads

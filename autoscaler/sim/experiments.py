@@ -11,7 +11,8 @@ spot prices for every instance type used):
 - ``p4d.24xlarge`` (8 x A100, E3 only): no trace; spot preemptions at the Spot Advisor band's
   hazard (:class:`autoscaler.pricing.SpotHazardModel`), seeded.
 
-Spot prices are constant at the catalogue's price unless a price series is given. Every
+Spot prices are constant at the catalogue's price, or (``spot_prices="stochastic"``) a seeded
+mean-reverting walk around it, capped at the on-demand price. Every
 strategy runs with a 60 s round, a 2 min provisioning delay, checkpoints every 10 min and a
 20 s checkpoint write (so AWS's 120 s notice always suffices), per-second billing with a 60 s
 minimum.
@@ -51,6 +52,7 @@ from autoscaler.pricing import (
     ConstantPrice,
     MarketOffering,
     SpotHazardModel,
+    StochasticSpotPrice,
     bamboo_trace_path,
     load_availability_trace,
     load_catalog,
@@ -156,6 +158,8 @@ def _offerings(
     gpu_types: Sequence[str] | None,
     traces: Mapping[str, AvailabilityTrace],
     hazard: SpotHazardModel,
+    spot_prices: str = "constant",
+    seed: int = 0,
 ) -> tuple[CloudOffering, ...]:
     out = []
     for instance_type in _INSTANCES[experiment]:
@@ -185,7 +189,11 @@ def _offerings(
                     ref=market_offering.ref,
                     gpu_type=priced.gpu_type,
                     gpus=priced.gpus,
-                    price=ConstantPrice(price),
+                    price=(
+                        StochasticSpotPrice.for_offering(priced, seed)
+                        if market == "spot" and spot_prices == "stochastic"
+                        else ConstantPrice(price)
+                    ),
                     ondemand_usd_per_hour=priced.ondemand_usd_per_hour,
                     preemption=preemption,
                     notice_s=120.0,
@@ -213,9 +221,15 @@ def build_run(
     traces: Mapping[str, AvailabilityTrace] | None = None,
     sizing: SizingConfig | None = None,
     budget_usd_per_hour: float | None = None,
+    spot_prices: str = "constant",
     seed: int = 0,
 ) -> CloudRun:
-    """The :class:`CloudRun` of ``strategy`` in ``experiment`` (see the module docstring)."""
+    """The :class:`CloudRun` of ``strategy`` in ``experiment`` (see the module docstring).
+    ``spot_prices``: ``"constant"`` (the catalogue's) or ``"stochastic"``
+    (:class:`~autoscaler.pricing.StochasticSpotPrice` around it, capped at on-demand, seeded by
+    ``seed`` and the offering)."""
+    if spot_prices not in ("constant", "stochastic"):
+        raise InvalidInputError(f"unknown spot price model {spot_prices!r}", field="spot_prices")
     if experiment not in EXPERIMENTS:
         raise InvalidInputError(f"unknown experiment {experiment!r}", field="experiment")
     if strategy not in EXPERIMENTS[experiment]:
@@ -231,7 +245,14 @@ def build_run(
 
     def offer(markets: Sequence[str], types: Sequence[str] | None = None, instances=None):
         found = _offerings(
-            experiment, catalog, markets=markets, gpu_types=types, traces=traces, hazard=hazard
+            experiment,
+            catalog,
+            markets=markets,
+            gpu_types=types,
+            traces=traces,
+            hazard=hazard,
+            spot_prices=spot_prices,
+            seed=seed,
         )
         if instances is not None:
             found = tuple(o for o in found if o.ref.instance_type in instances)

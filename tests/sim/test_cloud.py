@@ -195,3 +195,18 @@ def test_simulate_fleet_from_the_cli_writes_cost_records(tmp_path):
     assert run_json["fleet"]["peak_usd_per_hour"] <= 10.0
     bad = CliRunner().invoke(app, ["simulate", str(wl), "--fleet", "cheapest"])
     assert bad.exit_code == 2 and "unknown strategy" in bad.output
+
+
+def test_stochastic_spot_prices_move_are_seeded_and_stay_under_on_demand():
+    a = build_run("E2", "coadapt", spot_prices="stochastic", seed=3)
+    b = build_run("E2", "coadapt", spot_prices="stochastic", seed=3)
+    spot = [o for o in a.cloud.offerings if o.ref.market == "spot"]
+    times = [3600.0 * h for h in range(48)]
+    for o, o2 in zip(spot, [o for o in b.cloud.offerings if o.ref.market == "spot"], strict=True):
+        prices = [o.price.price_at(t) for t in times]
+        assert prices == [o2.price.price_at(t) for t in times]
+        assert len(set(prices)) > 1
+        assert o.ondemand_usd_per_hour is not None
+        assert max(prices) <= o.ondemand_usd_per_hour
+    with pytest.raises(InvalidInputError, match="spot price model"):
+        build_run("E2", "coadapt", spot_prices="weekly")
