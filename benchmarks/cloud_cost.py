@@ -2,7 +2,7 @@
 
     python benchmarks/cloud_cost.py --experiment E1|E2|E3 [--spot-trace FAMILY=FILE]
         [--spot-prices constant|stochastic] [--seed N] [--workloads N]
-        [--budget USD_PER_HOUR] [--min-efficiency X] [--no-optimistic-nodes] [-j 2] --out FILE
+        [--budget USD_PER_HOUR] [--min-efficiency X] [--optimistic-nodes] [-j 2] --out FILE
 
 ``--spot-trace g4dn=FILE`` replaces a family's availability trace (either Bamboo format: the
 event list or the counts over time).
@@ -88,9 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=float, default=None, help="fleet budget, USD per hour")
     ap.add_argument("--min-efficiency", type=float, default=SizingConfig().min_efficiency)
     ap.add_argument(
-        "--no-optimistic-nodes",
+        "--optimistic-nodes",
         action="store_true",
-        help="size on the fitted multi-instance scaling only (SizingConfig.optimistic_nodes)",
+        help="value unseen multi-instance shapes optimistically (SizingConfig.optimistic_nodes)",
     )
     ap.add_argument(
         "--spot-prices",
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             traces or None,
             args.budget,
             args.min_efficiency,
-            not args.no_optimistic_nodes,
+            args.optimistic_nodes,
             args.spot_prices,
             args.seed,
         )

@@ -51,7 +51,7 @@ def test_no_jobs_no_fleet_unless_a_minimum_is_asked() -> None:
 
 def test_the_efficiency_floor_stops_a_job_that_stops_scaling() -> None:
     # Each GPU beyond the fourth adds a tenth of a GPU's work: the second instance returns
-    # 0.1 of the first's value per dollar, below the default floor of 0.5.
+    # a tenth of ideal scaling, below the default floor of 0.15.
     curve = tuple(min(g, 4) + 0.1 * max(0, g - 4) for g in range(1, 33))
     p = size_fleet([JobDemand("a", {("T4", 4): curve})], [T4_OD], {}, SizingConfig(), SPEEDS)
     assert dict(p.counts) == {T4_OD.key: 1}
@@ -109,7 +109,7 @@ def test_held_instances_stay_inside_the_hysteresis_band() -> None:
     # for a new instance, above 0.5 x (1 - 0.2) = 0.4 for one already held.
     curve = tuple(min(g, 4) + 0.45 * max(0, min(g, 8) - 4) for g in range(1, 17))
     demands = [JobDemand("a", {("T4", 4): curve})]
-    cfg = SizingConfig(provisioning_delay_s=0.0)
+    cfg = SizingConfig(provisioning_delay_s=0.0, min_efficiency=0.5)
     assert size_fleet(demands, [T4_OD], {}, cfg, SPEEDS).counts[T4_OD.key] == 1
     assert size_fleet(demands, [T4_OD], {T4_OD.key: 2}, cfg, SPEEDS).counts[T4_OD.key] == 2
 

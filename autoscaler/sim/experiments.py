@@ -17,6 +17,9 @@ strategy runs with a 60 s round, a 2 min provisioning delay, checkpoints every 1
 20 s checkpoint write (so AWS's 120 s notice always suffices), per-second billing with a 60 s
 minimum.
 
+E1 and E2 offer the same instance types; the baselines use only what they are defined on
+(below), the coadapt strategies all of them.
+
 Strategies (see :mod:`autoscaler.strategies` for the rules):
 
 ========================  ============================================  ========
@@ -89,7 +92,7 @@ EXPERIMENTS: Mapping[str, tuple[str, ...]] = {
 }
 
 _INSTANCES: Mapping[str, tuple[str, ...]] = {
-    "E1": ("g4dn.12xlarge",),
+    "E1": ("g4dn.xlarge", "g4dn.12xlarge", "p3.16xlarge"),
     "E2": ("g4dn.xlarge", "g4dn.12xlarge", "p3.16xlarge"),
     "E3": ("g4dn.xlarge", "g4dn.12xlarge", "p3.16xlarge", "p4d.24xlarge"),
 }
