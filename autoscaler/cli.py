@@ -95,7 +95,8 @@ def simulate(
         help="Cloud mode: run on priced AWS instances (us-east-1, spot capacity from the Bamboo "
         "traces) sized every round by this fleet strategy, which also picks the policy: "
         "coadapt, coadapt-ondemand, coadapt-t4, coadapt-v100, coadapt-a100, static-ondemand, "
-        "pollux-autoscale, throughput-autoscale or cheapest-spot. Runs in one process; the "
+        "pollux-autoscale, throughput-autoscale, throughput-anytype or cheapest-spot. Runs in "
+        "one process; the "
         "results JSON (--out) carries each run's cost record for 'coadapt cost report'.",
     ),
     budget_usd_per_hour: float | None = typer.Option(

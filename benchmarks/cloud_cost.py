@@ -10,7 +10,7 @@ event list or the counts over time).
 Experiments (offerings, traces and strategies: :mod:`autoscaler.sim.experiments`):
 
 - ``E1``: one ImageNet job (the Pollux paper's cloud experiment): ``pollux-autoscale``,
-  ``throughput-autoscale``, ``coadapt-ondemand``, ``coadapt``;
+  ``throughput-autoscale``, ``throughput-anytype``, ``coadapt-ondemand``, ``coadapt``;
 - ``E2``: the eight 1.0x paper workloads on g4dn + p3 offerings with the Bamboo g4dn and p3
   spot traces: ``static-ondemand``, ``pollux-autoscale``, ``throughput-autoscale``,
   ``cheapest-spot``, ``coadapt``;
@@ -186,6 +186,9 @@ def _ratios(experiment: str, s: dict) -> dict:
             ),
             "coadapt / throughput-autoscale": ratio("coadapt", "throughput-autoscale"),
             "coadapt / pollux-autoscale": ratio("coadapt", "pollux-autoscale"),
+            "coadapt-ondemand / throughput-anytype": ratio(
+                "coadapt-ondemand", "throughput-anytype"
+            ),
         }
     if experiment == "E2":
         return {

@@ -28,6 +28,7 @@ name                      fleet                                          policy
 ``static-ondemand``       16 x g4dn.12xlarge on demand                   pollux
 ``pollux-autoscale``      g4dn.12xlarge on demand, utility band          pollux
 ``throughput-autoscale``  g4dn.12xlarge on demand, throughput sizing     coadapt
+``throughput-anytype``    every on-demand type, throughput sizing        coadapt
 ``cheapest-spot``         per job, cheapest spot offering that fits      tiresias
 ``coadapt-ondemand``      goodput-per-dollar sizing, on demand only      coadapt
 ``coadapt``               goodput-per-dollar sizing, spot + on demand    coadapt
@@ -37,7 +38,9 @@ name                      fleet                                          policy
 ``throughput-autoscale`` is Or et al.'s throughput-driven elastic training: the fleet sized by
 throughput gain (statistical efficiency ignored), and jobs that keep their per-GPU batch, so
 their total batch grows with their GPUs (the coadapt policy with ``batch_rule="linear"``
-allocates them).
+allocates them). ``throughput-anytype`` (E1) is the same rule over every instance type
+``coadapt-ondemand`` may buy, so that goodput sizing is also compared with throughput sizing
+on the same menu (the paper's baseline knows one instance type).
 """
 
 from __future__ import annotations
@@ -80,7 +83,13 @@ ZONE = "use1-az1"
 
 #: Strategies per experiment, in the order the benchmark prints them.
 EXPERIMENTS: Mapping[str, tuple[str, ...]] = {
-    "E1": ("pollux-autoscale", "throughput-autoscale", "coadapt-ondemand", "coadapt"),
+    "E1": (
+        "pollux-autoscale",
+        "throughput-autoscale",
+        "throughput-anytype",
+        "coadapt-ondemand",
+        "coadapt",
+    ),
     "E2": (
         "static-ondemand",
         "pollux-autoscale",
@@ -276,6 +285,11 @@ def build_run(
         offerings = offer(["on-demand"], instances=t4_node)
         cfg = dataclasses.replace(sizing, value="throughput")
         plan = GoodputSizing(strategy, cfg)
+        policy = "coadapt"
+        policy_options = {"batch_rule": "linear"}
+    elif strategy == "throughput-anytype":
+        offerings = offer(["on-demand"])
+        plan = GoodputSizing(strategy, dataclasses.replace(sizing, value="throughput"))
         policy = "coadapt"
         policy_options = {"batch_rule": "linear"}
     elif strategy == "cheapest-spot":
