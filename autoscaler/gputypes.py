@@ -233,6 +233,20 @@ class TypeEstimate:
         return self.source_type is None
 
 
+def limits_on(
+    limits: BatchLimits, application: str, gpu_type: str, speeds: SpeedTable
+) -> BatchLimits:
+    """A job's batch limits on ``gpu_type``: ``limits`` (its own, on the reference type) with
+    the per-GPU batch measured for ``application`` on that type when ``speeds`` knows it (a
+    memory fact: a bigger GPU holds a bigger micro-batch)."""
+    if gpu_type == REFERENCE_GPU_TYPE:
+        return limits
+    measured = speeds.max_local_bsz(application, gpu_type)
+    if measured is None:
+        return limits
+    return replace(limits, max_local_bsz=max(limits.min_local_bsz, measured))
+
+
 def estimate_model(
     models: Mapping[str, GoodputModel],
     gpu_type: str,

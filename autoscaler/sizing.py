@@ -60,7 +60,7 @@ import numpy as np
 
 from autoscaler.errors import InvalidInputError
 from autoscaler.goodput import GoodputModel, optimistic_internode
-from autoscaler.gputypes import REFERENCE_GPU_TYPE, SpeedTable, estimate_model
+from autoscaler.gputypes import REFERENCE_GPU_TYPE, SpeedTable, estimate_model, limits_on
 from autoscaler.jobs import JobView
 
 __all__ = [
@@ -72,6 +72,9 @@ __all__ = [
     "modelled_value",
     "size_fleet",
 ]
+
+#: Exponent of the per-GPU speed in the choice of a job's GPU type (see :func:`size_fleet`).
+SPEED_PREFERENCE = 0.5
 
 Market = Literal["spot", "on-demand"]
 ValueKind = Literal["goodput", "throughput"]
@@ -262,7 +265,14 @@ def job_demand(
         base = float(ref.throughput(1, 1, ref.limits.max_local_bsz, 1))
     scale = max(base, 1e-12)
     for kind in kinds:
-        model = models.get(kind[0]) or estimate_model(models, kind[0], speeds).model
+        model = models.get(kind[0]) or (
+            estimate_model(
+                models,
+                kind[0],
+                speeds,
+                limits=limits_on(job.limits, job.application, kind[0], speeds),
+            ).model
+        )
         curves[kind] = _curve(
             model,
             kind[1],
@@ -396,8 +406,12 @@ def size_fleet(
     With several GPU types on offer, the growth runs twice: the first pass prices each type
     at what its last instance cost per GPU (or its cheapest offering's, if none was bought:
     when spot capacity runs out, the next GPU of that type costs the on-demand price), each
-    job not pinned to a type then takes the type that returns most per dollar at that price
-    for the GPUs it got, and the second pass grows the fleet with those types. The pass of
+    job then takes the type of the best value per dollar at that price for the GPUs it got,
+    times its value per GPU there to the power :data:`SPEED_PREFERENCE` (between two types of
+    about the same goodput per dollar, the faster one finishes the job sooner, on fewer
+    instances to lose to preemptions; measured in ``benchmarks/cloud_cost.py --experiment
+    E3``); a running job leaves its type only for more than ``1 + hysteresis`` times its
+    type's figure; and the second pass grows the fleet with those types. The pass of
     more value per dollar is proposed (the first on a tie)."""
     usable = [o for o in options if o.available or held.get(o.key, 0) > 0]
     keys = [o.key for o in usable]
@@ -420,19 +434,23 @@ def size_fleet(
         )
     repinned = []
     for j, d in enumerate(demands):
-        if d.gpu_type is not None:
-            repinned.append(d)
-            continue
         g = max(int(first.alloc.gpus[j]), d.min_gpus)
-        best_type, best_rate = None, -math.inf
+        rates: dict[str, float] = {}
         for kind, curve in sorted(d.curves.items()):
             if kind[0] not in per_gpu:
                 continue
             hull = _upper_hull(curve)
             value = float(hull[min(g, len(hull)) - 1])
-            rate = value / (min(g, len(hull)) * per_gpu[kind[0]])
-            if rate > best_rate + 1e-12:
-                best_type, best_rate = kind[0], rate
+            per = value / min(g, len(hull))
+            rate = per / per_gpu[kind[0]] * per**SPEED_PREFERENCE
+            rates[kind[0]] = max(rates.get(kind[0], -math.inf), rate)
+        if not rates:
+            repinned.append(d)
+            continue
+        best_type = max(sorted(rates), key=lambda t: rates[t])
+        # A running job moves (a restart) only for more than the hysteresis margin.
+        if d.gpu_type in rates and rates[best_type] <= rates[d.gpu_type] * (1 + config.hysteresis):
+            best_type = d.gpu_type
         repinned.append(dataclasses.replace(d, gpu_type=best_type))
     second = _grow(repinned, usable, held, config, speeds)
 

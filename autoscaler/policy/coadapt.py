@@ -97,7 +97,13 @@ import numpy as np
 from autoscaler.errors import InvalidInputError
 from autoscaler.goodput import BatchConfig, BatchLimits, GoodputModel, optimistic_internode
 from autoscaler.goodput_batch import JobArrays, optimize_many
-from autoscaler.gputypes import REFERENCE_GPU_TYPE, SpeedTable, default_speed_table, estimate_model
+from autoscaler.gputypes import (
+    REFERENCE_GPU_TYPE,
+    SpeedTable,
+    default_speed_table,
+    estimate_model,
+    limits_on,
+)
 from autoscaler.jobs import (
     Allocation,
     BatchChoice,
@@ -477,10 +483,7 @@ class CoadaptPolicy:
         key = (job.application, gpu_type, job.limits)
         limits = self._limits_memo.get(key)
         if limits is None:
-            measured = self.speeds.max_local_bsz(job.application, gpu_type)
-            limits = job.limits
-            if measured is not None:
-                limits = replace(limits, max_local_bsz=max(limits.min_local_bsz, measured))
+            limits = limits_on(job.limits, job.application, gpu_type, self.speeds)
             if len(self._limits_memo) > 4096:
                 self._limits_memo.clear()
             self._limits_memo[key] = limits
