@@ -91,10 +91,12 @@ class PolluxOptions:
     """Tunables of the Pollux policy (defaults as in the paper, except the population).
 
     ``population`` x ``generations``: genetic-algorithm size. The paper uses 100 x 100; with
-    duplicate-free survival, 64 individuals reach the same best fitness: on six rounds (5-8 jobs)
-    captured from the paper's workload-1 at 0.5x load, cold-started, populations 64 and 100 both
-    reach 0.1723 (mean over rounds) with every one of 5 seeds, and a round's decision takes
-    0.50 s vs 0.56 s (``benchmarks/ga_population.py``, defaults). ``power``: the power-mean
+    duplicate-free survival, 64 individuals reach about the same best fitness, cold-started,
+    5 seeds (``benchmarks/ga_population.py``): on six rounds (5-8 jobs) of the paper's
+    workload-1 at 0.5x load (defaults), mean best fitness 0.16952 (64, every seed) vs 0.16956
+    (100), a decision 0.064 s vs 0.084 s; on a crowded round (31 jobs; ``--load 1.0
+    --arrival-scale 2 --min-jobs 30 --every 20``), 0.15048 vs 0.15086 (-0.25%), 0.16 s vs
+    0.21 s, no job left waiting by either. ``power``: the power-mean
     exponent ``p`` (0 = geometric mean); ``restart_penalty``: apply the restart factor;
     ``exploration_factor``: GPU cap as a multiple of the largest profiled GPU count;
     ``max_gpus_per_job``: hard cap on any job; ``reset_prob``/``zero_prob``: mutation rates;
