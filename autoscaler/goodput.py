@@ -71,6 +71,7 @@ __all__ = [
     "lr_scale",
     "optimistic_internode",
     "predict_step_time_s",
+    "validate_sample",
 ]
 
 
@@ -197,8 +198,11 @@ class ProfileSample:
         return sum(self.placement)
 
 
-def _validate_sample(i: int, s: ProfileSample) -> None:
-    where = f"samples[{i}]"
+def validate_sample(s: object, where: str = "sample") -> None:
+    """Raise :class:`InvalidInputError` naming ``where`` (e.g. ``"samples[3]"``) unless ``s`` is
+    a well-formed :class:`ProfileSample`: a non-empty placement of GPU counts with at least one
+    GPU, positive integer micro-batch and accumulation steps, finite times >= 0, step time > 0.
+    """
     if not isinstance(s, ProfileSample):
         raise InvalidInputError(f"{where} is not a ProfileSample: {s!r}", field=where)
     if (
@@ -352,13 +356,14 @@ class BatchConfig:
     accum_steps: np.ndarray
 
 
-_N_TOTAL_CANDIDATES = 48
+#: Candidate total batch sizes per allocation in :meth:`GoodputModel.optimize` (geometric grid).
+N_TOTAL_CANDIDATES = 48
 
 
 @functools.lru_cache(maxsize=1024)
 def _total_grid(lo: int, hi: int) -> np.ndarray:
     """The candidate total batch sizes between ``lo`` and ``hi`` (read-only, shared)."""
-    grid = np.unique(np.round(np.geomspace(lo, hi, _N_TOTAL_CANDIDATES))).astype(float)
+    grid = np.unique(np.round(np.geomspace(lo, hi, N_TOTAL_CANDIDATES))).astype(float)
     grid.setflags(write=False)
     return grid
 
@@ -516,11 +521,13 @@ class GoodputModel:
 # Fitting
 # --------------------------------------------------------------------------------------------
 
-_LOG_FLOOR = math.log(1e-8)
-_LOG_CEIL = math.log(1e4)
-_GAMMA_MAX = 10.0
-_PRIOR_WEIGHT = 1e-5  # weak: pulls only what the data cannot identify
-_SYNC_FLOOR_FRAC = 1e-3  # sync times below this fraction of the step time carry no information
+# The fit objective's bounds and weights (shared with autoscaler.goodput_batch, whose batched
+# fit must reproduce this one).
+LOG_FLOOR = math.log(1e-8)
+LOG_CEIL = math.log(1e4)
+GAMMA_MAX = 10.0
+PRIOR_WEIGHT = 1e-5  # weak: pulls only what the data cannot identify
+SYNC_FLOOR_FRAC = 1e-3  # sync times below this fraction of the step time carry no information
 
 
 def optimistic_internode(model: GoodputModel) -> GoodputModel:
@@ -568,7 +575,7 @@ def fit_perf_params(
     if not samples:
         raise InvalidInputError("at least one profile sample is needed", field="samples")
     for i, s in enumerate(samples):
-        _validate_sample(i, s)
+        validate_sample(s, f"samples[{i}]")
     from scipy.optimize import minimize  # lazy: scipy import costs ~0.1 s
 
     prior_given = prior
@@ -580,7 +587,7 @@ def fit_perf_params(
     step = np.array([s.step_time_s for s in samples], dtype=float)
     sync = np.array([s.sync_time_s for s in samples], dtype=float)
     log_step = np.log(step)
-    sync_mask = (gpus > 1) & (sync > _SYNC_FLOOR_FRAC * step)
+    sync_mask = (gpus > 1) & (sync > SYNC_FLOOR_FRAC * step)
     log_sync = np.log(np.where(sync_mask, sync, 1.0))
     has_multi_gpu = bool(np.any(gpus > 1))
     has_multi_node = bool(np.any(nodes > 1))
@@ -605,10 +612,10 @@ def fit_perf_params(
     )
     x_full = x_prior.copy()
     if not has_multi_gpu:
-        x_full[2] = x_full[3] = x_full[4] = x_full[5] = _LOG_FLOOR
+        x_full[2] = x_full[3] = x_full[4] = x_full[5] = LOG_FLOOR
         x_full[6] = 1.0
     if not has_multi_node:
-        x_full[4] = x_full[5] = _LOG_FLOOR
+        x_full[4] = x_full[5] = LOG_FLOOR
     if prior_given is None:
         # Start (and centre the weak prior on) sync terms scaled to the measured sync times:
         # starting at the floor would leave them stuck there (flat in log space).
@@ -622,7 +629,7 @@ def fit_perf_params(
             x_full[6] = 1.5
         if has_multi_node:
             x_full[4] = x_full[5] = math.log(max(0.25 * max(inter_sync - intra_sync, 0.0), 1e-6))
-    bounds_all = [(_LOG_FLOOR, _LOG_CEIL)] * 6 + [(1.0, _GAMMA_MAX)]
+    bounds_all = [(LOG_FLOOR, LOG_CEIL)] * 6 + [(1.0, GAMMA_MAX)]
     idx = np.flatnonzero(free)
     prior_center = x_full[idx].copy()
     scale = np.array([1.0] * 6 + [0.5])[idx]
@@ -682,8 +689,8 @@ def fit_perf_params(
             e2 = np.where(sync_mask, log_ts - log_sync, 0.0)
             val += float(np.sum(e2 * e2) / n_sync)
         d = (x - prior_center) * scale
-        val += _PRIOR_WEIGHT * float(np.dot(d, d))
-        grad = grad_full[idx] + 2.0 * _PRIOR_WEIGHT * d * scale
+        val += PRIOR_WEIGHT * float(np.dot(d, d))
+        grad = grad_full[idx] + 2.0 * PRIOR_WEIGHT * d * scale
         return val, grad
 
     res = minimize(
@@ -703,5 +710,5 @@ def fit_perf_params(
         beta_n=float(p[3]),
         alpha_r=float(max(p[4], p[2])),
         beta_r=float(max(p[5], p[3])),
-        gamma=float(min(max(p[6], 1.0), _GAMMA_MAX)),
+        gamma=float(min(max(p[6], 1.0), GAMMA_MAX)),
     )

@@ -60,7 +60,19 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from autoscaler.errors import InvalidInputError
-from autoscaler.goodput import BatchConfig, GoodputModel, PerfParams, ProfileSample
+from autoscaler.goodput import (
+    GAMMA_MAX,
+    LOG_CEIL,
+    LOG_FLOOR,
+    N_TOTAL_CANDIDATES,
+    PRIOR_WEIGHT,
+    SYNC_FLOOR_FRAC,
+    BatchConfig,
+    GoodputModel,
+    PerfParams,
+    ProfileSample,
+    validate_sample,
+)
 
 __all__ = [
     "JobArrays",
@@ -69,14 +81,6 @@ __all__ = [
     "optimize_many",
 ]
 
-# The constants of autoscaler.goodput that define the candidate grid and the fit objective
-# (private there; tests/test_goodput_batch.py checks that these copies stay equal).
-N_TOTAL_CANDIDATES = 48
-LOG_FLOOR = math.log(1e-8)
-LOG_CEIL = math.log(1e4)
-GAMMA_MAX = 10.0
-PRIOR_WEIGHT = 1e-5
-SYNC_FLOOR_FRAC = 1e-3
 
 _PERF_NAMES = ("alpha_c", "beta_c", "alpha_n", "beta_n", "alpha_r", "beta_r", "gamma")
 _LIMIT_NAMES = (
@@ -518,40 +522,6 @@ _COLD_GAMMAS = (1.0, 2.0)
 _WARM_ALONE_MIN_SAMPLES = 8
 
 
-def _validate_sample(where: str, s: object) -> None:
-    """The checks of ``autoscaler.goodput`` on one sample, with the same messages."""
-    if not isinstance(s, ProfileSample):
-        raise InvalidInputError(f"{where} is not a ProfileSample: {s!r}", field=where)
-    if (
-        not isinstance(s.placement, tuple)
-        or not s.placement
-        or any(isinstance(g, bool) or not isinstance(g, int) or g < 0 for g in s.placement)
-        or sum(s.placement) < 1
-    ):
-        raise InvalidInputError(
-            f"{where}.placement must be a non-empty tuple of GPU counts (>= 0, at least one GPU), "
-            f"got {s.placement!r}",
-            field=f"{where}.placement",
-        )
-    for name in ("local_bsz", "accum_steps"):
-        value = getattr(s, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise InvalidInputError(
-                f"{where}.{name} must be a positive integer, got {value!r}", field=f"{where}.{name}"
-            )
-    for name in ("step_time_s", "sync_time_s"):
-        value = getattr(s, name)
-        if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            raise InvalidInputError(
-                f"{where}.{name} must be a finite number >= 0, got {value!r}",
-                field=f"{where}.{name}",
-            )
-    if s.step_time_s <= 0:
-        raise InvalidInputError(
-            f"{where}.step_time_s must be > 0, got {s.step_time_s!r}", field=f"{where}.step_time_s"
-        )
-
-
 def _listed(sample_sets: Sequence[Sequence[ProfileSample]]) -> list[list[ProfileSample]]:
     if isinstance(sample_sets, (str, bytes)) or not isinstance(sample_sets, Sequence):
         raise InvalidInputError(
@@ -577,7 +547,7 @@ def _validate_all(sets: list[list[ProfileSample]]) -> None:
                 field=f"sample_sets[{j}]",
             )
         for i, s in enumerate(samples):
-            _validate_sample(f"sample_sets[{j}][{i}]", s)
+            validate_sample(s, f"sample_sets[{j}][{i}]")
 
 
 @dataclass(frozen=True)

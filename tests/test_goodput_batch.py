@@ -45,12 +45,12 @@ from autoscaler.traces import APPLICATIONS, AppTrace, ThroughputRow, load_app
 
 
 def test_constants_are_those_of_the_scalar_model() -> None:
-    assert gb.N_TOTAL_CANDIDATES == goodput._N_TOTAL_CANDIDATES
-    assert gb.LOG_FLOOR == goodput._LOG_FLOOR
-    assert gb.LOG_CEIL == goodput._LOG_CEIL
-    assert gb.GAMMA_MAX == goodput._GAMMA_MAX
-    assert gb.PRIOR_WEIGHT == goodput._PRIOR_WEIGHT
-    assert gb.SYNC_FLOOR_FRAC == goodput._SYNC_FLOOR_FRAC
+    assert gb.N_TOTAL_CANDIDATES is goodput.N_TOTAL_CANDIDATES
+    assert gb.LOG_FLOOR is goodput.LOG_FLOOR
+    assert gb.LOG_CEIL is goodput.LOG_CEIL
+    assert gb.GAMMA_MAX is goodput.GAMMA_MAX
+    assert gb.PRIOR_WEIGHT is goodput.PRIOR_WEIGHT
+    assert gb.SYNC_FLOOR_FRAC is goodput.SYNC_FLOOR_FRAC
 
 
 # ---------------------------------------------------------------- optimize_many
