@@ -64,19 +64,10 @@ from autoscaler.goodput_batch import (
     optimize_many,
 )
 from autoscaler.traces import APPLICATIONS, AppTrace, ThroughputRow, load_app
+from benchmarks.goodput_fit import to_sample
 from coadapt_common.atomic import write_json_atomic
 
 PROFILE_SIZES = (1, 2, 3, 5, 8, 16, 32)
-
-
-def to_sample(row: ThroughputRow) -> ProfileSample:
-    return ProfileSample(
-        placement=tuple(row.placement),
-        local_bsz=int(row.local_bsz),
-        accum_steps=1,
-        step_time_s=row.step_time_s,
-        sync_time_s=row.sync_time_s,
-    )
 
 
 def median_s(fn: Callable[[], object], repeats: int) -> float:

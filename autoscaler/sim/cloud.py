@@ -37,22 +37,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
+from autoscaler.costs import CostLedger, CostRecord
 from autoscaler.errors import AutoscalerError, InvalidInputError
 from autoscaler.jobs import ClusterView, JobView, NodeView, OfferingRef
 from autoscaler.sim.cluster import NodeGroup
 from autoscaler.sizing import FleetOption
-
-if TYPE_CHECKING:
-    from autoscaler.costs import CostLedger
-
-
-def _new_ledger() -> CostLedger:
-    from autoscaler.costs import CostLedger
-
-    return CostLedger()
-
 
 __all__ = [
     "CloudConfig",
@@ -201,7 +192,7 @@ class CloudFleet:
     """The simulated fleet (driven by :class:`~autoscaler.sim.engine.Simulator`)."""
 
     config: CloudConfig
-    ledger: CostLedger = field(default_factory=_new_ledger)
+    ledger: CostLedger = field(default_factory=CostLedger)
     instances: dict[str, _Instance] = field(default_factory=dict)
     unavailable_until: dict[str, float] = field(default_factory=dict)
     launches: int = 0
@@ -314,11 +305,12 @@ class CloudFleet:
                     if inst.ready_at_s <= now_s:
                         released.add(inst.instance_id)
                     self._end(inst.instance_id, now_s, "released")
+        held = self.held()
         for o in self.config.offerings:
             want = max(0, int(target.get(o.key, 0)))
-            have = self.held().get(o.key, 0)
-            for _ in range(want - have):
-                if not self._launch(o, now_s):
+            have = held.get(o.key, 0)
+            for k in range(want - have):
+                if not self._launch(o, now_s, have + k):
                     break
         budget = self.config.budget_usd_per_hour
         price = self.usd_per_hour()
@@ -330,7 +322,7 @@ class CloudFleet:
             )
         return released
 
-    def close(self, now_s: float):
+    def close(self, now_s: float) -> CostRecord:
         for iid in list(self.instances):
             self._end(iid, now_s, "end_of_run")
         return self.ledger.close(now_s)
@@ -341,12 +333,14 @@ class CloudFleet:
 
     # ---- internals -------------------------------------------------------------------------
 
-    def _launch(self, o: CloudOffering, now_s: float) -> bool:
+    def _launch(self, o: CloudOffering, now_s: float, held: int) -> bool:
+        """Launch one instance of ``o`` (``held`` of it held already); ``False`` if the
+        offering is unavailable or at capacity (then marked unavailable)."""
         if self.unavailable_until.get(o.key, -math.inf) > now_s:
             return False
         if o.preemption is not None:
             cap = o.preemption.capacity_at(now_s)
-            if cap is not None and self.held().get(o.key, 0) >= cap:
+            if cap is not None and held >= cap:
                 self.capacity_errors += 1
                 self.unavailable_until[o.key] = now_s + self.config.unavailable_s
                 return False

@@ -107,7 +107,6 @@ class _Job:
     checkpoint_progress: float = 0.0
     since_checkpoint_s: float = 0.0
     preemptions: int = 0
-    submitted_logged: bool = False
 
     @property
     def restarts(self) -> int:
@@ -220,7 +219,10 @@ class Simulator:
         done = 0
         while pending or active:
             while pending and pending[0].spec.submit_time_s <= self.now_s:
-                active.append(pending.pop(0))
+                job = pending.pop(0)
+                active.append(job)
+                if self.fleet is not None:
+                    self.fleet.ledger.job_event(job.spec.name, job.spec.submit_time_s, "submitted")
             if not active and self.fleet is not None and self.fleet.instances:
                 self._fleet_round([])  # the fleet is billed while it waits: size it anyway
                 self.now_s += cfg.interval_s
@@ -238,10 +240,6 @@ class Simulator:
                     f"{len(active) + len(pending)} jobs unfinished after {cfg.max_time_s:.0f} s "
                     f"under {self.policy.name}"
                 )
-            for job in active:
-                if job.submitted_logged is False and self.fleet is not None:
-                    self.fleet.ledger.job_event(job.spec.name, job.spec.submit_time_s, "submitted")
-                    job.submitted_logged = True
             self._schedule(active)
             self._advance(active)
             finished = [job for job in active if job.completion_s is not None]
@@ -269,9 +267,10 @@ class Simulator:
             interference_avoidance=self.avoid,
         )
 
-    def _fleet_round(self, active: list[_Job]) -> None:
+    def _fleet_round(self, active: list[_Job]) -> tuple[JobView, ...] | None:
         """Cloud mode, before the policy: nodes join and leave, the strategy sizes the fleet,
-        the fleet is reconciled (see :mod:`autoscaler.sim.cloud`)."""
+        the fleet is reconciled (see :mod:`autoscaler.sim.cloud`). Returns the jobs' views
+        the strategy saw, still current unless a release stopped a job (then ``None``)."""
         fleet, cfg = self.fleet, self.config
         assert fleet is not None and cfg.cloud is not None
         gone = fleet.begin_round(self.now_s, cfg.interval_s)
@@ -290,19 +289,28 @@ class Simulator:
             for node_id, gpus in job.allocation.items():
                 used[node_id] = used.get(node_id, 0) + gpus
         released = fleet.reconcile(self.now_s, target, used)
-        self._stop_on(active, released, planned=True)
+        stopped = self._stop_on(active, released)
         self.nodes = fleet.nodes(self.now_s)
         self._group = {node.node_id: fleet.group_of(node.node_id) for node in self.nodes}
+        return None if stopped else views
 
-    def _stop_on(self, active: list[_Job], node_ids: set[str], *, planned: bool) -> None:
-        """Jobs on released ``node_ids`` stop, writing a checkpoint first."""
+    def _stop_on(self, active: list[_Job], node_ids: set[str]) -> bool:
+        """Jobs on released ``node_ids`` stop, writing a checkpoint first; whether any did."""
+        stopped = False
         for job in active:
             if any(n in node_ids for n in job.allocation):
-                job.checkpoint_progress = job.progress
-                job.since_checkpoint_s = 0.0
-                job.allocation = Allocation()
-                job.batch = None
-                job.delay_left_s = 0.0
+                stopped = True
+                self._stop(job)
+        return stopped
+
+    @staticmethod
+    def _stop(job: _Job) -> None:
+        """``job`` stops where it is, its progress checkpointed."""
+        job.checkpoint_progress = job.progress
+        job.since_checkpoint_s = 0.0
+        job.allocation = Allocation()
+        job.batch = None
+        job.delay_left_s = 0.0
 
     def _preempted(self, job: _Job, hit: dict[str, float]) -> None:
         """``job`` lost the nodes in ``hit`` (node id -> preemption time): it stops, and falls
@@ -313,11 +321,7 @@ class Simulator:
         fleet.ledger.job_event(job.spec.name, min(hit.values()), "preemption")
         if not all(fleet.notice_suffices(n) for n in hit):
             job.progress = job.checkpoint_progress
-        job.checkpoint_progress = job.progress
-        job.since_checkpoint_s = 0.0
-        job.allocation = Allocation()
-        job.batch = None
-        job.delay_left_s = 0.0
+        self._stop(job)
 
     def _schedule(self, active: list[_Job]) -> None:
         cfg = self.config
@@ -325,15 +329,15 @@ class Simulator:
         self.book.refit()
         fit_s = time.perf_counter() - t0
         self.fit_wall_s += fit_s
-        if self.fleet is not None:
-            self._fleet_round(active)
+        views = self._fleet_round(active) if self.fleet is not None else None
         cluster = self._cluster()
         if not cluster.nodes:  # cloud mode, nothing ready yet: every job waits
             for job in active:
                 job.allocation, job.batch, job.delay_left_s = Allocation(), None, 0.0
             self.rounds.append(RoundStats(self.now_s, len(active), 0, 0.0, fit_s))
             return
-        views = tuple(self._view(job) for job in active)
+        if views is None:
+            views = tuple(self._view(job) for job in active)
         round_input = RoundInput(cluster, views)
         t0 = time.perf_counter()
         decision = self.policy.decide(round_input, self._state)

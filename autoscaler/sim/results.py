@@ -10,15 +10,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from autoscaler.costs import CostRecord, record_to_json
 from autoscaler.sim.config import SimConfig
 from coadapt_common.atomic import write_json_atomic
-
-if TYPE_CHECKING:
-    from autoscaler.costs import CostRecord
 
 __all__ = [
     "JobResult",
@@ -148,8 +146,6 @@ def results_payload(results: Sequence[SimResult], *, include_timing: bool = Fals
             ],
         }
         if res.cost is not None:
-            from autoscaler.costs import record_to_json
-
             run["cost_record"] = record_to_json(res.cost)
             run["fleet"] = dict(res.fleet or {})
         if include_timing:
