@@ -1,11 +1,12 @@
 """Fleet strategies side by side on priced, preemptible cloud offerings (cost vs JCT).
 
-    python benchmarks/cloud_cost.py --experiment E1|E2|E3 [--spot-trace FAMILY=FILE]
+    python benchmarks/cloud_cost.py --experiment E1|E2|E3 [--spot-trace [FAMILY=]FILE]
         [--spot-prices constant|stochastic] [--seed N] [--workloads N]
         [--budget USD_PER_HOUR] [--min-efficiency X] [--optimistic-nodes] [-j 2] --out FILE
 
-``--spot-trace g4dn=FILE`` replaces a family's availability trace (either Bamboo format: the
-event list or the counts over time).
+``--spot-trace g4dn=FILE`` replaces one family's availability trace (``g4dn`` or ``p3``; either
+Bamboo format: the event list or the counts over time); a bare ``--spot-trace FILE`` replaces
+every family's. Families not named keep the shipped Bamboo traces.
 
 Experiments (offerings, traces and strategies: :mod:`autoscaler.sim.experiments`):
 
@@ -41,7 +42,13 @@ from autoscaler.costs import summarize
 from autoscaler.policy import make_policy
 from autoscaler.sim.config import SimConfig
 from autoscaler.sim.engine import Simulator
-from autoscaler.sim.experiments import EXPERIMENTS, build_run, e1_workload, load_traces
+from autoscaler.sim.experiments import (
+    EXPERIMENTS,
+    SPOT_FAMILIES,
+    build_run,
+    e1_workload,
+    load_traces,
+)
 from autoscaler.sim.runner import paper_workloads
 from autoscaler.sim.workload import load_workload
 from autoscaler.sizing import SizingConfig
@@ -83,7 +90,7 @@ def _one(task: tuple) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--experiment", required=True, choices=sorted(EXPERIMENTS))
-    ap.add_argument("--spot-trace", action="append", default=[], metavar="FAMILY=FILE")
+    ap.add_argument("--spot-trace", action="append", default=[], metavar="[FAMILY=]FILE")
     ap.add_argument("--workloads", type=int, default=8)
     ap.add_argument("--budget", type=float, default=None, help="fleet budget, USD per hour")
     ap.add_argument("--min-efficiency", type=float, default=SizingConfig().min_efficiency)
@@ -102,12 +109,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-j", "--jobs", type=int, default=2)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
-    traces = {}
+    traces: dict[str, str] = {}
     for item in args.spot_trace:
         family, sep, path = item.partition("=")
-        if not sep or not Path(path).is_file():
-            ap.error(f"--spot-trace wants FAMILY=FILE with an existing file, got {item!r}")
-        traces[family] = path
+        if not sep:
+            family, path = "", item
+        if not Path(path).is_file():
+            ap.error(f"--spot-trace wants [FAMILY=]FILE with an existing file, got {item!r}")
+        if family and family not in SPOT_FAMILIES:
+            ap.error(f"--spot-trace: unknown family {family!r}; one of {', '.join(SPOT_FAMILIES)}")
+        traces.update({f: path for f in ([family] if family else SPOT_FAMILIES)})
     if traces:
         load_traces(traces)  # fail before any simulation on a bad trace
     workloads: list[str] = (

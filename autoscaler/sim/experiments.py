@@ -71,6 +71,7 @@ from autoscaler.strategies import FixedFleet, GoodputSizing, PerJobCheapest, Uti
 
 __all__ = [
     "EXPERIMENTS",
+    "SPOT_FAMILIES",
     "CloudRun",
     "HazardPreemption",
     "TracePreemption",
@@ -106,6 +107,8 @@ _INSTANCES: Mapping[str, tuple[str, ...]] = {
     "E3": ("g4dn.xlarge", "g4dn.12xlarge", "p3.16xlarge", "p4d.24xlarge"),
 }
 _TRACE_OF: Mapping[str, str] = {"g4dn": "g4dn-trace.csv", "p3": "p3-trace.csv"}
+#: Instance families whose spot capacity replays an availability trace.
+SPOT_FAMILIES: tuple[str, ...] = tuple(_TRACE_OF)
 #: Intra-node GPU links of instance types not in the simulator's table (one GPU: unused).
 _SINGLE_GPU_INTRA_GBYTES_PER_S = 16.0
 
@@ -220,8 +223,12 @@ def _offerings(
 
 
 def load_traces(paths: Mapping[str, str | Path] | None = None) -> dict[str, AvailabilityTrace]:
-    """The Bamboo spot traces by instance family (``g4dn``, ``p3``), or the files given."""
-    chosen = paths or {family: bamboo_trace_path(name) for family, name in _TRACE_OF.items()}
+    """The spot availability traces by instance family: the shipped Bamboo ones (``g4dn``,
+    ``p3``), each replaced by the file ``paths`` gives for its family, if any."""
+    chosen: dict[str, str | Path] = {
+        family: bamboo_trace_path(name) for family, name in _TRACE_OF.items()
+    }
+    chosen.update(paths or {})
     return {family: load_availability_trace(path) for family, path in chosen.items()}
 
 

@@ -210,3 +210,27 @@ def test_stochastic_spot_prices_move_are_seeded_and_stay_under_on_demand():
         assert max(prices) <= o.ondemand_usd_per_hour
     with pytest.raises(InvalidInputError, match="spot price model"):
         build_run("E2", "coadapt", spot_prices="weekly")
+
+
+def test_a_replaced_spot_trace_keeps_the_other_families(tmp_path):
+    from autoscaler.pricing import bamboo_trace_path
+    from autoscaler.sim.experiments import load_traces
+
+    p3 = bamboo_trace_path("p3-trace.csv")
+    traces = load_traces({"g4dn": p3})
+    assert set(traces) == {"g4dn", "p3"}
+    assert traces["g4dn"].times_s == traces["p3"].times_s  # g4dn replaced by the p3 file
+    assert load_traces()["g4dn"].times_s != traces["g4dn"].times_s
+
+
+def test_cloud_cost_benchmark_rejects_a_bad_spot_trace_before_simulating(tmp_path, capsys):
+    from benchmarks.cloud_cost import main
+
+    out = tmp_path / "e.json"
+    for bad in (str(tmp_path / "missing.csv"), "k80=" + str(tmp_path / "w.csv")):
+        (tmp_path / "w.csv").write_text("0,add,node1\n")
+        with pytest.raises(SystemExit) as info:
+            main(["--experiment", "E1", "--spot-trace", bad, "--out", str(out)])
+        assert info.value.code == 2
+    assert "unknown family" in capsys.readouterr().err
+    assert not out.exists()
