@@ -11,6 +11,8 @@ Callers branch on the type, never on message text:
 * ``InvalidRequestError`` — rejected before any cloud call (bad offering, count, tags), or the
   cloud said the request itself is malformed.
 * ``AuthError`` — credentials missing/expired or permission denied; not retried.
+* ``FakeStateError`` — the fake cloud's state file (``FakeProvider(state_path=...)``) is gone,
+  unreadable or not in its format; it names the file.
 """
 
 from __future__ import annotations
@@ -57,6 +59,16 @@ class InvalidRequestError(ProviderError, ValueError):
 
 class AuthError(ProviderError):
     """Authentication or authorisation failed."""
+
+
+class FakeStateError(ProviderError):
+    """The fake cloud's state file is gone, unreadable or not a ``coadapt-fake-cloud`` file.
+
+    ``path`` is the file, also named in the message."""
+
+    def __init__(self, message: str, *, path: str) -> None:
+        super().__init__(message)
+        self.path = path
 
 
 # Alias with the contract's short name.

@@ -30,23 +30,54 @@ What the "cloud" side records, and what tests can steer:
 * ``restarted()`` — a new adapter over the same cloud, as a controller restarted after a crash
   builds it (shares the cloud's state, none of the adapter's).
 
+**A cloud that outlives the process: ``state_path``.** Without it (the default, and what the
+simulator uses) the cloud lives in this object's memory and no operation touches a file. With
+``state_path=FILE`` the cloud side lives in ``FILE`` (JSON, headed ``"format":
+"coadapt-fake-cloud", "version": 1``), so a controller process can be ``kill -9``-ed and
+restarted against the same cloud, and a test process can preempt instances while a controller
+process runs. Each operation is one transaction: take an ``flock`` on ``FILE.lock``, load
+``FILE`` (skipped when it is the text this object last read or wrote), operate, and write the
+state back atomically (temp file, fsync, rename) when it changed, also when the operation
+raised a ``ProviderError`` (a cloud call may have acted before it failed). That rename is the
+cloud's commit point: a process killed before it leaves the cloud as it was before the
+operation, killed after it, as after. The file holds the cloud side only: the catalogue with
+current spot prices, capacity per pool, every known instance (pool, tags, launch time,
+termination time, preemption deadline), the request-id tag index, queued interruption notices,
+pending deadlines, the retention queue and the id counter; timestamps are absolute seconds of
+the injected clock, so a restarted process may pass a later ``FakeClock`` or a ``SystemClock``.
+When ``FILE`` exists, construction loads it and the ``offerings``/``capacity`` arguments are
+ignored (they only seed a new file). The adapter side is *not* stored and stays per object:
+the unavailable-offerings cache, ``calls``, ``next_error`` queues, retry randomness, and the
+settings ``boot_s``, ``page_size``, ``terminated_retention_s``, ``retry_policy`` (processes
+sharing a file should pass the same ones). So a restarted adapter knows nothing of earlier
+capacity marks, just as a restarted controller would not. Every file-backed operation costs
+O(instances known to the cloud) to serialise; fine for crash tests, not meant for large fleets.
+A file that is gone, unreadable or not in this format raises ``FakeStateError`` naming it.
+
 Launch fills the request's pools in the order given (the caller's preference). Not thread-safe:
-one controller (or one simulator) drives one instance.
+one controller (or one simulator) drives one object; with a ``state_path``, several objects in
+several processes may share one file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import fcntl
+import functools
 import heapq
-import itertools
+import json
+import os
 import random
 from collections import Counter, deque
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
 from functools import partial
+from pathlib import Path
 from types import MappingProxyType
-from typing import Final, NamedTuple
+from typing import Any, Concatenate, Final, NamedTuple, ParamSpec, TypeVar
 
+from coadapt_common.atomic import write_text_atomic
 from coadapt_common.clock import Clock, SystemClock
 from providers.base import (
     Instance,
@@ -65,6 +96,7 @@ from providers.base import (
 from providers.capacity import Placement, UnavailableOfferings, walk_pools
 from providers.errors import (
     AuthError,
+    FakeStateError,
     InstanceNotFoundError,
     InsufficientCapacityError,
     InvalidRequestError,
@@ -77,6 +109,11 @@ FAKE_PROVIDER: Final = "fake"
 OPS: Final = frozenset({"offerings", "spot_prices", "launch", "list", "terminate", "interruptions"})
 DEFAULT_REGION: Final = "us-east-1"
 DEFAULT_ZONES: Final = ("us-east-1a", "us-east-1b")
+STATE_FORMAT: Final = "coadapt-fake-cloud"
+STATE_VERSION: Final = 1
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
 class FakeCall(NamedTuple):
@@ -158,6 +195,79 @@ class _Record:
         return self.tags.get(CLUSTER_ID_TAG)
 
 
+@dataclass(frozen=True)
+class _StateFile:
+    """Where a file-backed fake cloud lives: ``path`` and its sidecar lock file."""
+
+    path: Path
+
+    @property
+    def lock_path(self) -> Path:
+        return self.path.with_name(self.path.name + ".lock")
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold an exclusive ``flock`` on the lock file (the kernel drops it if we die)."""
+        with open(self.lock_path, "a+b") as fh:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+            yield  # closing the file releases the lock
+
+    def read(self) -> str | None:
+        """The file's text, None when there is no file."""
+        try:
+            return self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        except (OSError, UnicodeDecodeError) as err:
+            raise self.error(f"cannot read it ({err})") from err
+
+    def write(self, text: str) -> None:
+        """Replace the file atomically and durably: the cloud's commit point."""
+        write_text_atomic(self.path, text, durable=True)
+
+    def error(self, why: str) -> FakeStateError:
+        return FakeStateError(f"fake cloud state file {self.path}: {why}", path=str(self.path))
+
+
+def _cloud_op(
+    method: Callable[Concatenate[FakeProvider, _P], _R],
+) -> Callable[Concatenate[FakeProvider, _P], _R]:
+    """Mark a method that reads or changes the cloud side. With a ``state_path`` each call is
+    one transaction on the file (lock, load, run, save; module docstring); without one, or
+    inside a transaction already, the method runs as is."""
+
+    @functools.wraps(method)
+    def op(self: FakeProvider, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        store = self._store
+        if store is None or self._in_transaction:
+            return method(self, *args, **kwargs)
+        return self._transaction(store, partial(method, self, *args, **kwargs))
+
+    return op
+
+
+def _text(value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {value!r}")
+    return value
+
+
+def _seconds(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"expected a number of seconds, got {value!r}")
+    return float(value)
+
+
+def _optional_seconds(value: object) -> float | None:
+    return None if value is None else _seconds(value)
+
+
+def _text_map(value: object) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise TypeError(f"expected an object of strings, got {value!r}")
+    return {_text(k): _text(v) for k, v in value.items()}
+
+
 class FakeProvider:
     """In-memory cloud + adapter. See the module docstring for the behaviour it simulates.
 
@@ -165,7 +275,9 @@ class FakeProvider:
     ``provider`` must equal ``name``); ``capacity`` maps pool keys to the most live instances the
     pool holds (missing or ``None``: unlimited). ``boot_s`` is how long an instance stays
     ``PENDING``; ``terminated_retention_s`` how long a terminated instance stays known (later it
-    is unknown, which ``terminate`` also counts as already gone).
+    is unknown, which ``terminate`` also counts as already gone). ``state_path``: keep the cloud
+    side in that file instead of in memory (module docstring); an existing file is loaded (and
+    ``offerings``/``capacity`` ignored), a missing one is created from them.
     """
 
     def __init__(
@@ -181,6 +293,7 @@ class FakeProvider:
         retry_policy: RetryPolicy | None = None,
         seed: int = 0,
         terminated_retention_s: float = 3600.0,
+        state_path: str | os.PathLike[str] | None = None,
     ) -> None:
         self.name = name
         catalogue = list(default_offerings(name) if offerings is None else offerings)
@@ -202,7 +315,12 @@ class FakeProvider:
         self._seed = seed
         self._retention_s = terminated_retention_s
         self.calls: list[FakeCall] = []
+        self._store = None if state_path is None else _StateFile(Path(state_path))
+        self._in_transaction = False
+        self._state_text: str | None = None  # the file as this object last read or wrote it
         self._init_state()
+        if self._store is not None:
+            self._open_store(self._store)
 
     # ------------------------------------------------------------ test controls
 
@@ -212,10 +330,18 @@ class FakeProvider:
         return self._unavailable
 
     def reset(self) -> None:
-        """Forget every instance, call, injected error and notice; restore capacity and prices."""
+        """Forget every instance, call, injected error and notice; restore capacity and prices.
+
+        With a ``state_path``, the file gets this object's initial cloud (every object over it
+        sees the reset)."""
         self.calls = []
         self._unavailable.clear()
-        self._init_state()
+        if self._store is None:
+            self._init_state()
+            return
+        with self._store.locked():
+            self._init_state()
+            self._save(self._store, force=True)
 
     def restarted(self) -> FakeProvider:
         """A new adapter over this same cloud, as a restarted controller builds it.
@@ -223,24 +349,29 @@ class FakeProvider:
         Shares the cloud's state with this object (instances, the request-id tag index,
         capacity, prices, call records, injected errors, notices) and none of the adapter's: a
         fresh unavailable-offerings cache and retry randomness. ``reset()`` on either one
-        detaches them.
+        detaches them. With a ``state_path`` the cloud is the file, which the twin reads at its
+        first operation; a new ``FakeProvider(state_path=...)`` is the same without the shared
+        call records and injected errors.
         """
         twin = copy.copy(self)  # shallow: the cloud's containers are shared, not copied
         twin._unavailable = UnavailableOfferings(self._clock)
         twin._rng = random.Random(self._seed)
+        twin._state_text = None  # file-backed: load the file, never trust memory shared with us
         return twin
 
+    @_cloud_op
     def set_capacity(self, pool_key: str, instances: int | None) -> None:
         """At most ``instances`` live instances in ``pool_key`` from now on (None: unlimited)."""
         self._offering(pool_key)
         self._check_capacity({pool_key: instances})
         self._capacity[pool_key] = instances
 
+    @_cloud_op
     def remaining_capacity(self, pool_key: str) -> int | None:
         """Free slots in the pool (None: unlimited)."""
-        cap = self._capacity.get(pool_key)
-        return None if cap is None else max(0, cap - self._live_by_pool[pool_key])
+        return self._room(pool_key)
 
+    @_cloud_op
     def set_spot_price(self, instance_type: str, zone: str, price_usd_per_hour: float) -> None:
         """Change the spot price of one (type, zone); offerings() reflects it."""
         if not price_usd_per_hour > 0:
@@ -261,6 +392,7 @@ class FakeProvider:
             raise TypeError("injected errors must be ProviderError instances")
         self._errors[op].append(error)
 
+    @_cloud_op
     def preempt(
         self,
         instance_id: str,
@@ -282,6 +414,7 @@ class FakeProvider:
         self._advance()
         return notice
 
+    @_cloud_op
     def rebalance(self, instance_id: str) -> InterruptionNotice:
         """Queue a rebalance recommendation (elevated risk, no deadline) for a live instance."""
         self._advance()
@@ -292,6 +425,7 @@ class FakeProvider:
         self._queue_notice(rec, notice)
         return notice
 
+    @_cloud_op
     def add_foreign_instance(
         self, offering: Offering | None = None, tags: Mapping[str, str] | None = None
     ) -> str:
@@ -310,6 +444,7 @@ class FakeProvider:
             if c.op == op and all(c.args.get(k) == v for k, v in match.items())
         )
 
+    @_cloud_op
     def instance_state(self, instance_id: str) -> InstanceState | None:
         """The cloud's state of any known instance, owned or not (None: unknown)."""
         self._advance()
@@ -318,10 +453,12 @@ class FakeProvider:
 
     # ---------------------------------------------------------------- contract
 
+    @_cloud_op
     def offerings(self) -> Sequence[Offering]:
         self._call("offerings", {})
         return list(self._catalogue.values())
 
+    @_cloud_op
     def spot_prices(self) -> Sequence[SpotPrice]:
         self._call("spot_prices", {})
         now = self._clock.now_s()
@@ -331,6 +468,7 @@ class FakeProvider:
             if o.market is Market.SPOT and o.price_usd_per_hour is not None
         ]
 
+    @_cloud_op
     def launch(self, request: LaunchRequest) -> LaunchResult:
         """The launch rule of ``providers.base``: create only the shortfall of the request's
         live instances (found by the cloud's request-id index), pools tried in order through
@@ -384,6 +522,7 @@ class FakeProvider:
             return Placement(errors={pool.key: err})
         return Placement(tuple(batch))
 
+    @_cloud_op
     def list_instances(self, cluster_id: str) -> Sequence[Instance]:
         validate_id(cluster_id, field="cluster_id")
         self._advance()
@@ -402,6 +541,7 @@ class FakeProvider:
             )
         return [self._instance(self._records[i]) for i in ids]
 
+    @_cloud_op
     def terminate(
         self, cluster_id: str, instance_ids: Sequence[str], request_id: str
     ) -> TerminateResult:
@@ -437,6 +577,7 @@ class FakeProvider:
                     terminated.append(iid)
         return TerminateResult(request_id, tuple(terminated), tuple(gone), tuple(refused))
 
+    @_cloud_op
     def interruptions(self, cluster_id: str) -> Sequence[InterruptionNotice]:
         """Drain the notices queued for instances owned by ``cluster_id``."""
         validate_id(cluster_id, field="cluster_id")
@@ -453,6 +594,11 @@ class FakeProvider:
     # ---------------------------------------------------------------- internals
 
     def _init_state(self) -> None:
+        self._init_cloud()
+        self._errors: dict[str, deque[ProviderError]] = {op: deque() for op in OPS}
+        self._rng = random.Random(self._seed)
+
+    def _init_cloud(self) -> None:
         self._catalogue: dict[str, Offering] = {o.key: o for o in self._initial_catalogue}
         self._capacity: dict[str, int | None] = dict(self._initial_capacity)
         self._records: dict[str, _Record] = {}
@@ -460,11 +606,9 @@ class FakeProvider:
         self._by_cluster: dict[str, set[str]] = {}
         self._by_request: dict[tuple[str, str], list[str]] = {}
         self._notices: dict[str, list[InterruptionNotice]] = {}
-        self._errors: dict[str, deque[ProviderError]] = {op: deque() for op in OPS}
         self._deadlines: list[tuple[float, str]] = []
         self._retired: list[tuple[float, str]] = []
-        self._ids = itertools.count(1)
-        self._rng = random.Random(self._seed)
+        self._next_id = 1
 
     @staticmethod
     def _check_capacity(capacity: Mapping[str, int | None]) -> None:
@@ -493,7 +637,7 @@ class FakeProvider:
     def _cloud_run(self, pool: Offering, wanted: int, tags: Mapping[str, str]) -> list[_Record]:
         """The cloud's RunInstances: up to ``wanted`` in one pool, capacity error if none."""
         self._call("launch", {"pool": pool.key, "count": wanted})
-        room = self.remaining_capacity(pool.key)
+        room = self._room(pool.key)
         n = wanted if room is None else min(wanted, room)
         if n == 0:
             raise InsufficientCapacityError(
@@ -503,8 +647,13 @@ class FakeProvider:
             )
         return [self._create(pool, tags) for _ in range(n)]
 
+    def _room(self, pool_key: str) -> int | None:
+        cap = self._capacity.get(pool_key)
+        return None if cap is None else max(0, cap - self._live_by_pool[pool_key])
+
     def _create(self, offering: Offering, tags: Mapping[str, str]) -> _Record:
-        n = next(self._ids)
+        n = self._next_id
+        self._next_id = n + 1
         rec = _Record(
             instance_id=f"i-{n:017x}",
             offering=offering,
@@ -574,3 +723,175 @@ class FakeProvider:
         cluster = rec.cluster_tag
         if cluster is not None:  # nobody can read notices of untagged instances
             self._notices.setdefault(cluster, []).append(notice)
+
+    # ------------------------------------------------------- the state file
+
+    def _open_store(self, store: _StateFile) -> None:
+        """Load the cloud from the state file, or create the file with the initial cloud."""
+        store.path.parent.mkdir(parents=True, exist_ok=True)
+        with store.locked():
+            if store.read() is None:
+                self._save(store, force=True)
+            else:
+                self._load(store)
+
+    def _transaction(self, store: _StateFile, body: Callable[[], _R]) -> _R:
+        """Run ``body`` as one transaction on the file: lock, load, run, save when changed.
+
+        A ``ProviderError`` is a cloud answer (the cloud may have acted before it failed), so
+        its state is saved too; any other exception leaves the file as it was and makes the
+        next operation reload it."""
+        with store.locked():
+            self._load(store)
+            self._in_transaction = True
+            try:
+                result = body()
+            except ProviderError:
+                self._save(store)
+                raise
+            except BaseException:
+                self._state_text = None  # memory may be half-changed: reload next time
+                raise
+            finally:
+                self._in_transaction = False
+            self._save(store)
+            return result
+
+    def _load(self, store: _StateFile) -> None:
+        """Replace the cloud side in memory with the file's (lock held)."""
+        text = store.read()
+        if text is None:
+            raise store.error("it is gone")
+        if text == self._state_text:
+            return  # nobody wrote since we did
+        try:
+            self._restore(json.loads(text))
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise store.error(
+                f"not a valid {STATE_FORMAT!r} version {STATE_VERSION} file "
+                f"({type(err).__name__}: {err})"
+            ) from err
+        self._state_text = text
+
+    def _save(self, store: _StateFile, *, force: bool = False) -> None:
+        """Write the cloud side to the file when it differs from what the file holds."""
+        known, self._state_text = self._state_text, None  # if anything fails: reload next time
+        text = json.dumps(self._snapshot(), sort_keys=True, allow_nan=False) + "\n"
+        if text != known or force:
+            store.write(text)
+        self._state_text = text
+
+    def _snapshot(self) -> dict[str, Any]:
+        """The cloud side as the state file's JSON document."""
+        return {
+            "format": STATE_FORMAT,
+            "version": STATE_VERSION,
+            "provider": self.name,
+            "catalogue": [
+                {**asdict(o), "market": o.market.value} for o in self._catalogue.values()
+            ],
+            "capacity": self._capacity,
+            "instances": [
+                {
+                    "id": r.instance_id,
+                    "pool": r.offering.key,
+                    "tags": dict(r.tags),
+                    "launched_at_s": r.launched_at_s,
+                    "private_ip": r.private_ip,
+                    "terminated_at_s": r.terminated_at_s,
+                    "preempt_at_s": r.preempt_at_s,
+                }
+                for r in self._records.values()
+            ],
+            # the request-id tag index; ids the cloud forgot are left out (ids are never reused)
+            "requests": [
+                [cluster, request, known]
+                for (cluster, request), ids in self._by_request.items()
+                if (known := [i for i in ids if i in self._records])
+            ],
+            "notices": {
+                cluster: [
+                    {
+                        "instance_id": n.instance_id,
+                        "kind": n.kind.value,
+                        "deadline_s": n.deadline_s,
+                        "source": n.source,
+                        "noticed_at_s": n.noticed_at_s,
+                    }
+                    for n in queued
+                ]
+                for cluster, queued in self._notices.items()
+            },
+            "deadlines": self._deadlines,  # heaps of (seconds, instance id)
+            "retired": self._retired,
+            "next_id": self._next_id,
+        }
+
+    def _restore(self, doc: Any) -> None:
+        """Set the cloud side from a state document; ValueError/KeyError/TypeError if bad."""
+        if not isinstance(doc, dict) or doc.get("format") != STATE_FORMAT:
+            raise ValueError(f"no 'format': {STATE_FORMAT!r} header")
+        if doc.get("version") != STATE_VERSION:
+            raise ValueError(f"version {doc.get('version')!r}, expected {STATE_VERSION}")
+        if doc["provider"] != self.name:
+            raise ValueError(f"written for provider {doc['provider']!r}, not {self.name!r}")
+        catalogue: dict[str, Offering] = {}
+        for d in doc["catalogue"]:
+            o = Offering(**{**d, "market": Market(d["market"])})
+            if o.provider != self.name:
+                raise ValueError(f"offering {o.key!r} is not of provider {self.name!r}")
+            catalogue[o.key] = o
+        capacity: dict[str, int | None] = {_text(k): v for k, v in doc["capacity"].items()}
+        self._check_capacity(capacity)
+        records: dict[str, _Record] = {}
+        live_by_pool: Counter[str] = Counter()
+        by_cluster: dict[str, set[str]] = {}
+        for d in doc["instances"]:
+            rec = _Record(
+                instance_id=_text(d["id"]),
+                offering=catalogue[d["pool"]],
+                tags=MappingProxyType(_text_map(d["tags"])),
+                launched_at_s=_seconds(d["launched_at_s"]),
+                private_ip=_text(d["private_ip"]),
+                terminated_at_s=_optional_seconds(d["terminated_at_s"]),
+                preempt_at_s=_optional_seconds(d["preempt_at_s"]),
+            )
+            records[rec.instance_id] = rec
+            if rec.terminated_at_s is None:
+                live_by_pool[rec.offering.key] += 1
+                if rec.cluster_tag is not None:
+                    by_cluster.setdefault(rec.cluster_tag, set()).add(rec.instance_id)
+        by_request = {
+            (_text(cluster), _text(request)): [_text(i) for i in ids]
+            for cluster, request, ids in doc["requests"]
+        }
+        notices = {
+            _text(cluster): [
+                InterruptionNotice(
+                    _text(n["instance_id"]),
+                    InterruptionKind(n["kind"]),
+                    _optional_seconds(n["deadline_s"]),
+                    _text(n["source"]),
+                    _optional_seconds(n["noticed_at_s"]),
+                )
+                for n in queued
+            ]
+            for cluster, queued in doc["notices"].items()
+        }
+        deadlines = [(_seconds(at), _text(i)) for at, i in doc["deadlines"]]
+        retired = [(_seconds(at), _text(i)) for at, i in doc["retired"]]
+        heapq.heapify(deadlines)  # a no-op on the heaps we wrote
+        heapq.heapify(retired)
+        next_id = doc["next_id"]
+        if isinstance(next_id, bool) or not isinstance(next_id, int) or next_id < 1:
+            raise ValueError(f"next_id must be a positive integer, got {next_id!r}")
+        self._catalogue = catalogue
+        self._capacity = capacity
+        self._records = records
+        self._live_by_pool = live_by_pool
+        self._by_cluster = by_cluster
+        self._by_request = by_request
+        self._notices = notices
+        self._deadlines = deadlines
+        self._retired = retired
+        self._next_id = next_id
