@@ -1,0 +1,1 @@
+"""The controller: lifecycle, store, reconcile and the control loop (see ``loop``)."""

@@ -1,0 +1,107 @@
+"""The controller's errors, rooted at ``ControllerError``.
+
+``ControllerError`` derives from :class:`autoscaler.errors.AutoscalerError` (and so from
+``coadapt_common.errors.CoadaptError``). Bad arguments are refused with
+:class:`autoscaler.errors.InvalidInputError`, as everywhere in ``autoscaler``; the classes
+here name what went wrong with the controller's *state*:
+
+* :class:`IllegalTransitionError` — an instance status change that the lifecycle table
+  (:data:`autoscaler.controller.lifecycle.TRANSITIONS`) does not allow;
+* :class:`StaleVersionError` — an optimistic-concurrency conflict: the row changed since the
+  caller read it (re-read, re-decide, retry);
+* :class:`StoreError` — the store itself: :class:`StoreMissingError`,
+  :class:`StoreExistsError`, :class:`StoreCorruptError`, :class:`UnknownRowError`,
+  :class:`DuplicateRowError`, or a plain ``StoreError`` for an SQLite failure (locked past the
+  busy timeout, disk I/O) with the ``sqlite3`` exception as its ``__cause__``.
+
+Every error that refuses a change leaves the store as it was.
+"""
+
+from __future__ import annotations
+
+from autoscaler.errors import AutoscalerError
+
+__all__ = [
+    "ControllerError",
+    "DuplicateRowError",
+    "IllegalTransitionError",
+    "StaleVersionError",
+    "StoreCorruptError",
+    "StoreError",
+    "StoreExistsError",
+    "StoreMissingError",
+    "UnknownRowError",
+]
+
+
+class ControllerError(AutoscalerError):
+    """Root of the errors of the controller package (``autoscaler.controller``)."""
+
+
+class IllegalTransitionError(ControllerError):
+    """An instance status change the lifecycle table does not allow; nothing was changed."""
+
+    def __init__(self, instance_id: str, from_status: str, to_status: str) -> None:
+        super().__init__(
+            f"instance {instance_id}: illegal status transition {from_status} -> {to_status}"
+        )
+        self.instance_id = instance_id
+        self.from_status = from_status
+        self.to_status = to_status
+
+
+class StaleVersionError(ControllerError):
+    """The row's version is not the one the update was written against; nothing was changed.
+
+    ``expected`` is the version the caller read, ``actual`` the one the store holds now.
+    """
+
+    def __init__(self, table: str, key: str, expected: int, actual: int) -> None:
+        super().__init__(
+            f"{table} row {key!r} is at version {actual}, not {expected}: "
+            "it changed since it was read (re-read it and decide again)"
+        )
+        self.table = table
+        self.key = key
+        self.expected = expected
+        self.actual = actual
+
+
+class StoreError(ControllerError):
+    """Root of the store's errors. ``path`` is the store file, when the error concerns it."""
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class StoreMissingError(StoreError):
+    """``Store.open`` of a path where no file exists (nothing was created)."""
+
+
+class StoreExistsError(StoreError):
+    """``Store.create`` of a path where something already exists (it was left untouched)."""
+
+
+class StoreCorruptError(StoreError):
+    """The file is not a store this code can use: not an SQLite database, failing its
+    integrity check, missing tables, or written by a newer schema version."""
+
+
+class UnknownRowError(StoreError):
+    """A row looked up by its key does not exist. ``table`` and ``key`` name it."""
+
+    def __init__(self, table: str, key: str) -> None:
+        super().__init__(f"no {table} row {key!r}")
+        self.table = table
+        self.key = key
+
+
+class DuplicateRowError(StoreError):
+    """An insert would repeat a unique key (a job name, an instance key, a request id, a
+    provider instance id). ``table`` and ``key`` name the row."""
+
+    def __init__(self, table: str, key: str, detail: str = "") -> None:
+        super().__init__(f"{table} row {key!r} already exists" + (f" ({detail})" if detail else ""))
+        self.table = table
+        self.key = key

@@ -1,0 +1,558 @@
+"""The controller's round: observe -> decide -> reconcile -> act, over a store and a provider.
+
+One :meth:`Controller.run_round`:
+
+1. **observe**: the store's jobs and new trainer reports (profiles into the
+   :class:`~autoscaler.controller.jobs.JobBook`, refit only what changed), the store's live
+   instance rows, and the provider's listing and interruption notices (one ``list_instances``
+   and one ``interruptions`` call). A provider error here ends the round before anything is
+   decided: the controller never acts on a partial view.
+2. **decide**: the fleet strategy (goodput-per-dollar sizing by default) proposes instances per
+   offering from the jobs' views, the ready nodes and the prices; :func:`~autoscaler.
+   controller.reconcile.reconcile` turns target, rows and the observed cloud into actions;
+   the policy (``coadapt`` by default) allocates the jobs on the nodes that stay (running,
+   not draining).
+3. **act**: store first, cloud second. Transitions and new rows are written (each against
+   the version read), the plan and the jobs' assignments are recorded, then every launch is
+   written as an intent (``queued -> requested`` with its request id) before its provider
+   call, and every termination (``-> terminating``) before its call; answers are recorded
+   after. A controller killed at any point restarts from the store: a launch whose answer was
+   lost is re-issued with the same request id (the provider's launch rule creates nothing
+   twice) or adopted from the listing; an instance the store never heard of is terminated.
+
+Cloud calls per round are bounded: two observation calls, plus one call per launch,
+termination or leak the reconcile decided, which :class:`~autoscaler.controller.reconcile.
+ReconcileConfig` caps (launch rate per offering, launches in flight, disruption budget). A
+capacity error marks the offering unavailable for ``unavailable_ttl_s``; sizing sees it as
+unavailable and routes around it, and queued launches for it fail without a call.
+
+``crash_hook`` (tests) is called with the name of each point between a store write and a cloud
+call (:data:`CRASH_POINTS`); the crash-safety tests kill the process there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Final
+
+from autoscaler.controller.jobs import JobBook, JobSubmission
+from autoscaler.controller.lifecycle import InstanceStatus, terminate_retries
+from autoscaler.controller.reconcile import (
+    Actions,
+    ReconcileConfig,
+    ReconcileInput,
+    RowView,
+    reconcile,
+)
+from autoscaler.controller.store import InstanceRow, JobStatus, Store
+from autoscaler.errors import InvalidInputError
+from autoscaler.gputypes import default_speed_table
+from autoscaler.jobs import Allocation, ClusterView, JobView, NodeView, OfferingRef, RoundInput
+from autoscaler.policy import make_policy
+from autoscaler.pricing import band_hazard_per_hour
+from autoscaler.sim.cloud import FleetStrategy, FleetView
+from autoscaler.sizing import FleetOption, SizingConfig
+from autoscaler.strategies import GoodputSizing
+from coadapt_common.clock import Clock
+from providers.base import Instance, LaunchRequest, Offering, Provider
+from providers.capacity import UnavailableOfferings
+from providers.errors import InsufficientCapacityError, ProviderError
+from trainer.report import TrainerReport
+
+__all__ = ["CRASH_POINTS", "Controller", "ControllerConfig", "DownReport", "RoundReport"]
+
+CRASH_POINTS: Final = (
+    "after-store-writes",  # transitions, new rows, plan and assignments written
+    "after-launch-intent",  # a row is requested with its request id; no call made yet
+    "after-launch-call",  # the provider answered; the answer not recorded yet
+    "after-terminate-intent",  # a row is terminating; no call made yet
+    "after-terminate-call",  # the provider answered; not recorded yet
+)
+ACTIVE_JOBS: Final = (JobStatus.QUEUED, JobStatus.RUNNING)
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    """The controller's knobs. ``spot_hazard_per_hour`` is the preemption rate sizing expects
+    of spot offerings (default: the Spot Advisor's "5-10%" band, the most common GPU band);
+    ``interval_s`` the time between rounds."""
+
+    cluster_id: str
+    interval_s: float = 60.0
+    policy: str = "coadapt"
+    sizing: SizingConfig = field(default_factory=SizingConfig)
+    reconcile: ReconcileConfig = field(default_factory=ReconcileConfig)
+    unavailable_ttl_s: float = 180.0
+    spot_hazard_per_hour: float = field(default_factory=lambda: band_hazard_per_hour("5-10%"))
+    restart_delay_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class RoundReport:
+    """What one round did, with the time of each phase (seconds)."""
+
+    round_index: int
+    observed_instances: int
+    actions: Actions
+    allocations: Mapping[str, Allocation]
+    cloud_calls: int
+    observe_s: float
+    decide_s: float
+    reconcile_s: float
+    act_s: float
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class DownReport:
+    """What :meth:`Controller.down` left: ``remaining`` cloud ids still listed (empty: the
+    fleet is gone), the provider calls it made, and the last provider error, if any."""
+
+    remaining: tuple[str, ...]
+    calls: int
+    error: str | None = None
+
+    @property
+    def clean(self) -> bool:
+        return not self.remaining
+
+
+class Controller:
+    """One cluster's control loop over ``store`` and ``provider`` (see the module
+    docstring). Not thread-safe: one controller process per store."""
+
+    def __init__(
+        self,
+        store: Store,
+        provider: Provider,
+        clock: Clock,
+        config: ControllerConfig,
+        *,
+        strategy: FleetStrategy | None = None,
+        crash_hook: Callable[[str], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.provider = provider
+        self.clock = clock
+        self.config = config
+        self.policy = make_policy(config.policy)
+        self.policy_state = self.policy.initial_state()
+        self.speeds = default_speed_table()
+        self._speed_known: dict[str, bool] = {}
+        self.strategy = strategy or GoodputSizing("coadapt", config.sizing, self.speeds)
+        self.unavailable = UnavailableOfferings(clock, config.unavailable_ttl_s)
+        self.book = JobBook()
+        self._crash = crash_hook or (lambda point: None)
+        self._issued: set[str] = set()  # request ids launched or terminated by this process
+        self._report_cursor = 0
+        self._round = 0
+        self._offerings: dict[str, Offering] = {}
+
+    # ---- the round -------------------------------------------------------------------------
+
+    def run_round(self) -> RoundReport:
+        """One observe -> decide -> reconcile -> act round."""
+        t0 = time.perf_counter()
+        now = self.clock.now_s()
+        self._round += 1
+        try:
+            observed = tuple(self.provider.list_instances(self.config.cluster_id))
+            notices = tuple(self.provider.interruptions(self.config.cluster_id))
+            if not self._offerings:
+                self._offerings = {o.key: o for o in self.provider.offerings()}
+        except ProviderError as e:
+            return RoundReport(self._round, 0, Actions(), {}, 1, 0.0, 0.0, 0.0, 0.0, str(e))
+        rows = self.store.list_instances(statuses=_LIVE)
+        jobs = self.store.list_jobs(statuses=ACTIVE_JOBS)
+        assignments = self.store.list_assignments()
+        gpu_type_of = {r.instance_key: r.gpu_type for r in rows}
+        self._read_reports(assignments, gpu_type_of)
+        t1 = time.perf_counter()
+
+        views = self._views(jobs, assignments, now)
+        listed = {i.instance_id for i in observed}
+        noticed = {n.instance_id for n in notices}
+        ready = [
+            r
+            for r in rows
+            if r.status is InstanceStatus.RUNNING
+            and r.provider_instance_id in listed
+            and r.provider_instance_id not in noticed
+        ]
+        cluster = self._cluster(ready, now)
+        held: dict[str, int] = {}
+        for r in rows:
+            if r.status in (
+                InstanceStatus.QUEUED,
+                InstanceStatus.REQUESTED,
+                InstanceStatus.RUNNING,
+            ):
+                held[r.offering_key] = held.get(r.offering_key, 0) + 1
+        unavailable = self.unavailable.unavailable()
+        target = self.strategy.propose(
+            FleetView(now, views, cluster, held, self._options(unavailable))
+        )
+        t2 = time.perf_counter()
+
+        used: dict[str, int] = {}
+        for (_, key), gpus in assignments.items():
+            used[key] = used.get(key, 0) + gpus
+        actions = reconcile(
+            ReconcileInput(
+                now_s=now,
+                rows=tuple(self._row_view(r) for r in rows),
+                observed=observed,
+                notices=notices,
+                target=target,
+                used_gpus=used,
+                unavailable=unavailable,
+                issued=frozenset(self._issued),
+                terminal_request_ids=self.store.terminal_request_ids(),
+            ),
+            self.config.reconcile,
+        )
+        t3 = time.perf_counter()
+        leaving = {t.key for t in actions.transitions if t.to is not InstanceStatus.RUNNING}
+        staying = [r for r in ready if r.instance_key not in leaving]
+        cluster = self._cluster(staying, now)
+        on_nodes = {n.node_id for n in cluster.nodes}
+        views = tuple(
+            _with_allocation(v, {k: g for k, g in v.allocation.items() if k in on_nodes})
+            for v in views
+        )
+        decision = self.policy.decide(RoundInput(cluster, views), self.policy_state)
+        self.policy_state = decision.state
+        t4 = time.perf_counter()
+
+        calls = 2 + self._act(actions, decision.plan.allocations, jobs, rows, now)
+        t5 = time.perf_counter()
+        return RoundReport(
+            self._round,
+            len(observed),
+            actions,
+            decision.plan.allocations,
+            calls,
+            observe_s=t1 - t0,
+            decide_s=(t2 - t1) + (t4 - t3),
+            reconcile_s=t3 - t2,
+            act_s=t5 - t4,
+        )
+
+    # ---- shutdown --------------------------------------------------------------------------
+
+    def down(self, *, timeout_s: float = 600.0, poll_s: float = 5.0) -> DownReport:
+        """Release every instance and confirm, by listing, that none is left.
+
+        Each live row goes to ``terminating`` (written before its call) or, when it never got
+        a cloud instance, to ``allocation_failed``; every listed instance (also one no row
+        knows) is terminated; then the listing is polled on the injected clock until it is
+        empty or ``timeout_s`` passes, and the rows whose instance is gone become
+        ``terminated``. Jobs keep their status (a later ``up`` places them again) and lose
+        their assignments. Raises nothing for a provider error: the report says what is
+        left."""
+        cid = self.config.cluster_id
+        started = self.clock.monotonic_s()
+        calls = 0
+        for job in self.store.list_jobs(statuses=ACTIVE_JOBS):
+            self.store.set_assignments(job.name, {})
+        left: tuple[str, ...] = ()
+        error: str | None = None
+        while True:
+            try:
+                listed = {i.instance_id: i for i in self.provider.list_instances(cid)}
+                calls += 1
+            except ProviderError as e:
+                error = str(e)
+                listed = None
+            if listed is not None:
+                calls += self._release_all(listed)
+                left = tuple(sorted(listed))
+                if not listed:
+                    break
+            if self.clock.monotonic_s() - started >= timeout_s:
+                break
+            self.clock.sleep(poll_s)
+        return DownReport(left, calls, None if not left else error)
+
+    def _release_all(self, listed: Mapping[str, Instance]) -> int:
+        """One pass of :meth:`down` over the rows and the listing; the calls made."""
+        calls = 0
+        for row in self.store.list_instances(statuses=_LIVE):
+            pid = row.provider_instance_id
+            if pid is None:
+                found = next((i for i in listed.values() if i.request_id == row.request_id), None)
+                if found is None:
+                    if row.status in (InstanceStatus.QUEUED, InstanceStatus.REQUESTED):
+                        self.store.transition(
+                            row.instance_key,
+                            row.version,
+                            InstanceStatus.ALLOCATION_FAILED,
+                            reason="down: released before it launched",
+                        )
+                    continue
+                pid = found.instance_id
+                if row.status is InstanceStatus.QUEUED:
+                    row = self.store.transition(
+                        row.instance_key, row.version, InstanceStatus.REQUESTED, reason="down"
+                    )
+                if row.status is InstanceStatus.REQUESTED:
+                    row = self.store.transition(
+                        row.instance_key,
+                        row.version,
+                        InstanceStatus.RUNNING,
+                        reason="down: adopted to release it",
+                        provider_instance_id=pid,
+                    )
+            if pid not in listed:
+                if row.status is not InstanceStatus.ALLOCATION_FAILED:
+                    self.store.transition(
+                        row.instance_key, row.version, InstanceStatus.TERMINATED, reason="gone"
+                    )
+                continue
+            if row.status is not InstanceStatus.TERMINATING:
+                row = self.store.transition(
+                    row.instance_key,
+                    row.version,
+                    InstanceStatus.TERMINATING,
+                    reason="down: releasing every instance",
+                    **({"provider_instance_id": pid} if row.provider_instance_id is None else {}),
+                )
+        ids = sorted(listed)  # ours by row, and any leak the listing shows
+        if ids:
+            calls += 1
+            with contextlib.suppress(ProviderError):  # polled again: retried then
+                self.provider.terminate(self.config.cluster_id, ids, "down")
+        return calls
+
+    # ---- observe ---------------------------------------------------------------------------
+
+    def _read_reports(
+        self, assignments: Mapping[tuple[str, str], int], gpu_type_of: Mapping[str, str]
+    ) -> None:
+        """New reports into the job book, each under the GPU type its job is assigned to."""
+        type_of_job: dict[str, str] = {}
+        for job, key in assignments:
+            if key in gpu_type_of:
+                type_of_job[job] = gpu_type_of[key]
+        self._report_cursor, reports = self.store.reports_after(self._report_cursor)
+        for job, payload in reports:
+            gpu_type = type_of_job.get(job)
+            if gpu_type is None:
+                continue  # from a run no longer placed: its type is unknown
+            self.book.record(TrainerReport.from_json(payload), gpu_type)
+        self.book.refit()
+
+    def _views(
+        self, jobs: Sequence, assignments: Mapping[tuple[str, str], int], now: float
+    ) -> tuple[JobView, ...]:
+        alloc: dict[str, dict[str, int]] = {}
+        for (job, key), gpus in assignments.items():
+            alloc.setdefault(job, {})[key] = gpus
+        return tuple(
+            self.book.view(
+                JobSubmission.from_json(j.spec_json),
+                j.submitted_at_s,
+                now,
+                Allocation(alloc.get(j.name, {})),
+            )
+            for j in jobs
+        )
+
+    def _cluster(self, ready: Sequence[InstanceRow], now: float) -> ClusterView:
+        nodes = tuple(
+            NodeView(
+                r.instance_key,
+                r.gpu_type,
+                r.gpus,
+                OfferingRef(r.provider, r.instance_type, r.zone, r.market),
+            )
+            for r in sorted(ready, key=lambda r: r.instance_key)
+        )
+        return ClusterView(
+            nodes,
+            now,
+            self._round,
+            interval_s=self.config.interval_s,
+            restart_delay_s=self.config.restart_delay_s,
+        )
+
+    def _options(self, unavailable: frozenset[str]) -> tuple[FleetOption, ...]:
+        out = []
+        for key, o in sorted(self._offerings.items()):
+            if o.price_usd_per_hour is None or o.gpus < 1 or not self._known_type(o.gpu_type):
+                continue  # sizing cannot value it: no price, or a GPU type of unknown speed
+            spot = o.market.value == "spot"
+            out.append(
+                FleetOption(
+                    key=key,
+                    gpu_type=o.gpu_type,
+                    gpus=o.gpus,
+                    market="spot" if spot else "on-demand",
+                    usd_per_hour=o.price_usd_per_hour,
+                    hazard_per_hour=self.config.spot_hazard_per_hour if spot else 0.0,
+                    available=key not in unavailable,
+                )
+            )
+        return tuple(out)
+
+    def _known_type(self, gpu_type: str) -> bool:
+        known = self._speed_known.get(gpu_type)
+        if known is None:
+            try:
+                self.speeds.relative_speed(gpu_type)
+                known = True
+            except InvalidInputError:
+                known = False
+            self._speed_known[gpu_type] = known
+        return known
+
+    def _row_view(self, r: InstanceRow) -> RowView:
+        since, started = self.store.status_times(r.instance_key)
+        retries = r.request_tries
+        if r.status is InstanceStatus.TERMINATING:
+            retries = terminate_retries(self.store.history(r.instance_key))
+        return RowView(
+            key=r.instance_key,
+            request_id=r.request_id,
+            offering_key=r.offering_key,
+            status=r.status,
+            since_s=since,
+            retries=retries,
+            provider_instance_id=r.provider_instance_id,
+            last_heartbeat_s=r.last_heartbeat_s,
+            started_s=started,
+        )
+
+    # ---- act -------------------------------------------------------------------------------
+
+    def _act(
+        self,
+        actions: Actions,
+        allocations: Mapping[str, Allocation],
+        jobs: Sequence,
+        rows: Sequence[InstanceRow],
+        now: float,
+    ) -> int:
+        """Execute ``actions`` (store, then cloud); returns the cloud calls made."""
+        store = self.store
+        by_key = {r.instance_key: r for r in rows}
+        for t in actions.transitions:
+            row = by_key[t.key]
+            changes: dict[str, object] = {}
+            if t.provider_instance_id is not None:
+                changes["provider_instance_id"] = t.provider_instance_id
+            by_key[t.key] = store.transition(t.key, row.version, t.to, reason=t.reason, **changes)
+        new_keys: list[str] = []
+        for intent in actions.new_rows:
+            o = self._offerings[intent.offering_key]
+            key = f"i-{uuid.uuid4().hex[:16]}"
+            new_keys.append(key)
+            by_key[key] = store.add_instance(
+                instance_key=key,
+                request_id=f"{self.config.cluster_id}-{key}",
+                offering_key=o.key,
+                provider=o.provider,
+                instance_type=o.instance_type,
+                zone=o.zone,
+                market=o.market.value,
+                gpu_type=o.gpu_type,
+                gpus=o.gpus,
+                price_usd_per_hour=o.price_usd_per_hour or 0.0,
+            )
+        store.record_plan(json.dumps({k: dict(a) for k, a in sorted(allocations.items())}))
+        for j in jobs:
+            alloc = allocations.get(j.name, Allocation())
+            store.set_assignments(j.name, dict(alloc))
+            want = JobStatus.RUNNING if alloc.num_gpus else JobStatus.QUEUED
+            if j.status is not want:
+                store.update_job(j.name, j.version, status=want)
+        self._crash("after-store-writes")
+
+        calls = 0
+        for key in list(actions.launch) + new_keys:
+            calls += self._launch(by_key, key)
+        for key in actions.terminate:
+            calls += self._terminate(by_key, key)
+        for leak in actions.leaks:
+            calls += 1
+            with contextlib.suppress(ProviderError):  # listed again next round: retried then
+                self.provider.terminate(
+                    self.config.cluster_id, [leak.instance.instance_id], f"leak-{now:.0f}"
+                )
+        return calls
+
+    def _launch(self, by_key: dict[str, InstanceRow], key: str) -> int:
+        row = by_key[key]
+        o = self._offerings.get(row.offering_key)
+        if o is None:
+            return 0
+        if o.key in self.unavailable.unavailable():
+            if row.status is InstanceStatus.QUEUED:
+                by_key[key] = self.store.transition(
+                    key,
+                    row.version,
+                    InstanceStatus.ALLOCATION_FAILED,
+                    reason="offering unavailable (capacity error this round)",
+                )
+            return 0
+        if row.status is InstanceStatus.QUEUED:
+            row = by_key[key] = self.store.transition(
+                key,
+                row.version,
+                InstanceStatus.REQUESTED,
+                reason="launch intent written before the provider call",
+            )
+            self._crash("after-launch-intent")
+        request = LaunchRequest(row.request_id, self.config.cluster_id, (o,), 1)
+        self._issued.add(row.request_id)
+        try:
+            result = self.provider.launch(request)
+        except ProviderError:
+            return 1  # stays requested: re-issued or timed out later
+        self._crash("after-launch-call")
+        if result.instances:
+            inst = result.instances[0]
+            by_key[key] = self.store.transition(
+                key,
+                row.version,
+                InstanceStatus.RUNNING,
+                reason="launched",
+                provider_instance_id=inst.instance_id,
+            )
+        elif any(isinstance(e.error, InsufficientCapacityError) for e in result.errors):
+            self.unavailable.mark(o.key)
+            by_key[key] = self.store.transition(
+                key, row.version, InstanceStatus.ALLOCATION_FAILED, reason="capacity error"
+            )
+        return 1
+
+    def _terminate(self, by_key: dict[str, InstanceRow], key: str) -> int:
+        row = by_key[key]
+        self._crash("after-terminate-intent")
+        self._issued.add(row.request_id)
+        if row.provider_instance_id is None:
+            return 0
+        try:
+            result = self.provider.terminate(
+                self.config.cluster_id, [row.provider_instance_id], f"term-{row.request_id}"
+            )
+        except ProviderError:
+            return 1  # stays terminating: retried on its timeout
+        self._crash("after-terminate-call")
+        if row.provider_instance_id in result.already_gone:
+            by_key[key] = self.store.transition(
+                key, row.version, InstanceStatus.TERMINATED, reason="the cloud no longer knows it"
+            )
+        return 1
+
+
+_LIVE: Final = tuple(s for s in InstanceStatus if s is not InstanceStatus.TERMINATED)
+
+
+def _with_allocation(view: JobView, allocation: Mapping[str, int]) -> JobView:
+    return replace(view, allocation=Allocation(allocation))

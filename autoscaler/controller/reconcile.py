@@ -1,0 +1,384 @@
+"""Reconcile: the store's instances against the observed cloud and the round's target fleet.
+
+A pure function, :func:`reconcile`, from one frozen :class:`ReconcileInput` (the store's
+live instance rows, what the provider listed, the interruption notices it returned, the
+fleet sizing's target per offering, the GPUs each instance runs for jobs, the time) to an
+:class:`Actions` value. It makes no cloud call and reads no clock; the controller's act
+phase executes the actions (store first, then the cloud). It first *mirrors* the cloud, then
+*acts*:
+
+Mirror (what already happened):
+
+* a listed instance whose request id is a row's, while that row has no cloud id yet:
+  adopted (``requested -> running``; a row that timed back to ``queued`` goes through
+  ``requested`` first, with the same request id);
+* a listed instance whose request id no row knows, or whose row is already terminal, or
+  that is a second instance of one request: a leak, terminated;
+* a row whose instance is no longer listed: ``running``/``draining``/``terminating`` ->
+  ``terminated`` (preempted without notice, or terminated);
+* an interruption notice on a running instance: ``running -> draining`` (its jobs checkpoint
+  and stop; the policy re-places them). Preemptions are exempt from the disruption budget.
+
+Act (what to change):
+
+* timeouts from each row's time in its status (:func:`~autoscaler.controller.lifecycle.
+  timed_out`): requested too long -> back to ``queued`` with the same request id (bounded
+  tries) or ``allocation_failed``; draining too long -> ``terminating``; terminating too long
+  -> terminate again (bounded) or ``termination_failed``;
+* a running instance whose agent has not heartbeaten for ``heartbeat_timeout_s`` (after
+  ``boot_grace_s`` from its start) is presumed dead: ``terminating`` (its jobs are re-placed);
+* drained instances with no job left on them: ``terminating``;
+* the target fleet: per offering, the instances held (queued, requested, running) are
+  compared with the target; a shortfall creates new rows (``queued``, each with its own
+  request id), at most ``max(min_launches_per_offering, launch_growth x held)`` per offering
+  per round and ``max_in_flight`` queued or requested in all; a surplus drains running
+  instances, those running the fewest GPUs of jobs first, at most ``disruption_budget`` per
+  round, and none while instances are launching (replacements come up before anything is
+  drained for cost). Queued rows of an offering marked unavailable fail without a call.
+
+Requested rows with no listed instance are (re)launched once per controller process: after a
+restart the launch is re-issued with the same request id, which the provider's launch rule
+makes idempotent (no duplicate), and later rounds wait for the listing or the timeout.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from autoscaler.controller.lifecycle import (
+    InstanceStatus,
+    LifecycleTimeouts,
+    TimeoutAction,
+    timed_out,
+)
+from autoscaler.errors import InvalidInputError
+from providers.base import Instance, InterruptionKind, InterruptionNotice
+
+__all__ = [
+    "Actions",
+    "LaunchIntent",
+    "Leak",
+    "ReconcileConfig",
+    "ReconcileInput",
+    "RowView",
+    "Transition",
+    "reconcile",
+]
+
+HELD = frozenset({InstanceStatus.QUEUED, InstanceStatus.REQUESTED, InstanceStatus.RUNNING})
+"""Statuses that count as holding an instance of an offering (what sizing's target is
+compared with)."""
+
+_LISTED = frozenset(
+    {
+        InstanceStatus.RUNNING,
+        InstanceStatus.DRAINING,
+        InstanceStatus.TERMINATING,
+        InstanceStatus.TERMINATION_FAILED,
+    }
+)
+
+
+@dataclass(frozen=True)
+class RowView:
+    """What reconcile reads of one store instance row. ``since_s``: when it entered its
+    status or last retried in it (its last history entry); ``retries``: the retries of its
+    current try count (``requested``: the row's ``request_tries``; ``terminating``: the
+    terminate retries of this spell, :func:`~autoscaler.controller.lifecycle.
+    terminate_retries`); ``started_s``: when it became running (``None``: not yet)."""
+
+    key: str
+    request_id: str
+    offering_key: str
+    status: InstanceStatus
+    since_s: float
+    retries: int = 0
+    provider_instance_id: str | None = None
+    last_heartbeat_s: float | None = None
+    started_s: float | None = None
+
+
+@dataclass(frozen=True)
+class ReconcileConfig:
+    """Knobs of :func:`reconcile` (see the module docstring). ``heartbeat_timeout_s``
+    ``None`` turns agent liveness off (a fleet without agents, e.g. the benchmark)."""
+
+    timeouts: LifecycleTimeouts = field(default_factory=LifecycleTimeouts)
+    heartbeat_timeout_s: float | None = 120.0
+    boot_grace_s: float = 600.0
+    disruption_budget: int = 2
+    launch_growth: float = 1.0
+    min_launches_per_offering: int = 4
+    max_in_flight: int = 64
+
+    def __post_init__(self) -> None:
+        if self.heartbeat_timeout_s is not None and not self.heartbeat_timeout_s > 0:
+            raise InvalidInputError("heartbeat_timeout_s must be > 0", field="heartbeat_timeout_s")
+        for name in ("disruption_budget", "min_launches_per_offering", "max_in_flight"):
+            if getattr(self, name) < 0:
+                raise InvalidInputError(f"{name} must be >= 0", field=name)
+        if not (self.launch_growth >= 0 and math.isfinite(self.launch_growth)):
+            raise InvalidInputError("launch_growth must be >= 0", field="launch_growth")
+        if not self.boot_grace_s >= 0:
+            raise InvalidInputError("boot_grace_s must be >= 0", field="boot_grace_s")
+
+
+@dataclass(frozen=True)
+class ReconcileInput:
+    """One round's reconcile input (see the module docstring). ``rows``: the store's
+    non-terminal instance rows; ``terminal_request_ids``: request ids of rows already
+    terminal (an instance listed under one is a late leak); ``target``: instances wanted per
+    offering key; ``used_gpus``: GPUs jobs hold per instance key (the current assignments);
+    ``unavailable``: offering keys marked after capacity errors; ``issued``: request ids
+    whose launch this controller process already sent (a restarted one knows none)."""
+
+    now_s: float
+    rows: tuple[RowView, ...]
+    observed: tuple[Instance, ...]
+    notices: tuple[InterruptionNotice, ...] = ()
+    target: Mapping[str, int] = field(default_factory=dict)
+    used_gpus: Mapping[str, int] = field(default_factory=dict)
+    unavailable: frozenset[str] = frozenset()
+    issued: frozenset[str] = frozenset()
+    terminal_request_ids: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class Transition:
+    """Move row ``key`` to ``to`` because of ``reason``; ``provider_instance_id`` is set with
+    it when given (adoption)."""
+
+    key: str
+    to: InstanceStatus
+    reason: str
+    provider_instance_id: str | None = None
+    preemption: bool = False
+
+
+@dataclass(frozen=True)
+class LaunchIntent:
+    """A new row to create (``queued``) for one instance of ``offering_key``."""
+
+    offering_key: str
+
+
+@dataclass(frozen=True)
+class Leak:
+    """A listed instance no live row owns: terminate it."""
+
+    instance: Instance
+    reason: str
+
+
+@dataclass(frozen=True)
+class Actions:
+    """What the act phase does, in order: ``transitions`` (store), ``new_rows`` (store,
+    ``queued``), then the cloud calls: ``launch`` (row keys to launch: each goes ``queued ->
+    requested`` in the store before its call, or is re-issued if already requested),
+    ``terminate`` (row keys whose instance to terminate: rows already ``terminating``) and
+    ``leaks``. ``drained``: instance keys newly draining (their jobs must stop)."""
+
+    transitions: tuple[Transition, ...] = ()
+    new_rows: tuple[LaunchIntent, ...] = ()
+    launch: tuple[str, ...] = ()
+    terminate: tuple[str, ...] = ()
+    leaks: tuple[Leak, ...] = ()
+    drained: tuple[str, ...] = ()
+
+    @property
+    def cloud_calls(self) -> int:
+        """An upper bound on the provider calls executing these actions makes."""
+        return len(self.launch) + len(self.new_rows) + len(self.terminate) + len(self.leaks)
+
+
+class _Builder:
+    """The actions of one reconcile, accumulated row by row."""
+
+    def __init__(self, inp: ReconcileInput, cfg: ReconcileConfig) -> None:
+        self.inp = inp
+        self.cfg = cfg
+        self.transitions: list[Transition] = []
+        self.status: dict[str, InstanceStatus] = {}
+        self.launch: list[str] = []
+        self.terminate: list[str] = []
+        self.drained: list[str] = []
+        self.leaks: list[Leak] = []
+
+    def move(
+        self,
+        row: RowView,
+        to: InstanceStatus,
+        reason: str,
+        *,
+        provider_instance_id: str | None = None,
+        preemption: bool = False,
+    ) -> None:
+        self.transitions.append(Transition(row.key, to, reason, provider_instance_id, preemption))
+        self.status[row.key] = to
+
+    def stop(self, row: RowView, reason: str) -> None:
+        """To ``terminating`` and terminate its instance."""
+        self.move(row, InstanceStatus.TERMINATING, reason)
+        self.terminate.append(row.key)
+
+
+def reconcile(inp: ReconcileInput, config: ReconcileConfig | None = None) -> Actions:
+    """The round's actions (see the module docstring). Deterministic: rows and instances are
+    visited in key order, whatever order they came in."""
+    b = _Builder(inp, config or ReconcileConfig())
+    rows = sorted(inp.rows, key=lambda r: r.key)
+    by_request = {r.request_id: r for r in rows}
+    listed: dict[str, list[Instance]] = {}
+    for inst in sorted(inp.observed, key=lambda i: i.instance_id):
+        if inst.request_id in by_request:
+            listed.setdefault(inst.request_id, []).append(inst)
+        elif inst.request_id in inp.terminal_request_ids:
+            b.leaks.append(Leak(inst, "instance of a request already ended"))
+        else:
+            b.leaks.append(Leak(inst, "owned instance no row knows (a leak)"))
+    noticed = {
+        n.instance_id
+        for n in inp.notices
+        if n.kind is not InterruptionKind.REBALANCE  # a recommendation carries no deadline
+    }
+    for row in rows:
+        b.status[row.key] = row.status
+        mine = listed.get(row.request_id, [])
+        # The row's own instance: the one it recorded, else the first listed; others leak.
+        own = next((i for i in mine if i.instance_id == row.provider_instance_id), None)
+        if own is None and row.provider_instance_id is None and mine:
+            own = mine[0]
+        b.leaks.extend(Leak(i, "second instance of one request") for i in mine if i is not own)
+        if own is None and row.provider_instance_id is not None and row.status in _LISTED:
+            b.move(row, InstanceStatus.TERMINATED, "no longer listed by the cloud")
+        elif own is not None and row.provider_instance_id is None:
+            _adopt(b, row, own)
+        else:
+            _act_on_row(b, row, own, noticed)
+    new_rows = _size(b, rows)
+    return Actions(
+        transitions=tuple(b.transitions),
+        new_rows=tuple(new_rows),
+        launch=tuple(b.launch),
+        terminate=tuple(b.terminate),
+        leaks=tuple(b.leaks),
+        drained=tuple(b.drained),
+    )
+
+
+def _adopt(b: _Builder, row: RowView, own: Instance) -> None:
+    """A listed instance carries the request id of a row that has no cloud id yet: adopted,
+    unless the row gave its launch up (then the late fill is terminated through the row)."""
+    if row.status is InstanceStatus.ALLOCATION_FAILED:
+        b.move(
+            row,
+            InstanceStatus.TERMINATING,
+            "late fill of a failed launch",
+            provider_instance_id=own.instance_id,
+        )
+        b.terminate.append(row.key)
+        return
+    if row.status is InstanceStatus.QUEUED:
+        b.move(row, InstanceStatus.REQUESTED, "its instance appeared: adopting it")
+    b.move(
+        row,
+        InstanceStatus.RUNNING,
+        "listed by the cloud under its request id",
+        provider_instance_id=own.instance_id,
+    )
+
+
+def _act_on_row(b: _Builder, row: RowView, own: Instance | None, noticed: set[str]) -> None:
+    """Timeouts, notices, liveness and drains for one row whose cloud side is mirrored."""
+    inp, cfg = b.inp, b.cfg
+    s = row.status
+    timeout = timed_out(s, row.since_s, inp.now_s, row.retries, cfg.timeouts)
+    if s is InstanceStatus.QUEUED:
+        if row.offering_key in inp.unavailable:
+            b.move(row, InstanceStatus.ALLOCATION_FAILED, "offering unavailable (capacity error)")
+        else:
+            b.launch.append(row.key)
+    elif s is InstanceStatus.REQUESTED:
+        if timeout is TimeoutAction.RETRY_REQUEST:
+            b.move(row, InstanceStatus.QUEUED, "requested too long: retrying the same request id")
+        elif timeout is TimeoutAction.FAIL_ALLOCATION:
+            b.move(row, InstanceStatus.ALLOCATION_FAILED, "requested too long, tries exhausted")
+        elif row.request_id not in inp.issued:
+            b.launch.append(row.key)  # re-issued once per process: the launch rule dedupes
+    elif s is InstanceStatus.RUNNING and own is not None:
+        if own.instance_id in noticed:
+            b.move(row, InstanceStatus.DRAINING, "spot interruption notice", preemption=True)
+            b.drained.append(row.key)
+        elif _agent_dead(row, inp.now_s, cfg):
+            b.stop(row, "agent stopped heartbeating")
+    elif s is InstanceStatus.DRAINING:
+        if inp.used_gpus.get(row.key, 0) == 0:
+            b.stop(row, "drained: no job left on it")
+        elif timeout is TimeoutAction.FORCE_TERMINATE_DRAIN:
+            b.stop(row, "draining too long")
+    elif s is InstanceStatus.TERMINATING:
+        if timeout is TimeoutAction.FAIL_TERMINATION:
+            b.move(row, InstanceStatus.TERMINATION_FAILED, "terminating too long, tries exhausted")
+        elif timeout is TimeoutAction.RETRY_TERMINATE:
+            b.stop(row, "terminating too long: terminating again")  # the retry is recorded
+        elif row.request_id not in inp.issued:
+            b.terminate.append(row.key)  # re-issued once per process (terminate is idempotent)
+    elif s is InstanceStatus.TERMINATION_FAILED:
+        if timeout is TimeoutAction.RETRY_FAILED_TERMINATION:
+            b.stop(row, "retrying a failed termination")
+    elif (
+        s is InstanceStatus.ALLOCATION_FAILED and timeout is TimeoutAction.SETTLE_FAILED_ALLOCATION
+    ):
+        b.move(row, InstanceStatus.TERMINATED, "settled: nothing listed under its request id")
+
+
+def _agent_dead(row: RowView, now_s: float, cfg: ReconcileConfig) -> bool:
+    """No heartbeat for ``heartbeat_timeout_s`` (none at all: for ``boot_grace_s``)."""
+    if cfg.heartbeat_timeout_s is None:
+        return False
+    started = row.started_s if row.started_s is not None else row.since_s
+    last = row.last_heartbeat_s
+    if last is None:
+        return now_s - started > cfg.boot_grace_s
+    return now_s - max(last, started) > cfg.heartbeat_timeout_s
+
+
+def _size(b: _Builder, rows: list[RowView]) -> list[LaunchIntent]:
+    """New rows for shortfalls, drains for surpluses (see the module docstring)."""
+    inp, cfg = b.inp, b.cfg
+    held: dict[str, list[RowView]] = {}
+    in_flight = 0
+    for row in rows:
+        s = b.status[row.key]
+        if s in HELD:
+            held.setdefault(row.offering_key, []).append(row)
+        if s in (InstanceStatus.QUEUED, InstanceStatus.REQUESTED):
+            in_flight += 1
+    launching = in_flight > 0
+    new_rows: list[LaunchIntent] = []
+    surplus: list[RowView] = []
+    for key in sorted(set(held) | set(inp.target)):
+        have = held.get(key, [])
+        want = max(0, int(inp.target.get(key, 0)))
+        if want > len(have):
+            if key in inp.unavailable:
+                continue
+            running = sum(1 for r in have if b.status[r.key] is InstanceStatus.RUNNING)
+            limit = max(cfg.min_launches_per_offering, math.floor(cfg.launch_growth * running))
+            count = min(want - len(have), limit, max(0, cfg.max_in_flight - in_flight))
+            new_rows.extend(LaunchIntent(key) for _ in range(count))
+            in_flight += count
+        elif want < len(have):
+            ready = [r for r in have if b.status[r.key] is InstanceStatus.RUNNING]
+            # Fewest job GPUs first, then the newest (least sunk provisioning).
+            ready.sort(key=lambda r: (inp.used_gpus.get(r.key, 0), -(r.started_s or 0.0), r.key))
+            surplus.extend(ready[: len(have) - want])
+    if launching or new_rows:
+        return new_rows  # replacements first: no cost drain while instances are launching
+    surplus.sort(key=lambda r: (inp.used_gpus.get(r.key, 0), r.key))
+    for row in surplus[: cfg.disruption_budget]:
+        b.move(row, InstanceStatus.DRAINING, "fleet target lowered (cost)")
+        b.drained.append(row.key)
+    return new_rows

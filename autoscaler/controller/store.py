@@ -1,0 +1,1428 @@
+"""The controller's store: one SQLite file holding what the controller knows and intends.
+
+One :class:`Store` per file and process. It holds the jobs, the instance rows with their
+status history, the jobs' assignments to instances, the plans of past rounds and, from schema
+version 2, the trainer reports, the fitted goodput models, the price history and the cost
+records. The cloud is never called from here.
+
+Intent first
+    The controller writes what it is about to do (a launch with its request id, a terminate)
+    and only then calls the cloud; after a crash the store says what may exist in the cloud.
+    So every change is **one transaction**, begun with ``BEGIN IMMEDIATE`` (the write lock is
+    taken before the row is read, so a read-check-write cannot interleave with another
+    writer) and committed only when every statement of it succeeded: a process killed at any
+    point leaves the old state or the new one, never a row without its history entry.
+
+Durability
+    ``journal_mode=WAL`` (readers never block the writer) with ``synchronous=FULL``: every
+    commit is fsynced to the WAL before the call returns. ``NORMAL`` would survive a killed
+    process too, but a power loss or kernel crash could undo the last commits; an intent that
+    the cloud already acted on must not be undone (it would turn a launch into an unknown
+    instance, found only later as a leak). The cost is one fsync per transaction, and a round
+    makes a few dozen. Foreign keys are enforced (``PRAGMA foreign_keys=ON``, per connection).
+
+Optimistic concurrency
+    Rows that are read, decided on and written back (jobs, instances) carry a ``version``,
+    1 when created and incremented by every change. A change names the version it was
+    decided on (``expected_version``); if the row has moved on, :class:`StaleVersionError`
+    says so (with the actual version) and nothing is changed: re-read, decide again.
+
+Instance status
+    :meth:`Store.transition` is the only writer of ``instances.status`` (besides
+    :meth:`Store.add_instance`, which creates a row ``queued``). It checks the version and the
+    lifecycle table (:func:`autoscaler.controller.lifecycle.check_transition`) in the same
+    transaction, and appends the change to ``instance_history``. History times never go
+    backwards: an entry is stamped ``max(now, previous entry)``, so a clock stepped back cannot
+    reorder a row's history. ``request_tries`` is kept by the store: the number of
+    ``requested -> queued`` retries in the history.
+
+Money
+    Prices (``*_usd_per_hour``) and amounts (``usd``) are stored as SQLite REAL, which is an
+    IEEE-754 double and round-trips a Python float bit for bit: nothing is rounded when
+    written. Totals are summed in Python with ``math.fsum`` (not SQL ``SUM``), and dollars are
+    rounded to the cent only when reported, with :func:`autoscaler.costs.usd_to_cents` — the
+    cost ledger's rule, so the store and the ledger give the same figures.
+
+Schema versions
+    :data:`MIGRATIONS` lists the forward migrations in order, ``MIGRATIONS[n]`` taking a store
+    from version ``n`` to ``n + 1``; :data:`SCHEMA_VERSION` is their count. A new store is
+    built by applying all of them, and :meth:`Store.open` applies those a store lacks, in one
+    transaction. A migration, once released, is never edited: a change is a new migration.
+    (One that rebuilds a table must run with foreign keys off, which SQLite allows only
+    outside a transaction; none does yet.)
+
+    * v1: ``meta`` (``schema_version``, ``cluster_id``), ``jobs``, ``instances``,
+      ``instance_history``, ``assignments``, ``plans``.
+    * v2: what a cost-aware controller adds: ``reports`` (trainer reports), ``models``
+      (goodput fits per job and GPU type), ``price_history``, ``cost_records``.
+
+Opening
+    :meth:`Store.open` touches nothing but the file (and SQLite's ``-wal``/``-shm`` files
+    beside it); it never creates one. It refuses, with :class:`StoreCorruptError` naming the
+    path, a file that is not an SQLite database, fails ``PRAGMA integrity_check`` or the
+    foreign-key check, lacks the ``meta`` table, has a schema version newer than this code
+    knows, or whose tables differ from what its version's migrations create.
+
+The clock is injected: every stored time (``*_at_s``) is the clock's ``now_s()``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import sqlite3
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+from autoscaler.controller.errors import (
+    DuplicateRowError,
+    StaleVersionError,
+    StoreCorruptError,
+    StoreError,
+    StoreExistsError,
+    StoreMissingError,
+    UnknownRowError,
+)
+from autoscaler.controller.lifecycle import InstanceStatus, StatusChange, check_transition
+from autoscaler.errors import InvalidInputError
+from coadapt_common.clock import Clock
+from providers.base import Market
+from providers.errors import InvalidRequestError
+from providers.tags import validate_id
+
+__all__ = [
+    "BUSY_TIMEOUT_S",
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "AssignmentRow",
+    "CostRecordRow",
+    "InstanceRow",
+    "JobRow",
+    "JobStatus",
+    "Migration",
+    "ModelRow",
+    "PlanRow",
+    "PricePoint",
+    "ReportRow",
+    "Store",
+    "apply_migrations",
+    "schema_of",
+]
+
+BUSY_TIMEOUT_S: Final = 5.0
+"""How long a write waits for another connection's write lock before it fails (StoreError)."""
+
+
+class JobStatus(StrEnum):
+    """A job's status in the store."""
+
+    QUEUED = "queued"  # submitted, holds no GPUs
+    RUNNING = "running"  # holds GPUs on some instances
+    COMPLETED = "completed"
+    FAILED = "failed"  # its failures exceeded its budget (rescaling never counts)
+    CANCELLED = "cancelled"
+
+
+# ---- schema --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One schema step: the statements that take a store to ``version`` from the one before.
+    They run inside the caller's transaction (DDL is transactional in SQLite)."""
+
+    version: int
+    summary: str
+    statements: tuple[str, ...]
+
+
+MIGRATIONS: Final[tuple[Migration, ...]] = (
+    Migration(
+        1,
+        "the core: meta, jobs, instances and their history, assignments, plans",
+        (
+            """CREATE TABLE meta (
+                key TEXT PRIMARY KEY,
+                value TEXT NOT NULL
+            )""",
+            """CREATE TABLE jobs (
+                name TEXT PRIMARY KEY,
+                spec_json TEXT NOT NULL,
+                status TEXT NOT NULL,
+                retries INTEGER NOT NULL DEFAULT 0,
+                submitted_at_s REAL NOT NULL,
+                updated_at_s REAL NOT NULL,
+                version INTEGER NOT NULL DEFAULT 1
+            )""",
+            "CREATE INDEX jobs_by_status ON jobs (status)",
+            """CREATE TABLE instances (
+                instance_key TEXT PRIMARY KEY,
+                request_id TEXT NOT NULL UNIQUE,
+                offering_key TEXT NOT NULL,
+                provider TEXT NOT NULL,
+                instance_type TEXT NOT NULL,
+                zone TEXT NOT NULL,
+                market TEXT NOT NULL,
+                gpu_type TEXT NOT NULL,
+                gpus INTEGER NOT NULL,
+                price_usd_per_hour REAL NOT NULL,
+                provider_instance_id TEXT,
+                status TEXT NOT NULL,
+                request_tries INTEGER NOT NULL DEFAULT 0,
+                last_heartbeat_s REAL,
+                created_at_s REAL NOT NULL,
+                updated_at_s REAL NOT NULL,
+                version INTEGER NOT NULL DEFAULT 1,
+                UNIQUE (provider, provider_instance_id)
+            )""",
+            "CREATE INDEX instances_by_status ON instances (status)",
+            """CREATE TABLE instance_history (
+                seq INTEGER PRIMARY KEY AUTOINCREMENT,
+                instance_key TEXT NOT NULL REFERENCES instances (instance_key),
+                status TEXT NOT NULL,
+                at_s REAL NOT NULL,
+                reason TEXT NOT NULL
+            )""",
+            "CREATE INDEX instance_history_by_instance ON instance_history (instance_key, seq)",
+            """CREATE TABLE assignments (
+                job_name TEXT NOT NULL REFERENCES jobs (name),
+                instance_key TEXT NOT NULL REFERENCES instances (instance_key),
+                gpus INTEGER NOT NULL CHECK (gpus > 0),
+                version INTEGER NOT NULL DEFAULT 1,
+                PRIMARY KEY (job_name, instance_key)
+            )""",
+            "CREATE INDEX assignments_by_instance ON assignments (instance_key)",
+            """CREATE TABLE plans (
+                round_id INTEGER PRIMARY KEY AUTOINCREMENT,
+                at_s REAL NOT NULL,
+                plan_json TEXT NOT NULL
+            )""",
+        ),
+    ),
+    Migration(
+        2,
+        "cost-aware controller: trainer reports, goodput models, price history, cost records",
+        (
+            """CREATE TABLE reports (
+                report_id INTEGER PRIMARY KEY AUTOINCREMENT,
+                job_name TEXT NOT NULL REFERENCES jobs (name),
+                at_s REAL NOT NULL,
+                payload_json TEXT NOT NULL
+            )""",
+            "CREATE INDEX reports_by_job ON reports (job_name, report_id)",
+            """CREATE TABLE models (
+                job_name TEXT NOT NULL REFERENCES jobs (name),
+                gpu_type TEXT NOT NULL,
+                params_json TEXT NOT NULL,
+                fitted_at_s REAL NOT NULL,
+                PRIMARY KEY (job_name, gpu_type)
+            )""",
+            """CREATE TABLE price_history (
+                seq INTEGER PRIMARY KEY AUTOINCREMENT,
+                offering_key TEXT NOT NULL,
+                at_s REAL NOT NULL,
+                price_usd_per_hour REAL NOT NULL,
+                market TEXT NOT NULL
+            )""",
+            "CREATE INDEX price_history_by_offering ON price_history (offering_key, at_s)",
+            """CREATE TABLE cost_records (
+                record_id INTEGER PRIMARY KEY AUTOINCREMENT,
+                instance_key TEXT NOT NULL REFERENCES instances (instance_key),
+                start_s REAL NOT NULL,
+                end_s REAL NOT NULL,
+                price_usd_per_hour REAL NOT NULL,
+                usd REAL NOT NULL
+            )""",
+            "CREATE INDEX cost_records_by_instance ON cost_records (instance_key)",
+        ),
+    ),
+)
+
+SCHEMA_VERSION: Final = len(MIGRATIONS)
+
+
+def apply_migrations(conn: sqlite3.Connection, from_version: int, to_version: int) -> None:
+    """Apply ``MIGRATIONS[from_version:to_version]`` on ``conn`` inside the caller's
+    transaction, recording each new version in ``meta``. :meth:`Store.create` and
+    :meth:`Store.open` use it; tests use it to build stores of past versions."""
+    if not 0 <= from_version <= to_version <= SCHEMA_VERSION:
+        raise InvalidInputError(
+            f"cannot migrate from version {from_version} to {to_version} "
+            f"(known: 0..{SCHEMA_VERSION})",
+            field="to_version",
+        )
+    for migration in MIGRATIONS[from_version:to_version]:
+        for statement in migration.statements:
+            conn.execute(statement)
+        conn.execute(
+            "INSERT INTO meta (key, value) VALUES ('schema_version', ?) "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (str(migration.version),),
+        )
+
+
+def schema_of(conn: sqlite3.Connection) -> tuple[tuple[str, str, str, str], ...]:
+    """The schema of a database, normalized for comparison: ``(type, name, table, sql)`` of
+    every table and index SQLite did not make itself, sorted, whitespace collapsed."""
+    rows = conn.execute(
+        "SELECT type, name, tbl_name, sql FROM sqlite_master "
+        "WHERE name NOT LIKE 'sqlite\\_%' ESCAPE '\\' ORDER BY type, name"
+    ).fetchall()
+    return tuple((r[0], r[1], r[2], " ".join((r[3] or "").split())) for r in rows)
+
+
+@functools.cache
+def _reference_schema(version: int) -> tuple[tuple[str, str, str, str], ...]:
+    """The schema that the first ``version`` migrations create (built in memory)."""
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    try:
+        conn.execute("BEGIN")
+        apply_migrations(conn, 0, version)
+        conn.execute("COMMIT")
+        return schema_of(conn)
+    finally:
+        conn.close()
+
+
+# ---- rows ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobRow:
+    """A job. ``spec_json`` is its submitted spec (a JSON object); ``retries`` counts its
+    failures only (rescaling and preemption never count)."""
+
+    name: str
+    spec_json: str
+    status: JobStatus
+    retries: int
+    submitted_at_s: float
+    updated_at_s: float
+    version: int
+
+
+@dataclass(frozen=True)
+class InstanceRow:
+    """An instance as the controller knows it. ``instance_key`` is our id (``i-<hex>``),
+    ``provider_instance_id`` the cloud's (``None`` until the cloud listed or returned it);
+    ``request_id`` names its launch in the cloud (one per row, kept across retries);
+    ``price_usd_per_hour`` is the offering's price when the row was created;
+    ``request_tries`` the retries of its request (``requested -> queued``)."""
+
+    instance_key: str
+    request_id: str
+    offering_key: str
+    provider: str
+    instance_type: str
+    zone: str
+    market: Market
+    gpu_type: str
+    gpus: int
+    price_usd_per_hour: float
+    provider_instance_id: str | None
+    status: InstanceStatus
+    request_tries: int
+    last_heartbeat_s: float | None
+    created_at_s: float
+    updated_at_s: float
+    version: int
+
+
+@dataclass(frozen=True)
+class AssignmentRow:
+    """``gpus`` GPUs of instance ``instance_key`` assigned to job ``job_name``; ``version``
+    counts the changes of this pair's GPU count since it was assigned."""
+
+    job_name: str
+    instance_key: str
+    gpus: int
+    version: int
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    """The plan of one round (a JSON object)."""
+
+    round_id: int
+    at_s: float
+    plan_json: str
+
+
+@dataclass(frozen=True)
+class ReportRow:
+    """One trainer report (a JSON object); ``report_id`` increases with arrival."""
+
+    report_id: int
+    job_name: str
+    at_s: float
+    payload_json: str
+
+
+@dataclass(frozen=True)
+class ModelRow:
+    """The latest goodput fit of one job on one GPU type (parameters as a JSON object)."""
+
+    job_name: str
+    gpu_type: str
+    params_json: str
+    fitted_at_s: float
+
+
+@dataclass(frozen=True)
+class PricePoint:
+    """The price of an offering from ``at_s`` on."""
+
+    offering_key: str
+    at_s: float
+    price_usd_per_hour: float
+    market: Market
+
+
+@dataclass(frozen=True)
+class CostRecordRow:
+    """What instance ``instance_key`` cost from ``start_s`` to ``end_s``: ``usd`` at
+    ``price_usd_per_hour`` (unrounded)."""
+
+    record_id: int
+    instance_key: str
+    start_s: float
+    end_s: float
+    price_usd_per_hour: float
+    usd: float
+
+
+_INSTANCE_COLUMNS: Final = (
+    "instance_key, request_id, offering_key, provider, instance_type, zone, market, gpu_type, "
+    "gpus, price_usd_per_hour, provider_instance_id, status, request_tries, last_heartbeat_s, "
+    "created_at_s, updated_at_s, version"
+)
+_JOB_COLUMNS: Final = "name, spec_json, status, retries, submitted_at_s, updated_at_s, version"
+_INSTANCE_FIELDS: Final = frozenset({"provider_instance_id", "last_heartbeat_s"})
+"""Instance fields a caller may change besides the status (transition or not)."""
+_JOB_FIELDS: Final = frozenset({"spec_json", "status", "retries"})
+
+
+def _instance_row(r: sqlite3.Row) -> InstanceRow:
+    return InstanceRow(
+        instance_key=r["instance_key"],
+        request_id=r["request_id"],
+        offering_key=r["offering_key"],
+        provider=r["provider"],
+        instance_type=r["instance_type"],
+        zone=r["zone"],
+        market=Market(r["market"]),
+        gpu_type=r["gpu_type"],
+        gpus=r["gpus"],
+        price_usd_per_hour=r["price_usd_per_hour"],
+        provider_instance_id=r["provider_instance_id"],
+        status=InstanceStatus(r["status"]),
+        request_tries=r["request_tries"],
+        last_heartbeat_s=r["last_heartbeat_s"],
+        created_at_s=r["created_at_s"],
+        updated_at_s=r["updated_at_s"],
+        version=r["version"],
+    )
+
+
+def _job_row(r: sqlite3.Row) -> JobRow:
+    return JobRow(
+        name=r["name"],
+        spec_json=r["spec_json"],
+        status=JobStatus(r["status"]),
+        retries=r["retries"],
+        submitted_at_s=r["submitted_at_s"],
+        updated_at_s=r["updated_at_s"],
+        version=r["version"],
+    )
+
+
+# ---- validation ----------------------------------------------------------------------------
+
+_E = TypeVar("_E", bound=StrEnum)
+
+
+def _text(value: object, field: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidInputError(f"{field} must be a non-empty string, got {value!r}", field=field)
+    return value
+
+
+def _json_object(value: object, field: str) -> str:
+    text = _text(value, field)
+    try:
+        parsed = json.loads(text)
+    except ValueError as e:
+        raise InvalidInputError(f"{field} is not JSON: {e}", field=field) from e
+    if not isinstance(parsed, dict):
+        raise InvalidInputError(f"{field} must be a JSON object", field=field)
+    return text
+
+
+def _number(value: object, field: str, *, minimum: float | None = 0.0) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidInputError(f"{field} must be a finite number, got {value!r}", field=field)
+    if minimum is not None and value < minimum:
+        raise InvalidInputError(f"{field} must be >= {minimum}, got {value!r}", field=field)
+    return float(value)
+
+
+def _count(value: object, field: str, *, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InvalidInputError(
+            f"{field} must be an integer >= {minimum}, got {value!r}", field=field
+        )
+    return value
+
+
+def _version(value: object) -> int:
+    return _count(value, "expected_version", minimum=1)
+
+
+def _enum(kind: type[_E], value: object, field: str) -> _E:
+    if isinstance(value, str):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    known = ", ".join(m.value for m in kind)
+    raise InvalidInputError(f"{field} must be one of {known}; got {value!r}", field=field)
+
+
+def _request_id(value: object) -> str:
+    try:
+        return validate_id(_text(value, "request_id"), field="request_id")
+    except InvalidRequestError as e:
+        raise InvalidInputError(str(e), field="request_id") from e
+
+
+def _is_corruption(e: sqlite3.Error) -> bool:
+    code = getattr(e, "sqlite_errorcode", None)
+    return code is not None and (code & 0xFF) in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
+
+
+# ---- the store -----------------------------------------------------------------------------
+
+
+class Store:
+    """The controller's SQLite store (see the module docstring). Build it with
+    :meth:`create` or :meth:`open`; close it with :meth:`close` or a ``with`` block. One
+    object per thread (SQLite connections are not shared across threads); several objects,
+    in one process or several, may use one file: their writes are serialized and each
+    versioned change is checked against the version it was decided on."""
+
+    def __init__(
+        self, conn: sqlite3.Connection, path: Path, clock: Clock, cluster_id: str, version: int
+    ) -> None:
+        """Use :meth:`create` or :meth:`open`."""
+        self._conn: sqlite3.Connection | None = conn
+        self._path = path
+        self._clock = clock
+        self._cluster_id = cluster_id
+        self._schema_version = version
+
+    # ---- opening ---------------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, path: str | Path, cluster_id: str, clock: Clock) -> Store:
+        """Create a new store at ``path`` for ``cluster_id`` (missing parent folders are
+        made). Refuses with :class:`StoreExistsError` if anything exists at ``path``; a
+        failure part-way removes the file it created."""
+        cluster_id = _text(cluster_id, "cluster_id")
+        try:
+            validate_id(cluster_id, field="cluster_id")
+        except InvalidRequestError as e:
+            raise InvalidInputError(str(e), field="cluster_id") from e
+        p = Path(path)
+        if os.path.lexists(p):
+            raise StoreExistsError(f"{p}: a file already exists there", path=str(p))
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError as e:
+            raise StoreExistsError(f"{p}: a file already exists there", path=str(p)) from e
+        except OSError as e:
+            raise StoreError(f"{p}: cannot create the store: {e}", path=str(p)) from e
+        os.close(fd)
+        conn: sqlite3.Connection | None = None
+        try:
+            conn = _connect(p)
+            _configure(conn, p)
+            conn.execute("BEGIN IMMEDIATE")
+            apply_migrations(conn, 0, SCHEMA_VERSION)
+            conn.execute("INSERT INTO meta (key, value) VALUES ('cluster_id', ?)", (cluster_id,))
+            conn.execute("COMMIT")
+        except BaseException as e:
+            if conn is not None:
+                conn.close()
+            for leftover in (p, p.with_name(p.name + "-wal"), p.with_name(p.name + "-shm")):
+                leftover.unlink(missing_ok=True)
+            if isinstance(e, sqlite3.Error):
+                raise StoreError(f"{p}: cannot create the store: {e}", path=str(p)) from e
+            raise
+        return cls(conn, p, clock, cluster_id, SCHEMA_VERSION)
+
+    @classmethod
+    def open(cls, path: str | Path, clock: Clock) -> Store:
+        """Open the existing store at ``path``, migrating it forward to
+        :data:`SCHEMA_VERSION` in one transaction if it is older.
+
+        :class:`StoreMissingError` if nothing is there (nothing is created);
+        :class:`StoreCorruptError`, naming the path, for a file that is not a store this code
+        can use (see the module docstring). Either way the file is left as it was.
+        """
+        p = Path(path)
+        if not os.path.lexists(p):
+            raise StoreMissingError(f"no store at {p}", path=str(p))
+        if not p.is_file():
+            raise StoreCorruptError(f"{p} is not a regular file, so not a store", path=str(p))
+        conn = _connect(p)
+        try:
+            version, cluster_id = _validate(conn, p)
+            _configure(conn, p)
+            if version < SCHEMA_VERSION:
+                version = _migrate(conn, p)
+        except sqlite3.Error as e:
+            conn.close()
+            if _is_corruption(e):
+                raise StoreCorruptError(f"{p}: the database is damaged: {e}", path=str(p)) from e
+            raise StoreError(f"{p}: cannot open the store: {e}", path=str(p)) from e
+        except BaseException:
+            conn.close()
+            raise
+        return cls(conn, p, clock, cluster_id, version)
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @property
+    def cluster_id(self) -> str:
+        """The cluster this store belongs to (fixed when it was created)."""
+        return self._cluster_id
+
+    @property
+    def schema_version(self) -> int:
+        return self._schema_version
+
+    def close(self) -> None:
+        """Close the file; later calls raise :class:`StoreError`. Closing twice is fine."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- transactions ----------------------------------------------------------------------
+
+    def _live(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise StoreError(f"{self._path}: the store is closed", path=str(self._path))
+        return self._conn
+
+    def _fail(self, e: sqlite3.Error, doing: str) -> StoreError:
+        kind = StoreCorruptError if _is_corruption(e) else StoreError
+        return kind(f"{self._path}: {doing}: {e}", path=str(self._path))
+
+    @contextmanager
+    def _write(self, doing: str) -> Iterator[sqlite3.Connection]:
+        """One write transaction: ``BEGIN IMMEDIATE`` ... ``COMMIT``, rolled back on any
+        exception (which propagates; an ``sqlite3`` one as :class:`StoreError`)."""
+        conn = self._live()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as e:
+            raise self._fail(e, doing) from e
+        try:
+            yield conn
+            conn.execute("COMMIT")
+        except BaseException as e:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            if isinstance(e, sqlite3.Error):
+                raise self._fail(e, doing) from e
+            raise
+
+    def _read(self, sql: str, params: Iterable[Any] = ()) -> list[sqlite3.Row]:
+        try:
+            return self._live().execute(sql, tuple(params)).fetchall()
+        except sqlite3.Error as e:
+            raise self._fail(e, "read") from e
+
+    def _now(self) -> float:
+        return _number(self._clock.now_s(), "clock.now_s()", minimum=None)
+
+    # ---- jobs ------------------------------------------------------------------------------
+
+    def add_job(self, name: str, spec_json: str, *, status: JobStatus = JobStatus.QUEUED) -> JobRow:
+        """Add a job (version 1); :class:`DuplicateRowError` if the name is taken."""
+        name = _text(name, "name")
+        spec_json = _json_object(spec_json, "spec_json")
+        status = _enum(JobStatus, status, "status")
+        now = self._now()
+        with self._write("add a job") as conn:
+            try:
+                conn.execute(
+                    "INSERT INTO jobs (name, spec_json, status, retries, submitted_at_s, "
+                    "updated_at_s, version) VALUES (?, ?, ?, 0, ?, ?, 1)",
+                    (name, spec_json, status.value, now, now),
+                )
+            except sqlite3.IntegrityError as e:
+                raise DuplicateRowError("jobs", name) from e
+            return self._job(conn, name)
+
+    def get_job(self, name: str) -> JobRow:
+        """The job ``name``; :class:`UnknownRowError` if there is none."""
+        rows = self._read(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE name = ?", (name,))
+        if not rows:
+            raise UnknownRowError("jobs", name)
+        return _job_row(rows[0])
+
+    def list_jobs(self, statuses: Iterable[JobStatus] | None = None) -> tuple[JobRow, ...]:
+        """Jobs (those in ``statuses`` when given), in submission order."""
+        sql = f"SELECT {_JOB_COLUMNS} FROM jobs"
+        params: list[str] = []
+        if statuses is not None:
+            params = [_enum(JobStatus, s, "statuses").value for s in statuses]
+            sql += f" WHERE status IN ({', '.join('?' * len(params))})"
+        sql += " ORDER BY submitted_at_s, name"
+        return tuple(_job_row(r) for r in self._read(sql, params))
+
+    def update_job(self, name: str, expected_version: int, **changes: object) -> JobRow:
+        """Change ``spec_json``, ``status`` and/or ``retries`` of job ``name``, written against
+        ``expected_version``; returns the new row (version + 1).
+
+        :class:`UnknownRowError`, :class:`StaleVersionError` (nothing changed), or
+        :class:`InvalidInputError` for an unknown field or value.
+        """
+        expected_version = _version(expected_version)
+        unknown = sorted(set(changes) - _JOB_FIELDS)
+        if unknown or not changes:
+            raise InvalidInputError(
+                f"job fields that can change: {sorted(_JOB_FIELDS)}; got {sorted(changes)}",
+                field=unknown[0] if unknown else "changes",
+            )
+        if "spec_json" in changes:
+            changes["spec_json"] = _json_object(changes["spec_json"], "spec_json")
+        if "status" in changes:
+            changes["status"] = _enum(JobStatus, changes["status"], "status").value
+        if "retries" in changes:
+            changes["retries"] = _count(changes["retries"], "retries")
+        now = self._now()
+        with self._write("update a job") as conn:
+            old = self._job_at(conn, name, expected_version)
+            new = {
+                "spec_json": old.spec_json,
+                "status": old.status.value,
+                "retries": old.retries,
+                **changes,
+            }
+            cursor = conn.execute(
+                "UPDATE jobs SET spec_json = ?, status = ?, retries = ?, updated_at_s = ?, "
+                "version = version + 1 WHERE name = ? AND version = ?",
+                (new["spec_json"], new["status"], new["retries"], now, name, expected_version),
+            )
+            self._check_updated(conn, cursor, "jobs", name, expected_version)
+            return self._job(conn, name)
+
+    def _job(self, conn: sqlite3.Connection, name: str) -> JobRow:
+        row = conn.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE name = ?", (name,)).fetchone()
+        if row is None:
+            raise UnknownRowError("jobs", name)
+        return _job_row(row)
+
+    def _job_at(self, conn: sqlite3.Connection, name: str, expected_version: int) -> JobRow:
+        job = self._job(conn, name)
+        if job.version != expected_version:
+            raise StaleVersionError("jobs", name, expected_version, job.version)
+        return job
+
+    # ---- instances -------------------------------------------------------------------------
+
+    def add_instance(
+        self,
+        *,
+        instance_key: str,
+        request_id: str,
+        offering_key: str,
+        provider: str,
+        instance_type: str,
+        zone: str,
+        market: Market | str,
+        gpu_type: str,
+        gpus: int,
+        price_usd_per_hour: float,
+        reason: str = "wanted by the plan",
+    ) -> InstanceRow:
+        """Add an instance row, ``queued`` at version 1, with its first history entry, in one
+        transaction. :class:`DuplicateRowError` if the key or the request id is taken."""
+        values = (
+            _text(instance_key, "instance_key"),
+            _request_id(request_id),
+            _text(offering_key, "offering_key"),
+            _text(provider, "provider"),
+            _text(instance_type, "instance_type"),
+            _text(zone, "zone"),
+            _enum(Market, market, "market").value,
+            _text(gpu_type, "gpu_type"),
+            _count(gpus, "gpus"),
+            _number(price_usd_per_hour, "price_usd_per_hour"),
+        )
+        reason = _text(reason, "reason")
+        now = self._now()
+        with self._write("add an instance") as conn:
+            try:
+                conn.execute(
+                    "INSERT INTO instances (instance_key, request_id, offering_key, provider, "
+                    "instance_type, zone, market, gpu_type, gpus, price_usd_per_hour, "
+                    "provider_instance_id, status, request_tries, last_heartbeat_s, "
+                    "created_at_s, updated_at_s, version) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, 0, NULL, ?, ?, 1)",
+                    (*values, InstanceStatus.QUEUED.value, now, now),
+                )
+            except sqlite3.IntegrityError as e:
+                raise DuplicateRowError(
+                    "instances", instance_key, f"instance key or request id {request_id!r}"
+                ) from e
+            self._append_history(conn, instance_key, InstanceStatus.QUEUED, now, reason)
+            return self._instance(conn, instance_key)
+
+    def get_instance(self, instance_key: str) -> InstanceRow:
+        """The instance row ``instance_key``; :class:`UnknownRowError` if there is none."""
+        rows = self._read(
+            f"SELECT {_INSTANCE_COLUMNS} FROM instances WHERE instance_key = ?", (instance_key,)
+        )
+        if not rows:
+            raise UnknownRowError("instances", instance_key)
+        return _instance_row(rows[0])
+
+    def get_by_request_id(self, request_id: str) -> InstanceRow | None:
+        """The row whose launch carries ``request_id``, or ``None`` (no row of ours does: an
+        instance listed under it is not ours to keep)."""
+        rows = self._read(
+            f"SELECT {_INSTANCE_COLUMNS} FROM instances WHERE request_id = ?", (request_id,)
+        )
+        return _instance_row(rows[0]) if rows else None
+
+    def list_instances(
+        self, statuses: Iterable[InstanceStatus] | None = None
+    ) -> tuple[InstanceRow, ...]:
+        """Instance rows (those in ``statuses`` when given), by instance key."""
+        sql = f"SELECT {_INSTANCE_COLUMNS} FROM instances"
+        params: list[str] = []
+        if statuses is not None:
+            params = [_enum(InstanceStatus, s, "statuses").value for s in statuses]
+            sql += f" WHERE status IN ({', '.join('?' * len(params))})"
+        sql += " ORDER BY instance_key"
+        return tuple(_instance_row(r) for r in self._read(sql, params))
+
+    def terminal_request_ids(self) -> frozenset[str]:
+        """Request ids of rows in a terminal status: an instance listed under one is a leak."""
+        rows = self._read(
+            "SELECT request_id FROM instances WHERE status = ?", (InstanceStatus.TERMINATED.value,)
+        )
+        return frozenset(r[0] for r in rows)
+
+    def transition(
+        self,
+        instance_key: str,
+        expected_version: int,
+        to_status: InstanceStatus,
+        *,
+        reason: str,
+        **field_changes: object,
+    ) -> InstanceRow:
+        """Move instance ``instance_key`` to ``to_status`` because of ``reason``, written
+        against ``expected_version``; returns the new row (version + 1).
+
+        In one transaction: the version is checked (:class:`StaleVersionError`, with the
+        actual version), then the lifecycle edge (:class:`IllegalTransitionError`), then the
+        row is updated with ``field_changes`` (``provider_instance_id``,
+        ``last_heartbeat_s``) and ``(to_status, now, reason)`` is appended to its history. On
+        ``requested -> queued`` the store counts the retry in ``request_tries``; a caller may
+        restate that count (``request_tries=row.request_tries + 1``) but not set another.
+        A refused transition changes nothing.
+        """
+        expected_version = _version(expected_version)
+        to_status = _enum(InstanceStatus, to_status, "to_status")
+        reason = _text(reason, "reason")
+        restated_tries = field_changes.pop("request_tries", None)
+        changes = _instance_changes(field_changes)
+        now = self._now()
+        with self._write("change an instance's status") as conn:
+            old = self._instance_at(conn, instance_key, expected_version)
+            check_transition(instance_key, old.status, to_status)
+            tries = old.request_tries
+            if old.status is InstanceStatus.REQUESTED and to_status is InstanceStatus.QUEUED:
+                tries += 1
+            if restated_tries is not None and restated_tries != tries:
+                raise InvalidInputError(
+                    f"instance {instance_key}: request_tries is kept by the store "
+                    f"({tries} after this transition), not {restated_tries!r}",
+                    field="request_tries",
+                )
+            provider_id, heartbeat = _merged(old, changes)
+            self._check_owner(conn, old, provider_id)
+            at = self._history_time(conn, instance_key, now)
+            cursor = conn.execute(
+                "UPDATE instances SET status = ?, provider_instance_id = ?, last_heartbeat_s = ?, "
+                "request_tries = ?, updated_at_s = ?, version = version + 1 "
+                "WHERE instance_key = ? AND version = ?",
+                (
+                    to_status.value,
+                    provider_id,
+                    heartbeat,
+                    tries,
+                    at,
+                    instance_key,
+                    expected_version,
+                ),
+            )
+            self._check_updated(conn, cursor, "instances", instance_key, expected_version)
+            self._append_history(conn, instance_key, to_status, at, reason)
+            return self._instance(conn, instance_key)
+
+    def update_instance_fields(
+        self, instance_key: str, expected_version: int, **changes: object
+    ) -> InstanceRow:
+        """Change ``provider_instance_id`` and/or ``last_heartbeat_s`` of an instance row,
+        written against ``expected_version`` (no status change, no history entry); returns
+        the new row (version + 1). A recorded ``provider_instance_id`` never changes to
+        another value. Errors as for :meth:`transition`."""
+        expected_version = _version(expected_version)
+        if not changes:
+            raise InvalidInputError("nothing to change", field="changes")
+        fields = _instance_changes(changes)
+        now = self._now()
+        with self._write("update an instance") as conn:
+            old = self._instance_at(conn, instance_key, expected_version)
+            provider_id, heartbeat = _merged(old, fields)
+            self._check_owner(conn, old, provider_id)
+            cursor = conn.execute(
+                "UPDATE instances SET provider_instance_id = ?, last_heartbeat_s = ?, "
+                "updated_at_s = ?, version = version + 1 WHERE instance_key = ? AND version = ?",
+                (provider_id, heartbeat, now, instance_key, expected_version),
+            )
+            self._check_updated(conn, cursor, "instances", instance_key, expected_version)
+            return self._instance(conn, instance_key)
+
+    def record_heartbeat(self, instance_key: str, at_s: float) -> None:
+        """The instance's agent was alive at ``at_s``: ``last_heartbeat_s`` becomes the later
+        of its value and ``at_s``. Unversioned on purpose: a heartbeat (from the agent, any
+        time) never conflicts with the loop's versioned writes, and it only moves forward.
+        :class:`UnknownRowError` if no such row."""
+        at_s = _number(at_s, "at_s", minimum=None)
+        with self._write("record a heartbeat") as conn:
+            cursor = conn.execute(
+                "UPDATE instances SET last_heartbeat_s = max(coalesce(last_heartbeat_s, ?1), ?1) "
+                "WHERE instance_key = ?2",
+                (at_s, instance_key),
+            )
+            if cursor.rowcount != 1:
+                raise UnknownRowError("instances", instance_key)
+
+    def history(self, instance_key: str) -> tuple[StatusChange, ...]:
+        """The status history of an instance row, oldest first (its first entry is
+        ``queued``, its last the row's status); :class:`UnknownRowError` if no such row."""
+        rows = self._read(
+            "SELECT status, at_s, reason FROM instance_history WHERE instance_key = ? ORDER BY seq",
+            (instance_key,),
+        )
+        if not rows:
+            raise UnknownRowError("instances", instance_key)
+        return tuple(StatusChange(InstanceStatus(r[0]), r[1], r[2]) for r in rows)
+
+    def status_times(self, instance_key: str) -> tuple[float, float | None]:
+        """``(since_s, started_s)`` of an instance row: when it entered its status (or last
+        retried in it: its last history entry) and when it became ``running`` (``None``:
+        never). :class:`UnknownRowError` if no such row."""
+        rows = self._read(
+            "SELECT (SELECT at_s FROM instance_history WHERE instance_key = ?1 "
+            "ORDER BY seq DESC LIMIT 1), "
+            "(SELECT at_s FROM instance_history WHERE instance_key = ?1 AND status = ?2 "
+            "ORDER BY seq LIMIT 1)",
+            (instance_key, InstanceStatus.RUNNING.value),
+        )
+        since, started = rows[0][0], rows[0][1]
+        if since is None:
+            raise UnknownRowError("instances", instance_key)
+        return since, started
+
+    def _instance(self, conn: sqlite3.Connection, key: str) -> InstanceRow:
+        row = conn.execute(
+            f"SELECT {_INSTANCE_COLUMNS} FROM instances WHERE instance_key = ?", (key,)
+        ).fetchone()
+        if row is None:
+            raise UnknownRowError("instances", key)
+        return _instance_row(row)
+
+    def _instance_at(
+        self, conn: sqlite3.Connection, key: str, expected_version: int
+    ) -> InstanceRow:
+        row = self._instance(conn, key)
+        if row.version != expected_version:
+            raise StaleVersionError("instances", key, expected_version, row.version)
+        return row
+
+    @staticmethod
+    def _check_owner(conn: sqlite3.Connection, row: InstanceRow, provider_id: str | None) -> None:
+        """No other row owns cloud instance ``provider_id`` (the UNIQUE index is the backstop;
+        this names the other row)."""
+        if provider_id is None or provider_id == row.provider_instance_id:
+            return
+        other = conn.execute(
+            "SELECT instance_key FROM instances WHERE provider = ? AND provider_instance_id = ? "
+            "AND instance_key != ?",
+            (row.provider, provider_id, row.instance_key),
+        ).fetchone()
+        if other is not None:
+            raise DuplicateRowError(
+                "instances",
+                row.instance_key,
+                f"cloud instance {provider_id} already belongs to row {other[0]}",
+            )
+
+    def _history_time(self, conn: sqlite3.Connection, key: str, now: float) -> float:
+        last = conn.execute(
+            "SELECT max(at_s) FROM instance_history WHERE instance_key = ?", (key,)
+        ).fetchone()[0]
+        return now if last is None else max(now, last)
+
+    @staticmethod
+    def _append_history(
+        conn: sqlite3.Connection, key: str, status: InstanceStatus, at_s: float, reason: str
+    ) -> None:
+        conn.execute(
+            "INSERT INTO instance_history (instance_key, status, at_s, reason) VALUES (?, ?, ?, ?)",
+            (key, status.value, at_s, reason),
+        )
+
+    @staticmethod
+    def _check_updated(
+        conn: sqlite3.Connection, cursor: sqlite3.Cursor, table: str, key: str, expected: int
+    ) -> None:
+        """The versioned UPDATE hit its row (it always does under the write lock taken before
+        the read; this keeps the rule true even if that ever changes)."""
+        if cursor.rowcount == 1:
+            return
+        column = "name" if table == "jobs" else "instance_key"
+        row = conn.execute(f"SELECT version FROM {table} WHERE {column} = ?", (key,)).fetchone()
+        if row is None:
+            raise UnknownRowError(table, key)
+        raise StaleVersionError(table, key, expected, row[0])
+
+    # ---- assignments -----------------------------------------------------------------------
+
+    def set_assignments(self, job_name: str, gpus_by_instance: Mapping[str, int]) -> None:
+        """Make ``gpus_by_instance`` the whole of job ``job_name``'s assignments, atomically:
+        pairs not in it are removed, new ones added (version 1), changed GPU counts updated
+        (version + 1), unchanged ones left as they are. Zero counts mean "not assigned".
+        :class:`UnknownRowError` for an unknown job or instance (nothing changed)."""
+        wanted: dict[str, int] = {}
+        for key, gpus in gpus_by_instance.items():
+            count = _count(gpus, f"gpus on {key}")
+            if count:
+                wanted[_text(key, "instance_key")] = count
+        with self._write("set assignments") as conn:
+            if conn.execute("SELECT 1 FROM jobs WHERE name = ?", (job_name,)).fetchone() is None:
+                raise UnknownRowError("jobs", job_name)
+            for key in sorted(wanted):
+                found = conn.execute(
+                    "SELECT 1 FROM instances WHERE instance_key = ?", (key,)
+                ).fetchone()
+                if found is None:
+                    raise UnknownRowError("instances", key)
+            held = {
+                r[0]: r[1]
+                for r in conn.execute(
+                    "SELECT instance_key, gpus FROM assignments WHERE job_name = ?", (job_name,)
+                )
+            }
+            for key in sorted(set(held) - set(wanted)):
+                conn.execute(
+                    "DELETE FROM assignments WHERE job_name = ? AND instance_key = ?",
+                    (job_name, key),
+                )
+            for key, gpus in sorted(wanted.items()):
+                if key not in held:
+                    conn.execute(
+                        "INSERT INTO assignments (job_name, instance_key, gpus, version) "
+                        "VALUES (?, ?, ?, 1)",
+                        (job_name, key, gpus),
+                    )
+                elif held[key] != gpus:
+                    conn.execute(
+                        "UPDATE assignments SET gpus = ?, version = version + 1 "
+                        "WHERE job_name = ? AND instance_key = ?",
+                        (gpus, job_name, key),
+                    )
+
+    def assignment_rows(
+        self, job: str | None = None, instance: str | None = None
+    ) -> tuple[AssignmentRow, ...]:
+        """Assignment rows, of one job and/or one instance when given, by (job, instance)."""
+        sql = "SELECT job_name, instance_key, gpus, version FROM assignments"
+        where, params = [], []
+        if job is not None:
+            where.append("job_name = ?")
+            params.append(job)
+        if instance is not None:
+            where.append("instance_key = ?")
+            params.append(instance)
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY job_name, instance_key"
+        return tuple(AssignmentRow(r[0], r[1], r[2], r[3]) for r in self._read(sql, params))
+
+    def list_assignments(
+        self, job: str | None = None, instance: str | None = None
+    ) -> dict[tuple[str, str], int]:
+        """GPUs by ``(job name, instance key)``, of one job and/or one instance when given."""
+        return {(a.job_name, a.instance_key): a.gpus for a in self.assignment_rows(job, instance)}
+
+    # ---- plans -----------------------------------------------------------------------------
+
+    def record_plan(self, plan_json: str) -> PlanRow:
+        """Record a round's plan (a JSON object); its ``round_id`` is the next one."""
+        plan_json = _json_object(plan_json, "plan_json")
+        now = self._now()
+        with self._write("record a plan") as conn:
+            cursor = conn.execute(
+                "INSERT INTO plans (at_s, plan_json) VALUES (?, ?)", (now, plan_json)
+            )
+            round_id = cursor.lastrowid
+        if round_id is None:  # pragma: no cover - an INSERT into a rowid table always sets it
+            raise StoreError(f"{self._path}: no round id for the plan", path=str(self._path))
+        return PlanRow(round_id, now, plan_json)
+
+    def latest_plan(self) -> PlanRow | None:
+        """The last recorded plan, or ``None``."""
+        rows = self._read(
+            "SELECT round_id, at_s, plan_json FROM plans ORDER BY round_id DESC LIMIT 1"
+        )
+        return PlanRow(rows[0][0], rows[0][1], rows[0][2]) if rows else None
+
+    # ---- v2: reports -----------------------------------------------------------------------
+
+    def add_report(self, job_name: str, payload_json: str) -> ReportRow:
+        """Append a trainer report (a JSON object) of a known job."""
+        payload_json = _json_object(payload_json, "payload_json")
+        now = self._now()
+        with self._write("add a report") as conn:
+            if conn.execute("SELECT 1 FROM jobs WHERE name = ?", (job_name,)).fetchone() is None:
+                raise UnknownRowError("jobs", job_name)
+            cursor = conn.execute(
+                "INSERT INTO reports (job_name, at_s, payload_json) VALUES (?, ?, ?)",
+                (job_name, now, payload_json),
+            )
+            report_id = cursor.lastrowid
+        if report_id is None:  # pragma: no cover - an INSERT into a rowid table always sets it
+            raise StoreError(f"{self._path}: no id for the report", path=str(self._path))
+        return ReportRow(report_id, job_name, now, payload_json)
+
+    def latest_report(self, job_name: str) -> ReportRow | None:
+        """The last report of a job, or ``None``."""
+        rows = self._read(
+            "SELECT report_id, job_name, at_s, payload_json FROM reports WHERE job_name = ? "
+            "ORDER BY report_id DESC LIMIT 1",
+            (job_name,),
+        )
+        return ReportRow(*rows[0]) if rows else None
+
+    def latest_reports(self) -> dict[str, ReportRow]:
+        """The last report of every job that has one, by job name."""
+        rows = self._read(
+            "SELECT report_id, job_name, at_s, payload_json FROM reports WHERE report_id IN "
+            "(SELECT max(report_id) FROM reports GROUP BY job_name) ORDER BY job_name"
+        )
+        return {r[1]: ReportRow(*r) for r in rows}
+
+    def reports_after(self, cursor: int) -> tuple[int, tuple[tuple[str, str], ...]]:
+        """Reports that arrived after ``cursor`` (0: all), oldest first, as ``(job name,
+        payload JSON)``, with the cursor to pass next time."""
+        cursor = _count(cursor, "cursor")
+        rows = self._read(
+            "SELECT report_id, job_name, payload_json FROM reports WHERE report_id > ? "
+            "ORDER BY report_id",
+            (cursor,),
+        )
+        last = rows[-1][0] if rows else cursor
+        return last, tuple((r[1], r[2]) for r in rows)
+
+    # ---- v2: models ------------------------------------------------------------------------
+
+    def upsert_model(self, job_name: str, gpu_type: str, params_json: str) -> ModelRow:
+        """Record the latest fit of a known job on ``gpu_type`` (replacing the previous one)."""
+        gpu_type = _text(gpu_type, "gpu_type")
+        params_json = _json_object(params_json, "params_json")
+        now = self._now()
+        with self._write("record a model") as conn:
+            if conn.execute("SELECT 1 FROM jobs WHERE name = ?", (job_name,)).fetchone() is None:
+                raise UnknownRowError("jobs", job_name)
+            conn.execute(
+                "INSERT INTO models (job_name, gpu_type, params_json, fitted_at_s) "
+                "VALUES (?, ?, ?, ?) ON CONFLICT (job_name, gpu_type) DO UPDATE SET "
+                "params_json = excluded.params_json, fitted_at_s = excluded.fitted_at_s",
+                (job_name, gpu_type, params_json, now),
+            )
+        return ModelRow(job_name, gpu_type, params_json, now)
+
+    def get_model(self, job_name: str, gpu_type: str) -> ModelRow | None:
+        """The latest fit of a job on a GPU type, or ``None``."""
+        rows = self._read(
+            "SELECT job_name, gpu_type, params_json, fitted_at_s FROM models "
+            "WHERE job_name = ? AND gpu_type = ?",
+            (job_name, gpu_type),
+        )
+        return ModelRow(*rows[0]) if rows else None
+
+    def list_models(self, job_name: str | None = None) -> tuple[ModelRow, ...]:
+        """Every fit (of one job when given), by job and GPU type."""
+        sql = "SELECT job_name, gpu_type, params_json, fitted_at_s FROM models"
+        params: tuple[str, ...] = ()
+        if job_name is not None:
+            sql += " WHERE job_name = ?"
+            params = (job_name,)
+        return tuple(ModelRow(*r) for r in self._read(sql + " ORDER BY job_name, gpu_type", params))
+
+    # ---- v2: prices ------------------------------------------------------------------------
+
+    def record_price(
+        self,
+        offering_key: str,
+        price_usd_per_hour: float,
+        market: Market | str,
+        *,
+        at_s: float | None = None,
+    ) -> PricePoint:
+        """Append a price of an offering, in effect from ``at_s`` (default: now; a price feed
+        passes the time the price was published)."""
+        point = PricePoint(
+            _text(offering_key, "offering_key"),
+            self._now() if at_s is None else _number(at_s, "at_s", minimum=None),
+            _number(price_usd_per_hour, "price_usd_per_hour"),
+            _enum(Market, market, "market"),
+        )
+        with self._write("record a price") as conn:
+            conn.execute(
+                "INSERT INTO price_history (offering_key, at_s, price_usd_per_hour, market) "
+                "VALUES (?, ?, ?, ?)",
+                (point.offering_key, point.at_s, point.price_usd_per_hour, point.market.value),
+            )
+        return point
+
+    def price_at(self, offering_key: str, at_s: float) -> float | None:
+        """The offering's price in effect at ``at_s``: the latest recorded at or before it
+        (of two recorded for the same time, the later recorded). ``None`` before the first."""
+        rows = self._read(
+            "SELECT price_usd_per_hour FROM price_history WHERE offering_key = ? AND at_s <= ? "
+            "ORDER BY at_s DESC, seq DESC LIMIT 1",
+            (offering_key, at_s),
+        )
+        return rows[0][0] if rows else None
+
+    def prices(self, offering_key: str) -> tuple[PricePoint, ...]:
+        """An offering's price history, oldest first."""
+        rows = self._read(
+            "SELECT offering_key, at_s, price_usd_per_hour, market FROM price_history "
+            "WHERE offering_key = ? ORDER BY at_s, seq",
+            (offering_key,),
+        )
+        return tuple(PricePoint(r[0], r[1], r[2], Market(r[3])) for r in rows)
+
+    # ---- v2: cost records ------------------------------------------------------------------
+
+    def add_cost_record(
+        self,
+        instance_key: str,
+        start_s: float,
+        end_s: float,
+        price_usd_per_hour: float,
+        usd: float | None = None,
+    ) -> CostRecordRow:
+        """Append what an instance cost over ``[start_s, end_s]``. ``usd`` defaults to
+        ``price_usd_per_hour * (end_s - start_s) / 3600`` (per-second billing); a caller that
+        bills otherwise (a minimum billed duration) passes its own. Nothing is rounded."""
+        start = _number(start_s, "start_s", minimum=None)
+        end = _number(end_s, "end_s", minimum=start)
+        price = _number(price_usd_per_hour, "price_usd_per_hour")
+        amount = price * (end - start) / 3600.0 if usd is None else _number(usd, "usd")
+        with self._write("add a cost record") as conn:
+            found = conn.execute(
+                "SELECT 1 FROM instances WHERE instance_key = ?", (instance_key,)
+            ).fetchone()
+            if found is None:
+                raise UnknownRowError("instances", instance_key)
+            cursor = conn.execute(
+                "INSERT INTO cost_records (instance_key, start_s, end_s, price_usd_per_hour, usd) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (instance_key, start, end, price, amount),
+            )
+            record_id = cursor.lastrowid
+        if record_id is None:  # pragma: no cover - an INSERT into a rowid table always sets it
+            raise StoreError(f"{self._path}: no id for the cost record", path=str(self._path))
+        return CostRecordRow(record_id, instance_key, start, end, price, amount)
+
+    def cost_records(self, instance_key: str | None = None) -> tuple[CostRecordRow, ...]:
+        """Cost records (of one instance when given), in the order they were added."""
+        sql = (
+            "SELECT record_id, instance_key, start_s, end_s, price_usd_per_hour, usd "
+            "FROM cost_records"
+        )
+        params: tuple[str, ...] = ()
+        if instance_key is not None:
+            sql += " WHERE instance_key = ?"
+            params = (instance_key,)
+        return tuple(CostRecordRow(*r) for r in self._read(sql + " ORDER BY record_id", params))
+
+    def total_cost_usd(self, instance_key: str | None = None) -> float:
+        """The sum of the cost records (of one instance when given), unrounded (``fsum``)."""
+        return math.fsum(r.usd for r in self.cost_records(instance_key))
+
+
+# ---- opening helpers -----------------------------------------------------------------------
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    """A connection to the existing file ``path`` (``mode=rw``: SQLite never creates it).
+    Transactions are explicit (``isolation_level=None``: no implicit BEGIN)."""
+    uri = path.resolve().as_uri() + "?mode=rw"
+    try:
+        conn = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=BUSY_TIMEOUT_S)
+    except sqlite3.Error as e:
+        raise StoreError(f"{path}: cannot open: {e}", path=str(path)) from e
+    conn.row_factory = sqlite3.Row
+    return conn
+
+
+def _configure(conn: sqlite3.Connection, path: Path) -> None:
+    """WAL, ``synchronous=FULL`` and foreign keys (see the module docstring)."""
+    mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+    if str(mode).lower() != "wal":
+        raise StoreError(f"{path}: cannot use WAL journaling (got {mode!r})", path=str(path))
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("PRAGMA foreign_keys=ON")
+
+
+def _validate(conn: sqlite3.Connection, path: Path) -> tuple[int, str]:
+    """Check that ``path`` holds a store this code can open, reading only; return its schema
+    version and cluster id. Raises :class:`StoreCorruptError` naming what is wrong."""
+
+    def corrupt(why: str) -> StoreCorruptError:
+        return StoreCorruptError(f"{path}: {why}", path=str(path))
+
+    try:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        problems = [r[0] for r in conn.execute("PRAGMA integrity_check")]
+        page_size = int(conn.execute("PRAGMA page_size").fetchone()[0])
+    except sqlite3.DatabaseError as e:
+        if isinstance(e, sqlite3.OperationalError) and not _is_corruption(e):
+            raise  # e.g. locked: not the file's fault
+        raise corrupt(f"not an SQLite database, or a damaged one ({e})") from e
+    if problems != ["ok"]:
+        raise corrupt("fails its integrity check: " + "; ".join(problems[:5]))
+    # SQLite writes the main file in whole pages; a cut in a page can pass the integrity check
+    # when the lost bytes were zeros, so the size is checked too.
+    size = path.stat().st_size
+    if size % page_size:
+        raise corrupt(f"truncated: {size} bytes is not a whole number of {page_size}-byte pages")
+    if not tables:
+        raise corrupt("an empty database, not a coadapt store")
+    if "meta" not in tables:
+        raise corrupt("not a coadapt store: it has no meta table")
+    meta = {r[0]: r[1] for r in conn.execute("SELECT key, value FROM meta")}
+    try:
+        version = int(meta["schema_version"])
+        cluster_id = str(meta["cluster_id"])
+    except (KeyError, ValueError) as e:
+        raise corrupt(f"its meta table lacks a valid schema_version or cluster_id ({e})") from e
+    if version > SCHEMA_VERSION:
+        raise corrupt(
+            f"its schema version {version} is newer than this code knows ({SCHEMA_VERSION}): "
+            "open it with a newer coadapt"
+        )
+    if version < 1:
+        raise corrupt(f"its schema version {version} is not a version")
+    _check_schema(conn, path, version)
+    if conn.execute("PRAGMA foreign_key_check").fetchall():
+        raise corrupt("rows refer to rows that do not exist (foreign key check)")
+    return version, cluster_id
+
+
+def _check_schema(conn: sqlite3.Connection, path: Path, version: int) -> None:
+    """The file's tables and indexes are exactly those of its version's migrations."""
+    have, want = set(schema_of(conn)), set(_reference_schema(version))
+    if have != want:
+        missing = sorted(f"{t} {n}" for t, n, _, _ in want - have)
+        extra = sorted(f"{t} {n}" for t, n, _, _ in have - want)
+        raise StoreCorruptError(
+            f"{path}: its tables differ from schema version {version}: "
+            f"missing or changed {missing or 'nothing'}, unexpected {extra or 'nothing'}",
+            path=str(path),
+        )
+
+
+def _migrate(conn: sqlite3.Connection, path: Path) -> int:
+    """Bring the store to :data:`SCHEMA_VERSION` in one transaction; returns it. Another
+    process may have migrated it meanwhile: the version is read again under the lock."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        version = int(row[0])
+        if version < SCHEMA_VERSION:
+            apply_migrations(conn, version, SCHEMA_VERSION)
+            _check_schema(conn, path, SCHEMA_VERSION)
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return SCHEMA_VERSION
+
+
+@dataclass(frozen=True)
+class _FieldChanges:
+    """Validated instance field changes; ``None``: unchanged."""
+
+    provider_instance_id: str | None = None
+    last_heartbeat_s: float | None = None
+
+
+def _instance_changes(changes: Mapping[str, object]) -> _FieldChanges:
+    """Validate instance field changes (``provider_instance_id``, ``last_heartbeat_s``)."""
+    unknown = sorted(set(changes) - _INSTANCE_FIELDS)
+    if unknown:
+        hint = " (status changes go through transition)" if "status" in unknown else ""
+        raise InvalidInputError(
+            f"instance fields that can change: {sorted(_INSTANCE_FIELDS)}; got {unknown}{hint}",
+            field=unknown[0],
+        )
+    provider_id = changes.get("provider_instance_id")
+    heartbeat = changes.get("last_heartbeat_s")
+    return _FieldChanges(
+        None if provider_id is None else _text(provider_id, "provider_instance_id"),
+        None if heartbeat is None else _number(heartbeat, "last_heartbeat_s", minimum=None),
+    )
+
+
+def _merged(old: InstanceRow, changes: _FieldChanges) -> tuple[str | None, float | None]:
+    """The row's provider id and heartbeat after ``changes``; a recorded provider id never
+    changes to another one (a row owns one cloud instance)."""
+    provider_id = changes.provider_instance_id or old.provider_instance_id
+    if old.provider_instance_id is not None and provider_id != old.provider_instance_id:
+        raise InvalidInputError(
+            f"instance {old.instance_key} already owns cloud instance "
+            f"{old.provider_instance_id}, not {provider_id!r}",
+            field="provider_instance_id",
+        )
+    heartbeat = changes.last_heartbeat_s
+    return provider_id, old.last_heartbeat_s if heartbeat is None else heartbeat

@@ -1,0 +1,203 @@
+"""reconcile(): the pure decision from store rows, the observed cloud and a target fleet."""
+
+from __future__ import annotations
+
+from autoscaler.controller.lifecycle import InstanceStatus as S
+from autoscaler.controller.lifecycle import LifecycleTimeouts
+from autoscaler.controller.reconcile import (
+    ReconcileConfig,
+    ReconcileInput,
+    RowView,
+    reconcile,
+)
+from providers.base import Instance, InstanceState, InterruptionKind, InterruptionNotice, Market
+
+NOW = 10_000.0
+POOL = "fake/us-east-1a/g4dn.xlarge/spot"
+OTHER = "fake/us-east-1a/p3.2xlarge/on-demand"
+CFG = ReconcileConfig(heartbeat_timeout_s=None)
+
+
+def row(key: str, status: S, *, pid: str | None = None, since: float = NOW - 10, **kw) -> RowView:
+    return RowView(
+        key=key,
+        request_id=f"req-{key}",
+        offering_key=kw.pop("offering", POOL),
+        status=status,
+        since_s=since,
+        provider_instance_id=pid,
+        **kw,
+    )
+
+
+def cloud(iid: str, request: str) -> Instance:
+    return Instance(
+        iid, "fake", "g4dn.xlarge", "us-east-1a", Market.SPOT, InstanceState.RUNNING, "c1", request
+    )
+
+
+def test_adopts_an_instance_listed_under_a_known_request_id() -> None:
+    out = reconcile(
+        ReconcileInput(NOW, (row("a", S.REQUESTED),), (cloud("i-1", "req-a"),), target={POOL: 1}),
+        CFG,
+    )
+    assert [(t.key, t.to, t.provider_instance_id) for t in out.transitions] == [
+        ("a", S.RUNNING, "i-1")
+    ]
+    assert not out.leaks and not out.launch and not out.new_rows
+
+
+def test_a_queued_row_whose_instance_appeared_goes_through_requested() -> None:
+    out = reconcile(
+        ReconcileInput(NOW, (row("a", S.QUEUED),), (cloud("i-1", "req-a"),), target={POOL: 1}),
+        CFG,
+    )
+    assert [t.to for t in out.transitions] == [S.REQUESTED, S.RUNNING]
+
+
+def test_unknown_and_duplicate_instances_are_leaks() -> None:
+    rows = (row("a", S.RUNNING, pid="i-1"),)
+    seen = (cloud("i-1", "req-a"), cloud("i-2", "req-a"), cloud("i-3", "req-zzz"))
+    out = reconcile(ReconcileInput(NOW, rows, seen, target={POOL: 1}), CFG)
+    assert sorted(leak.instance.instance_id for leak in out.leaks) == ["i-2", "i-3"]
+    assert not out.transitions
+
+
+def test_late_instance_of_an_ended_request_is_a_leak() -> None:
+    out = reconcile(
+        ReconcileInput(
+            NOW, (), (cloud("i-9", "req-old"),), terminal_request_ids=frozenset({"req-old"})
+        ),
+        CFG,
+    )
+    assert [leak.instance.instance_id for leak in out.leaks] == ["i-9"]
+
+
+def test_vanished_instances_are_terminated() -> None:
+    rows = (
+        row("a", S.RUNNING, pid="i-1"),
+        row("b", S.DRAINING, pid="i-2"),
+        row("c", S.TERMINATING, pid="i-3"),
+    )
+    out = reconcile(ReconcileInput(NOW, rows, ()), CFG)
+    assert {(t.key, t.to) for t in out.transitions} == {
+        ("a", S.TERMINATED),
+        ("b", S.TERMINATED),
+        ("c", S.TERMINATED),
+    }
+
+
+def test_spot_notice_drains_outside_the_disruption_budget() -> None:
+    rows = tuple(row(k, S.RUNNING, pid=f"i-{k}") for k in "abc")
+    seen = tuple(cloud(f"i-{k}", f"req-{k}") for k in "abc")
+    notices = tuple(
+        InterruptionNotice(f"i-{k}", InterruptionKind.SPOT_INTERRUPTION, NOW + 120, "fake")
+        for k in "abc"
+    )
+    cfg = ReconcileConfig(heartbeat_timeout_s=None, disruption_budget=0)
+    out = reconcile(
+        ReconcileInput(NOW, rows, seen, notices, target={POOL: 3}, used_gpus={"a": 1}), cfg
+    )
+    assert sorted(out.drained) == ["a", "b", "c"]
+    assert all(t.preemption and t.to is S.DRAINING for t in out.transitions)
+
+
+def test_rebalance_recommendation_alone_drains_nothing() -> None:
+    rows = (row("a", S.RUNNING, pid="i-a"),)
+    note = InterruptionNotice("i-a", InterruptionKind.REBALANCE, None, "fake")
+    out = reconcile(
+        ReconcileInput(NOW, rows, (cloud("i-a", "req-a"),), (note,), target={POOL: 1}), CFG
+    )
+    assert not out.transitions
+
+
+def test_shortfall_creates_rows_within_the_launch_rate_limits() -> None:
+    rows = (row("a", S.RUNNING, pid="i-a"),)
+    cfg = ReconcileConfig(heartbeat_timeout_s=None, min_launches_per_offering=3, max_in_flight=64)
+    out = reconcile(ReconcileInput(NOW, rows, (cloud("i-a", "req-a"),), target={POOL: 100}), cfg)
+    assert len(out.new_rows) == 3  # max(3, 1.0 x 1 running)
+    cfg = ReconcileConfig(heartbeat_timeout_s=None, min_launches_per_offering=50, max_in_flight=5)
+    out = reconcile(ReconcileInput(NOW, rows, (cloud("i-a", "req-a"),), target={POOL: 100}), cfg)
+    assert len(out.new_rows) == 5  # launches in flight capped
+
+
+def test_unavailable_offering_gets_no_launch_and_its_queued_rows_fail() -> None:
+    rows = (row("q", S.QUEUED),)
+    out = reconcile(
+        ReconcileInput(NOW, rows, (), target={POOL: 4}, unavailable=frozenset({POOL})), CFG
+    )
+    assert not out.new_rows and not out.launch
+    assert [(t.key, t.to) for t in out.transitions] == [("q", S.ALLOCATION_FAILED)]
+
+
+def test_surplus_drains_the_emptiest_within_the_budget() -> None:
+    rows = tuple(row(k, S.RUNNING, pid=f"i-{k}") for k in "abcd")
+    seen = tuple(cloud(f"i-{k}", f"req-{k}") for k in "abcd")
+    used = {"a": 4, "b": 0, "c": 2, "d": 0}
+    cfg = ReconcileConfig(heartbeat_timeout_s=None, disruption_budget=2)
+    out = reconcile(ReconcileInput(NOW, rows, seen, target={POOL: 1}, used_gpus=used), cfg)
+    assert sorted(out.drained) == ["b", "d"]
+
+
+def test_no_cost_drain_while_replacements_launch() -> None:
+    rows = (row("a", S.RUNNING, pid="i-a"), row("n", S.REQUESTED, offering=OTHER))
+    out = reconcile(
+        ReconcileInput(
+            NOW,
+            rows,
+            (cloud("i-a", "req-a"),),
+            target={POOL: 0, OTHER: 1},
+            issued=frozenset({"req-n"}),
+        ),
+        CFG,
+    )
+    assert not out.drained and not out.transitions
+
+
+def test_drained_instance_without_jobs_is_terminated() -> None:
+    rows = (row("a", S.DRAINING, pid="i-a"), row("b", S.DRAINING, pid="i-b"))
+    seen = (cloud("i-a", "req-a"), cloud("i-b", "req-b"))
+    out = reconcile(ReconcileInput(NOW, rows, seen, used_gpus={"b": 2}), CFG)
+    assert out.terminate == ("a",)
+
+
+def test_requested_rows_are_reissued_once_per_process_then_time_out() -> None:
+    t = LifecycleTimeouts()
+    fresh = row("a", S.REQUESTED, since=NOW - 5)
+    out = reconcile(ReconcileInput(NOW, (fresh,), (), target={POOL: 1}), CFG)
+    assert out.launch == ("a",)  # a restarted controller re-issues (launch rule dedupes)
+    out = reconcile(
+        ReconcileInput(NOW, (fresh,), (), target={POOL: 1}, issued=frozenset({"req-a"})), CFG
+    )
+    assert out.launch == () and not out.new_rows  # held: no second row for it
+    stale = row("a", S.REQUESTED, since=NOW - t.requested_s - 1)
+    out = reconcile(
+        ReconcileInput(NOW, (stale,), (), target={POOL: 1}, issued=frozenset({"req-a"})), CFG
+    )
+    assert [tr.to for tr in out.transitions] == [S.QUEUED]
+    spent = row("a", S.REQUESTED, since=NOW - t.requested_s - 1, retries=t.max_request_tries - 1)
+    out = reconcile(
+        ReconcileInput(NOW, (spent,), (), target={POOL: 1}, issued=frozenset({"req-a"})), CFG
+    )
+    assert [tr.to for tr in out.transitions] == [S.ALLOCATION_FAILED]
+
+
+def test_dead_agent_is_terminated_after_its_timeout() -> None:
+    cfg = ReconcileConfig(heartbeat_timeout_s=60.0, boot_grace_s=300.0)
+    alive = row("a", S.RUNNING, pid="i-a", last_heartbeat_s=NOW - 30, started_s=NOW - 1000)
+    dead = row("b", S.RUNNING, pid="i-b", last_heartbeat_s=NOW - 61, started_s=NOW - 1000)
+    booting = row("c", S.RUNNING, pid="i-c", started_s=NOW - 200)
+    silent = row("d", S.RUNNING, pid="i-d", started_s=NOW - 301)
+    seen = tuple(cloud(f"i-{k}", f"req-{k}") for k in "abcd")
+    out = reconcile(
+        ReconcileInput(NOW, (alive, dead, booting, silent), seen, target={POOL: 4}), cfg
+    )
+    assert sorted(out.terminate) == ["b", "d"]
+
+
+def test_deterministic_whatever_the_input_order() -> None:
+    rows = tuple(row(k, S.RUNNING, pid=f"i-{k}") for k in "abcd")
+    seen = (*(cloud(f"i-{k}", f"req-{k}") for k in "abcd"), cloud("i-x", "req-x"))
+    a = reconcile(ReconcileInput(NOW, rows, seen, target={POOL: 2}), CFG)
+    b = reconcile(ReconcileInput(NOW, rows[::-1], seen[::-1], target={POOL: 2}), CFG)
+    assert a == b
