@@ -492,7 +492,7 @@ def test_only_transition_writes_the_instance_status() -> None:
                 writers.setdefault("delete", set()).add(fn.name)
     assert writers == {
         "set-status": {"transition"},
-        "update": {"update_instance_fields"},
+        "update": {"update_instance_fields", "record_heartbeat"},
         "insert": {"add_instance"},
         "history": {"_append_history"},
     }
@@ -1031,3 +1031,27 @@ def test_random_moves_keep_the_store_equal_to_a_model(
                 model.append(to)
             assert [c.status for c in store.history("i-1")] == model
             assert store.get_instance("i-1") == row and row.version == len(model)
+
+
+def test_heartbeats_only_move_forward_and_never_conflict_with_versions(tmp_path: Path) -> None:
+    clock = FakeClock()
+    store = Store.create(tmp_path / "s.db", "c1", clock)
+    row = store.add_instance(
+        instance_key="i-1",
+        request_id="req-1",
+        offering_key="fake/z/t/spot",
+        provider="fake",
+        instance_type="t",
+        zone="z",
+        market="spot",
+        gpu_type="T4",
+        gpus=1,
+        price_usd_per_hour=0.5,
+    )
+    store.record_heartbeat("i-1", 100.0)
+    store.record_heartbeat("i-1", 50.0)  # late delivery: ignored
+    after = store.get_instance("i-1")
+    assert after.last_heartbeat_s == 100.0 and after.version == row.version
+    store.transition("i-1", row.version, InstanceStatus.REQUESTED, reason="intent")
+    with pytest.raises(UnknownRowError):
+        store.record_heartbeat("i-404", 1.0)
