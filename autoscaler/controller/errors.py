@@ -9,6 +9,8 @@ here name what went wrong with the controller's *state*:
   (:data:`autoscaler.controller.lifecycle.TRANSITIONS`) does not allow;
 * :class:`StaleVersionError` — an optimistic-concurrency conflict: the row changed since the
   caller read it (re-read, re-decide, retry);
+* :class:`UnknownFleetError` — a store that has never planned meets a cloud already holding
+  instances of its cluster (a deleted or swapped store): the controller touches none;
 * :class:`StoreError` — the store itself: :class:`StoreMissingError`,
   :class:`StoreExistsError`, :class:`StoreCorruptError`, :class:`UnknownRowError`,
   :class:`DuplicateRowError`, or a plain ``StoreError`` for an SQLite failure (locked past the
@@ -30,6 +32,7 @@ __all__ = [
     "StoreError",
     "StoreExistsError",
     "StoreMissingError",
+    "UnknownFleetError",
     "UnknownRowError",
 ]
 
@@ -105,3 +108,19 @@ class DuplicateRowError(StoreError):
         super().__init__(f"{table} row {key!r} already exists" + (f" ({detail})" if detail else ""))
         self.table = table
         self.key = key
+
+
+class UnknownFleetError(ControllerError):
+    """The cloud holds instances of this cluster that a store which has never planned does not
+    know: most likely the store was deleted or replaced. Adopting or terminating them would be
+    a guess, so the controller refuses to act (``instance_ids`` names them)."""
+
+    def __init__(self, cluster_id: str, instance_ids: tuple[str, ...], path: str) -> None:
+        shown = ", ".join(instance_ids[:5]) + (" ..." if len(instance_ids) > 5 else "")
+        super().__init__(
+            f"the cloud holds {len(instance_ids)} instance(s) of cluster {cluster_id!r} "
+            f"({shown}) that the store at {path} has never seen: was the store deleted or "
+            "replaced? Nothing was touched; restore the store, or release them explicitly"
+        )
+        self.cluster_id = cluster_id
+        self.instance_ids = instance_ids

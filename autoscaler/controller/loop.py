@@ -40,6 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Final
 
+from autoscaler.controller.errors import UnknownFleetError
 from autoscaler.controller.jobs import JobBook, JobSubmission
 from autoscaler.controller.lifecycle import InstanceStatus, terminate_retries
 from autoscaler.controller.reconcile import (
@@ -151,25 +152,33 @@ class Controller:
         self._issued: set[str] = set()  # request ids launched or terminated by this process
         self._report_cursor = 0
         self._round = 0
+        self._planned = False  # the store has recorded a plan (checked until it has)
         self._offerings: dict[str, Offering] = {}
 
     # ---- the round -------------------------------------------------------------------------
 
     def run_round(self) -> RoundReport:
-        """One observe -> decide -> reconcile -> act round."""
+        """One observe -> decide -> reconcile -> act round. Raises
+        :class:`~autoscaler.controller.errors.StoreError` (before any cloud call) if the
+        store was deleted, replaced or damaged, and :class:`~autoscaler.controller.errors.
+        UnknownFleetError` (touching nothing) if a store that never planned meets a cloud
+        holding instances of its cluster; a provider error while observing ends the round
+        early and is reported in :attr:`RoundReport.error`."""
         t0 = time.perf_counter()
+        self.store.ensure_present()  # StoreMissingError before any cloud call
         now = self.clock.now_s()
         self._round += 1
+        rows = self.store.list_instances(statuses=_LIVE)  # the store is read first: a
+        jobs = self.store.list_jobs(statuses=ACTIVE_JOBS)  # damaged one fails here, before
+        assignments = self.store.list_assignments()  # any cloud call
         try:
             observed = tuple(self.provider.list_instances(self.config.cluster_id))
+            self._refuse_unknown_fleet(observed)
             notices = tuple(self.provider.interruptions(self.config.cluster_id))
             if not self._offerings:
                 self._offerings = {o.key: o for o in self.provider.offerings()}
         except ProviderError as e:
             return RoundReport(self._round, 0, Actions(), {}, 1, 0.0, 0.0, 0.0, 0.0, str(e))
-        rows = self.store.list_instances(statuses=_LIVE)
-        jobs = self.store.list_jobs(statuses=ACTIVE_JOBS)
-        assignments = self.store.list_assignments()
         gpu_type_of = {r.instance_key: r.gpu_type for r in rows}
         self._read_reports(assignments, gpu_type_of)
         t1 = time.perf_counter()
@@ -330,6 +339,20 @@ class Controller:
         return calls
 
     # ---- observe ---------------------------------------------------------------------------
+
+    def _refuse_unknown_fleet(self, observed: Sequence[Instance]) -> None:
+        """:class:`UnknownFleetError` if the store has never planned and the cloud lists
+        instances it does not know. (A store writes its first plan before its first launch,
+        so a store that never planned cannot own any instance.)"""
+        if self._planned or not observed:
+            return
+        if self.store.latest_plan() is not None:
+            self._planned = True
+            return
+        known = {r.request_id for r in self.store.list_instances()}
+        strangers = tuple(sorted(i.instance_id for i in observed if i.request_id not in known))
+        if strangers:
+            raise UnknownFleetError(self.config.cluster_id, strangers, str(self.store.path))
 
     def _read_reports(
         self, assignments: Mapping[tuple[str, str], int], gpu_type_of: Mapping[str, str]

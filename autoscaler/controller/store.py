@@ -525,6 +525,18 @@ class Store:
         self._clock = clock
         self._cluster_id = cluster_id
         self._schema_version = version
+        self._identity = _file_identity(path)
+
+    def ensure_present(self) -> None:
+        """Raise :class:`StoreMissingError` if the file this store opened was deleted or
+        replaced since (an open SQLite handle would go on writing to the unlinked file, and
+        everything written would be lost). The controller checks it before every round, so
+        it never acts on a store that no longer exists."""
+        if _file_identity(self._path) != self._identity:
+            raise StoreMissingError(
+                f"the store at {self._path} was deleted or replaced while in use",
+                path=str(self._path),
+            )
 
     # ---- opening ---------------------------------------------------------------------------
 
@@ -1290,6 +1302,15 @@ class Store:
 
 
 # ---- opening helpers -----------------------------------------------------------------------
+
+
+def _file_identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of ``path``, ``None`` if it is gone."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _connect(path: Path) -> sqlite3.Connection:

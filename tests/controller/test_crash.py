@@ -136,4 +136,38 @@ def test_kill9_with_aws_on_moto(tmp_path: Path) -> None:
     from emulators.aws_moto import shared_moto_server
 
     server = shared_moto_server()
+    foreign = _foreign_instances(server.url)
     _crash_run(tmp_path, "aws", server.url, 2)
+    # Ownership: across 21 controller processes, instances without our cluster tag (none, or
+    # another cluster's) were never listed, adopted or terminated.
+    from emulators.aws_moto import admin_client
+
+    found = admin_client(server.url, "ec2").describe_instances(InstanceIds=foreign)
+    states = [i["State"]["Name"] for r in found["Reservations"] for i in r["Instances"]]
+    assert states == ["running", "running"]
+    store = Store.open(tmp_path / "store.db", FakeClock())
+    try:
+        assert not {r.provider_instance_id for r in store.list_instances()} & set(foreign)
+    finally:
+        store.close()
+
+
+def _foreign_instances(url: str) -> list[str]:
+    """One untagged instance and one of another coadapt cluster, made behind our back."""
+    from emulators.aws_moto import admin_client, default_network
+
+    image_id, subnets = default_network(url)
+    ec2 = admin_client(url, "ec2")
+    ids = []
+    for tags in ([], [{"Key": CLUSTER_ID_TAG, "Value": "another-cluster"}]):
+        spec = [{"ResourceType": "instance", "Tags": tags}] if tags else []
+        out = ec2.run_instances(
+            ImageId=image_id,
+            InstanceType="g4dn.xlarge",
+            MinCount=1,
+            MaxCount=1,
+            SubnetId=next(iter(subnets.values())),
+            TagSpecifications=spec,
+        )
+        ids.append(out["Instances"][0]["InstanceId"])
+    return ids
