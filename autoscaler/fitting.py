@@ -21,7 +21,7 @@ numbers: no I/O, no clock.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from autoscaler.errors import InvalidInputError
@@ -109,6 +109,27 @@ class ModelBook:
     def keys(self, job: Hashable) -> Iterator[str | None]:
         """The keys ``job`` has a profile under."""
         return iter(tuple(self._fits.get(job, {})))
+
+    def restore(
+        self,
+        job: Hashable,
+        key: str | None,
+        samples: Sequence[ProfileSample],
+        perf: PerfParams | None,
+    ) -> None:
+        """Put back a profile and its fit as they were saved (a restarted observer): the fit
+        is not redone (stale only if ``perf`` is ``None``), so models are what they were."""
+        fit = _Fit()
+        for sample in list(samples)[-self.max_samples :]:
+            fit.profile[(sample.placement, sample.local_bsz, sample.accum_steps)] = sample
+        fit.perf = perf
+        fit.stale = perf is None and bool(fit.profile)
+        self._fits.setdefault(job, {})[key] = fit
+
+    def samples(self, job: Hashable, key: str | None) -> tuple[ProfileSample, ...]:
+        """The profile of ``(job, key)``, oldest first (empty if none)."""
+        fit = self._fits.get(job, {}).get(key)
+        return () if fit is None else tuple(fit.profile.values())
 
     def profile_size(self, job: Hashable, key: str | None) -> int:
         fit = self._fits.get(job, {}).get(key)

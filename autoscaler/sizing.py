@@ -60,6 +60,7 @@ import numpy as np
 
 from autoscaler.errors import InvalidInputError
 from autoscaler.goodput import GoodputModel, optimistic_internode
+from autoscaler.goodput_batch import JobArrays, optimize_many
 from autoscaler.gputypes import REFERENCE_GPU_TYPE, SpeedTable, estimate_model, limits_on
 from autoscaler.jobs import JobView
 
@@ -245,45 +246,127 @@ def job_demand(
     up to ``max_gpus`` GPUs (see the module docstring for the units and the rules);
     ``gpu_type`` is the type it runs on now, if it runs; ``optimistic`` values unseen
     multi-instance shapes optimistically (see the module docstring)."""
-    if max_gpus < 1:
-        raise InvalidInputError(f"{job.name}: max_gpus must be >= 1", field="max_gpus")
-    models: Mapping[str, GoodputModel] = job.models or (
-        {REFERENCE_GPU_TYPE: job.model} if job.model is not None else {}
-    )
-    curves: dict[tuple[str, int], tuple[float, ...]] = {}
-    if not models:
-        want = max_gpus if job.adaptive else max(job.requested_gpus, min_gpus, 1)
+    return job_demands(
+        [job],
+        kinds,
+        speeds,
+        max_gpus=[max_gpus],
+        gpu_types=[gpu_type],
+        min_gpus=min_gpus,
+        value=value,
+        optimistic=optimistic,
+    )[0]
+
+
+def job_demands(
+    jobs: Sequence[JobView],
+    kinds: Sequence[tuple[str, int]],
+    speeds: SpeedTable,
+    *,
+    max_gpus: Sequence[int],
+    gpu_types: Sequence[str | None],
+    min_gpus: int = 1,
+    value: ValueKind = "goodput",
+    optimistic: bool = False,
+) -> list[JobDemand]:
+    """:func:`job_demand` of every job (``max_gpus[i]`` and ``gpu_types[i]`` are job ``i``'s),
+    with the goodput curves of all jobs on one kind computed together by
+    :func:`~autoscaler.goodput_batch.optimize_many` (bit-for-bit the per-job
+    ``GoodputModel.optimize``, so the curves are the same as one job at a time)."""
+    if len(max_gpus) != len(jobs) or len(gpu_types) != len(jobs):
+        raise InvalidInputError("one max_gpus and gpu_type per job", field="max_gpus")
+    for job, cap in zip(jobs, max_gpus, strict=True):
+        if cap < 1:
+            raise InvalidInputError(f"{job.name}: max_gpus must be >= 1", field="max_gpus")
+    out: list[JobDemand | None] = [None] * len(jobs)
+    modelled: list[tuple[int, Mapping[str, GoodputModel]]] = []
+    for i, job in enumerate(jobs):
+        models: Mapping[str, GoodputModel] = job.models or (
+            {REFERENCE_GPU_TYPE: job.model} if job.model is not None else {}
+        )
+        if models:
+            modelled.append((i, models))
+            continue
+        cap = max_gpus[i]
+        want = cap if job.adaptive else max(job.requested_gpus, min_gpus, 1)
+        curves = {}
         for kind in kinds:
-            speed = speeds.relative_speed(kind[0])
-            g = np.arange(1, max_gpus + 1)
-            curves[kind] = tuple(float(x) for x in np.minimum(g, want) * speed)
-        return JobDemand(job.name, curves, min_gpus, gpu_type)
-    ref = models.get(REFERENCE_GPU_TYPE) or estimate_model(models, REFERENCE_GPU_TYPE, speeds).model
-    if value == "goodput":
-        base = float(ref.optimize(1, 1).goodput)
-    else:
-        base = float(ref.throughput(1, 1, ref.limits.max_local_bsz, 1))
-    scale = max(base, 1e-12)
-    for kind in kinds:
-        model = models.get(kind[0]) or (
-            estimate_model(
-                models,
-                kind[0],
-                speeds,
-                limits=limits_on(job.limits, job.application, kind[0], speeds),
-            ).model
-        )
-        curves[kind] = _curve(
-            model,
-            kind[1],
-            max_gpus,
-            value,
-            scale,
-            job.max_profiled_nodes,
-            job.max_profiled_gpus,
-            optimistic,
-        )
-    return JobDemand(job.name, curves, min_gpus, gpu_type)
+            g = np.arange(1, cap + 1)
+            curves[kind] = tuple(
+                float(x) for x in np.minimum(g, want) * speeds.relative_speed(kind[0])
+            )
+        out[i] = JobDemand(job.name, curves, min_gpus, gpu_types[i])
+    if modelled:
+        refs = [
+            models.get(REFERENCE_GPU_TYPE)
+            or estimate_model(models, REFERENCE_GPU_TYPE, speeds).model
+            for _, models in modelled
+        ]
+        if value == "goodput":
+            base = optimize_many(JobArrays.from_models(refs), 1, 1).goodput
+        else:
+            base = np.array([r.throughput(1, 1, r.limits.max_local_bsz, 1) for r in refs])
+        scale = np.maximum(np.asarray(base, dtype=float), 1e-12)
+        per_job: list[dict[tuple[str, int], tuple[float, ...]]] = [{} for _ in modelled]
+        for kind in kinds:
+            kind_models = [
+                models.get(kind[0])
+                or estimate_model(
+                    models,
+                    kind[0],
+                    speeds,
+                    limits=limits_on(jobs[i].limits, jobs[i].application, kind[0], speeds),
+                ).model
+                for i, models in modelled
+            ]
+            kind_curves = _curves(
+                kind_models,
+                kind[1],
+                [max_gpus[i] for i, _ in modelled],
+                value,
+                scale,
+                [(jobs[i].max_profiled_nodes, jobs[i].max_profiled_gpus) for i, _ in modelled],
+                optimistic,
+            )
+            for k, curve in enumerate(kind_curves):
+                per_job[k][kind] = curve
+        for k, (i, _) in enumerate(modelled):
+            out[i] = JobDemand(jobs[i].name, per_job[k], min_gpus, gpu_types[i])
+    return [d for d in out if d is not None]
+
+
+def _curves(
+    models: Sequence[GoodputModel],
+    per_node: int,
+    caps: Sequence[int],
+    value: ValueKind,
+    scale: np.ndarray,
+    profiled: Sequence[tuple[int, int]],
+    optimistic: bool,
+) -> list[tuple[float, ...]]:
+    """:func:`_curve` of many jobs on one instance kind (goodput values batched)."""
+    if value != "goodput":
+        return [
+            _curve(m, per_node, cap, value, float(sc), pn, pg, optimistic)
+            for m, cap, sc, (pn, pg) in zip(models, caps, scale, profiled, strict=True)
+        ]
+    width = max(caps)
+    g = np.broadcast_to(np.arange(1, width + 1), (len(models), width))
+    nodes = -(-g // per_node)
+    raw = optimize_many(JobArrays.from_models(models), nodes, g).goodput
+    pn = np.array([max(1, n) for n, _ in profiled])[:, None]
+    pg = np.array([p for _, p in profiled])[:, None]
+    unseen = (nodes > pn) | ((nodes > 1) & (g > pg))
+    if optimistic and unseen.any():
+        hopeful = optimize_many(
+            JobArrays.from_models([optimistic_internode(m) for m in models]), nodes, g
+        ).goodput
+        raw = np.where(unseen, np.maximum(raw, hopeful), raw)
+    out = []
+    for k, cap in enumerate(caps):
+        row = np.maximum.accumulate(np.maximum(raw[k, :cap], 0.0)) / scale[k]
+        out.append(tuple(float(x) for x in row))
+    return out
 
 
 # ---- growing the fleet ----------------------------------------------------------------------
@@ -321,18 +404,21 @@ class _Allocation:
         self.power = power
         self.gpus = np.zeros(len(demands), dtype=np.int64)
         self.kind: list[tuple[str, int] | None] = [None] * len(demands)
+        self._kind_ids: dict[tuple[str, int], int] = {}
+        self._kind_of = np.full(len(demands), -1, dtype=np.int64)  # self.kind as ids (-1: None)
+        self._waiting: dict[tuple[str, int], set[int]] = {}  # memo, cleared by each commit
+        self._fills: dict[tuple[tuple[str, int], int], tuple[float, int, np.ndarray, int]] = {}
         self.min_gpus = np.array([d.min_gpus for d in demands], dtype=np.int64)
         self.free: dict[tuple[str, int], int] = {}  # GPUs bought but not handed out, per kind
         self._tables: dict[tuple[str, int], np.ndarray] = {}
 
     def waiting_minimums(self, kind: tuple[str, int]) -> set[int]:
         """Minimum GPUs of the jobs not yet given any that could run on ``kind``."""
-        table = self._table(kind)
-        return {
-            int(self.min_gpus[j])
-            for j in range(len(self.demands))
-            if self.gpus[j] == 0 and np.isfinite(table[j, 0])
-        }
+        memo = self._waiting.get(kind)
+        if memo is None:
+            waiting = (self.gpus == 0) & np.isfinite(self._table(kind)[:, 0])
+            memo = self._waiting[kind] = {int(m) for m in np.unique(self.min_gpus[waiting])}
+        return memo
 
     def _table(self, kind: tuple[str, int]) -> np.ndarray:
         table = self._tables.get(kind)
@@ -360,11 +446,44 @@ class _Allocation:
         """Hand ``gpus`` more GPUs of ``kind`` (with those of that kind still free) to the
         jobs, each step to the job whose kernel value rises most per GPU (a waiting job's
         step is its minimum GPUs); the utility gained and the number of waiting jobs started.
-        The allocation changes only if ``commit``."""
+        The allocation changes only if ``commit``.
+
+        Results are memoised per ``(kind, gpus)`` until a commit could change them: a commit
+        of ``kind`` drops that kind's, and a commit of another kind drops those whose greedy
+        touched a job the commit changed (a job it did not touch only leaves the candidates,
+        which cannot change an argmax it never won, so the memo stays exact)."""
         if not self.demands:
             return 0.0, 0
+        key = (kind, gpus)
+        memo = self._fills.get(key)
+        if memo is None:
+            memo = self._fills[key] = self._fill(kind, gpus)
+        gain, started, held, free = memo
+        if commit:
+            kind_id = self._kind_ids[kind]
+            self.free[kind] = free
+            before = self.gpus  # every memo was computed from it (since the last commit)
+            changed = held != before
+            for index in np.flatnonzero(changed):
+                self.kind[int(index)] = kind
+            self._kind_of[changed] = kind_id
+            self.gpus = held.copy()
+            self._waiting.clear()
+            stale = [
+                k
+                for k, m in self._fills.items()
+                if k[0] == kind or (changed & (m[2] != before)).any()
+            ]
+            for k in stale:
+                del self._fills[k]
+        return gain, started
+
+    def _fill(self, kind: tuple[str, int], gpus: int) -> tuple[float, int, np.ndarray, int]:
+        """The greedy of :meth:`fill` from the current allocation: (gain, jobs started, GPUs
+        per job after it, GPUs of ``kind`` left free)."""
         table = self._table(kind)
-        allowed = np.array([k is None or k == kind for k in self.kind])
+        kind_id = self._kind_ids.setdefault(kind, len(self._kind_ids))
+        allowed = (self._kind_of == -1) | (self._kind_of == kind_id)
         held = self.gpus.copy()
         rows = np.arange(len(self.demands))
         width = table.shape[1] - 1
@@ -383,13 +502,7 @@ class _Allocation:
             gain += float(du[j])
             free -= int(step[j])
         started = int(np.count_nonzero((held > 0) & (self.gpus == 0)))
-        if commit:
-            self.free[kind] = free
-            changed = held != self.gpus
-            for index in np.flatnonzero(changed):
-                self.kind[int(index)] = kind
-            self.gpus = held
-        return gain, started
+        return gain, started, held, free
 
 
 def size_fleet(

@@ -35,7 +35,7 @@ from autoscaler.sizing import (
     JobDemand,
     SizingConfig,
     ValueKind,
-    job_demand,
+    job_demands,
     modelled_value,
     size_fleet,
 )
@@ -63,7 +63,8 @@ def demands_of(
     any run) and at most ``max_gpus``. With a ``cache`` (by job name), a job's curves are
     rebuilt only when what they depend on changed (its models, caps, type, profile)."""
     kinds = tuple(sorted({o.kind for o in view.options}))
-    out = []
+    out: list[JobDemand | None] = []
+    missing: list[tuple[int, JobView, int, str | None, tuple]] = []
     for job in view.jobs:
         cap = growth_factor * max(1, job.max_profiled_gpus)
         cap = max(1, min(cap, max_gpus, job.limits.max_batch_size // job.limits.min_local_bsz))
@@ -86,23 +87,27 @@ def demands_of(
         if hit is not None and hit[0] == key:
             out.append(hit[1])
             continue
-        demand = job_demand(
-            job,
+        missing.append((len(out), job, cap, gpu_type, key))
+        out.append(None)
+    if missing:
+        built = job_demands(
+            [job for _, job, _, _, _ in missing],
             kinds,
             speeds,
-            max_gpus=cap,
-            gpu_type=gpu_type,
+            max_gpus=[cap for _, _, cap, _, _ in missing],
+            gpu_types=[t for _, _, _, t, _ in missing],
             value=value,
             optimistic=optimistic,
         )
-        if cache is not None:
-            cache[job.name] = (key, demand)
-        out.append(demand)
+        for (slot, job, _, _, key), demand in zip(missing, built, strict=True):
+            out[slot] = demand
+            if cache is not None:
+                cache[job.name] = (key, demand)
     if cache is not None and len(cache) > 4 * max(1, len(view.jobs)):
         live = {job.name for job in view.jobs}
         for name in [n for n in cache if n not in live]:
             del cache[name]
-    return out
+    return [d for d in out if d is not None]
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ report is read (a job runs on one GPU type at a time, the policies' rule).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Mapping
@@ -21,7 +22,7 @@ from typing import Any
 
 from autoscaler.errors import InvalidInputError
 from autoscaler.fitting import ModelBook
-from autoscaler.goodput import BatchLimits, GoodputModel, GradParams, ProfileSample
+from autoscaler.goodput import BatchLimits, GoodputModel, GradParams, PerfParams, ProfileSample
 from autoscaler.jobs import Allocation, JobView
 from trainer.report import TrainerReport
 
@@ -118,13 +119,13 @@ class JobBook:
         self.models = ModelBook(refit_tolerance=refit_tolerance)
         self._known: dict[str, _Known] = {}
 
-    def record(self, report: TrainerReport, gpu_type: str) -> None:
-        """Take one report of a job running on ``gpu_type``."""
-        known = self._known.setdefault(report.job_id, _Known())
-        if report.gradient is not None:
-            g = report.gradient
-            if math.isfinite(g.grad_sqr) and math.isfinite(g.grad_var):
-                known.grad = GradParams(g.grad_sqr, g.grad_var)
+    def record(self, report: TrainerReport, gpu_type: str | None) -> bool:
+        """Take one report of a job running on ``gpu_type`` (``None``: not placed now: only
+        its gradient statistics are kept); whether it added a profile sample."""
+        self.record_gradient(report)
+        if gpu_type is None:
+            return False
+        added = False
         for p in report.profiles:
             if p.step_s <= 0 or p.num_replicas < p.num_nodes:
                 continue  # a malformed entry: skipped, never fitted
@@ -132,9 +133,53 @@ class JobBook:
             sample = ProfileSample(
                 placement, p.local_batch_size, p.accum_steps, p.step_s, min(p.sync_s, p.step_s)
             )
-            self.models.record(report.job_id, gpu_type, sample)
-            known.max_gpus = max(known.max_gpus, p.num_replicas)
-            known.max_nodes = max(known.max_nodes, p.num_nodes)
+            added |= self.add_sample(report.job_id, gpu_type, sample)
+        return added
+
+    def record_gradient(self, report: TrainerReport) -> None:
+        """Keep the report's gradient statistics (the latest win)."""
+        known = self._known.setdefault(report.job_id, _Known())
+        if report.gradient is not None:
+            g = report.gradient
+            if math.isfinite(g.grad_sqr) and math.isfinite(g.grad_var):
+                known.grad = GradParams(g.grad_sqr, g.grad_var)
+
+    def add_sample(self, job: str, gpu_type: str, sample: ProfileSample) -> bool:
+        """One profile sample of ``job`` on ``gpu_type``; whether it was new."""
+        known = self._known.setdefault(job, _Known())
+        before = self.models.profile_size(job, gpu_type)
+        self.models.record(job, gpu_type, sample)
+        known.max_gpus = max(known.max_gpus, sample.num_gpus)
+        known.max_nodes = max(known.max_nodes, sample.num_nodes)
+        return (
+            self.models.profile_size(job, gpu_type) != before or before == self.models.max_samples
+        )
+
+    def profile_json(self, job: str, gpu_type: str) -> str:
+        """The profile of ``(job, gpu_type)`` as stored (the store's ``models`` row), with its
+        fitted parameters when fitted."""
+        perf = self.models.perf(job, gpu_type)
+        return json.dumps(
+            {
+                "samples": [dataclasses.astuple(x) for x in self.models.samples(job, gpu_type)],
+                "perf": None if perf is None else dataclasses.asdict(perf),
+            },
+            sort_keys=True,
+        )
+
+    def restore(self, job: str, gpu_type: str, profile_json: str) -> None:
+        """Take back a profile written by :meth:`profile_json` (after a restart)."""
+        data = json.loads(profile_json)
+        samples = [
+            ProfileSample(tuple(placement), local, accum, step, sync)
+            for placement, local, accum, step, sync in data.get("samples", ())
+        ]
+        perf = data.get("perf")
+        self.models.restore(job, gpu_type, samples, None if perf is None else PerfParams(**perf))
+        known = self._known.setdefault(job, _Known())
+        for sample in samples:
+            known.max_gpus = max(known.max_gpus, sample.num_gpus)
+            known.max_nodes = max(known.max_nodes, sample.num_nodes)
 
     def refit(self) -> int:
         """Refit the fits that reports changed (together, warm-started); how many."""

@@ -55,7 +55,7 @@ from autoscaler.errors import InvalidInputError
 from autoscaler.gputypes import default_speed_table
 from autoscaler.jobs import Allocation, ClusterView, JobView, NodeView, OfferingRef, RoundInput
 from autoscaler.policy import make_policy
-from autoscaler.pricing import band_hazard_per_hour
+from autoscaler.pricing import band_hazard_per_hour, load_hazard_model
 from autoscaler.sim.cloud import FleetStrategy, FleetView
 from autoscaler.sizing import FleetOption, SizingConfig
 from autoscaler.strategies import GoodputSizing
@@ -79,9 +79,12 @@ ACTIVE_JOBS: Final = (JobStatus.QUEUED, JobStatus.RUNNING)
 
 @dataclass(frozen=True)
 class ControllerConfig:
-    """The controller's knobs. ``spot_hazard_per_hour`` is the preemption rate sizing expects
-    of spot offerings (default: the Spot Advisor's "5-10%" band, the most common GPU band);
-    ``interval_s`` the time between rounds."""
+    """The controller's knobs. Sizing expects a spot offering to be preempted at the rate of
+    its AWS Spot Instance Advisor band (the shipped ``aws_spot_advisor_gpu.csv``, by region
+    and instance type); ``default_spot_band`` is used for offerings the advisor does not list
+    (default: the most pessimistic band);
+    ``interval_s`` the time between rounds; ``max_job_retries`` how many failures a job may
+    have before it is ``failed`` (rescales and preemptions never count)."""
 
     cluster_id: str
     interval_s: float = 60.0
@@ -89,8 +92,16 @@ class ControllerConfig:
     sizing: SizingConfig = field(default_factory=SizingConfig)
     reconcile: ReconcileConfig = field(default_factory=ReconcileConfig)
     unavailable_ttl_s: float = 180.0
-    spot_hazard_per_hour: float = field(default_factory=lambda: band_hazard_per_hour("5-10%"))
+    default_spot_band: str = ">20%"
     restart_delay_s: float = 30.0
+    max_job_retries: int = 3
+
+    def __post_init__(self) -> None:
+        band_hazard_per_hour(self.default_spot_band)  # InvalidInputError for an unknown band
+        if self.max_job_retries < 0:
+            raise InvalidInputError("max_job_retries must be >= 0", field="max_job_retries")
+        if not self.interval_s > 0:
+            raise InvalidInputError("interval_s must be > 0", field="interval_s")
 
 
 @dataclass(frozen=True)
@@ -144,13 +155,14 @@ class Controller:
         self.policy = make_policy(config.policy)
         self.policy_state = self.policy.initial_state()
         self.speeds = default_speed_table()
+        self.hazards = load_hazard_model()
         self._speed_known: dict[str, bool] = {}
         self.strategy = strategy or GoodputSizing("coadapt", config.sizing, self.speeds)
         self.unavailable = UnavailableOfferings(clock, config.unavailable_ttl_s)
         self.book = JobBook()
         self._crash = crash_hook or (lambda point: None)
         self._issued: set[str] = set()  # request ids launched or terminated by this process
-        self._report_cursor = 0
+        self._report_cursor = -1  # -1: restore from the store first
         self._round = 0
         self._planned = False  # the store has recorded a plan (checked until it has)
         self._offerings: dict[str, Offering] = {}
@@ -251,6 +263,28 @@ class Controller:
             reconcile_s=t3 - t2,
             act_s=t5 - t4,
         )
+
+    # ---- job outcomes ----------------------------------------------------------------------
+
+    def job_exited(self, name: str, *, failed: bool) -> JobStatus:
+        """A job's processes ended on their own (the agent saw them exit): ``completed`` when
+        they succeeded; on a failure the job is retried (``queued``, placed again next round)
+        until it has failed ``max_job_retries`` times, then it is ``failed``. Processes the
+        controller stopped (a rescale, a drain, a preemption) are never reported here, so
+        they never count against the job. Returns the job's new status."""
+        job = self.store.get_job(name)
+        if job.status not in ACTIVE_JOBS:
+            return job.status  # already ended (a late or repeated report)
+        if not failed:
+            status, retries = JobStatus.COMPLETED, job.retries
+        else:
+            retries = job.retries + 1
+            status = JobStatus.FAILED if retries > self.config.max_job_retries else JobStatus.QUEUED
+        self.store.update_job(name, job.version, status=status, retries=retries)
+        if status is not JobStatus.QUEUED:
+            self.store.set_assignments(name, {})
+            self.book.drop(name)
+        return status
 
     # ---- shutdown --------------------------------------------------------------------------
 
@@ -354,21 +388,36 @@ class Controller:
         if strangers:
             raise UnknownFleetError(self.config.cluster_id, strangers, str(self.store.path))
 
+    def _restore(self) -> None:
+        """After a (re)start: the profiles from the store's ``models`` rows, each job's
+        latest gradient statistics from its latest report, and the report cursor past every
+        report (they are all in the profiles already)."""
+        for row in self.store.list_models():
+            self.book.restore(row.job_name, row.gpu_type, row.params_json)
+        for report in self.store.latest_reports().values():
+            self.book.record_gradient(TrainerReport.from_json(report.payload_json))
+        self._report_cursor = self.store.last_report_id()
+
     def _read_reports(
         self, assignments: Mapping[tuple[str, str], int], gpu_type_of: Mapping[str, str]
     ) -> None:
-        """New reports into the job book, each under the GPU type its job is assigned to."""
+        """New reports into the job book, each under the GPU type its job is assigned to;
+        the profiles they changed are written back to the store (what a restart reads)."""
+        if self._report_cursor < 0:
+            self._restore()
         type_of_job: dict[str, str] = {}
         for job, key in assignments:
             if key in gpu_type_of:
                 type_of_job[job] = gpu_type_of[key]
         self._report_cursor, reports = self.store.reports_after(self._report_cursor)
+        touched: set[tuple[str, str]] = set()
         for job, payload in reports:
-            gpu_type = type_of_job.get(job)
-            if gpu_type is None:
-                continue  # from a run no longer placed: its type is unknown
-            self.book.record(TrainerReport.from_json(payload), gpu_type)
+            gpu_type = type_of_job.get(job)  # None: from a run no longer placed
+            if self.book.record(TrainerReport.from_json(payload), gpu_type) and gpu_type:
+                touched.add((job, gpu_type))
         self.book.refit()
+        for job, gpu_type in sorted(touched):
+            self.store.upsert_model(job, gpu_type, self.book.profile_json(job, gpu_type))
 
     def _views(
         self, jobs: Sequence, assignments: Mapping[tuple[str, str], int], now: float
@@ -417,11 +466,17 @@ class Controller:
                     gpus=o.gpus,
                     market="spot" if spot else "on-demand",
                     usd_per_hour=o.price_usd_per_hour,
-                    hazard_per_hour=self.config.spot_hazard_per_hour if spot else 0.0,
+                    hazard_per_hour=self._hazard(o) if spot else 0.0,
                     available=key not in unavailable,
                 )
             )
         return tuple(out)
+
+    def _hazard(self, o: Offering) -> float:
+        band = self.hazards.bands.get((o.region, o.instance_type))
+        if band is not None:
+            return band.hazard_per_hour
+        return band_hazard_per_hour(self.config.default_spot_band)
 
     def _known_type(self, gpu_type: str) -> bool:
         known = self._speed_known.get(gpu_type)

@@ -1170,6 +1170,11 @@ class Store:
         last = rows[-1][0] if rows else cursor
         return last, tuple((r[1], r[2]) for r in rows)
 
+    def last_report_id(self) -> int:
+        """The id of the newest report (0: none): the cursor that skips every report so far."""
+        rows = self._read("SELECT coalesce(max(report_id), 0) FROM reports")
+        return int(rows[0][0])
+
     # ---- v2: models ------------------------------------------------------------------------
 
     def upsert_model(self, job_name: str, gpu_type: str, params_json: str) -> ModelRow:

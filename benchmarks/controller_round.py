@@ -1,0 +1,194 @@
+"""How long a controller round takes at scale, cloud latency aside.
+
+    python benchmarks/controller_round.py [--jobs 1000] [--instances 500] [--rounds 9]
+        [--out FILE]
+
+A real store file (SQLite, WAL, in a temporary folder), the behavioural fake cloud in memory
+(no latency: what is measured is the controller), the default fleet strategy (goodput-per-
+dollar sizing, held at ``--instances`` by ``min_instances = max_instances``) and the default
+policy (``coadapt``). The fleet is the fake's T4 and A100 offerings with unlimited capacity.
+Warm-up rounds run until the fleet holds ``--instances`` running instances; then ``--rounds``
+measured rounds follow, each after every placed job reported (a trainer report with a new
+profile and gradient statistics, written to the store as the API will) and every running
+instance heartbeat, the clock a minute later.
+
+Prints a table of the measured rounds split into observe / decide / reconcile / act, and
+writes ``{"round_s_median", "round_s_p95", "rss_mib", "store_mib", "phases_s_median":
+{...}, "jobs", "instances", "rounds"}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np
+
+from autoscaler.controller.jobs import JobSubmission
+from autoscaler.controller.lifecycle import InstanceStatus
+from autoscaler.controller.loop import Controller, ControllerConfig
+from autoscaler.controller.reconcile import ReconcileConfig
+from autoscaler.controller.store import JobStatus, Store
+from autoscaler.sim.runner import paper_workloads
+from autoscaler.sim.workload import load_workload
+from autoscaler.sizing import SizingConfig
+from autoscaler.traces import load_app
+from coadapt_common.atomic import write_json_atomic
+from coadapt_common.clock import FakeClock
+from providers.fake import FakeProvider, default_offerings
+from trainer.report import BatchConfig, GradientStats, JobHints, ProfileEntry, TrainerReport
+
+CLUSTER = "bench"
+
+
+def _fleet() -> FakeProvider:
+    offerings = [o for o in default_offerings() if o.gpu_type in ("T4", "A100")]
+    return FakeProvider(offerings, capacity={}, clock=CLOCK)
+
+
+CLOCK = FakeClock()
+
+
+def _report(
+    job: str,
+    app: str,
+    gpus: int,
+    nodes: int,
+    progress: float,
+    now_s: float,
+    rng: np.random.Generator,
+) -> TrainerReport:
+    trace = load_app(app)
+    local = int(rng.integers(trace.min_local_bsz, trace.max_local_bsz + 1))
+    step_s = float(0.05 + 0.002 * local * rng.uniform(0.9, 1.1) + (0.02 if nodes > 1 else 0.0))
+    sync_s = 0.2 * step_s if gpus > 1 else 0.0
+    return TrainerReport(
+        job_id=job,
+        attempt=1,
+        started_at_s=now_s - 60,
+        sent_at_s=now_s,
+        world_size=gpus,
+        num_nodes=nodes,
+        batch=BatchConfig(local * gpus, 1),
+        step=int(progress),
+        skipped_steps=0,
+        epoch=0,
+        epoch_position=0,
+        progress=progress,
+        gradient=GradientStats(
+            trace.init_batch_size, float(rng.uniform(0.5, 2)), float(rng.uniform(1, 8)), 10, False
+        ),
+        profiles=(ProfileEntry(nodes, gpus, local, 1, 10, step_s, step_s - sync_s, sync_s),),
+        hints=JobHints(trace.init_batch_size, trace.max_batch_size),
+    )
+
+
+def _agents(store: Store, rng: np.random.Generator, apps: dict[str, str]) -> None:
+    now = CLOCK.now_s()
+    running = {r.instance_key for r in store.list_instances(statuses=(InstanceStatus.RUNNING,))}
+    for key in running:
+        store.record_heartbeat(key, now)
+    placed: dict[str, list[int]] = {}
+    for (job, key), gpus in store.list_assignments().items():
+        if key in running:
+            placed.setdefault(job, []).append(gpus)
+    for job, parts in placed.items():
+        report = _report(job, apps[job], sum(parts), len(parts), 1.0, now, rng)
+        store.add_report(job, report.to_json())
+
+
+def run(jobs: int, instances: int, rounds: int) -> dict:
+    rng = np.random.default_rng(0)
+    names = sorted({j.application for f in paper_workloads("1.0") for j in load_workload(f).jobs})
+    tmp = Path(tempfile.mkdtemp(prefix="coadapt-bench-"))
+    store = Store.create(tmp / "store.db", CLUSTER, CLOCK)
+    apps: dict[str, str] = {}
+    for i in range(jobs):
+        app = str(rng.choice(names))
+        trace = load_app(app)
+        spec = JobSubmission(
+            f"job-{i:05d}",
+            trace.init_batch_size,
+            trace.max_batch_size,
+            trace.max_local_bsz,
+            trace.min_local_bsz,
+            application=app,
+        )
+        store.add_job(spec.name, spec.to_json())
+        apps[spec.name] = app
+    config = ControllerConfig(
+        CLUSTER,
+        sizing=SizingConfig(min_instances=instances, max_instances=instances),
+        reconcile=ReconcileConfig(heartbeat_timeout_s=600.0, max_in_flight=instances),
+    )
+    ctl = Controller(store, _fleet(), CLOCK, config)
+    warmup = 0
+    while len(store.list_instances(statuses=(InstanceStatus.RUNNING,))) < instances:
+        ctl.run_round()
+        CLOCK.advance(60.0)
+        _agents(store, rng, apps)
+        warmup += 1
+        if warmup > 60:
+            raise SystemExit(f"the fleet did not reach {instances} instances in 60 rounds")
+    ctl.run_round()  # the first round with every placed job profiled: models, tables
+    CLOCK.advance(60.0)
+    _agents(store, rng, apps)
+    phases: dict[str, list[float]] = {"observe": [], "decide": [], "reconcile": [], "act": []}
+    walls = []
+    print(f"{'round':>5} {'total_s':>8} {'observe':>8} {'decide':>8} {'reconcile':>9} {'act':>8}")
+    for r in range(rounds):
+        t0 = time.perf_counter()
+        rep = ctl.run_round()
+        wall = time.perf_counter() - t0
+        walls.append(wall)
+        for name in phases:
+            phases[name].append(getattr(rep, f"{name}_s"))
+        print(
+            f"{r + 1:>5} {wall:>8.3f} {rep.observe_s:>8.3f} {rep.decide_s:>8.3f} "
+            f"{rep.reconcile_s:>9.3f} {rep.act_s:>8.3f}",
+            flush=True,
+        )
+        CLOCK.advance(60.0)
+        _agents(store, rng, apps)
+    running = len(store.list_instances(statuses=(InstanceStatus.RUNNING,)))
+    active = len(store.list_jobs(statuses=(JobStatus.QUEUED, JobStatus.RUNNING)))
+    store_mib = sum(p.stat().st_size for p in tmp.iterdir()) / 2**20
+    return {
+        "jobs": active,
+        "instances": running,
+        "rounds": rounds,
+        "warmup_rounds": warmup,
+        "round_s_median": statistics.median(walls),
+        "round_s_p95": float(np.percentile(walls, 95)),
+        "phases_s_median": {k: statistics.median(v) for k, v in phases.items()},
+        "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "store_mib": store_mib,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--jobs", type=int, default=1000)
+    p.add_argument("--instances", type=int, default=500)
+    p.add_argument("--rounds", type=int, default=9)
+    p.add_argument("--out", type=Path)
+    args = p.parse_args(argv)
+    result = run(args.jobs, args.instances, args.rounds)
+    print(json.dumps(result, indent=2))
+    if args.out:
+        write_json_atomic(args.out, result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
