@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import statistics
 import sys
 import tempfile
@@ -163,6 +164,8 @@ def run(jobs: int, instances: int, rounds: int) -> dict:
     running = len(store.list_instances(statuses=(InstanceStatus.RUNNING,)))
     active = len(store.list_jobs(statuses=(JobStatus.QUEUED, JobStatus.RUNNING)))
     store_mib = sum(p.stat().st_size for p in tmp.iterdir()) / 2**20
+    store.close()
+    shutil.rmtree(tmp, ignore_errors=True)
     return {
         "jobs": active,
         "instances": running,

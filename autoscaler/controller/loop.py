@@ -55,7 +55,7 @@ from autoscaler.errors import InvalidInputError
 from autoscaler.gputypes import default_speed_table
 from autoscaler.jobs import Allocation, ClusterView, JobView, NodeView, OfferingRef, RoundInput
 from autoscaler.policy import make_policy
-from autoscaler.pricing import band_hazard_per_hour, load_hazard_model
+from autoscaler.pricing import band_hazard_per_hour, instance_cost_usd, load_hazard_model
 from autoscaler.sim.cloud import FleetStrategy, FleetView
 from autoscaler.sizing import FleetOption, SizingConfig
 from autoscaler.strategies import GoodputSizing
@@ -189,6 +189,7 @@ class Controller:
             notices = tuple(self.provider.interruptions(self.config.cluster_id))
             if not self._offerings:
                 self._offerings = {o.key: o for o in self.provider.offerings()}
+                self._record_prices()
         except ProviderError as e:
             return RoundReport(self._round, 0, Actions(), {}, 1, 0.0, 0.0, 0.0, 0.0, str(e))
         gpu_type_of = {r.instance_key: r.gpu_type for r in rows}
@@ -353,9 +354,7 @@ class Controller:
                     )
             if pid not in listed:
                 if row.status is not InstanceStatus.ALLOCATION_FAILED:
-                    self.store.transition(
-                        row.instance_key, row.version, InstanceStatus.TERMINATED, reason="gone"
-                    )
+                    self._terminated(row, "down: gone from the listing")
                 continue
             if row.status is not InstanceStatus.TERMINATING:
                 row = self.store.transition(
@@ -525,6 +524,8 @@ class Controller:
             if t.provider_instance_id is not None:
                 changes["provider_instance_id"] = t.provider_instance_id
             by_key[t.key] = store.transition(t.key, row.version, t.to, reason=t.reason, **changes)
+            if t.to is InstanceStatus.TERMINATED:
+                self._record_cost(by_key[t.key])
         new_keys: list[str] = []
         for intent in actions.new_rows:
             o = self._offerings[intent.offering_key]
@@ -563,6 +564,32 @@ class Controller:
                     self.config.cluster_id, [leak.instance.instance_id], f"leak-{now:.0f}"
                 )
         return calls
+
+    def _terminated(self, row: InstanceRow, reason: str) -> InstanceRow:
+        """``row`` -> ``terminated``, and what it cost from when it was first seen running to
+        now, at its price (per-second billing with the provider minimum,
+        :func:`~autoscaler.pricing.instance_cost_usd`), into the store's cost records."""
+        new = self.store.transition(
+            row.instance_key, row.version, InstanceStatus.TERMINATED, reason=reason
+        )
+        self._record_cost(new)
+        return new
+
+    def _record_cost(self, row: InstanceRow) -> None:
+        _, started = self.store.status_times(row.instance_key)
+        if started is None or row.provider_instance_id is None:
+            return  # it never ran: nothing billed
+        end = self.clock.now_s()
+        runtime = max(0.0, end - started)
+        price = row.price_usd_per_hour
+        self.store.add_cost_record(
+            row.instance_key, started, started + runtime, price, instance_cost_usd(price, runtime)
+        )
+
+    def _record_prices(self) -> None:
+        for key, o in sorted(self._offerings.items()):
+            if o.price_usd_per_hour is not None:
+                self.store.record_price(key, o.price_usd_per_hour, o.market)
 
     def _launch(self, by_key: dict[str, InstanceRow], key: str) -> int:
         row = by_key[key]
@@ -623,9 +650,7 @@ class Controller:
             return 1  # stays terminating: retried on its timeout
         self._crash("after-terminate-call")
         if row.provider_instance_id in result.already_gone:
-            by_key[key] = self.store.transition(
-                key, row.version, InstanceStatus.TERMINATED, reason="the cloud no longer knows it"
-            )
+            by_key[key] = self._terminated(row, "the cloud no longer knows it")
         return 1
 
 

@@ -158,3 +158,24 @@ def test_down_releases_everything_and_confirms_by_listing(tmp_path: Path) -> Non
     assert statuses <= {InstanceStatus.TERMINATED, InstanceStatus.ALLOCATION_FAILED}
     assert store.list_assignments() == {}
     assert {j.status for j in store.list_jobs()} <= {JobStatus.QUEUED, JobStatus.RUNNING}
+
+
+def test_every_instance_that_ran_is_billed_at_its_price(tmp_path: Path) -> None:
+    store, cloud, clock, ctl = _world(tmp_path)
+    for _ in range(3):
+        ctl.run_round()
+        clock.advance(60.0)
+    victim = store.list_instances(statuses=(InstanceStatus.RUNNING,))[0]
+    assert victim.provider_instance_id is not None
+    cloud.preempt(victim.provider_instance_id, notice_s=0.0)
+    ctl.run_round()
+    assert ctl.down().clean
+    ran = [r for r in store.list_instances() if r.provider_instance_id is not None]
+    records = {c.instance_key: c for c in store.cost_records()}
+    assert set(records) == {r.instance_key for r in ran}
+    for r in ran:
+        c = records[r.instance_key]
+        assert c.price_usd_per_hour == r.price_usd_per_hour
+        assert c.usd == pytest.approx(r.price_usd_per_hour * max(60.0, c.end_s - c.start_s) / 3600)
+    assert store.total_cost_usd() == pytest.approx(sum(c.usd for c in records.values()))
+    assert store.prices(victim.offering_key), "offering prices are recorded"

@@ -201,3 +201,61 @@ def test_deterministic_whatever_the_input_order() -> None:
     a = reconcile(ReconcileInput(NOW, rows, seen, target={POOL: 2}), CFG)
     b = reconcile(ReconcileInput(NOW, rows[::-1], seen[::-1], target={POOL: 2}), CFG)
     assert a == b
+
+
+def test_every_transition_reconcile_makes_is_an_edge_of_the_table() -> None:
+    """Seeded random worlds (every status, listed or not, notices, timeouts, targets):
+    each row's transitions, applied in order from its status, follow the table's edges."""
+    import random
+
+    from autoscaler.controller.lifecycle import check_transition
+
+    rng = random.Random(7)
+    statuses = list(S)
+    for _ in range(400):
+        rows, seen, notes = [], [], []
+        for k in range(rng.randint(1, 8)):
+            status = rng.choice([s for s in statuses if s is not S.TERMINATED])
+            has_id = (
+                status not in (S.QUEUED, S.REQUESTED, S.ALLOCATION_FAILED) or rng.random() < 0.2
+            )
+            pid = f"i-{k}" if has_id else None
+            rows.append(
+                row(
+                    f"r{k}",
+                    status,
+                    pid=pid,
+                    since=NOW - rng.choice([0, 100, 700, 2000]),
+                    retries=rng.randint(0, 3),
+                    last_heartbeat_s=rng.choice([None, NOW - 10, NOW - 1000]),
+                    started_s=rng.choice([None, NOW - 50, NOW - 5000]),
+                    offering=rng.choice([POOL, OTHER]),
+                )
+            )
+            if rng.random() < 0.6:
+                seen.append(cloud(pid or f"i-new{k}", f"req-r{k}"))
+            if pid and rng.random() < 0.2:
+                notes.append(
+                    InterruptionNotice(pid, InterruptionKind.SPOT_INTERRUPTION, NOW + 120, "fake")
+                )
+        out = reconcile(
+            ReconcileInput(
+                NOW,
+                tuple(rows),
+                tuple(seen),
+                tuple(notes),
+                target={POOL: rng.randint(0, 6), OTHER: rng.randint(0, 3)},
+                used_gpus={r.key: rng.randint(0, 2) for r in rows},
+                unavailable=frozenset(rng.sample([POOL, OTHER], rng.randint(0, 1))),
+                issued=frozenset(r.request_id for r in rows if rng.random() < 0.5),
+            ),
+            ReconcileConfig(heartbeat_timeout_s=rng.choice([None, 60.0])),
+        )
+        now_status = {r.key: r.status for r in rows}
+        for t in out.transitions:
+            check_transition(t.key, now_status[t.key], t.to)  # raises on a non-edge
+            now_status[t.key] = t.to
+        for key in out.terminate:
+            assert now_status[key] is S.TERMINATING
+        for key in out.launch:
+            assert now_status[key] in (S.QUEUED, S.REQUESTED)

@@ -1,0 +1,19 @@
+"""``benchmarks/controller_round.py``: the documented JSON, on a small fleet."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from benchmarks.controller_round import main
+
+
+def test_writes_the_documented_json(tmp_path: Path) -> None:
+    out = tmp_path / "round.json"
+    assert main(["--jobs", "30", "--instances", "8", "--rounds", "2", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["jobs"] == 30 and doc["instances"] == 8 and doc["rounds"] == 2
+    for key in ("round_s_median", "round_s_p95", "rss_mib", "store_mib"):
+        assert doc[key] > 0
+    assert doc["round_s_p95"] >= doc["round_s_median"]
+    assert set(doc["phases_s_median"]) == {"observe", "decide", "reconcile", "act"}
