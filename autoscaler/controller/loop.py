@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Final
 
-from autoscaler.controller.errors import UnknownFleetError
+from autoscaler.controller.errors import StaleVersionError, UnknownFleetError
 from autoscaler.controller.jobs import JobBook, JobSubmission
 from autoscaler.controller.lifecycle import InstanceStatus, terminate_retries
 from autoscaler.controller.reconcile import (
@@ -544,12 +544,18 @@ class Controller:
                 price_usd_per_hour=o.price_usd_per_hour or 0.0,
             )
         store.record_plan(json.dumps({k: dict(a) for k, a in sorted(allocations.items())}))
+        active = {j.name for j in jobs}
+        for name in sorted({job for job, _ in store.list_assignments()} - active):
+            store.set_assignments(name, {})  # ended (completed, failed, cancelled): released
         for j in jobs:
             alloc = allocations.get(j.name, Allocation())
             store.set_assignments(j.name, dict(alloc))
             want = JobStatus.RUNNING if alloc.num_gpus else JobStatus.QUEUED
             if j.status is not want:
-                store.update_job(j.name, j.version, status=want)
+                # A job changed since it was read (cancelled, exited): left as it is now, and
+                # decided again next round from what it became.
+                with contextlib.suppress(StaleVersionError):
+                    store.update_job(j.name, j.version, status=want)
         self._crash("after-store-writes")
 
         calls = 0

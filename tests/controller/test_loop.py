@@ -160,3 +160,16 @@ def test_bad_config_is_refused() -> None:
         ControllerConfig(CLUSTER, default_spot_band="sometimes")
     with pytest.raises(InvalidInputError):
         ControllerConfig(CLUSTER, max_job_retries=-1)
+
+
+def test_a_job_ended_elsewhere_loses_its_gpus_next_round(tmp_path: Path) -> None:
+    store, cloud, clock = _setup(tmp_path)
+    ctl = Controller(store, cloud, clock, CONFIG)
+    _rounds(ctl, store, clock, 2)
+    job = store.get_job("job-0")
+    assert store.list_assignments(job="job-0")
+    store.update_job("job-0", job.version, status=JobStatus.CANCELLED)  # e.g. the API
+    report = ctl.run_round()
+    assert "job-0" not in report.allocations
+    assert not store.list_assignments(job="job-0")
+    assert store.get_job("job-0").status is JobStatus.CANCELLED
