@@ -1,0 +1,345 @@
+"""The node agent's core: the controller's assignments in, launcher processes out.
+
+One agent runs on each instance. Each round it reads what the controller assigned to its
+instance (:class:`JobAssignment`: the job, its GPUs here, every instance of the job with its
+GPUs, the rendezvous endpoint), and :func:`plan` decides, as a pure function of what is
+assigned and what runs, what to do (:class:`AgentAction`):
+
+* assigned, not running -> ``start``;
+* running, no longer assigned -> ``stop`` (the launcher checkpoints and exits 75);
+* running with another allocation (GPUs here, the set of instances, the rendezvous) ->
+  ``restart``: stop with a checkpoint, start again on the new allocation (the job resumes from
+  the checkpoint at the new size).
+
+:class:`Supervisor` carries the actions out, one ``trainer.launch`` launcher per job, each in
+its own session and process group, logs to ``<work_dir>/logs/<job>.log``. Every process it
+starts, and every process they start (torchrun's workers start their own sessions), carries
+``COADAPT_AGENT_ID=<agent id>`` in its environment; :meth:`Supervisor.sweep` ends every
+process that carries it, so nothing is left behind when the agent stops, and an agent that
+restarts after a crash first ends what its previous life left running. Stopping is SIGTERM to
+the launcher's process group (the launcher asks its workers to checkpoint), a bounded wait,
+then SIGKILL to the group and a sweep. :func:`exit_outcome` reads a launcher's exit status:
+``0`` done, ``75`` stopped (a checkpointed stop: never a failure), anything else failed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Final
+
+from autoscaler.errors import InvalidInputError
+from coadapt_common.atomic import write_json_atomic
+from coadapt_common.procfs import PROC_ROOT, is_running, read_proc_strings, read_stat
+
+__all__ = [
+    "AGENT_ENV",
+    "ActionKind",
+    "AgentAction",
+    "JobAssignment",
+    "Outcome",
+    "Supervisor",
+    "exit_outcome",
+    "launch_argv",
+    "plan",
+    "rendezvous_port",
+]
+
+AGENT_ENV: Final = "COADAPT_AGENT_ID"
+"""Environment marker of every process an agent starts (and their children)."""
+
+STOPPED_EXIT: Final = 75  # trainer.launch.ExitCode.STOPPED
+
+
+@dataclass(frozen=True)
+class JobAssignment:
+    """One job assigned to this instance. ``nodes``: every instance of the job and its GPUs,
+    in rank order (this one included); ``rendezvous``: ``HOST:PORT`` of the c10d rendezvous;
+    ``command``: the training script and its arguments (what follows the launcher's
+    options)."""
+
+    job: str
+    gpus: int
+    nodes: tuple[tuple[str, int], ...]
+    rendezvous: str
+    command: tuple[str, ...]
+    checkpoint_uri: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.gpus < 1:
+            raise InvalidInputError(f"{self.job}: gpus must be >= 1", field="gpus")
+        if not self.command:
+            raise InvalidInputError(f"{self.job}: no command to run", field="command")
+        object.__setattr__(self, "nodes", tuple((str(k), int(g)) for k, g in self.nodes))
+        object.__setattr__(self, "command", tuple(self.command))
+
+    @property
+    def allocation(self) -> tuple[object, ...]:
+        """What a change of restarts the job: GPUs here, the instances, the rendezvous."""
+        return (self.gpus, self.nodes, self.rendezvous)
+
+
+class ActionKind(StrEnum):
+    START = "start"
+    STOP = "stop"
+    RESTART = "restart"
+
+
+@dataclass(frozen=True)
+class AgentAction:
+    kind: ActionKind
+    job: str
+    assignment: JobAssignment | None = None
+    reason: str = ""
+
+
+def plan(
+    assigned: Mapping[str, JobAssignment], running: Mapping[str, JobAssignment]
+) -> list[AgentAction]:
+    """What to do so that what runs is what is assigned (see the module docstring); in job
+    order, stops first (they free the GPUs the starts need)."""
+    stops, starts = [], []
+    for job in sorted(set(running) - set(assigned)):
+        stops.append(AgentAction(ActionKind.STOP, job, None, "no longer assigned here"))
+    for job in sorted(assigned):
+        want = assigned[job]
+        have = running.get(job)
+        if have is None:
+            starts.append(AgentAction(ActionKind.START, job, want, "assigned here"))
+        elif have.allocation != want.allocation:
+            stops.append(AgentAction(ActionKind.RESTART, job, want, "allocation changed"))
+    return stops + starts
+
+
+class Outcome(StrEnum):
+    DONE = "done"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+def exit_outcome(returncode: int) -> Outcome:
+    """A launcher's exit status read: 0 done, 75 stopped with a checkpoint, else failed (a
+    signal, negative here, is a failure unless the agent sent it: see Supervisor.stop)."""
+    if returncode == 0:
+        return Outcome.DONE
+    if returncode == STOPPED_EXIT:
+        return Outcome.STOPPED
+    return Outcome.FAILED
+
+
+def rendezvous_port(job: str, base: int = 29500, span: int = 1000) -> int:
+    """A stable port for ``job``'s rendezvous (jobs sharing a host get different ports unless
+    their names collide in ``span``)."""
+    digest = hashlib.sha256(job.encode()).digest()
+    return base + int.from_bytes(digest[:4], "big") % span
+
+
+def launch_argv(
+    a: JobAssignment,
+    *,
+    controller_url: str | None,
+    python: str = sys.executable,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """The launcher command for ``a`` on this instance (one launcher per job and node)."""
+    argv = [python, "-m", "trainer.launch", "--job-id", a.job, "--nproc-per-node", str(a.gpus)]
+    argv += ["--nnodes", str(len(a.nodes)), "--rdzv-endpoint", a.rendezvous]
+    if a.checkpoint_uri:
+        argv += ["--checkpoint-uri", a.checkpoint_uri]
+    if controller_url:
+        argv += ["--controller-url", controller_url]
+    return [*argv, *extra, *a.command]
+
+
+@dataclass
+class _Proc:
+    assignment: JobAssignment
+    popen: subprocess.Popen[bytes] | None
+    pid: int
+    stopping: bool = False
+
+
+@dataclass
+class Supervisor:
+    """Launcher processes of one agent (see the module docstring). ``argv_for`` builds a
+    job's command line (default: :func:`launch_argv` without a controller URL)."""
+
+    agent_id: str
+    work_dir: Path
+    stop_grace_s: float = 60.0
+    argv_for: Callable[[JobAssignment], list[str]] | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    _procs: dict[str, _Proc] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        self.work_dir = Path(self.work_dir)
+        (self.work_dir / "logs").mkdir(parents=True, exist_ok=True)
+
+    # ---- state -----------------------------------------------------------------------------
+
+    @property
+    def running(self) -> dict[str, JobAssignment]:
+        """What runs now, by job."""
+        return {job: p.assignment for job, p in self._procs.items()}
+
+    def log_path(self, job: str) -> Path:
+        return self.work_dir / "logs" / f"{job}.log"
+
+    def _record(self) -> None:
+        write_json_atomic(
+            self.work_dir / "processes.json",
+            {job: {"pid": p.pid} for job, p in sorted(self._procs.items())},
+        )
+
+    # ---- actions ---------------------------------------------------------------------------
+
+    def apply(self, actions: Sequence[AgentAction]) -> None:
+        for action in actions:
+            if action.kind in (ActionKind.STOP, ActionKind.RESTART):
+                self.stop(action.job)
+            if action.kind in (ActionKind.START, ActionKind.RESTART):
+                assert action.assignment is not None
+                self.start(action.assignment)
+
+    def start(self, a: JobAssignment) -> int:
+        """Start ``a``'s launcher; its pid."""
+        argv = self.argv_for(a) if self.argv_for else launch_argv(a, controller_url=None)
+        env = {**os.environ, **self.env, AGENT_ENV: self.agent_id, "COADAPT_JOB_ID": a.job}
+        with open(self.log_path(a.job), "ab") as log:
+            popen = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        self._procs[a.job] = _Proc(a, popen, popen.pid)
+        self._record()
+        return popen.pid
+
+    def stop(self, job: str) -> int | None:
+        """Stop ``job``'s launcher: SIGTERM to its group (it checkpoints), up to
+        ``stop_grace_s``, then SIGKILL; its exit status (``None`` if it was not running)."""
+        proc = self._procs.pop(job, None)
+        if proc is None:
+            return None
+        proc.stopping = True
+        code = _end_group(proc.pid, proc.popen, self.stop_grace_s)
+        self.sweep(job)
+        self._record()
+        return code
+
+    def poll(self) -> list[tuple[str, Outcome, int]]:
+        """Launchers that exited on their own since the last poll: (job, outcome, status)."""
+        ended = []
+        for job, proc in list(self._procs.items()):
+            code = proc.popen.poll() if proc.popen is not None else None
+            if code is None:
+                continue
+            del self._procs[job]
+            self.sweep(job)
+            ended.append((job, exit_outcome(code), code))
+        if ended:
+            self._record()
+        return ended
+
+    def stop_all(self) -> None:
+        """Stop every job (checkpointing), then end anything still carrying the marker."""
+        for job in sorted(self._procs):
+            self.stop(job)
+        self.sweep()
+
+    def sweep(self, job: str | None = None) -> list[int]:
+        """SIGKILL every process carrying this agent's marker (and ``job``'s, if given) that
+        is not a launcher still supervised; the pids ended."""
+        keep = {p.pid for p in self._procs.values()}
+        ended = []
+        for pid in _marked(self.agent_id, job):
+            if pid in keep or pid == os.getpid():
+                continue
+            try:
+                os.kill(pid, signal.SIGKILL)
+                ended.append(pid)
+            except ProcessLookupError:
+                pass
+        return ended
+
+
+def _marked(agent_id: str, job: str | None) -> list[int]:
+    """Pids whose environment carries ``AGENT_ENV=agent_id`` (and ``COADAPT_JOB_ID=job``)."""
+    want = f"{AGENT_ENV}={agent_id}".encode()
+    want_job = None if job is None else f"COADAPT_JOB_ID={job}".encode()
+    out = []
+    for entry in PROC_ROOT.iterdir():
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        env = read_proc_strings(pid, "environ", settle=False)
+        if want in env and (want_job is None or want_job in env):
+            if is_running(read_stat(pid)):
+                out.append(pid)
+    return sorted(out)
+
+
+def _end_group(pid: int, popen: subprocess.Popen[bytes] | None, grace_s: float) -> int | None:
+    """SIGTERM the process group led by ``pid``, wait up to ``grace_s``, then SIGKILL it."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + grace_s
+    code = None
+    while time.monotonic() < deadline:
+        code = popen.poll() if popen is not None else None
+        if code is not None:
+            break
+        time.sleep(0.02)
+    try:
+        os.killpg(pid, signal.SIGKILL)  # whatever of the group is left
+    except ProcessLookupError:
+        pass
+    if popen is not None and code is None:
+        code = popen.wait()
+    return code
+
+
+def assignments_from_json(data: object) -> dict[str, JobAssignment]:
+    """The API's assignment list (``GET /v1/agents/{key}/assignments``) as assignments."""
+    if not isinstance(data, list):
+        raise InvalidInputError("assignments must be a JSON list", field="assignments")
+    out = {}
+    for item in data:
+        if not isinstance(item, dict):
+            raise InvalidInputError("an assignment must be an object", field="assignments")
+        a = JobAssignment(
+            job=str(item["job"]),
+            gpus=int(item["gpus"]),
+            nodes=tuple((str(k), int(g)) for k, g in item["nodes"]),
+            rendezvous=str(item["rendezvous"]),
+            command=tuple(str(c) for c in item["command"]),
+            checkpoint_uri=item.get("checkpoint_uri"),
+        )
+        out[a.job] = a
+    return out
+
+
+def dump(assignments: Mapping[str, JobAssignment]) -> str:
+    """Assignments as JSON (the inverse of :func:`assignments_from_json`)."""
+    return json.dumps(
+        [
+            {
+                "job": a.job,
+                "gpus": a.gpus,
+                "nodes": [list(n) for n in a.nodes],
+                "rendezvous": a.rendezvous,
+                "command": list(a.command),
+                "checkpoint_uri": a.checkpoint_uri,
+            }
+            for _, a in sorted(assignments.items())
+        ]
+    )

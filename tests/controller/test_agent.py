@@ -1,0 +1,146 @@
+"""The node agent's core: plan() over literal assignments, and the Supervisor over real
+processes (a stand-in launcher that checkpoints on SIGTERM and exits 75, and leaves a worker
+in its own session, as torchrun's workers are)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from autoscaler.controller.agent import (
+    ActionKind,
+    JobAssignment,
+    Outcome,
+    Supervisor,
+    _marked,
+    assignments_from_json,
+    dump,
+    exit_outcome,
+    launch_argv,
+    plan,
+    rendezvous_port,
+)
+
+pytestmark = pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs Linux /proc")
+
+LAUNCHER = r"""
+import os, signal, subprocess, sys, time
+mode = sys.argv[1]
+# a worker in its own session (as torchrun starts them), carrying the inherited marker
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+def stop(*_):
+    open(os.environ["CKPT"], "w").write("checkpointed")
+    sys.exit(75)
+signal.signal(signal.SIGTERM, stop)
+print("started", flush=True)
+if mode == "done":
+    time.sleep(0.3); sys.exit(0)
+if mode == "fail":
+    time.sleep(0.3); sys.exit(1)
+time.sleep(600)
+"""
+
+
+def job(name: str, gpus: int = 1, nodes=(("i-a", 1),), rdzv: str = "127.0.0.1:29500"):
+    return JobAssignment(name, gpus, nodes, rdzv, ("train.py", "--epochs", "1"))
+
+
+def test_plan_starts_stops_and_restarts_on_a_changed_allocation() -> None:
+    running = {"a": job("a"), "b": job("b"), "c": job("c")}
+    assigned = {"a": job("a"), "b": job("b", gpus=2), "d": job("d")}
+    actions = plan(assigned, running)
+    assert [(x.kind, x.job) for x in actions] == [
+        (ActionKind.STOP, "c"),
+        (ActionKind.RESTART, "b"),
+        (ActionKind.START, "d"),
+    ]
+    moved = {"a": job("a", nodes=(("i-a", 1), ("i-b", 1)))}
+    assert [x.kind for x in plan(moved, {"a": job("a")})] == [ActionKind.RESTART]
+    assert plan(running, running) == []
+
+
+def test_exit_statuses_read_as_outcomes() -> None:
+    assert exit_outcome(0) is Outcome.DONE
+    assert exit_outcome(75) is Outcome.STOPPED
+    assert exit_outcome(1) is Outcome.FAILED and exit_outcome(-9) is Outcome.FAILED
+
+
+def test_launch_argv_and_wire_format() -> None:
+    a = job("a", gpus=2, nodes=(("i-a", 2), ("i-b", 2)), rdzv="10.0.0.1:29600")
+    argv = launch_argv(a, controller_url="http://ctl:8080", python="py")
+    assert argv[:3] == ["py", "-m", "trainer.launch"]
+    assert argv[argv.index("--nproc-per-node") + 1] == "2"
+    assert argv[argv.index("--nnodes") + 1] == "2"
+    assert argv[argv.index("--rdzv-endpoint") + 1] == "10.0.0.1:29600"
+    assert argv[-3:] == ["train.py", "--epochs", "1"]
+    assert assignments_from_json(__import__("json").loads(dump({"a": a}))) == {"a": a}
+    assert rendezvous_port("a") == rendezvous_port("a") and 29500 <= rendezvous_port("x") < 30500
+
+
+def _supervisor(tmp_path: Path, mode: str, agent_id: str | None = None) -> Supervisor:
+    script = tmp_path / "launcher.py"
+    script.write_text(LAUNCHER)
+    return Supervisor(
+        agent_id or f"test-{uuid.uuid4().hex[:8]}",
+        tmp_path / "agent",
+        stop_grace_s=5.0,
+        argv_for=lambda a: [sys.executable, str(script), mode],
+        env={"CKPT": str(tmp_path / f"ckpt-{mode}")},
+    )
+
+
+def _wait_started(sup: Supervisor, name: str) -> None:
+    deadline = time.monotonic() + 10
+    while "started" not in sup.log_path(name).read_text() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.1)  # the worker is spawned before "started" is printed
+
+
+def test_stop_checkpoints_and_leaves_no_process(tmp_path: Path) -> None:
+    sup = _supervisor(tmp_path, "run")
+    sup.apply(plan({"a": job("a")}, sup.running))
+    _wait_started(sup, "a")
+    assert len(_marked(sup.agent_id, None)) == 2  # the launcher and its worker
+    code = sup.stop("a")
+    assert code == 75 and (tmp_path / "ckpt-run").read_text() == "checkpointed"
+    assert _marked(sup.agent_id, None) == [] and sup.running == {}
+
+
+def test_finished_and_failed_launchers_are_reported_once(tmp_path: Path) -> None:
+    for mode, outcome in (("done", Outcome.DONE), ("fail", Outcome.FAILED)):
+        sup = _supervisor(tmp_path, mode)
+        sup.start(job(mode))
+        deadline = time.monotonic() + 10
+        ended: list = []
+        while not ended and time.monotonic() < deadline:
+            ended = sup.poll()
+            time.sleep(0.05)
+        assert [(j, o) for j, o, _ in ended] == [(mode, outcome)]
+        assert sup.poll() == [] and _marked(sup.agent_id, None) == []
+
+
+def test_a_restarted_agent_ends_what_its_previous_life_left(tmp_path: Path) -> None:
+    agent_id = f"test-{uuid.uuid4().hex[:8]}"
+    first = _supervisor(tmp_path, "run", agent_id)
+    first.start(job("a"))
+    _wait_started(first, "a")
+    # the agent dies without stopping anything; a new one with the same id starts
+    second = _supervisor(tmp_path, "run", agent_id)
+    assert len(second.sweep()) == 2
+    assert _marked(agent_id, None) == []
+    first._procs["a"].popen.wait(timeout=5)  # reap the killed launcher
+
+
+def test_stop_all_then_nothing_is_left(tmp_path: Path) -> None:
+    sup = _supervisor(tmp_path, "run")
+    sup.apply(plan({"a": job("a"), "b": job("b")}, {}))
+    _wait_started(sup, "a")
+    _wait_started(sup, "b")
+    sup.stop_all()
+    assert _marked(sup.agent_id, None) == [] and sup.running == {}
+    assert os.path.exists(sup.work_dir / "processes.json")
