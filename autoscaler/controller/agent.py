@@ -24,6 +24,7 @@ then SIGKILL to the group and a sweep. :func:`exit_outcome` reads a launcher's e
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -262,11 +263,9 @@ class Supervisor:
         for pid in _marked(self.agent_id, job):
             if pid in keep or pid == os.getpid():
                 continue
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
                 ended.append(pid)
-            except ProcessLookupError:
-                pass
         return ended
 
 
@@ -280,18 +279,16 @@ def _marked(agent_id: str, job: str | None) -> list[int]:
             continue
         pid = int(entry.name)
         env = read_proc_strings(pid, "environ", settle=False)
-        if want in env and (want_job is None or want_job in env):
-            if is_running(read_stat(pid)):
-                out.append(pid)
+        mine = want in env and (want_job is None or want_job in env)
+        if mine and is_running(read_stat(pid)):
+            out.append(pid)
     return sorted(out)
 
 
 def _end_group(pid: int, popen: subprocess.Popen[bytes] | None, grace_s: float) -> int | None:
     """SIGTERM the process group led by ``pid``, wait up to ``grace_s``, then SIGKILL it."""
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
     deadline = time.monotonic() + grace_s
     code = None
     while time.monotonic() < deadline:
@@ -299,10 +296,8 @@ def _end_group(pid: int, popen: subprocess.Popen[bytes] | None, grace_s: float) 
         if code is not None:
             break
         time.sleep(0.02)
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGKILL)  # whatever of the group is left
-    except ProcessLookupError:
-        pass
     if popen is not None and code is None:
         code = popen.wait()
     return code
