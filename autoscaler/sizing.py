@@ -399,6 +399,8 @@ class _Allocation:
     table ``U[j, g]`` of job ``j``'s kernel value on ``g`` GPUs of that kind (``-inf`` where
     the job cannot run on it)."""
 
+    memoise = True  # fill memo on (tests compare with it off)
+
     def __init__(self, demands: Sequence[JobDemand], power: float) -> None:
         self.demands = demands
         self.power = power
@@ -407,7 +409,9 @@ class _Allocation:
         self._kind_ids: dict[tuple[str, int], int] = {}
         self._kind_of = np.full(len(demands), -1, dtype=np.int64)  # self.kind as ids (-1: None)
         self._waiting: dict[tuple[str, int], set[int]] = {}  # memo, cleared by each commit
-        self._fills: dict[tuple[tuple[str, int], int], tuple[float, int, np.ndarray, int]] = {}
+        self._fills: dict[
+            tuple[tuple[str, int], int], tuple[float, int, np.ndarray, np.ndarray, int]
+        ] = {}
         self.min_gpus = np.array([d.min_gpus for d in demands], dtype=np.int64)
         self.free: dict[tuple[str, int], int] = {}  # GPUs bought but not handed out, per kind
         self._tables: dict[tuple[str, int], np.ndarray] = {}
@@ -455,32 +459,31 @@ class _Allocation:
         if not self.demands:
             return 0.0, 0
         key = (kind, gpus)
-        memo = self._fills.get(key)
+        memo = self._fills.get(key) if self.memoise else None
         if memo is None:
             memo = self._fills[key] = self._fill(kind, gpus)
-        gain, started, held, free = memo
+        gain, started, touched, values, free = memo
         if commit:
             kind_id = self._kind_ids[kind]
             self.free[kind] = free
-            before = self.gpus  # every memo was computed from it (since the last commit)
-            changed = held != before
+            held = self.gpus.copy()
+            held[touched] = values  # only the jobs this fill gave GPUs to (the rest may have
+            changed = held != self.gpus  # moved since the memo was made, by other kinds)
             for index in np.flatnonzero(changed):
                 self.kind[int(index)] = kind
             self._kind_of[changed] = kind_id
-            self.gpus = held.copy()
+            self.gpus = held
             self._waiting.clear()
-            stale = [
-                k
-                for k, m in self._fills.items()
-                if k[0] == kind or (changed & (m[2] != before)).any()
-            ]
+            stale = [k for k, m in self._fills.items() if k[0] == kind or changed[m[2]].any()]
             for k in stale:
                 del self._fills[k]
         return gain, started
 
-    def _fill(self, kind: tuple[str, int], gpus: int) -> tuple[float, int, np.ndarray, int]:
-        """The greedy of :meth:`fill` from the current allocation: (gain, jobs started, GPUs
-        per job after it, GPUs of ``kind`` left free)."""
+    def _fill(
+        self, kind: tuple[str, int], gpus: int
+    ) -> tuple[float, int, np.ndarray, np.ndarray, int]:
+        """The greedy of :meth:`fill` from the current allocation: (gain, jobs started, the
+        jobs it gave GPUs to, their GPUs after it, GPUs of ``kind`` left free)."""
         table = self._table(kind)
         kind_id = self._kind_ids.setdefault(kind, len(self._kind_ids))
         allowed = (self._kind_of == -1) | (self._kind_of == kind_id)
@@ -502,7 +505,8 @@ class _Allocation:
             gain += float(du[j])
             free -= int(step[j])
         started = int(np.count_nonzero((held > 0) & (self.gpus == 0)))
-        return gain, started, held, free
+        touched = np.flatnonzero(held != self.gpus)
+        return gain, started, touched, held[touched], free
 
 
 def size_fleet(

@@ -215,3 +215,35 @@ def test_jobs_take_the_type_that_pays_once_cheap_spot_capacity_runs_out() -> Non
     assert p.counts.get(v100.key, 0) == 2
     assert p.counts.get(t4_od.key, 0) == 0
     assert sum(p.gpus_by_job.values()) == 16
+
+
+def test_the_fill_memo_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seeded random demands over three kinds and two markets: the fleet and every job's GPUs
+    are the same with the fill memo as without it."""
+    import random
+
+    from autoscaler.sizing import _Allocation
+
+    rng = random.Random(3)
+    kinds = [("T4", 4), ("T4", 1), ("A100", 8)]
+    options = [
+        FleetOption("t4x4-od", "T4", 4, "on-demand", 3.912),
+        FleetOption("t4x4-spot", "T4", 4, "spot", 1.3, 0.05),
+        FleetOption("t4x1-spot", "T4", 1, "spot", 0.16, 0.2),
+        FleetOption("a100-spot", "A100", 8, "spot", 12.0, 0.1),
+    ]
+    for trial in range(12):
+        demands = []
+        for i in range(rng.randint(5, 40)):
+            curves = {}
+            for kind in rng.sample(kinds, rng.randint(1, 3)):
+                top, rate = rng.randint(1, 24), rng.uniform(0.2, 3.0)
+                curves[kind] = tuple(rate * min(g, top) ** 0.8 for g in range(1, 33))
+            demands.append(JobDemand(f"j{i}", curves, min_gpus=rng.choice([1, 1, 2, 4])))
+        cfg = SizingConfig(max_instances=rng.randint(4, 40), min_efficiency=0.05)
+        held = {"t4x4-spot": rng.randint(0, 3)}
+        with_memo = size_fleet(demands, options, held, cfg, SPEEDS)
+        monkeypatch.setattr(_Allocation, "memoise", False)
+        without = size_fleet(demands, options, held, cfg, SPEEDS)
+        monkeypatch.setattr(_Allocation, "memoise", True)
+        assert with_memo == without, f"trial {trial}"
