@@ -46,8 +46,9 @@ from autoscaler.sizing import SizingConfig
 from autoscaler.traces import load_app
 from coadapt_common.atomic import write_json_atomic
 from coadapt_common.clock import FakeClock
+from emulators.reports import synthetic_report
 from providers.fake import FakeProvider, default_offerings
-from trainer.report import BatchConfig, GradientStats, JobHints, ProfileEntry, TrainerReport
+from trainer.report import TrainerReport
 
 CLUSTER = "bench"
 
@@ -72,25 +73,19 @@ def _report(
     trace = load_app(app)
     local = int(rng.integers(trace.min_local_bsz, trace.max_local_bsz + 1))
     step_s = float(0.05 + 0.002 * local * rng.uniform(0.9, 1.1) + (0.02 if nodes > 1 else 0.0))
-    sync_s = 0.2 * step_s if gpus > 1 else 0.0
-    return TrainerReport(
-        job_id=job,
-        attempt=1,
-        started_at_s=now_s - 60,
-        sent_at_s=now_s,
-        world_size=gpus,
-        num_nodes=nodes,
-        batch=BatchConfig(local * gpus, 1),
-        step=int(progress),
-        skipped_steps=0,
-        epoch=0,
-        epoch_position=0,
+    return synthetic_report(
+        job,
+        gpus=gpus,
+        nodes=nodes,
+        local_bsz=local,
+        step_s=step_s,
+        sync_s=0.2 * step_s if gpus > 1 else 0.0,
         progress=progress,
-        gradient=GradientStats(
-            trace.init_batch_size, float(rng.uniform(0.5, 2)), float(rng.uniform(1, 8)), 10, False
-        ),
-        profiles=(ProfileEntry(nodes, gpus, local, 1, 10, step_s, step_s - sync_s, sync_s),),
-        hints=JobHints(trace.init_batch_size, trace.max_batch_size),
+        now_s=now_s,
+        init_batch_size=trace.init_batch_size,
+        max_batch_size=trace.max_batch_size,
+        grad_sqr=float(rng.uniform(0.5, 2)),
+        grad_var=float(rng.uniform(1, 8)),
     )
 
 

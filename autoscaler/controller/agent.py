@@ -266,6 +266,9 @@ class Supervisor:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
                 ended.append(pid)
+        deadline = time.monotonic() + 5.0  # a SIGKILL takes effect asynchronously
+        while any(is_running(read_stat(p)) for p in ended) and time.monotonic() < deadline:
+            time.sleep(0.01)
         return ended
 
 

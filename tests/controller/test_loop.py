@@ -15,8 +15,8 @@ from autoscaler.controller.store import JobStatus, Store
 from autoscaler.errors import InvalidInputError
 from autoscaler.sizing import SizingConfig
 from coadapt_common.clock import FakeClock
+from emulators.reports import synthetic_report
 from providers.fake import FakeProvider
-from trainer.report import BatchConfig, GradientStats, JobHints, ProfileEntry, TrainerReport
 
 CLUSTER = "loop1"
 CONFIG = ControllerConfig(
@@ -27,22 +27,18 @@ CONFIG = ControllerConfig(
 
 
 def _report(job: str, gpus: int, now_s: float, step_s: float) -> str:
-    return TrainerReport(
-        job_id=job,
-        attempt=1,
-        started_at_s=now_s - 60,
-        sent_at_s=now_s,
-        world_size=gpus,
-        num_nodes=1,
-        batch=BatchConfig(128 * gpus, 1),
-        step=10,
-        skipped_steps=0,
-        epoch=0,
-        epoch_position=0,
+    return synthetic_report(
+        job,
+        gpus=gpus,
+        nodes=1,
+        local_bsz=128,
+        step_s=step_s,
+        sync_s=step_s * 0.1,
         progress=1.0,
-        gradient=GradientStats(128, 1.0, 3.0, 10, False),
-        profiles=(ProfileEntry(1, gpus, 128, 1, 10, step_s, step_s * 0.9, step_s * 0.1),),
-        hints=JobHints(128, 1024),
+        now_s=now_s,
+        init_batch_size=128,
+        max_batch_size=1024,
+        grad_var=3.0,
     ).to_json()
 
 

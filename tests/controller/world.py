@@ -37,8 +37,9 @@ from autoscaler.controller.store import JobStatus, Store
 from autoscaler.sizing import SizingConfig
 from coadapt_common.atomic import write_text_atomic
 from coadapt_common.clock import FakeClock
+from emulators.reports import synthetic_report
 from providers.base import Market, Provider
-from trainer.report import BatchConfig, GradientStats, JobHints, ProfileEntry, TrainerReport
+from trainer.report import TrainerReport
 
 CLUSTER = "crash1"
 WORK_GPU_ROUNDS = 6
@@ -125,22 +126,17 @@ def _agents(store: Store, now_s: float, work: float) -> None:
 def _report(job: str, gpus: int, progress: float, now_s: float) -> TrainerReport:
     local = 128 // min(gpus, 4)
     step_s = 0.05 + 0.001 * local + (0.01 if gpus > 1 else 0.0)
-    return TrainerReport(
-        job_id=job,
-        attempt=1,
-        started_at_s=now_s - 60,
-        sent_at_s=now_s,
-        world_size=gpus,
-        num_nodes=gpus,
-        batch=BatchConfig(local * gpus, 1),
-        step=int(progress * 10),
-        skipped_steps=0,
-        epoch=0,
-        epoch_position=0,
+    return synthetic_report(
+        job,
+        gpus=gpus,
+        nodes=gpus,
+        local_bsz=local,
+        step_s=step_s,
+        sync_s=0.005,
         progress=progress,
-        gradient=GradientStats(128, 1.0, 4.0, 10, False),
-        profiles=(ProfileEntry(gpus, gpus, local, 1, 10, step_s, step_s - 0.005, 0.005),),
-        hints=JobHints(128, 1024, 32, 128),
+        now_s=now_s,
+        init_batch_size=128,
+        max_batch_size=1024,
     )
 
 
