@@ -1,0 +1,690 @@
+"""The YAML job spec of ``coadapt submit job.yaml``: read, validated, mapped onto a submission.
+
+A spec is one YAML mapping::
+
+    name: mlp-small                     # required
+    command: [examples/elastic_mlp.py, --epochs, 3, --initial-batch-size, 64]  # required
+    gpus: {min: 1, max: 2}
+    batch_size: {initial: 64, max: 512}  # required
+    local_batch_size: {max: 256}         # required
+    optimizer: sgd
+
+========================  ===================================================  =============
+field                     value                                                default
+========================  ===================================================  =============
+``name``                  DNS label: 1-63 of ``a-z 0-9 -``, starting and       required
+                          ending with a letter or digit
+``command``               the training script and its arguments: a list of     required
+                          strings, or one string split like a shell (shlex)
+``gpus.min``              int >= 1: the GPUs the job requests (see below)      1
+``gpus.max``              int >= ``gpus.min``                                  none (no cap)
+``batch_size.initial``    int >= 1: total batch the hyper-parameters were      required
+                          tuned for
+``batch_size.max``        int >= ``batch_size.initial``                        required
+``local_batch_size.max``  int >= ``local_batch_size.min``: per-GPU batch       required
+``local_batch_size.min``  int >= 1, <= ``batch_size.max``                      1
+``max_accum_steps``       int >= 1                                             none
+``optimizer``             ``sgd``, ``adam`` or ``adamw`` (:class:`Optimizer`)  none
+``checkpoint``            a local path, ``file://``, ``s3://BUCKET[/PREFIX]``  none
+                          or ``gs://BUCKET[/PREFIX]``
+``weight``                float > 0                                            1.0
+``gpu_types``             non-empty list of distinct names of                  none (any)
+                          :data:`~autoscaler.gputypes.KNOWN_GPU_TYPES`
+``markets``               non-empty list of distinct ``spot``, ``on-demand``   none (any)
+``offerings``             non-empty list of distinct offering keys             none (any)
+                          ``provider/instance_type/zone/market`` (market in
+                          ``markets`` when both are given)
+``budget_share``          float in (0, 1]                                      none
+``application``           the model name for the speed table (a name it does   ``generic``
+                          not know gets the generic speed ratios)
+``adaptive``              bool: false keeps the batch at                       true
+                          ``batch_size.initial`` and the GPUs at most
+                          ``gpus.min``
+========================  ===================================================  =============
+
+A field given as an empty value (``gpus:`` or ``null``) is the same as an absent one.
+Integers are YAML integers (``64``; not ``"64"``, ``64.0`` or ``true``); floats accept integers.
+The items of a ``command`` list are taken as written, so ``--epochs, 3`` needs no quotes
+(``3`` stays ``"3"``, ``010`` stays ``"010"``).
+
+``command`` is what follows the launcher's options: the node agent starts a job as
+``python -m trainer.launch --job-id NAME --nproc-per-node GPUS ... COMMAND``
+(:func:`autoscaler.controller.agent.launch_argv`), so a command that starts with a launcher
+(``coadapt-launch``, ``torchrun``) or an interpreter (``python``) is refused.
+
+**What the controller acts on.** :meth:`JobSpec.submission` gives the
+:class:`~autoscaler.controller.jobs.JobSubmission` the controller stores and schedules: name,
+command, batch sizes, local batch limits, ``gpus.min``, application, adaptive. ``gpus.min``
+becomes ``JobSubmission.min_gpus``, the GPUs the job requests: a non-adaptive job runs on at
+most that many (fixed-size policies use it as the gang size), but it is not a lower bound for
+an adaptive job, whose fewest GPUs the policy derives from its batch limits. The other
+fields, ``gpus.max``, ``max_accum_steps``, ``optimizer``, ``checkpoint``, ``weight``,
+``gpu_types``, ``markets``, ``offerings`` and ``budget_share``, are validated and kept on
+:class:`JobSpec`, and **the controller does not act on them yet**: no GPU cap, accumulation
+limit, placement restriction, fair-share weight or budget is applied, no checkpoint location is
+passed on, and the trainer picks its learning-rate scaling rule from the optimizer object it is
+given, not from this spec.
+
+**Errors.** Every problem raises :class:`JobSpecError` naming the file, the line (1-based: the
+offending key, or value; for a missing field, the key of the mapping that lacks it, or the
+document's first line) and the
+field path, e.g. ``job.yaml:7 [batch_size.max]: must be >= batch_size.initial (256), got
+128``: invalid YAML, an empty file, a document that is not a mapping, duplicate keys (PyYAML
+would keep the last silently), unknown keys (with a "did you mean" when one is close), missing
+fields, wrong types, values out of range. Anchors and aliases work as YAML defines them; merge
+keys (``<<``) and tags other than the basic ones (string, integer, float, boolean, null) are
+refused.
+"""
+
+from __future__ import annotations
+
+import difflib
+import enum
+import math
+import re
+import shlex
+import urllib.parse
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Final, NoReturn
+
+import yaml
+
+from autoscaler.controller.jobs import GENERIC_APPLICATION, JobSubmission
+from autoscaler.costs import MARKETS
+from autoscaler.errors import InvalidInputError
+from autoscaler.gputypes import KNOWN_GPU_TYPES
+
+__all__ = [
+    "ROOT_FIELD",
+    "JobSpec",
+    "JobSpecError",
+    "Optimizer",
+    "load_job_spec",
+    "parse_job_spec",
+]
+
+ROOT_FIELD: Final = "spec"
+"""The field an error names when the document as a whole is wrong (empty, not a mapping)."""
+
+_NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+_NOT_A_SCRIPT = re.compile(r"(coadapt-launch|torchrun|python[0-9.]*)")
+_CHECKPOINT_SCHEMES: Final = ("file", "s3", "gs")
+
+_STR: Final = "tag:yaml.org,2002:str"
+_INT: Final = "tag:yaml.org,2002:int"
+_FLOAT: Final = "tag:yaml.org,2002:float"
+_BOOL: Final = "tag:yaml.org,2002:bool"
+_NULL: Final = "tag:yaml.org,2002:null"
+_MERGE: Final = "tag:yaml.org,2002:merge"
+_MAP: Final = "tag:yaml.org,2002:map"
+_SEQ: Final = "tag:yaml.org,2002:seq"
+
+
+class JobSpecError(InvalidInputError):
+    """A job spec is malformed. ``path``: the file; ``line``: 1-based (``None`` only when the
+    file cannot be read); ``field``: the spec's field path (``gpus.min``, ``command[2]``,
+    ``spec`` for the document as a whole; ``None`` only when the file cannot be read);
+    ``reason``: the message without the location."""
+
+    def __init__(
+        self, reason: str, *, path: str, line: int | None, field: str | None = None
+    ) -> None:
+        where = path if line is None else f"{path}:{line}"
+        if field is not None:
+            where += f" [{field}]"
+        super().__init__(f"{where}: {reason}", field=field)
+        self.path = path
+        self.line = line
+        self.reason = reason
+
+
+class Optimizer(enum.StrEnum):
+    """The optimizer family of a job, which decides the trainer's learning-rate scaling rule."""
+
+    SGD = "sgd"
+    ADAM = "adam"
+    ADAMW = "adamw"
+
+    @property
+    def scaling_rule(self) -> str:
+        """The :class:`trainer.scaling.ScalingRule` value that ``trainer.scaling.default_rule``
+        picks for this family: ``adascale`` for SGD, ``sqrt`` for the Adam family. (A string:
+        importing ``trainer.scaling`` would import torch.)"""
+        return "adascale" if self is Optimizer.SGD else "sqrt"
+
+
+_OPTIMIZERS: Final = tuple(o.value for o in Optimizer)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A validated job spec (the module docstring has the fields, their spec names and their
+    defaults). Constructing one directly runs the same value checks as parsing, raising
+    :class:`~autoscaler.errors.InvalidInputError` whose ``field`` is the spec's field path."""
+
+    name: str
+    command: tuple[str, ...]
+    init_batch_size: int
+    max_batch_size: int
+    max_local_bsz: int
+    min_local_bsz: int = 1
+    min_gpus: int = 1
+    max_gpus: int | None = None
+    max_accum_steps: int | None = None
+    optimizer: Optimizer | None = None
+    checkpoint_uri: str | None = None
+    weight: float = 1.0
+    gpu_types: tuple[str, ...] | None = None
+    markets: tuple[str, ...] | None = None
+    offerings: tuple[str, ...] | None = None
+    budget_share: float | None = None
+    application: str = GENERIC_APPLICATION
+    adaptive: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("command", "gpu_types", "markets", "offerings"):
+            value = getattr(self, name)
+            if isinstance(value, list):
+                object.__setattr__(self, name, tuple(value))
+        if isinstance(self.optimizer, str) and self.optimizer in set(Optimizer):
+            object.__setattr__(self, "optimizer", Optimizer(self.optimizer))
+        problem = _first_problem(self.__dict__)
+        if problem is not None:
+            field, reason = problem
+            raise InvalidInputError(f"job spec {field}: {reason}", field=field)
+
+    def submission(self) -> JobSubmission:
+        """What the controller stores and acts on (see the module docstring for the rest)."""
+        return JobSubmission(
+            name=self.name,
+            init_batch_size=self.init_batch_size,
+            max_batch_size=self.max_batch_size,
+            max_local_bsz=self.max_local_bsz,
+            min_local_bsz=self.min_local_bsz,
+            min_gpus=self.min_gpus,
+            application=self.application,
+            adaptive=self.adaptive,
+            command=self.command,
+        )
+
+
+def load_job_spec(path: str | Path) -> JobSpec:
+    """Read and validate the spec file at ``path``; :class:`JobSpecError` on any problem
+    (an unreadable file too)."""
+    spath = str(path)
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise JobSpecError(f"cannot read: {e.strerror or e}", path=spath, line=None) from e
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise JobSpecError("not UTF-8 text", path=spath, line=line, field=ROOT_FIELD) from e
+    return parse_job_spec(text, spath)
+
+
+def parse_job_spec(text: str, path: str = "<string>") -> JobSpec:
+    """Validate the spec in ``text``; ``path`` names it in errors (:class:`JobSpecError`)."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        problem = ", ".join(p for p in (e.context, e.problem) if p) or str(e)
+        line = mark.line + 1 if mark is not None else 1
+        raise JobSpecError(
+            f"not valid YAML: {problem}", path=path, line=line, field=ROOT_FIELD
+        ) from e
+    except yaml.reader.ReaderError as e:
+        line = text.count("\n", 0, e.position) + 1
+        raise JobSpecError(
+            f"not valid YAML: character U+{_code(e.character):04X} is not allowed",
+            path=path,
+            line=line,
+            field=ROOT_FIELD,
+        ) from e
+    except yaml.YAMLError as e:  # pragma: no cover - every PyYAML error is one of the above
+        raise JobSpecError(f"not valid YAML: {e}", path=path, line=1, field=ROOT_FIELD) from e
+    return _Reader(path).spec(root)
+
+
+# ---- reading the node tree ------------------------------------------------------------------
+
+_TOP: Final = (
+    "name",
+    "command",
+    "gpus",
+    "batch_size",
+    "local_batch_size",
+    "max_accum_steps",
+    "optimizer",
+    "checkpoint",
+    "weight",
+    "gpu_types",
+    "markets",
+    "offerings",
+    "budget_share",
+    "application",
+    "adaptive",
+)
+
+# JobSpec attribute -> the spec's field path (what errors name).
+_PATHS: Final = {
+    "min_gpus": "gpus.min",
+    "max_gpus": "gpus.max",
+    "init_batch_size": "batch_size.initial",
+    "max_batch_size": "batch_size.max",
+    "max_local_bsz": "local_batch_size.max",
+    "min_local_bsz": "local_batch_size.min",
+    "checkpoint_uri": "checkpoint",
+}
+
+
+def _code(character: int | str) -> int:
+    return character if isinstance(character, int) else ord(character)
+
+
+def _line(node: Any) -> int:
+    return int(node.start_mark.line) + 1
+
+
+def _is_null(node: Any) -> bool:
+    return isinstance(node, yaml.ScalarNode) and node.tag == _NULL
+
+
+def _describe(node: Any) -> str:
+    """What a node holds, for messages."""
+    if isinstance(node, yaml.MappingNode):
+        return "a mapping"
+    if isinstance(node, yaml.SequenceNode):
+        return "a list"
+    described = {
+        _STR: f"the string {node.value!r}",
+        _INT: f"the integer {node.value}",
+        _FLOAT: f"the float {node.value}",
+        _BOOL: f"the boolean {node.value}",
+        _NULL: "an empty value",
+    }
+    tag = str(node.tag).replace("tag:yaml.org,2002:", "!!")
+    return described.get(node.tag, f"{node.value!r} of YAML type {tag}")
+
+
+def _suggest(word: str, choices: Sequence[str]) -> str:
+    """A "did you mean" for a close choice (case aside), else nothing."""
+    by_lower = {str(c).lower(): str(c) for c in choices}
+    close = difflib.get_close_matches(word.lower(), list(by_lower), n=1)
+    return f"; did you mean {by_lower[close[0]]!r}?" if close else ""
+
+
+def _one_of(value: object, choices: Sequence[str]) -> str:
+    hint = _suggest(value, choices) if isinstance(value, str) else ""
+    return f"must be one of {', '.join(choices)}, got {value!r}{hint}"
+
+
+def _parent(field: str) -> str:
+    """``gpus.min`` -> ``gpus``, ``command[2]`` -> ``command``, ``name`` -> the root."""
+    if "." not in field and "[" not in field:
+        return ROOT_FIELD
+    return re.sub(r"(\.[^.\[]*|\[\d+\])$", "", field)
+
+
+class _Reader:
+    """One walk over a composed document: typed values out, the line of every field written
+    remembered; every failure is a :class:`JobSpecError` naming the file, line and field."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.value_lines: dict[str, int] = {}  # field -> line of its value
+        self.key_lines: dict[str, int] = {}  # field -> line of its key (ROOT_FIELD: the mapping)
+        self._construct = yaml.constructor.SafeConstructor()
+
+    def fail(self, line: int, field: str, reason: str) -> NoReturn:
+        raise JobSpecError(reason, path=self.path, line=line, field=field)
+
+    def line_of(self, field: str) -> int:
+        """The line of ``field``'s value, else of the key of the nearest enclosing field
+        written (a value taken by default is blamed on the mapping that lacks it)."""
+        if field in self.value_lines:
+            return self.value_lines[field]
+        while field not in self.key_lines:
+            field = _parent(field)
+        return self.key_lines[field]
+
+    # -- the document --------------------------------------------------------------------
+
+    def spec(self, root: Any) -> JobSpec:
+        if root is None:
+            self.fail(1, ROOT_FIELD, "the file is empty; expected a mapping of job fields")
+        if not isinstance(root, yaml.MappingNode):
+            self.fail(
+                _line(root), ROOT_FIELD, f"expected a mapping of job fields, got {_describe(root)}"
+            )
+        self.key_lines[ROOT_FIELD] = _line(root)
+        top = self.mapping(root, ROOT_FIELD, _TOP)
+        values: dict[str, Any] = {
+            "name": self.string(self.required(top, "name"), "name"),
+            "command": self.command(self.required(top, "command")),
+        }
+        gpus = self.mapping(top["gpus"], "gpus", ("min", "max")) if "gpus" in top else {}
+        if "gpus.min" in gpus:
+            values["min_gpus"] = self.integer(gpus["gpus.min"], "gpus.min")
+        if "gpus.max" in gpus:
+            values["max_gpus"] = self.integer(gpus["gpus.max"], "gpus.max")
+        batch = self.mapping(self.required(top, "batch_size"), "batch_size", ("initial", "max"))
+        values["init_batch_size"] = self.integer(
+            self.required(batch, "batch_size.initial"), "batch_size.initial"
+        )
+        values["max_batch_size"] = self.integer(
+            self.required(batch, "batch_size.max"), "batch_size.max"
+        )
+        local = self.mapping(
+            self.required(top, "local_batch_size"), "local_batch_size", ("max", "min")
+        )
+        values["max_local_bsz"] = self.integer(
+            self.required(local, "local_batch_size.max"), "local_batch_size.max"
+        )
+        if "local_batch_size.min" in local:
+            values["min_local_bsz"] = self.integer(
+                local["local_batch_size.min"], "local_batch_size.min"
+            )
+        readers: dict[str, Callable[[Any, str], object]] = {
+            "max_accum_steps": self.integer,
+            "optimizer": self.optimizer,
+            "checkpoint": self.string,
+            "weight": self.number,
+            "gpu_types": self.string_list,
+            "markets": self.string_list,
+            "offerings": self.string_list,
+            "budget_share": self.number,
+            "application": self.string,
+            "adaptive": self.boolean,
+        }
+        for key, read in readers.items():
+            if key in top:
+                values[_ATTRIBUTES.get(key, key)] = read(top[key], key)
+        problem = _first_problem(values)
+        if problem is not None:
+            field, reason = problem
+            self.fail(self.line_of(field), field, reason)
+        return JobSpec(**values)
+
+    # -- collections ---------------------------------------------------------------------
+
+    def mapping(self, node: Any, field: str, known: Sequence[str]) -> dict[str, Any]:
+        """The value nodes of a mapping by key, empty values left out (they mean "absent"),
+        after refusing non-mappings, keys that are not field names, duplicate and unknown
+        keys. Keyed by field path (``gpus.min``; top-level fields by name)."""
+        if not isinstance(node, yaml.MappingNode) or node.tag != _MAP:
+            self.fail(
+                _line(node),
+                field,
+                f"expected a mapping with keys {', '.join(known)}, got {_describe(node)}",
+            )
+        first: dict[str, int] = {}
+        out: dict[str, Any] = {}
+        for key_node, value_node in node.value:
+            line = _line(key_node)
+            if key_node.tag == _MERGE:
+                self.fail(line, field, "YAML merge keys (<<) are not supported")
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag != _STR:
+                self.fail(line, field, f"expected a field name, got {_describe(key_node)}")
+            key = key_node.value
+            path = key if field == ROOT_FIELD else f"{field}.{key}"
+            if key in first:
+                self.fail(line, path, f"duplicate key (first at line {first[key]})")
+            if key not in known:
+                hint = _suggest(key, known) or f"; known: {', '.join(known)}"
+                self.fail(line, path, f"unknown field{hint}")
+            first[key] = line
+            self.key_lines[path] = line
+            if not _is_null(value_node):
+                self.value_lines[path] = _line(value_node)
+                out[path] = value_node
+        return out
+
+    def required(self, entries: Mapping[str, Any], field: str) -> Any:
+        """The value node of a required field; a missing one is blamed on the line of the
+        key of the mapping that lacks it."""
+        if field not in entries:
+            self.fail(self.key_lines[_parent(field)], field, "required field missing")
+        return entries[field]
+
+    def string_list(self, node: Any, field: str) -> tuple[str, ...]:
+        return tuple(self.string(item, path) for path, item in self.items(node, field, "strings"))
+
+    def items(self, node: Any, field: str, what: str) -> list[tuple[str, Any]]:
+        """The item nodes of a list with their field paths (``field[i]``)."""
+        if not isinstance(node, yaml.SequenceNode) or node.tag != _SEQ:
+            self.fail(_line(node), field, f"expected a list of {what}, got {_describe(node)}")
+        out = []
+        for i, item in enumerate(node.value):
+            path = f"{field}[{i}]"
+            self.value_lines[path] = _line(item)
+            out.append((path, item))
+        return out
+
+    def command(self, node: Any) -> tuple[str, ...]:
+        """A list of words (plain numbers and booleans taken as written), or one string
+        split like a shell would."""
+        if isinstance(node, yaml.ScalarNode) and node.tag == _STR:
+            try:
+                return tuple(shlex.split(node.value))
+            except ValueError as e:
+                self.fail(_line(node), "command", f"cannot split into words: {e}")
+        if not isinstance(node, yaml.SequenceNode):
+            self.fail(_line(node), "command", f"expected a list or a string, got {_describe(node)}")
+        words = []
+        for path, item in self.items(node, "command", "strings"):
+            plain = isinstance(item, yaml.ScalarNode) and item.style is None
+            if plain and item.tag in (_INT, _FLOAT, _BOOL):
+                words.append(str(item.value))  # as written: 3, 0.10, 010, yes
+            else:
+                words.append(self.string(item, path))
+        return tuple(words)
+
+    # -- scalars -------------------------------------------------------------------------
+
+    def scalar(self, node: Any, field: str, wanted: str, tags: Sequence[str]) -> Any:
+        if not isinstance(node, yaml.ScalarNode) or node.tag not in tags:
+            hint = ""
+            if isinstance(node, yaml.ScalarNode) and node.tag == _STR and _INT in tags:
+                hint = " (write numbers without quotes)"
+            elif isinstance(node, yaml.ScalarNode) and tags == (_STR,) and node.style is None:
+                hint = " (quote it to make it a string)"
+            self.fail(_line(node), field, f"expected {wanted}, got {_describe(node)}{hint}")
+        return self._construct.construct_object(node)
+
+    def integer(self, node: Any, field: str) -> int:
+        return int(self.scalar(node, field, "an integer", (_INT,)))
+
+    def number(self, node: Any, field: str) -> float:
+        value = self.scalar(node, field, "a number", (_INT, _FLOAT))
+        try:
+            return float(value)
+        except OverflowError:
+            self.fail(_line(node), field, f"{value} is out of range")
+
+    def boolean(self, node: Any, field: str) -> bool:
+        return bool(self.scalar(node, field, "true or false", (_BOOL,)))
+
+    def string(self, node: Any, field: str) -> str:
+        return str(self.scalar(node, field, "a string", (_STR,)))
+
+    def optimizer(self, node: Any, field: str) -> Optimizer:
+        value = self.string(node, field)
+        try:
+            return Optimizer(value)
+        except ValueError:
+            self.fail(_line(node), field, _one_of(value, _OPTIMIZERS))
+
+
+# Top-level spec keys whose JobSpec attribute has another name.
+_ATTRIBUTES: Final = {"checkpoint": "checkpoint_uri"}
+
+
+# ---- value checks, shared by the parser and JobSpec ------------------------------------------
+
+
+def _first_problem(values: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The first problem with JobSpec attribute values, as (spec field path, reason); ``None``
+    when they are valid. Absent keys take JobSpec's defaults."""
+    defaults = {f.name: f.default for f in fields(JobSpec)}
+    v = {**defaults, **values}
+    for check in (_check_identity, _check_sizes, _check_extras):
+        problem = check(v)
+        if problem is not None:
+            return problem
+    return None
+
+
+def _check_identity(v: Mapping[str, Any]) -> tuple[str, str] | None:
+    name = v["name"]
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        return "name", (
+            "must be a DNS label: 1-63 lowercase letters, digits and '-', starting and ending "
+            f"with a letter or digit, got {name!r}"
+        )
+    command = v["command"]
+    if not isinstance(command, Sequence) or isinstance(command, str):
+        return "command", f"must be a list of strings, got {command!r}"
+    if not command:
+        return "command", "must not be empty: give the training script and its arguments"
+    for i, word in enumerate(command):
+        if not isinstance(word, str):
+            return f"command[{i}]", f"must be a string, got {word!r}"
+    script = command[0]
+    if not script or script.startswith("-"):
+        return "command[0]", f"must be the training script, got {script!r}"
+    if _NOT_A_SCRIPT.fullmatch(Path(script).name):
+        return "command[0]", (
+            f"must be the training script, got {script!r}: the command is what follows the "
+            "launcher's options (the node agent runs it under the launcher), e.g. "
+            "[train.py, --epochs, 3]"
+        )
+    if not isinstance(v["application"], str) or not v["application"]:
+        return "application", f"must be a non-empty string, got {v['application']!r}"
+    if not isinstance(v["adaptive"], bool):
+        return "adaptive", f"must be true or false, got {v['adaptive']!r}"
+    return None
+
+
+def _int_problem(value: object, minimum: int, what: str = "") -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return f"must be an integer, got {value!r}"
+    if value < minimum:
+        return f"must be >= {what or minimum}, got {value}"
+    return None
+
+
+def _check_sizes(v: Mapping[str, Any]) -> tuple[str, str] | None:
+    checks: list[tuple[str, int, str]] = [
+        ("min_gpus", 1, ""),
+        ("init_batch_size", 1, ""),
+        ("min_local_bsz", 1, ""),
+    ]
+    for attr, minimum, what in checks:
+        problem = _int_problem(v[attr], minimum, what)
+        if problem is not None:
+            return _PATHS[attr], problem
+    relations = [
+        ("max_gpus", "min_gpus"),
+        ("max_batch_size", "init_batch_size"),
+        ("max_local_bsz", "min_local_bsz"),
+    ]
+    for attr, lower in relations:
+        if attr == "max_gpus" and v[attr] is None:
+            continue
+        problem = _int_problem(v[attr], v[lower], f"{_PATHS[lower]} ({v[lower]})")
+        if problem is not None:
+            return _PATHS[attr], problem
+    if v["min_local_bsz"] > v["max_batch_size"]:
+        return "local_batch_size.min", (
+            f"must be <= batch_size.max ({v['max_batch_size']}), got {v['min_local_bsz']}: no "
+            "placement could hold a batch within the limits"
+        )
+    if v["max_accum_steps"] is not None:
+        problem = _int_problem(v["max_accum_steps"], 1)
+        if problem is not None:
+            return "max_accum_steps", problem
+    return None
+
+
+def _check_extras(v: Mapping[str, Any]) -> tuple[str, str] | None:
+    if v["optimizer"] is not None and not isinstance(v["optimizer"], Optimizer):
+        return "optimizer", _one_of(v["optimizer"], _OPTIMIZERS)
+    if v["checkpoint_uri"] is not None:
+        reason = _checkpoint_problem(v["checkpoint_uri"])
+        if reason is not None:
+            return "checkpoint", reason
+    weight = v["weight"]
+    if not _is_real(weight) or not (math.isfinite(weight) and weight > 0):
+        return "weight", f"must be a finite number > 0, got {weight!r}"
+    share = v["budget_share"]
+    if share is not None and (not _is_real(share) or not 0 < share <= 1):
+        return "budget_share", f"must be a number in (0, 1], got {share!r}"
+    for key in ("gpu_types", "markets", "offerings"):
+        problem = _list_problem(key, v[key], v["markets"])
+        if problem is not None:
+            return problem
+    return None
+
+
+def _list_problem(key: str, items: object, markets: Sequence[str] | None) -> tuple[str, str] | None:
+    """The first problem with ``gpu_types``, ``markets`` or ``offerings`` (``None``: any)."""
+    if items is None:
+        return None
+    if not isinstance(items, Sequence) or isinstance(items, str) or not items:
+        return key, f"must be a non-empty list (leave it out to allow any), got {items!r}"
+    first: dict[str, int] = {}
+    for i, item in enumerate(items):
+        path = f"{key}[{i}]"
+        if not isinstance(item, str):
+            return path, f"must be a string, got {item!r}"
+        if item in first:
+            return path, f"{item!r} is listed twice (first as {key}[{first[item]}])"
+        first[item] = i
+        if key == "gpu_types" and item not in KNOWN_GPU_TYPES:
+            return path, _one_of(item, KNOWN_GPU_TYPES)
+        if key == "markets" and item not in MARKETS:
+            return path, _one_of(item, MARKETS)
+        if key == "offerings":
+            reason = _offering_problem(item, markets)
+            if reason is not None:
+                return path, reason
+    return None
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _checkpoint_problem(uri: object) -> str | None:
+    if not isinstance(uri, str) or not uri.strip():
+        return f"must be a non-empty location, got {uri!r}"
+    if "://" not in uri:
+        return None  # a local path
+    parsed = urllib.parse.urlparse(uri)
+    if parsed.scheme not in _CHECKPOINT_SCHEMES:
+        return (
+            f"unsupported scheme {parsed.scheme!r} in {uri!r}: use a local path, file://, "
+            "s3://BUCKET/PREFIX or gs://BUCKET/PREFIX"
+        )
+    if parsed.scheme in ("s3", "gs") and not parsed.netloc:
+        return f"{uri!r} names no bucket: expected {parsed.scheme}://BUCKET/PREFIX"
+    if parsed.scheme == "file" and not parsed.path:
+        return f"{uri!r} names no folder: expected file:///PATH"
+    return None
+
+
+def _offering_problem(key: str, markets: Sequence[str] | None) -> str | None:
+    parts = key.split("/")
+    if len(parts) != 4 or not all(parts):
+        return f"must be an offering key provider/instance_type/zone/market, got {key!r}"
+    market = parts[3]
+    if market not in MARKETS:
+        return f"market {_one_of(market, MARKETS)} (in {key!r})"
+    if markets is not None and market not in markets:
+        return f"its market {market!r} is not in markets ({', '.join(markets)})"
+    return None
