@@ -25,7 +25,6 @@ then SIGKILL to the group and a sweep. :func:`exit_outcome` reads a launcher's e
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import signal
@@ -52,7 +51,6 @@ __all__ = [
     "exit_outcome",
     "launch_argv",
     "plan",
-    "rendezvous_port",
 ]
 
 AGENT_ENV: Final = "COADAPT_AGENT_ID"
@@ -135,13 +133,6 @@ def exit_outcome(returncode: int) -> Outcome:
     if returncode == STOPPED_EXIT:
         return Outcome.STOPPED
     return Outcome.FAILED
-
-
-def rendezvous_port(job: str, base: int = 29500, span: int = 1000) -> int:
-    """A stable port for ``job``'s rendezvous (jobs sharing a host get different ports unless
-    their names collide in ``span``)."""
-    digest = hashlib.sha256(job.encode()).digest()
-    return base + int.from_bytes(digest[:4], "big") % span
 
 
 def launch_argv(

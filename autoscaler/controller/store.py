@@ -609,6 +609,29 @@ class Store:
             raise
         return cls(conn, p, clock, cluster_id, version)
 
+    def for_thread(self) -> Store:
+        """A new store object on this store's file, for the calling thread (a store is bound to
+        the thread that made it), with the same clock. The file was checked when this store
+        was opened, so only its identity is checked again (:class:`StoreMissingError` if it
+        was deleted or replaced since), not the integrity, schema and foreign-key checks of
+        :meth:`open`, which read the whole file: a server that makes one store per request
+        thread calls this, not :meth:`open`. Close it like any store. This store may be
+        closed; it is not used."""
+        self.ensure_present()
+        conn = _connect(self._path)
+        store = Store(conn, self._path, self._clock, self._cluster_id, self._schema_version)
+        store._identity = self._identity  # the file checked when this store was opened
+        try:
+            store.ensure_present()  # replaced between the check above and the connect
+            _configure(conn, self._path)
+        except sqlite3.Error as e:
+            store.close()
+            raise self._fail(e, "open the store for another thread") from e
+        except BaseException:
+            store.close()
+            raise
+        return store
+
     @property
     def path(self) -> Path:
         return self._path

@@ -1,0 +1,1256 @@
+"""The controller's HTTP API: JSON in and out, versioned paths under ``/v1``, bearer tokens.
+
+Three kinds of callers, two roles. Users (the CLI) hold the ``user`` token; agents, and the
+trainers they start (which run on the agents' instances and get the agent's token), hold the
+``agent`` token. A request must carry ``Authorization: Bearer <token>``; a request without
+one, or with a token that is neither, gets 401, and one with the other role's token gets 403.
+Either way nothing is read beyond the headers and nothing changes.
+
+============================================  =====  ==============================================
+endpoint                                      role   answer
+============================================  =====  ==============================================
+``POST /v1/jobs``                             user   201, the job (body: a ``JobSubmission``);
+                                                     409 if the name is taken
+``GET  /v1/jobs``                             user   ``{"jobs": [job, ...]}``, in submission order
+``GET  /v1/jobs/{name}``                      user   the job
+``POST /v1/jobs/{name}/cancel``               user   the job, ``cancelled``; 409 if it had ended
+``GET  /v1/jobs/{name}/logs?offset=N``        user   :class:`LogChunk` (``&instance=KEY``: one file)
+``GET  /v1/instances``                        user   ``{"instances": [row, ...]}``, by key
+``POST /v1/agents/register``                  agent  the instance row (body ``{"instance_key"}``);
+                                                     409 unless it is ``running``
+``POST /v1/agents/{key}/heartbeat``           agent  ``{"instance_key", "at_s", "status"}``
+``GET  /v1/agents/{key}/assignments``         agent  ``{"instance_key", "instance_status",
+                                                     "assignments": [...]}``
+``POST /v1/agents/{key}/jobs/{name}/exit``    agent  ``{"job", "status", "counted"}`` (body
+                                                     ``{"failed": bool}``)
+``POST /v1/jobs/{job_id}/reports``            agent  a :class:`~trainer.report.ReportReply`
+============================================  =====  ==============================================
+
+A job, as answered: ``name``, ``status``, ``retries``, ``submitted_at_s``, ``updated_at_s``,
+``version``, ``spec`` (the submission), ``assignment`` (``{instance_key: gpus}``) and
+``progress`` (from its latest trainer report: ``at_s``, ``progress``, ``step``, ``epoch``,
+``attempt``, ``world_size``; ``null`` before the first).
+
+Errors are JSON too: ``{"error": "<message>", "field": "<name>" | null}`` with 400 (bad input:
+``field`` names it; malformed JSON), 401/403 (authentication), 404 (unknown job, instance or
+path), 405, 409 (a conflict: a duplicate name, a job that already ended, a row that changed),
+413 (a body over ``max_body_bytes``, refused from its ``Content-Length`` before it is read, or
+once the limit is passed for a body without one), 503 (the store is unusable) or 500.
+
+Decisions made here, and why:
+
+* **Job names** are 1-100 characters of ``[A-Za-z0-9_.-]``, starting with a letter or digit:
+  a name is a URL path segment and a folder under the logs directory, so nothing else is
+  accepted (``..`` can never name a folder). A submission must name a ``command``: a job
+  without one could never start on an agent.
+* **Assignments** list only ``running`` jobs: a cancelled or ended job disappears at once (its
+  agent stops it), and a job queued for a retry is started again only when the next round
+  places it. ``nodes`` is every instance of the job with its GPUs, in rank order (by instance
+  key), this one included; ``rendezvous`` is ``HOST:PORT`` on the first node, ``HOST`` being
+  the address its agent gave with ``register`` or ``heartbeat`` (kept in memory, so each
+  heartbeat restates it; the store has no column for it yet), ``null`` until it is known.
+* **A job exit is counted once per run**: the exit of a job that is not ``running`` (another
+  node of the same run already reported it, or it ended) is answered with its status and
+  ``"counted": false``, without calling ``on_job_exit``; an exit from an instance the running
+  job is not assigned to is a 409 (processes the controller stopped are never reported).
+  ``on_job_exit`` is called from the server's request threads, one call at a time, and
+  must have changed the job's status when it returns (the next report of the same run is
+  told apart by that status).
+* **Report replies** say ``stop`` when the job is not ``running`` (cancelled, ended, or not
+  placed); ``batch`` is always ``null`` (keep), as the controller records no batch decision.
+* **Logs** are ``<logs_dir>/<job>/<instance_key>.log``, read as one byte stream in instance-key
+  order, at most :data:`MAX_LOG_CHUNK_BYTES` per answer (``more`` says there is more). An
+  incomplete UTF-8 character at the end is left for the next read. Offsets into the
+  concatenation are stable while only the last file grows; to follow a job on several
+  instances, read each with ``instance=KEY`` (``instances`` lists them with their sizes).
+
+The app opens its own :class:`~autoscaler.controller.store.Store` per thread on the store
+file (a store is bound to the thread that made it); the file is checked once, when the app is
+made (:meth:`Store.open`), and each thread's store comes from :meth:`Store.for_thread`.
+:func:`serve` runs it on Werkzeug's threaded server (a thread per connection, and every
+connection closed after its answer), closing a thread's store when its connection ends.
+Tokens are compared in constant time and never logged; the request log (the request line and
+the status) goes to this module's logger at DEBUG.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import dataclasses
+import hashlib
+import hmac
+import json
+import logging
+import os
+import re
+import secrets
+import stat
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from http.client import HTTPException as HttpClientError
+from pathlib import Path
+from typing import Any, Final, NoReturn, Protocol, TypeVar
+
+from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound, RequestEntityTooLarge
+from werkzeug.routing import Map, Rule
+from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
+from werkzeug.wrappers import Request, Response
+
+from autoscaler.controller.errors import (
+    ControllerError,
+    DuplicateRowError,
+    StaleVersionError,
+    StoreError,
+    UnknownRowError,
+)
+from autoscaler.controller.jobs import JobSubmission
+from autoscaler.controller.lifecycle import InstanceStatus
+from autoscaler.controller.store import InstanceRow, JobRow, JobStatus, ReportRow, Store
+from autoscaler.errors import InvalidInputError
+from coadapt_common.clock import Clock
+from providers.base import Market
+from trainer.report import REPORT_PATH_TEMPLATE, ReportReply, TrainerReport, report_path
+
+__all__ = [
+    "DEFAULT_MAX_BODY_BYTES",
+    "JOB_NAME_PATTERN",
+    "MAX_LOG_CHUNK_BYTES",
+    "ApiApp",
+    "ApiClient",
+    "ApiError",
+    "ApiServer",
+    "ApiTokens",
+    "ApiUnreachableError",
+    "HeartbeatReply",
+    "InsecureTokenFileError",
+    "JobExitHandler",
+    "JobExitReply",
+    "JobInfo",
+    "LogChunk",
+    "ProgressInfo",
+    "Role",
+    "TokenFileError",
+    "generate_tokens",
+    "instance_from_dict",
+    "instance_to_dict",
+    "load_tokens",
+    "make_app",
+    "rendezvous_endpoint",
+    "serve",
+]
+
+DEFAULT_MAX_BODY_BYTES: Final = 1 << 20
+"""Bodies larger than this (1 MiB) are refused with 413."""
+MAX_LOG_CHUNK_BYTES: Final = 1 << 20
+"""The most log bytes one answer carries."""
+JOB_NAME_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+"""What a job submitted through the API may be called (a path segment and a folder name)."""
+MIN_TOKEN_CHARS: Final = 16
+RENDEZVOUS_PORT_BASE: Final = 29500
+RENDEZVOUS_PORT_SPAN: Final = 1000
+
+_log = logging.getLogger(__name__)
+_ENDED: Final = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED})
+_NOUNS: Final = {"jobs": "job", "instances": "instance"}
+_CANCEL_TRIES: Final = 5
+_MAX_TOKEN_FILE_BYTES: Final = 64 * 1024
+_ADDRESS = re.compile(r"[A-Za-z0-9][A-Za-z0-9.:-]{0,252}")
+_T = TypeVar("_T")
+
+
+class Role(StrEnum):
+    """Who a token speaks for."""
+
+    USER = "user"  # submits, lists, cancels jobs; reads logs and instances
+    AGENT = "agent"  # an instance's agent, and the trainers it starts
+
+
+# ---- errors --------------------------------------------------------------------------------
+
+
+class ApiError(ControllerError):
+    """An API request refused or failed: ``status`` is the HTTP status (0: no answer came,
+    see :class:`ApiUnreachableError`), ``field`` the input field at fault, when one is.
+    The server raises it to answer an error; :class:`ApiClient` raises it for one."""
+
+    def __init__(self, status: int, message: str, field: str | None = None) -> None:
+        super().__init__(f"{status}: {message}" if status else message)
+        self.status = status
+        self.message = message
+        self.field = field
+
+
+class ApiUnreachableError(ApiError):
+    """No HTTP answer: the controller could not be reached, or the connection broke."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(0, message)
+
+
+class TokenFileError(ControllerError):
+    """The tokens file cannot be created or used; ``path`` names it. Never shows a token."""
+
+    def __init__(self, message: str, *, path: str) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class InsecureTokenFileError(TokenFileError):
+    """The tokens file is readable or writable by its group or by others."""
+
+
+# ---- tokens --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ApiTokens:
+    """The two bearer tokens (never shown by ``repr``). Each is at least
+    :data:`MIN_TOKEN_CHARS` printable ASCII characters; they must differ."""
+
+    user: str = field(repr=False)
+    agent: str = field(repr=False)
+
+    def __post_init__(self) -> None:
+        for role in Role:
+            token = getattr(self, role.value)
+            if (
+                not isinstance(token, str)
+                or len(token) < MIN_TOKEN_CHARS
+                or not all("!" <= c <= "~" for c in token)
+            ):
+                raise InvalidInputError(
+                    f"the {role.value} token must be at least {MIN_TOKEN_CHARS} printable "
+                    "ASCII characters without spaces",
+                    field=role.value,
+                )
+        if hmac.compare_digest(self.user.encode(), self.agent.encode()):
+            raise InvalidInputError("the user and agent tokens must differ", field="agent")
+
+    def role_of(self, presented: str) -> Role | None:
+        """The role whose token ``presented`` is (``None``: neither), compared in constant
+        time against both."""
+        given = presented.encode("utf-8", "replace")
+        is_user = hmac.compare_digest(given, self.user.encode())
+        is_agent = hmac.compare_digest(given, self.agent.encode())
+        if is_user:
+            return Role.USER
+        return Role.AGENT if is_agent else None
+
+
+def generate_tokens(path: str | Path, *, overwrite: bool = False) -> ApiTokens:
+    """Create the tokens file ``path``: JSON ``{"user": ..., "agent": ...}``, each
+    ``secrets.token_urlsafe(32)``, mode 0600 from its creation (a temporary file opened with
+    mode 0600 is written, fsynced and renamed into place; it is never readable by others,
+    whatever the umask). Refuses (:class:`TokenFileError`) when ``path`` exists, unless
+    ``overwrite`` (new tokens replace the old ones atomically). Returns the tokens."""
+    p = Path(path)
+    tokens = ApiTokens(secrets.token_urlsafe(32), secrets.token_urlsafe(32))
+    data = (json.dumps({"agent": tokens.agent, "user": tokens.user}, indent=1) + "\n").encode()
+    tmp = p.with_name(f".{p.name}.{secrets.token_hex(8)}.tmp")
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        raise TokenFileError(f"{p}: cannot create the tokens file: {e}", path=str(p)) from e
+    try:
+        os.fchmod(fd, 0o600)  # the umask may have removed the owner's bits
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        if overwrite:
+            os.replace(tmp, p)
+        else:
+            os.link(tmp, p)  # never replaces: FileExistsError if p exists
+            tmp.unlink()
+        _fsync_dir(p.parent)
+    except FileExistsError as e:
+        raise TokenFileError(f"{p}: a file already exists there", path=str(p)) from e
+    except OSError as e:
+        raise TokenFileError(f"{p}: cannot write the tokens file: {e}", path=str(p)) from e
+    finally:
+        tmp.unlink(missing_ok=True)
+    return tokens
+
+
+def load_tokens(path: str | Path) -> ApiTokens:
+    """Read the tokens file ``path`` (see :func:`generate_tokens`). Refuses, with
+    :class:`InsecureTokenFileError`, a file its group or others may read or write (checked on
+    the opened file, so it cannot be swapped between the check and the read), and with
+    :class:`TokenFileError` one that is missing, not a regular file, or malformed."""
+    p = Path(path)
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError as e:
+        raise TokenFileError(
+            f"{p}: no tokens file (create one with generate_tokens)", path=str(p)
+        ) from e
+    except OSError as e:
+        raise TokenFileError(f"{p}: cannot open the tokens file: {e}", path=str(p)) from e
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise TokenFileError(f"{p}: the tokens file is not a regular file", path=str(p))
+        if st.st_mode & 0o077:
+            raise InsecureTokenFileError(
+                f"{p}: the tokens file has mode {stat.S_IMODE(st.st_mode):04o}: others may "
+                "read or change it; make it private (chmod 600) or generate new tokens",
+                path=str(p),
+            )
+        raw = b""
+        while len(raw) <= _MAX_TOKEN_FILE_BYTES:
+            data = os.read(fd, _MAX_TOKEN_FILE_BYTES + 1)
+            if not data:
+                break
+            raw += data
+    except OSError as e:
+        raise TokenFileError(f"{p}: cannot read the tokens file: {e}", path=str(p)) from e
+    finally:
+        os.close(fd)
+    try:
+        if len(raw) > _MAX_TOKEN_FILE_BYTES:
+            raise ValueError("too large for a tokens file")
+        data = json.loads(raw)
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        return ApiTokens(user=data.get("user", ""), agent=data.get("agent", ""))
+    except InvalidInputError as e:
+        raise TokenFileError(f"{p}: {e}", path=str(p)) from e
+    except ValueError as e:  # the message never quotes the file's content
+        raise TokenFileError(f"{p}: not a tokens file: {e}", path=str(p)) from e
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ---- the answers ---------------------------------------------------------------------------
+
+
+class JobExitHandler(Protocol):
+    """What the app calls when an agent reports that a running job's processes ended on
+    their own (``Controller.job_exited``): returns the job's new status."""
+
+    def __call__(self, name: str, *, failed: bool) -> JobStatus: ...
+
+
+@dataclass(frozen=True)
+class ProgressInfo:
+    """A job's latest trainer report, in short: received at ``at_s``; ``progress`` in
+    initial-batch-size iterations, ``step`` optimizer steps, ``epoch``, ``attempt`` (launches
+    of the job) and ``world_size`` (replicas)."""
+
+    at_s: float
+    progress: float
+    step: int
+    epoch: int
+    attempt: int
+    world_size: int
+
+    @classmethod
+    def from_report(cls, row: ReportRow) -> ProgressInfo:
+        report = TrainerReport.from_json(row.payload_json)
+        return cls(
+            row.at_s,
+            report.progress,
+            report.step,
+            report.epoch,
+            report.attempt,
+            report.world_size,
+        )
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """A job as the API answers it (see the module docstring)."""
+
+    name: str
+    status: JobStatus
+    retries: int
+    submitted_at_s: float
+    updated_at_s: float
+    version: int
+    spec: JobSubmission
+    assignment: Mapping[str, int]
+    progress: ProgressInfo | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "status": self.status.value,
+            "retries": self.retries,
+            "submitted_at_s": self.submitted_at_s,
+            "updated_at_s": self.updated_at_s,
+            "version": self.version,
+            "spec": dataclasses.asdict(self.spec),
+            "assignment": dict(sorted(self.assignment.items())),
+            "progress": None if self.progress is None else dataclasses.asdict(self.progress),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> JobInfo:
+        progress = data["progress"]
+        return cls(
+            name=str(data["name"]),
+            status=JobStatus(data["status"]),
+            retries=int(data["retries"]),
+            submitted_at_s=float(data["submitted_at_s"]),
+            updated_at_s=float(data["updated_at_s"]),
+            version=int(data["version"]),
+            spec=JobSubmission.from_json(json.dumps(data["spec"])),
+            assignment={str(k): int(v) for k, v in dict(data["assignment"]).items()},
+            progress=None if progress is None else ProgressInfo(**progress),
+        )
+
+
+@dataclass(frozen=True)
+class LogChunk:
+    """Job logs from byte ``offset`` to ``next_offset`` (pass it as the next ``offset``),
+    decoded as UTF-8; ``more``: bytes are left to read now. ``instances``: the log files,
+    ``(instance_key, size_bytes)`` in reading order."""
+
+    job: str
+    offset: int
+    next_offset: int
+    text: str
+    more: bool
+    instances: tuple[tuple[str, int], ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "job": self.job,
+            "offset": self.offset,
+            "next_offset": self.next_offset,
+            "text": self.text,
+            "more": self.more,
+            "instances": [{"instance_key": k, "size_bytes": n} for k, n in self.instances],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LogChunk:
+        return cls(
+            job=str(data["job"]),
+            offset=int(data["offset"]),
+            next_offset=int(data["next_offset"]),
+            text=str(data["text"]),
+            more=bool(data["more"]),
+            instances=tuple(
+                (str(i["instance_key"]), int(i["size_bytes"])) for i in data["instances"]
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class HeartbeatReply:
+    """A heartbeat recorded at ``at_s``; ``status`` is the instance's status now (an agent
+    whose instance is leaving sees it here)."""
+
+    instance_key: str
+    at_s: float
+    status: InstanceStatus
+
+
+@dataclass(frozen=True)
+class JobExitReply:
+    """The job's status after an exit report; ``counted``: the report was passed to the
+    controller (``False``: the job was not running, so the exit was already known)."""
+
+    job: str
+    status: JobStatus
+    counted: bool
+
+
+def instance_to_dict(row: InstanceRow) -> dict[str, Any]:
+    """An instance row as the API answers it (every column)."""
+    out = dataclasses.asdict(row)
+    out["market"] = row.market.value
+    out["status"] = row.status.value
+    return out
+
+
+def instance_from_dict(data: Mapping[str, Any]) -> InstanceRow:
+    """The inverse of :func:`instance_to_dict` (unknown keys are ignored)."""
+    values = {f.name: data[f.name] for f in dataclasses.fields(InstanceRow)}
+    values["market"] = Market(values["market"])
+    values["status"] = InstanceStatus(values["status"])
+    return InstanceRow(**values)
+
+
+def rendezvous_endpoint(job: str, host: str) -> str:
+    """``HOST:PORT`` of ``job``'s c10d rendezvous on ``host``: the port is stable per job
+    (``RENDEZVOUS_PORT_BASE`` plus a hash of the name modulo ``RENDEZVOUS_PORT_SPAN``), so
+    jobs whose first node is the same instance get different ports unless their names
+    collide."""
+    digest = hashlib.sha256(job.encode()).digest()
+    port = RENDEZVOUS_PORT_BASE + int.from_bytes(digest[:4], "big") % RENDEZVOUS_PORT_SPAN
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+# ---- the app -------------------------------------------------------------------------------
+
+_Handler = Callable[..., Response]
+
+
+class ApiApp:
+    """The WSGI app (see the module docstring); build it with :func:`make_app`. Thread-safe:
+    each thread uses its own store. :meth:`close` when done."""
+
+    def __init__(
+        self,
+        store: Store,
+        tokens: ApiTokens,
+        clock: Clock,
+        *,
+        logs_dir: Path,
+        on_job_exit: JobExitHandler,
+        max_body_bytes: int,
+    ) -> None:
+        """Use :func:`make_app`."""
+        self._template = store  # checked when opened; closed: only for_thread() is called
+        self._tokens = tokens
+        self._clock = clock
+        self._logs_dir = logs_dir
+        self._on_job_exit = on_job_exit
+        self.max_body_bytes = max_body_bytes
+        self._local = threading.local()
+        self._exit_lock = threading.Lock()
+        self._addresses: dict[str, str] = {}
+        self._addresses_lock = threading.Lock()
+        self._routes: tuple[tuple[str, str, Role, _Handler], ...] = (
+            ("POST", "/v1/jobs", Role.USER, self._submit_job),
+            ("GET", "/v1/jobs", Role.USER, self._list_jobs),
+            ("GET", "/v1/jobs/<name>", Role.USER, self._get_job),
+            ("POST", "/v1/jobs/<name>/cancel", Role.USER, self._cancel_job),
+            ("GET", "/v1/jobs/<name>/logs", Role.USER, self._job_logs),
+            ("GET", "/v1/instances", Role.USER, self._list_instances),
+            ("POST", "/v1/agents/register", Role.AGENT, self._register),
+            ("POST", "/v1/agents/<instance_key>/heartbeat", Role.AGENT, self._heartbeat),
+            ("GET", "/v1/agents/<instance_key>/assignments", Role.AGENT, self._assignments),
+            ("POST", "/v1/agents/<instance_key>/jobs/<name>/exit", Role.AGENT, self._job_exit),
+            (
+                "POST",
+                REPORT_PATH_TEMPLATE.replace("{job_id}", "<job_id>"),
+                Role.AGENT,
+                self._add_report,
+            ),
+        )
+        self._map = Map(
+            [
+                Rule(path, methods=[method], endpoint=i)
+                for i, (method, path, _, _) in enumerate(self._routes)
+            ],
+            strict_slashes=False,
+        )
+
+    # ---- plumbing --------------------------------------------------------------------------
+
+    def __call__(self, environ: Any, start_response: Any) -> Any:
+        request = Request(environ)
+        request.max_content_length = self.max_body_bytes
+        return self._dispatch(request)(environ, start_response)
+
+    def close_thread_store(self) -> None:
+        """Close the calling thread's store, if it has one (a worker thread that ends)."""
+        store = getattr(self._local, "store", None)
+        if store is not None:
+            self._local.store = None
+            store.close()
+
+    def close(self) -> None:
+        """Close the calling thread's store (the others close when their threads end)."""
+        self.close_thread_store()
+
+    def _store(self) -> Store:
+        store: Store | None = getattr(self._local, "store", None)
+        if store is None:
+            store = self._local.store = self._template.for_thread()
+        else:
+            store.ensure_present()
+        return store
+
+    def _dispatch(self, request: Request) -> Response:
+        try:
+            endpoint, args = self._map.bind_to_environ(request.environ).match()
+            _, _, role, handler = self._routes[endpoint]
+            self._authorize(request, role)  # before the body is read
+            return handler(request, **args)
+        except ApiError as e:
+            return _error(e.status, e.message, e.field)
+        except InvalidInputError as e:
+            return _error(400, str(e), e.field)
+        except UnknownRowError as e:
+            return _error(404, f"no {_NOUNS.get(e.table, e.table)} {e.key!r}")
+        except DuplicateRowError as e:
+            noun = _NOUNS.get(e.table, e.table)
+            return _error(409, f"{noun} {e.key!r} already exists", "name")
+        except StaleVersionError as e:
+            return _error(409, f"{e} (try again)")
+        except StoreError as e:
+            _log.warning("store unavailable for %s %s: %s", request.method, request.path, e)
+            return _error(503, f"the store is unavailable: {e}")
+        except MethodNotAllowed as e:
+            allowed = ", ".join(sorted(e.valid_methods or ()))
+            response = _error(405, f"{request.method} is not allowed here (allowed: {allowed})")
+            response.headers["Allow"] = allowed
+            return response
+        except NotFound:
+            return _error(404, f"no such endpoint: {request.method} {request.path}")
+        except HTTPException as e:
+            return _error(e.code or 500, e.description or e.name)
+        except Exception:
+            _log.exception("unexpected error answering %s %s", request.method, request.path)
+            return _error(500, "internal error (see the controller's log)")
+
+    def _authorize(self, request: Request, role: Role) -> None:
+        header = request.headers.get("Authorization")
+        if not header:
+            _unauthorized("a bearer token is required (Authorization: Bearer <token>)")
+        scheme, _, presented = header.partition(" ")
+        presented = presented.strip()
+        if scheme.lower() != "bearer" or not presented:
+            _unauthorized("the Authorization header must be 'Bearer <token>'")
+        held = self._tokens.role_of(presented)
+        if held is None:
+            _unauthorized("the token is not valid")
+        if held is not role:
+            raise ApiError(403, f"this endpoint needs the {role.value} role, not {held.value}")
+
+    def _body(self, request: Request, *, optional: bool = False) -> dict[str, Any]:
+        """The body as a JSON object ({} for an empty ``optional`` one): 413 over the limit
+        (from ``Content-Length`` before reading), 400 if malformed."""
+        length = request.content_length
+        if length is not None and length > self.max_body_bytes:
+            raise _too_large(self.max_body_bytes)
+        if length is None:
+            # A streamed (chunked) body: Werkzeug's stream stops quietly at the limit, so it
+            # is read with a limit one byte higher, and a body that reaches it is too large.
+            request.max_content_length = self.max_body_bytes + 1
+        try:
+            raw = request.get_data(cache=False)
+        except RequestEntityTooLarge as e:
+            raise _too_large(self.max_body_bytes) from e
+        if len(raw) > self.max_body_bytes:
+            raise _too_large(self.max_body_bytes)
+        if not raw.strip():
+            if optional:
+                return {}
+            raise ApiError(400, "the body is empty: expected a JSON object")
+        try:
+            data = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+        except UnicodeDecodeError as e:
+            raise ApiError(400, f"the body is not UTF-8: {e.reason} at byte {e.start}") from e
+        except ValueError as e:
+            raise ApiError(400, f"the body is not valid JSON: {e}") from e
+        except RecursionError as e:
+            raise ApiError(400, "the body is not valid JSON: nested too deeply") from e
+        if not isinstance(data, dict):
+            raise ApiError(400, f"the body must be a JSON object, not {_json_type(data)}")
+        return data
+
+    def _job_info(
+        self, row: JobRow, assignment: Mapping[str, int], report: ReportRow | None
+    ) -> JobInfo:
+        return JobInfo(
+            name=row.name,
+            status=row.status,
+            retries=row.retries,
+            submitted_at_s=row.submitted_at_s,
+            updated_at_s=row.updated_at_s,
+            version=row.version,
+            spec=JobSubmission.from_json(row.spec_json),
+            assignment=assignment,
+            progress=None if report is None else ProgressInfo.from_report(report),
+        )
+
+    def _one_job(self, store: Store, row: JobRow) -> dict[str, Any]:
+        assignment = {k: g for (_, k), g in store.list_assignments(job=row.name).items()}
+        return self._job_info(row, assignment, store.latest_report(row.name)).to_dict()
+
+    # ---- users -----------------------------------------------------------------------------
+
+    def _submit_job(self, request: Request) -> Response:
+        spec = _submission(self._body(request))
+        store = self._store()
+        row = store.add_job(spec.name, spec.to_json())
+        _log.info("job %s submitted", spec.name)
+        return _json(
+            self._one_job(store, row), 201, {"Location": f"/v1/jobs/{urllib.parse.quote(row.name)}"}
+        )
+
+    def _list_jobs(self, request: Request) -> Response:
+        store = self._store()
+        assigned: dict[str, dict[str, int]] = {}
+        for (job, key), gpus in store.list_assignments().items():
+            assigned.setdefault(job, {})[key] = gpus
+        reports = store.latest_reports()
+        jobs = [
+            self._job_info(row, assigned.get(row.name, {}), reports.get(row.name)).to_dict()
+            for row in store.list_jobs()
+        ]
+        return _json({"jobs": jobs})
+
+    def _get_job(self, request: Request, name: str) -> Response:
+        store = self._store()
+        return _json(self._one_job(store, store.get_job(name)))
+
+    def _cancel_job(self, request: Request, name: str) -> Response:
+        store = self._store()
+        for _ in range(_CANCEL_TRIES):
+            row = store.get_job(name)
+            if row.status in _ENDED:
+                raise ApiError(409, f"job {name!r} already ended ({row.status.value})")
+            try:
+                row = store.update_job(name, row.version, status=JobStatus.CANCELLED)
+            except StaleVersionError:
+                continue  # changed since read: read again and decide again
+            _log.info("job %s cancelled", name)
+            return _json(self._one_job(store, row))
+        raise ApiError(409, f"job {name!r} kept changing while being cancelled: try again")
+
+    def _job_logs(self, request: Request, name: str) -> Response:
+        store = self._store()
+        store.get_job(name)
+        offset = _int_arg(request, "offset", 0)
+        instance = request.args.get("instance")
+        if not JOB_NAME_PATTERN.fullmatch(name):
+            raise ApiError(400, f"job {name!r} has no log folder (not a safe folder name)")
+        files = _log_files(self._logs_dir / name)
+        if instance is not None:
+            files = [f for f in files if f[0] == instance]
+        return _json(_read_logs(name, files, offset).to_dict())
+
+    def _list_instances(self, request: Request) -> Response:
+        rows = self._store().list_instances()
+        return _json({"instances": [instance_to_dict(r) for r in rows]})
+
+    # ---- agents ----------------------------------------------------------------------------
+
+    def _register(self, request: Request) -> Response:
+        body = self._body(request)
+        key = body.get("instance_key")
+        if not isinstance(key, str) or not key:
+            raise ApiError(400, "instance_key must be a non-empty string", "instance_key")
+        address = _address(body)
+        row = self._store().get_instance(key)
+        if row.status is not InstanceStatus.RUNNING:
+            raise ApiError(409, f"instance {key!r} is {row.status.value}, not running")
+        self._remember(key, address)
+        _log.info("agent of instance %s registered", key)
+        return _json(instance_to_dict(row))
+
+    def _heartbeat(self, request: Request, instance_key: str) -> Response:
+        address = _address(self._body(request, optional=True))
+        store = self._store()
+        now = self._clock.now_s()
+        store.record_heartbeat(instance_key, now)
+        self._remember(instance_key, address)
+        row = store.get_instance(instance_key)
+        return _json({"instance_key": instance_key, "at_s": now, "status": row.status.value})
+
+    def _assignments(self, request: Request, instance_key: str) -> Response:
+        store = self._store()
+        row = store.get_instance(instance_key)
+        with self._addresses_lock:
+            addresses = dict(self._addresses)
+        out = []
+        for mine in store.assignment_rows(instance=instance_key):
+            job = store.get_job(mine.job_name)
+            if job.status is not JobStatus.RUNNING:
+                continue
+            nodes = [(a.instance_key, a.gpus) for a in store.assignment_rows(job=job.name)]
+            if not any(key == instance_key for key, _ in nodes):
+                continue  # released since the first read
+            spec = JobSubmission.from_json(job.spec_json)
+            first = addresses.get(nodes[0][0])
+            out.append(
+                {
+                    "job": job.name,
+                    "status": job.status.value,
+                    "gpus": dict(nodes)[instance_key],
+                    "nodes": [[key, gpus] for key, gpus in nodes],
+                    "node_rank": [key for key, _ in nodes].index(instance_key),
+                    "addresses": {key: addresses.get(key) for key, _ in nodes},
+                    "rendezvous": None if first is None else rendezvous_endpoint(job.name, first),
+                    "command": list(spec.command),
+                    "checkpoint_uri": None,
+                    "spec": dataclasses.asdict(spec),
+                }
+            )
+        return _json(
+            {"instance_key": instance_key, "instance_status": row.status.value, "assignments": out}
+        )
+
+    def _job_exit(self, request: Request, instance_key: str, name: str) -> Response:
+        failed = self._body(request).get("failed")
+        if not isinstance(failed, bool):
+            raise ApiError(400, "failed must be true or false", "failed")
+        store = self._store()
+        store.get_instance(instance_key)
+        with self._exit_lock:  # the nodes of one run report at once: one of them counts
+            job = store.get_job(name)
+            if job.status is not JobStatus.RUNNING:
+                return _json({"job": name, "status": job.status.value, "counted": False})
+            if not store.list_assignments(job=name, instance=instance_key):
+                raise ApiError(
+                    409,
+                    f"job {name!r} is not assigned to instance {instance_key!r}: processes "
+                    "the controller stopped are not reported",
+                )
+            status = JobStatus(self._on_job_exit(name, failed=failed))
+        _log.info("job %s exited on %s (failed=%s): now %s", name, instance_key, failed, status)
+        return _json({"job": name, "status": status.value, "counted": True})
+
+    def _add_report(self, request: Request, job_id: str) -> Response:
+        body = self._body(request)
+        try:
+            report = TrainerReport.from_dict(body)
+        except (ValueError, TypeError, AttributeError, KeyError, ArithmeticError) as e:
+            # ReportSchemaError is a ValueError; a value of the wrong JSON type inside the
+            # report (a number where an object belongs, an integer too large for a float)
+            # can raise the others
+            raise ApiError(400, f"not a trainer report: {e}") from e
+        if report.job_id != job_id:
+            raise ApiError(
+                400, f"the report is for job {report.job_id!r}, posted to {job_id!r}", "job_id"
+            )
+        store = self._store()
+        store.add_report(job_id, report.to_json())
+        job = store.get_job(job_id)
+        reply = ReportReply(batch=None, stop=job.status is not JobStatus.RUNNING)
+        return _json(json.loads(reply.to_json()))
+
+    def _remember(self, instance_key: str, address: str | None) -> None:
+        if address is not None:
+            with self._addresses_lock:
+                self._addresses[instance_key] = address
+
+
+def make_app(
+    store_path: str | Path,
+    tokens: ApiTokens,
+    clock: Clock,
+    *,
+    logs_dir: str | Path,
+    on_job_exit: JobExitHandler,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> ApiApp:
+    """The API over the store at ``store_path`` (opened, checked and migrated now, in the
+    calling thread: :meth:`Store.open`'s errors), authenticating with ``tokens``; stored
+    times come from ``clock``; job logs are read under ``logs_dir``; ``on_job_exit`` is told
+    of jobs that exited (see the module docstring). ``max_body_bytes`` is the largest body
+    accepted."""
+    if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int):
+        raise InvalidInputError("max_body_bytes must be an integer", field="max_body_bytes")
+    if max_body_bytes < 1:
+        raise InvalidInputError("max_body_bytes must be >= 1", field="max_body_bytes")
+    if not isinstance(tokens, ApiTokens):
+        raise InvalidInputError("tokens must be ApiTokens", field="tokens")
+    store = Store.open(store_path, clock)
+    store.close()  # checked (and migrated); each thread opens its own (Store.for_thread)
+    return ApiApp(
+        store,
+        tokens,
+        clock,
+        logs_dir=Path(logs_dir),
+        on_job_exit=on_job_exit,
+        max_body_bytes=max_body_bytes,
+    )
+
+
+# ---- request helpers -----------------------------------------------------------------------
+
+
+def _json(payload: object, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
+    body = json.dumps(payload, sort_keys=True, allow_nan=False) + "\n"
+    response = Response(body, status, mimetype="application/json")
+    response.headers["Cache-Control"] = "no-store"
+    for key, value in (headers or {}).items():
+        response.headers[key] = value
+    return response
+
+
+def _error(status: int, message: str, field: str | None = None) -> Response:
+    response = _json({"error": message, "field": field}, status)
+    if status == 401:
+        response.headers["WWW-Authenticate"] = 'Bearer realm="coadapt"'
+    return response
+
+
+def _unauthorized(message: str) -> NoReturn:
+    raise ApiError(401, message)
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, f"the body is larger than {limit} bytes")
+
+
+def _no_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _json_type(value: object) -> str:
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, str):
+        return "a string"
+    if value is None:
+        return "null"
+    return "a boolean" if isinstance(value, bool) else "a number"
+
+
+def _int_arg(request: Request, name: str, default: int) -> int:
+    text = request.args.get(name)
+    if text is None:
+        return default
+    if not text.isdigit() or not text.isascii():
+        raise ApiError(400, f"{name} must be an integer >= 0, got {text!r}", name)
+    return int(text)
+
+
+def _address(body: Mapping[str, Any]) -> str | None:
+    address = body.get("address")
+    if address is None:
+        return None
+    if not isinstance(address, str) or not _ADDRESS.fullmatch(address):
+        raise ApiError(400, "address must be a host name or an IP address", "address")
+    return address
+
+
+def _submission(data: Mapping[str, Any]) -> JobSubmission:
+    """A submission from a JSON object, with the checks :class:`JobSubmission` leaves out
+    (the name's form, the types of ``application``, ``adaptive`` and ``command``)."""
+    for f in dataclasses.fields(JobSubmission):
+        if (
+            f.default is dataclasses.MISSING
+            and f.default_factory is dataclasses.MISSING
+            and f.name not in data
+        ):
+            raise InvalidInputError(f"the job spec lacks {f.name!r}", field=f.name)
+    name = data["name"]
+    if not isinstance(name, str) or not JOB_NAME_PATTERN.fullmatch(name):
+        raise InvalidInputError(
+            "name must be 1-100 characters of letters, digits, '_', '.' and '-', starting "
+            f"with a letter or digit; got {name!r}",
+            field="name",
+        )
+    application = data.get("application", "generic")
+    if not isinstance(application, str) or not application:
+        raise InvalidInputError("application must be a non-empty string", field="application")
+    if not isinstance(data.get("adaptive", True), bool):
+        raise InvalidInputError("adaptive must be true or false", field="adaptive")
+    command = data.get("command")
+    if (
+        not isinstance(command, list)
+        or not command
+        or not all(isinstance(c, str) and c for c in command)
+    ):
+        raise InvalidInputError(
+            "command must be a non-empty list of non-empty strings (what to run)",
+            field="command",
+        )
+    return JobSubmission.from_json(json.dumps(data))
+
+
+def _log_files(folder: Path) -> list[tuple[str, Path, int]]:
+    """``(instance_key, path, size)`` of the regular ``*.log`` files in ``folder``, by key
+    (links and hidden files are skipped)."""
+    out = []
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(folder) as entries:
+        for entry in entries:
+            if entry.name.startswith(".") or not entry.name.endswith(".log"):
+                continue
+            if not entry.is_file(follow_symlinks=False):
+                continue
+            out.append((entry.name[: -len(".log")], Path(entry.path), entry.stat().st_size))
+    return sorted(out)
+
+
+def _read_logs(job: str, files: list[tuple[str, Path, int]], offset: int) -> LogChunk:
+    """Bytes ``offset``.. of the files read in order as one stream (each up to the size it
+    had when listed), at most :data:`MAX_LOG_CHUNK_BYTES`."""
+    chunks: list[bytes] = []
+    want = MAX_LOG_CHUNK_BYTES
+    start = 0  # where the current file begins in the stream
+    total = sum(size for _, _, size in files)
+    for _, path, size in files:
+        if want and offset < start + size:
+            skip = max(0, offset - start)
+            count = min(size - skip, want)
+            with contextlib.suppress(FileNotFoundError), open(path, "rb") as handle:
+                handle.seek(skip)
+                data = handle.read(count)
+                chunks.append(data)
+                want -= len(data)
+        start += size
+    raw = b"".join(chunks)
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    text = decoder.decode(raw, final=False)
+    held_back = len(decoder.getstate()[0])  # an incomplete character at the end
+    next_offset = offset + len(raw) - held_back
+    return LogChunk(
+        job=job,
+        offset=offset,
+        next_offset=next_offset,
+        text=text,
+        more=next_offset < total and len(raw) >= MAX_LOG_CHUNK_BYTES,
+        instances=tuple((key, size) for key, _, size in files),
+    )
+
+
+# ---- the server ----------------------------------------------------------------------------
+
+
+class _RequestHandler(WSGIRequestHandler):
+    """Werkzeug's handler, logging to this module's logger (the request line and the status:
+    never a header), and closing the thread's store when its connection ends."""
+
+    def handle(self) -> None:
+        try:
+            super().handle()
+        finally:
+            app = self.server.app
+            if isinstance(app, ApiApp):
+                app.close_thread_store()
+
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        _log.debug("%s %r %s", self.address_string(), self.requestline, code)
+
+    def log(self, type: str, message: str, *args: Any) -> None:
+        level = logging.DEBUG if type == "info" else logging.WARNING
+        _log.log(level, "%s " + message, self.address_string(), *args)
+
+
+class ApiServer:
+    """A running API server (see :func:`serve`); ``url`` is its base URL. :meth:`shutdown`
+    stops it (also on leaving a ``with`` block)."""
+
+    def __init__(self, server: BaseWSGIServer, thread: threading.Thread) -> None:
+        self._server = server
+        self._thread = thread
+
+    @property
+    def host(self) -> str:
+        return self._server.host
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_port)
+
+    @property
+    def url(self) -> str:
+        host = self.host
+        return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
+
+    def shutdown(self) -> None:
+        """Stop accepting requests, close the socket and wait for the serving thread.
+        Requests in progress finish in their own threads. Calling it twice is fine."""
+        if self._thread.is_alive():
+            self._server.shutdown()
+            self._thread.join()
+        self._server.server_close()
+
+    def __enter__(self) -> ApiServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+
+def serve(
+    app: ApiApp, host: str = "127.0.0.1", port: int = 0, *, poll_interval_s: float = 0.1
+) -> ApiServer:
+    """Serve ``app`` on ``host:port`` (0: any free port, see :attr:`ApiServer.url`) with
+    Werkzeug's threaded server, in a background thread; returns once it listens.
+    ``poll_interval_s`` bounds how long :meth:`ApiServer.shutdown` waits."""
+    server = make_server(host, port, app, threaded=True, request_handler=_RequestHandler)
+    thread = threading.Thread(
+        target=server.serve_forever,
+        kwargs={"poll_interval": poll_interval_s},
+        name=f"coadapt-api-{server.server_port}",
+        daemon=True,
+    )
+    thread.start()
+    return ApiServer(server, thread)
+
+
+# ---- the client ----------------------------------------------------------------------------
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is answered as the error it is here: following it would send the bearer
+    token to wherever it points."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+class ApiClient:
+    """A client of the API for the CLI and the agent: one method per endpoint, answers as
+    typed values, :class:`ApiError` for an error answer (its ``status``, ``message`` and
+    ``field``) and :class:`ApiUnreachableError` when no answer came. It never follows a
+    redirect and ignores proxy settings (the token goes only to ``base_url``). Thread-safe."""
+
+    def __init__(self, base_url: str, token: str, *, timeout_s: float = 30.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._token = token
+        self.timeout_s = timeout_s
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
+
+    def __repr__(self) -> str:
+        return f"ApiClient({self.base_url!r})"
+
+    # ---- users -----------------------------------------------------------------------------
+
+    def submit_job(self, spec: JobSubmission | Mapping[str, Any]) -> JobInfo:
+        body = dataclasses.asdict(spec) if isinstance(spec, JobSubmission) else dict(spec)
+        return self._parse(JobInfo.from_dict, self._call("POST", "/v1/jobs", body))
+
+    def list_jobs(self) -> tuple[JobInfo, ...]:
+        data = self._call("GET", "/v1/jobs")
+        return self._parse(lambda d: tuple(JobInfo.from_dict(j) for j in d["jobs"]), data)
+
+    def get_job(self, name: str) -> JobInfo:
+        return self._parse(JobInfo.from_dict, self._call("GET", f"/v1/jobs/{_seg(name)}"))
+
+    def cancel_job(self, name: str) -> JobInfo:
+        data = self._call("POST", f"/v1/jobs/{_seg(name)}/cancel")
+        return self._parse(JobInfo.from_dict, data)
+
+    def job_logs(self, name: str, offset: int = 0, *, instance: str | None = None) -> LogChunk:
+        query: dict[str, str] = {"offset": str(offset)}
+        if instance is not None:
+            query["instance"] = instance
+        data = self._call("GET", f"/v1/jobs/{_seg(name)}/logs", query=query)
+        return self._parse(LogChunk.from_dict, data)
+
+    def follow_logs(self, name: str, offset: int = 0) -> Iterator[LogChunk]:
+        """Chunks from ``offset`` until none is left now (each answer's ``next_offset`` is
+        the next request's ``offset``)."""
+        while True:
+            chunk = self.job_logs(name, offset)
+            yield chunk
+            if not chunk.more or chunk.next_offset == offset:
+                return
+            offset = chunk.next_offset
+
+    def list_instances(self) -> tuple[InstanceRow, ...]:
+        data = self._call("GET", "/v1/instances")
+        return self._parse(lambda d: tuple(instance_from_dict(i) for i in d["instances"]), data)
+
+    # ---- agents ----------------------------------------------------------------------------
+
+    def register(self, instance_key: str, *, address: str | None = None) -> InstanceRow:
+        body: dict[str, Any] = {"instance_key": instance_key}
+        if address is not None:
+            body["address"] = address
+        return self._parse(instance_from_dict, self._call("POST", "/v1/agents/register", body))
+
+    def heartbeat(self, instance_key: str, *, address: str | None = None) -> HeartbeatReply:
+        body = {} if address is None else {"address": address}
+        data = self._call("POST", f"/v1/agents/{_seg(instance_key)}/heartbeat", body)
+        return self._parse(
+            lambda d: HeartbeatReply(
+                str(d["instance_key"]), float(d["at_s"]), InstanceStatus(d["status"])
+            ),
+            data,
+        )
+
+    def assignments(self, instance_key: str) -> list[dict[str, Any]]:
+        """The running jobs assigned to the instance, as JSON objects (``job``, ``gpus``,
+        ``nodes``, ``node_rank``, ``addresses``, ``rendezvous``, ``command``,
+        ``checkpoint_uri``, ``spec``, ``status``): what ``agent.assignments_from_json``
+        reads."""
+        data = self._call("GET", f"/v1/agents/{_seg(instance_key)}/assignments")
+        return self._parse(lambda d: [dict(a) for a in d["assignments"]], data)
+
+    def job_exited(self, instance_key: str, name: str, *, failed: bool) -> JobExitReply:
+        path = f"/v1/agents/{_seg(instance_key)}/jobs/{_seg(name)}/exit"
+        data = self._call("POST", path, {"failed": failed})
+        return self._parse(
+            lambda d: JobExitReply(str(d["job"]), JobStatus(d["status"]), bool(d["counted"])),
+            data,
+        )
+
+    # ---- trainers --------------------------------------------------------------------------
+
+    def post_report(self, report: TrainerReport) -> ReportReply:
+        status, raw = self._request("POST", report_path(_seg(report.job_id)), report.to_dict())
+        try:
+            return ReportReply.from_json(raw)
+        except ValueError as e:
+            raise ApiError(status, f"the controller's reply is not a report reply: {e}") from e
+
+    # ---- plumbing --------------------------------------------------------------------------
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        body: object | None = None,
+        *,
+        query: Mapping[str, str] | None = None,
+    ) -> Any:
+        status, raw = self._request(method, path, body, query=query)
+        try:
+            return json.loads(raw)
+        except ValueError as e:
+            raise ApiError(status, f"{method} {path}: the answer is not JSON") from e
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        body: object | None = None,
+        *,
+        query: Mapping[str, str] | None = None,
+    ) -> tuple[int, bytes]:
+        url = self.base_url + path
+        if query:
+            url += "?" + urllib.parse.urlencode(query)
+        data = None if body is None else json.dumps(body, allow_nan=False).encode()
+        headers = {"Authorization": f"Bearer {self._token}", "Accept": "application/json"}
+        if data is not None:
+            headers["Content-Type"] = "application/json"
+        request = urllib.request.Request(url, data=data, headers=headers, method=method)
+        try:
+            with self._opener.open(request, timeout=self.timeout_s) as answer:
+                return int(answer.status), answer.read()
+        except urllib.error.HTTPError as e:
+            with e:
+                raw = e.read()
+            raise _answer_error(e.code, raw) from e
+        except (urllib.error.URLError, OSError, HttpClientError) as e:
+            reason = e.reason if isinstance(e, urllib.error.URLError) else e
+            raise ApiUnreachableError(f"{method} {url}: no answer ({reason})") from e
+
+    @staticmethod
+    def _parse(read: Callable[[Any], _T], data: Any) -> _T:
+        try:
+            return read(data)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ApiError(200, f"the answer is not what was expected: {e!r}") from e
+
+
+def _seg(value: str) -> str:
+    """``value`` quoted as one URL path segment."""
+    return urllib.parse.quote(value, safe="")
+
+
+def _answer_error(status: int, raw: bytes) -> ApiError:
+    try:
+        data = json.loads(raw)
+        message, field_ = str(data["error"]), data.get("field")
+        return ApiError(status, message, None if field_ is None else str(field_))
+    except (ValueError, KeyError, TypeError):
+        text = raw.decode("utf-8", "replace").strip()[:200]
+        return ApiError(status, text or f"HTTP {status}")

@@ -1,0 +1,1195 @@
+"""The controller's HTTP API over real HTTP: a Werkzeug server on 127.0.0.1 (port 0), a real
+SQLite store file, a fake clock. Every endpoint's answers, every refusal (and that a refused
+request changes nothing), tokens kept out of logs, body limits, and concurrent submissions."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import os
+import socket
+import sqlite3
+import stat
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from werkzeug.serving import make_server
+from werkzeug.wrappers import Request, Response
+
+from autoscaler.controller.agent import assignments_from_json
+from autoscaler.controller.api import (
+    DEFAULT_MAX_BODY_BYTES,
+    MAX_LOG_CHUNK_BYTES,
+    ApiApp,
+    ApiClient,
+    ApiError,
+    ApiServer,
+    ApiTokens,
+    ApiUnreachableError,
+    InsecureTokenFileError,
+    TokenFileError,
+    generate_tokens,
+    load_tokens,
+    make_app,
+    rendezvous_endpoint,
+    serve,
+)
+from autoscaler.controller.errors import ControllerError, StoreMissingError
+from autoscaler.controller.jobs import JobSubmission
+from autoscaler.controller.lifecycle import InstanceStatus
+from autoscaler.controller.store import JobStatus, Store
+from coadapt_common.clock import FakeClock
+from providers.base import Market
+from trainer.report import (
+    BatchConfig,
+    GradientStats,
+    JobHints,
+    ProfileEntry,
+    ReportReply,
+    TrainerReport,
+    report_path,
+)
+
+START_S = 1_700_000_000.0
+
+
+def spec(name: str = "bert", **kw: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "name": name,
+        "init_batch_size": 64,
+        "max_batch_size": 1024,
+        "max_local_bsz": 128,
+        "command": ["python", "train.py", "--epochs", "3"],
+    }
+    body.update(kw)
+    return body
+
+
+def report(job: str, *, progress: float = 12.5, step: int = 100) -> TrainerReport:
+    return TrainerReport(
+        job_id=job,
+        attempt=1,
+        started_at_s=START_S - 60,
+        sent_at_s=START_S,
+        world_size=8,
+        num_nodes=2,
+        batch=BatchConfig(256, 1),
+        step=step,
+        skipped_steps=0,
+        epoch=1,
+        epoch_position=512,
+        progress=progress,
+        gradient=GradientStats(64, 1.0, 4.0, 10, False),
+        profiles=(ProfileEntry(2, 8, 32, 1, 10, 0.5, 0.4, 0.1),),
+        hints=JobHints(64, 1024),
+    )
+
+
+def add_instance(store: Store, key: str, *, gpus: int = 4, running: bool = True) -> None:
+    row = store.add_instance(
+        instance_key=key,
+        request_id=f"c1-{key}",
+        offering_key="fake/us-east-1a/p3.8xlarge/spot",
+        provider="fake",
+        instance_type="p3.8xlarge",
+        zone="us-east-1a",
+        market=Market.SPOT,
+        gpu_type="V100",
+        gpus=gpus,
+        price_usd_per_hour=3.67,
+    )
+    if running:
+        row = store.transition(key, row.version, InstanceStatus.REQUESTED, reason="launch")
+        store.transition(
+            key, row.version, InstanceStatus.RUNNING, reason="up", provider_instance_id=f"p-{key}"
+        )
+
+
+def place(store: Store, job: str, gpus_by_instance: dict[str, int]) -> None:
+    """What a controller round does for a placed job: assignments, then ``running``."""
+    store.set_assignments(job, gpus_by_instance)
+    row = store.get_job(job)
+    store.update_job(job, row.version, status=JobStatus.RUNNING)
+
+
+def snapshot(path: Path) -> list[str]:
+    """Every row of the store file, as SQL (read through a separate read-only connection)."""
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        return list(conn.iterdump())
+    finally:
+        conn.close()
+
+
+class ExitRecorder:
+    """A stand-in for ``Controller.job_exited`` that behaves like it (a failure queues the
+    job for a retry, a success completes it) on a store of its own, and records its calls."""
+
+    def __init__(self, path: Path, clock: FakeClock) -> None:
+        self.path = path
+        self.clock = clock
+        self.calls: list[tuple[str, bool]] = []
+        self.error: Exception | None = None
+
+    def __call__(self, name: str, *, failed: bool) -> JobStatus:
+        self.calls.append((name, failed))
+        if self.error is not None:
+            raise self.error
+        with Store.open(self.path, self.clock) as store:
+            job = store.get_job(name)
+            status = JobStatus.QUEUED if failed else JobStatus.COMPLETED
+            store.update_job(name, job.version, status=status, retries=job.retries + failed)
+        return status
+
+
+# ---- fixtures ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(START_S)
+
+
+@pytest.fixture
+def store_path(tmp_path: Path, clock: FakeClock) -> Path:
+    path = tmp_path / "store.db"
+    Store.create(path, "c1", clock).close()
+    return path
+
+
+@pytest.fixture
+def store(store_path: Path, clock: FakeClock) -> Iterator[Store]:
+    with Store.open(store_path, clock) as s:
+        yield s
+
+
+@pytest.fixture
+def tokens(tmp_path: Path) -> ApiTokens:
+    return generate_tokens(tmp_path / "secrets" / "tokens.json")
+
+
+@pytest.fixture
+def logs_dir(tmp_path: Path) -> Path:
+    return tmp_path / "logs"
+
+
+@pytest.fixture
+def exits(store_path: Path, clock: FakeClock) -> ExitRecorder:
+    return ExitRecorder(store_path, clock)
+
+
+def start(
+    store_path: Path,
+    tokens: ApiTokens,
+    clock: FakeClock,
+    logs_dir: Path,
+    exits: ExitRecorder,
+    **kw: Any,
+) -> tuple[ApiApp, ApiServer]:
+    app = make_app(store_path, tokens, clock, logs_dir=logs_dir, on_job_exit=exits, **kw)
+    return app, serve(app, "127.0.0.1", 0)
+
+
+@pytest.fixture
+def server(
+    store_path: Path, tokens: ApiTokens, clock: FakeClock, logs_dir: Path, exits: ExitRecorder
+) -> Iterator[ApiServer]:
+    app, srv = start(store_path, tokens, clock, logs_dir, exits)
+    yield srv
+    srv.shutdown()
+    app.close()
+
+
+@pytest.fixture
+def user(server: ApiServer, tokens: ApiTokens) -> ApiClient:
+    return ApiClient(server.url, tokens.user, timeout_s=10)
+
+
+@pytest.fixture
+def agent(server: ApiServer, tokens: ApiTokens) -> ApiClient:
+    return ApiClient(server.url, tokens.agent, timeout_s=10)
+
+
+def call(
+    server: ApiServer,
+    method: str,
+    path: str,
+    body: bytes | dict[str, Any] | None = None,
+    *,
+    token: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, Any]:
+    """One raw HTTP request; the status and the JSON answer (every answer must be JSON)."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    try:
+        sent = dict(headers or {})
+        if token is not None:
+            sent["Authorization"] = f"Bearer {token}"
+        data = json.dumps(body).encode() if isinstance(body, dict) else body
+        conn.request(method, path, body=data, headers=sent)
+        answer = conn.getresponse()
+        raw = answer.read()
+        assert answer.getheader("Content-Type") == "application/json", raw
+        return answer.status, json.loads(raw)
+    finally:
+        conn.close()
+
+
+def assert_error(answer: tuple[int, Any], status: int, field: str | None = None) -> str:
+    got, body = answer
+    assert got == status, body
+    assert set(body) == {"error", "field"}, body
+    assert isinstance(body["error"], str) and body["error"]
+    assert body["field"] == field, body
+    return body["error"]
+
+
+# ---- users ---------------------------------------------------------------------------------
+
+
+def test_submit_answers_201_with_the_job_and_stores_it(
+    server: ApiServer, tokens: ApiTokens, store: Store
+) -> None:
+    status, body = call(server, "POST", "/v1/jobs", spec("bert"), token=tokens.user)
+    assert status == 201
+    assert body["name"] == "bert"
+    assert body["status"] == "queued"
+    assert body["retries"] == 0
+    assert body["submitted_at_s"] == START_S
+    assert body["assignment"] == {}
+    assert body["progress"] is None
+    assert body["spec"]["command"] == ["python", "train.py", "--epochs", "3"]
+    stored = JobSubmission.from_json(store.get_job("bert").spec_json)
+    assert stored == JobSubmission.from_json(json.dumps(spec("bert")))
+
+
+def test_client_submit_get_list_cancel(user: ApiClient, store: Store) -> None:
+    submitted = user.submit_job(JobSubmission("a", 32, 256, 64, command=("python", "a.py")))
+    assert submitted.status is JobStatus.QUEUED
+    assert submitted.spec.command == ("python", "a.py")
+    user.submit_job(spec("b", min_gpus=2, application="bert", adaptive=False))
+    assert [j.name for j in user.list_jobs()] == ["a", "b"]
+    assert user.get_job("b").spec.min_gpus == 2
+    cancelled = user.cancel_job("a")
+    assert cancelled.status is JobStatus.CANCELLED
+    assert cancelled.version == submitted.version + 1
+    assert store.get_job("a").status is JobStatus.CANCELLED
+    assert user.get_job("b").status is JobStatus.QUEUED
+
+
+def test_job_view_has_assignment_and_latest_progress(
+    user: ApiClient, agent: ApiClient, store: Store
+) -> None:
+    user.submit_job(spec("bert"))
+    add_instance(store, "i-a")
+    add_instance(store, "i-b")
+    place(store, "bert", {"i-a": 4, "i-b": 2})
+    agent.post_report(report("bert", progress=3.0, step=30))
+    agent.post_report(report("bert", progress=7.5, step=75))
+    (listed,) = user.list_jobs()
+    assert listed == user.get_job("bert")
+    assert listed.status is JobStatus.RUNNING
+    assert listed.assignment == {"i-a": 4, "i-b": 2}
+    assert listed.progress is not None
+    assert (listed.progress.progress, listed.progress.step, listed.progress.epoch) == (7.5, 75, 1)
+    assert listed.progress.at_s == START_S
+
+
+def test_duplicate_job_is_409_and_keeps_the_first(
+    server: ApiServer, tokens: ApiTokens, store: Store
+) -> None:
+    assert call(server, "POST", "/v1/jobs", spec("bert"), token=tokens.user)[0] == 201
+    before = snapshot(store.path)
+    answer = call(server, "POST", "/v1/jobs", spec("bert", max_local_bsz=8), token=tokens.user)
+    assert "already exists" in assert_error(answer, 409, "name")
+    assert snapshot(store.path) == before
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({k: v for k, v in spec().items() if k != "max_local_bsz"}, "max_local_bsz"),
+        ({k: v for k, v in spec().items() if k != "name"}, "name"),
+        (spec(init_batch_size=0), "init_batch_size"),
+        (spec(init_batch_size=2048), "max_batch_size"),
+        (spec(min_gpus=True), "min_gpus"),
+        (spec(unknown_knob=3), "unknown_knob"),
+        (spec("../etc"), "name"),
+        (spec("a/b"), "name"),
+        (spec(""), "name"),
+        ({**spec(), "name": 7}, "name"),
+        (spec(command="python train.py"), "command"),
+        (spec(command=[]), "command"),
+        (spec(command=["python", 3]), "command"),
+        ({k: v for k, v in spec().items() if k != "command"}, "command"),
+        (spec(adaptive="yes"), "adaptive"),
+        (spec(application=None), "application"),
+    ],
+)
+def test_bad_submission_is_400_naming_the_field(
+    server: ApiServer, tokens: ApiTokens, store: Store, body: dict[str, Any], field: str
+) -> None:
+    assert_error(call(server, "POST", "/v1/jobs", body, token=tokens.user), 400, field)
+    assert store.list_jobs() == ()
+
+
+def test_cancel_of_an_ended_job_is_409(
+    server: ApiServer, user: ApiClient, tokens: ApiTokens, store: Store
+) -> None:
+    user.submit_job(spec("a"))
+    user.cancel_job("a")
+    before = snapshot(store.path)
+    message = assert_error(call(server, "POST", "/v1/jobs/a/cancel", token=tokens.user), 409)
+    assert "cancelled" in message
+    user.submit_job(spec("b"))
+    row = store.get_job("b")
+    store.update_job("b", row.version, status=JobStatus.COMPLETED)
+    with pytest.raises(ApiError) as e:
+        user.cancel_job("b")
+    assert e.value.status == 409
+    assert store.get_job("b").status is JobStatus.COMPLETED
+    assert [line for line in snapshot(store.path) if "'a'" in line] == [
+        line for line in before if "'a'" in line
+    ]
+
+
+def test_cancel_writes_against_the_version_read(user: ApiClient, store: Store) -> None:
+    user.submit_job(spec("a"))
+    add_instance(store, "i-a")
+    place(store, "a", {"i-a": 4})  # the job moved on (version 2) since it was submitted
+    cancelled = user.cancel_job("a")
+    assert cancelled.status is JobStatus.CANCELLED
+    assert cancelled.version == 3
+    assert cancelled.assignment == {"i-a": 4}  # released by the next round, not here
+
+
+def test_unknown_job_is_404_everywhere(server: ApiServer, tokens: ApiTokens, store: Store) -> None:
+    add_instance(store, "i-a")
+    before = snapshot(store.path)
+    u, a = tokens.user, tokens.agent
+    assert_error(call(server, "GET", "/v1/jobs/nope", token=u), 404)
+    assert_error(call(server, "POST", "/v1/jobs/nope/cancel", token=u), 404)
+    assert_error(call(server, "GET", "/v1/jobs/nope/logs", token=u), 404)
+    assert_error(call(server, "POST", report_path("nope"), report("nope").to_dict(), token=a), 404)
+    exit_path = "/v1/agents/i-a/jobs/nope/exit"
+    assert_error(call(server, "POST", exit_path, {"failed": True}, token=a), 404)
+    assert snapshot(store.path) == before
+
+
+def test_unknown_paths_and_methods_answer_json(server: ApiServer, tokens: ApiTokens) -> None:
+    assert "no such endpoint" in assert_error(call(server, "GET", "/v2/jobs", token="x"), 404)
+    assert_error(call(server, "GET", "/", token=tokens.user), 404)
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    try:
+        conn.request("DELETE", "/v1/jobs", headers={"Authorization": f"Bearer {tokens.user}"})
+        answer = conn.getresponse()
+        body = json.loads(answer.read())
+        assert answer.status == 405
+        assert set(answer.getheader("Allow", "").split(", ")) >= {"GET", "POST"}
+        assert "DELETE" in body["error"]
+    finally:
+        conn.close()
+
+
+def test_list_instances_answers_every_column(
+    user: ApiClient, server: ApiServer, tokens: ApiTokens, store: Store, clock: FakeClock
+) -> None:
+    add_instance(store, "i-a", gpus=8)
+    add_instance(store, "i-b", running=False)
+    store.record_heartbeat("i-a", START_S + 5)
+    rows = user.list_instances()
+    assert rows == store.list_instances()
+    status, body = call(server, "GET", "/v1/instances", token=tokens.user)
+    assert status == 200
+    first = body["instances"][0]
+    assert first["instance_key"] == "i-a"
+    assert first["status"] == "running"
+    assert first["offering_key"] == "fake/us-east-1a/p3.8xlarge/spot"
+    assert first["market"] == "spot"
+    assert first["price_usd_per_hour"] == 3.67
+    assert (first["gpu_type"], first["gpus"]) == ("V100", 8)
+    assert first["provider_instance_id"] == "p-i-a"
+    assert first["last_heartbeat_s"] == START_S + 5
+    assert body["instances"][1]["status"] == "queued"
+
+
+# ---- logs ----------------------------------------------------------------------------------
+
+
+def test_logs_concatenate_files_from_an_offset(
+    user: ApiClient, logs_dir: Path, tmp_path: Path
+) -> None:
+    user.submit_job(spec("bert"))
+    assert user.job_logs("bert") == user.job_logs("bert", 0)
+    empty = user.job_logs("bert")
+    assert (empty.text, empty.next_offset, empty.more, empty.instances) == ("", 0, False, ())
+    folder = logs_dir / "bert"
+    folder.mkdir(parents=True)
+    (folder / "i-b.log").write_bytes(b"b1\n")
+    (folder / "i-a.log").write_bytes(b"a1\na2\n")
+    (folder / ".i-c.log.tmp").write_bytes(b"hidden")
+    (tmp_path / "secret.txt").write_bytes(b"not a log")
+    (folder / "i-x.log").symlink_to(tmp_path / "secret.txt")
+    chunk = user.job_logs("bert")
+    assert chunk.text == "a1\na2\nb1\n"
+    assert chunk.next_offset == 9
+    assert chunk.instances == (("i-a", 6), ("i-b", 3))
+    assert user.job_logs("bert", 3).text == "a2\nb1\n"
+    assert user.job_logs("bert", 9).text == ""
+    assert user.job_logs("bert", 9).next_offset == 9
+    assert user.job_logs("bert", 100).text == ""
+    with open(folder / "i-b.log", "ab") as f:
+        f.write(b"b2\n")
+    follow = user.job_logs("bert", chunk.next_offset)
+    assert (follow.text, follow.next_offset) == ("b2\n", 12)
+    one = user.job_logs("bert", 0, instance="i-b")
+    assert (one.text, one.next_offset, one.instances) == ("b1\nb2\n", 6, (("i-b", 6),))
+
+
+def test_logs_hold_back_a_split_character_and_come_in_bounded_chunks(
+    user: ApiClient, logs_dir: Path
+) -> None:
+    user.submit_job(spec("bert"))
+    folder = logs_dir / "bert"
+    folder.mkdir(parents=True)
+    euro = "€".encode()  # three bytes
+    (folder / "i-a.log").write_bytes(b"x" + euro[:2])  # an agent mid-write
+    chunk = user.job_logs("bert")
+    assert (chunk.text, chunk.next_offset) == ("x", 1)
+    with open(folder / "i-a.log", "ab") as f:
+        f.write(euro[2:] + b"\n")
+    assert user.job_logs("bert", chunk.next_offset).text == "€\n"
+    big = b"y" * (MAX_LOG_CHUNK_BYTES + 1000)
+    (folder / "i-b.log").write_bytes(big)
+    first = user.job_logs("bert", 5)
+    assert first.more and len(first.text) == MAX_LOG_CHUNK_BYTES
+    chunks = list(user.follow_logs("bert", 5))
+    assert "".join(c.text for c in chunks) == big.decode()
+    assert chunks[-1].next_offset == 5 + len(big) and not chunks[-1].more
+
+
+def test_logs_offset_must_be_a_count(server: ApiServer, user: ApiClient, tokens: ApiTokens) -> None:
+    user.submit_job(spec("bert"))
+    for bad in ("-1", "x", "1.5", "%C2%B2"):
+        answer = call(server, "GET", f"/v1/jobs/bert/logs?offset={bad}", token=tokens.user)
+        assert_error(answer, 400, "offset")
+
+
+# ---- agents --------------------------------------------------------------------------------
+
+
+def test_register_answers_the_running_instance_row(
+    agent: ApiClient, server: ApiServer, tokens: ApiTokens, store: Store
+) -> None:
+    add_instance(store, "i-a")
+    add_instance(store, "i-q", running=False)
+    assert agent.register("i-a") == store.get_instance("i-a")
+    before = snapshot(store.path)
+    message = assert_error(
+        call(server, "POST", "/v1/agents/register", {"instance_key": "i-q"}, token=tokens.agent),
+        409,
+    )
+    assert "queued" in message
+    answer = call(
+        server, "POST", "/v1/agents/register", {"instance_key": "i-z"}, token=tokens.agent
+    )
+    assert_error(answer, 404)
+    answer = call(server, "POST", "/v1/agents/register", {"key": "i-a"}, token=tokens.agent)
+    assert_error(answer, 400, "instance_key")
+    answer = call(
+        server,
+        "POST",
+        "/v1/agents/register",
+        {"instance_key": "i-a", "address": "a b"},
+        token=tokens.agent,
+    )
+    assert_error(answer, 400, "address")
+    assert snapshot(store.path) == before
+
+
+def test_heartbeat_records_the_clock_time(
+    agent: ApiClient, server: ApiServer, tokens: ApiTokens, store: Store, clock: FakeClock
+) -> None:
+    add_instance(store, "i-a")
+    reply = agent.heartbeat("i-a")
+    assert (reply.instance_key, reply.at_s, reply.status) == ("i-a", START_S, "running")
+    assert store.get_instance("i-a").last_heartbeat_s == START_S
+    clock.advance(30)
+    assert agent.heartbeat("i-a", address="10.0.0.7").at_s == START_S + 30
+    assert store.get_instance("i-a").last_heartbeat_s == START_S + 30
+    assert_error(call(server, "POST", "/v1/agents/i-z/heartbeat", token=tokens.agent), 404)
+
+
+def test_assignments_give_each_running_job_its_nodes_in_rank_order(
+    agent: ApiClient, user: ApiClient, store: Store
+) -> None:
+    add_instance(store, "i-a")
+    add_instance(store, "i-b")
+    user.submit_job(spec("bert"))
+    user.submit_job(spec("gpt"))
+    user.submit_job(spec("cancelled"))
+    place(store, "bert", {"i-b": 2, "i-a": 4})
+    place(store, "gpt", {"i-b": 2})
+    place(store, "cancelled", {"i-a": 1})
+    user.cancel_job("cancelled")
+
+    on_b = {a["job"]: a for a in agent.assignments("i-b")}
+    assert sorted(on_b) == ["bert", "gpt"]
+    bert = on_b["bert"]
+    assert bert["gpus"] == 2
+    assert bert["nodes"] == [["i-a", 4], ["i-b", 2]]
+    assert bert["node_rank"] == 1
+    assert bert["command"] == ["python", "train.py", "--epochs", "3"]
+    assert bert["spec"]["max_batch_size"] == 1024
+    assert bert["rendezvous"] is None  # the first node's address is not known yet
+    assert [a["job"] for a in agent.assignments("i-a")] == ["bert"]
+    assert agent.assignments("i-a")[0]["node_rank"] == 0
+
+    agent.register("i-a", address="10.0.0.5")
+    agent.heartbeat("i-b", address="10.0.0.6")
+    bert = {a["job"]: a for a in agent.assignments("i-b")}["bert"]
+    assert bert["rendezvous"] == rendezvous_endpoint("bert", "10.0.0.5")
+    assert bert["addresses"] == {"i-a": "10.0.0.5", "i-b": "10.0.0.6"}
+    parsed = assignments_from_json(agent.assignments("i-b"))  # what the agent reads
+    assert parsed["bert"].nodes == (("i-a", 4), ("i-b", 2))
+    assert parsed["bert"].rendezvous == rendezvous_endpoint("bert", "10.0.0.5")
+    assert parsed["gpt"].command == ("python", "train.py", "--epochs", "3")
+
+
+def test_assignments_of_an_unknown_instance_are_404(
+    server: ApiServer, tokens: ApiTokens, agent: ApiClient, store: Store
+) -> None:
+    assert_error(call(server, "GET", "/v1/agents/i-z/assignments", token=tokens.agent), 404)
+    add_instance(store, "i-a")
+    assert agent.assignments("i-a") == []
+
+
+def test_rendezvous_endpoint_is_stable_and_brackets_ipv6() -> None:
+    a = rendezvous_endpoint("bert", "10.0.0.5")
+    assert a == rendezvous_endpoint("bert", "10.0.0.5")
+    host, port = a.rsplit(":", 1)
+    assert host == "10.0.0.5" and 29500 <= int(port) < 30500
+    assert rendezvous_endpoint("bert", "fd00::1").startswith("[fd00::1]:")
+
+
+def test_job_exit_calls_the_controller_once_per_run(
+    agent: ApiClient, user: ApiClient, exits: ExitRecorder, store: Store
+) -> None:
+    add_instance(store, "i-a")
+    add_instance(store, "i-b")
+    user.submit_job(spec("bert"))
+    place(store, "bert", {"i-a": 4, "i-b": 4})
+    reply = agent.job_exited("i-a", "bert", failed=True)
+    assert (reply.job, reply.status, reply.counted) == ("bert", JobStatus.QUEUED, True)
+    assert exits.calls == [("bert", True)]
+    # the other node of the same run reports the same failure: not counted again
+    reply = agent.job_exited("i-b", "bert", failed=True)
+    assert (reply.status, reply.counted) == (JobStatus.QUEUED, False)
+    assert exits.calls == [("bert", True)]
+    assert store.get_job("bert").retries == 1
+    place(store, "bert", {"i-a": 4, "i-b": 4})  # the next round places it again
+    reply = agent.job_exited("i-b", "bert", failed=False)
+    assert (reply.status, reply.counted) == (JobStatus.COMPLETED, True)
+    assert exits.calls == [("bert", True), ("bert", False)]
+
+
+def test_simultaneous_exit_reports_of_one_run_count_once(
+    server: ApiServer, tokens: ApiTokens, user: ApiClient, exits: ExitRecorder, store: Store
+) -> None:
+    keys = [f"i-{i}" for i in range(6)]
+    for key in keys:
+        add_instance(store, key)
+    user.submit_job(spec("bert"))
+    place(store, "bert", dict.fromkeys(keys, 4))
+    barrier = threading.Barrier(len(keys))
+    counted: list[bool] = []
+
+    def report_exit(key: str) -> None:
+        client = ApiClient(server.url, tokens.agent, timeout_s=30)
+        barrier.wait()
+        counted.append(client.job_exited(key, "bert", failed=True).counted)
+
+    threads = [threading.Thread(target=report_exit, args=(k,)) for k in keys]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(counted) == [False] * 5 + [True]
+    assert exits.calls == [("bert", True)]
+    assert store.get_job("bert").retries == 1
+
+
+def test_job_exit_refusals(
+    server: ApiServer, tokens: ApiTokens, user: ApiClient, exits: ExitRecorder, store: Store
+) -> None:
+    add_instance(store, "i-a")
+    add_instance(store, "i-b")
+    user.submit_job(spec("bert"))
+    place(store, "bert", {"i-a": 4})
+    before = snapshot(store.path)
+    path = "/v1/agents/i-b/jobs/bert/exit"
+    message = assert_error(call(server, "POST", path, {"failed": True}, token=tokens.agent), 409)
+    assert "not assigned" in message
+    path = "/v1/agents/i-a/jobs/bert/exit"
+    assert_error(call(server, "POST", path, {"failed": "yes"}, token=tokens.agent), 400, "failed")
+    assert_error(call(server, "POST", path, {}, token=tokens.agent), 400, "failed")
+    path = "/v1/agents/i-z/jobs/bert/exit"
+    assert_error(call(server, "POST", path, {"failed": True}, token=tokens.agent), 404)
+    assert exits.calls == []
+    assert snapshot(store.path) == before
+
+
+def test_an_unexpected_error_is_500_without_details(
+    server: ApiServer, tokens: ApiTokens, user: ApiClient, exits: ExitRecorder, store: Store
+) -> None:
+    add_instance(store, "i-a")
+    user.submit_job(spec("bert"))
+    place(store, "bert", {"i-a": 4})
+    exits.error = RuntimeError("the controller broke: secret detail")
+    answer = call(
+        server, "POST", "/v1/agents/i-a/jobs/bert/exit", {"failed": True}, token=tokens.agent
+    )
+    message = assert_error(answer, 500)
+    assert "secret detail" not in message
+
+
+# ---- trainer reports -----------------------------------------------------------------------
+
+
+def test_reports_round_trip_and_the_reply_says_stop_when_not_running(
+    agent: ApiClient, user: ApiClient, store: Store
+) -> None:
+    add_instance(store, "i-a")
+    user.submit_job(spec("bert"))
+    sent = report("bert")
+    reply = agent.post_report(sent)
+    assert reply == ReportReply(batch=None, stop=True)  # queued: not placed, must not run
+    latest = store.latest_report("bert")
+    assert latest is not None
+    assert TrainerReport.from_json(latest.payload_json) == sent
+    assert latest.at_s == START_S
+    place(store, "bert", {"i-a": 4})
+    assert agent.post_report(report("bert", progress=20.0)) == ReportReply(stop=False)
+    user.cancel_job("bert")
+    assert agent.post_report(report("bert", progress=21.0)).stop
+    assert len(store.reports_after(0)[1]) == 3
+
+
+def test_a_report_with_a_bad_schema_is_400(
+    server: ApiServer, tokens: ApiTokens, user: ApiClient, store: Store
+) -> None:
+    user.submit_job(spec("bert"))
+    good = report("bert").to_dict()
+    path = report_path("bert")
+    bad: list[dict[str, Any]] = [
+        {k: v for k, v in good.items() if k != "step"},
+        {**good, "schema_version": 99},
+        {**good, "step": "many"},
+        {**good, "progress": True},
+        {**good, "batch": 5},
+        {**good, "gradient": [1, 2]},
+        {**good, "profiles": [3]},
+        {**good, "started_at_s": 10**400},
+        {},
+    ]
+    for body in bad:
+        message = assert_error(call(server, "POST", path, body, token=tokens.agent), 400)
+        assert "report" in message
+    message = assert_error(
+        call(server, "POST", path, report("gpt").to_dict(), token=tokens.agent), 400, "job_id"
+    )
+    assert "gpt" in message
+    assert store.latest_report("bert") is None
+
+
+@settings(
+    max_examples=60,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    key=st.sampled_from(sorted(report("bert").to_dict())),
+    value=st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+        max_leaves=6,
+    ),
+)
+def test_no_report_body_is_a_server_error(
+    server: ApiServer, tokens: ApiTokens, store: Store, key: str, value: object
+) -> None:
+    if not store.list_jobs():
+        store.add_job("bert", JobSubmission.from_json(json.dumps(spec("bert"))).to_json())
+    body = json.dumps({**report("bert").to_dict(), key: value}).encode()
+    status, answer = call(server, "POST", report_path("bert"), body, token=tokens.agent)
+    assert status in (200, 400), answer
+
+
+# ---- authentication ------------------------------------------------------------------------
+
+MUTATING = [
+    ("POST", "/v1/jobs", lambda: spec("new"), "user"),
+    ("POST", "/v1/jobs/bert/cancel", lambda: None, "user"),
+    (
+        "POST",
+        "/v1/agents/register",
+        lambda: {"instance_key": "i-a", "address": "10.0.0.1"},
+        "agent",
+    ),
+    ("POST", "/v1/agents/i-a/heartbeat", lambda: {"address": "10.0.0.1"}, "agent"),
+    ("POST", "/v1/agents/i-a/jobs/bert/exit", lambda: {"failed": True}, "agent"),
+    ("POST", report_path("bert"), lambda: report("bert").to_dict(), "agent"),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "body", "role"), MUTATING, ids=[m[1] for m in MUTATING])
+def test_every_auth_failure_on_a_mutating_endpoint_changes_nothing(
+    server: ApiServer,
+    tokens: ApiTokens,
+    store: Store,
+    exits: ExitRecorder,
+    clock: FakeClock,
+    method: str,
+    path: str,
+    body: Any,
+    role: str,
+) -> None:
+    add_instance(store, "i-a")
+    store.add_job("bert", JobSubmission.from_json(json.dumps(spec("bert"))).to_json())
+    place(store, "bert", {"i-a": 4})
+    clock.advance(60)  # a heartbeat would now change the row
+    right = tokens.user if role == "user" else tokens.agent
+    wrong_role = tokens.agent if role == "user" else tokens.user
+    failures: list[tuple[dict[str, str], int]] = [
+        ({}, 401),
+        ({"Authorization": ""}, 401),
+        ({"Authorization": "Bearer"}, 401),
+        ({"Authorization": "Bearer "}, 401),
+        ({"Authorization": f"Basic {right}"}, 401),
+        ({"Authorization": f"Bearer {right}x"}, 401),
+        ({"Authorization": f"Bearer {right[:-1]}"}, 401),
+        ({"Authorization": "Bearer \u00e9t\u00e9-not-a-token"}, 401),
+        ({"Authorization": f"Bearer {wrong_role}"}, 403),
+    ]
+
+    def state() -> tuple[list[str], list[tuple[str, bool]], Any]:
+        """The store's rows, the controller's calls and the agents' addresses in memory."""
+        status, seen = call(server, "GET", "/v1/agents/i-a/assignments", token=tokens.agent)
+        assert status == 200
+        return snapshot(store.path), list(exits.calls), seen
+
+    before = state()
+    for headers, status in failures:
+        data = body()
+        raw = None if data is None else json.dumps(data).encode()
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        try:
+            encoded = {k: v.encode("utf-8").decode("latin-1") for k, v in headers.items()}
+            conn.request(method, path, body=raw, headers=encoded)
+            answer = conn.getresponse()
+            payload = json.loads(answer.read())
+        finally:
+            conn.close()
+        assert answer.status == status, (headers, payload)
+        assert set(payload) == {"error", "field"}
+        assert right not in payload["error"] and wrong_role not in payload["error"]
+        if status == 401:
+            assert answer.getheader("WWW-Authenticate", "").startswith("Bearer")
+        assert state() == before, headers
+    # the same request with the right token does change something (the check can see it)
+    assert call(server, method, path, body(), token=right)[0] in (200, 201)
+    assert state() != before
+
+
+def test_read_endpoints_need_their_role(server: ApiServer, tokens: ApiTokens, store: Store) -> None:
+    add_instance(store, "i-a")
+    store.add_job("bert", JobSubmission.from_json(json.dumps(spec("bert"))).to_json())
+    for path in ("/v1/jobs", "/v1/jobs/bert", "/v1/jobs/bert/logs", "/v1/instances"):
+        assert call(server, "GET", path, token=tokens.user)[0] == 200
+        assert_error(call(server, "GET", path, token=tokens.agent), 403)
+        assert_error(call(server, "GET", path), 401)
+    path = "/v1/agents/i-a/assignments"
+    assert call(server, "GET", path, token=tokens.agent)[0] == 200
+    assert_error(call(server, "GET", path, token=tokens.user), 403)
+    assert_error(call(server, "GET", path, token="wrong-token-wrong-token"), 401)
+
+
+def test_tokens_never_reach_logs_or_error_answers(
+    server: ApiServer,
+    tokens: ApiTokens,
+    store: Store,
+    exits: ExitRecorder,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    add_instance(store, "i-a")
+    caplog.set_level(logging.DEBUG)
+    wrong = "Zm9vYmFyLXRoaXMtaXMtbm90LWEtdG9rZW4"
+    answers: list[Any] = []
+    user, agent = ApiClient(server.url, tokens.user), ApiClient(server.url, tokens.agent)
+    user.submit_job(spec("bert"))
+    place(store, "bert", {"i-a": 4})
+    answers += [user.list_jobs(), user.job_logs("bert"), agent.heartbeat("i-a")]
+    agent.post_report(report("bert"))
+    for client, job in [
+        (ApiClient(server.url, wrong), "bert"),  # 401
+        (agent, "bert"),  # 403
+        (user, "nope"),  # 404
+    ]:
+        with pytest.raises(ApiError) as e:
+            client.get_job(job)
+        answers += [str(e.value), repr(e.value), repr(client)]
+    exits.error = RuntimeError("boom")  # a 500, logged with its traceback
+    with pytest.raises(ApiError) as e:
+        agent.job_exited("i-a", "bert", failed=True)
+    answers.append(str(e.value))
+    for token in (tokens.user, tokens.agent, wrong):
+        call(server, "POST", "/v1/jobs", b"{not json", token=token)
+    assert any("GET /v1/jobs" in r.getMessage() for r in caplog.records)  # logs were captured
+    assert any(r.levelno >= logging.ERROR for r in caplog.records)  # the 500's traceback too
+    out, err = capfd.readouterr()
+    text = caplog.text + out + err + repr(answers) + repr(tokens)
+    for token in (tokens.user, tokens.agent, wrong):
+        assert token not in text
+        assert token[4:20] not in text
+
+
+# ---- the tokens file -----------------------------------------------------------------------
+
+
+def test_generated_tokens_file_is_private_from_its_creation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    opened: list[tuple[str, int, int]] = []
+    real_open = os.open
+
+    def spy(path: Any, flags: int, mode: int = 0o777, **kw: Any) -> int:
+        opened.append((str(path), flags, mode))
+        return real_open(path, flags, mode, **kw)
+
+    monkeypatch.setattr(os, "open", spy)
+    old = os.umask(0)  # the most permissive umask: the file must still be 0600
+    try:
+        tokens = generate_tokens(tmp_path / "tokens.json")
+    finally:
+        os.umask(old)
+    created = [(p, flags, mode) for p, flags, mode in opened if flags & os.O_CREAT]
+    assert len(created) == 1
+    _, flags, mode = created[0]
+    assert mode == 0o600 and flags & os.O_EXCL
+    path = tmp_path / "tokens.json"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tokens.json"]  # no temporary left
+    data = json.loads(path.read_text())
+    assert set(data) == {"user", "agent"}
+    assert data == {"user": tokens.user, "agent": tokens.agent}
+    assert len(tokens.user) >= 43 and tokens.user != tokens.agent
+    assert load_tokens(path) == tokens
+    assert tokens.user not in repr(tokens) and tokens.agent not in repr(tokens)
+
+
+def test_generate_refuses_to_replace_unless_asked(tmp_path: Path) -> None:
+    path = tmp_path / "tokens.json"
+    first = generate_tokens(path)
+    with pytest.raises(TokenFileError):
+        generate_tokens(path)
+    assert load_tokens(path) == first
+    second = generate_tokens(path, overwrite=True)
+    assert second != first and load_tokens(path) == second
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tokens.json"]
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o620, 0o602, 0o660])
+def test_load_refuses_a_file_others_may_read_or_write(tmp_path: Path, mode: int) -> None:
+    path = tmp_path / "tokens.json"
+    tokens = generate_tokens(path)
+    os.chmod(path, mode)
+    with pytest.raises(InsecureTokenFileError) as e:
+        load_tokens(path)
+    assert isinstance(e.value, ControllerError)
+    assert "chmod 600" in str(e.value)
+    assert tokens.user not in str(e.value) and tokens.agent not in str(e.value)
+    os.chmod(path, 0o400)
+    assert load_tokens(path) == tokens
+
+
+def test_load_refuses_missing_and_malformed_files(tmp_path: Path) -> None:
+    path = tmp_path / "tokens.json"
+    with pytest.raises(TokenFileError, match="no tokens file"):
+        load_tokens(path)
+    secret = "s3cret-s3cret-s3cret-s3cret"
+    for content in ("{", "[]", json.dumps({"user": secret}), json.dumps({"user": 1, "agent": 2})):
+        path.write_text(content)
+        os.chmod(path, 0o600)
+        with pytest.raises(TokenFileError) as e:
+            load_tokens(path)
+        assert secret not in str(e.value)
+    path.write_text(json.dumps({"user": secret, "agent": secret}))
+    with pytest.raises(TokenFileError, match="differ"):
+        load_tokens(path)
+    with pytest.raises(TokenFileError, match="not a regular file"):
+        load_tokens(tmp_path)
+
+
+# ---- bodies --------------------------------------------------------------------------------
+
+
+def test_a_body_over_the_limit_is_413_and_changes_nothing(
+    server: ApiServer, tokens: ApiTokens, store: Store
+) -> None:
+    before = snapshot(store.path)
+    big = json.dumps(spec("big", application="x" * (DEFAULT_MAX_BODY_BYTES + 10))).encode()
+    message = assert_error(call(server, "POST", "/v1/jobs", big, token=tokens.user), 413)
+    assert str(DEFAULT_MAX_BODY_BYTES) in message
+    assert snapshot(store.path) == before
+
+
+def test_413_comes_before_the_body_is_read(
+    server: ApiServer, tokens: ApiTokens, store: Store
+) -> None:
+    """The client announces 64 MiB and sends 1 KiB of it: the answer comes anyway."""
+    before = snapshot(store.path)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        head = (
+            "POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {tokens.user}\r\nContent-Length: {64 << 20}\r\n\r\n"
+        )
+        sock.sendall(head.encode() + b"[" * 1024)
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            data = sock.recv(65536)
+            assert data, answer
+            answer += data
+    assert answer.startswith(b"HTTP/1.1 413")
+    assert snapshot(store.path) == before
+
+
+def test_a_chunked_body_over_the_limit_is_413(
+    store_path: Path,
+    tokens: ApiTokens,
+    clock: FakeClock,
+    logs_dir: Path,
+    exits: ExitRecorder,
+    store: Store,
+) -> None:
+    app, srv = start(store_path, tokens, clock, logs_dir, exits, max_body_bytes=1000)
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+        body = json.dumps(spec("big", application="x" * 2000)).encode()
+        conn.request(
+            "POST",
+            "/v1/jobs",
+            body=iter([body[:500], body[500:]]),
+            headers={"Authorization": f"Bearer {tokens.user}"},
+            encode_chunked=True,
+        )
+        answer = conn.getresponse()
+        assert answer.status == 413, answer.read()
+        conn.close()
+        assert store.list_jobs() == ()
+        body = json.dumps(spec("exact")).encode()
+        for size, status in ((1000, 201), (1001, 413)):  # the limit holds for chunks too
+            conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+            padded = body + b" " * (size - len(body))
+            conn.request(
+                "POST",
+                "/v1/jobs",
+                body=iter([padded[:300], padded[300:]]),
+                headers={"Authorization": f"Bearer {tokens.user}"},
+                encode_chunked=True,
+            )
+            assert conn.getresponse().status == status
+            conn.close()
+    finally:
+        srv.shutdown()
+        app.close()
+
+
+def test_the_body_limit_is_configurable_and_inclusive(
+    store_path: Path, tokens: ApiTokens, clock: FakeClock, logs_dir: Path, exits: ExitRecorder
+) -> None:
+    app, srv = start(store_path, tokens, clock, logs_dir, exits, max_body_bytes=400)
+    try:
+        body = json.dumps(spec("a")).encode()
+        exact = body + b" " * (400 - len(body))
+        assert call(srv, "POST", "/v1/jobs", exact, token=tokens.user)[0] == 201
+        body = json.dumps(spec("b")).encode()
+        over = body + b" " * (401 - len(body))
+        assert_error(call(srv, "POST", "/v1/jobs", over, token=tokens.user), 413)
+    finally:
+        srv.shutdown()
+        app.close()
+    with pytest.raises(ValueError):
+        make_app(store_path, tokens, clock, logs_dir=logs_dir, on_job_exit=exits, max_body_bytes=0)
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        (b"{", "not valid JSON"),
+        (b'{"name": "a",}', "not valid JSON"),
+        (b"", "empty"),
+        (b"  \n", "empty"),
+        (b"\xff\xfe{}", "not UTF-8"),
+        (b'{"init_batch_size": NaN}', "NaN"),
+        (b'{"x": Infinity}', "Infinity"),
+        (b"[1, 2]", "an array"),
+        (b'"job"', "a string"),
+        (b"null", "null"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+    ],
+)
+def test_malformed_json_is_400_with_a_clear_message(
+    server: ApiServer, tokens: ApiTokens, store: Store, body: bytes, words: str
+) -> None:
+    message = assert_error(call(server, "POST", "/v1/jobs", body, token=tokens.user), 400)
+    assert words in message
+    assert store.list_jobs() == ()
+
+
+# ---- concurrency and the store -------------------------------------------------------------
+
+
+def test_twenty_concurrent_submissions_all_succeed(
+    server: ApiServer, tokens: ApiTokens, store: Store
+) -> None:
+    n = 20
+    barrier = threading.Barrier(n)
+    results: list[int | BaseException] = [0] * n
+
+    def submit(i: int) -> None:
+        client = ApiClient(server.url, tokens.user, timeout_s=30)
+        barrier.wait()
+        try:
+            results[i] = 201 if client.submit_job(spec(f"job-{i:02d}")).name else 0
+        except BaseException as e:
+            results[i] = e
+
+    threads = [threading.Thread(target=submit, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [201] * n
+    names = [j.name for j in store.list_jobs()]
+    assert sorted(names) == [f"job-{i:02d}" for i in range(n)]
+
+
+def test_a_deleted_store_is_503(server: ApiServer, tokens: ApiTokens, store: Store) -> None:
+    store.close()
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{store.path}{suffix}").unlink(missing_ok=True)
+    message = assert_error(call(server, "GET", "/v1/jobs", token=tokens.user), 503)
+    assert "deleted or replaced" in message
+
+
+def test_store_for_thread_skips_the_checks_but_not_the_identity(
+    store_path: Path, clock: FakeClock
+) -> None:
+    template = Store.open(store_path, clock)
+    template.close()  # the app keeps a closed one: for_thread never uses its connection
+    out: list[object] = []
+
+    def in_thread() -> None:
+        with template.for_thread() as mine:
+            mine.add_job("a", JobSubmission("a", 1, 1, 1).to_json())
+            out.append(mine.cluster_id)
+
+    t = threading.Thread(target=in_thread)
+    t.start()
+    t.join()
+    assert out == ["c1"]
+    with Store.open(store_path, clock) as check:
+        assert [j.name for j in check.list_jobs()] == ["a"]
+    moved = store_path.with_name("moved.db")
+    store_path.rename(moved)
+    Store.create(store_path, "c1", clock).close()  # another file at the same path
+    with pytest.raises(StoreMissingError):
+        template.for_thread()
+
+
+def test_make_app_needs_an_existing_store(
+    tmp_path: Path, tokens: ApiTokens, clock: FakeClock, exits: ExitRecorder
+) -> None:
+    with pytest.raises(ControllerError):
+        make_app(tmp_path / "none.db", tokens, clock, logs_dir=tmp_path, on_job_exit=exits)
+
+
+def test_a_store_per_thread_is_closed_when_its_connection_ends(
+    server: ApiServer, tokens: ApiTokens, store_path: Path
+) -> None:
+    """(No other store is open here: SQLite keeps a closed connection's file open while
+    another connection of the process holds a lock on that file.)"""
+
+    def handles() -> int:
+        return sum(
+            1 for fd in os.listdir("/proc/self/fd") if _target(fd).startswith(str(store_path))
+        )
+
+    before = handles()
+    for _ in range(30):
+        assert call(server, "GET", "/v1/jobs", token=tokens.user)[0] == 200
+    deadline = time.monotonic() + 5  # the last thread closes its store after it answered
+    while handles() > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert handles() == before
+
+
+def _target(fd: str) -> str:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return ""
+
+
+# ---- the client ----------------------------------------------------------------------------
+
+
+def test_client_raises_typed_errors(user: ApiClient, server: ApiServer) -> None:
+    with pytest.raises(ApiError) as e:
+        user.submit_job(spec("x", max_local_bsz=0))
+    assert (e.value.status, e.value.field) == (400, "max_local_bsz")
+    assert isinstance(e.value, ControllerError)
+    with pytest.raises(ApiError) as e:
+        user.get_job("no/such job")  # quoted as one path segment: an unknown job, not a path
+    assert e.value.status == 404
+    server.shutdown()
+    with pytest.raises(ApiUnreachableError) as e:
+        user.list_jobs()
+    assert e.value.status == 0
+
+
+def test_client_never_follows_a_redirect(tokens: ApiTokens) -> None:
+    seen: list[str | None] = []
+
+    @Request.application  # type: ignore[arg-type]
+    def elsewhere(request: Request) -> Response:
+        seen.append(request.headers.get("Authorization"))
+        return Response("{}", mimetype="application/json")
+
+    target = make_server("127.0.0.1", 0, elsewhere)
+    threading.Thread(target=target.serve_forever, args=(0.05,), daemon=True).start()
+
+    @Request.application  # type: ignore[arg-type]
+    def redirecting(request: Request) -> Response:
+        return Response("", 307, {"Location": f"http://127.0.0.1:{target.server_port}/v1/jobs"})
+
+    source = make_server("127.0.0.1", 0, redirecting)
+    threading.Thread(target=source.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        client = ApiClient(f"http://127.0.0.1:{source.server_port}", tokens.user)
+        with pytest.raises(ApiError) as e:
+            client.list_jobs()
+        assert e.value.status == 307
+        assert seen == []
+    finally:
+        for s in (source, target):
+            s.shutdown()
+            s.server_close()
