@@ -415,8 +415,9 @@ class Controller:
             if self.book.record(TrainerReport.from_json(payload), gpu_type) and gpu_type:
                 touched.add((job, gpu_type))
         self.book.refit()
-        for job, gpu_type in sorted(touched):
-            self.store.upsert_model(job, gpu_type, self.book.profile_json(job, gpu_type))
+        self.store.upsert_models(
+            [(job, t, self.book.profile_json(job, t)) for job, t in sorted(touched)]
+        )
 
     def _views(
         self, jobs: Sequence, assignments: Mapping[tuple[str, str], int], now: float

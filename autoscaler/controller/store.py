@@ -73,7 +73,7 @@ import json
 import math
 import os
 import sqlite3
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import StrEnum
@@ -1202,19 +1202,30 @@ class Store:
 
     def upsert_model(self, job_name: str, gpu_type: str, params_json: str) -> ModelRow:
         """Record the latest fit of a known job on ``gpu_type`` (replacing the previous one)."""
-        gpu_type = _text(gpu_type, "gpu_type")
-        params_json = _json_object(params_json, "params_json")
+        return self.upsert_models([(job_name, gpu_type, params_json)])[0]
+
+    def upsert_models(self, models: Sequence[tuple[str, str, str]]) -> list[ModelRow]:
+        """:meth:`upsert_model` of every ``(job name, GPU type, params JSON)``, in one
+        transaction (all or nothing: :class:`UnknownRowError` for an unknown job)."""
+        checked = [
+            (job, _text(gpu_type, "gpu_type"), _json_object(params, "params_json"))
+            for job, gpu_type, params in models
+        ]
         now = self._now()
-        with self._write("record a model") as conn:
-            if conn.execute("SELECT 1 FROM jobs WHERE name = ?", (job_name,)).fetchone() is None:
-                raise UnknownRowError("jobs", job_name)
-            conn.execute(
-                "INSERT INTO models (job_name, gpu_type, params_json, fitted_at_s) "
-                "VALUES (?, ?, ?, ?) ON CONFLICT (job_name, gpu_type) DO UPDATE SET "
-                "params_json = excluded.params_json, fitted_at_s = excluded.fitted_at_s",
-                (job_name, gpu_type, params_json, now),
-            )
-        return ModelRow(job_name, gpu_type, params_json, now)
+        with self._write("record models") as conn:
+            for job_name, gpu_type, params_json in checked:
+                if (
+                    conn.execute("SELECT 1 FROM jobs WHERE name = ?", (job_name,)).fetchone()
+                    is None
+                ):
+                    raise UnknownRowError("jobs", job_name)
+                conn.execute(
+                    "INSERT INTO models (job_name, gpu_type, params_json, fitted_at_s) "
+                    "VALUES (?, ?, ?, ?) ON CONFLICT (job_name, gpu_type) DO UPDATE SET "
+                    "params_json = excluded.params_json, fitted_at_s = excluded.fitted_at_s",
+                    (job_name, gpu_type, params_json, now),
+                )
+        return [ModelRow(job, gpu_type, params, now) for job, gpu_type, params in checked]
 
     def get_model(self, job_name: str, gpu_type: str) -> ModelRow | None:
         """The latest fit of a job on a GPU type, or ``None``."""
