@@ -32,20 +32,35 @@ class ReportSink(Protocol):
 
 
 class HttpSink:
-    """POSTs JSON to ``{controller_url}/v1/jobs/{job_id}/reports``; parses the reply."""
+    """POSTs JSON to ``{controller_url}/v1/jobs/{job_id}/reports``; parses the reply. With a
+    ``token`` (the agent's, from ``COADAPT_API_TOKEN``) it authenticates as a bearer; the
+    token is never part of the sink's repr or of an error it raises."""
 
-    def __init__(self, controller_url: str, job_id: str, *, timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        controller_url: str,
+        job_id: str,
+        *,
+        timeout_s: float = 5.0,
+        token: str | None = None,
+    ) -> None:
         if not controller_url.startswith(("http://", "https://")):
             raise TrainerConfigError(f"not an http(s) URL: {controller_url!r}", field="url")
         self.url = controller_url.rstrip("/") + report_path(job_id)
         self.timeout_s = timeout_s
+        self._headers = {"Content-Type": "application/json"}
+        if token:
+            self._headers["Authorization"] = f"Bearer {token}"
+
+    def __repr__(self) -> str:
+        return f"HttpSink({self.url!r})"
 
     def send(self, report: TrainerReport) -> ReportReply | None:
         request = urllib.request.Request(
             self.url,
             data=report.to_json().encode(),
             method="POST",
-            headers={"Content-Type": "application/json"},
+            headers=self._headers,
         )
         with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
             return ReportReply.from_json(response.read())

@@ -1193,3 +1193,22 @@ def test_client_never_follows_a_redirect(tokens: ApiTokens) -> None:
         for s in (source, target):
             s.shutdown()
             s.server_close()
+
+
+def test_the_trainers_http_sink_authenticates_with_the_agent_token(
+    server: ApiServer, store: Store, tokens: ApiTokens
+) -> None:
+    """What a real trainer sends (trainer.reporter.HttpSink, token from COADAPT_API_TOKEN)
+    is accepted; without the token it is refused and nothing is stored."""
+    import urllib.error
+
+    from trainer.reporter import HttpSink
+
+    store.add_job("bert", JobSubmission(**spec()).to_json())
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        HttpSink(server.url, "bert", timeout_s=10).send(report("bert"))
+    assert refused.value.code == 401 and store.latest_report("bert") is None
+    sink = HttpSink(server.url, "bert", timeout_s=10, token=tokens.agent)
+    assert tokens.agent not in repr(sink)
+    assert sink.send(report("bert")) is not None
+    assert store.latest_report("bert") is not None
