@@ -37,6 +37,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Final
 
+from autoscaler.controller.api import ApiClient
 from autoscaler.errors import InvalidInputError
 from coadapt_common.atomic import write_json_atomic
 from coadapt_common.procfs import PROC_ROOT, is_running, read_proc_strings, read_stat
@@ -45,6 +46,7 @@ __all__ = [
     "AGENT_ENV",
     "ActionKind",
     "AgentAction",
+    "AgentRunner",
     "JobAssignment",
     "Outcome",
     "Supervisor",
@@ -305,6 +307,8 @@ def assignments_from_json(data: object) -> dict[str, JobAssignment]:
     for item in data:
         if not isinstance(item, dict):
             raise InvalidInputError("an assignment must be an object", field="assignments")
+        if item.get("rendezvous") is None:
+            continue  # the first node's address is not known yet: next round
         a = JobAssignment(
             job=str(item["job"]),
             gpus=int(item["gpus"]),
@@ -332,3 +336,55 @@ def dump(assignments: Mapping[str, JobAssignment]) -> str:
             for _, a in sorted(assignments.items())
         ]
     )
+
+
+class AgentRunner:
+    """One instance's agent loop over the controller API (``client``, with the agent token):
+    :meth:`step` heartbeats, reads the assignments, starts / stops / restarts launchers
+    (:func:`plan`), and reports launchers that ended on their own (done or failed; a stop
+    with a checkpoint is never reported). When ``notice_path`` exists (the instance's
+    interruption notice: the local provider's ``spot-notice.json``, or a file the metadata
+    watcher writes on a cloud), every job is stopped with a checkpoint and nothing new is
+    started: the controller re-places them elsewhere. :meth:`close` stops everything and
+    leaves no process behind."""
+
+    def __init__(
+        self,
+        client: ApiClient,
+        instance_key: str,
+        supervisor: Supervisor,
+        *,
+        address: str,
+        notice_path: Path | None = None,
+    ) -> None:
+        self.client = client
+        self.instance_key = instance_key
+        self.supervisor = supervisor
+        self.address = address
+        self.notice_path = notice_path
+        self.noticed = False
+        self.registered = False
+
+    def step(self) -> list[AgentAction]:
+        """One pass; the actions taken."""
+        if not self.registered:
+            self.client.register(self.instance_key, address=self.address)
+            self.supervisor.sweep()  # what a previous life of this agent left running
+            self.registered = True
+        self.client.heartbeat(self.instance_key, address=self.address)
+        for job, outcome, _ in self.supervisor.poll():
+            if outcome is not Outcome.STOPPED:
+                self.client.job_exited(self.instance_key, job, failed=outcome is Outcome.FAILED)
+        if self.notice_path is not None and self.notice_path.exists():
+            self.noticed = True
+        assigned = (
+            {}
+            if self.noticed
+            else assignments_from_json(self.client.assignments(self.instance_key))
+        )
+        actions = plan(assigned, self.supervisor.running)
+        self.supervisor.apply(actions)
+        return actions
+
+    def close(self) -> None:
+        self.supervisor.stop_all()

@@ -142,3 +142,90 @@ def test_stop_all_then_nothing_is_left(tmp_path: Path) -> None:
     sup.stop_all()
     assert _marked(sup.agent_id, None) == [] and sup.running == {}
     assert os.path.exists(sup.work_dir / "processes.json")
+
+
+def test_the_runner_follows_the_api_and_reports_exits(tmp_path: Path) -> None:
+    """A real API server over a real store: the runner registers, starts what is assigned,
+    stops what is released (checkpoint, nothing reported), reports a launcher that finished,
+    and stops everything when its instance gets a preemption notice."""
+    from autoscaler.controller.agent import AgentRunner
+    from autoscaler.controller.api import ApiClient, generate_tokens, make_app, serve
+    from autoscaler.controller.jobs import JobSubmission
+    from autoscaler.controller.lifecycle import InstanceStatus
+    from autoscaler.controller.store import JobStatus, Store
+    from coadapt_common.clock import FakeClock
+
+    clock = FakeClock()
+    store = Store.create(tmp_path / "store.db", "c1", clock)
+    row = store.add_instance(
+        instance_key="i-1",
+        request_id="c1-i-1",
+        offering_key="local/local-a/slot/on-demand",
+        provider="local",
+        instance_type="slot",
+        zone="local-a",
+        market="on-demand",
+        gpu_type="T4",
+        gpus=2,
+        price_usd_per_hour=0.1,
+    )
+    row = store.transition("i-1", row.version, InstanceStatus.REQUESTED, reason="launch")
+    store.transition(
+        "i-1", row.version, InstanceStatus.RUNNING, reason="up", provider_instance_id="p1"
+    )
+    for name in ("a", "b"):
+        store.add_job(name, JobSubmission(name, 64, 512, 64, command=("x.py",)).to_json())
+        store.set_assignments(name, {"i-1": 1})
+        store.update_job(name, store.get_job(name).version, status=JobStatus.RUNNING)
+    exits: list[tuple[str, bool]] = []
+
+    def on_exit(name: str, *, failed: bool) -> JobStatus:  # as Controller.job_exited does
+        exits.append((name, failed))
+        status = JobStatus.FAILED if failed else JobStatus.COMPLETED
+        with Store.open(tmp_path / "store.db", clock) as own:  # the server's thread
+            own.update_job(name, own.get_job(name).version, status=status)
+            own.set_assignments(name, {})
+        return status
+
+    tokens = generate_tokens(tmp_path / "tokens.json")
+    app = make_app(
+        tmp_path / "store.db", tokens, clock, logs_dir=tmp_path / "logs", on_job_exit=on_exit
+    )
+    server = serve(app)
+    script = tmp_path / "launcher.py"
+    script.write_text(LAUNCHER)
+    modes = {"a": "run", "b": "done"}
+    sup = Supervisor(
+        f"test-{uuid.uuid4().hex[:8]}",
+        tmp_path / "agent",
+        stop_grace_s=5.0,
+        argv_for=lambda a: [sys.executable, str(script), modes[a.job]],
+        env={"CKPT": str(tmp_path / "ckpt")},
+    )
+    notice = tmp_path / "spot-notice.json"
+    runner = AgentRunner(
+        ApiClient(server.url, tokens.agent, timeout_s=10),
+        "i-1",
+        sup,
+        address="127.0.0.1",
+        notice_path=notice,
+    )
+    try:
+        first = runner.step()
+        assert sorted((x.kind.value, x.job) for x in first) == [("start", "a"), ("start", "b")]
+        assert store.get_instance("i-1").last_heartbeat_s == clock.now_s()
+        _wait_started(sup, "a")
+        deadline = time.monotonic() + 10
+        while not exits and time.monotonic() < deadline:  # b finishes on its own
+            runner.step()
+            time.sleep(0.05)
+        assert exits == [("b", False)] and store.get_job("b").status is JobStatus.COMPLETED
+        notice.write_text("{}")
+        stopped = runner.step()
+        assert [(x.kind.value, x.job) for x in stopped] == [("stop", "a")]
+        assert (tmp_path / "ckpt").read_text() == "checkpointed" and exits == [("b", False)]
+        assert _marked(sup.agent_id, None) == []
+    finally:
+        runner.close()
+        server.shutdown()
+        app.close()
