@@ -30,28 +30,41 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def write_bytes_atomic(path: str | Path, data: bytes, *, durable: bool = False) -> None:
+def write_bytes_atomic(
+    path: str | Path,
+    data: bytes,
+    *,
+    durable: bool = False,
+    mode: int | None = None,
+    replace: bool = True,
+) -> None:
     """Write ``data`` to ``path`` atomically.
 
     The bytes go to a temporary file in the same folder (named ``.<name>.<random>.tmp``, so
     listings that skip dot-files never see it), which is then renamed over ``path``: readers
     see the old file or the complete new one, never a partial one, and a failure leaves no
     temporary file behind (the exception propagates unchanged). Missing parent folders are
-    created. The file gets the usual permissions (0666 less the umask), not the temporary
-    file's 0600. ``durable`` also fsyncs the file before the rename and the folder after it
-    (state that must survive a power loss).
+    created. The file gets the usual permissions (0666 less the umask), or exactly ``mode``
+    when given (a secret: the temporary file is created 0600, so it is never readable by
+    others, even briefly). ``durable`` also fsyncs the file before the rename and the folder
+    after it (state that must survive a power loss). With ``replace=False`` an existing
+    ``path`` is never replaced: ``FileExistsError`` (the new file is linked into place).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        os.fchmod(fd, 0o666 & ~_umask())
+        os.fchmod(fd, (0o666 & ~_umask()) if mode is None else mode)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             if durable:
                 handle.flush()
                 os.fsync(handle.fileno())
-        os.replace(tmp, path)
+        if replace:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)  # FileExistsError if path exists
+            Path(tmp).unlink()
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

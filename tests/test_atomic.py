@@ -59,3 +59,19 @@ def test_bytes_write_into_an_unwritable_folder_raises_and_leaves_the_old_file(
         target.parent.chmod(0o700)
     assert target.read_bytes() == b"old"
     assert [p.name for p in target.parent.iterdir()] == ["blob.bin"]
+
+
+def test_a_secret_gets_exactly_its_mode_and_never_replaces_when_asked(tmp_path: Path) -> None:
+    secret = tmp_path / "secret.json"
+    old = os.umask(0)
+    try:
+        write_bytes_atomic(secret, b"one", mode=0o600, replace=False)
+    finally:
+        os.umask(old)
+    assert secret.stat().st_mode & 0o777 == 0o600
+    with pytest.raises(FileExistsError):
+        write_bytes_atomic(secret, b"two", mode=0o600, replace=False)
+    assert secret.read_bytes() == b"one"
+    assert [p.name for p in tmp_path.iterdir()] == ["secret.json"]  # no temporary left
+    write_bytes_atomic(secret, b"three", mode=0o600, durable=True)
+    assert secret.read_bytes() == b"three" and secret.stat().st_mode & 0o777 == 0o600

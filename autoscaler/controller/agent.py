@@ -12,7 +12,7 @@ assigned and what runs, what to do (:class:`AgentAction`):
   the checkpoint at the new size).
 
 :class:`Supervisor` carries the actions out, one ``trainer.launch`` launcher per job, each in
-its own session and process group, logs to ``<work_dir>/logs/<job>.log``. Every process it
+its own session and process group, logs to :meth:`Supervisor.log_path`. Every process it
 starts, and every process they start (torchrun's workers start their own sessions), carries
 ``COADAPT_AGENT_ID=<agent id>`` in its environment; :meth:`Supervisor.sweep` ends every
 process that carries it, so nothing is left behind when the agent stops, and an agent that
@@ -172,11 +172,12 @@ class Supervisor:
     stop_grace_s: float = 60.0
     argv_for: Callable[[JobAssignment], list[str]] | None = None
     env: Mapping[str, str] = field(default_factory=dict)
+    logs_dir: Path | None = None
     _procs: dict[str, _Proc] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         self.work_dir = Path(self.work_dir)
-        (self.work_dir / "logs").mkdir(parents=True, exist_ok=True)
+        self.work_dir.mkdir(parents=True, exist_ok=True)
 
     # ---- state -----------------------------------------------------------------------------
 
@@ -186,7 +187,14 @@ class Supervisor:
         return {job: p.assignment for job, p in self._procs.items()}
 
     def log_path(self, job: str) -> Path:
-        return self.work_dir / "logs" / f"{job}.log"
+        """``<logs_dir>/<job>/<agent id>.log`` (where the API reads job logs), else
+        ``<work_dir>/logs/<job>.log``."""
+        if self.logs_dir is not None:
+            path = Path(self.logs_dir) / job / f"{self.agent_id}.log"
+        else:
+            path = self.work_dir / "logs" / f"{job}.log"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
 
     def _record(self) -> None:
         write_json_atomic(

@@ -113,6 +113,7 @@ from autoscaler.controller.jobs import JobSubmission
 from autoscaler.controller.lifecycle import InstanceStatus
 from autoscaler.controller.store import InstanceRow, JobRow, JobStatus, ReportRow, Store
 from autoscaler.errors import InvalidInputError
+from coadapt_common.atomic import write_bytes_atomic
 from coadapt_common.clock import Clock
 from providers.base import Market
 from trainer.report import REPORT_PATH_TEMPLATE, ReportReply, TrainerReport, report_path
@@ -252,30 +253,12 @@ def generate_tokens(path: str | Path, *, overwrite: bool = False) -> ApiTokens:
     p = Path(path)
     tokens = ApiTokens(secrets.token_urlsafe(32), secrets.token_urlsafe(32))
     data = (json.dumps({"agent": tokens.agent, "user": tokens.user}, indent=1) + "\n").encode()
-    tmp = p.with_name(f".{p.name}.{secrets.token_hex(8)}.tmp")
     try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    except OSError as e:
-        raise TokenFileError(f"{p}: cannot create the tokens file: {e}", path=str(p)) from e
-    try:
-        os.fchmod(fd, 0o600)  # the umask may have removed the owner's bits
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        if overwrite:
-            os.replace(tmp, p)
-        else:
-            os.link(tmp, p)  # never replaces: FileExistsError if p exists
-            tmp.unlink()
-        _fsync_dir(p.parent)
+        write_bytes_atomic(p, data, durable=True, mode=0o600, replace=overwrite)
     except FileExistsError as e:
         raise TokenFileError(f"{p}: a file already exists there", path=str(p)) from e
     except OSError as e:
         raise TokenFileError(f"{p}: cannot write the tokens file: {e}", path=str(p)) from e
-    finally:
-        tmp.unlink(missing_ok=True)
     return tokens
 
 
@@ -324,14 +307,6 @@ def load_tokens(path: str | Path) -> ApiTokens:
         raise TokenFileError(f"{p}: {e}", path=str(p)) from e
     except ValueError as e:  # the message never quotes the file's content
         raise TokenFileError(f"{p}: not a tokens file: {e}", path=str(p)) from e
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # ---- the answers ---------------------------------------------------------------------------

@@ -84,7 +84,9 @@ class ControllerConfig:
     and instance type); ``default_spot_band`` is used for offerings the advisor does not list
     (default: the most pessimistic band);
     ``interval_s`` the time between rounds; ``max_job_retries`` how many failures a job may
-    have before it is ``failed`` (rescales and preemptions never count)."""
+    have before it is ``failed`` (rescales and preemptions never count);
+    ``gpu_type_aliases`` names, for an offering's GPU type the speed table does not know, the
+    type the decision core values it as (the local provider's ``cpu-slot`` -> ``T4``)."""
 
     cluster_id: str
     interval_s: float = 60.0
@@ -95,6 +97,7 @@ class ControllerConfig:
     default_spot_band: str = ">20%"
     restart_delay_s: float = 30.0
     max_job_retries: int = 3
+    gpu_type_aliases: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         band_hazard_per_hour(self.default_spot_band)  # InvalidInputError for an unknown band
@@ -147,6 +150,7 @@ class Controller:
         *,
         strategy: FleetStrategy | None = None,
         crash_hook: Callable[[str], None] | None = None,
+        user_data: Callable[[InstanceRow], str] | None = None,
     ) -> None:
         self.store = store
         self.provider = provider
@@ -161,6 +165,7 @@ class Controller:
         self.unavailable = UnavailableOfferings(clock, config.unavailable_ttl_s)
         self.book = JobBook()
         self._crash = crash_hook or (lambda point: None)
+        self._user_data = user_data  # the agent start-up of a launched instance
         self._issued: set[str] = set()  # request ids launched or terminated by this process
         self._report_cursor = -1  # -1: restore from the store first
         self._round = 0
@@ -192,7 +197,7 @@ class Controller:
                 self._record_prices()
         except ProviderError as e:
             return RoundReport(self._round, 0, Actions(), {}, 1, 0.0, 0.0, 0.0, 0.0, str(e))
-        gpu_type_of = {r.instance_key: r.gpu_type for r in rows}
+        gpu_type_of = {r.instance_key: self._type(r.gpu_type) for r in rows}
         self._read_reports(assignments, gpu_type_of)
         t1 = time.perf_counter()
 
@@ -268,22 +273,12 @@ class Controller:
     # ---- job outcomes ----------------------------------------------------------------------
 
     def job_exited(self, name: str, *, failed: bool) -> JobStatus:
-        """A job's processes ended on their own (the agent saw them exit): ``completed`` when
-        they succeeded; on a failure the job is retried (``queued``, placed again next round)
-        until it has failed ``max_job_retries`` times, then it is ``failed``. Processes the
-        controller stopped (a rescale, a drain, a preemption) are never reported here, so
-        they never count against the job. Returns the job's new status."""
-        job = self.store.get_job(name)
-        if job.status not in ACTIVE_JOBS:
-            return job.status  # already ended (a late or repeated report)
-        if not failed:
-            status, retries = JobStatus.COMPLETED, job.retries
-        else:
-            retries = job.retries + 1
-            status = JobStatus.FAILED if retries > self.config.max_job_retries else JobStatus.QUEUED
-        self.store.update_job(name, job.version, status=status, retries=retries)
+        """:func:`record_job_exit` on this controller's store (and the job's models are
+        dropped once it ended)."""
+        status = record_job_exit(
+            self.store, name, failed=failed, max_retries=self.config.max_job_retries
+        )
         if status is not JobStatus.QUEUED:
-            self.store.set_assignments(name, {})
             self.book.drop(name)
         return status
 
@@ -439,7 +434,7 @@ class Controller:
         nodes = tuple(
             NodeView(
                 r.instance_key,
-                r.gpu_type,
+                self._type(r.gpu_type),
                 r.gpus,
                 OfferingRef(r.provider, r.instance_type, r.zone, r.market),
             )
@@ -456,13 +451,14 @@ class Controller:
     def _options(self, unavailable: frozenset[str]) -> tuple[FleetOption, ...]:
         out = []
         for key, o in sorted(self._offerings.items()):
-            if o.price_usd_per_hour is None or o.gpus < 1 or not self._known_type(o.gpu_type):
+            gpu_type = self._type(o.gpu_type)
+            if o.price_usd_per_hour is None or o.gpus < 1 or not self._known_type(gpu_type):
                 continue  # sizing cannot value it: no price, or a GPU type of unknown speed
             spot = o.market.value == "spot"
             out.append(
                 FleetOption(
                     key=key,
-                    gpu_type=o.gpu_type,
+                    gpu_type=gpu_type,
                     gpus=o.gpus,
                     market="spot" if spot else "on-demand",
                     usd_per_hour=o.price_usd_per_hour,
@@ -477,6 +473,10 @@ class Controller:
         if band is not None:
             return band.hazard_per_hour
         return band_hazard_per_hour(self.config.default_spot_band)
+
+    def _type(self, gpu_type: str) -> str:
+        """The GPU type the decision core values ``gpu_type`` as (its alias, if any)."""
+        return self.config.gpu_type_aliases.get(gpu_type, gpu_type)
 
     def _known_type(self, gpu_type: str) -> bool:
         known = self._speed_known.get(gpu_type)
@@ -620,7 +620,10 @@ class Controller:
                 reason="launch intent written before the provider call",
             )
             self._crash("after-launch-intent")
-        request = LaunchRequest(row.request_id, self.config.cluster_id, (o,), 1)
+        user_data = self._user_data(row) if self._user_data else ""
+        request = LaunchRequest(
+            row.request_id, self.config.cluster_id, (o,), 1, user_data=user_data
+        )
         self._issued.add(row.request_id)
         try:
             result = self.provider.launch(request)
@@ -659,6 +662,27 @@ class Controller:
         if row.provider_instance_id in result.already_gone:
             by_key[key] = self._terminated(row, "the cloud no longer knows it")
         return 1
+
+
+def record_job_exit(store: Store, name: str, *, failed: bool, max_retries: int) -> JobStatus:
+    """A job's processes ended on their own (the agent saw them exit): ``completed`` when they
+    succeeded; on a failure the job is retried (``queued``, placed again next round) until it
+    has failed ``max_retries`` times, then it is ``failed``. Processes the controller stopped
+    (a rescale, a drain, a preemption) are never reported here, so they never count against
+    the job. A job that already ended keeps its status. Returns the job's new status. Safe
+    from another thread with that thread's own store (the API's)."""
+    job = store.get_job(name)
+    if job.status not in ACTIVE_JOBS:
+        return job.status  # already ended (a late or repeated report)
+    if not failed:
+        status, retries = JobStatus.COMPLETED, job.retries
+    else:
+        retries = job.retries + 1
+        status = JobStatus.FAILED if retries > max_retries else JobStatus.QUEUED
+    store.update_job(name, job.version, status=status, retries=retries)
+    if status is not JobStatus.QUEUED:
+        store.set_assignments(name, {})
+    return status
 
 
 _LIVE: Final = tuple(s for s in InstanceStatus if s is not InstanceStatus.TERMINATED)

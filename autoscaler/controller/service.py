@@ -1,0 +1,250 @@
+"""The long-running processes: the controller service (``coadapt up``) and the node agent
+(``coadapt agent``).
+
+:func:`run_up` runs one cluster on the embedded ``local`` provider (instances are local agent
+processes with CPU-backed "GPU slots", valued as T4s by the decision core) until ``stop`` is
+set, then releases the fleet (:meth:`~autoscaler.controller.loop.Controller.down`). Everything
+it keeps is under ``state_dir``::
+
+    store.db        the controller's store (created on the first ``up``)
+    tokens.json     the API tokens (0600; created on the first ``up``)
+    up.json         the running service: its API URL and pid (removed when it stops)
+    logs/<job>/     job logs, one file per instance (what ``GET /v1/jobs/{name}/logs`` reads)
+    checkpoints/    job checkpoints (a job without its own location writes here)
+    agents/<key>/   each agent's working folder
+    local/          the local provider's state (instances, agent processes)
+
+Each launched instance starts :func:`agent_main` with the API URL, the tokens file, its
+instance key and these folders (the launch's user data). The API runs in threads of this
+process; job exits reported through it are recorded on the API thread's own store
+(:func:`~autoscaler.controller.loop.record_job_exit`), the rounds run on the main thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shlex
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from autoscaler.controller.agent import AgentRunner, JobAssignment, Supervisor, launch_argv
+from autoscaler.controller.api import (
+    ApiClient,
+    ApiError,
+    generate_tokens,
+    load_tokens,
+    make_app,
+    serve,
+)
+from autoscaler.controller.loop import (
+    Controller,
+    ControllerConfig,
+    DownReport,
+    record_job_exit,
+)
+from autoscaler.controller.reconcile import ReconcileConfig
+from autoscaler.controller.store import InstanceRow, JobStatus, Store
+from autoscaler.sizing import SizingConfig
+from coadapt_common.atomic import write_json_atomic
+from coadapt_common.clock import Clock, SystemClock
+
+__all__ = ["UpConfig", "agent_main", "run_up"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class UpConfig:
+    """``coadapt up``'s settings. ``max_instances`` and ``max_gpu_slots`` bound the local
+    fleet (``max_gpu_slots``: the machine-wide slot budget of the local provider)."""
+
+    state_dir: Path
+    cluster_id: str = "coadapt-local"
+    interval_s: float = 10.0
+    host: str = "127.0.0.1"
+    port: int = 0
+    max_instances: int = 4
+    max_gpu_slots: int | None = None
+    agent_interval_s: float = 2.0
+    report_interval_s: float = 5.0
+
+
+def _agent_user_data(cfg: UpConfig, url: str, tokens_path: Path) -> Callable[[InstanceRow], str]:
+    state = cfg.state_dir.resolve()
+
+    def user_data(row: InstanceRow) -> str:
+        argv = [
+            sys.executable,
+            "-m",
+            "autoscaler.controller.service",
+            "agent",
+            "--api",
+            url,
+            "--token-file",
+            str(tokens_path.resolve()),
+            "--instance-key",
+            row.instance_key,
+            "--work-dir",
+            str(state / "agents" / row.instance_key),
+            "--logs-dir",
+            str(state / "logs"),
+            "--checkpoint-root",
+            str(state / "checkpoints"),
+            "--notice-dir",
+            str(state / "local" / "agents"),
+            "--interval-s",
+            str(cfg.agent_interval_s),
+            "--report-interval-s",
+            str(cfg.report_interval_s),
+        ]
+        return f"cd {shlex.quote(os.getcwd())} && exec {shlex.join(argv)}"
+
+    return user_data
+
+
+def run_up(
+    cfg: UpConfig,
+    stop: threading.Event,
+    *,
+    clock: Clock | None = None,
+    on_ready: Callable[[str], None] | None = None,
+) -> DownReport:
+    """Run the controller service until ``stop`` is set (see the module docstring); returns
+    what releasing the fleet left (``clean`` when nothing)."""
+    from providers.local import LocalProvider
+
+    clock = clock or SystemClock()
+    state = cfg.state_dir
+    state.mkdir(parents=True, exist_ok=True)
+    store_path = state / "store.db"
+    store = (
+        Store.open(store_path, clock)
+        if store_path.exists()
+        else Store.create(store_path, cfg.cluster_id, clock)
+    )
+    tokens_path = state / "tokens.json"
+    tokens = load_tokens(tokens_path) if tokens_path.exists() else generate_tokens(tokens_path)
+    controller_cfg = ControllerConfig(
+        store.cluster_id,
+        interval_s=cfg.interval_s,
+        sizing=SizingConfig(max_instances=cfg.max_instances),
+        reconcile=ReconcileConfig(heartbeat_timeout_s=max(60.0, 10 * cfg.agent_interval_s)),
+        gpu_type_aliases={"cpu-slot": "T4"},
+    )
+
+    def on_job_exit(name: str, *, failed: bool) -> JobStatus:
+        with Store.open(store_path, clock) as own:  # this API thread's store
+            return record_job_exit(
+                own, name, failed=failed, max_retries=controller_cfg.max_job_retries
+            )
+
+    app = make_app(store_path, tokens, clock, logs_dir=state / "logs", on_job_exit=on_job_exit)
+    server = serve(app, cfg.host, cfg.port)
+    provider = LocalProvider(
+        state / "local",
+        clock=clock,
+        max_gpu_slots=cfg.max_gpu_slots,
+        term_grace_s=90.0,  # the agent stops its jobs with a checkpoint before it goes
+    )
+    controller = Controller(
+        store,
+        provider,
+        clock,
+        controller_cfg,
+        user_data=_agent_user_data(cfg, server.url, tokens_path),
+    )
+    write_json_atomic(state / "up.json", {"url": server.url, "pid": os.getpid()})
+    if on_ready is not None:
+        on_ready(server.url)
+    try:
+        while not stop.is_set():
+            report = controller.run_round()
+            if report.error:
+                log.warning("round %d: %s", report.round_index, report.error)
+            stop.wait(cfg.interval_s)
+    finally:
+        down = controller.down(timeout_s=120.0, poll_s=1.0)
+        server.shutdown()
+        app.close()
+        store.close()
+        (state / "up.json").unlink(missing_ok=True)
+    return down
+
+
+def agent_main(argv: list[str] | None = None) -> int:
+    """``coadapt agent``: one instance's agent (see :class:`~autoscaler.controller.agent.
+    AgentRunner`) until SIGTERM/SIGINT, then every job stops with a checkpoint and nothing is
+    left running."""
+    p = argparse.ArgumentParser(prog="coadapt agent", description=agent_main.__doc__)
+    p.add_argument("--api", required=True, help="the controller API URL")
+    p.add_argument("--token-file", required=True, type=Path, help="tokens file (agent token)")
+    p.add_argument("--instance-key", required=True, help="this instance's id in the store")
+    p.add_argument("--work-dir", required=True, type=Path)
+    p.add_argument("--logs-dir", type=Path, default=None)
+    p.add_argument("--checkpoint-root", type=Path, default=None)
+    p.add_argument("--notice-dir", type=Path, default=None, help="local provider notices")
+    p.add_argument("--interval-s", type=float, default=2.0)
+    p.add_argument("--report-interval-s", type=float, default=30.0)
+    p.add_argument("--address", default="127.0.0.1", help="address peers reach this node at")
+    args = p.parse_args(argv)
+    token = load_tokens(args.token_file).agent
+    root = args.checkpoint_root.resolve() if args.checkpoint_root else None
+
+    def argv_for(a: JobAssignment) -> list[str]:
+        if a.checkpoint_uri is None and root is not None:
+            a = replace(a, checkpoint_uri=str(root / a.job))
+        return launch_argv(
+            a,
+            controller_url=args.api,
+            extra=["--report-interval-s", str(args.report_interval_s)],
+        )
+
+    supervisor = Supervisor(
+        args.instance_key,
+        args.work_dir,
+        stop_grace_s=60.0,
+        argv_for=argv_for,
+        env={"COADAPT_API_TOKEN": token},
+        logs_dir=args.logs_dir,
+    )
+    notice = None
+    if args.notice_dir is not None and os.environ.get("COADAPT_INSTANCE_ID"):
+        notice = args.notice_dir / os.environ["COADAPT_INSTANCE_ID"] / "spot-notice.json"
+    runner = AgentRunner(
+        ApiClient(args.api, token, timeout_s=10.0),
+        args.instance_key,
+        supervisor,
+        address=args.address,
+        notice_path=notice,
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        while not stop.is_set():
+            try:
+                runner.step()
+            except ApiError as e:  # the controller is away for a moment: keep what runs
+                print(f"coadapt agent: {e}", file=sys.stderr, flush=True)
+            stop.wait(args.interval_s)
+    finally:
+        runner.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["agent"]:
+        return agent_main(args[1:])
+    print("usage: python -m autoscaler.controller.service agent ...", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
