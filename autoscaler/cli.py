@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import typer
 
 from autoscaler import __version__
+from autoscaler.cli_cluster import register as register_cluster_commands
 from autoscaler.cli_cost import cost_app
 from autoscaler.cli_prices import prices_app
 from autoscaler.jobs import PAPER_POLICIES, PolicyName
@@ -29,6 +30,7 @@ app = typer.Typer(
 )
 app.add_typer(cost_app, name="cost")
 app.add_typer(prices_app, name="prices")
+register_cluster_commands(app)
 
 
 @app.callback()

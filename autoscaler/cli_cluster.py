@@ -1,0 +1,352 @@
+"""``coadapt up | submit | status | logs | cancel | down | agent | demo``: a cluster in a user's
+hands (thin: parse, call :mod:`autoscaler.controller`, print).
+
+Every command finds the cluster through its state folder (``--state-dir``, default
+``$COADAPT_HOME/cluster``, ``~/.coadapt/cluster`` without it): ``up`` writes ``up.json`` there
+(the API URL and its pid) and the tokens file; the others read them. Only the ``local``
+provider can be brought up from the CLI today.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+
+STATE_HELP = "the cluster's state folder (default: $COADAPT_HOME/cluster or ~/.coadapt/cluster)"
+
+
+def default_state_dir() -> Path:
+    home = os.environ.get("COADAPT_HOME")
+    return (Path(home) if home else Path.home() / ".coadapt") / "cluster"
+
+
+StateDir = Annotated[Path | None, typer.Option("--state-dir", help=STATE_HELP)]
+Json = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
+
+
+def _fail(message: str, code: int = 1) -> NoReturn:
+    typer.echo(f"coadapt: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _state(state_dir: Path | None) -> Path:
+    return state_dir if state_dir is not None else default_state_dir()
+
+
+def _client(state_dir: Path | None) -> Any:
+    from autoscaler.controller.api import ApiClient, load_tokens
+
+    state = _state(state_dir)
+    up = state / "up.json"
+    if not up.exists():
+        _fail(f"no cluster is up in {state} (start one with: coadapt up --state-dir {state})")
+    url = json.loads(up.read_text())["url"]
+    return ApiClient(url, load_tokens(state / "tokens.json").user, timeout_s=10.0)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the cluster commands to the ``coadapt`` app."""
+    app.command("up")(up)
+    app.command("submit")(submit)
+    app.command("status")(status)
+    app.command("logs")(logs)
+    app.command("cancel")(cancel)
+    app.command("down")(down)
+    app.command("demo")(demo)
+    app.command(
+        "agent",
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+        add_help_option=False,
+    )(agent)
+
+
+def up(
+    provider: Annotated[str, typer.Option(help="where instances come from: local")] = "local",
+    state_dir: StateDir = None,
+    interval_s: Annotated[float, typer.Option(help="seconds between rounds")] = 10.0,
+    port: Annotated[int, typer.Option(help="API port (0: any free one)")] = 0,
+    max_instances: Annotated[int, typer.Option(help="fleet size cap")] = 4,
+    max_gpu_slots: Annotated[
+        int | None, typer.Option(help="local provider: GPU slots on this machine")
+    ] = None,
+) -> None:
+    """Run the controller (API, rounds, fleet) in the foreground until Ctrl-C or `coadapt
+    down`, then release every instance."""
+    from autoscaler.controller.service import UpConfig, run_up
+
+    if provider != "local":
+        _fail(
+            f"--provider {provider}: only 'local' can be brought up from the CLI today "
+            "(the aws and gcp adapters exist; their deployment is not built yet)",
+            2,
+        )
+    if interval_s <= 0 or max_instances < 1:
+        _fail("--interval-s must be > 0 and --max-instances >= 1", 2)
+    state = _state(state_dir)
+    if (state / "up.json").exists():
+        _fail(f"a cluster is already up in {state} (coadapt down --state-dir {state})")
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    cfg = UpConfig(
+        state,
+        interval_s=interval_s,
+        port=port,
+        max_instances=max_instances,
+        max_gpu_slots=max_gpu_slots,
+    )
+    report = run_up(cfg, stop, on_ready=lambda url: typer.echo(f"coadapt: up at {url} ({state})"))
+    if not report.clean:
+        _fail(f"instances still listed after down: {', '.join(report.remaining)}")
+    typer.echo("coadapt: down; no instance left")
+
+
+def submit(
+    spec: Annotated[Path, typer.Argument(help="the job's YAML spec")],
+    state_dir: StateDir = None,
+    json_out: Json = False,
+) -> None:
+    """Submit a job (YAML spec: see examples/jobs/)."""
+    from autoscaler.controller.api import ApiError
+    from autoscaler.controller.jobspec import JobSpecError, load_job_spec
+
+    try:
+        submission = load_job_spec(spec).submission()
+    except JobSpecError as e:
+        _fail(str(e), 2)
+    try:
+        job = _client(state_dir).submit_job(submission)
+    except ApiError as e:
+        _fail(str(e))
+    typer.echo(json.dumps(job.to_dict()) if json_out else f"submitted {job.name}")
+
+
+def _status_doc(client: Any) -> dict[str, Any]:
+    jobs = [j.to_dict() for j in client.list_jobs()]
+    from autoscaler.controller.api import instance_to_dict
+
+    instances = [instance_to_dict(r) for r in client.list_instances()]
+    return {"jobs": jobs, "instances": instances}
+
+
+def _render_status(doc: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    jobs = Table(title="jobs")
+    for col in ("job", "status", "GPUs", "instances", "progress", "retries"):
+        jobs.add_column(col)
+    for j in doc["jobs"]:
+        gpus = sum(j.get("assignment", {}).values())
+        progress = j.get("progress") or {}
+        jobs.add_row(
+            j["name"],
+            j["status"],
+            str(gpus),
+            ", ".join(sorted(j.get("assignment", {}))) or "-",
+            f"{progress.get('progress', 0):.0f}" if progress else "-",
+            str(j.get("retries", 0)),
+        )
+    fleet = Table(title="instances")
+    for col in ("instance", "status", "offering", "GPUs", "$/h"):
+        fleet.add_column(col)
+    live = [i for i in doc["instances"] if i["status"] not in ("terminated", "allocation_failed")]
+    for i in live:
+        fleet.add_row(
+            i["instance_key"],
+            i["status"],
+            i["offering_key"],
+            f"{i['gpus']} x {i['gpu_type']}",
+            f"{i['price_usd_per_hour']:.4f}",
+        )
+    console.print(jobs)
+    console.print(fleet)
+
+
+def status(
+    state_dir: StateDir = None,
+    json_out: Json = False,
+    watch: Annotated[bool, typer.Option("--watch", help="refresh every 2 s")] = False,
+) -> None:
+    """Jobs (status, GPUs, instances, progress) and the fleet (offering, $/h)."""
+    from autoscaler.controller.api import ApiError
+
+    client = _client(state_dir)
+    while True:
+        try:
+            doc = _status_doc(client)
+        except ApiError as e:
+            _fail(str(e))
+        if json_out:
+            typer.echo(json.dumps(doc))
+        else:
+            _render_status(doc)
+        if not watch:
+            return
+        time.sleep(2.0)
+
+
+def logs(
+    job: Annotated[str, typer.Argument(help="the job's name")],
+    state_dir: StateDir = None,
+    follow: Annotated[bool, typer.Option("-f", "--follow", help="keep printing")] = False,
+) -> None:
+    """A job's logs (every instance it ran on)."""
+    from autoscaler.controller.api import ApiError
+
+    client = _client(state_dir)
+    try:
+        if not follow:
+            sys.stdout.write(client.job_logs(job).text)
+            return
+        for chunk in client.follow_logs(job):
+            sys.stdout.write(chunk.text)
+            sys.stdout.flush()
+    except ApiError as e:
+        _fail(str(e))
+
+
+def cancel(
+    job: Annotated[str, typer.Argument(help="the job's name")],
+    state_dir: StateDir = None,
+) -> None:
+    """Cancel a job (its processes stop at the next round)."""
+    from autoscaler.controller.api import ApiError
+
+    try:
+        info = _client(state_dir).cancel_job(job)
+    except ApiError as e:
+        _fail(str(e))
+    typer.echo(f"{info.name}: {info.status}")
+
+
+def down(
+    state_dir: StateDir = None,
+    timeout_s: Annotated[float, typer.Option(help="how long to wait")] = 300.0,
+) -> None:
+    """Stop the running `coadapt up`: it releases every instance and confirms none is left."""
+    state = _state(state_dir)
+    up_file = state / "up.json"
+    if not up_file.exists():
+        _fail(f"no cluster is up in {state}")
+    pid = int(json.loads(up_file.read_text())["pid"])
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        _fail(f"the `coadapt up` of {state} (pid {pid}) is gone; remove {up_file} and rerun up")
+    deadline = time.monotonic() + timeout_s
+    while up_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if up_file.exists():
+        _fail(f"`coadapt up` (pid {pid}) has not stopped after {timeout_s:.0f} s")
+    typer.echo("coadapt: down")
+
+
+def agent(ctx: typer.Context) -> None:
+    """The node agent (started on each instance by `coadapt up`; see --help)."""
+    from autoscaler.controller.service import agent_main
+
+    raise typer.Exit(agent_main(list(ctx.args)))
+
+
+DEMO_JOBS = ("mlp-small", "mlp-medium", "mlp-wide")
+
+
+def demo(
+    state_dir: Annotated[
+        Path | None, typer.Option("--state-dir", help="keep the demo's state here")
+    ] = None,
+    timeout_s: Annotated[float, typer.Option(help="give up after this long")] = 300.0,
+) -> None:
+    """A local fleet with spot instances, three small real PyTorch jobs from examples/jobs,
+    a spot preemption injected mid-run, live status, and the cost report at the end."""
+    from autoscaler.controller.api import ApiClient, load_tokens
+    from autoscaler.controller.jobspec import load_job_spec
+    from autoscaler.controller.service import UpConfig, run_up
+    from providers.local import LocalProvider
+
+    examples = Path.cwd() / "examples" / "jobs"
+    if not examples.is_dir():
+        _fail("run the demo from the coadapt checkout (it needs examples/jobs/)", 2)
+    state = state_dir or Path(tempfile.mkdtemp(prefix="coadapt-demo-"))
+    stop, ready, result = threading.Event(), list[str](), dict[str, Any]()
+    cfg = UpConfig(state, interval_s=3.0, max_instances=3, max_gpu_slots=4)
+    thread = threading.Thread(
+        target=lambda: result.setdefault("down", run_up(cfg, stop, on_ready=ready.append)),
+        daemon=True,
+    )
+    thread.start()
+    start = time.monotonic()
+    while not ready and thread.is_alive():
+        time.sleep(0.05)
+    if not ready:
+        _fail("the controller did not start")
+    typer.echo(f"coadapt demo: controller up at {ready[0]} (state in {state})")
+    client = ApiClient(ready[0], load_tokens(state / "tokens.json").user, timeout_s=10.0)
+    try:
+        for name in DEMO_JOBS:
+            client.submit_job(load_job_spec(examples / f"{name}.yaml").submission())
+            typer.echo(f"coadapt demo: submitted {name}")
+        preempted, shown = None, 0.0
+        while time.monotonic() - start < timeout_s:
+            doc = _status_doc(client)
+            if time.monotonic() - shown >= 10.0:
+                _render_status(doc)
+                shown = time.monotonic()
+            jobs = {j["name"]: j for j in doc["jobs"]}
+            target = jobs.get("mlp-medium", {})
+            if preempted is None and target.get("progress") and target.get("assignment"):
+                victim = sorted(target["assignment"])[0]
+                row = next(i for i in doc["instances"] if i["instance_key"] == victim)
+                LocalProvider(state / "local").preempt(row["provider_instance_id"], notice_s=30.0)
+                preempted = victim
+                typer.echo(f"coadapt demo: spot preemption injected on {victim} (30 s notice)")
+            if all(j["status"] in ("completed", "failed", "cancelled") for j in jobs.values()):
+                _render_status(doc)
+                break
+            time.sleep(2.0)
+    finally:
+        stop.set()
+        thread.join(timeout=180)
+    _cost_table(state)
+    down_report = result.get("down")
+    if down_report is None or not down_report.clean:
+        _fail("instances were left after the demo")
+    typer.echo(f"coadapt demo: done in {time.monotonic() - start:.0f} s; no instance left")
+
+
+def _cost_table(state: Path) -> None:
+    """The store's cost records by offering and market (what each instance cost, billed)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from autoscaler.controller.store import Store
+    from coadapt_common.clock import SystemClock
+
+    with Store.open(state / "store.db", SystemClock()) as store:
+        rows = {r.instance_key: r for r in store.list_instances()}
+        by: dict[str, list[float]] = {}
+        for c in store.cost_records():
+            key = rows[c.instance_key].offering_key
+            acc = by.setdefault(key, [0.0, 0.0, 0.0])
+            acc[0] += 1
+            acc[1] += (c.end_s - c.start_s) / 3600.0
+            acc[2] += c.usd
+        total = store.total_cost_usd()
+    table = Table(title="cost report")
+    for col in ("offering", "instances", "hours", "USD"):
+        table.add_column(col)
+    for key, (n, hours, usd) in sorted(by.items()):
+        table.add_row(key, f"{n:.0f}", f"{hours:.4f}", f"{usd:.4f}")
+    table.add_row("total", "", "", f"{total:.4f}")
+    Console().print(table)
