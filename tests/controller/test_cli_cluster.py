@@ -1,0 +1,102 @@
+"""The cluster commands as a user runs them: `coadapt up` in its own process, then submit,
+status, logs, cancel and down from others; and `coadapt demo` (slow)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+COADAPT = [sys.executable, "-m", "autoscaler.cli"]
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs Linux /proc"),
+]
+
+
+def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    out = subprocess.run([*COADAPT, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    if check:
+        assert out.returncode == 0, out.stdout + out.stderr
+    return out
+
+
+def test_up_submit_status_logs_cancel_down(tmp_path: Path) -> None:
+    state = tmp_path / "cluster"
+    up = subprocess.Popen(
+        [*COADAPT, "up", "--state-dir", str(state), "--interval-s", "2", "--max-gpu-slots", "2"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (state / "up.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert (state / "up.json").exists(), "coadapt up did not come up"
+        assert (state / "tokens.json").stat().st_mode & 0o777 == 0o600
+        bad = tmp_path / "bad.yaml"
+        bad.write_text(
+            "name: x\ncommand: [train.py]\nlocal_batch_size: {max: 8}\n"
+            "batch_size: {initial: 64, max: 32}\n"
+        )
+        refused = _run("submit", str(bad), "--state-dir", str(state), check=False)
+        assert refused.returncode == 2 and "bad.yaml:4 [batch_size.max]" in refused.stderr
+        assert (
+            "submitted mlp-small"
+            in _run("submit", "examples/jobs/mlp-small.yaml", "--state-dir", str(state)).stdout
+        )
+        _run("submit", "examples/jobs/mlp-wide.yaml", "--state-dir", str(state))
+        deadline = time.monotonic() + 180
+        doc: dict = {}
+        while time.monotonic() < deadline:
+            doc = json.loads(_run("status", "--json", "--state-dir", str(state)).stdout)
+            jobs = {j["name"]: j for j in doc["jobs"]}
+            if jobs["mlp-small"]["status"] == "completed" and jobs["mlp-wide"]["progress"]:
+                break
+            time.sleep(2)
+        jobs = {j["name"]: j for j in doc["jobs"]}
+        assert jobs["mlp-small"]["status"] == "completed", doc
+        assert any(i["status"] == "running" for i in doc["instances"])
+        assert "verdict: done" in _run("logs", "mlp-small", "--state-dir", str(state)).stdout
+        cancelled = _run("cancel", "mlp-wide", "--state-dir", str(state))
+        assert "mlp-wide: cancelled" in cancelled.stdout
+        table = _run("status", "--state-dir", str(state)).stdout
+        assert "mlp-small" in table and "completed" in table
+        _run("down", "--state-dir", str(state))
+        assert up.wait(timeout=120) == 0
+        assert not (state / "up.json").exists()
+        gone = _run("status", "--state-dir", str(state), check=False)
+        assert gone.returncode == 1 and "no cluster is up" in gone.stderr
+    finally:
+        if up.poll() is None:
+            up.terminate()
+            up.wait(timeout=120)
+    output = up.stdout.read() if up.stdout else ""
+    assert "no instance left" in output, output[-2000:]
+
+
+def test_demo_runs_to_the_cost_report_and_leaves_nothing(tmp_path: Path) -> None:
+    env = {**os.environ, "COADAPT_HOME": str(tmp_path)}
+    out = subprocess.run(
+        [*COADAPT, "demo", "--state-dir", str(tmp_path / "demo")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=360,
+        env=env,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "spot preemption injected" in out.stdout
+    assert "cost report" in out.stdout and "no instance left" in out.stdout
+    from providers.local import LocalProvider
+
+    assert LocalProvider(tmp_path / "demo" / "local").list_instances("coadapt-local") == []
