@@ -104,7 +104,14 @@ def up(
         max_instances=max_instances,
         max_gpu_slots=max_gpu_slots,
     )
-    report = run_up(cfg, stop, on_ready=lambda url: typer.echo(f"coadapt: up at {url} ({state})"))
+
+    def ready(url: str) -> None:
+        typer.echo(f"coadapt: up at {url} ({state})")
+        typer.echo(
+            f"coadapt: dashboard {url}/dashboard#token=<the user token in {state / 'tokens.json'}>"
+        )
+
+    report = run_up(cfg, stop, on_ready=ready)
     if not report.clean:
         _fail(f"instances still listed after down: {', '.join(report.remaining)}")
     typer.echo("coadapt: down; no instance left")

@@ -102,6 +102,7 @@ from werkzeug.routing import Map, Rule
 from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 from werkzeug.wrappers import Request, Response
 
+from autoscaler.controller.dashboard import PAGE
 from autoscaler.controller.errors import (
     ControllerError,
     DuplicateRowError,
@@ -508,6 +509,7 @@ class ApiApp:
             ("POST", "/v1/jobs/<name>/cancel", Role.USER, self._cancel_job),
             ("GET", "/v1/jobs/<name>/logs", Role.USER, self._job_logs),
             ("GET", "/v1/instances", Role.USER, self._list_instances),
+            ("GET", "/v1/costs", Role.USER, self._costs),
             ("POST", "/v1/agents/register", Role.AGENT, self._register),
             ("POST", "/v1/agents/<instance_key>/heartbeat", Role.AGENT, self._heartbeat),
             ("GET", "/v1/agents/<instance_key>/assignments", Role.AGENT, self._assignments),
@@ -532,6 +534,16 @@ class ApiApp:
     def __call__(self, environ: Any, start_response: Any) -> Any:
         request = Request(environ)
         request.max_content_length = self.max_body_bytes
+        if request.method == "GET" and request.path.rstrip("/") == "/dashboard":
+            # The page holds no data: its script calls the API with the user token from the
+            # URL fragment (autoscaler/controller/dashboard.py).
+            page = Response(PAGE, content_type="text/html; charset=utf-8")
+            page.headers["Cache-Control"] = "no-store"
+            page.headers["Content-Security-Policy"] = (
+                "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+                "connect-src 'self'; img-src 'self'"
+            )
+            return page(environ, start_response)
         return self._dispatch(request)(environ, start_response)
 
     def close_thread_store(self) -> None:
@@ -707,6 +719,33 @@ class ApiApp:
     def _list_instances(self, request: Request) -> Response:
         rows = self._store().list_instances()
         return _json({"instances": [instance_to_dict(r) for r in rows]})
+
+    def _costs(self, request: Request) -> Response:
+        """Cost so far: the closed cost records, plus what running instances have accrued at
+        their price since they started; ``points`` the cumulative cost over time."""
+        store = self._store()
+        now = self._clock.now_s()
+        records = sorted(store.cost_records(), key=lambda c: (c.end_s, c.record_id))
+        points: list[list[float]] = []
+        total = 0.0
+        for c in records:
+            total += c.usd
+            points.append([c.end_s, total])
+        usd_per_hour = 0.0
+        for row in store.list_instances():
+            if row.status in (
+                InstanceStatus.RUNNING,
+                InstanceStatus.DRAINING,
+                InstanceStatus.TERMINATING,
+            ):
+                _, started = store.status_times(row.instance_key)
+                if started is not None:
+                    total += row.price_usd_per_hour * max(0.0, now - started) / 3600.0
+                    usd_per_hour += row.price_usd_per_hour
+        if records or usd_per_hour:
+            first = records[0].start_s if records else now
+            points = [[first, 0.0], *points, [now, total]]
+        return _json({"total_usd": total, "usd_per_hour": usd_per_hour, "points": points})
 
     # ---- agents ----------------------------------------------------------------------------
 
@@ -1123,6 +1162,10 @@ class ApiClient:
         return self._parse(lambda d: tuple(instance_from_dict(i) for i in d["instances"]), data)
 
     # ---- agents ----------------------------------------------------------------------------
+
+    def costs(self) -> dict[str, Any]:
+        """Cost so far (``GET /v1/costs``): ``total_usd``, ``usd_per_hour``, ``points``."""
+        return dict(self._call("GET", "/v1/costs"))
 
     def register(self, instance_key: str, *, address: str | None = None) -> InstanceRow:
         body: dict[str, Any] = {"instance_key": instance_key}
