@@ -5,8 +5,11 @@ Two small real PyTorch jobs (``examples/jobs/mlp-*.yaml``) are submitted through
 the second has reported progress, its instance gets a 30 s spot notice (the local provider's
 ``preempt``, from another process as a cloud would): its agent stops the job with a checkpoint,
 the controller drains the instance and places the job again, and it resumes from the
-checkpoint. Both jobs must finish, the preempted one having resumed from a step > 0 (its log
-says so), and after the service stops no instance and no process of its agents is left.
+checkpoint. Both jobs must finish; the preempted one was drained for the notice, resumed from
+its checkpoint (its first report after the notice is at or past the step and sample position of
+its last one before: the trainer's state, not a log line) and was rescaled at least once (its
+reports show two world sizes); every instance that ran is billed at its price for its life;
+and after the service stops no instance and no process of its agents is left.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from autoscaler.controller.service import UpConfig, run_up
 from autoscaler.controller.store import Store
 from coadapt_common.clock import FakeClock
 from coadapt_common.procfs import PROC_ROOT, read_proc_strings
+from trainer.report import TrainerReport
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -70,6 +74,7 @@ def test_two_jobs_and_a_spot_preemption_on_the_local_fleet(
         user.submit_job(small)
         user.submit_job(medium)
         preempted: str | None = None
+        preempted_at = 0.0
         seen_before: dict[str, int] = {}
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
@@ -87,7 +92,7 @@ def test_two_jobs_and_a_spot_preemption_on_the_local_fleet(
                 assert row.provider_instance_id is not None
                 seen_before = {k: user.job_logs(medium.name, instance=k).next_offset for k in keys}
                 LocalProvider(state / "local").preempt(row.provider_instance_id, notice_s=30.0)
-                preempted = victim
+                preempted, preempted_at = victim, time.time()
             if all(str(j.status) in ("completed", "failed") for j in jobs.values()):
                 break
             time.sleep(1.0)
@@ -113,4 +118,23 @@ def test_two_jobs_and_a_spot_preemption_on_the_local_fleet(
     assert _agent_processes(keys) == []
     with Store.open(state / "store.db", FakeClock()) as store:
         reasons = [h.reason for h in store.history(preempted)]
+        _, reports = store.reports_after(0)
+        instances = store.list_instances()
+        costs = store.cost_records()
     assert "spot interruption notice" in reasons, reasons  # drained for the notice
+    # Resumed from its checkpoint, from the trainer's own state: the first launch after the
+    # notice starts at (or past) the step and sample position it had reached before it.
+    mine = [TrainerReport.from_json(p) for job, p in reports if job == medium.name]
+    before = [r for r in mine if r.started_at_s < preempted_at]
+    after = [r for r in mine if r.started_at_s >= preempted_at]
+    assert before and after
+    last, first = before[-1], min(after, key=lambda r: (r.started_at_s, r.sent_at_s))
+    assert last.step > 0 and first.step >= last.step
+    assert (first.epoch, first.epoch_position) >= (last.epoch, last.epoch_position)
+    assert len({r.world_size for r in mine}) >= 2, "never rescaled"
+    # Every instance that ran is billed at its price for its life.
+    ran = {r.instance_key: r for r in instances if r.provider_instance_id is not None}
+    assert {c.instance_key for c in costs} == set(ran)
+    for c in costs:
+        hours = max(60.0, c.end_s - c.start_s) / 3600.0
+        assert c.usd == pytest.approx(ran[c.instance_key].price_usd_per_hour * hours)
