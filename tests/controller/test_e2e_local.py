@@ -14,6 +14,7 @@ and after the service stops no instance and no process of its agents is left.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import threading
 import time
@@ -71,21 +72,30 @@ def test_two_jobs_and_a_spot_preemption_on_the_local_fleet(
         user = ApiClient(ready[0], load_tokens(state / "tokens.json").user, timeout_s=10)
         small = load_job_spec(ROOT / "examples/jobs/mlp-small.yaml").submission()
         medium = load_job_spec(ROOT / "examples/jobs/mlp-medium.yaml").submission()
+        command = list(medium.command)  # twice the example's epochs: time to rescale first
+        command[command.index("--epochs") + 1] = "6"
+        medium = dataclasses.replace(medium, command=tuple(command))
         user.submit_job(small)
         user.submit_job(medium)
         preempted: str | None = None
         preempted_at = 0.0
         seen_before: dict[str, int] = {}
-        deadline = time.monotonic() + 300
+        sizes: set[int] = set()  # world sizes the job has reported
+        submitted = time.monotonic()
+        deadline = submitted + 300
         while time.monotonic() < deadline:
             jobs = {j.name: j for j in user.list_jobs()}
             keys |= {k for j in jobs.values() for k in j.assignment}
             target = jobs[medium.name]
+            if target.progress is not None:
+                sizes.add(target.progress.world_size)
             if (
                 preempted is None
                 and target.progress is not None
                 and target.progress.progress > 0
                 and target.assignment
+                # preempt once it has been rescaled (or, failing that, after 2 minutes)
+                and (len(sizes) >= 2 or time.monotonic() - submitted > 120)
             ):
                 victim = sorted(target.assignment)[0]
                 row = next(r for r in user.list_instances() if r.instance_key == victim)
