@@ -207,12 +207,16 @@ def logs(
     job: Annotated[str, typer.Argument(help="the job's name")],
     state_dir: StateDir = None,
     follow: Annotated[bool, typer.Option("-f", "--follow", help="keep printing")] = False,
+    json_out: Json = False,
 ) -> None:
     """A job's logs (every instance it ran on)."""
     from autoscaler.controller.api import ApiError
 
     client = _client(state_dir)
     try:
+        if json_out:
+            typer.echo(json.dumps(client.job_logs(job).to_dict()))
+            return
         if not follow:
             sys.stdout.write(client.job_logs(job).text)
             return

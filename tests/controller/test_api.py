@@ -1212,3 +1212,55 @@ def test_the_trainers_http_sink_authenticates_with_the_agent_token(
     assert tokens.agent not in repr(sink)
     assert sink.send(report("bert")) is not None
     assert store.latest_report("bert") is not None
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@settings(
+    max_examples=80,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    endpoint=st.sampled_from(
+        [
+            ("/v1/jobs", "user"),
+            ("/v1/jobs/bert/cancel", "user"),
+            ("/v1/agents/register", "agent"),
+            ("/v1/agents/i-1/heartbeat", "agent"),
+            ("/v1/agents/i-1/jobs/bert/exit", "agent"),
+        ]
+    ),
+    base=st.sampled_from(["spec", "empty", "none"]),
+    key=st.text(max_size=12) | st.sampled_from(sorted(spec("x"))),
+    value=JSON_VALUES,
+    raw=st.none() | st.binary(max_size=40),
+)
+def test_no_payload_to_any_endpoint_is_a_server_error(
+    server: ApiServer,
+    tokens: ApiTokens,
+    store: Store,
+    endpoint: tuple[str, str],
+    base: str,
+    key: str,
+    value: object,
+    raw: bytes | None,
+) -> None:
+    """Random JSON (or random bytes) to every POST endpoint: a 2xx or a 4xx, never a 5xx."""
+    if not store.list_jobs():
+        add_instance(store, "i-1")
+        store.add_job("bert", JobSubmission.from_json(json.dumps(spec("bert"))).to_json())
+        place(store, "bert", {"i-1": 1})
+    path, role = endpoint
+    start: dict[str, Any] = {"spec": spec("fuzz"), "empty": {}, "none": {}}[base]
+    body = raw if raw is not None else json.dumps({**start, key: value}).encode()
+    token = tokens.user if role == "user" else tokens.agent
+    status, answer = call(server, "POST", path, body, token=token)
+    assert status < 500, (path, body[:200], answer)

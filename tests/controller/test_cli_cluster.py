@@ -67,6 +67,8 @@ def test_up_submit_status_logs_cancel_down(tmp_path: Path) -> None:
         assert jobs["mlp-small"]["status"] == "completed", doc
         assert any(i["status"] == "running" for i in doc["instances"])
         assert "verdict: done" in _run("logs", "mlp-small", "--state-dir", str(state)).stdout
+        chunk = json.loads(_run("logs", "mlp-small", "--json", "--state-dir", str(state)).stdout)
+        assert chunk["job"] == "mlp-small" and "verdict: done" in chunk["text"]
         cancelled = _run("cancel", "mlp-wide", "--state-dir", str(state))
         assert "mlp-wide: cancelled" in cancelled.stdout
         table = _run("status", "--state-dir", str(state)).stdout
