@@ -337,27 +337,43 @@ def demo(
 
 
 def _cost_table(state: Path) -> None:
-    """The store's cost records by offering and market (what each instance cost, billed)."""
+    """The store's cost records by offering, and split by job (GPU-time held; the rest is
+    idle): what each instance cost, billed."""
     from rich.console import Console
     from rich.table import Table
 
+    from autoscaler.controller.billing import job_costs
     from autoscaler.controller.store import Store
     from coadapt_common.clock import SystemClock
 
-    with Store.open(state / "store.db", SystemClock()) as store:
+    clock = SystemClock()
+    with Store.open(state / "store.db", clock) as store:
         rows = {r.instance_key: r for r in store.list_instances()}
-        by: dict[str, list[float]] = {}
-        for c in store.cost_records():
-            key = rows[c.instance_key].offering_key
-            acc = by.setdefault(key, [0.0, 0.0, 0.0])
-            acc[0] += 1
-            acc[1] += (c.end_s - c.start_s) / 3600.0
-            acc[2] += c.usd
+        records = store.cost_records()
+        by_job = job_costs(
+            records,
+            store.assignment_history(),
+            {k: r.gpus for k, r in rows.items()},
+            clock.now_s(),
+        )
         total = store.total_cost_usd()
+    by: dict[str, list[float]] = {}
+    for c in records:
+        acc = by.setdefault(rows[c.instance_key].offering_key, [0.0, 0.0, 0.0])
+        acc[0] += 1
+        acc[1] += (c.end_s - c.start_s) / 3600.0
+        acc[2] += c.usd
     table = Table(title="cost report")
     for col in ("offering", "instances", "hours", "USD"):
         table.add_column(col)
     for key, (n, hours, usd) in sorted(by.items()):
         table.add_row(key, f"{n:.0f}", f"{hours:.4f}", f"{usd:.4f}")
     table.add_row("total", "", "", f"{total:.4f}")
-    Console().print(table)
+    jobs = Table(title="cost by job (GPU-time held)")
+    jobs.add_column("job")
+    jobs.add_column("USD")
+    for name, usd in sorted(by_job.items()):
+        jobs.add_row(name, f"{usd:.4f}")
+    console = Console()
+    console.print(table)
+    console.print(jobs)

@@ -101,6 +101,7 @@ __all__ = [
     "MIGRATIONS",
     "SCHEMA_VERSION",
     "AssignmentRow",
+    "AssignmentSpan",
     "CostRecordRow",
     "InstanceRow",
     "JobRow",
@@ -242,6 +243,26 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             "CREATE INDEX cost_records_by_instance ON cost_records (instance_key)",
         ),
     ),
+    Migration(
+        3,
+        "assignment history: who held which instance's GPUs when (per-job cost)",
+        (
+            """CREATE TABLE assignment_history (
+                seq INTEGER PRIMARY KEY AUTOINCREMENT,
+                job_name TEXT NOT NULL REFERENCES jobs (name),
+                instance_key TEXT NOT NULL REFERENCES instances (instance_key),
+                gpus INTEGER NOT NULL CHECK (gpus > 0),
+                from_s REAL NOT NULL,
+                to_s REAL
+            )""",
+            "CREATE INDEX assignment_history_by_job ON assignment_history (job_name, seq)",
+            # Assignments held when the store is migrated start at its last plan.
+            """INSERT INTO assignment_history (job_name, instance_key, gpus, from_s, to_s)
+               SELECT job_name, instance_key, gpus,
+                      coalesce((SELECT max(at_s) FROM plans), 0.0), NULL
+               FROM assignments ORDER BY job_name, instance_key""",
+        ),
+    ),
 )
 
 SCHEMA_VERSION: Final = len(MIGRATIONS)
@@ -343,6 +364,18 @@ class AssignmentRow:
     instance_key: str
     gpus: int
     version: int
+
+
+@dataclass(frozen=True)
+class AssignmentSpan:
+    """Job ``job_name`` held ``gpus`` GPUs of ``instance_key`` from ``from_s`` to ``to_s``
+    (``None``: still does)."""
+
+    job_name: str
+    instance_key: str
+    gpus: int
+    from_s: float
+    to_s: float | None
 
 
 @dataclass(frozen=True)
@@ -1082,6 +1115,7 @@ class Store:
                     "SELECT instance_key, gpus FROM assignments WHERE job_name = ?", (job_name,)
                 )
             }
+            now = self._now()
             for key in sorted(set(held) - set(wanted)):
                 conn.execute(
                     "DELETE FROM assignments WHERE job_name = ? AND instance_key = ?",
@@ -1100,6 +1134,30 @@ class Store:
                         "WHERE job_name = ? AND instance_key = ?",
                         (gpus, job_name, key),
                     )
+            for key in sorted(set(held) | set(wanted)):
+                if held.get(key) == wanted.get(key):
+                    continue
+                conn.execute(  # the span that ends now
+                    "UPDATE assignment_history SET to_s = ? "
+                    "WHERE job_name = ? AND instance_key = ? AND to_s IS NULL",
+                    (now, job_name, key),
+                )
+                if key in wanted:
+                    conn.execute(
+                        "INSERT INTO assignment_history "
+                        "(job_name, instance_key, gpus, from_s, to_s) VALUES (?, ?, ?, ?, NULL)",
+                        (job_name, key, wanted[key], now),
+                    )
+
+    def assignment_history(self, job: str | None = None) -> tuple[AssignmentSpan, ...]:
+        """Every span in which a job held GPUs of an instance (``to_s`` ``None``: still
+        holds them), oldest first; of one job if ``job`` is given."""
+        sql = "SELECT job_name, instance_key, gpus, from_s, to_s FROM assignment_history"
+        params: tuple[str, ...] = ()
+        if job is not None:
+            sql += " WHERE job_name = ?"
+            params = (job,)
+        return tuple(AssignmentSpan(*r) for r in self._read(sql + " ORDER BY seq", params))
 
     def assignment_rows(
         self, job: str | None = None, instance: str | None = None

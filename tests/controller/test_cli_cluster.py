@@ -99,6 +99,7 @@ def test_demo_runs_to_the_cost_report_and_leaves_nothing(tmp_path: Path) -> None
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "spot preemption injected" in out.stdout
     assert "cost report" in out.stdout and "no instance left" in out.stdout
+    assert "cost by job" in out.stdout and "mlp-medium" in out.stdout.split("cost by job")[1]
     from providers.local import LocalProvider
 
     assert LocalProvider(tmp_path / "demo" / "local").list_instances("coadapt-local") == []

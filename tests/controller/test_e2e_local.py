@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from autoscaler.controller.api import ApiClient, load_tokens
+from autoscaler.controller.billing import job_costs
 from autoscaler.controller.jobspec import load_job_spec
 from autoscaler.controller.loop import DownReport
 from autoscaler.controller.service import UpConfig, run_up
@@ -131,6 +132,7 @@ def test_two_jobs_and_a_spot_preemption_on_the_local_fleet(
         _, reports = store.reports_after(0)
         instances = store.list_instances()
         costs = store.cost_records()
+        spans = store.assignment_history()
     assert "spot interruption notice" in reasons, reasons  # drained for the notice
     # Resumed from its checkpoint, from the trainer's own state: the first launch after the
     # notice starts at (or past) the step and sample position it had reached before it.
@@ -148,3 +150,8 @@ def test_two_jobs_and_a_spot_preemption_on_the_local_fleet(
     for c in costs:
         hours = max(60.0, c.end_s - c.start_s) / 3600.0
         assert c.usd == pytest.approx(ran[c.instance_key].price_usd_per_hour * hours)
+    # ... and that cost, split by the GPU-time each job held, lists both jobs; the jobs and
+    # the idle rest sum to the total to the cent.
+    by_job = job_costs(costs, spans, {k: r.gpus for k, r in ran.items()}, time.time())
+    assert by_job[small.name] > 0 and by_job[medium.name] > 0
+    assert round(sum(by_job.values()), 2) == round(sum(c.usd for c in costs), 2)

@@ -657,6 +657,10 @@ SEED: dict[int, list[str]] = {
         "INSERT INTO cost_records (instance_key, start_s, end_s, price_usd_per_hour, usd) "
         "VALUES ('i-1', 14.0, 3614.0, 0.5, 0.5)",
     ],
+    3: [
+        "INSERT INTO assignment_history (job_name, instance_key, gpus, from_s, to_s) "
+        "VALUES ('j1', 'i-1', 2, 15.0, 18.0)",
+    ],
 }
 
 
@@ -699,6 +703,13 @@ def check_seeded_rows(store: Store, version: int) -> None:
     else:  # tables of later versions start empty
         assert store.reports_after(0) == (0, ())
         assert store.cost_records() == () and store.list_models() == ()
+    spans = [
+        (a.job_name, a.instance_key, a.gpus, a.from_s, a.to_s) for a in store.assignment_history()
+    ]
+    if version >= 3:
+        assert spans == [("j1", "i-1", 2, 15.0, 18.0)]
+    else:  # the held assignment, from the last plan on
+        assert spans == [("j1", "i-1", 4, 20.0, None)]
 
 
 def test_migrations_are_numbered_in_order_and_seeded() -> None:
@@ -736,6 +747,7 @@ def test_every_past_version_opens_and_migrates(
         "models",
         "price_history",
         "cost_records",
+        "assignment_history",
     }
     with Store.open(old, clock) as s:  # opening again migrates nothing; the rows move on
         check_seeded_rows(s, version)
