@@ -13,7 +13,7 @@ import json
 import re
 from enum import StrEnum
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import typer
 
@@ -62,8 +62,10 @@ def _unique_slugs(labels: list[str | None]) -> list[str]:
 
 @cost_app.command("report")
 def report(
-    file: Path = typer.Argument(
-        ..., help="JSON: a cost record, a simulation result with one, or a list of results."
+    file: Path | None = typer.Argument(
+        None,
+        help="JSON: a cost record, a simulation result with one, or a list of results "
+        "(or give --state-dir for a cluster's own store).",
     ),
     fmt: ReportFormat = typer.Option(
         ReportFormat.TABLE,
@@ -79,6 +81,12 @@ def report(
         help="Where to write: a folder for csv (one sub-folder per run when several), a file "
         "otherwise; table and json print to stdout without it.",
     ),
+    state_dir: Path | None = typer.Option(
+        None,
+        "--state-dir",
+        help="Report a cluster's fleet from its controller store (the folder `coadapt up` "
+        "uses) instead of a FILE.",
+    ),
 ) -> None:
     """Report what a run cost: totals, per job (GPU-hours, USD, goodput per USD, JCT), per
     offering and market (instance-hours, USD, savings vs on-demand), and over time.
@@ -87,14 +95,9 @@ def report(
     its instances' GPUs times their price while it held them; what no job held (free GPUs,
     provisioning, minimum billing) is idle cost, so jobs + idle = total.
     """
-    from autoscaler.errors import InvalidInputError
-    from autoscaler.report.source import find_cost_records
-    from coadapt_common.atomic import write_text_atomic
 
-    if not file.exists():
-        _fail(f"{file}: no such file")
-    if file.is_dir():
-        _fail(f"{file}: is a folder; give a JSON file")
+    if (file is None) == (state_dir is None):
+        _fail("give either a FILE or --state-dir")
     if fmt in (ReportFormat.CSV, ReportFormat.HTML) and out is None:
         what = "a folder" if fmt is ReportFormat.CSV else "an .html file"
         _fail(f"--format {fmt.value} writes files: give --out with {what}")
@@ -103,6 +106,38 @@ def report(
             _fail(f"--out {out}: is a file; csv needs a folder")
         if fmt is not ReportFormat.CSV and out.is_dir():
             _fail(f"--out {out}: is a folder; give a file name")
+    if state_dir is not None:
+        reports = [_store_report(state_dir)]
+        source_name = str(state_dir)
+    else:
+        assert file is not None
+        reports = _file_reports(file)
+        source_name = file.name
+    _write_reports(reports, fmt, out, source_name)
+
+
+def _store_report(state_dir: Path) -> tuple[str | None, Any]:
+    from autoscaler.controller.billing import cost_record_from_store
+    from autoscaler.controller.errors import StoreError
+    from autoscaler.controller.store import Store
+    from coadapt_common.clock import SystemClock
+
+    clock = SystemClock()
+    try:
+        with Store.open(state_dir / "store.db", clock) as store:
+            return f"cluster {store.cluster_id}", cost_record_from_store(store, clock.now_s())
+    except StoreError as e:
+        _fail(str(e))
+
+
+def _file_reports(file: Path) -> list[tuple[str | None, Any]]:
+    from autoscaler.errors import InvalidInputError
+    from autoscaler.report.source import find_cost_records
+
+    if not file.exists():
+        _fail(f"{file}: no such file")
+    if file.is_dir():
+        _fail(f"{file}: is a folder; give a JSON file")
     try:
         payload = json.loads(file.read_text(encoding="utf-8"))
     except UnicodeDecodeError as e:
@@ -117,7 +152,14 @@ def report(
         _fail(f"{file}: {e}")
     for label in found.skipped:
         typer.echo(f"note: {label}: no cost record (skipped)", err=True)
-    reports = [(r.label, r.record) for r in found.records]
+    return [(r.label, r.record) for r in found.records]
+
+
+def _write_reports(
+    reports: list[tuple[str | None, Any]], fmt: ReportFormat, out: Path | None, source: str
+) -> None:
+    from coadapt_common.atomic import write_text_atomic
+
     try:
         if fmt is ReportFormat.TABLE:
             text = _render_tables(reports, plain=out is not None)
@@ -149,7 +191,7 @@ def report(
             from autoscaler.report.html import write_html
 
             assert out is not None
-            write_html(out, reports, title=f"coadapt cost report: {file.name}")
+            write_html(out, reports, title=f"coadapt cost report: {source}")
     except OSError as e:
         _fail(f"--out {out}: cannot write: {e.strerror or e}")
     typer.echo(f"report written to {out}", err=True)

@@ -12,9 +12,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
-from autoscaler.controller.store import AssignmentSpan, CostRecordRow
+from autoscaler.controller.lifecycle import InstanceStatus
+from autoscaler.controller.store import AssignmentSpan, CostRecordRow, JobStatus, Store
+from autoscaler.costs import CostLedger, CostRecord
 
-__all__ = ["IDLE", "job_costs"]
+__all__ = ["IDLE", "cost_record_from_store", "job_costs"]
 
 IDLE: Final = "(idle)"
 """The share of a fleet's cost no job held."""
@@ -47,3 +49,63 @@ def job_costs(
                     attributed += share
         out[IDLE] = out.get(IDLE, 0.0) + rec.usd - attributed
     return out
+
+
+def cost_record_from_store(store: Store, now_s: float) -> CostRecord:
+    """The controller's fleet as a :class:`~autoscaler.costs.CostRecord` (what ``coadapt cost
+    report`` reads): every instance that ran, from when it was first seen running to when it
+    was seen gone (still running: to ``now_s``) at its price; every job's GPU-time on them
+    from the assignment history (clamped to the instance's life); submissions, and
+    completions at the job's last update. An instance whose history shows a spot notice or a
+    vanishing ended ``preempted``, the others ``released``."""
+    ledger = CostLedger()
+    life: dict[str, tuple[float, float | None]] = {}
+    preempted_keys: set[str] = set()
+    for row in store.list_instances():
+        _, started = store.status_times(row.instance_key)
+        if started is None or row.provider_instance_id is None:
+            continue  # never ran: never billed
+        history = store.history(row.instance_key)
+        ended = history[-1].at_s if row.status is InstanceStatus.TERMINATED else None
+        ledger.launch(
+            row.instance_key,
+            offering_key=row.offering_key,
+            provider=row.provider,
+            instance_type=row.instance_type,
+            gpu_type=row.gpu_type,
+            gpus=row.gpus,
+            zone=row.zone,
+            market=row.market.value,
+            t_s=started,
+            usd_per_hour=row.price_usd_per_hour,
+        )
+        preempted = any(
+            h.reason in ("spot interruption notice", "no longer listed by the cloud")
+            for h in history
+        )
+        life[row.instance_key] = (started, ended)
+        if ended is not None:
+            life[row.instance_key] = (started, max(ended, started))
+        if preempted:
+            preempted_keys.add(row.instance_key)
+    jobs = store.list_jobs()
+    for job in jobs:
+        ledger.job_event(job.name, job.submitted_at_s, "submitted")
+    last_use: dict[str, float] = {}
+    for span in store.assignment_history():
+        if span.instance_key not in life:
+            continue
+        start, end = life[span.instance_key]
+        t0 = max(span.from_s, start)
+        t1 = min(now_s if span.to_s is None else span.to_s, now_s if end is None else end)
+        if t1 > t0:
+            ledger.job_usage(span.job_name, span.instance_key, t0, t1, span.gpus)
+            last_use[span.job_name] = max(last_use.get(span.job_name, t1), t1)
+    for job in jobs:
+        if job.status is JobStatus.COMPLETED:
+            at = max(job.updated_at_s, last_use.get(job.name, job.submitted_at_s))
+            ledger.job_event(job.name, at, "finished")
+    for key, (_, end) in sorted(life.items()):
+        if end is not None:
+            ledger.end(key, end, "preempted" if key in preempted_keys else "released")
+    return ledger.close(now_s)

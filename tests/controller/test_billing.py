@@ -32,3 +32,59 @@ def test_billing_minimum_and_unheld_instances_are_idle() -> None:
     records = [CostRecordRow(1, "i-1", 0.0, 10.0, 3.6, 0.06), CostRecordRow(2, "i-9", 0, 60, 1, 1)]
     costs = job_costs(records, [AssignmentSpan("a", "i-1", 1, 0.0, 10.0)], {"i-1": 1}, 10.0)
     assert costs["a"] == pytest.approx(0.06) and costs[IDLE] == pytest.approx(1.0)
+
+
+def test_the_cost_report_over_a_controller_store_lists_jobs_and_instances(tmp_path) -> None:
+    """A controller run on the fake cloud (jobs placed, one instance preempted, down), then
+    `coadapt cost report --state-dir`: every job and every instance that ran are listed, and
+    the total equals the store's own cost records (price x billed life) to the cent."""
+    from typer.testing import CliRunner
+
+    from autoscaler.cli import app
+    from autoscaler.controller.billing import cost_record_from_store
+    from autoscaler.controller.jobs import JobSubmission
+    from autoscaler.controller.lifecycle import InstanceStatus
+    from autoscaler.controller.loop import Controller, ControllerConfig
+    from autoscaler.controller.reconcile import ReconcileConfig
+    from autoscaler.controller.store import Store
+    from autoscaler.costs import summarize
+    from autoscaler.sizing import SizingConfig
+    from coadapt_common.clock import FakeClock
+    from providers.fake import FakeProvider
+
+    clock = FakeClock()
+    store = Store.create(tmp_path / "store.db", "bill1", clock)
+    for i in range(2):
+        spec = JobSubmission(f"job-{i}", 128, 1024, 128, 32, application="cifar10")
+        store.add_job(spec.name, spec.to_json())
+    cloud = FakeProvider(clock=clock)
+    cfg = ControllerConfig(
+        "bill1",
+        sizing=SizingConfig(max_instances=4),
+        reconcile=ReconcileConfig(heartbeat_timeout_s=None),
+    )
+    ctl = Controller(store, cloud, clock, cfg)
+    for r in range(4):
+        ctl.run_round()
+        clock.advance(600.0)
+        if r == 1:
+            victim = store.list_instances(statuses=(InstanceStatus.RUNNING,))[0]
+            assert victim.provider_instance_id is not None
+            cloud.preempt(victim.provider_instance_id, notice_s=0.0)
+    assert ctl.down().clean
+    record = cost_record_from_store(store, clock.now_s())
+    ran = {r.instance_key for r in store.list_instances() if r.provider_instance_id}
+    assert {i.instance_id for i in record.instances} == ran
+    assert {j.job_id for j in record.jobs} == {"job-0", "job-1"}
+    assert all(j.usages for j in record.jobs)
+    summary = summarize(record)
+    assert round(summary.total_usd, 2) == round(store.total_cost_usd(), 2)
+    assert summary.attributed_usd > 0
+    store.close()
+    out = CliRunner().invoke(
+        app, ["cost", "report", "--state-dir", str(tmp_path), "--format", "json"]
+    )
+    assert out.exit_code == 0, out.output
+    assert "bill1" in out.output and "job-0" in out.output
+    refused = CliRunner().invoke(app, ["cost", "report"])
+    assert refused.exit_code != 0 and "either a FILE or --state-dir" in refused.output
