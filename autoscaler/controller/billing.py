@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
 from autoscaler.controller.lifecycle import InstanceStatus
+from autoscaler.controller.reconcile import NOTICE_REASON, VANISHED_REASON
 from autoscaler.controller.store import AssignmentSpan, CostRecordRow, JobStatus, Store
 from autoscaler.costs import CostLedger, CostRecord
 
@@ -79,14 +80,8 @@ def cost_record_from_store(store: Store, now_s: float) -> CostRecord:
             t_s=started,
             usd_per_hour=row.price_usd_per_hour,
         )
-        preempted = any(
-            h.reason in ("spot interruption notice", "no longer listed by the cloud")
-            for h in history
-        )
-        life[row.instance_key] = (started, ended)
-        if ended is not None:
-            life[row.instance_key] = (started, max(ended, started))
-        if preempted:
+        life[row.instance_key] = (started, None if ended is None else max(ended, started))
+        if any(h.reason in (NOTICE_REASON, VANISHED_REASON) for h in history):
             preempted_keys.add(row.instance_key)
     jobs = store.list_jobs()
     for job in jobs:

@@ -44,13 +44,14 @@ from autoscaler.controller.errors import StaleVersionError, UnknownFleetError
 from autoscaler.controller.jobs import JobBook, JobSubmission
 from autoscaler.controller.lifecycle import InstanceStatus, terminate_retries
 from autoscaler.controller.reconcile import (
+    HELD,
     Actions,
     ReconcileConfig,
     ReconcileInput,
     RowView,
     reconcile,
 )
-from autoscaler.controller.store import InstanceRow, JobStatus, Store
+from autoscaler.controller.store import InstanceRow, JobRow, JobStatus, Store
 from autoscaler.errors import InvalidInputError
 from autoscaler.gputypes import default_speed_table
 from autoscaler.jobs import Allocation, ClusterView, JobView, NodeView, OfferingRef, RoundInput
@@ -214,11 +215,7 @@ class Controller:
         cluster = self._cluster(ready, now)
         held: dict[str, int] = {}
         for r in rows:
-            if r.status in (
-                InstanceStatus.QUEUED,
-                InstanceStatus.REQUESTED,
-                InstanceStatus.RUNNING,
-            ):
+            if r.status in HELD:
                 held[r.offering_key] = held.get(r.offering_key, 0) + 1
         unavailable = self.unavailable.unavailable()
         target = self.strategy.propose(
@@ -256,7 +253,7 @@ class Controller:
         self.policy_state = decision.state
         t4 = time.perf_counter()
 
-        calls = 2 + self._act(actions, decision.plan.allocations, jobs, rows, now)
+        calls = 2 + self._act(actions, decision.plan.allocations, jobs, rows, assignments, now)
         t5 = time.perf_counter()
         return RoundReport(
             self._round,
@@ -415,7 +412,7 @@ class Controller:
         )
 
     def _views(
-        self, jobs: Sequence, assignments: Mapping[tuple[str, str], int], now: float
+        self, jobs: Sequence[JobRow], assignments: Mapping[tuple[str, str], int], now: float
     ) -> tuple[JobView, ...]:
         alloc: dict[str, dict[str, int]] = {}
         for (job, key), gpus in assignments.items():
@@ -512,11 +509,13 @@ class Controller:
         self,
         actions: Actions,
         allocations: Mapping[str, Allocation],
-        jobs: Sequence,
+        jobs: Sequence[JobRow],
         rows: Sequence[InstanceRow],
+        assignments: Mapping[tuple[str, str], int],
         now: float,
     ) -> int:
-        """Execute ``actions`` (store, then cloud); returns the cloud calls made."""
+        """Execute ``actions`` (store, then cloud); returns the cloud calls made.
+        ``assignments`` are the ones the round read."""
         store = self.store
         by_key = {r.instance_key: r for r in rows}
         for t in actions.transitions:
@@ -546,7 +545,7 @@ class Controller:
             )
         store.record_plan(json.dumps({k: dict(a) for k, a in sorted(allocations.items())}))
         active = {j.name for j in jobs}
-        for name in sorted({job for job, _ in store.list_assignments()} - active):
+        for name in sorted({job for job, _ in assignments} - active):
             store.set_assignments(name, {})  # ended (completed, failed, cancelled): released
         for j in jobs:
             alloc = allocations.get(j.name, Allocation())
@@ -603,7 +602,7 @@ class Controller:
         o = self._offerings.get(row.offering_key)
         if o is None:
             return 0
-        if o.key in self.unavailable.unavailable():
+        if self.unavailable.is_unavailable(o.key):
             if row.status is InstanceStatus.QUEUED:
                 by_key[key] = self.store.transition(
                     key,

@@ -57,6 +57,8 @@ from autoscaler.errors import InvalidInputError
 from providers.base import Instance, InterruptionKind, InterruptionNotice
 
 __all__ = [
+    "NOTICE_REASON",
+    "VANISHED_REASON",
     "Actions",
     "LaunchIntent",
     "Leak",
@@ -70,6 +72,11 @@ __all__ = [
 HELD = frozenset({InstanceStatus.QUEUED, InstanceStatus.REQUESTED, InstanceStatus.RUNNING})
 """Statuses that count as holding an instance of an offering (what sizing's target is
 compared with)."""
+
+NOTICE_REASON = "spot interruption notice"
+"""The history reason of a drain for a spot notice (a preemption)."""
+VANISHED_REASON = "no longer listed by the cloud"
+"""The history reason of an instance that vanished (preempted without a notice read)."""
 
 _LISTED = frozenset(
     {
@@ -252,7 +259,7 @@ def reconcile(inp: ReconcileInput, config: ReconcileConfig | None = None) -> Act
             own = mine[0]
         b.leaks.extend(Leak(i, "second instance of one request") for i in mine if i is not own)
         if own is None and row.provider_instance_id is not None and row.status in _LISTED:
-            b.move(row, InstanceStatus.TERMINATED, "no longer listed by the cloud")
+            b.move(row, InstanceStatus.TERMINATED, VANISHED_REASON)
         elif own is not None and row.provider_instance_id is None:
             _adopt(b, row, own)
         else:
@@ -309,7 +316,7 @@ def _act_on_row(b: _Builder, row: RowView, own: Instance | None, noticed: set[st
             b.launch.append(row.key)  # re-issued once per process: the launch rule dedupes
     elif s is InstanceStatus.RUNNING and own is not None:
         if own.instance_id in noticed:
-            b.move(row, InstanceStatus.DRAINING, "spot interruption notice", preemption=True)
+            b.move(row, InstanceStatus.DRAINING, NOTICE_REASON, preemption=True)
             b.drained.append(row.key)
         elif _agent_dead(row, inp.now_s, cfg):
             b.stop(row, "agent stopped heartbeating")
