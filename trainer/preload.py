@@ -176,6 +176,10 @@ def _accept(listener: socket.socket, children: dict[int, socket.socket], server_
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
+    # Signals stay blocked across the fork until the child has dropped the server's handlers:
+    # a SIGTERM forwarded the moment the client learns the pid must reach the script, not
+    # the server's on_term copied into the child.
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS)
     pid = os.fork()
     if pid == 0:  # the worker
         try:
@@ -189,6 +193,7 @@ def _accept(listener: socket.socket, children: dict[int, socket.socket], server_
 
                 traceback.print_exc()
         raise SystemExit(code)
+    signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     for fd in fds:
         os.close(fd)
     children[pid] = conn
@@ -200,6 +205,7 @@ def _become_worker(request: dict[str, Any], fds: list[int]) -> int:
     """In the forked child: take over the client's identity and run its script."""
     for sig in (*FORWARDED_SIGNALS, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED_SIGNALS)  # blocked by _accept
     logger.handlers.clear()  # the server's own handler; the script configures its logging
     logger.setLevel(logging.NOTSET)
     for target, fd in enumerate(fds):
@@ -276,6 +282,9 @@ def run_client(argv: Sequence[str], *, connect_timeout_s: float = 10.0) -> int:
     sock = _connect(path, connect_timeout_s) if path else None
     if sock is None:
         os.execv(sys.executable, [sys.executable, "-u", *argv])
+    # From the request on, a signal torchrun sends is held (not lost, not fatal to the client
+    # alone) until the worker's pid is known, then forwarded to it.
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS)
     try:
         _send(
             sock,
@@ -284,6 +293,7 @@ def run_client(argv: Sequence[str], *, connect_timeout_s: float = 10.0) -> int:
         )
         reply, _ = _recv(sock)
     except (OSError, ConnectionError, ValueError):
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)  # a mask survives exec
         os.execv(sys.executable, [sys.executable, "-u", *argv])
     child = int(reply["pid"])
 
@@ -293,6 +303,7 @@ def run_client(argv: Sequence[str], *, connect_timeout_s: float = 10.0) -> int:
 
     for sig in FORWARDED_SIGNALS:
         signal.signal(sig, forward)
+    signal.pthread_sigmask(signal.SIG_SETMASK, blocked)  # held signals are forwarded now
     try:
         while True:
             try:

@@ -6,6 +6,7 @@ import http.server
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -30,7 +31,7 @@ from trainer.launch import (
     worker_environment,
 )
 from trainer.metrics import ProfileKey, StepProfiler
-from trainer.preload import SOCKET_ENV
+from trainer.preload import SOCKET_ENV, _recv, _send
 from trainer.report import (
     BatchConfig,
     JobHints,
@@ -198,6 +199,44 @@ def test_preload_client_falls_back_without_a_server(tmp_path: Path) -> None:
     client = _client(script, ["exit", "4"], None, tmp_path)
     out, _ = client.communicate(timeout=30)
     assert client.returncode == 4 and json.loads(out)["pid"] == client.pid  # exec'd in place
+
+
+def test_a_signal_sent_before_the_client_knows_its_worker_is_forwarded(tmp_path: Path) -> None:
+    """torchrun may signal a worker the instant it starts: the client holds the signal until
+    the server has named the worker, then forwards it (the server here speaks the protocol
+    by hand, so the signal lands deterministically before the pid reply)."""
+    path = str(tmp_path / "s.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+    listener.settimeout(30)
+    target = subprocess.Popen(
+        [sys.executable, "-c", "import signal, sys, time\n"
+         "signal.signal(signal.SIGTERM, lambda *a: sys.exit(7))\n"
+         "print('ready', flush=True)\ntime.sleep(30)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert target.stdout is not None and target.stdout.readline() == "ready\n"
+    client = _client(tmp_path / "unused.py", [], path, tmp_path)
+    try:
+        conn, _ = listener.accept()
+        conn.settimeout(30)
+        request, fds = _recv(conn, with_fds=3)
+        for fd in fds:
+            os.close(fd)
+        assert request["argv"] == [str(tmp_path / "unused.py")]
+        client.send_signal(signal.SIGTERM)  # before the client knows the worker
+        time.sleep(0.3)
+        assert client.poll() is None  # held, not fatal
+        _send(conn, {"pid": target.pid})
+        assert target.wait(30) == 7  # forwarded once the pid arrived
+        _send(conn, {"exit": 7})
+        assert client.wait(30) == 7
+    finally:
+        for proc in (client, target):
+            if proc.poll() is None:
+                proc.kill()
+        listener.close()
 
 
 # ---------------------------------------------------------------------------- profiling
