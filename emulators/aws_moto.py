@@ -7,6 +7,9 @@ each place says so:
 
 * ``ApiCallCounter`` counts real API calls (``before-call`` hook), attributed to the provider
   method that made them (``AwsProvider.current_operation``).
+* ``OPERATIONS_SEEN`` records every API operation any provider built by ``make_provider``
+  makes (``(service, OperationName)``), so the tests can hold the adapter to the calls its IAM
+  policy grants (``providers.aws.permissions``).
 * ``CapacityModel`` makes chosen pools answer like EC2 does when it has no capacity (moto
   never does), and makes ``RunInstances`` launch ``MaxCount`` as EC2 does (moto launches
   ``MinCount``): ``CreateFleet`` requests lose those pools' overrides before they are sent, and
@@ -209,6 +212,36 @@ def default_network(url: str, region: str = DEFAULT_REGION) -> tuple[str, dict[s
     return image_id, subnets
 
 
+class OperationLog:
+    """The ``(service, OperationName)`` pairs providers' clients called (``before-call``).
+
+    Thread-safe; ``watch(provider)`` hooks every client of a provider (first in line, so a
+    hook answering locally, like a Stubber or ``CapacityModel``, still counts).
+    """
+
+    def __init__(self) -> None:
+        self._seen: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+
+    def watch(self, provider: AwsProvider) -> AwsProvider:
+        for client in provider.clients():
+            service = client.meta.service_model.service_name
+
+            def on_call(model: Any = None, _service: str = service, **_: Any) -> None:
+                with self._lock:
+                    self._seen.add((_service, getattr(model, "name", "unknown")))
+
+            client.meta.events.register_first("before-call", on_call)
+        return provider
+
+    def seen(self) -> frozenset[tuple[str, str]]:
+        with self._lock:
+            return frozenset(self._seen)
+
+
+OPERATIONS_SEEN = OperationLog()
+
+
 def make_provider(
     url: str,
     *,
@@ -230,13 +263,14 @@ def make_provider(
         config_overrides["subnets_by_zone"] = default_network(url, region)[1]
     config_overrides.setdefault("instance_types", TEST_GPU_TYPES)
     config = AwsConfig(region=region, **config_overrides)
-    return AwsProvider(
+    provider = AwsProvider(
         config,
         clock=clock or SystemClock(),
         session=boto_session(region),
         endpoint_url=url,
         retry_policy=retry_policy,
     )
+    return OPERATIONS_SEEN.watch(provider)
 
 
 # ---------------------------------------------------------------------- interruptions

@@ -22,3 +22,22 @@ except ImportError:  # pragma: no cover - hypothesis is a dev dependency
 @pytest.fixture(scope="session")
 def project_root() -> Path:
     return ROOT
+
+
+@pytest.fixture(autouse=True)
+def _aws_adapter_calls_stay_declared():
+    """Every test that drives the AWS adapter (through ``emulators.aws_moto.make_provider``)
+    holds it to the operations its IAM policy grants (``providers.aws.permissions``)."""
+    yield
+    import sys
+
+    moto_helpers = sys.modules.get("emulators.aws_moto")
+    if moto_helpers is None:
+        return
+    from providers.aws.permissions import ADAPTER_OPERATIONS
+
+    undeclared = sorted(moto_helpers.OPERATIONS_SEEN.seen() - ADAPTER_OPERATIONS)
+    assert not undeclared, (
+        f"the AWS adapter called {undeclared}, which providers/aws/permissions.py does not "
+        "declare (and the terraform controller policy does not grant)"
+    )
