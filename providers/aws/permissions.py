@@ -80,5 +80,7 @@ def controller_iam_actions(*, managed_template: bool = False) -> frozenset[str]:
         ADAPTER_OPERATIONS if managed_template else ADAPTER_OPERATIONS - MANAGED_TEMPLATE_OPERATIONS
     )
     return frozenset(
-        {iam_action(s, o) for s, o in operations} | set(IMPLIED_ACTIONS) | set(CONTROLLER_SERVICE_ACTIONS)
+        {iam_action(s, o) for s, o in operations}
+        | set(IMPLIED_ACTIONS)
+        | set(CONTROLLER_SERVICE_ACTIONS)
     )

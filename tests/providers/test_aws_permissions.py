@@ -34,7 +34,7 @@ from providers.aws.permissions import (
 from providers.base import LaunchRequest, Market
 
 
-def _request(cluster_id: str, provider, n: int, **kw) -> LaunchRequest:  # noqa: ANN001
+def _request(cluster_id: str, provider, n: int, **kw) -> LaunchRequest:
     return LaunchRequest(
         request_id=f"req-{uuid.uuid4().hex[:12]}",
         cluster_id=cluster_id,
@@ -86,6 +86,8 @@ def test_the_controller_actions_are_the_operations_and_what_they_imply() -> None
     actions = controller_iam_actions()
     assert iam_action("ec2", "CreateFleet") in actions
     assert iam_action("ec2", "CreateLaunchTemplate") not in actions  # terraform's template
-    assert iam_action("ec2", "CreateLaunchTemplate") in controller_iam_actions(managed_template=True)
+    assert iam_action("ec2", "CreateLaunchTemplate") in controller_iam_actions(
+        managed_template=True
+    )
     assert set(IMPLIED_ACTIONS) <= actions and set(CONTROLLER_SERVICE_ACTIONS) <= actions
     assert all(":" in a and " " not in a for a in actions)
