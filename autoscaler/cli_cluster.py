@@ -4,7 +4,8 @@ hands (thin: parse, call :mod:`autoscaler.controller`, print).
 Every command finds the cluster through its state folder (``--state-dir``, default
 ``$COADAPT_HOME/cluster``, ``~/.coadapt/cluster`` without it): ``up`` writes ``up.json`` there
 (the API URL and its pid) and the tokens file; the others read them. Only the ``local``
-provider can be brought up from the CLI today.
+provider runs on this machine; ``up --provider aws|gcp`` runs on the controller machine that
+``coadapt deploy`` (:mod:`autoscaler.cli_deploy`) creates.
 """
 
 from __future__ import annotations
@@ -70,9 +71,24 @@ def register(app: typer.Typer) -> None:
 
 
 def up(
-    provider: Annotated[str, typer.Option(help="where instances come from: local")] = "local",
+    provider: Annotated[
+        str, typer.Option(help="where instances come from: local, aws or gcp")
+    ] = "local",
+    provider_config: Annotated[
+        Path | None,
+        typer.Option(
+            help="aws/gcp: the deployment's provider.json (terraform writes it on the "
+            "controller machine; see terraform/aws or terraform/gcp)"
+        ),
+    ] = None,
+    cluster_id: Annotated[
+        str, typer.Option(help="the cluster's id (tags every instance it launches)")
+    ] = "coadapt-local",
     state_dir: StateDir = None,
     interval_s: Annotated[float, typer.Option(help="seconds between rounds")] = 10.0,
+    host: Annotated[
+        str, typer.Option(help="API address to listen on (0.0.0.0 on a cloud controller)")
+    ] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="API port (0: any free one)")] = 0,
     max_instances: Annotated[int, typer.Option(help="fleet size cap")] = 4,
     max_gpu_slots: Annotated[
@@ -80,15 +96,15 @@ def up(
     ] = None,
 ) -> None:
     """Run the controller (API, rounds, fleet) in the foreground until Ctrl-C or `coadapt
-    down`, then release every instance."""
+    down`, then release every instance. On aws/gcp it runs on the controller machine a
+    deployment made (`coadapt deploy`), reading that deployment's provider config."""
     from autoscaler.controller.service import UpConfig, run_up
+    from autoscaler.errors import InvalidInputError
 
-    if provider != "local":
-        _fail(
-            f"--provider {provider}: only 'local' can be brought up from the CLI today "
-            "(the aws and gcp adapters exist; their deployment is not built yet)",
-            2,
-        )
+    if provider not in ("local", "aws", "gcp"):
+        _fail(f"--provider {provider}: choose local, aws or gcp", 2)
+    if provider != "local" and provider_config is None:
+        _fail(f"--provider {provider} needs --provider-config (the deployment's provider.json)", 2)
     if interval_s <= 0 or max_instances < 1:
         _fail("--interval-s must be > 0 and --max-instances >= 1", 2)
     state = _state(state_dir)
@@ -99,10 +115,14 @@ def up(
         signal.signal(sig, lambda *_: stop.set())
     cfg = UpConfig(
         state,
+        cluster_id=cluster_id,
         interval_s=interval_s,
+        host=host,
         port=port,
         max_instances=max_instances,
         max_gpu_slots=max_gpu_slots,
+        provider=provider,
+        provider_config=provider_config,
     )
 
     def ready(url: str) -> None:
@@ -111,7 +131,10 @@ def up(
             f"coadapt: dashboard {url}/dashboard#token=<the user token in {state / 'tokens.json'}>"
         )
 
-    report = run_up(cfg, stop, on_ready=ready)
+    try:
+        report = run_up(cfg, stop, on_ready=ready)
+    except InvalidInputError as e:
+        _fail(str(e), 2)
     if not report.clean:
         _fail(f"instances still listed after down: {', '.join(report.remaining)}")
     typer.echo("coadapt: down; no instance left")
@@ -308,7 +331,7 @@ def demo(
         for name in DEMO_JOBS:
             client.submit_job(load_job_spec(examples / f"{name}.yaml").submission())
             typer.echo(f"coadapt demo: submitted {name}")
-        preempted, shown = None, 0.0
+        preempted, shown, placed_at = None, 0.0, None
         while time.monotonic() - start < timeout_s:
             doc = _status_doc(client)
             if time.monotonic() - shown >= 10.0:
@@ -316,7 +339,16 @@ def demo(
                 shown = time.monotonic()
             jobs = {j["name"]: j for j in doc["jobs"]}
             target = jobs.get("mlp-medium", {})
-            if preempted is None and target.get("progress") and target.get("assignment"):
+            if target.get("assignment") and placed_at is None:
+                placed_at = time.monotonic()
+            # Once it has made progress (a checkpoint to resume from), or has run a while
+            # without a report yet: the preemption must land while the job still runs.
+            if (
+                preempted is None
+                and target.get("assignment")
+                and placed_at is not None
+                and (target.get("progress") or time.monotonic() - placed_at >= 6.0)
+            ):
                 victim = sorted(target["assignment"])[0]
                 row = next(i for i in doc["instances"] if i["instance_key"] == victim)
                 LocalProvider(state / "local").preempt(row["provider_instance_id"], notice_s=30.0)

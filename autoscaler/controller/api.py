@@ -210,6 +210,15 @@ class InsecureTokenFileError(TokenFileError):
 # ---- tokens --------------------------------------------------------------------------------
 
 
+def _is_token(token: object) -> bool:
+    """At least :data:`MIN_TOKEN_CHARS` printable ASCII characters, no space."""
+    return (
+        isinstance(token, str)
+        and len(token) >= MIN_TOKEN_CHARS
+        and all("!" <= c <= "~" for c in token)
+    )
+
+
 @dataclass(frozen=True)
 class ApiTokens:
     """The two bearer tokens (never shown by ``repr``). Each is at least
@@ -220,12 +229,7 @@ class ApiTokens:
 
     def __post_init__(self) -> None:
         for role in Role:
-            token = getattr(self, role.value)
-            if (
-                not isinstance(token, str)
-                or len(token) < MIN_TOKEN_CHARS
-                or not all("!" <= c <= "~" for c in token)
-            ):
+            if not _is_token(getattr(self, role.value)):
                 raise InvalidInputError(
                     f"the {role.value} token must be at least {MIN_TOKEN_CHARS} printable "
                     "ASCII characters without spaces",
@@ -269,6 +273,28 @@ def load_tokens(path: str | Path) -> ApiTokens:
     the opened file, so it cannot be swapped between the check and the read), and with
     :class:`TokenFileError` one that is missing, not a regular file, or malformed."""
     p = Path(path)
+    data = _read_token_file(p)
+    try:
+        return ApiTokens(user=data.get("user", ""), agent=data.get("agent", ""))
+    except InvalidInputError as e:
+        raise TokenFileError(f"{p}: {e}", path=str(p)) from e
+
+
+def load_agent_token(path: str | Path) -> str:
+    """The agent token from ``path``: a tokens file, or a node's own file holding only
+    ``{"agent": "<token>"}`` (what a cloud node writes from the secret store). The same
+    refusals as :func:`load_tokens`."""
+    p = Path(path)
+    token = _read_token_file(p).get("agent")
+    if not _is_token(token):
+        raise TokenFileError(
+            f"{p}: no agent token of at least {MIN_TOKEN_CHARS} printable characters",
+            path=str(p),
+        )
+    return str(token)
+
+
+def _read_token_file(p: Path) -> dict[str, Any]:
     try:
         fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError as e:
@@ -289,10 +315,10 @@ def load_tokens(path: str | Path) -> ApiTokens:
             )
         raw = b""
         while len(raw) <= _MAX_TOKEN_FILE_BYTES:
-            data = os.read(fd, _MAX_TOKEN_FILE_BYTES + 1)
-            if not data:
+            chunk = os.read(fd, _MAX_TOKEN_FILE_BYTES + 1)
+            if not chunk:
                 break
-            raw += data
+            raw += chunk
     except OSError as e:
         raise TokenFileError(f"{p}: cannot read the tokens file: {e}", path=str(p)) from e
     finally:
@@ -303,9 +329,7 @@ def load_tokens(path: str | Path) -> ApiTokens:
         data = json.loads(raw)
         if not isinstance(data, dict):
             raise ValueError("not a JSON object")
-        return ApiTokens(user=data.get("user", ""), agent=data.get("agent", ""))
-    except InvalidInputError as e:
-        raise TokenFileError(f"{p}: {e}", path=str(p)) from e
+        return data
     except ValueError as e:  # the message never quotes the file's content
         raise TokenFileError(f"{p}: not a tokens file: {e}", path=str(p)) from e
 

@@ -533,7 +533,7 @@ class Controller:
             new_keys.append(key)
             by_key[key] = store.add_instance(
                 instance_key=key,
-                request_id=f"{self.config.cluster_id}-{key}",
+                request_id=launch_request_id(self.config.cluster_id, key),
                 offering_key=o.key,
                 provider=o.provider,
                 instance_type=o.instance_type,
@@ -661,6 +661,21 @@ class Controller:
         if row.provider_instance_id in result.already_gone:
             by_key[key] = self._terminated(row, "the cloud no longer knows it")
         return 1
+
+
+def launch_request_id(cluster_id: str, instance_key: str) -> str:
+    """The request id an instance is launched under (the ``coadapt-request-id`` tag the cloud
+    keeps on it): ``<cluster id>-<instance key>``."""
+    return f"{cluster_id}-{instance_key}"
+
+
+def instance_key_from_request_id(cluster_id: str, request_id: str) -> str:
+    """The instance key in a launch request id (what a node reads from its own tags);
+    ``ValueError`` when the request id is not one of ``cluster_id``'s."""
+    prefix = f"{cluster_id}-"
+    if not request_id.startswith(prefix) or len(request_id) == len(prefix):
+        raise ValueError(f"request id {request_id!r} is not one of cluster {cluster_id!r}'s")
+    return request_id[len(prefix) :]
 
 
 def record_job_exit(store: Store, name: str, *, failed: bool, max_retries: int) -> JobStatus:

@@ -38,21 +38,32 @@ from autoscaler.controller.api import (
     ApiClient,
     ApiError,
     generate_tokens,
+    load_agent_token,
     load_tokens,
     make_app,
     serve,
+)
+from autoscaler.controller.cloud import (
+    CloudConfig,
+    gcp_startup_script,
+    load_cloud_config,
+    make_cloud_provider,
+    publish_agent_token,
 )
 from autoscaler.controller.loop import (
     Controller,
     ControllerConfig,
     DownReport,
+    instance_key_from_request_id,
     record_job_exit,
 )
 from autoscaler.controller.reconcile import ReconcileConfig
 from autoscaler.controller.store import InstanceRow, JobStatus, Store
+from autoscaler.errors import InvalidInputError
 from autoscaler.sizing import SizingConfig
 from coadapt_common.atomic import write_json_atomic
 from coadapt_common.clock import Clock, SystemClock
+from providers.base import Provider
 
 __all__ = ["UpConfig", "agent_main", "run_up"]
 
@@ -61,8 +72,10 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class UpConfig:
-    """``coadapt up``'s settings. ``max_instances`` and ``max_gpu_slots`` bound the local
-    fleet (``max_gpu_slots``: the machine-wide slot budget of the local provider)."""
+    """``coadapt up``'s settings. ``max_instances`` bounds the fleet; ``max_gpu_slots`` is the
+    machine-wide slot budget of the local provider. ``provider`` ``aws`` / ``gcp`` reads the
+    deployment's ``provider_config`` (:mod:`autoscaler.controller.cloud`); ``endpoint_url``
+    points the cloud's clients at a test server."""
 
     state_dir: Path
     cluster_id: str = "coadapt-local"
@@ -73,6 +86,9 @@ class UpConfig:
     max_gpu_slots: int | None = None
     agent_interval_s: float = 2.0
     report_interval_s: float = 5.0
+    provider: str = "local"
+    provider_config: Path | None = None
+    endpoint_url: str | None = None
 
 
 def _agent_user_data(cfg: UpConfig, url: str, tokens_path: Path) -> Callable[[InstanceRow], str]:
@@ -108,6 +124,15 @@ def _agent_user_data(cfg: UpConfig, url: str, tokens_path: Path) -> Callable[[In
     return user_data
 
 
+def _cloud_user_data(cloud: CloudConfig) -> Callable[[InstanceRow], str] | None:
+    """AWS: none (the deployment's launch template starts the agent); GCP: each node's
+    startup script, with its instance key."""
+    if cloud.kind == "aws":
+        return None
+    api_url = str(cloud.settings["controller_url"])
+    return lambda row: gcp_startup_script(cloud, instance_key=row.instance_key, api_url=api_url)
+
+
 def run_up(
     cfg: UpConfig,
     stop: threading.Event,
@@ -120,6 +145,20 @@ def run_up(
     from providers.local import LocalProvider
 
     clock = clock or SystemClock()
+    cloud = None
+    if cfg.provider != "local":
+        if cfg.provider_config is None:
+            raise InvalidInputError(
+                f"--provider {cfg.provider} needs --provider-config (the deployment's "
+                "provider.json)",
+                field="provider_config",
+            )
+        cloud = load_cloud_config(cfg.provider_config)
+        if cloud.kind != cfg.provider:
+            raise InvalidInputError(
+                f"{cfg.provider_config} is a {cloud.kind} config, not {cfg.provider}",
+                field="provider",
+            )
     state = cfg.state_dir
     state.mkdir(parents=True, exist_ok=True)
     store_path = state / "store.db"
@@ -135,7 +174,7 @@ def run_up(
         interval_s=cfg.interval_s,
         sizing=SizingConfig(max_instances=cfg.max_instances),
         reconcile=ReconcileConfig(heartbeat_timeout_s=max(60.0, 10 * cfg.agent_interval_s)),
-        gpu_type_aliases={"cpu-slot": "T4"},
+        gpu_type_aliases={"cpu-slot": "T4"} if cloud is None else {},
     )
 
     def on_job_exit(name: str, *, failed: bool) -> JobStatus:
@@ -146,19 +185,20 @@ def run_up(
 
     app = make_app(store_path, tokens, clock, logs_dir=state / "logs", on_job_exit=on_job_exit)
     server = serve(app, cfg.host, cfg.port)
-    provider = LocalProvider(
-        state / "local",
-        clock=clock,
-        max_gpu_slots=cfg.max_gpu_slots,
-        term_grace_s=90.0,  # the agent stops its jobs with a checkpoint before it goes
-    )
-    controller = Controller(
-        store,
-        provider,
-        clock,
-        controller_cfg,
-        user_data=_agent_user_data(cfg, server.url, tokens_path),
-    )
+    user_data: Callable[[InstanceRow], str] | None
+    if cloud is None:
+        provider: Provider = LocalProvider(
+            state / "local",
+            clock=clock,
+            max_gpu_slots=cfg.max_gpu_slots,
+            term_grace_s=90.0,  # the agent stops its jobs with a checkpoint before it goes
+        )
+        user_data = _agent_user_data(cfg, server.url, tokens_path)
+    else:
+        provider = make_cloud_provider(cloud, clock, endpoint_url=cfg.endpoint_url)
+        publish_agent_token(cloud, tokens.agent, endpoint_url=cfg.endpoint_url)
+        user_data = _cloud_user_data(cloud)
+    controller = Controller(store, provider, clock, controller_cfg, user_data=user_data)
     write_json_atomic(state / "up.json", {"url": server.url, "pid": os.getpid()})
     if on_ready is not None:
         on_ready(server.url)
@@ -177,6 +217,16 @@ def run_up(
     return down
 
 
+def _checkpoint_root(value: str | None) -> str | None:
+    """An absolute folder, or a ``s3://`` / ``gs://`` / ``file://`` prefix, without a trailing
+    slash."""
+    if not value:
+        return None
+    if "://" in value:
+        return value.rstrip("/")
+    return str(Path(value).resolve())
+
+
 def agent_main(argv: list[str] | None = None) -> int:
     """``coadapt agent``: one instance's agent (see :class:`~autoscaler.controller.agent.
     AgentRunner`) until SIGTERM/SIGINT, then every job stops with a checkpoint and nothing is
@@ -184,21 +234,38 @@ def agent_main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="coadapt agent", description=agent_main.__doc__)
     p.add_argument("--api", required=True, help="the controller API URL")
     p.add_argument("--token-file", required=True, type=Path, help="tokens file (agent token)")
-    p.add_argument("--instance-key", required=True, help="this instance's id in the store")
+    who = p.add_mutually_exclusive_group(required=True)
+    who.add_argument("--instance-key", help="this instance's id in the store")
+    who.add_argument(
+        "--request-id",
+        help="this instance's coadapt-request-id tag (a cloud node); needs --cluster-id",
+    )
+    p.add_argument("--cluster-id", help="the cluster (with --request-id)")
     p.add_argument("--work-dir", required=True, type=Path)
     p.add_argument("--logs-dir", type=Path, default=None)
-    p.add_argument("--checkpoint-root", type=Path, default=None)
+    p.add_argument(
+        "--checkpoint-root",
+        default=None,
+        help="where jobs without their own location checkpoint: a folder, s3:// or gs://",
+    )
     p.add_argument("--notice-dir", type=Path, default=None, help="local provider notices")
     p.add_argument("--interval-s", type=float, default=2.0)
     p.add_argument("--report-interval-s", type=float, default=30.0)
     p.add_argument("--address", default="127.0.0.1", help="address peers reach this node at")
     args = p.parse_args(argv)
-    token = load_tokens(args.token_file).agent
-    root = args.checkpoint_root.resolve() if args.checkpoint_root else None
+    if args.request_id is not None:
+        if not args.cluster_id:
+            p.error("--request-id needs --cluster-id")
+        try:
+            args.instance_key = instance_key_from_request_id(args.cluster_id, args.request_id)
+        except ValueError as e:
+            p.error(str(e))
+    token = load_agent_token(args.token_file)
+    root = _checkpoint_root(args.checkpoint_root)
 
     def argv_for(a: JobAssignment) -> list[str]:
         if a.checkpoint_uri is None and root is not None:
-            a = replace(a, checkpoint_uri=str(root / a.job))
+            a = replace(a, checkpoint_uri=f"{root}/{a.job}")
         return launch_argv(
             a,
             controller_url=args.api,

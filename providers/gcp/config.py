@@ -23,6 +23,7 @@ from providers.gcp import catalog
 _ZONE_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
 _PROJECT_RE = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
 _INSTANCE_TYPE_RE = re.compile(r"^(?P<machine>[a-z0-9-]+)\+(?P<count>[0-9]+)x(?P<acc>[a-z0-9-]+)$")
+_NETWORK_TAG_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,8 @@ class GcpConfig:
       zones have each GPU, and offer only those pools.
     * ``preemption_lookback_s``: preemption operations older than this before the provider
       started are history, not news (``interruptions``).
+    * ``network_tags``: network tags on every instance (what firewall rules select nodes by,
+      e.g. the terraform module's ``coadapt-<cluster>-node``).
     * ``price_overrides``: ``{"<instance_type>/<market>": usd_per_hour}``, replacing catalogue
       prices (e.g. ``{"g2-standard-4/spot": 0.25}``).
     """
@@ -158,6 +161,7 @@ class GcpConfig:
     check_zone_availability: bool = False
     preemption_lookback_s: float = 3600.0
     price_overrides: Mapping[str, float] = field(default_factory=dict, hash=False)
+    network_tags: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.project, str) or not _PROJECT_RE.match(self.project):
@@ -178,6 +182,13 @@ class GcpConfig:
             raise InvalidRequestError("markets must be a non-empty tuple of Market values")
         if not self.image:
             raise InvalidRequestError("image is required")
+        if isinstance(self.network_tags, str) or not all(
+            isinstance(t, str) and _NETWORK_TAG_RE.match(t) for t in self.network_tags
+        ):
+            raise InvalidRequestError(
+                "network_tags must be a tuple of lowercase names (letters, digits, '-')"
+            )
+        object.__setattr__(self, "network_tags", tuple(self.network_tags))
         if isinstance(self.disk_size_gb, bool) or self.disk_size_gb < 10:
             raise InvalidRequestError("disk_size_gb must be at least 10")
         for name in ("http_timeout_s", "operation_timeout_s", "operation_poll_interval_s"):

@@ -489,6 +489,8 @@ class GcpProvider:
                     accelerator_count=machine.accelerator_count,
                 )
             ]
+        if self.config.network_tags:
+            fields["tags"] = compute.Tags(items=list(self.config.network_tags))
         if user_data:
             fields["metadata"] = compute.Metadata(
                 items=[compute.Items(key="startup-script", value=user_data)]

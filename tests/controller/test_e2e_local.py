@@ -73,7 +73,7 @@ def test_two_jobs_and_a_spot_preemption_on_the_local_fleet(
         user = ApiClient(ready[0], load_tokens(state / "tokens.json").user, timeout_s=10)
         small = load_job_spec(ROOT / "examples/jobs/mlp-small.yaml").submission()
         medium = load_job_spec(ROOT / "examples/jobs/mlp-medium.yaml").submission()
-        command = list(medium.command)  # twice the example's epochs: time to rescale first
+        command = list(medium.command)  # more epochs than the example: time to rescale first
         command[command.index("--epochs") + 1] = "6"
         medium = dataclasses.replace(medium, command=tuple(command))
         user.submit_job(small)

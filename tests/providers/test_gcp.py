@@ -467,7 +467,7 @@ def test_zone_availability_check_drops_pools_without_the_gpu(clean_env: FakeGcpE
 
 
 def test_spot_launch_request_shape(env: FakeGcpEnv, cluster: str) -> None:
-    provider = env.provider()
+    provider = env.provider(env.config(network_tags=("coadapt-c1-node",)))
     t4 = pool(provider.offerings(), "n1-standard-8+1xnvidia-tesla-t4", ZONE_B, Market.SPOT)
     req = request(cluster, [t4], 2, tags={"team": "ml"}, user_data="#!/bin/sh\necho hi")
     result = provider.launch(req)
@@ -497,6 +497,7 @@ def test_spot_launch_request_shape(env: FakeGcpEnv, cluster: str) -> None:
         MANAGED_BY_TAG: "coadapt",
     }
     assert props["metadata"]["items"] == [{"key": "startup-script", "value": req.user_data}]
+    assert props["tags"] == {"items": ["coadapt-c1-node"]}  # what the firewall selects by
     assert props["disks"][0]["initializeParams"]["diskSizeGb"] == "100"
     assert {i.instance_id for i in result.instances} == {f"{ZONE_B}/{n}" for n in names}
     assert all(i.instance_type == t4.instance_type for i in result.instances)
