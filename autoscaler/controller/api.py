@@ -16,6 +16,9 @@ endpoint                                      role   answer
 ``POST /v1/jobs/{name}/cancel``               user   the job, ``cancelled``; 409 if it had ended
 ``GET  /v1/jobs/{name}/logs?offset=N``        user   :class:`LogChunk` (``&instance=KEY``: one file)
 ``GET  /v1/instances``                        user   ``{"instances": [row, ...]}``, by key
+``POST /v1/fleet/release``                    user   202 ``{"released_at_s"}``: the service
+                                                     terminates every instance, launches none
+``POST /v1/fleet/resume``                     user   ``{"released_at_s": null}``: launches again
 ``POST /v1/agents/register``                  agent  the instance row (body ``{"instance_key"}``);
                                                      409 unless it is ``running``
 ``POST /v1/agents/{key}/heartbeat``           agent  ``{"instance_key", "at_s", "status"}``
@@ -533,6 +536,8 @@ class ApiApp:
             ("POST", "/v1/jobs/<name>/cancel", Role.USER, self._cancel_job),
             ("GET", "/v1/jobs/<name>/logs", Role.USER, self._job_logs),
             ("GET", "/v1/instances", Role.USER, self._list_instances),
+            ("POST", "/v1/fleet/release", Role.USER, self._release_fleet),
+            ("POST", "/v1/fleet/resume", Role.USER, self._resume_fleet),
             ("GET", "/v1/costs", Role.USER, self._costs),
             ("POST", "/v1/agents/register", Role.AGENT, self._register),
             ("POST", "/v1/agents/<instance_key>/heartbeat", Role.AGENT, self._heartbeat),
@@ -743,6 +748,16 @@ class ApiApp:
     def _list_instances(self, request: Request) -> Response:
         rows = self._store().list_instances()
         return _json({"instances": [instance_to_dict(r) for r in rows]})
+
+    def _release_fleet(self, request: Request) -> Response:
+        store = self._store()
+        store.set_released(True)
+        return _json({"released_at_s": store.released_at_s()}, 202)
+
+    def _resume_fleet(self, request: Request) -> Response:
+        store = self._store()
+        store.set_released(False)
+        return _json({"released_at_s": None})
 
     def _costs(self, request: Request) -> Response:
         """Cost so far: the closed cost records, plus what running instances have accrued at
@@ -1180,6 +1195,15 @@ class ApiClient:
             if not chunk.more or chunk.next_offset == offset:
                 return
             offset = chunk.next_offset
+
+    def release_fleet(self) -> float:
+        """Ask the service to terminate every instance and launch none (``coadapt destroy``);
+        returns when the release was recorded (poll :meth:`list_instances` for the end)."""
+        return float(self._call("POST", "/v1/fleet/release")["released_at_s"])
+
+    def resume_fleet(self) -> None:
+        """Undo :meth:`release_fleet`: the service launches again."""
+        self._call("POST", "/v1/fleet/resume")
 
     def list_instances(self) -> tuple[InstanceRow, ...]:
         data = self._call("GET", "/v1/instances")

@@ -8,14 +8,17 @@ machine; ``coadapt up --provider aws|gcp --provider-config FILE`` reads it with
 * aws: ``region``, ``launch_template_id`` (the deployment's GPU node template: image, IMDSv2,
   instance profile, the user data that starts ``coadapt agent``), ``subnets_by_zone``,
   ``security_group_ids``, ``instance_types`` (optional), ``interruption_queue_url``,
-  ``checkpoint_root`` (``s3://...``), ``agent_token_parameter`` (an SSM SecureString name);
+  ``checkpoint_root`` (``s3://...``), ``agent_token_parameter`` and ``user_token_parameter``
+  (SSM SecureString names);
 * gcp: ``project``, ``zones``, ``image``, ``network``, ``subnetwork``,
   ``service_account_email``, ``external_ip``, ``network_tags``, ``checkpoint_root``
-  (``gs://...``), ``agent_token_secret`` (a Secret Manager secret id), ``controller_url``,
+  (``gs://...``), ``agent_token_secret`` and ``user_token_secret`` (Secret Manager secret
+  ids), ``controller_url``,
   ``coadapt_pip_spec``.
 
-The agents' token never passes through terraform: ``coadapt up`` makes it and publishes it
-(:func:`publish_agent_token`) where the nodes' roles may read it. On AWS the launch template
+The tokens never pass through terraform: ``coadapt up`` makes them and publishes them
+(:func:`publish_tokens`): the agents' where the nodes' roles may read it, the users' where the
+deployer reads it. On AWS the launch template
 carries the node's user data (EC2 Fleet cannot vary it per request), so a node learns its
 instance key from its own ``coadapt-request-id`` tag; on GCP the controller writes each node's
 startup script (:func:`gcp_startup_script`) with its key.
@@ -32,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autoscaler.controller.api import ApiTokens
 from autoscaler.errors import InvalidInputError
 from coadapt_common.clock import Clock
 from providers.base import Provider
@@ -41,7 +45,7 @@ __all__ = [
     "gcp_startup_script",
     "load_cloud_config",
     "make_cloud_provider",
-    "publish_agent_token",
+    "publish_tokens",
 ]
 
 KINDS = ("aws", "gcp")
@@ -116,42 +120,53 @@ def make_cloud_provider(
     return GcpProvider(GcpConfig(**gcp_fields), clock=clock, api_endpoint=endpoint_url)
 
 
-def publish_agent_token(
+def publish_tokens(
     config: CloudConfig,
-    token: str,
+    tokens: ApiTokens,
     *,
     endpoint_url: str | None = None,
     metadata_url: str = GCE_METADATA_URL,
     timeout_s: float = 10.0,
 ) -> None:
-    """Store the agents' API token where the nodes read it: the SSM SecureString
-    ``agent_token_parameter`` (AWS) or a new version of the Secret Manager secret
+    """Store the API tokens where they are read: the agents' token in the SSM SecureString
+    ``agent_token_parameter`` (AWS) or as a new version of the Secret Manager secret
     ``agent_token_secret`` (GCP, with the VM's own service-account token from the metadata
-    server). ``endpoint_url`` / ``metadata_url``: test servers."""
+    server) for the nodes; the users' token likewise in ``user_token_parameter`` /
+    ``user_token_secret`` when the deployment has one (what ``coadapt destroy`` and a user's
+    CLI read). ``endpoint_url`` / ``metadata_url``: test servers."""
     s = config.settings
+    where = {"agent": tokens.agent, "user": tokens.user}
     if config.kind == "aws":
         import boto3
 
         ssm = boto3.client("ssm", region_name=s["region"], endpoint_url=endpoint_url)
-        ssm.put_parameter(
-            Name=s["agent_token_parameter"], Value=token, Type="SecureString", Overwrite=True
-        )
+        for role, token in where.items():
+            if s.get(f"{role}_token_parameter"):
+                ssm.put_parameter(
+                    Name=s[f"{role}_token_parameter"],
+                    Value=token,
+                    Type="SecureString",
+                    Overwrite=True,
+                )
         return
     access = _metadata_get(
         f"{metadata_url}/instance/service-accounts/default/token", timeout_s=timeout_s
     )
     bearer = json.loads(access)["access_token"]
     base = endpoint_url or SECRET_MANAGER_URL
-    name = f"projects/{s['project']}/secrets/{s['agent_token_secret']}"
-    body = json.dumps({"payload": {"data": base64.b64encode(token.encode()).decode()}}).encode()
-    request = urllib.request.Request(
-        f"{base}/{name}:addVersion",
-        data=body,
-        method="POST",
-        headers={"Authorization": f"Bearer {bearer}", "Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=timeout_s) as response:
-        response.read()
+    for role, token in where.items():
+        if not s.get(f"{role}_token_secret"):
+            continue
+        name = f"projects/{s['project']}/secrets/{s[f'{role}_token_secret']}"
+        payload = {"payload": {"data": base64.b64encode(token.encode()).decode()}}
+        request = urllib.request.Request(
+            f"{base}/{name}:addVersion",
+            data=json.dumps(payload).encode(),
+            method="POST",
+            headers={"Authorization": f"Bearer {bearer}", "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            response.read()
 
 
 def _metadata_get(url: str, *, timeout_s: float) -> str:

@@ -48,7 +48,7 @@ from autoscaler.controller.cloud import (
     gcp_startup_script,
     load_cloud_config,
     make_cloud_provider,
-    publish_agent_token,
+    publish_tokens,
 )
 from autoscaler.controller.loop import (
     Controller,
@@ -196,7 +196,7 @@ def run_up(
         user_data = _agent_user_data(cfg, server.url, tokens_path)
     else:
         provider = make_cloud_provider(cloud, clock, endpoint_url=cfg.endpoint_url)
-        publish_agent_token(cloud, tokens.agent, endpoint_url=cfg.endpoint_url)
+        publish_tokens(cloud, tokens, endpoint_url=cfg.endpoint_url)
         user_data = _cloud_user_data(cloud)
     controller = Controller(store, provider, clock, controller_cfg, user_data=user_data)
     write_json_atomic(state / "up.json", {"url": server.url, "pid": os.getpid()})
@@ -204,9 +204,14 @@ def run_up(
         on_ready(server.url)
     try:
         while not stop.is_set():
-            report = controller.run_round()
-            if report.error:
-                log.warning("round %d: %s", report.round_index, report.error)
+            if store.released_at_s() is not None:  # coadapt destroy: hold nothing
+                released = controller.down(timeout_s=0.0)
+                if released.remaining:
+                    log.info("released; still listed: %s", ", ".join(released.remaining))
+            else:
+                report = controller.run_round()
+                if report.error:
+                    log.warning("round %d: %s", report.round_index, report.error)
             stop.wait(cfg.interval_s)
     finally:
         down = controller.down(timeout_s=120.0, poll_s=1.0)

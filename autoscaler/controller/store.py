@@ -729,6 +729,25 @@ class Store:
     def _now(self) -> float:
         return _number(self._clock.now_s(), "clock.now_s()", minimum=None)
 
+    # ---- the fleet's release ---------------------------------------------------------------
+
+    def set_released(self, released: bool) -> None:
+        """Mark the fleet released (``coadapt destroy``: the service terminates every instance
+        and launches none, across restarts) or not (launching resumes)."""
+        with self._write("mark the fleet released") as conn:
+            if released:
+                conn.execute(
+                    "INSERT OR IGNORE INTO meta (key, value) VALUES ('released_at_s', ?)",
+                    (repr(self._now()),),
+                )
+            else:
+                conn.execute("DELETE FROM meta WHERE key = 'released_at_s'")
+
+    def released_at_s(self) -> float | None:
+        """When the fleet was released (:meth:`set_released`); ``None`` when it is not."""
+        rows = self._read("SELECT value FROM meta WHERE key = 'released_at_s'")
+        return float(rows[0][0]) if rows else None
+
     # ---- jobs ------------------------------------------------------------------------------
 
     def add_job(self, name: str, spec_json: str, *, status: JobStatus = JobStatus.QUEUED) -> JobRow:

@@ -20,13 +20,14 @@ import pytest
 from autoscaler.controller.api import (
     ApiClient,
     TokenFileError,
+    ApiTokens,
     load_agent_token,
     load_tokens,
 )
 from autoscaler.controller.cloud import (
     gcp_startup_script,
     load_cloud_config,
-    publish_agent_token,
+    publish_tokens,
 )
 from autoscaler.controller.jobs import JobSubmission
 from autoscaler.controller.loop import instance_key_from_request_id, launch_request_id
@@ -170,16 +171,22 @@ def test_gcp_publishes_the_token_as_a_secret_version(tmp_path: Path, fake_google
         _write(
             tmp_path / "provider.json",
             {"kind": "gcp", "project": "proj-12345", "zones": ["us-central1-a"], "image": "i",
-             "agent_token_secret": "coadapt-c1-agent-token", "controller_url": "http://c:1"},
+             "agent_token_secret": "coadapt-c1-agent-token",
+             "user_token_secret": "coadapt-c1-user-token", "controller_url": "http://c:1"},
         )
     )  # fmt: skip
-    publish_agent_token(
-        config, "t" * 43, endpoint_url=f"{fake_google}/v1", metadata_url=f"{fake_google}/md"
+    publish_tokens(
+        config,
+        ApiTokens(user="u" * 43, agent="a" * 43),
+        endpoint_url=f"{fake_google}/v1",
+        metadata_url=f"{fake_google}/md",
     )
-    (get, post) = _FakeGoogle.seen
+    (get, agent, user) = _FakeGoogle.seen
     assert get[1] == "/md/instance/service-accounts/default/token"
-    assert post[1] == "/v1/projects/proj-12345/secrets/coadapt-c1-agent-token:addVersion"
-    assert base64.b64decode(json.loads(post[3])["payload"]["data"]) == b"t" * 43
+    assert agent[1] == "/v1/projects/proj-12345/secrets/coadapt-c1-agent-token:addVersion"
+    assert base64.b64decode(json.loads(agent[3])["payload"]["data"]) == b"a" * 43
+    assert user[1] == "/v1/projects/proj-12345/secrets/coadapt-c1-user-token:addVersion"
+    assert base64.b64decode(json.loads(user[3])["payload"]["data"]) == b"u" * 43
 
 
 # ------------------------------------------------------------------- AWS: up on moto, for real
@@ -212,14 +219,17 @@ def test_up_on_aws_publishes_the_token_launches_from_the_template_and_releases(
     )["LaunchTemplate"]["LaunchTemplateId"]
     queue_url, rule = create_interruption_queue(moto.url)
     parameter = f"/coadapt/{cluster}/agent-token"
+    user_parameter = f"/coadapt/{cluster}/user-token"
     ssm = admin_client(moto.url, "ssm")
-    ssm.put_parameter(Name=parameter, Value="placeholder", Type="SecureString")
+    for name in (parameter, user_parameter):
+        ssm.put_parameter(Name=name, Value="placeholder", Type="SecureString")
     provider_json = _write(
         tmp_path / "provider.json",
         {"kind": "aws", "region": "us-east-1", "launch_template_id": template_id,
          "subnets_by_zone": subnets, "security_group_ids": [],
          "instance_types": list(TEST_GPU_TYPES), "interruption_queue_url": queue_url,
-         "checkpoint_root": "s3://bucket/checkpoints", "agent_token_parameter": parameter},
+         "checkpoint_root": "s3://bucket/checkpoints", "agent_token_parameter": parameter,
+         "user_token_parameter": user_parameter},
     )  # fmt: skip
     state = tmp_path / "state"
     cfg = UpConfig(
@@ -250,6 +260,8 @@ def test_up_on_aws_publishes_the_token_launches_from_the_template_and_releases(
         tokens = load_tokens(state / "tokens.json")
         published = ssm.get_parameter(Name=parameter, WithDecryption=True)["Parameter"]
         assert published["Value"] == tokens.agent and published["Type"] == "SecureString"
+        user = ssm.get_parameter(Name=user_parameter, WithDecryption=True)["Parameter"]
+        assert user["Value"] == tokens.user
         url = json.loads((state / "up.json").read_text())["url"]
         ApiClient(url, tokens.user, timeout_s=10).submit_job(
             JobSubmission("resnet", 128, 1024, 128, 32, command=("train.py",))
@@ -264,6 +276,19 @@ def test_up_on_aws_publishes_the_token_launches_from_the_template_and_releases(
             tags = {t["Key"]: t["Value"] for t in instance["Tags"]}
             # What a node's user data does with its own tag: find its row.
             assert instance_key_from_request_id(cluster, tags[REQUEST_ID_TAG]) in keys
+        # coadapt destroy's first step: release through the controller, which then holds
+        # nothing, across rounds, though the job still waits.
+        client = ApiClient(url, tokens.user, timeout_s=10)
+        assert client.release_fleet() > 0
+        deadline = time.monotonic() + 60
+        while (ours() or any(r.status != "terminated" for r in client.list_instances())) and (
+            time.monotonic() < deadline
+        ):
+            time.sleep(0.2)
+        time.sleep(1.0)  # five more rounds
+        assert ours() == []
+        assert {r.status for r in client.list_instances()} == {"terminated"}
+        assert client.get_job("resnet").status == "queued"
     finally:
         stop.set()
         thread.join(120)

@@ -1067,3 +1067,18 @@ def test_heartbeats_only_move_forward_and_never_conflict_with_versions(tmp_path:
     store.transition("i-1", row.version, InstanceStatus.REQUESTED, reason="intent")
     with pytest.raises(UnknownRowError):
         store.record_heartbeat("i-404", 1.0)
+
+
+def test_the_fleet_release_is_kept_across_reopening(path: Path, clock: FakeClock) -> None:
+    with Store.create(path, "c1", clock) as s:
+        assert s.released_at_s() is None
+        clock.advance(5.0)
+        s.set_released(True)
+        at = s.released_at_s()
+        clock.advance(5.0)
+        s.set_released(True)  # a second release keeps the first time
+        assert s.released_at_s() == at == clock.now_s() - 5.0
+    with Store.open(path, clock) as s:
+        assert s.released_at_s() == at
+        s.set_released(False)
+        assert s.released_at_s() is None
