@@ -19,8 +19,8 @@ import pytest
 
 from autoscaler.controller.api import (
     ApiClient,
-    TokenFileError,
     ApiTokens,
+    TokenFileError,
     load_agent_token,
     load_tokens,
 )
