@@ -238,6 +238,12 @@ class OperationLog:
         with self._lock:
             return frozenset(self._seen)
 
+    def take(self) -> frozenset[tuple[str, str]]:
+        """What was seen since the last ``take``, forgotten."""
+        with self._lock:
+            seen, self._seen = frozenset(self._seen), set()
+            return seen
+
 
 OPERATIONS_SEEN = OperationLog()
 

@@ -179,6 +179,11 @@ _ROUTES: tuple[tuple[str, re.Pattern[str], str], ...] = tuple(
 )
 
 
+# Every Compute Engine route any fake server answered (the metadata server aside): the tests
+# hold the adapter to the methods its IAM role grants (``providers.gcp.permissions``).
+ROUTES_SEEN: set[str] = set()
+
+
 class HttpError(Exception):
     """An HTTP error the fake answers with, in GCE's error body shape."""
 
@@ -794,6 +799,10 @@ class FakeGceServer:
             with self._lock:
                 self._counts[(method, route)] += 1
                 self.requests.append(RecordedRequest(method, route, split.path, query, payload))
+                if route != "metadata.get" and "x-goog-api-client" in {
+                    k.lower() for k in headers
+                }:  # the adapter's client library (not a test's own request, not a node)
+                    ROUTES_SEEN.add(route)
                 injected = self._take_injection(route, params.get("zone"))
             if route == "metadata.get":
                 return self._metadata_get(params, query, headers)

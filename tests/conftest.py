@@ -36,8 +36,28 @@ def _aws_adapter_calls_stay_declared():
         return
     from providers.aws.permissions import ADAPTER_OPERATIONS
 
-    undeclared = sorted(moto_helpers.OPERATIONS_SEEN.seen() - ADAPTER_OPERATIONS)
+    undeclared = sorted(moto_helpers.OPERATIONS_SEEN.take() - ADAPTER_OPERATIONS)
     assert not undeclared, (
         f"the AWS adapter called {undeclared}, which providers/aws/permissions.py does not "
         "declare (and the terraform controller policy does not grant)"
+    )
+
+
+@pytest.fixture(autouse=True)
+def _gcp_adapter_calls_stay_declared():
+    """The same for the GCP adapter against the fake Compute Engine server
+    (``providers.gcp.permissions``)."""
+    yield
+    import sys
+
+    server = sys.modules.get("emulators.gce_server")
+    if server is None:
+        return
+    from providers.gcp.permissions import ADAPTER_METHODS
+
+    undeclared = sorted(set(server.ROUTES_SEEN) - set(ADAPTER_METHODS))
+    server.ROUTES_SEEN.clear()
+    assert not undeclared, (
+        f"the GCP adapter called {undeclared}, which providers/gcp/permissions.py does not "
+        "declare (and the terraform controller role does not grant)"
     )
