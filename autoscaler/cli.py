@@ -12,6 +12,7 @@ import typer
 from autoscaler import __version__
 from autoscaler.cli_cluster import register as register_cluster_commands
 from autoscaler.cli_cost import cost_app
+from autoscaler.cli_deploy import register as register_deploy_commands
 from autoscaler.cli_prices import prices_app
 from autoscaler.jobs import PAPER_POLICIES, PolicyName
 
@@ -31,6 +32,7 @@ app = typer.Typer(
 app.add_typer(cost_app, name="cost")
 app.add_typer(prices_app, name="prices")
 register_cluster_commands(app)
+register_deploy_commands(app)
 
 
 @app.callback()

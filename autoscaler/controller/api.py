@@ -16,6 +16,7 @@ endpoint                                      role   answer
 ``POST /v1/jobs/{name}/cancel``               user   the job, ``cancelled``; 409 if it had ended
 ``GET  /v1/jobs/{name}/logs?offset=N``        user   :class:`LogChunk` (``&instance=KEY``: one file)
 ``GET  /v1/instances``                        user   ``{"instances": [row, ...]}``, by key
+``GET  /v1/fleet``                            user   ``{"released_at_s", "release_listing"}``
 ``POST /v1/fleet/release``                    user   202 ``{"released_at_s"}``: the service
                                                      terminates every instance, launches none
 ``POST /v1/fleet/resume``                     user   ``{"released_at_s": null}``: launches again
@@ -536,6 +537,7 @@ class ApiApp:
             ("POST", "/v1/jobs/<name>/cancel", Role.USER, self._cancel_job),
             ("GET", "/v1/jobs/<name>/logs", Role.USER, self._job_logs),
             ("GET", "/v1/instances", Role.USER, self._list_instances),
+            ("GET", "/v1/fleet", Role.USER, self._fleet),
             ("POST", "/v1/fleet/release", Role.USER, self._release_fleet),
             ("POST", "/v1/fleet/resume", Role.USER, self._resume_fleet),
             ("GET", "/v1/costs", Role.USER, self._costs),
@@ -748,6 +750,12 @@ class ApiApp:
     def _list_instances(self, request: Request) -> Response:
         rows = self._store().list_instances()
         return _json({"instances": [instance_to_dict(r) for r in rows]})
+
+    def _fleet(self, request: Request) -> Response:
+        store = self._store()
+        return _json(
+            {"released_at_s": store.released_at_s(), "release_listing": store.release_listing()}
+        )
 
     def _release_fleet(self, request: Request) -> Response:
         store = self._store()
@@ -1200,6 +1208,12 @@ class ApiClient:
         """Ask the service to terminate every instance and launch none (``coadapt destroy``);
         returns when the release was recorded (poll :meth:`list_instances` for the end)."""
         return float(self._call("POST", "/v1/fleet/release")["released_at_s"])
+
+    def fleet(self) -> dict[str, Any]:
+        """``{"released_at_s", "release_listing"}``: whether the fleet is released and what
+        the cloud listed after the service's last release pass (``{"at_s", "instances",
+        "error"}``, ``None`` before the first)."""
+        return dict(self._call("GET", "/v1/fleet"))
 
     def resume_fleet(self) -> None:
         """Undo :meth:`release_fleet`: the service launches again."""

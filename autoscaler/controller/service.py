@@ -206,6 +206,7 @@ def run_up(
         while not stop.is_set():
             if store.released_at_s() is not None:  # coadapt destroy: hold nothing
                 released = controller.down(timeout_s=0.0)
+                store.record_release_listing(released.remaining, released.error)
                 if released.remaining:
                     log.info("released; still listed: %s", ", ".join(released.remaining))
             else:

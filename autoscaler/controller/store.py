@@ -741,7 +741,23 @@ class Store:
                     (repr(self._now()),),
                 )
             else:
-                conn.execute("DELETE FROM meta WHERE key = 'released_at_s'")
+                conn.execute("DELETE FROM meta WHERE key IN ('released_at_s', 'release_listing')")
+
+    def record_release_listing(self, instance_ids: Sequence[str], error: str | None) -> None:
+        """What the cloud listed after the service's last release pass (``error``: the
+        listing failed, so what is left is unknown)."""
+        doc = json.dumps({"at_s": self._now(), "instances": sorted(instance_ids), "error": error})
+        with self._write("record the release listing") as conn:
+            conn.execute(
+                "INSERT INTO meta (key, value) VALUES ('release_listing', ?) "
+                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (doc,),
+            )
+
+    def release_listing(self) -> dict[str, Any] | None:
+        """The last :meth:`record_release_listing` (``at_s``, ``instances``, ``error``)."""
+        rows = self._read("SELECT value FROM meta WHERE key = 'release_listing'")
+        return dict(json.loads(rows[0][0])) if rows else None
 
     def released_at_s(self) -> float | None:
         """When the fleet was released (:meth:`set_released`); ``None`` when it is not."""

@@ -289,6 +289,8 @@ def test_up_on_aws_publishes_the_token_launches_from_the_template_and_releases(
         assert ours() == []
         assert {r.status for r in client.list_instances()} == {"terminated"}
         assert client.get_job("resnet").status == "queued"
+        listing = client.fleet()["release_listing"]  # what coadapt destroy waits for
+        assert listing["instances"] == [] and listing["error"] is None
     finally:
         stop.set()
         thread.join(120)
