@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -40,7 +41,9 @@ from typing import Final
 from autoscaler.controller.api import ApiClient
 from autoscaler.errors import InvalidInputError
 from coadapt_common.atomic import write_json_atomic
+from coadapt_common.clock import Clock
 from coadapt_common.procfs import PROC_ROOT, is_running, read_proc_strings, read_stat
+from providers.errors import ProviderError
 
 __all__ = [
     "AGENT_ENV",
@@ -52,8 +55,11 @@ __all__ = [
     "Supervisor",
     "exit_outcome",
     "launch_argv",
+    "notice_source",
     "plan",
 ]
+
+log = logging.getLogger(__name__)
 
 AGENT_ENV: Final = "COADAPT_AGENT_ID"
 """Environment marker of every process an agent starts (and their children)."""
@@ -350,11 +356,10 @@ class AgentRunner:
     """One instance's agent loop over the controller API (``client``, with the agent token):
     :meth:`step` heartbeats, reads the assignments, starts / stops / restarts launchers
     (:func:`plan`), and reports launchers that ended on their own (done or failed; a stop
-    with a checkpoint is never reported). When ``notice_path`` exists (the instance's
-    interruption notice: the local provider's ``spot-notice.json``, or a file the metadata
-    watcher writes on a cloud), every job is stopped with a checkpoint and nothing new is
-    started: the controller re-places them elsewhere. :meth:`close` stops everything and
-    leaves no process behind."""
+    with a checkpoint is never reported). Once ``notice`` answers true (the instance is being
+    reclaimed: see :func:`notice_source`), every job is stopped with a checkpoint and nothing
+    new is started: the controller re-places them elsewhere. :meth:`close` stops everything
+    and leaves no process behind."""
 
     def __init__(
         self,
@@ -363,13 +368,13 @@ class AgentRunner:
         supervisor: Supervisor,
         *,
         address: str,
-        notice_path: Path | None = None,
+        notice: Callable[[], bool] | None = None,
     ) -> None:
         self.client = client
         self.instance_key = instance_key
         self.supervisor = supervisor
         self.address = address
-        self.notice_path = notice_path
+        self.notice = notice
         self.noticed = False
         self.registered = False
 
@@ -383,8 +388,11 @@ class AgentRunner:
         for job, outcome, _ in self.supervisor.poll():
             if outcome is not Outcome.STOPPED:
                 self.client.job_exited(self.instance_key, job, failed=outcome is Outcome.FAILED)
-        if self.notice_path is not None and self.notice_path.exists():
-            self.noticed = True
+        if not self.noticed and self.notice is not None:
+            try:
+                self.noticed = bool(self.notice())
+            except ProviderError as e:  # the metadata service blipped: look again next step
+                log.warning("agent %s: interruption source: %s", self.instance_key, e)
         assigned = (
             {}
             if self.noticed
@@ -396,3 +404,48 @@ class AgentRunner:
 
     def close(self) -> None:
         self.supervisor.stop_all()
+
+
+def notice_source(
+    kind: str, *, clock: Clock, notice_file: Path | None = None, metadata_url: str | None = None
+) -> Callable[[], bool] | None:
+    """What tells an agent its instance is being reclaimed (``AgentRunner(notice=...)``):
+
+    * ``local``: ``notice_file`` exists (the local provider's ``spot-notice.json``);
+    * ``aws``: instance metadata (IMDSv2) shows a spot ``instance-action`` (the two-minute
+      warning); a rebalance recommendation is not a reclaim, the controller weighs it;
+    * ``gcp``: the metadata server's ``instance/preempted`` is ``TRUE``;
+    * ``none``: nothing (``None``).
+
+    ``metadata_url``: the metadata service's base URL (a test server)."""
+    if kind == "none":
+        return None
+    if kind == "local":
+        if notice_file is None:
+            raise ValueError("the local notice source needs notice_file")
+        return notice_file.exists
+    if kind == "aws":
+        from providers.aws.imds import DEFAULT_IMDS_URL, ImdsPoller
+        from providers.base import InterruptionKind
+
+        poller = ImdsPoller(base_url=metadata_url or DEFAULT_IMDS_URL, clock=clock)
+        return lambda: any(n.kind is InterruptionKind.SPOT_INTERRUPTION for n in poller.current())
+    if kind == "gcp":
+        from providers.gcp.metadata import (
+            DEFAULT_METADATA_BASE_URL,
+            PreemptionWatcher,
+            discover_instance_id,
+        )
+
+        base = metadata_url or DEFAULT_METADATA_BASE_URL
+        watcher: list[PreemptionWatcher] = []
+
+        def preempted() -> bool:
+            if not watcher:  # the instance id is read once, when the server first answers
+                watcher.append(
+                    PreemptionWatcher(discover_instance_id(base), clock=clock, base_url=base)
+                )
+            return watcher[0].poll() is not None
+
+        return preempted
+    raise ValueError(f"unknown notice source {kind!r}: local, aws, gcp or none")

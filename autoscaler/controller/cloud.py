@@ -186,6 +186,7 @@ def gcp_startup_script(config: CloudConfig, *, instance_key: str, api_url: str) 
         "/opt/coadapt/bin/coadapt", "agent", "--api", api_url,
         "--token-file", "/etc/coadapt/agent-token.json", "--instance-key", instance_key,
         "--work-dir", "/var/lib/coadapt/agent", "--logs-dir", "/var/log/coadapt/jobs",
+        "--notice-source", "gcp",
     ]  # fmt: skip
     if config.checkpoint_root:
         agent += ["--checkpoint-root", config.checkpoint_root]

@@ -33,7 +33,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from autoscaler.controller.agent import AgentRunner, JobAssignment, Supervisor, launch_argv
+from autoscaler.controller.agent import (
+    AgentRunner,
+    JobAssignment,
+    Supervisor,
+    launch_argv,
+    notice_source,
+)
 from autoscaler.controller.api import (
     ApiClient,
     ApiError,
@@ -255,6 +261,15 @@ def agent_main(argv: list[str] | None = None) -> int:
         help="where jobs without their own location checkpoint: a folder, s3:// or gs://",
     )
     p.add_argument("--notice-dir", type=Path, default=None, help="local provider notices")
+    p.add_argument(
+        "--notice-source",
+        choices=("local", "aws", "gcp", "none"),
+        default=None,
+        help="what says this instance is being reclaimed: the local provider's notice file, "
+        "AWS instance metadata (IMDSv2 spot instance-action), GCP metadata (preempted); "
+        "default: local with --notice-dir, else none",
+    )
+    p.add_argument("--metadata-url", default=None, help="the metadata service (tests)")
     p.add_argument("--interval-s", type=float, default=2.0)
     p.add_argument("--report-interval-s", type=float, default=30.0)
     p.add_argument("--address", default="127.0.0.1", help="address peers reach this node at")
@@ -286,15 +301,21 @@ def agent_main(argv: list[str] | None = None) -> int:
         env={"COADAPT_API_TOKEN": token},
         logs_dir=args.logs_dir,
     )
-    notice = None
-    if args.notice_dir is not None and os.environ.get("COADAPT_INSTANCE_ID"):
-        notice = args.notice_dir / os.environ["COADAPT_INSTANCE_ID"] / "spot-notice.json"
+    source = args.notice_source
+    notice_file = None
+    if source is None:  # the local provider's agents: its notice file, when it has one
+        source = "none"
+        if args.notice_dir is not None and os.environ.get("COADAPT_INSTANCE_ID"):
+            source = "local"
+            notice_file = args.notice_dir / os.environ["COADAPT_INSTANCE_ID"] / "spot-notice.json"
     runner = AgentRunner(
         ApiClient(args.api, token, timeout_s=10.0),
         args.instance_key,
         supervisor,
         address=args.address,
-        notice_path=notice,
+        notice=notice_source(
+            source, clock=SystemClock(), notice_file=notice_file, metadata_url=args.metadata_url
+        ),
     )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -4,6 +4,7 @@ in its own session, as torchrun's workers are)."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -22,8 +23,10 @@ from autoscaler.controller.agent import (
     dump,
     exit_outcome,
     launch_argv,
+    notice_source,
     plan,
 )
+from coadapt_common.clock import FakeClock
 
 pytestmark = pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs Linux /proc")
 
@@ -153,7 +156,6 @@ def test_the_runner_follows_the_api_and_reports_exits(tmp_path: Path) -> None:
     from autoscaler.controller.jobs import JobSubmission
     from autoscaler.controller.lifecycle import InstanceStatus
     from autoscaler.controller.store import JobStatus, Store
-    from coadapt_common.clock import FakeClock
 
     clock = FakeClock()
     store = Store.create(tmp_path / "store.db", "c1", clock)
@@ -208,7 +210,7 @@ def test_the_runner_follows_the_api_and_reports_exits(tmp_path: Path) -> None:
         "i-1",
         sup,
         address="127.0.0.1",
-        notice_path=notice,
+        notice=notice_source("local", clock=clock, notice_file=notice),
     )
     try:
         first = runner.step()
@@ -229,3 +231,47 @@ def test_the_runner_follows_the_api_and_reports_exits(tmp_path: Path) -> None:
         runner.close()
         server.shutdown()
         app.close()
+
+
+# -------------------------------------------------------------- what says "being reclaimed"
+
+
+def test_the_aws_notice_source_reads_imdsv2_and_ignores_rebalance() -> None:
+    from emulators.aws_imds import FakeImds
+
+    imds = FakeImds()
+    try:
+        noticed = notice_source("aws", clock=FakeClock(), metadata_url=imds.url)
+        assert noticed is not None and not noticed()
+        imds.rebalance = json.dumps({"noticeTime": "2026-12-04T10:00:00Z"})
+        assert not noticed()  # elevated risk, no reclaim: the controller weighs it
+        imds.instance_action = json.dumps({"action": "terminate", "time": "2026-12-04T10:02:00Z"})
+        assert noticed()
+        assert all(r[0] != "GET" or r[1] != "/latest/api/token" for r in imds.requests)
+        assert any(r == ("PUT", "/latest/api/token") for r in imds.requests)  # IMDSv2 only
+    finally:
+        imds.close()
+
+
+def test_the_gcp_notice_source_reads_the_preempted_flag() -> None:
+    from emulators.gcp_env import TEST_ZONES, FakeGcpEnv
+
+    with FakeGcpEnv() as env:
+        zone = TEST_ZONES[0]
+        name = env.server.add_foreign_instance(zone)
+        noticed = notice_source(
+            "gcp", clock=env.clock, metadata_url=env.server.metadata_base_url(zone, name)
+        )
+        assert noticed is not None and not noticed()
+        env.server.preempt(zone, name)
+        assert noticed()
+
+
+def test_the_local_notice_source_is_the_notice_file(tmp_path: Path) -> None:
+    noticed = notice_source("local", clock=FakeClock(), notice_file=tmp_path / "n.json")
+    assert noticed is not None and not noticed()
+    (tmp_path / "n.json").write_text("{}")
+    assert noticed()
+    assert notice_source("none", clock=FakeClock()) is None
+    with pytest.raises(ValueError, match="unknown notice source"):
+        notice_source("azure", clock=FakeClock())

@@ -116,6 +116,7 @@ def test_the_gcp_startup_script_is_valid_bash_and_carries_no_secret(tmp_path: Pa
     checked = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True)
     assert checked.returncode == 0, checked.stderr
     assert "--instance-key i-abc" in script and "--checkpoint-root gs://b/checkpoints" in script
+    assert "--notice-source gcp" in script
     assert "secrets/coadapt-c1-agent-token/versions/latest:access" in script
     assert "coadapt==0.1" in script and "umask 077" in script
 
