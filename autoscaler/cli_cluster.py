@@ -94,6 +94,10 @@ def up(
     max_gpu_slots: Annotated[
         int | None, typer.Option(help="local provider: GPU slots on this machine")
     ] = None,
+    max_gpus: Annotated[
+        int | None,
+        typer.Option(help="fleet GPU cap (local default: --max-gpu-slots)"),
+    ] = None,
 ) -> None:
     """Run the controller (API, rounds, fleet) in the foreground until Ctrl-C or `coadapt
     down`, then release every instance. On aws/gcp it runs on the controller machine a
@@ -121,6 +125,7 @@ def up(
         port=port,
         max_instances=max_instances,
         max_gpu_slots=max_gpu_slots,
+        max_gpus=max_gpus,
         provider=provider,
         provider_config=provider_config,
     )
@@ -302,8 +307,9 @@ def demo(
     ] = None,
     timeout_s: Annotated[float, typer.Option(help="give up after this long")] = 300.0,
 ) -> None:
-    """A local fleet with spot instances, three small real PyTorch jobs from examples/jobs,
-    a spot preemption injected mid-run, live status, and the cost report at the end."""
+    """A local fleet with spot instances at simulated, moving spot prices, three small real
+    PyTorch jobs from examples/jobs, a spot preemption injected mid-run, live status, and the
+    cost report at the end."""
     from autoscaler.controller.api import ApiClient, load_tokens
     from autoscaler.controller.jobspec import load_job_spec
     from autoscaler.controller.service import UpConfig, run_up
@@ -314,7 +320,16 @@ def demo(
         _fail("run the demo from the coadapt checkout (it needs examples/jobs/)", 2)
     state = state_dir or Path(tempfile.mkdtemp(prefix="coadapt-demo-"))
     stop, ready, result = threading.Event(), list[str](), dict[str, Any]()
-    cfg = UpConfig(state, interval_s=3.0, max_instances=3, max_gpu_slots=4)
+    cfg = UpConfig(
+        state,
+        interval_s=3.0,
+        max_instances=3,
+        max_gpu_slots=8,
+        max_gpus=4,  # half the slots: room for a replacement fleet while one drains
+        local_spot_price_swing=0.4,  # simulated spot prices: +-40 % over two minutes
+        local_spot_price_period_s=120.0,
+        offerings_refresh_s=15.0,
+    )
     thread = threading.Thread(
         target=lambda: result.setdefault("down", run_up(cfg, stop, on_ready=ready.append)),
         daemon=True,

@@ -126,7 +126,8 @@ class SizingConfig:
     shapes a job has not run optimistically (off by default: the policy does not share that
     hope, and a fleet bought on it stays idle; ``benchmarks/cloud_cost.py --optimistic-nodes``
     measures it). ``min_efficiency`` 0.15 is the measured default: in ``cloud_cost.py`` E1 and
-    E2 a higher floor lengthened JCTs more than it saved.
+    E2 a higher floor lengthened JCTs more than it saved. ``max_gpus`` caps the fleet's GPUs
+    (``None``: no cap; the local provider's machine-wide slot budget, say).
     """
 
     value: ValueKind = "goodput"
@@ -140,8 +141,11 @@ class SizingConfig:
     planning_horizon_s: float = 1800.0
     power: float = 1.0
     optimistic_nodes: bool = False
+    max_gpus: int | None = None
 
     def __post_init__(self) -> None:
+        if self.max_gpus is not None and self.max_gpus < 1:
+            raise InvalidInputError("max_gpus must be >= 1 (or None)", field="max_gpus")
         if self.value not in ("goodput", "throughput"):
             raise InvalidInputError(f"unknown value {self.value!r}", field="value")
         if not 0 <= self.min_efficiency < math.inf:
@@ -186,7 +190,7 @@ class FleetProposal:
     """Instances to hold per offering key (keys with 0 omitted), their price per hour at the
     prices in effect, the modelled total value (sum of the jobs' values), the efficiency of
     the last instance added, and what stopped the growth: ``"efficiency"``, ``"budget"``,
-    ``"max_instances"``, ``"capacity"`` or ``"no_demand"``."""
+    ``"max_instances"``, ``"max_gpus"``, ``"capacity"`` or ``"no_demand"``."""
 
     counts: Mapping[str, int]
     usd_per_hour: float
@@ -619,7 +623,7 @@ def _grow(
     last_eff = math.inf
     limited_by = "no_demand" if not demands else "efficiency"
     delay_factor = max(0.0, 1.0 - config.provisioning_delay_s / config.planning_horizon_s)
-    total = 0
+    total = gpus = 0
     while total < config.max_instances:
         best: tuple[float, float, str] | None = None
         best_option: FleetOption | None = None
@@ -638,6 +642,9 @@ def _grow(
                 is_held = n + size <= held.get(o.key, 0)
                 if total + size > config.max_instances:
                     blocked = blocked or "max_instances"
+                    continue
+                if config.max_gpus is not None and gpus + size * o.gpus > config.max_gpus:
+                    blocked = blocked or "max_gpus"
                     continue
                 if not is_held and (
                     not o.available or (o.capacity is not None and n + size > o.capacity)
@@ -672,6 +679,7 @@ def _grow(
         price += best_size * best_option.usd_per_hour
         last_eff = best_eff
         total += best_size
+        gpus += best_size * best_option.gpus
     if total >= config.max_instances and demands:
         limited_by = "max_instances"
     return _Growth(alloc, counts, price, last_eff, limited_by)

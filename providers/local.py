@@ -41,6 +41,7 @@ import contextlib
 import fcntl
 import json
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -305,7 +306,9 @@ class LocalProvider:
     for processes to exit (tests keep it real); ``max_gpu_slots``: machine-wide slot budget
     (default ``2 * os.cpu_count()``); ``pool_capacity``: pool key -> most live instances
     (missing or ``None``: only the slot budget applies); ``term_grace_s``: SIGTERM-to-SIGKILL
-    grace; ``heartbeat_s``: agent heartbeat period.
+    grace; ``heartbeat_s``: agent heartbeat period; ``spot_price_swing`` /
+    ``spot_price_period_s``: simulated spot prices that move around the nominal ones (a
+    sine of that relative amplitude and period on ``clock``; 0: constant).
 
     Counters for tests and benchmarks: ``op_counts`` (``spawn``: agent processes started,
     ``scan``: state-folder scans, ``signal``: signals sent to process groups, ``attempt``:
@@ -327,6 +330,8 @@ class LocalProvider:
         heartbeat_s: float = 2.0,
         terminated_retention_s: float = 3600.0,
         python: str = sys.executable,
+        spot_price_swing: float = 0.0,
+        spot_price_period_s: float = 600.0,
     ) -> None:
         self._dir = Path(state_dir) if state_dir is not None else default_state_dir()
         self._records_dir = self._dir / "instances"
@@ -339,6 +344,12 @@ class LocalProvider:
         slots = max_gpu_slots if max_gpu_slots is not None else 2 * (os.cpu_count() or 1)
         if slots <= 0 or term_grace_s < 0 or heartbeat_s <= 0:
             raise InvalidRequestError("max_gpu_slots and heartbeat_s must be positive")
+        if not 0.0 <= spot_price_swing < 1.0 or spot_price_period_s <= 0:
+            raise InvalidRequestError(
+                "spot_price_swing must be in [0, 1) and spot_price_period_s positive"
+            )
+        self._swing = spot_price_swing
+        self._period_s = spot_price_period_s
         self._max_gpu_slots = slots
         self._catalogue = {o.key: o for o in local_offerings()}
         self._pool_capacity: dict[str, int | None] = {}
@@ -412,14 +423,25 @@ class LocalProvider:
 
     # ---------------------------------------------------------------- contract
 
+    def _priced(self, o: Offering, now_s: float) -> Offering:
+        """``o`` at its simulated spot price at ``now_s``: the nominal price times
+        ``1 + swing * sin(2 pi now_s / period)`` (the whole spot market moves together, so the
+        cheapest mix stays the cheapest); on-demand prices and a zero swing are constant."""
+        if o.market is not Market.SPOT or not self._swing or o.price_usd_per_hour is None:
+            return o
+        factor = 1.0 + self._swing * math.sin(2.0 * math.pi * now_s / self._period_s)
+        return replace(o, price_usd_per_hour=round(o.price_usd_per_hour * factor, 6))
+
     def offerings(self) -> Sequence[Offering]:
-        return list(self._catalogue.values())
+        """The catalogue, spot prices as they are now (see ``spot_price_swing``)."""
+        now = self._clock.now_s()
+        return [self._priced(o, now) for o in self._catalogue.values()]
 
     def spot_prices(self) -> Sequence[SpotPrice]:
         now = self._clock.now_s()
         return [
             SpotPrice(o.instance_type, o.zone, o.price_usd_per_hour, now)
-            for o in self._catalogue.values()
+            for o in self.offerings()
             if o.market is Market.SPOT and o.price_usd_per_hour is not None
         ]
 

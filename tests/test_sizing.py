@@ -138,15 +138,18 @@ def test_waiting_jobs_need_their_minimum_at_once() -> None:
     st.lists(st.integers(1, 16), min_size=0, max_size=8),
     st.floats(0.0, 60.0),
     st.integers(0, 6),
+    st.one_of(st.none(), st.integers(1, 24)),
 )
-def test_budget_and_max_instances_hold_for_any_demand(
-    wants: list[int], budget: float, cap: int
+def test_budget_max_instances_and_max_gpus_hold_for_any_demand(
+    wants: list[int], budget: float, cap: int, max_gpus: int | None
 ) -> None:
     demands = [linear(f"j{i}", w) for i, w in enumerate(wants)]
-    cfg = SizingConfig(budget_usd_per_hour=budget, max_instances=cap)
+    cfg = SizingConfig(budget_usd_per_hour=budget, max_instances=cap, max_gpus=max_gpus)
     p = size_fleet(demands, [T4_OD, T4_SPOT], {}, cfg, SPEEDS)
     assert p.usd_per_hour <= budget + 1e-9
     assert sum(p.counts.values()) <= cap
+    if max_gpus is not None:
+        assert sum(n * 4 for n in p.counts.values()) <= max_gpus
     assert sum(p.gpus_by_job.values()) <= sum(n * 4 for n in p.counts.values())
     again = size_fleet(demands, [T4_OD, T4_SPOT], {}, cfg, SPEEDS)
     assert again == p
@@ -247,3 +250,10 @@ def test_the_fill_memo_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
         without = size_fleet(demands, options, held, cfg, SPEEDS)
         monkeypatch.setattr(_Allocation, "memoise", True)
         assert with_memo == without, f"trial {trial}"
+
+
+def test_max_gpus_stops_the_growth_and_says_so() -> None:
+    p = size_fleet([linear("a", 16)], [T4_SPOT], {}, SizingConfig(max_gpus=8), SPEEDS)
+    assert sum(p.counts.values()) == 2 and p.limited_by == "max_gpus"
+    with pytest.raises(InvalidInputError, match="max_gpus"):
+        SizingConfig(max_gpus=0)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -87,7 +88,9 @@ class ControllerConfig:
     ``interval_s`` the time between rounds; ``max_job_retries`` how many failures a job may
     have before it is ``failed`` (rescales and preemptions never count);
     ``gpu_type_aliases`` names, for an offering's GPU type the speed table does not know, the
-    type the decision core values it as (the local provider's ``cpu-slot`` -> ``T4``)."""
+    type the decision core values it as (the local provider's ``cpu-slot`` -> ``T4``);
+    ``offerings_refresh_s`` how often the catalogue and its prices (spot prices move) are read
+    again from the provider and recorded in the price history."""
 
     cluster_id: str
     interval_s: float = 60.0
@@ -99,8 +102,11 @@ class ControllerConfig:
     restart_delay_s: float = 30.0
     max_job_retries: int = 3
     gpu_type_aliases: Mapping[str, str] = field(default_factory=dict)
+    offerings_refresh_s: float = 300.0
 
     def __post_init__(self) -> None:
+        if not self.offerings_refresh_s > 0:
+            raise InvalidInputError("offerings_refresh_s must be > 0", field="offerings_refresh_s")
         band_hazard_per_hour(self.default_spot_band)  # InvalidInputError for an unknown band
         if self.max_job_retries < 0:
             raise InvalidInputError("max_job_retries must be >= 0", field="max_job_retries")
@@ -172,6 +178,7 @@ class Controller:
         self._round = 0
         self._planned = False  # the store has recorded a plan (checked until it has)
         self._offerings: dict[str, Offering] = {}
+        self._offerings_read_s = -math.inf  # monotonic, when they were last read
 
     # ---- the round -------------------------------------------------------------------------
 
@@ -193,8 +200,10 @@ class Controller:
             observed = tuple(self.provider.list_instances(self.config.cluster_id))
             self._refuse_unknown_fleet(observed)
             notices = tuple(self.provider.interruptions(self.config.cluster_id))
-            if not self._offerings:
+            mono = self.clock.monotonic_s()
+            if mono - self._offerings_read_s >= self.config.offerings_refresh_s:
                 self._offerings = {o.key: o for o in self.provider.offerings()}
+                self._offerings_read_s = mono
                 self._record_prices()
         except ProviderError as e:
             return RoundReport(self._round, 0, Actions(), {}, 1, 0.0, 0.0, 0.0, 0.0, str(e))

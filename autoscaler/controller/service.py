@@ -78,10 +78,12 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class UpConfig:
-    """``coadapt up``'s settings. ``max_instances`` bounds the fleet; ``max_gpu_slots`` is the
-    machine-wide slot budget of the local provider. ``provider`` ``aws`` / ``gcp`` reads the
-    deployment's ``provider_config`` (:mod:`autoscaler.controller.cloud`); ``endpoint_url``
-    points the cloud's clients at a test server."""
+    """``coadapt up``'s settings. ``max_instances`` and ``max_gpus`` bound the fleet (see
+    :func:`_max_gpus`); ``max_gpu_slots`` is the machine-wide slot budget of the local
+    provider, ``local_spot_price_swing`` / ``_period_s`` its simulated spot prices;
+    ``offerings_refresh_s`` how often prices are read again. ``provider`` ``aws`` / ``gcp``
+    reads the deployment's ``provider_config`` (:mod:`autoscaler.controller.cloud`);
+    ``endpoint_url`` points the cloud's clients at a test server."""
 
     state_dir: Path
     cluster_id: str = "coadapt-local"
@@ -90,8 +92,12 @@ class UpConfig:
     port: int = 0
     max_instances: int = 4
     max_gpu_slots: int | None = None
+    max_gpus: int | None = None
     agent_interval_s: float = 2.0
     report_interval_s: float = 5.0
+    offerings_refresh_s: float = 300.0
+    local_spot_price_swing: float = 0.0
+    local_spot_price_period_s: float = 600.0
     provider: str = "local"
     provider_config: Path | None = None
     endpoint_url: str | None = None
@@ -128,6 +134,16 @@ def _agent_user_data(cfg: UpConfig, url: str, tokens_path: Path) -> Callable[[In
         return f"cd {shlex.quote(os.getcwd())} && exec {shlex.join(argv)}"
 
     return user_data
+
+
+def _max_gpus(cfg: UpConfig) -> int | None:
+    """The fleet's GPU cap: ``max_gpus``; on the local provider, by default its slot budget
+    (a fleet beyond it could not launch: the budget is machine-wide, and a launch past it
+    fails as a capacity error). A cap of half the slots leaves room for a whole replacement
+    fleet while the old one drains (what ``coadapt demo`` does)."""
+    if cfg.max_gpus is not None or cfg.provider != "local":
+        return cfg.max_gpus
+    return cfg.max_gpu_slots if cfg.max_gpu_slots is not None else 2 * (os.cpu_count() or 1)
 
 
 def _cloud_user_data(cloud: CloudConfig) -> Callable[[InstanceRow], str] | None:
@@ -178,9 +194,10 @@ def run_up(
     controller_cfg = ControllerConfig(
         store.cluster_id,
         interval_s=cfg.interval_s,
-        sizing=SizingConfig(max_instances=cfg.max_instances),
+        sizing=SizingConfig(max_instances=cfg.max_instances, max_gpus=_max_gpus(cfg)),
         reconcile=ReconcileConfig(heartbeat_timeout_s=max(60.0, 10 * cfg.agent_interval_s)),
         gpu_type_aliases={"cpu-slot": "T4"} if cloud is None else {},
+        offerings_refresh_s=cfg.offerings_refresh_s,
     )
 
     def on_job_exit(name: str, *, failed: bool) -> JobStatus:
@@ -198,6 +215,8 @@ def run_up(
             clock=clock,
             max_gpu_slots=cfg.max_gpu_slots,
             term_grace_s=90.0,  # the agent stops its jobs with a checkpoint before it goes
+            spot_price_swing=cfg.local_spot_price_swing,
+            spot_price_period_s=cfg.local_spot_price_period_s,
         )
         user_data = _agent_user_data(cfg, server.url, tokens_path)
     else:

@@ -16,6 +16,7 @@ from autoscaler.errors import InvalidInputError
 from autoscaler.sizing import SizingConfig
 from coadapt_common.clock import FakeClock
 from emulators.reports import synthetic_report
+from providers.base import Market
 from providers.fake import FakeProvider
 
 CLUSTER = "loop1"
@@ -169,3 +170,19 @@ def test_a_job_ended_elsewhere_loses_its_gpus_next_round(tmp_path: Path) -> None
     assert "job-0" not in report.allocations
     assert not store.list_assignments(job="job-0")
     assert store.get_job("job-0").status is JobStatus.CANCELLED
+
+
+def test_spot_prices_are_read_again_and_recorded_every_refresh(tmp_path: Path) -> None:
+    store, cloud, clock = _setup(tmp_path, jobs=1)
+    ctl = Controller(store, cloud, clock, ControllerConfig(CLUSTER, offerings_refresh_s=120.0))
+    ctl.run_round()
+    spot = next(o for o in cloud.offerings() if o.market is Market.SPOT)
+    first = spot.price_usd_per_hour
+    cloud.set_spot_price(spot.instance_type, spot.zone, 2 * (first or 1.0))
+    clock.advance(60.0)
+    ctl.run_round()  # within the refresh: the old price holds
+    assert [p.price_usd_per_hour for p in store.prices(spot.key)] == [first]
+    clock.advance(60.0)
+    ctl.run_round()
+    assert [p.price_usd_per_hour for p in store.prices(spot.key)] == [first, 2 * (first or 1.0)]
+    assert store.price_at(spot.key, clock.now_s()) == 2 * (first or 1.0)

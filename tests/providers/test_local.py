@@ -21,7 +21,11 @@ import pytest
 from coadapt_common.atomic import write_json_atomic
 from coadapt_common.clock import FakeClock
 from providers.base import InstanceState, InterruptionKind, LaunchRequest, Market, Offering
-from providers.errors import InstanceNotFoundError, InsufficientCapacityError
+from providers.errors import (
+    InstanceNotFoundError,
+    InsufficientCapacityError,
+    InvalidRequestError,
+)
 from providers.local import (
     AGENT_SCRIPT,
     EndReason,
@@ -94,6 +98,34 @@ def test_catalogue() -> None:
     assert {o.instance_type for o in offerings} == {"local-1gpu", "local-2gpu", "local-4gpu"}
     assert {o.zone for o in offerings} == {"local-a"}
     assert {o.market for o in offerings} == {Market.SPOT, Market.ON_DEMAND}
+
+
+def test_simulated_spot_prices_move_around_the_nominal_ones(tmp_path: Path) -> None:
+    clock = FakeClock(start_s=0.0)
+    nominal = {o.key: o.price_usd_per_hour for o in local_offerings()}
+    moving = LocalProvider(tmp_path, clock=clock, spot_price_swing=0.5, spot_price_period_s=100)
+    seen: dict[str, list[float]] = {}
+    for _ in range(100):
+        for o in moving.offerings():
+            seen.setdefault(o.key, []).append(o.price_usd_per_hour or 0.0)
+        clock.advance(1.0)
+    for key, prices in seen.items():
+        base = nominal[key] or 0.0
+        if key.endswith("/on-demand"):
+            assert set(prices) == {base}
+            continue
+        assert min(prices) >= 0.5 * base - 1e-9 and max(prices) <= 1.5 * base + 1e-9
+        assert max(prices) - min(prices) > 0.9 * base  # it really moves
+        assert abs(sum(prices) / len(prices) - base) < 0.02 * base  # around the nominal price
+    spot = {p.instance_type: p.price_usd_per_hour for p in moving.spot_prices()}
+    assert spot == {
+        o.instance_type: o.price_usd_per_hour
+        for o in moving.offerings() if o.market is Market.SPOT
+    }  # fmt: skip
+    steady = LocalProvider(tmp_path / "s", clock=clock)
+    assert {o.key: o.price_usd_per_hour for o in steady.offerings()} == nominal
+    with pytest.raises(InvalidRequestError):
+        LocalProvider(tmp_path / "x", clock=clock, spot_price_swing=1.0)
 
 
 def test_agent_comes_up_heartbeats_and_stops_cleanly(local: LocalProvider, state_dir: Path) -> None:
