@@ -102,7 +102,7 @@ def up(
     """Run the controller (API, rounds, fleet) in the foreground until Ctrl-C or `coadapt
     down`, then release every instance. On aws/gcp it runs on the controller machine a
     deployment made (`coadapt deploy`), reading that deployment's provider config."""
-    from autoscaler.controller.service import UpConfig, run_up
+    from autoscaler.controller.service import UpConfig, run_up, up_is_stale
     from autoscaler.errors import InvalidInputError
 
     if provider not in ("local", "aws", "gcp"):
@@ -113,7 +113,11 @@ def up(
         _fail("--interval-s must be > 0 and --max-instances >= 1", 2)
     state = _state(state_dir)
     if (state / "up.json").exists():
-        _fail(f"a cluster is already up in {state} (coadapt down --state-dir {state})")
+        if not up_is_stale(state / "up.json"):
+            _fail(f"a cluster is already up in {state} (coadapt down --state-dir {state})")
+        typer.echo(f"coadapt: {state / 'up.json'} was left by a coadapt up that is gone; "
+                   "starting again (the store picks up where it stopped)")  # fmt: skip
+        (state / "up.json").unlink()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -23,6 +23,7 @@ process; job exits reported through it are recorded on the API thread's own stor
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import shlex
@@ -69,6 +70,7 @@ from autoscaler.errors import InvalidInputError
 from autoscaler.sizing import SizingConfig
 from coadapt_common.atomic import write_json_atomic
 from coadapt_common.clock import Clock, SystemClock
+from coadapt_common.procfs import process_start_time
 from providers.base import Provider
 
 __all__ = ["UpConfig", "agent_main", "run_up"]
@@ -155,6 +157,19 @@ def _cloud_user_data(cloud: CloudConfig) -> Callable[[InstanceRow], str] | None:
     return lambda row: gcp_startup_script(cloud, instance_key=row.instance_key, api_url=api_url)
 
 
+def up_is_stale(up_file: Path) -> bool:
+    """Whether ``up.json`` was left by a ``coadapt up`` that is gone (killed, a crash, a
+    reboot): its pid is not running, or runs another process (a recycled pid has another
+    start time). An unreadable file is not judged stale."""
+    try:
+        doc = json.loads(up_file.read_text())
+        pid = int(doc["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    started = process_start_time(pid)
+    return started is None or ("started" in doc and doc["started"] != started)
+
+
 def run_up(
     cfg: UpConfig,
     stop: threading.Event,
@@ -224,7 +239,10 @@ def run_up(
         publish_tokens(cloud, tokens, endpoint_url=cfg.endpoint_url)
         user_data = _cloud_user_data(cloud)
     controller = Controller(store, provider, clock, controller_cfg, user_data=user_data)
-    write_json_atomic(state / "up.json", {"url": server.url, "pid": os.getpid()})
+    write_json_atomic(
+        state / "up.json",
+        {"url": server.url, "pid": os.getpid(), "started": process_start_time(os.getpid())},
+    )
     if on_ready is not None:
         on_ready(server.url)
     try:

@@ -299,3 +299,23 @@ def test_up_on_aws_publishes_the_token_launches_from_the_template_and_releases(
     assert result["down"].clean
     assert ours() == []
     assert not (state / "up.json").exists()
+
+
+def test_a_stale_up_file_is_told_from_a_live_one(tmp_path: Path) -> None:
+    import os
+
+    from autoscaler.controller.service import up_is_stale
+    from coadapt_common.procfs import process_start_time
+
+    up = tmp_path / "up.json"
+    up.write_text(json.dumps({"url": "u", "pid": os.getpid(),
+                              "started": process_start_time(os.getpid())}))  # fmt: skip
+    assert not up_is_stale(up)  # this very process
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    up.write_text(json.dumps({"url": "u", "pid": gone.pid}))
+    assert up_is_stale(up)  # a reboot or a kill -9 left it
+    up.write_text(json.dumps({"url": "u", "pid": os.getpid(), "started": "0"}))
+    assert up_is_stale(up)  # a recycled pid
+    up.write_text("{damaged")
+    assert not up_is_stale(up)  # not judged: up refuses and says where
