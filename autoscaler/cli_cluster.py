@@ -44,14 +44,21 @@ def _state(state_dir: Path | None) -> Path:
 
 
 def _client(state_dir: Path | None) -> Any:
+    """The API of the cluster in the state folder: the local ``coadapt up``'s (``up.json``),
+    else a deployment's controller (``deploy.json``; ``COADAPT_CONTROLLER_URL`` overrides its
+    address, e.g. through a tunnel)."""
     from autoscaler.controller.api import ApiClient, load_tokens
 
     state = _state(state_dir)
     up = state / "up.json"
-    if not up.exists():
-        _fail(f"no cluster is up in {state} (start one with: coadapt up --state-dir {state})")
-    url = json.loads(up.read_text())["url"]
-    return ApiClient(url, load_tokens(state / "tokens.json").user, timeout_s=10.0)
+    if up.exists():
+        url = json.loads(up.read_text())["url"]
+        return ApiClient(url, load_tokens(state / "tokens.json").user, timeout_s=10.0)
+    if (state / "deploy.json").exists():
+        from autoscaler.cli_deploy import deployed_client
+
+        return deployed_client(state, None)
+    _fail(f"no cluster is up in {state} (start one with: coadapt up --state-dir {state})")
 
 
 def register(app: typer.Typer) -> None:

@@ -137,18 +137,30 @@ def deploy(
     typer.echo(f"coadapt: outputs recorded in {state / 'deploy.json'}")
 
 
-def _user_token(outputs: dict[str, Any], cloud: str, token_file: Path | None, state: Path) -> str:
-    from autoscaler.controller.api import load_tokens
+def _user_token(outputs: dict[str, Any], cloud: str, state: Path) -> str:
+    """The users' API token of a deployed cluster: ``<state>/tokens.json`` when there, else
+    (AWS) read from the deployment's SSM parameter with the caller's credentials and kept in
+    that file (0600)."""
+    from autoscaler.controller.api import load_token
+    from coadapt_common.atomic import write_bytes_atomic
 
-    path = token_file or state / "tokens.json"
+    path = state / "tokens.json"
     if path.exists():
-        return load_tokens(path).user
+        return load_token(path, "user")
     if cloud == "aws":
         import boto3
 
         ssm = boto3.client("ssm", region_name=outputs["region"])
         value = ssm.get_parameter(Name=outputs["user_token_parameter"], WithDecryption=True)
-        return str(value["Parameter"]["Value"])
+        token = str(value["Parameter"]["Value"])
+        if len(token) < 32:
+            _fail(
+                f"the controller has not published its token in {outputs['user_token_parameter']}"
+                " yet (it is still booting?); try again in a minute"
+            )
+        data = (json.dumps({"user": token}) + "\n").encode()
+        write_bytes_atomic(path, data, durable=True, mode=0o600, replace=False)
+        return token
     _fail(
         f"no user token: write it to {path} (chmod 600) with\n  gcloud secrets versions access "
         f"latest --secret {outputs['user_token_secret']} --project {outputs['project']} | "
@@ -158,13 +170,32 @@ def _user_token(outputs: dict[str, Any], cloud: str, token_file: Path | None, st
     )
 
 
+def deployed_client(state: Path, controller_url: str | None) -> Any:
+    """An API client for the deployment recorded in ``state`` (``controller_url``, else
+    ``$COADAPT_CONTROLLER_URL``, else the deployment's ``controller_url`` output)."""
+    import os
+
+    from autoscaler.controller.api import ApiClient
+    from autoscaler.deploy import load_deployment
+    from autoscaler.errors import InvalidInputError
+
+    try:
+        record = load_deployment(state)
+    except InvalidInputError as e:
+        _fail(str(e), 2)
+    outputs = dict(record.outputs)
+    if not outputs:
+        _fail(f"{state / 'deploy.json'} has no outputs: the deployment never completed")
+    url = controller_url or os.environ.get("COADAPT_CONTROLLER_URL") or outputs["controller_url"]
+    return ApiClient(str(url), _user_token(outputs, record.cloud, state), timeout_s=15.0)
+
+
 def destroy(
     state_dir: Annotated[Path | None, typer.Option("--state-dir", help=STATE_HELP)] = None,
-    token_file: Annotated[
-        Path | None,
+    controller_url: Annotated[
+        str | None,
         typer.Option(
-            help="the users' tokens file (default: <state-dir>/tokens.json; on AWS "
-            "read from the deployment's SSM parameter when absent)"
+            help="reach the controller here (a tunnel) instead of the deployment's address"
         ),
     ] = None,
     timeout_s: Annotated[float, typer.Option(help="how long to wait for the release")] = 600.0,
@@ -172,7 +203,7 @@ def destroy(
     """Release every instance through the controller, confirm that none is left, then run
     terraform destroy. Refuses (and names them) while instances remain, or when the
     controller cannot be reached."""
-    from autoscaler.controller.api import ApiClient, ApiError
+    from autoscaler.controller.api import ApiError
     from autoscaler.deploy import (
         DeployError,
         find_terraform,
@@ -180,20 +211,11 @@ def destroy(
         run_terraform,
         terraform_commands,
     )
-    from autoscaler.errors import InvalidInputError
 
     state = _state(state_dir)
-    try:
-        record = load_deployment(state)
-    except InvalidInputError as e:
-        _fail(str(e), 2)
-    outputs = record.outputs
-    if not outputs:
-        _fail(f"{state / 'deploy.json'} has no outputs: the deployment never completed")
-    url = str(outputs["controller_url"])
-    client = ApiClient(
-        url, _user_token(dict(outputs), record.cloud, token_file, state), timeout_s=15.0
-    )
+    client = deployed_client(state, controller_url)
+    record = load_deployment(state)
+    url = client.base_url
     try:
         released_at = client.release_fleet()
         typer.echo(f"coadapt: asked the controller at {url} to release every instance")

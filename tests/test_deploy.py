@@ -8,6 +8,7 @@ import json
 import os
 import stat
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -187,7 +188,12 @@ def controller(tmp_path: Path) -> Iterator[tuple[str, Store]]:
     store_path = tmp_path / "controller" / "store.db"
     store_path.parent.mkdir()
     Store.create(store_path, "c1", clock).close()
-    tokens = generate_tokens(tmp_path / "state" / "tokens.json")
+    tokens = generate_tokens(tmp_path / "controller" / "tokens.json")
+    (tmp_path / "state").mkdir(exist_ok=True)
+    (tmp_path / "state" / "tokens.json").write_bytes(
+        (tmp_path / "controller/tokens.json").read_bytes()
+    )
+    (tmp_path / "state" / "tokens.json").chmod(0o600)
 
     def no_exits(name: str, *, failed: bool) -> Any:
         raise AssertionError("no job exits here")
@@ -278,3 +284,36 @@ def test_destroy_refuses_when_the_controller_is_unreachable(
 def test_destroy_without_a_deployment_says_how_to_make_one(tmp_path: Path) -> None:
     result = _destroy(tmp_path / "nothing")
     assert result.exit_code == 2 and "coadapt deploy aws|gcp" in result.output
+
+
+def test_a_deployed_cluster_is_reached_with_the_token_the_controller_published(
+    tmp_path: Path, module: Path, controller: tuple[str, Store], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No tokens file yet: the CLI reads the users' token from the deployment's SSM parameter
+    (moto here), keeps it 0600, and talks to the controller (its address overridden, as
+    through a tunnel)."""
+    from autoscaler.controller.api import load_token, load_tokens
+    from emulators.aws_moto import admin_client, shared_moto_server
+
+    url, _ = controller
+    moto = shared_moto_server()
+    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_ENDPOINT_URL": moto.url}.items():  # fmt: skip
+        monkeypatch.setenv(key, value)
+    state = tmp_path / "state"
+    user_token = load_tokens(state / "tokens.json").user
+    (state / "tokens.json").unlink()
+    _deployed(state, module, "http://10.9.9.9:8080")  # the VPC address, unreachable here
+    record = json.loads((state / "deploy.json").read_text())
+    parameter = f"/coadapt/{uuid.uuid4().hex[:8]}/user-token"
+    record["outputs"] |= {"region": "us-east-1", "user_token_parameter": parameter}
+    (state / "deploy.json").write_text(json.dumps(record))
+    admin_client(moto.url, "ssm").put_parameter(
+        Name=parameter, Value=user_token, Type="SecureString"
+    )
+    monkeypatch.setenv("COADAPT_CONTROLLER_URL", url)
+    result = CliRunner().invoke(app, ["status", "--json", "--state-dir", str(state)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["jobs"] == []
+    assert (state / "tokens.json").stat().st_mode & 0o777 == 0o600
+    assert load_token(state / "tokens.json", "user") == user_token

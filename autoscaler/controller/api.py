@@ -284,15 +284,15 @@ def load_tokens(path: str | Path) -> ApiTokens:
         raise TokenFileError(f"{p}: {e}", path=str(p)) from e
 
 
-def load_agent_token(path: str | Path) -> str:
-    """The agent token from ``path``: a tokens file, or a node's own file holding only
-    ``{"agent": "<token>"}`` (what a cloud node writes from the secret store). The same
-    refusals as :func:`load_tokens`."""
+def load_token(path: str | Path, role: str) -> str:
+    """One role's token (``"agent"`` or ``"user"``) from ``path``: a tokens file, or a file
+    holding only that role's (what a cloud node writes from the secret store for its agent,
+    and the CLI for a deployed cluster's user). The same refusals as :func:`load_tokens`."""
     p = Path(path)
-    token = _read_token_file(p).get("agent")
+    token = _read_token_file(p).get(role)
     if not _is_token(token):
         raise TokenFileError(
-            f"{p}: no agent token of at least {MIN_TOKEN_CHARS} printable characters",
+            f"{p}: no {role} token of at least {MIN_TOKEN_CHARS} printable characters",
             path=str(p),
         )
     return str(token)

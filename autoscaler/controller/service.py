@@ -45,7 +45,7 @@ from autoscaler.controller.api import (
     ApiClient,
     ApiError,
     generate_tokens,
-    load_agent_token,
+    load_token,
     load_tokens,
     make_app,
     serve,
@@ -318,7 +318,7 @@ def agent_main(argv: list[str] | None = None) -> int:
             args.instance_key = instance_key_from_request_id(args.cluster_id, args.request_id)
         except ValueError as e:
             p.error(str(e))
-    token = load_agent_token(args.token_file)
+    token = load_token(args.token_file, "agent")
     root = _checkpoint_root(args.checkpoint_root)
 
     def argv_for(a: JobAssignment) -> list[str]:

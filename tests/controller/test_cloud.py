@@ -21,7 +21,7 @@ from autoscaler.controller.api import (
     ApiClient,
     ApiTokens,
     TokenFileError,
-    load_agent_token,
+    load_token,
     load_tokens,
 )
 from autoscaler.controller.cloud import (
@@ -92,14 +92,14 @@ def test_a_node_token_file_holds_only_the_agent_token(tmp_path: Path) -> None:
     path = tmp_path / "agent-token.json"
     path.write_text(json.dumps({"agent": "a" * 40}))
     path.chmod(0o600)
-    assert load_agent_token(path) == "a" * 40
+    assert load_token(path, "agent") == "a" * 40
     path.chmod(0o644)
     with pytest.raises(TokenFileError, match="chmod 600"):
-        load_agent_token(path)
+        load_token(path, "agent")
     path.chmod(0o600)
     path.write_text(json.dumps({"agent": "short"}))
     with pytest.raises(TokenFileError, match="no agent token"):
-        load_agent_token(path)
+        load_token(path, "agent")
 
 
 def test_the_gcp_startup_script_is_valid_bash_and_carries_no_secret(tmp_path: Path) -> None:
