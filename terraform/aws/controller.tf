@@ -1,0 +1,49 @@
+# The controller: one small on-demand instance running `coadapt up --provider aws` as a systemd
+# service, with the deployment's provider config.
+
+data "aws_ssm_parameter" "al2023" {
+  count = var.controller_ami_id == null ? 1 : 0
+  name  = "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64"
+}
+
+resource "aws_instance" "controller" {
+  ami                         = var.controller_ami_id != null ? var.controller_ami_id : nonsensitive(data.aws_ssm_parameter.al2023[0].value)
+  instance_type               = var.controller_instance_type
+  iam_instance_profile        = aws_iam_instance_profile.controller.name
+  ebs_optimized               = true
+  monitoring                  = true
+  user_data_replace_on_change = false
+
+  network_interface {
+    network_interface_id = aws_network_interface.controller.id
+    device_index         = 0
+  }
+
+  metadata_options {
+    http_endpoint               = "enabled"
+    http_tokens                 = "required"
+    http_put_response_hop_limit = 1
+  }
+
+  root_block_device {
+    volume_size = 20
+    volume_type = "gp3"
+    encrypted   = true
+    kms_key_id  = var.kms_key_arn
+  }
+
+  user_data = templatefile("${path.module}/templates/controller-user-data.sh.tftpl", {
+    pip_spec      = var.controller_pip_spec
+    provider_json = jsonencode(local.provider_config)
+    cluster_id    = var.cluster_id
+    port          = var.controller_port
+    max_instances = var.max_instances
+  })
+
+  tags = merge(local.tags, { Name = "${local.prefix}-controller" })
+
+  lifecycle {
+    # A new image must not replace the controller (its store holds the fleet's state).
+    ignore_changes = [ami]
+  }
+}

@@ -1,0 +1,205 @@
+# Two roles with the least they need.
+# * controller: exactly the calls the AWS adapter is tested to make (providers/aws/permissions.py:
+#   controller_iam_actions(); tests/terraform checks this policy against that list), scoped to
+#   the cluster's tag, its launch template, subnets, node role, queue and token parameters;
+# * node: the checkpoint bucket and the agents' token parameter.
+
+locals {
+  ec2_arn       = "arn:${local.partition}:ec2:${var.region}:${local.account_id}"
+  cluster_tag   = "coadapt-cluster-id"
+  token_arns    = [aws_ssm_parameter.agent_token.arn, aws_ssm_parameter.user_token.arn]
+  launch_kinds  = ["RunInstances", "CreateFleet"]
+  subnet_arns   = [for id in local.subnet_ids : "${local.ec2_arn}:subnet/${id}"]
+  template_arns = ["${local.ec2_arn}:launch-template/${aws_launch_template.nodes.id}"]
+}
+
+data "aws_iam_policy_document" "assume_ec2" {
+  statement {
+    actions = ["sts:AssumeRole"]
+    principals {
+      type        = "Service"
+      identifiers = ["ec2.amazonaws.com"]
+    }
+  }
+}
+
+data "aws_iam_policy_document" "controller" {
+  # Describe calls cannot be scoped to resources.
+  statement {
+    sid = "Read"
+    actions = [
+      "ec2:DescribeAvailabilityZones",
+      "ec2:DescribeInstanceTypeOfferings",
+      "ec2:DescribeInstanceTypes",
+      "ec2:DescribeInstances",
+      "ec2:DescribeLaunchTemplates",
+      "ec2:DescribeSpotPriceHistory",
+    ]
+    resources = ["*"]
+  }
+
+  # The instances a launch creates must carry the cluster's tag (tag-on-create).
+  statement {
+    sid       = "LaunchTaggedInstances"
+    actions   = ["ec2:RunInstances", "ec2:CreateFleet"]
+    resources = ["${local.ec2_arn}:instance/*"]
+    condition {
+      test     = "StringEquals"
+      variable = "aws:RequestTag/${local.cluster_tag}"
+      values   = [var.cluster_id]
+    }
+  }
+
+  # What else a launch touches: the deployment's template, subnets and node security group,
+  # the images, and the volumes, interfaces, spot requests and fleets it creates.
+  statement {
+    sid     = "LaunchFromTheTemplate"
+    actions = ["ec2:RunInstances", "ec2:CreateFleet"]
+    resources = concat(local.template_arns, local.subnet_arns, [
+      aws_security_group.node.arn,
+      "arn:${local.partition}:ec2:${var.region}::image/*",
+      "${local.ec2_arn}:volume/*",
+      "${local.ec2_arn}:network-interface/*",
+      "${local.ec2_arn}:spot-instances-request/*",
+      "${local.ec2_arn}:fleet/*",
+    ])
+  }
+
+  # Tags only as part of a launch.
+  statement {
+    sid     = "TagOnCreate"
+    actions = ["ec2:CreateTags"]
+    resources = [
+      "${local.ec2_arn}:instance/*",
+      "${local.ec2_arn}:volume/*",
+      "${local.ec2_arn}:network-interface/*",
+      "${local.ec2_arn}:spot-instances-request/*",
+      "${local.ec2_arn}:fleet/*",
+    ]
+    condition {
+      test     = "StringEquals"
+      variable = "ec2:CreateAction"
+      values   = local.launch_kinds
+    }
+  }
+
+  # Terminate only the cluster's own instances.
+  statement {
+    sid       = "TerminateOwn"
+    actions   = ["ec2:TerminateInstances"]
+    resources = ["${local.ec2_arn}:instance/*"]
+    condition {
+      test     = "StringEquals"
+      variable = "ec2:ResourceTag/${local.cluster_tag}"
+      values   = [var.cluster_id]
+    }
+  }
+
+  statement {
+    sid       = "PassTheNodeRole"
+    actions   = ["iam:PassRole"]
+    resources = [aws_iam_role.node.arn]
+    condition {
+      test     = "StringEquals"
+      variable = "iam:PassedToService"
+      values   = ["ec2.amazonaws.com"]
+    }
+  }
+
+  # The first spot request of an account creates the EC2 Spot service-linked role.
+  statement {
+    sid       = "SpotServiceLinkedRole"
+    actions   = ["iam:CreateServiceLinkedRole"]
+    resources = ["arn:${local.partition}:iam::${local.account_id}:role/aws-service-role/spot.amazonaws.com/*"]
+    condition {
+      test     = "StringEquals"
+      variable = "iam:AWSServiceName"
+      values   = ["spot.amazonaws.com"]
+    }
+  }
+
+  statement {
+    sid       = "InterruptionQueue"
+    actions   = ["sqs:ReceiveMessage", "sqs:DeleteMessageBatch"]
+    resources = [aws_sqs_queue.interruptions.arn]
+  }
+
+  # coadapt up publishes the tokens it makes at boot.
+  statement {
+    sid       = "PublishTokens"
+    actions   = ["ssm:PutParameter"]
+    resources = local.token_arns
+  }
+}
+
+resource "aws_iam_role" "controller" {
+  name_prefix        = "${substr(local.prefix, 0, 24)}-ctl-"
+  description        = "coadapt ${var.cluster_id}: the controller (launches and terminates the GPU nodes)"
+  assume_role_policy = data.aws_iam_policy_document.assume_ec2.json
+  tags               = local.tags
+}
+
+resource "aws_iam_role_policy" "controller" {
+  name   = "coadapt-controller"
+  role   = aws_iam_role.controller.id
+  policy = data.aws_iam_policy_document.controller.json
+}
+
+resource "aws_iam_instance_profile" "controller" {
+  name_prefix = "${substr(local.prefix, 0, 24)}-ctl-"
+  role        = aws_iam_role.controller.name
+  tags        = local.tags
+}
+
+data "aws_iam_policy_document" "node" {
+  statement {
+    sid       = "Checkpoints"
+    actions   = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"]
+    resources = ["${aws_s3_bucket.checkpoints.arn}/checkpoints/*"]
+  }
+
+  statement {
+    sid       = "ListCheckpoints"
+    actions   = ["s3:ListBucket"]
+    resources = [aws_s3_bucket.checkpoints.arn]
+    condition {
+      test     = "StringLike"
+      variable = "s3:prefix"
+      values   = ["checkpoints/*"]
+    }
+  }
+
+  statement {
+    sid       = "AgentToken"
+    actions   = ["ssm:GetParameter"]
+    resources = [aws_ssm_parameter.agent_token.arn]
+  }
+
+  dynamic "statement" {
+    for_each = var.kms_key_arn == null ? [] : [var.kms_key_arn]
+    content {
+      sid       = "Key"
+      actions   = ["kms:Decrypt", "kms:GenerateDataKey"]
+      resources = [statement.value]
+    }
+  }
+}
+
+resource "aws_iam_role" "node" {
+  name_prefix        = "${substr(local.prefix, 0, 24)}-node-"
+  description        = "coadapt ${var.cluster_id}: GPU nodes (checkpoints, the agents' token)"
+  assume_role_policy = data.aws_iam_policy_document.assume_ec2.json
+  tags               = local.tags
+}
+
+resource "aws_iam_role_policy" "node" {
+  name   = "coadapt-node"
+  role   = aws_iam_role.node.id
+  policy = data.aws_iam_policy_document.node.json
+}
+
+resource "aws_iam_instance_profile" "node" {
+  name_prefix = "${substr(local.prefix, 0, 24)}-node-"
+  role        = aws_iam_role.node.name
+  tags        = local.tags
+}

@@ -1,0 +1,35 @@
+data "aws_caller_identity" "current" {}
+
+data "aws_partition" "current" {}
+
+locals {
+  prefix     = "coadapt-${var.cluster_id}"
+  account_id = data.aws_caller_identity.current.account_id
+  partition  = data.aws_partition.current.partition
+  tags = merge(var.tags, {
+    "coadapt-cluster-id" = var.cluster_id
+    "coadapt-managed-by" = "coadapt"
+  })
+
+  controller_ip  = aws_network_interface.controller.private_ip
+  controller_url = "http://${local.controller_ip}:${var.controller_port}"
+
+  agent_token_parameter = "/coadapt/${var.cluster_id}/agent-token"
+  user_token_parameter  = "/coadapt/${var.cluster_id}/user-token"
+  checkpoint_root       = "s3://${aws_s3_bucket.checkpoints.bucket}/checkpoints"
+
+  # What the controller reads (`coadapt up --provider aws --provider-config`): the keys of
+  # autoscaler/controller/cloud.py.
+  provider_config = {
+    kind                   = "aws"
+    region                 = var.region
+    launch_template_id     = aws_launch_template.nodes.id
+    subnets_by_zone        = local.subnets_by_zone
+    security_group_ids     = [aws_security_group.node.id]
+    instance_types         = var.node_instance_types
+    interruption_queue_url = aws_sqs_queue.interruptions.url
+    checkpoint_root        = local.checkpoint_root
+    agent_token_parameter  = local.agent_token_parameter
+    user_token_parameter   = local.user_token_parameter
+  }
+}

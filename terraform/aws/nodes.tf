@@ -1,0 +1,92 @@
+# The GPU nodes' launch template and the API tokens' parameters.
+#
+# The controller launches from this template with EC2 Fleet or RunInstances, choosing the
+# instance type, the subnet and the market per request and tagging each instance with the
+# cluster id and the launch's request id. EC2 Fleet cannot vary user data per request, so the
+# template's user data is the same on every node: a node reads its own request id from its tags
+# (instance metadata tags) and the agents' token from SSM.
+
+# The tokens are made by `coadapt up` at the controller's first boot and written here
+# (ssm:PutParameter on these two only); terraform only creates the parameters, with a
+# placeholder, so no token passes through its state.
+resource "aws_ssm_parameter" "agent_token" {
+  #checkov:skip=CKV_AWS_337:The AWS-managed key (aws/ssm) encrypts it: the controller and the nodes then need no KMS permission beyond their declared lists, and the value never passes through terraform.
+  name        = local.agent_token_parameter
+  description = "coadapt ${var.cluster_id}: the agents' API token (written by the controller at boot)"
+  type        = "SecureString"
+  value       = "placeholder: coadapt up has not started yet"
+  tags        = local.tags
+
+  lifecycle {
+    ignore_changes = [value]
+  }
+}
+
+resource "aws_ssm_parameter" "user_token" {
+  #checkov:skip=CKV_AWS_337:The AWS-managed key (aws/ssm) encrypts it: the controller needs no KMS permission beyond its declared list, and the value never passes through terraform.
+  name        = local.user_token_parameter
+  description = "coadapt ${var.cluster_id}: the users' API token (written by the controller at boot; read by the coadapt CLI)"
+  type        = "SecureString"
+  value       = "placeholder: coadapt up has not started yet"
+  tags        = local.tags
+
+  lifecycle {
+    ignore_changes = [value]
+  }
+}
+
+# The controller's address is fixed before the template needs it: its network interface is
+# made first, and the controller instance attaches it.
+resource "aws_network_interface" "controller" {
+  subnet_id       = local.subnet_ids[0]
+  security_groups = [aws_security_group.controller.id]
+  description     = "coadapt ${var.cluster_id}: the controller's address (the agents' API URL)"
+  tags            = merge(local.tags, { Name = "${local.prefix}-controller" })
+}
+
+resource "aws_launch_template" "nodes" {
+  #checkov:skip=CKV_AWS_341:A hop limit of 2 lets containers on a node (a training image run with docker) reach IMDSv2; tokens stay required.
+  name_prefix            = "${local.prefix}-nodes-"
+  description            = "coadapt ${var.cluster_id}: GPU nodes (the controller picks type, subnet and market)"
+  image_id               = var.node_ami_id
+  ebs_optimized          = true
+  update_default_version = true
+  vpc_security_group_ids = [aws_security_group.node.id]
+
+  iam_instance_profile {
+    arn = aws_iam_instance_profile.node.arn
+  }
+
+  metadata_options {
+    http_endpoint               = "enabled"
+    http_tokens                 = "required"
+    http_put_response_hop_limit = 2
+    instance_metadata_tags      = "enabled"
+  }
+
+  block_device_mappings {
+    device_name = var.node_root_device_name
+    ebs {
+      volume_size           = var.node_root_volume_gb
+      volume_type           = "gp3"
+      encrypted             = true
+      kms_key_id            = var.kms_key_arn
+      delete_on_termination = true
+    }
+  }
+
+  monitoring {
+    enabled = true
+  }
+
+  user_data = base64encode(templatefile("${path.module}/templates/node-user-data.sh.tftpl", {
+    region          = var.region
+    cluster_id      = var.cluster_id
+    api_url         = local.controller_url
+    token_parameter = local.agent_token_parameter
+    checkpoint_root = local.checkpoint_root
+    pip_spec        = var.coadapt_pip_spec
+  }))
+
+  tags = local.tags
+}

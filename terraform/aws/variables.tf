@@ -1,0 +1,137 @@
+variable "cluster_id" {
+  type        = string
+  description = "The cluster's id: tags every resource and every GPU node (coadapt-cluster-id); 1-40 characters of lowercase letters, digits and '-', starting with a letter or digit."
+
+  validation {
+    condition     = can(regex("^[a-z0-9][a-z0-9-]{0,39}$", var.cluster_id))
+    error_message = "cluster_id: 1-40 characters of [a-z0-9-], starting with a letter or digit."
+  }
+}
+
+variable "region" {
+  type        = string
+  description = "The AWS region of the cluster (the example's provider uses it; the module writes it into the controller's provider config)."
+}
+
+variable "vpc_id" {
+  type        = string
+  default     = null
+  description = "An existing VPC to use (with subnet_ids). Null: the module creates a small VPC: private subnets for the controller and the nodes, one NAT gateway for their outbound traffic, an S3 gateway endpoint."
+}
+
+variable "subnet_ids" {
+  type        = list(string)
+  default     = []
+  description = "Subnets of vpc_id for the controller (the first) and the GPU nodes (all; one per zone the nodes may use). Required with vpc_id; their route to the internet (pip, AWS APIs) is yours."
+}
+
+variable "vpc_cidr" {
+  type        = string
+  default     = "10.40.0.0/16"
+  description = "The CIDR of the VPC the module creates (when vpc_id is null)."
+}
+
+variable "availability_zones" {
+  type        = list(string)
+  default     = []
+  description = "Zones of the subnets the module creates (when vpc_id is null); empty: the region's first three available zones."
+}
+
+variable "controller_instance_type" {
+  type        = string
+  default     = "t3.small"
+  description = "Instance type of the controller (on-demand; it runs the API, the rounds and a SQLite store)."
+}
+
+variable "controller_ami_id" {
+  type        = string
+  default     = null
+  description = "The controller's AMI; null: the latest Amazon Linux 2023 (x86_64) from the public SSM parameter."
+}
+
+variable "controller_port" {
+  type        = number
+  default     = 8080
+  description = "TCP port of the controller's API (agents and users)."
+}
+
+variable "api_allowed_cidrs" {
+  type        = list(string)
+  default     = []
+  description = "Networks (a VPN, a bastion) allowed to reach the controller API besides the nodes; none by default. Never 0.0.0.0/0."
+
+  validation {
+    condition     = !contains(var.api_allowed_cidrs, "0.0.0.0/0") && !contains(var.api_allowed_cidrs, "::/0")
+    error_message = "api_allowed_cidrs must not open the API to the whole internet."
+  }
+}
+
+variable "ssh_allowed_cidrs" {
+  type        = list(string)
+  default     = []
+  description = "Networks allowed SSH (port 22) to the controller and the nodes; none by default (use SSM Session Manager). Never 0.0.0.0/0."
+
+  validation {
+    condition     = !contains(var.ssh_allowed_cidrs, "0.0.0.0/0") && !contains(var.ssh_allowed_cidrs, "::/0")
+    error_message = "ssh_allowed_cidrs must not open SSH to the whole internet."
+  }
+}
+
+variable "node_ami_id" {
+  type        = string
+  description = "The GPU nodes' AMI: NVIDIA drivers, python3 (3.11+) with venv and pip, and the AWS CLI (a Deep Learning AMI, for example)."
+}
+
+variable "node_root_device_name" {
+  type        = string
+  default     = "/dev/sda1"
+  description = "The root device name of node_ami_id (/dev/sda1 on Ubuntu-based AMIs, /dev/xvda on Amazon Linux)."
+}
+
+variable "node_root_volume_gb" {
+  type        = number
+  default     = 200
+  description = "Size of each node's encrypted gp3 root volume, GiB."
+}
+
+variable "node_instance_types" {
+  type        = list(string)
+  default     = ["g4dn.xlarge", "g4dn.12xlarge", "p3.2xlarge", "p3.8xlarge", "g5.xlarge", "p4d.24xlarge"]
+  description = "The GPU instance types the controller may launch (names or wildcards such as g5.*); it picks a mix by goodput per dollar."
+}
+
+variable "max_instances" {
+  type        = number
+  default     = 8
+  description = "Most GPU nodes the controller holds at once."
+}
+
+variable "coadapt_pip_spec" {
+  type        = string
+  default     = "coadapt[aws,trainer]"
+  description = "The pip requirement the nodes install (the agent and the trainer): a version, or a wheel URL such as 'coadapt[aws,trainer] @ https://...'."
+}
+
+variable "controller_pip_spec" {
+  type        = string
+  default     = "coadapt[aws]"
+  description = "The pip requirement the controller installs."
+}
+
+variable "checkpoint_retention_days" {
+  type        = number
+  default     = 30
+  description = "Days an overwritten or deleted checkpoint version is kept in the bucket."
+}
+
+variable "kms_key_arn" {
+  type        = string
+  default     = null
+  description = "A KMS key for the bucket, the volumes, the queue and the token parameters; null: AWS-managed keys."
+}
+
+variable "tags" {
+  type        = map(string)
+  default     = {}
+  description = "Extra tags on every resource the module creates."
+}

@@ -1,0 +1,254 @@
+"""The terraform modules, read with python-hcl2 (no terraform binary or provider registry is
+needed): every file parses; every variable is typed and described; the outputs the CLI reads
+exist; IMDSv2; no public bucket; no ingress from anywhere; the controller may do exactly what
+the adapters are tested to call (``providers/aws/permissions.py``,
+``providers/gcp/permissions.py``)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autoscaler.deploy import OUTPUTS, load_hcl
+from providers.aws.permissions import controller_iam_actions
+from providers.gcp.permissions import controller_permissions
+
+ROOT = Path(__file__).resolve().parents[2]
+MODULES = {cloud: ROOT / "terraform" / cloud for cloud in ("aws", "gcp")}
+EXAMPLES = {cloud: ROOT / "terraform" / "examples" / cloud for cloud in ("aws", "gcp")}
+ANYWHERE = {"0.0.0.0/0", "::/0"}
+
+
+def _files(directory: Path) -> list[Path]:
+    return sorted(directory.glob("*.tf"))
+
+
+def _merged(directory: Path) -> dict[str, list[Any]]:
+    merged: dict[str, list[Any]] = {}
+    for tf in _files(directory):
+        for kind, blocks in load_hcl(tf).items():
+            merged.setdefault(kind, []).extend(blocks)
+    return merged
+
+
+def _named(directory: Path, kind: str) -> dict[str, Any]:
+    """``variable`` / ``output`` / ``locals`` blocks by name."""
+    return {
+        name: body for block in _merged(directory).get(kind, []) for name, body in block.items()
+    }
+
+
+def _resources(directory: Path, kind: str = "resource") -> Iterator[tuple[str, str, Any]]:
+    """``(type, name, body)`` of every resource (or data source)."""
+    for block in _merged(directory).get(kind, []):
+        for rtype, by_name in block.items():
+            for name, body in by_name.items():
+                yield rtype, name, body
+
+
+def _of_type(directory: Path, rtype: str, kind: str = "resource") -> list[tuple[str, Any]]:
+    return [(n, b) for t, n, b in _resources(directory, kind) if t == rtype]
+
+
+def _one(value: Any) -> Any:
+    """A nested block as hcl2 gives it (a list of one body) or a plain value."""
+    return value[0] if isinstance(value, list) and len(value) == 1 else value
+
+
+@pytest.mark.parametrize("directory", [*MODULES.values(), *EXAMPLES.values()], ids=str)
+def test_every_file_parses(directory: Path) -> None:
+    assert _files(directory), f"no .tf files in {directory}"
+    for tf in _files(directory):
+        assert isinstance(load_hcl(tf), dict)
+
+
+@pytest.mark.parametrize("cloud", MODULES)
+def test_every_variable_has_a_type_and_a_description(cloud: str) -> None:
+    variables = _named(MODULES[cloud], "variable")
+    assert variables
+    for name, body in variables.items():
+        assert body.get("type"), f"variable {name} has no type"
+        assert str(body.get("description", "")).strip(), f"variable {name} has no description"
+
+
+@pytest.mark.parametrize("cloud", MODULES)
+def test_the_outputs_the_cli_reads_exist_and_the_example_passes_them_on(cloud: str) -> None:
+    outputs = _named(MODULES[cloud], "output")
+    for name in OUTPUTS[cloud]:
+        assert name in outputs, f"terraform/{cloud} has no output {name}"
+        assert str(outputs[name].get("description", "")).strip(), f"output {name} undescribed"
+        assert name in _named(EXAMPLES[cloud], "output"), f"examples/{cloud} drops {name}"
+
+
+@pytest.mark.parametrize("cloud", MODULES)
+def test_every_output_and_variable_is_in_the_module_readme(cloud: str) -> None:
+    readme = (MODULES[cloud] / "README.md").read_text()
+    for name in [*_named(MODULES[cloud], "variable"), *_named(MODULES[cloud], "output")]:
+        assert f"`{name}`" in readme, f"terraform/{cloud}/README.md does not list {name}"
+
+
+@pytest.mark.parametrize("cloud", MODULES)
+def test_the_module_configures_no_provider(cloud: str) -> None:
+    assert "provider" not in _merged(MODULES[cloud])
+
+
+# ------------------------------------------------------------------------------------- GCP
+
+
+def test_gcp_controller_role_holds_exactly_what_the_adapter_calls() -> None:
+    (role,) = [b for _, b in _of_type(MODULES["gcp"], "google_project_iam_custom_role")]
+    assert role["permissions"] == "${local.controller_permissions}"
+    declared = _named(MODULES["gcp"], "locals")["controller_permissions"]
+    assert set(declared) == controller_permissions() and len(declared) == len(set(declared))
+
+
+def test_gcp_service_accounts_get_no_broad_project_role() -> None:
+    project_roles = {b["role"] for _, b in _of_type(MODULES["gcp"], "google_project_iam_member")}
+    assert project_roles == {
+        "roles/logging.logWriter",
+        "${google_project_iam_custom_role.controller.name}",
+    }
+    for _, binding in _of_type(MODULES["gcp"], "google_secret_manager_secret_iam_member"):
+        assert binding["role"] in {
+            "roles/secretmanager.secretVersionAdder", "roles/secretmanager.secretAccessor"
+        }  # fmt: skip
+    (checkpoints,) = [b for _, b in _of_type(MODULES["gcp"], "google_storage_bucket_iam_member")]
+    assert "node" in checkpoints["member"] and checkpoints["role"] == "roles/storage.objectUser"
+
+
+def test_gcp_bucket_is_private_and_versioned() -> None:
+    (bucket,) = [b for _, b in _of_type(MODULES["gcp"], "google_storage_bucket")]
+    assert bucket["uniform_bucket_level_access"] is True
+    assert bucket["public_access_prevention"] == "enforced"
+    assert _one(bucket["versioning"])["enabled"] is True
+    for _, member in _of_type(MODULES["gcp"], "google_storage_bucket_iam_member"):
+        assert member["member"] not in ("allUsers", "allAuthenticatedUsers")
+
+
+def test_gcp_no_firewall_rule_admits_the_internet() -> None:
+    rules = _of_type(MODULES["gcp"], "google_compute_firewall")
+    assert rules
+    for name, rule in rules:
+        assert rule.get("direction", "INGRESS") == "INGRESS"
+        sources = rule.get("source_ranges", [])
+        assert not (isinstance(sources, list) and ANYWHERE & set(sources)), name
+        assert str(rule.get("description", "")).strip(), f"rule {name} undescribed"
+    for name in ("api_allowed_cidrs", "ssh_allowed_cidrs"):
+        validations = _named(MODULES["gcp"], "variable")[name].get("validation", [])
+        assert any("0.0.0.0/0" in str(v["condition"]) for v in validations), name
+
+
+def test_gcp_controller_vm_is_shielded_without_an_address_by_default() -> None:
+    (vm,) = [b for _, b in _of_type(MODULES["gcp"], "google_compute_instance")]
+    shielded = _one(vm["shielded_instance_config"])
+    assert all(shielded[k] is True for k in ("enable_secure_boot", "enable_vtpm",
+                                             "enable_integrity_monitoring"))  # fmt: skip
+    assert _named(MODULES["gcp"], "variable")["controller_external_ip"]["default"] is False
+    assert vm["metadata"]["block-project-ssh-keys"] == "true"
+
+
+# ------------------------------------------------------------------------------------- AWS
+
+_DOC_REF = re.compile(r"data\.aws_iam_policy_document\.(\w+)\.json")
+
+
+def _policy_actions(role: str) -> set[str]:
+    """Every action of every policy document attached to ``aws_iam_role.<role>`` (inline
+    role policies, or managed policies and their attachments)."""
+    module = MODULES["aws"]
+    docs = {n: b for n, b in _of_type(module, "aws_iam_policy_document", "data")}
+    policies = {n: b for n, b in _of_type(module, "aws_iam_policy")}
+    attached: list[str] = []
+    for _, b in _of_type(module, "aws_iam_role_policy"):
+        if f"aws_iam_role.{role}." in str(b.get("role", "")):
+            attached += _DOC_REF.findall(str(b["policy"]))
+    for _, b in _of_type(module, "aws_iam_role_policy_attachment"):
+        if f"aws_iam_role.{role}." in str(b.get("role", "")):
+            for name in re.findall(r"aws_iam_policy\.(\w+)\.arn", str(b["policy_arn"])):
+                attached += _DOC_REF.findall(str(policies[name]["policy"]))
+    assert attached, f"no policy attached to aws_iam_role.{role}"
+    actions: set[str] = set()
+    for name in attached:
+        for statement in docs[name].get("statement", []):
+            assert statement.get("effect", "Allow") in ("Allow", "Deny")
+            if statement.get("effect", "Allow") == "Allow":
+                found = statement.get("actions", [])
+                actions |= set(found if isinstance(found, list) else [found])
+    return actions
+
+
+def test_aws_controller_policy_grants_exactly_the_adapters_calls() -> None:
+    assert _policy_actions("controller") == controller_iam_actions()
+
+
+def test_aws_node_policy_is_the_bucket_and_the_token() -> None:
+    allowed = {"s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:ListBucket",
+               "ssm:GetParameter", "kms:Decrypt", "kms:GenerateDataKey"}  # fmt: skip
+    actions = _policy_actions("node")
+    assert actions <= allowed and {"s3:PutObject", "ssm:GetParameter"} <= actions
+
+
+def test_aws_no_wildcard_action_is_allowed() -> None:
+    for _, doc in _of_type(MODULES["aws"], "aws_iam_policy_document", "data"):
+        for statement in doc.get("statement", []):
+            if statement.get("effect", "Allow") != "Allow":
+                continue  # the bucket's TLS-only rule denies s3:*
+            found = statement.get("actions", [])
+            assert not any("*" in a for a in (found if isinstance(found, list) else [found]))
+
+
+def test_aws_imdsv2_is_required_and_volumes_are_encrypted() -> None:
+    (template,) = [b for _, b in _of_type(MODULES["aws"], "aws_launch_template")]
+    metadata = _one(template["metadata_options"])
+    assert metadata["http_tokens"] == "required"
+    assert metadata["http_put_response_hop_limit"] == 2
+    assert metadata["instance_metadata_tags"] == "enabled"  # the node reads its request id
+    ebs = _one(_one(template["block_device_mappings"])["ebs"])
+    assert ebs["encrypted"] in (True, "true")
+    for _, instance in _of_type(MODULES["aws"], "aws_instance"):
+        assert _one(instance["metadata_options"])["http_tokens"] == "required"
+        assert _one(instance["root_block_device"])["encrypted"] is True
+
+
+def test_aws_bucket_is_private_encrypted_and_versioned() -> None:
+    module = MODULES["aws"]
+    (block,) = [b for _, b in _of_type(module, "aws_s3_bucket_public_access_block")]
+    for key in ("block_public_acls", "block_public_policy", "ignore_public_acls",
+                "restrict_public_buckets"):  # fmt: skip
+        assert block[key] is True, key
+    (versioning,) = [b for _, b in _of_type(module, "aws_s3_bucket_versioning")]
+    assert _one(versioning["versioning_configuration"])["status"] == "Enabled"
+    assert _of_type(module, "aws_s3_bucket_server_side_encryption_configuration")
+    assert _of_type(module, "aws_s3_bucket_lifecycle_configuration")
+
+
+def _ingress_cidrs() -> Iterator[tuple[str, Any]]:
+    module = MODULES["aws"]
+    for name, sg in _of_type(module, "aws_security_group"):
+        for rule in sg.get("ingress", []):
+            yield name, rule.get("cidr_blocks", []), rule.get("ipv6_cidr_blocks", [])
+    for name, rule in _of_type(module, "aws_security_group_rule"):
+        if rule.get("type") == "ingress":
+            yield name, rule.get("cidr_blocks", []), rule.get("ipv6_cidr_blocks", [])
+    for name, rule in _of_type(module, "aws_vpc_security_group_ingress_rule"):
+        yield name, [rule.get("cidr_ipv4")], [rule.get("cidr_ipv6")]
+
+
+def test_aws_no_ingress_from_anywhere() -> None:
+    for name, v4, v6 in _ingress_cidrs():
+        for cidrs in (v4, v6):
+            assert not (isinstance(cidrs, list) and ANYWHERE & set(cidrs)), name
+    for name in ("api_allowed_cidrs", "ssh_allowed_cidrs"):
+        validations = _named(MODULES["aws"], "variable")[name].get("validation", [])
+        assert any("0.0.0.0/0" in str(v["condition"]) for v in validations), name
+
+
+def test_aws_node_user_data_starts_the_agent_the_way_the_cli_takes_it() -> None:
+    text = "\n".join(t.read_text() for t in (MODULES["aws"] / "templates").glob("*.tftpl"))
+    for flag in ("agent", "--request-id", "--cluster-id", "--token-file", "--notice-source aws",
+                 "--checkpoint-root", "up --provider aws", "--provider-config"):  # fmt: skip
+        assert flag in text, flag
