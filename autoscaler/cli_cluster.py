@@ -18,29 +18,17 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
 
-STATE_HELP = "the cluster's state folder (default: $COADAPT_HOME/cluster or ~/.coadapt/cluster)"
-
-
-def default_state_dir() -> Path:
-    home = os.environ.get("COADAPT_HOME")
-    return (Path(home) if home else Path.home() / ".coadapt") / "cluster"
-
-
-StateDir = Annotated[Path | None, typer.Option("--state-dir", help=STATE_HELP)]
-Json = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
-
-
-def _fail(message: str, code: int = 1) -> NoReturn:
-    typer.echo(f"coadapt: {message}", err=True)
-    raise typer.Exit(code)
-
-
-def _state(state_dir: Path | None) -> Path:
-    return state_dir if state_dir is not None else default_state_dir()
+from autoscaler.cli_common import (
+    Json,
+    StateDir,
+    deployed_client,
+    fail,
+    resolve_state_dir,
+)
 
 
 def _client(state_dir: Path | None) -> Any:
@@ -49,16 +37,14 @@ def _client(state_dir: Path | None) -> Any:
     address, e.g. through a tunnel)."""
     from autoscaler.controller.api import ApiClient, load_tokens
 
-    state = _state(state_dir)
+    state = resolve_state_dir(state_dir)
     up = state / "up.json"
     if up.exists():
         url = json.loads(up.read_text())["url"]
         return ApiClient(url, load_tokens(state / "tokens.json").user, timeout_s=10.0)
     if (state / "deploy.json").exists():
-        from autoscaler.cli_deploy import deployed_client
-
         return deployed_client(state, None)
-    _fail(f"no cluster is up in {state} (start one with: coadapt up --state-dir {state})")
+    fail(f"no cluster is up in {state} (start one with: coadapt up --state-dir {state})")
 
 
 def register(app: typer.Typer) -> None:
@@ -113,15 +99,15 @@ def up(
     from autoscaler.errors import InvalidInputError
 
     if provider not in ("local", "aws", "gcp"):
-        _fail(f"--provider {provider}: choose local, aws or gcp", 2)
+        fail(f"--provider {provider}: choose local, aws or gcp", 2)
     if provider != "local" and provider_config is None:
-        _fail(f"--provider {provider} needs --provider-config (the deployment's provider.json)", 2)
+        fail(f"--provider {provider} needs --provider-config (the deployment's provider.json)", 2)
     if interval_s <= 0 or max_instances < 1:
-        _fail("--interval-s must be > 0 and --max-instances >= 1", 2)
-    state = _state(state_dir)
+        fail("--interval-s must be > 0 and --max-instances >= 1", 2)
+    state = resolve_state_dir(state_dir)
     if (state / "up.json").exists():
         if not up_is_stale(state / "up.json"):
-            _fail(f"a cluster is already up in {state} (coadapt down --state-dir {state})")
+            fail(f"a cluster is already up in {state} (coadapt down --state-dir {state})")
         typer.echo(f"coadapt: {state / 'up.json'} was left by a coadapt up that is gone; "
                    "starting again (the store picks up where it stopped)")  # fmt: skip
         (state / "up.json").unlink()
@@ -150,9 +136,9 @@ def up(
     try:
         report = run_up(cfg, stop, on_ready=ready)
     except InvalidInputError as e:
-        _fail(str(e), 2)
+        fail(str(e), 2)
     if not report.clean:
-        _fail(f"instances still listed after down: {', '.join(report.remaining)}")
+        fail(f"instances still listed after down: {', '.join(report.remaining)}")
     typer.echo("coadapt: down; no instance left")
 
 
@@ -168,11 +154,11 @@ def submit(
     try:
         submission = load_job_spec(spec).submission()
     except JobSpecError as e:
-        _fail(str(e), 2)
+        fail(str(e), 2)
     try:
         job = _client(state_dir).submit_job(submission)
     except ApiError as e:
-        _fail(str(e))
+        fail(str(e))
     typer.echo(json.dumps(job.to_dict()) if json_out else f"submitted {job.name}")
 
 
@@ -232,7 +218,7 @@ def status(
         try:
             doc = _status_doc(client)
         except ApiError as e:
-            _fail(str(e))
+            fail(str(e))
         if json_out:
             typer.echo(json.dumps(doc))
         else:
@@ -263,7 +249,7 @@ def logs(
             sys.stdout.write(chunk.text)
             sys.stdout.flush()
     except ApiError as e:
-        _fail(str(e))
+        fail(str(e))
 
 
 def cancel(
@@ -276,7 +262,7 @@ def cancel(
     try:
         info = _client(state_dir).cancel_job(job)
     except ApiError as e:
-        _fail(str(e))
+        fail(str(e))
     typer.echo(f"{info.name}: {info.status}")
 
 
@@ -285,20 +271,20 @@ def down(
     timeout_s: Annotated[float, typer.Option(help="how long to wait")] = 300.0,
 ) -> None:
     """Stop the running `coadapt up`: it releases every instance and confirms none is left."""
-    state = _state(state_dir)
+    state = resolve_state_dir(state_dir)
     up_file = state / "up.json"
     if not up_file.exists():
-        _fail(f"no cluster is up in {state}")
+        fail(f"no cluster is up in {state}")
     pid = int(json.loads(up_file.read_text())["pid"])
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
-        _fail(f"the `coadapt up` of {state} (pid {pid}) is gone; remove {up_file} and rerun up")
+        fail(f"the `coadapt up` of {state} (pid {pid}) is gone; remove {up_file} and rerun up")
     deadline = time.monotonic() + timeout_s
     while up_file.exists() and time.monotonic() < deadline:
         time.sleep(0.5)
     if up_file.exists():
-        _fail(f"`coadapt up` (pid {pid}) has not stopped after {timeout_s:.0f} s")
+        fail(f"`coadapt up` (pid {pid}) has not stopped after {timeout_s:.0f} s")
     typer.echo("coadapt: down")
 
 
@@ -328,7 +314,7 @@ def demo(
 
     examples = Path.cwd() / "examples" / "jobs"
     if not examples.is_dir():
-        _fail("run the demo from the coadapt checkout (it needs examples/jobs/)", 2)
+        fail("run the demo from the coadapt checkout (it needs examples/jobs/)", 2)
     state = state_dir or Path(tempfile.mkdtemp(prefix="coadapt-demo-"))
     stop, ready, result = threading.Event(), list[str](), dict[str, Any]()
     cfg = UpConfig(
@@ -350,7 +336,7 @@ def demo(
     while not ready and thread.is_alive():
         time.sleep(0.05)
     if not ready:
-        _fail("the controller did not start")
+        fail("the controller did not start")
     typer.echo(f"coadapt demo: controller up at {ready[0]} (state in {state})")
     client = ApiClient(ready[0], load_tokens(state / "tokens.json").user, timeout_s=10.0)
     try:
@@ -390,7 +376,7 @@ def demo(
     _cost_table(state)
     down_report = result.get("down")
     if down_report is None or not down_report.clean:
-        _fail("instances were left after the demo")
+        fail("instances were left after the demo")
     typer.echo(f"coadapt demo: done in {time.monotonic() - start:.0f} s; no instance left")
 
 

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from autoscaler.cli_cluster import STATE_HELP, _fail, _state
+from autoscaler.cli_common import STATE_HELP, deployed_client, fail, resolve_state_dir
 
 TERRAFORM_DIR = Path(__file__).resolve().parent.parent / "terraform"
 EXIT_NO_TERRAFORM = 3
@@ -28,7 +28,7 @@ def _parse_vars(pairs: Sequence[str]) -> dict[str, Any]:
     for pair in pairs:
         name, sep, raw = pair.partition("=")
         if not sep or not name:
-            _fail(f"--var {pair!r}: use NAME=VALUE", 2)
+            fail(f"--var {pair!r}: use NAME=VALUE", 2)
         try:
             out[name] = json.loads(raw)  # numbers, lists, maps, booleans
         except ValueError:
@@ -86,18 +86,18 @@ def deploy(
     from coadapt_common.atomic import write_json_atomic
 
     if cloud not in CLOUDS:
-        _fail(f"{cloud!r}: choose aws or gcp", 2)
+        fail(f"{cloud!r}: choose aws or gcp", 2)
     module = (module_dir or TERRAFORM_DIR / cloud).resolve()
     if not (module / "variables.tf").is_file():
-        _fail(f"no terraform module at {module} (run from a coadapt checkout or --module-dir)", 2)
-    state = _state(state_dir)
+        fail(f"no terraform module at {module} (run from a coadapt checkout or --module-dir)", 2)
+    state = resolve_state_dir(state_dir)
     workdir = state / "deploy" / cloud
     try:
         variables = read_var_file(var_file) if var_file else {}
         variables.update(_parse_vars(var or []))
         root = render_root(cloud, module, variables)
     except InvalidInputError as e:
-        _fail(str(e), 2)
+        fail(str(e), 2)
     workdir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(workdir / "main.tf.json", root)
     record = Deployment(cloud, module, workdir, variables, {})
@@ -106,10 +106,10 @@ def deploy(
             raw = json.loads(outputs_file.read_text())
             outputs = {name: item["value"] for name, item in raw.items()}
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            _fail(f"{outputs_file}: not `terraform output -json` output: {e}", 2)
+            fail(f"{outputs_file}: not `terraform output -json` output: {e}", 2)
         missing = [n for n in OUTPUTS[cloud] if n not in outputs]
         if missing:
-            _fail(f"{outputs_file}: no output {', '.join(missing)}", 2)
+            fail(f"{outputs_file}: no output {', '.join(missing)}", 2)
         Deployment(cloud, module, workdir, variables, outputs).save(state)
         typer.echo(f"coadapt: recorded the outputs in {state / 'deploy.json'}")
         return
@@ -131,63 +131,10 @@ def deploy(
         run_terraform(commands, workdir, _stream)
         outputs = read_outputs(binary, workdir, cloud)
     except DeployError as e:
-        _fail(f"{e} (nothing recorded; fix it and run coadapt deploy again)")
+        fail(f"{e} (nothing recorded; fix it and run coadapt deploy again)")
     Deployment(cloud, module, workdir, variables, outputs).save(state)
     typer.echo(f"coadapt: deployed; controller at {outputs['controller_url']}")
     typer.echo(f"coadapt: outputs recorded in {state / 'deploy.json'}")
-
-
-def _user_token(outputs: dict[str, Any], cloud: str, state: Path) -> str:
-    """The users' API token of a deployed cluster: ``<state>/tokens.json`` when there, else
-    (AWS) read from the deployment's SSM parameter with the caller's credentials and kept in
-    that file (0600)."""
-    from autoscaler.controller.api import load_token
-    from coadapt_common.atomic import write_bytes_atomic
-
-    path = state / "tokens.json"
-    if path.exists():
-        return load_token(path, "user")
-    if cloud == "aws":
-        import boto3
-
-        ssm = boto3.client("ssm", region_name=outputs["region"])
-        value = ssm.get_parameter(Name=outputs["user_token_parameter"], WithDecryption=True)
-        token = str(value["Parameter"]["Value"])
-        if len(token) < 32:
-            _fail(
-                f"the controller has not published its token in {outputs['user_token_parameter']}"
-                " yet (it is still booting?); try again in a minute"
-            )
-        data = (json.dumps({"user": token}) + "\n").encode()
-        write_bytes_atomic(path, data, durable=True, mode=0o600, replace=False)
-        return token
-    _fail(
-        f"no user token: write it to {path} (chmod 600) with\n  gcloud secrets versions access "
-        f"latest --secret {outputs['user_token_secret']} --project {outputs['project']} | "
-        "python3 -c 'import json,sys; print(json.dumps({\"user\": sys.stdin.read().strip()}))' "
-        f"> {path}",
-        2,
-    )
-
-
-def deployed_client(state: Path, controller_url: str | None) -> Any:
-    """An API client for the deployment recorded in ``state`` (``controller_url``, else
-    ``$COADAPT_CONTROLLER_URL``, else the deployment's ``controller_url`` output)."""
-    import os
-
-    from autoscaler.controller.api import ApiClient
-    from autoscaler.deploy import load_deployment
-    from autoscaler.errors import InvalidInputError
-
-    try:
-        record = load_deployment(state)
-    except InvalidInputError as e:
-        _fail(str(e), 2)
-    outputs = dict(record.outputs)
-    if not outputs:
-        _fail(f"{state / 'deploy.json'} has no outputs: the deployment never completed")
-    url = controller_url or os.environ.get("COADAPT_CONTROLLER_URL") or outputs["controller_url"]
-    return ApiClient(str(url), _user_token(outputs, record.cloud, state), timeout_s=15.0)
 
 
 def destroy(
@@ -212,7 +159,7 @@ def destroy(
         terraform_commands,
     )
 
-    state = _state(state_dir)
+    state = resolve_state_dir(state_dir)
     client = deployed_client(state, controller_url)
     record = load_deployment(state)
     url = client.base_url
@@ -230,19 +177,19 @@ def destroy(
             r.provider_instance_id: r for r in client.list_instances() if r.provider_instance_id
         }
     except (ApiError, OSError) as e:
-        _fail(
+        fail(
             f"cannot reach the controller at {url} ({e}); refusing to destroy: instances it "
             "launched would keep running (and billing) without it"
         )
     if not confirmed or listing["instances"]:
         if not confirmed:
             why = listing.get("error") or "the controller has not listed the cloud since"
-            _fail(f"refusing to destroy: no confirmed release after {timeout_s:.0f} s ({why})")
+            fail(f"refusing to destroy: no confirmed release after {timeout_s:.0f} s ({why})")
         names = ", ".join(
             f"{i} ({rows[i].instance_key}, {rows[i].status})" if i in rows else i
             for i in listing["instances"]
         )
-        _fail(
+        fail(
             f"refusing to destroy: {len(listing['instances'])} instance(s) still listed after "
             f"{timeout_s:.0f} s: {names}"
         )
@@ -256,6 +203,6 @@ def destroy(
     try:
         run_terraform(commands, record.workdir, _stream)
     except DeployError as e:
-        _fail(str(e))
+        fail(str(e))
     (state / "deploy.json").rename(state / "deploy.destroyed.json")
     typer.echo("coadapt: destroyed")

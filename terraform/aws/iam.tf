@@ -83,7 +83,8 @@ data "aws_iam_policy_document" "controller" {
     }
   }
 
-  # Terminate only the cluster's own instances.
+  # Terminate only the nodes the controller launched for this cluster (never the controller:
+  # terraform's resources carry other tags).
   statement {
     sid       = "TerminateOwn"
     actions   = ["ec2:TerminateInstances"]
@@ -92,6 +93,11 @@ data "aws_iam_policy_document" "controller" {
       test     = "StringEquals"
       variable = "ec2:ResourceTag/${local.cluster_tag}"
       values   = [var.cluster_id]
+    }
+    condition {
+      test     = "StringEquals"
+      variable = "ec2:ResourceTag/coadapt-managed-by"
+      values   = ["coadapt"]
     }
   }
 

@@ -6,9 +6,11 @@ locals {
   prefix     = "coadapt-${var.cluster_id}"
   account_id = data.aws_caller_identity.current.account_id
   partition  = data.aws_partition.current.partition
+  # Not the ownership tags the controller puts on the GPU nodes it launches (coadapt-cluster-id
+  # with coadapt-managed-by = coadapt): what terraform makes is never taken for a node.
   tags = merge(var.tags, {
-    "coadapt-cluster-id" = var.cluster_id
-    "coadapt-managed-by" = "coadapt"
+    "coadapt-deployment" = var.cluster_id
+    "coadapt-managed-by" = "terraform"
   })
 
   controller_ip  = aws_network_interface.controller.private_ip

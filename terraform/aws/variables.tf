@@ -1,6 +1,6 @@
 variable "cluster_id" {
   type        = string
-  description = "The cluster's id: tags every resource and every GPU node (coadapt-cluster-id); 1-40 characters of lowercase letters, digits and '-', starting with a letter or digit."
+  description = "The cluster's id: the GPU nodes carry it as coadapt-cluster-id, terraform's resources as coadapt-deployment; 1-40 characters of lowercase letters, digits and '-', starting with a letter or digit."
 
   validation {
     condition     = can(regex("^[a-z0-9][a-z0-9-]{0,39}$", var.cluster_id))

@@ -289,7 +289,8 @@ def test_up_on_aws_publishes_the_token_launches_from_the_template_and_releases(
         time.sleep(1.0)  # five more rounds
         assert ours() == []
         assert {r.status for r in client.list_instances()} == {"terminated"}
-        assert client.get_job("resnet").status == "queued"
+        job = client.get_job("resnet")  # it waits (still submitted), placed nowhere
+        assert job.status in ("queued", "running") and dict(job.assignment) == {}
         listing = client.fleet()["release_listing"]  # what coadapt destroy waits for
         assert listing["instances"] == [] and listing["error"] is None
     finally:

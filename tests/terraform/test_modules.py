@@ -252,3 +252,13 @@ def test_aws_node_user_data_starts_the_agent_the_way_the_cli_takes_it() -> None:
     for flag in ("agent", "--request-id", "--cluster-id", "--token-file", "--notice-source aws",
                  "--checkpoint-root", "up --provider aws", "--provider-config"):  # fmt: skip
         assert flag in text, flag
+
+
+def test_terraform_resources_never_carry_the_nodes_ownership_tags() -> None:
+    """The controller lists (and may terminate) instances tagged coadapt-cluster-id with
+    coadapt-managed-by = coadapt: its own machine must never look like one of its nodes."""
+    aws_tags = str(_named(MODULES["aws"], "locals")["tags"])
+    gcp_labels = str(_named(MODULES["gcp"], "locals")["common_labels"])
+    assert "coadapt-cluster-id" not in aws_tags
+    for tags in (aws_tags, gcp_labels):
+        assert re.search(r'"?coadapt-managed-by"? = "terraform"', tags), tags

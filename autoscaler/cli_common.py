@@ -1,0 +1,84 @@
+"""What the CLI's command modules share: the cluster's state folder, failing with a message,
+and the API client of a deployed cluster (thin, like the commands)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+
+STATE_HELP = "the cluster's state folder (default: $COADAPT_HOME/cluster or ~/.coadapt/cluster)"
+
+
+def default_state_dir() -> Path:
+    home = os.environ.get("COADAPT_HOME")
+    return (Path(home) if home else Path.home() / ".coadapt") / "cluster"
+
+
+StateDir = Annotated[Path | None, typer.Option("--state-dir", help=STATE_HELP)]
+Json = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    typer.echo(f"coadapt: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def resolve_state_dir(state_dir: Path | None) -> Path:
+    return state_dir if state_dir is not None else default_state_dir()
+
+
+def _user_token(outputs: dict[str, Any], cloud: str, state: Path) -> str:
+    """The users' API token of a deployed cluster: ``<state>/tokens.json`` when there, else
+    (AWS) read from the deployment's SSM parameter with the caller's credentials and kept in
+    that file (0600)."""
+    from autoscaler.controller.api import load_token
+    from coadapt_common.atomic import write_bytes_atomic
+
+    path = state / "tokens.json"
+    if path.exists():
+        return load_token(path, "user")
+    if cloud == "aws":
+        import boto3
+
+        ssm = boto3.client("ssm", region_name=outputs["region"])
+        value = ssm.get_parameter(Name=outputs["user_token_parameter"], WithDecryption=True)
+        token = str(value["Parameter"]["Value"])
+        if len(token) < 32:
+            fail(
+                f"the controller has not published its token in {outputs['user_token_parameter']}"
+                " yet (it is still booting?); try again in a minute"
+            )
+        data = (json.dumps({"user": token}) + "\n").encode()
+        write_bytes_atomic(path, data, durable=True, mode=0o600, replace=False)
+        return token
+    fail(
+        f"no user token: write it to {path} (chmod 600) with\n  gcloud secrets versions access "
+        f"latest --secret {outputs['user_token_secret']} --project {outputs['project']} | "
+        "python3 -c 'import json,sys; print(json.dumps({\"user\": sys.stdin.read().strip()}))' "
+        f"> {path}",
+        2,
+    )
+
+
+def deployed_client(state: Path, controller_url: str | None) -> Any:
+    """An API client for the deployment recorded in ``state`` (``controller_url``, else
+    ``$COADAPT_CONTROLLER_URL``, else the deployment's ``controller_url`` output)."""
+    import os
+
+    from autoscaler.controller.api import ApiClient
+    from autoscaler.deploy import load_deployment
+    from autoscaler.errors import InvalidInputError
+
+    try:
+        record = load_deployment(state)
+    except InvalidInputError as e:
+        fail(str(e), 2)
+    outputs = dict(record.outputs)
+    if not outputs:
+        fail(f"{state / 'deploy.json'} has no outputs: the deployment never completed")
+    url = controller_url or os.environ.get("COADAPT_CONTROLLER_URL") or outputs["controller_url"]
+    return ApiClient(str(url), _user_token(outputs, record.cloud, state), timeout_s=15.0)
