@@ -72,10 +72,10 @@ def deploy(
     it writes the files and prints the exact commands to run."""
     from autoscaler.deploy import (
         CLOUDS,
-        OUTPUTS,
         DeployError,
         Deployment,
         find_terraform,
+        parse_outputs,
         read_outputs,
         read_var_file,
         render_root,
@@ -103,13 +103,11 @@ def deploy(
     record = Deployment(cloud, module, workdir, variables, {})
     if outputs_file is not None:
         try:
-            raw = json.loads(outputs_file.read_text())
-            outputs = {name: item["value"] for name, item in raw.items()}
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            fail(f"{outputs_file}: not `terraform output -json` output: {e}", 2)
-        missing = [n for n in OUTPUTS[cloud] if n not in outputs]
-        if missing:
-            fail(f"{outputs_file}: no output {', '.join(missing)}", 2)
+            outputs = parse_outputs(outputs_file.read_text(), cloud, str(outputs_file))
+        except OSError as e:
+            fail(f"{outputs_file}: {e}", 2)
+        except DeployError as e:
+            fail(str(e), 2)
         Deployment(cloud, module, workdir, variables, outputs).save(state)
         typer.echo(f"coadapt: recorded the outputs in {state / 'deploy.json'}")
         return

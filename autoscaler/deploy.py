@@ -34,6 +34,7 @@ __all__ = [
     "load_deployment",
     "load_hcl",
     "module_variables",
+    "parse_outputs",
     "read_var_file",
     "render_root",
     "terraform_commands",
@@ -221,12 +222,18 @@ def read_outputs(binary: str, workdir: Path, cloud: str) -> dict[str, Any]:
     )
     if done.returncode != 0:
         raise DeployError(f"`{binary} output -json` failed in {workdir}: {done.stderr.strip()}")
+    return parse_outputs(done.stdout, cloud, f"`{binary} output -json`")
+
+
+def parse_outputs(text: str, cloud: str, source: str) -> dict[str, Any]:
+    """``terraform output -json``'s text as ``{name: value}``; :class:`DeployError` when it
+    is not that, or lacks an output the CLI reads (``source`` names where it came from)."""
     try:
-        raw = json.loads(done.stdout)
+        raw = json.loads(text)
         outputs = {name: item["value"] for name, item in raw.items()}
     except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise DeployError(f"`{binary} output -json` printed no outputs object: {e}") from e
+        raise DeployError(f"{source}: not `terraform output -json` output: {e}") from e
     missing = [n for n in OUTPUTS[cloud] if n not in outputs]
     if missing:
-        raise DeployError(f"the deployment has no output {', '.join(missing)}")
+        raise DeployError(f"{source}: no output {', '.join(missing)}")
     return outputs
