@@ -73,6 +73,7 @@ import json
 import math
 import os
 import sqlite3
+import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -118,6 +119,22 @@ __all__ = [
 
 BUSY_TIMEOUT_S: Final = 5.0
 """How long a write waits for another connection's write lock before it fails (StoreError)."""
+
+_WRITERS: dict[Path, threading.RLock] = {}
+_WRITERS_LOCK = threading.Lock()
+
+
+def _writer_lock(path: Path) -> threading.RLock:
+    """The in-process lock every :class:`Store` of one file takes around its write
+    transactions: threads of one process (the API's, the rounds') queue for it instead of
+    spinning in SQLite's busy handler, whose sleeps starve some writers past
+    ``BUSY_TIMEOUT_S`` under load. Other processes still meet SQLite's own lock."""
+    key = path.resolve()
+    with _WRITERS_LOCK:
+        lock = _WRITERS.get(key)
+        if lock is None:
+            lock = _WRITERS[key] = threading.RLock()
+        return lock
 
 
 class JobStatus(StrEnum):
@@ -559,6 +576,7 @@ class Store:
         self._cluster_id = cluster_id
         self._schema_version = version
         self._identity = _file_identity(path)
+        self._writer = _writer_lock(path)
 
     def ensure_present(self) -> None:
         """Raise :class:`StoreMissingError` if the file this store opened was deleted or
@@ -706,19 +724,20 @@ class Store:
         """One write transaction: ``BEGIN IMMEDIATE`` ... ``COMMIT``, rolled back on any
         exception (which propagates; an ``sqlite3`` one as :class:`StoreError`)."""
         conn = self._live()
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as e:
-            raise self._fail(e, doing) from e
-        try:
-            yield conn
-            conn.execute("COMMIT")
-        except BaseException as e:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            if isinstance(e, sqlite3.Error):
+        with self._writer:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as e:
                 raise self._fail(e, doing) from e
-            raise
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException as e:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                if isinstance(e, sqlite3.Error):
+                    raise self._fail(e, doing) from e
+                raise
 
     def _read(self, sql: str, params: Iterable[Any] = ()) -> list[sqlite3.Row]:
         try:
