@@ -67,14 +67,16 @@ def deploy(
     ] = None,
 ) -> None:
     """Create (or update) a cluster on AWS or GCP with the terraform module in terraform/:
-    renders the module's variables, runs terraform (or tofu) init, plan and apply, and records
-    the outputs in the cluster config (<state-dir>/deploy.json). Without a terraform binary
+    renders the module's variables (those the cluster config <state-dir>/deploy.json recorded,
+    then --var-file, then --var), runs terraform (or tofu) init, plan and apply, and records
+    the variables and the outputs in the cluster config. Without a terraform binary
     it writes the files and prints the exact commands to run."""
     from autoscaler.deploy import (
         CLOUDS,
         DeployError,
         Deployment,
         find_terraform,
+        load_deployment,
         parse_outputs,
         read_outputs,
         read_var_file,
@@ -93,14 +95,26 @@ def deploy(
     state = resolve_state_dir(state_dir)
     workdir = state / "deploy" / cloud
     try:
-        variables = read_var_file(var_file) if var_file else {}
+        # An update starts from the variables the cluster config recorded.
+        previous = load_deployment(state) if (state / "deploy.json").exists() else None
+        if previous is not None and previous.cloud != cloud:
+            fail(
+                f"{state} holds a {previous.cloud} deployment: coadapt destroy it first, or "
+                "use another --state-dir",
+                2,
+            )
+        variables = dict(previous.variables) if previous is not None else {}
+        variables.update(read_var_file(var_file) if var_file else {})
         variables.update(_parse_vars(var or []))
         root = render_root(cloud, module, variables)
     except InvalidInputError as e:
         fail(str(e), 2)
     workdir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(workdir / "main.tf.json", root)
-    record = Deployment(cloud, module, workdir, variables, {})
+    # The outputs of a previous apply stay recorded until a new apply replaces them.
+    record = Deployment(
+        cloud, module, workdir, variables, previous.outputs if previous is not None else {}
+    )
     if outputs_file is not None:
         try:
             outputs = parse_outputs(outputs_file.read_text(), cloud, str(outputs_file))
@@ -129,7 +143,7 @@ def deploy(
         run_terraform(commands, workdir, _stream)
         outputs = read_outputs(binary, workdir, cloud)
     except DeployError as e:
-        fail(f"{e} (nothing recorded; fix it and run coadapt deploy again)")
+        fail(f"{e} (the outputs recorded before are kept; fix it and run coadapt deploy again)")
     Deployment(cloud, module, workdir, variables, outputs).save(state)
     typer.echo(f"coadapt: deployed; controller at {outputs['controller_url']}")
     typer.echo(f"coadapt: outputs recorded in {state / 'deploy.json'}")

@@ -369,3 +369,27 @@ def test_the_rendered_aws_root_validates_with_terraform(tmp_path: Path) -> None:
             timeout=300,
         )  # fmt: skip
         assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_an_update_starts_from_the_recorded_variables_and_keeps_the_outputs_on_failure(
+    tmp_path: Path, module: Path, fake_terraform: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = tmp_path / "state"
+    assert _deploy(state, module).exit_code == 0
+    first = load_deployment(state)
+    result = CliRunner().invoke(
+        app,
+        ["deploy", "aws", "--state-dir", str(state), "--module-dir", str(module),
+         "--var", "max_instances=4"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    root = json.loads((state / "deploy/aws/main.tf.json").read_text())["module"]["coadapt"]
+    assert (root["cluster_id"], root["node_ami_id"], root["max_instances"]) == ("c1", "ami-123", 4)
+    monkeypatch.setenv("FAKE_TF_FAIL", "apply")
+    failed = CliRunner().invoke(
+        app, ["deploy", "aws", "--state-dir", str(state), "--module-dir", str(module)]
+    )
+    assert failed.exit_code == 1 and "the outputs recorded before are kept" in failed.output
+    assert load_deployment(state).outputs == first.outputs  # destroy can still find it
+    other = CliRunner().invoke(app, ["deploy", "gcp", "--state-dir", str(state)])
+    assert other.exit_code == 2 and "holds a aws deployment" in other.output
