@@ -12,6 +12,7 @@ resource "aws_instance" "controller" {
   iam_instance_profile        = aws_iam_instance_profile.controller.name
   ebs_optimized               = true
   monitoring                  = true
+  disable_api_termination     = false # coadapt destroy / terraform destroy remove it
   user_data_replace_on_change = false
 
   network_interface {

@@ -50,18 +50,32 @@ data "aws_iam_policy_document" "controller" {
     }
   }
 
-  # What else a launch touches: the deployment's template, subnets and node security group,
-  # the images, and the volumes, interfaces, spot requests and fleets it creates.
+  # So must the (instant) fleet a CreateFleet makes: the adapter tags it with the cluster id.
+  statement {
+    sid       = "TaggedFleets"
+    actions   = ["ec2:CreateFleet"]
+    resources = ["${local.ec2_arn}:fleet/*"]
+    condition {
+      test     = "StringEquals"
+      variable = "aws:RequestTag/${local.cluster_tag}"
+      values   = [var.cluster_id]
+    }
+  }
+
+  # What else a launch touches, none of which carries the cluster's tag at authorisation time:
+  # the deployment's template, subnets, node security group and image (by ARN), and the
+  # volumes, network interfaces and spot requests it creates (a fleet's volumes are untagged,
+  # spot requests are never tagged, so requiring aws:RequestTag on them would refuse every
+  # launch).
   statement {
     sid     = "LaunchFromTheTemplate"
     actions = ["ec2:RunInstances", "ec2:CreateFleet"]
     resources = concat(local.template_arns, local.subnet_arns, [
       aws_security_group.node.arn,
-      "arn:${local.partition}:ec2:${var.region}::image/*",
+      "arn:${local.partition}:ec2:${var.region}::image/${var.node_ami_id}",
       "${local.ec2_arn}:volume/*",
       "${local.ec2_arn}:network-interface/*",
       "${local.ec2_arn}:spot-instances-request/*",
-      "${local.ec2_arn}:fleet/*",
     ])
   }
 

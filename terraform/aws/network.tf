@@ -1,5 +1,5 @@
 # The network: an existing VPC and subnets (vpc_id, subnet_ids), or a small VPC made here with
-# private subnets, one NAT gateway and an S3 gateway endpoint. Two security groups: the
+# private subnets, one NAT gateway and an S3 gateway endpoint (README: why not public subnets). Two security groups: the
 # controller's API port is open to the nodes (and api_allowed_cidrs); the nodes talk to each
 # other on every TCP port (distributed training). Nothing admits 0.0.0.0/0.
 
@@ -21,8 +21,10 @@ locals {
   )
   vpc_id     = local.create_vpc ? aws_vpc.coadapt[0].id : var.vpc_id
   subnet_ids = local.create_vpc ? aws_subnet.private[*].id : var.subnet_ids
-  # The controller's provider config maps each zone to its subnet.
-  subnets_by_zone = { for s in data.aws_subnet.chosen : s.availability_zone => s.id }
+  # The controller's provider config maps each zone to its subnet (one subnet per zone: the
+  # controller network interface's precondition says so when subnet_ids has two in one zone).
+  subnet_ids_by_zone = { for s in data.aws_subnet.chosen : s.availability_zone => s.id... }
+  subnets_by_zone    = { for zone, ids in local.subnet_ids_by_zone : zone => ids[0] }
 }
 
 data "aws_subnet" "chosen" {
@@ -135,10 +137,6 @@ resource "aws_security_group" "controller" {
 
   lifecycle {
     create_before_destroy = true
-    precondition {
-      condition     = local.create_vpc || length(var.subnet_ids) > 0
-      error_message = "With vpc_id, give subnet_ids (the first holds the controller)."
-    }
   }
 }
 
@@ -197,7 +195,8 @@ resource "aws_vpc_security_group_ingress_rule" "ssh" {
   to_port           = 22
 }
 
-# Outbound: HTTPS (pip, the AWS APIs), and HTTP for package mirrors the images use.
+# Outbound: HTTPS only (pip, the AWS APIs, Amazon Linux's dnf repositories, which are served
+# over HTTPS), plus the cluster's own ports below. Nothing in the user data needs plain HTTP.
 resource "aws_vpc_security_group_egress_rule" "https" {
   for_each          = { controller = aws_security_group.controller.id, node = aws_security_group.node.id }
   security_group_id = each.value
@@ -206,16 +205,6 @@ resource "aws_vpc_security_group_egress_rule" "https" {
   ip_protocol       = "tcp"
   from_port         = 443
   to_port           = 443
-}
-
-resource "aws_vpc_security_group_egress_rule" "http" {
-  for_each          = { controller = aws_security_group.controller.id, node = aws_security_group.node.id }
-  security_group_id = each.value
-  description       = "HTTP out: the images' package mirrors (dnf/apt)"
-  cidr_ipv4         = "0.0.0.0/0"
-  ip_protocol       = "tcp"
-  from_port         = 80
-  to_port           = 80
 }
 
 resource "aws_vpc_security_group_egress_rule" "nodes_to_nodes" {

@@ -36,12 +36,26 @@ resource "aws_ssm_parameter" "user_token" {
 }
 
 # The controller's address is fixed before the template needs it: its network interface is
-# made first, and the controller instance attaches it.
+# made first (the subnet picks the address), the template's user data reads its private_ip, and
+# the controller instance attaches it. The instance's own user data embeds the template's id, so
+# taking the address from aws_instance.controller instead would be a cycle
+# (instance -> template -> instance).
 resource "aws_network_interface" "controller" {
-  subnet_id       = local.subnet_ids[0]
+  subnet_id       = try(local.subnet_ids[0], null)
   security_groups = [aws_security_group.controller.id]
   description     = "coadapt ${var.cluster_id}: the controller's address (the agents' API URL)"
   tags            = merge(local.tags, { Name = "${local.prefix}-controller" })
+
+  lifecycle {
+    precondition {
+      condition     = local.create_vpc || length(var.subnet_ids) > 0
+      error_message = "With vpc_id, give subnet_ids (the first holds the controller)."
+    }
+    precondition {
+      condition     = length(local.subnet_ids_by_zone) == length(local.subnet_ids)
+      error_message = "subnet_ids: one subnet per availability zone (the controller maps each zone to one subnet)."
+    }
+  }
 }
 
 resource "aws_launch_template" "nodes" {

@@ -109,13 +109,23 @@ variable "max_instances" {
 variable "coadapt_pip_spec" {
   type        = string
   default     = "coadapt[aws,trainer]"
-  description = "The pip requirement the nodes install (the agent and the trainer): a version, or a wheel URL such as 'coadapt[aws,trainer] @ https://...'."
+  description = "The pip requirement the nodes install (the agent and the trainer): a version such as 'coadapt[aws,trainer]==0.1.0', or a wheel URL (an S3 presigned URL, for example) such as 'coadapt[aws,trainer] @ https://...whl'."
+
+  validation {
+    condition     = length(trimspace(var.coadapt_pip_spec)) > 0 && !can(regex("['\\n]", var.coadapt_pip_spec))
+    error_message = "coadapt_pip_spec: a non-empty pip requirement without single quotes or newlines (it is quoted in the nodes' user data)."
+  }
 }
 
 variable "controller_pip_spec" {
   type        = string
   default     = "coadapt[aws]"
-  description = "The pip requirement the controller installs."
+  description = "The pip requirement the controller installs (like coadapt_pip_spec: a version or a wheel URL, with the aws extra)."
+
+  validation {
+    condition     = length(trimspace(var.controller_pip_spec)) > 0 && !can(regex("['\\n]", var.controller_pip_spec))
+    error_message = "controller_pip_spec: a non-empty pip requirement without single quotes or newlines (it is quoted in the controller's user data)."
+  }
 }
 
 variable "checkpoint_retention_days" {
@@ -127,7 +137,12 @@ variable "checkpoint_retention_days" {
 variable "kms_key_arn" {
   type        = string
   default     = null
-  description = "A KMS key for the bucket, the volumes, the queue and the token parameters; null: AWS-managed keys."
+  description = "A customer-managed KMS key for the checkpoint bucket (SSE-KMS) and the EBS root volumes; null: SSE-S3 and the aws/ebs key. Its key policy must let the controller role and the EC2 Spot service-linked role use it for EBS (README)."
+
+  validation {
+    condition     = var.kms_key_arn == null || can(regex("^arn:aws[a-z-]*:kms:", var.kms_key_arn))
+    error_message = "kms_key_arn: a KMS key ARN (arn:aws:kms:...), or null."
+  }
 }
 
 variable "tags" {

@@ -6,7 +6,10 @@ the adapters are tested to call (``providers/aws/permissions.py``,
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -262,3 +265,31 @@ def test_terraform_resources_never_carry_the_nodes_ownership_tags() -> None:
     assert "coadapt-cluster-id" not in aws_tags
     for tags in (aws_tags, gcp_labels):
         assert re.search(r'"?coadapt-managed-by"? = "terraform"', tags), tags
+
+
+TF_MIRROR = Path("/opt/tf-plugins/registry.terraform.io/hashicorp/aws")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not (shutil.which("terraform") and TF_MIRROR.is_dir()),
+    reason="needs a terraform binary and the hashicorp/aws provider in a local mirror",
+)
+def test_aws_plans_offline_with_terraform_test(tmp_path: Path) -> None:
+    """Where terraform and the AWS provider are at hand: ``terraform test`` plans the module
+    with fake credentials and overridden data sources (terraform/aws/tests/plan.tftest.hcl):
+    a new VPC and an existing one plan, and every refused input is refused."""
+    module = tmp_path / "aws"
+    shutil.copytree(MODULES["aws"], module)
+    rc = tmp_path / "tfrc"
+    rc.write_text(
+        f'provider_installation {{\n filesystem_mirror {{ path = "{TF_MIRROR.parents[2]}" }}\n}}\n'
+    )
+    env = {**os.environ, "TF_CLI_CONFIG_FILE": str(rc), "TF_IN_AUTOMATION": "1"}
+    for command in (["init", "-backend=false", "-input=false"], ["test"]):
+        done = subprocess.run(
+            ["terraform", *command], cwd=module, env=env, capture_output=True, text=True,
+            timeout=600,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "0 failed" in done.stdout

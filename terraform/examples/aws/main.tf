@@ -33,6 +33,42 @@ variable "api_allowed_cidrs" {
   description = "Networks allowed to reach the controller API besides the nodes."
 }
 
+variable "vpc_id" {
+  type        = string
+  default     = null
+  description = "An existing VPC (with subnet_ids); null: the module creates one."
+}
+
+variable "subnet_ids" {
+  type        = list(string)
+  default     = []
+  description = "Subnets of vpc_id, one per zone (the first holds the controller)."
+}
+
+variable "ssh_allowed_cidrs" {
+  type        = list(string)
+  default     = []
+  description = "Networks allowed SSH to the controller and the nodes (none by default)."
+}
+
+variable "max_instances" {
+  type        = number
+  default     = 8
+  description = "Most GPU nodes the controller holds at once."
+}
+
+variable "kms_key_arn" {
+  type        = string
+  default     = null
+  description = "A customer-managed KMS key for the bucket and the volumes (see ../../aws/README.md); null: AWS-managed keys."
+}
+
+variable "tags" {
+  type        = map(string)
+  default     = {}
+  description = "Extra tags on every resource the module creates."
+}
+
 provider "aws" {
   region = var.region
 }
@@ -43,6 +79,12 @@ module "coadapt" {
   region            = var.region
   node_ami_id       = var.node_ami_id
   api_allowed_cidrs = var.api_allowed_cidrs
+  vpc_id            = var.vpc_id
+  subnet_ids        = var.subnet_ids
+  ssh_allowed_cidrs = var.ssh_allowed_cidrs
+  max_instances     = var.max_instances
+  kms_key_arn       = var.kms_key_arn
+  tags              = var.tags
 }
 
 output "cluster_id" {

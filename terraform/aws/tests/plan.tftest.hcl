@@ -1,0 +1,185 @@
+provider "aws" {
+  region                      = "us-east-1"
+  access_key                  = "AKIAFAKEFAKEFAKEFAKE"
+  secret_key                  = "fake"
+  skip_credentials_validation = true
+  skip_requesting_account_id  = true
+  skip_metadata_api_check     = true
+  skip_region_validation      = true
+}
+
+variables {
+  region      = "us-east-1"
+  cluster_id  = "team-a"
+  node_ami_id = "ami-0123456789abcdef0"
+}
+
+override_data {
+  override_during = plan
+  target          = data.aws_caller_identity.current
+  values          = { account_id = "123456789012" }
+}
+override_data {
+  override_during = plan
+  target          = data.aws_partition.current
+  values          = { partition = "aws" }
+}
+override_data {
+  override_during = plan
+  target          = data.aws_availability_zones.available
+  values          = { names = ["us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d"] }
+}
+override_data {
+  override_during = plan
+  target          = data.aws_ssm_parameter.al2023
+  values          = { value = "ami-0aaaaaaaaaaaaaaaa" }
+}
+override_data {
+  override_during = plan
+  target          = data.aws_subnet.chosen[0]
+  values          = { id = "subnet-00", availability_zone = "us-east-1a" }
+}
+override_data {
+  override_during = plan
+  target          = data.aws_subnet.chosen[1]
+  values          = { id = "subnet-01", availability_zone = "us-east-1b" }
+}
+override_data {
+  override_during = plan
+  target          = data.aws_subnet.chosen[2]
+  values          = { id = "subnet-02", availability_zone = "us-east-1c" }
+}
+
+override_resource {
+  override_during = plan
+  target          = aws_iam_role.node
+  values          = { arn = "arn:aws:iam::123456789012:role/coadapt-team-a-node-x", name = "coadapt-team-a-node-x" }
+}
+override_resource {
+  override_during = plan
+  target          = aws_sqs_queue.interruptions
+  values          = { arn = "arn:aws:sqs:us-east-1:123456789012:coadapt-team-a-interruptions", url = "https://sqs.us-east-1.amazonaws.com/123456789012/coadapt-team-a-interruptions", id = "https://sqs.us-east-1.amazonaws.com/123456789012/coadapt-team-a-interruptions" }
+}
+override_resource {
+  override_during = plan
+  target          = aws_ssm_parameter.agent_token
+  values          = { arn = "arn:aws:ssm:us-east-1:123456789012:parameter/coadapt/team-a/agent-token" }
+}
+override_resource {
+  override_during = plan
+  target          = aws_ssm_parameter.user_token
+  values          = { arn = "arn:aws:ssm:us-east-1:123456789012:parameter/coadapt/team-a/user-token" }
+}
+override_resource {
+  override_during = plan
+  target          = aws_launch_template.nodes
+  values          = { id = "lt-0123456789abcdef0" }
+}
+override_resource {
+  override_during = plan
+  target          = aws_security_group.node
+  values          = { id = "sg-0node", arn = "arn:aws:ec2:us-east-1:123456789012:security-group/sg-0node" }
+}
+override_resource {
+  override_during = plan
+  target          = aws_s3_bucket.checkpoints
+  values          = { id = "coadapt-team-a-abc", bucket = "coadapt-team-a-abc", arn = "arn:aws:s3:::coadapt-team-a-abc" }
+}
+override_resource {
+  override_during = plan
+  target          = aws_network_interface.controller
+  values          = { id = "eni-0abc", private_ip = "10.40.0.10" }
+}
+override_resource {
+  override_during = plan
+  target          = aws_cloudwatch_event_rule.interruptions
+  values          = { arn = "arn:aws:events:us-east-1:123456789012:rule/coadapt-team-a-interruptions" }
+}
+override_resource {
+  override_during = plan
+  target          = aws_subnet.private
+  values          = { id = "subnet-0abc" }
+}
+
+run "plan_with_a_new_vpc" {
+  command = plan
+  assert {
+    condition     = length(output.provider_config.subnets_by_zone) == 3
+    error_message = "subnets_by_zone"
+  }
+}
+
+run "existing_vpc_without_subnets_is_refused" {
+  command = plan
+  variables {
+    vpc_id = "vpc-0abc"
+  }
+  expect_failures = [aws_network_interface.controller]
+
+}
+
+run "open_api_is_refused" {
+  command = plan
+  variables {
+    api_allowed_cidrs = ["0.0.0.0/0"]
+  }
+  expect_failures = [var.api_allowed_cidrs]
+}
+
+run "two_subnets_in_one_zone_are_refused" {
+  command = plan
+  variables {
+    vpc_id     = "vpc-0abc"
+    subnet_ids = ["subnet-0", "subnet-1", "subnet-x"]
+  }
+  expect_failures = [aws_network_interface.controller]
+  override_data {
+    override_during = plan
+    target          = data.aws_subnet.chosen[2]
+    values          = { id = "subnet-x", availability_zone = "us-east-1a" }
+  }
+
+}
+
+run "existing_vpc_three_zones" {
+  command = plan
+  variables {
+    vpc_id     = "vpc-0abc"
+    subnet_ids = ["subnet-0", "subnet-1", "subnet-2"]
+  }
+  assert {
+    condition     = output.provider_config.subnets_by_zone == { "us-east-1a" = "subnet-0", "us-east-1b" = "subnet-1", "us-east-1c" = "subnet-2" }
+    error_message = "subnets_by_zone"
+  }
+}
+
+run "bad_pip_spec_is_refused" {
+  command = plan
+  variables {
+    coadapt_pip_spec = "coadapt'; rm -rf /"
+  }
+  expect_failures = [var.coadapt_pip_spec]
+}
+
+run "bad_cluster_id_is_refused" {
+  command = plan
+  variables {
+    cluster_id = "Team_A"
+  }
+  expect_failures = [var.cluster_id]
+}
+
+run "bad_kms_is_refused" {
+  command = plan
+  variables {
+    kms_key_arn = "alias/foo"
+  }
+  expect_failures = [var.kms_key_arn]
+}
+
+run "with_a_kms_key" {
+  command = plan
+  variables {
+    kms_key_arn = "arn:aws:kms:us-east-1:123456789012:key/11111111-2222-3333-4444-555555555555"
+  }
+}
