@@ -285,7 +285,10 @@ def test_aws_plans_offline_with_terraform_test(tmp_path: Path) -> None:
     rc.write_text(
         f'provider_installation {{\n filesystem_mirror {{ path = "{TF_MIRROR.parents[2]}" }}\n}}\n'
     )
-    env = {**os.environ, "TF_CLI_CONFIG_FILE": str(rc), "TF_IN_AUTOMATION": "1"}
+    env = {
+        **os.environ, "TF_CLI_CONFIG_FILE": str(rc), "TF_IN_AUTOMATION": "1",
+        "AWS_ACCESS_KEY_ID": "AKIAFAKEFAKEFAKEFAKE", "AWS_SECRET_ACCESS_KEY": "fake",
+    }  # fmt: skip
     for command in (["init", "-backend=false", "-input=false"], ["test"]):
         done = subprocess.run(
             ["terraform", *command], cwd=module, env=env, capture_output=True, text=True,

@@ -1,7 +1,7 @@
+# Offline plans of the module: fake credentials come from the environment
+# (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, any value), data sources are overridden.
 provider "aws" {
   region                      = "us-east-1"
-  access_key                  = "AKIAFAKEFAKEFAKEFAKE"
-  secret_key                  = "fake"
   skip_credentials_validation = true
   skip_requesting_account_id  = true
   skip_metadata_api_check     = true
