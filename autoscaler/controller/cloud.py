@@ -39,6 +39,11 @@ from autoscaler.controller.api import ApiTokens
 from autoscaler.errors import InvalidInputError
 from coadapt_common.clock import Clock
 from providers.base import Provider
+from providers.gcp.metadata import (
+    DEFAULT_METADATA_BASE_URL,
+    INSTANCE_PATH,
+    read_instance_metadata,
+)
 
 __all__ = [
     "CloudConfig",
@@ -53,7 +58,6 @@ _REQUIRED: Mapping[str, tuple[str, ...]] = {
     "aws": ("region", "launch_template_id", "agent_token_parameter"),
     "gcp": ("project", "zones", "image", "agent_token_secret", "controller_url"),
 }
-GCE_METADATA_URL = "http://metadata.google.internal/computeMetadata/v1"
 SECRET_MANAGER_URL = "https://secretmanager.googleapis.com/v1"
 
 
@@ -125,7 +129,7 @@ def publish_tokens(
     tokens: ApiTokens,
     *,
     endpoint_url: str | None = None,
-    metadata_url: str = GCE_METADATA_URL,
+    metadata_url: str = DEFAULT_METADATA_BASE_URL,
     timeout_s: float = 10.0,
 ) -> None:
     """Store the API tokens where they are read: the agents' token in the SSM SecureString
@@ -149,8 +153,8 @@ def publish_tokens(
                     Overwrite=True,
                 )
         return
-    access = _metadata_get(
-        f"{metadata_url}/instance/service-accounts/default/token", timeout_s=timeout_s
+    access, _ = read_instance_metadata(
+        metadata_url, "service-accounts/default/token", timeout_s=timeout_s
     )
     bearer = json.loads(access)["access_token"]
     base = endpoint_url or SECRET_MANAGER_URL
@@ -169,13 +173,6 @@ def publish_tokens(
             response.read()
 
 
-def _metadata_get(url: str, *, timeout_s: float) -> str:
-    request = urllib.request.Request(url, headers={"Metadata-Flavor": "Google"})
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy
-    with opener.open(request, timeout=timeout_s) as response:
-        return str(response.read().decode())
-
-
 def gcp_startup_script(config: CloudConfig, *, instance_key: str, api_url: str) -> str:
     """A GCP node's startup script: install coadapt, read the agents' token from Secret
     Manager (with the node's service account), then run ``coadapt agent`` as a systemd
@@ -191,7 +188,7 @@ def gcp_startup_script(config: CloudConfig, *, instance_key: str, api_url: str) 
     if config.checkpoint_root:
         agent += ["--checkpoint-root", config.checkpoint_root]
     pip_spec = str(s.get("coadapt_pip_spec") or "coadapt")
-    md = f"{GCE_METADATA_URL}/instance"
+    md = DEFAULT_METADATA_BASE_URL + INSTANCE_PATH.rstrip("/")
     return "\n".join(
         [
             "#!/bin/bash",

@@ -28,7 +28,7 @@ PREEMPTION_NOTICE_S = 30.0
 SOURCE_METADATA = "gce-metadata"
 
 
-def _read(
+def read_instance_metadata(
     base_url: str, key: str, *, timeout_s: float, params: dict[str, str] | None = None
 ) -> tuple[str, str]:
     """``(body, etag)`` of ``instance/<key>``; typed errors for transport/HTTP failures."""
@@ -53,8 +53,8 @@ def discover_instance_id(
     base_url: str = DEFAULT_METADATA_BASE_URL, *, timeout_s: float = 5.0
 ) -> str:
     """This VM's coadapt instance id ``"<zone>/<name>"``, read from the metadata server."""
-    zone, _ = _read(base_url, "zone", timeout_s=timeout_s)
-    name, _ = _read(base_url, "name", timeout_s=timeout_s)
+    zone, _ = read_instance_metadata(base_url, "zone", timeout_s=timeout_s)
+    name, _ = read_instance_metadata(base_url, "name", timeout_s=timeout_s)
     return format_instance_id(last_segment(zone.strip()), name.strip())
 
 
@@ -103,7 +103,9 @@ class PreemptionWatcher:
 
     def poll(self) -> InterruptionNotice | None:
         """Read ``instance/preempted`` once."""
-        body, etag = _read(self._base_url, "preempted", timeout_s=self._http_timeout_s)
+        body, etag = read_instance_metadata(
+            self._base_url, "preempted", timeout_s=self._http_timeout_s
+        )
         return self._seen(body, etag)
 
     def wait(self, timeout_s: float) -> InterruptionNotice | None:
@@ -114,7 +116,7 @@ class PreemptionWatcher:
         params = {"wait_for_change": "true", "timeout_sec": str(seconds)}
         if self._etag:
             params["last_etag"] = self._etag
-        body, etag = _read(
+        body, etag = read_instance_metadata(
             self._base_url,
             "preempted",
             timeout_s=seconds + self._http_timeout_s,

@@ -149,6 +149,7 @@ class _FakeGoogle(BaseHTTPRequestHandler):
         data = json.dumps(body).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
+        self.send_header("Metadata-Flavor", "Google")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
@@ -183,7 +184,7 @@ def test_gcp_publishes_the_token_as_a_secret_version(tmp_path: Path, fake_google
         metadata_url=f"{fake_google}/md",
     )
     (get, agent, user) = _FakeGoogle.seen
-    assert get[1] == "/md/instance/service-accounts/default/token"
+    assert get[1] == "/md/computeMetadata/v1/instance/service-accounts/default/token"
     assert agent[1] == "/v1/projects/proj-12345/secrets/coadapt-c1-agent-token:addVersion"
     assert base64.b64decode(json.loads(agent[3])["payload"]["data"]) == b"a" * 43
     assert user[1] == "/v1/projects/proj-12345/secrets/coadapt-c1-user-token:addVersion"
