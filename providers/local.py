@@ -374,6 +374,11 @@ class LocalProvider:
     def unavailable(self) -> UnavailableOfferings:
         return self._unavailable
 
+    @property
+    def max_gpu_slots(self) -> int:
+        """The machine-wide slot budget (given, or ``2 * os.cpu_count()``)."""
+        return self._max_gpu_slots
+
     def set_pool_capacity(self, pool_key: str, instances: int | None) -> None:
         """At most ``instances`` live instances in ``pool_key`` (None: slot budget only)."""
         if pool_key not in self._catalogue:

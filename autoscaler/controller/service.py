@@ -80,12 +80,15 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class UpConfig:
-    """``coadapt up``'s settings. ``max_instances`` and ``max_gpus`` bound the fleet (see
-    :func:`_max_gpus`); ``max_gpu_slots`` is the machine-wide slot budget of the local
-    provider, ``local_spot_price_swing`` / ``_period_s`` its simulated spot prices;
-    ``offerings_refresh_s`` how often prices are read again. ``provider`` ``aws`` / ``gcp``
-    reads the deployment's ``provider_config`` (:mod:`autoscaler.controller.cloud`);
-    ``endpoint_url`` points the cloud's clients at a test server."""
+    """``coadapt up``'s settings. ``max_instances`` and ``max_gpus`` bound the fleet (on the
+    local provider ``max_gpus`` defaults to its slot budget: a fleet beyond it could not
+    launch, the budget being machine-wide; half the slots leaves room for a whole replacement
+    fleet while the old one drains, what ``coadapt demo`` does); ``max_gpu_slots`` is the
+    machine-wide slot budget of the local provider, ``local_spot_price_swing`` /
+    ``_period_s`` its simulated spot prices; ``offerings_refresh_s`` how often prices are
+    read again. ``provider`` ``aws`` / ``gcp`` reads the deployment's ``provider_config``
+    (:mod:`autoscaler.controller.cloud`); ``endpoint_url`` points the cloud's clients at a
+    test server."""
 
     state_dir: Path
     cluster_id: str = "coadapt-local"
@@ -136,16 +139,6 @@ def _agent_user_data(cfg: UpConfig, url: str, tokens_path: Path) -> Callable[[In
         return f"cd {shlex.quote(os.getcwd())} && exec {shlex.join(argv)}"
 
     return user_data
-
-
-def _max_gpus(cfg: UpConfig) -> int | None:
-    """The fleet's GPU cap: ``max_gpus``; on the local provider, by default its slot budget
-    (a fleet beyond it could not launch: the budget is machine-wide, and a launch past it
-    fails as a capacity error). A cap of half the slots leaves room for a whole replacement
-    fleet while the old one drains (what ``coadapt demo`` does)."""
-    if cfg.max_gpus is not None or cfg.provider != "local":
-        return cfg.max_gpus
-    return cfg.max_gpu_slots if cfg.max_gpu_slots is not None else 2 * (os.cpu_count() or 1)
 
 
 def _cloud_user_data(cloud: CloudConfig) -> Callable[[InstanceRow], str] | None:
@@ -206,10 +199,26 @@ def run_up(
     )
     tokens_path = state / "tokens.json"
     tokens = load_tokens(tokens_path) if tokens_path.exists() else generate_tokens(tokens_path)
+    max_gpus = cfg.max_gpus
+    if cloud is None:
+        local = LocalProvider(
+            state / "local",
+            clock=clock,
+            max_gpu_slots=cfg.max_gpu_slots,
+            term_grace_s=90.0,  # the agent stops its jobs with a checkpoint before it goes
+            spot_price_swing=cfg.local_spot_price_swing,
+            spot_price_period_s=cfg.local_spot_price_period_s,
+        )
+        provider: Provider = local
+        if max_gpus is None:
+            max_gpus = local.max_gpu_slots
+    else:
+        provider = make_cloud_provider(cloud, clock, endpoint_url=cfg.endpoint_url)
+        publish_tokens(cloud, tokens, endpoint_url=cfg.endpoint_url)
     controller_cfg = ControllerConfig(
         store.cluster_id,
         interval_s=cfg.interval_s,
-        sizing=SizingConfig(max_instances=cfg.max_instances, max_gpus=_max_gpus(cfg)),
+        sizing=SizingConfig(max_instances=cfg.max_instances, max_gpus=max_gpus),
         reconcile=ReconcileConfig(heartbeat_timeout_s=max(60.0, 10 * cfg.agent_interval_s)),
         gpu_type_aliases={"cpu-slot": "T4"} if cloud is None else {},
         offerings_refresh_s=cfg.offerings_refresh_s,
@@ -223,21 +232,9 @@ def run_up(
 
     app = make_app(store_path, tokens, clock, logs_dir=state / "logs", on_job_exit=on_job_exit)
     server = serve(app, cfg.host, cfg.port)
-    user_data: Callable[[InstanceRow], str] | None
-    if cloud is None:
-        provider: Provider = LocalProvider(
-            state / "local",
-            clock=clock,
-            max_gpu_slots=cfg.max_gpu_slots,
-            term_grace_s=90.0,  # the agent stops its jobs with a checkpoint before it goes
-            spot_price_swing=cfg.local_spot_price_swing,
-            spot_price_period_s=cfg.local_spot_price_period_s,
-        )
-        user_data = _agent_user_data(cfg, server.url, tokens_path)
-    else:
-        provider = make_cloud_provider(cloud, clock, endpoint_url=cfg.endpoint_url)
-        publish_tokens(cloud, tokens, endpoint_url=cfg.endpoint_url)
-        user_data = _cloud_user_data(cloud)
+    user_data = (
+        _agent_user_data(cfg, server.url, tokens_path) if cloud is None else _cloud_user_data(cloud)
+    )
     controller = Controller(store, provider, clock, controller_cfg, user_data=user_data)
     write_json_atomic(
         state / "up.json",
