@@ -27,6 +27,7 @@ from autoscaler.cli_common import (
     StateDir,
     deployed_client,
     fail,
+    recorded_deployment,
     resolve_state_dir,
 )
 
@@ -43,7 +44,7 @@ def _client(state_dir: Path | None) -> Any:
         url = json.loads(up.read_text())["url"]
         return ApiClient(url, load_tokens(state / "tokens.json").user, timeout_s=10.0)
     if (state / "deploy.json").exists():
-        return deployed_client(state, None)
+        return deployed_client(state, recorded_deployment(state), None)
     fail(f"no cluster is up in {state} (start one with: coadapt up --state-dir {state})")
 
 

@@ -64,12 +64,9 @@ def _user_token(outputs: dict[str, Any], cloud: str, state: Path) -> str:
     )
 
 
-def deployed_client(state: Path, controller_url: str | None) -> Any:
-    """An API client for the deployment recorded in ``state`` (``controller_url``, else
-    ``$COADAPT_CONTROLLER_URL``, else the deployment's ``controller_url`` output)."""
-    import os
-
-    from autoscaler.controller.api import ApiClient
+def recorded_deployment(state: Path) -> Any:
+    """The deployment recorded in ``state`` (``deploy.json``), with its outputs; fails with a
+    message when there is none, or when it never completed."""
     from autoscaler.deploy import load_deployment
     from autoscaler.errors import InvalidInputError
 
@@ -77,8 +74,16 @@ def deployed_client(state: Path, controller_url: str | None) -> Any:
         record = load_deployment(state)
     except InvalidInputError as e:
         fail(str(e), 2)
-    outputs = dict(record.outputs)
-    if not outputs:
+    if not record.outputs:
         fail(f"{state / 'deploy.json'} has no outputs: the deployment never completed")
+    return record
+
+
+def deployed_client(state: Path, record: Any, controller_url: str | None) -> Any:
+    """An API client for ``record``, the deployment in ``state`` (``controller_url``, else
+    ``$COADAPT_CONTROLLER_URL``, else the deployment's ``controller_url`` output)."""
+    from autoscaler.controller.api import ApiClient
+
+    outputs = dict(record.outputs)
     url = controller_url or os.environ.get("COADAPT_CONTROLLER_URL") or outputs["controller_url"]
     return ApiClient(str(url), _user_token(outputs, record.cloud, state), timeout_s=15.0)

@@ -12,7 +12,13 @@ from typing import Annotated, Any
 
 import typer
 
-from autoscaler.cli_common import STATE_HELP, deployed_client, fail, resolve_state_dir
+from autoscaler.cli_common import (
+    STATE_HELP,
+    deployed_client,
+    fail,
+    recorded_deployment,
+    resolve_state_dir,
+)
 
 TERRAFORM_DIR = Path(__file__).resolve().parent.parent / "terraform"
 EXIT_NO_TERRAFORM = 3
@@ -166,14 +172,13 @@ def destroy(
     from autoscaler.deploy import (
         DeployError,
         find_terraform,
-        load_deployment,
         run_terraform,
         terraform_commands,
     )
 
     state = resolve_state_dir(state_dir)
-    client = deployed_client(state, controller_url)
-    record = load_deployment(state)
+    record = recorded_deployment(state)
+    client = deployed_client(state, record, controller_url)
     url = client.base_url
     try:
         released_at = client.release_fleet()
