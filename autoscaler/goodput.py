@@ -93,12 +93,12 @@ class PerfParams:
     gamma: float  # compute/sync overlap exponent, >= 1 (1 = no overlap)
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
+        for name in _PERF_FIELDS:
+            value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise InvalidInputError(
-                    f"PerfParams.{f.name} must be a finite number >= 0, got {value!r}",
-                    field=f.name,
+                    f"PerfParams.{name} must be a finite number >= 0, got {value!r}",
+                    field=name,
                 )
         if self.gamma < 1.0:
             raise InvalidInputError(
@@ -108,7 +108,11 @@ class PerfParams:
             raise InvalidInputError("PerfParams: compute time must be positive", field="beta_c")
 
     def as_array(self) -> np.ndarray:
-        return np.array([getattr(self, f.name) for f in fields(self)], dtype=float)
+        return np.array([getattr(self, name) for name in _PERF_FIELDS], dtype=float)
+
+
+#: PerfParams' field names in declaration order (``dataclasses.fields`` is slow on hot paths).
+_PERF_FIELDS = tuple(f.name for f in fields(PerfParams))
 
 
 @dataclass(frozen=True)
@@ -157,12 +161,12 @@ class BatchLimits:
     max_accum_steps: int = 16
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
+        for name in _LIMIT_FIELDS:
+            value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InvalidInputError(
-                    f"BatchLimits.{f.name} must be a positive integer, got {value!r}",
-                    field=f.name,
+                    f"BatchLimits.{name} must be a positive integer, got {value!r}",
+                    field=name,
                 )
         if self.max_batch_size < self.init_batch_size:
             raise InvalidInputError(
@@ -172,6 +176,9 @@ class BatchLimits:
             raise InvalidInputError(
                 "BatchLimits.max_local_bsz must be >= min_local_bsz", field="max_local_bsz"
             )
+
+
+_LIMIT_FIELDS = tuple(f.name for f in fields(BatchLimits))
 
 
 @dataclass(frozen=True)
@@ -376,6 +383,7 @@ class GoodputModel:
         self.grad = grad
         self.limits = limits
         self._p = perf.as_array()
+        self._p.flags.writeable = False
         self._total_grid = _total_grid(limits.init_batch_size, limits.max_batch_size)
 
     def __eq__(self, other: object) -> bool:
@@ -390,6 +398,11 @@ class GoodputModel:
 
     def __hash__(self) -> int:
         return hash((self.perf, self.grad, self.limits))
+
+    @property
+    def perf_array(self) -> np.ndarray:
+        """``perf.as_array()``, computed once (read-only)."""
+        return self._p
 
     def __repr__(self) -> str:
         return f"GoodputModel({self.perf!r}, {self.grad!r}, {self.limits!r})"

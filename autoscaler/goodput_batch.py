@@ -52,6 +52,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
@@ -202,7 +203,7 @@ class JobArrays:
                 )
         n_jobs = len(models)
         return cls(
-            perf=np.array([m.perf.as_array() for m in models], dtype=float).reshape(n_jobs, 7),
+            perf=np.array([m.perf_array for m in models], dtype=float).reshape(n_jobs, 7),
             grad=np.array(
                 [(m.grad.grad_sqr, m.grad.grad_var) for m in models], dtype=float
             ).reshape(n_jobs, 2),
@@ -211,6 +212,19 @@ class JobArrays:
             max_local_bsz=np.array([m.limits.max_local_bsz for m in models], dtype=np.int64),
             min_local_bsz=np.array([m.limits.min_local_bsz for m in models], dtype=np.int64),
             max_accum_steps=np.array([m.limits.max_accum_steps for m in models], dtype=np.int64),
+        )
+
+    def take(self, rows: ArrayLike) -> JobArrays:
+        """The jobs at ``rows`` (indices, repeats allowed), in that order."""
+        idx = np.asarray(rows, dtype=np.int64)
+        return JobArrays(
+            perf=self.perf[idx],
+            grad=self.grad[idx],
+            init_batch_size=self.init_batch_size[idx],
+            max_batch_size=self.max_batch_size[idx],
+            max_local_bsz=self.max_local_bsz[idx],
+            min_local_bsz=self.min_local_bsz[idx],
+            max_accum_steps=self.max_accum_steps[idx],
         )
 
     @property
@@ -238,14 +252,24 @@ def _power(base: np.ndarray, exponent: np.ndarray, out: np.ndarray) -> np.ndarra
 
     ``exponent`` is per job, shape ``(Jc, 1, 1, 1)``. numpy computes ``x ** 2.0`` and
     ``x ** 0.5`` with a scalar exponent as ``square`` and ``sqrt``, whose last bit can differ
-    from the general ``power`` loop that an array exponent takes; those jobs are redone the
-    scalar way.
+    from the general ``power`` loop that an array exponent takes; those jobs are done the
+    scalar way. ``x ** 1.0`` is ``x`` exactly (a correctly rounded power of an exact result),
+    and most fits have ``gamma = 1`` (no overlap): those jobs are copied, not powered. The
+    general loop runs only on the other jobs.
     """
-    np.power(base, exponent, out=out)
-    for special, fn in ((2.0, np.square), (0.5, np.sqrt)):
-        rows = np.flatnonzero(exponent.reshape(-1) == special)
-        if rows.size:
-            out[rows] = fn(base[rows])
+    flat = exponent.reshape(-1)
+    general = np.ones(flat.shape, dtype=bool)
+    for special, fn in ((1.0, None), (2.0, np.square), (0.5, np.sqrt)):
+        hit = flat == special
+        if hit.any():
+            general &= ~hit
+            rows = np.flatnonzero(hit)
+            out[rows] = base[rows] if fn is None else fn(base[rows])
+    if general.all():
+        np.power(base, exponent, out=out)
+    elif general.any():
+        rows = np.flatnonzero(general)
+        out[rows] = np.power(base[rows], exponent[rows])
     return out
 
 
@@ -254,6 +278,7 @@ class _Workspace:
     more in page faults than the arithmetic."""
 
     def __init__(self, elements: int) -> None:
+        self.elements = elements
         self.full = [np.empty(elements) for _ in range(6)]
         self.half = [np.empty(elements // 2 + 1) for _ in range(2)]
         self.mask = [np.empty(elements, dtype=bool) for _ in range(2)]
@@ -261,6 +286,18 @@ class _Workspace:
     @staticmethod
     def view(buf: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
         return buf[: math.prod(shape)].reshape(shape)
+
+
+_LOCAL = threading.local()
+
+
+def _workspace(elements: int) -> _Workspace:
+    """This thread's workspace of at least ``elements``, kept between calls: a fresh one costs
+    its page faults again on every call, most of a small call's time."""
+    work: _Workspace | None = getattr(_LOCAL, "work", None)
+    if work is None or work.elements < elements:
+        work = _LOCAL.work = _Workspace(elements)
+    return work
 
 
 def _optimize_chunk(
@@ -442,7 +479,12 @@ def optimize_many(
         # feasible, and padding comes after every real candidate, so the first-maximiser rule
         # is unchanged).
         pairs = np.stack([jobs.init_batch_size, jobs.max_batch_size], axis=1)
-        uniq, inverse = np.unique(pairs, axis=0, return_inverse=True)
+        span = int(jobs.max_batch_size.max()) + 1
+        if span < 1 << 31:  # each pair as one key: a 1-D unique is far faster than by rows
+            keys, inverse = np.unique(pairs[:, 0] * span + pairs[:, 1], return_inverse=True)
+            uniq = np.stack(np.divmod(keys, span), axis=1)
+        else:
+            uniq, inverse = np.unique(pairs, axis=0, return_inverse=True)
         grids = [_total_grid(int(lo), int(hi)) for lo, hi in uniq]
         width = np.array([len(g) for g in grids])
         table = np.full((len(grids), int(width.max())), np.nan)
@@ -462,7 +504,7 @@ def optimize_many(
         # Chunks of jobs with similar grid widths keep padding and memory small.
         order = np.argsort(length, kind="stable")
         per_job = n_alloc * 2 * length[order]
-        work = _Workspace(max(_CHUNK_ELEMENTS, int(per_job.max())))
+        work = _workspace(max(_CHUNK_ELEMENTS, int(per_job.max())))
         start = 0
         while start < n_jobs:
             stop = start + 1  # sorted widths: the chunk's width is its last job's

@@ -12,8 +12,9 @@ A round is built the way a real one looks to a policy (seeded):
   drawn like the paper's 1.0x workloads, that has run 1-8 configurations on one or two GPU
   types (the types of the fleet, by capacity); its profile holds the true times of those
   configurations (the traces on T4, :class:`~autoscaler.sim.cluster.TypeSpeed` on the others),
-  its throughput models are fitted from them (one per type, plus the pooled one a type-unaware
-  policy sees), and its gradient statistics are the traces' at a random point of its training;
+  its throughput models are fitted from them (one per type; for a type-unaware policy, such as
+  pollux, the pooled one it sees instead, as a controller running it would fit), and its
+  gradient statistics are the traces' at a random point of its training;
 - a first decision from no allocations gives every job its current allocation; the measured
   rounds follow, each with the gradient statistics of a third of the jobs refreshed (a new
   epoch), the previous round's state handed back, and the clock advanced a minute.
@@ -22,11 +23,13 @@ A round is built the way a real one looks to a policy (seeded):
 (``solver="milp"``, HiGHS), to compare the fast solver's time and gap with it.
 
 Measured, per size and policy, on one core (``OPENBLAS_NUM_THREADS=1``): the median and p95 of
-``decide``, and one *round with refits*: every running job reports one new configuration, the
-:class:`~autoscaler.fitting.ModelBook` refits all of them (together, warm-started), the models
-are rebuilt and the policy decides. Each (size, variant, policy) runs in its own process, whose
-peak RSS is reported. Pollux is skipped at a size once a round there has taken more than
-``--pollux-limit-s`` (60 s), and at every larger size; the JSON says so (``"skipped"``).
+``decide``, and one *round with refits*: every running job reports one new configuration (the
+trainers' measurements are synthesised before the clock starts: they are not the round's
+work), the :class:`~autoscaler.fitting.ModelBook` takes them and refits all of them (together,
+warm-started), the job views and their models are rebuilt and the policy decides. Each (size,
+variant, policy) runs in its own process, whose peak RSS is reported. Pollux is skipped at a
+size once a round there has taken more than ``--pollux-limit-s`` (60 s), and at every larger
+size; the JSON says so (``"skipped"``).
 
 Writes ``{"sizes": {"<gpus>": {"<policy>": {"jobs", "median_s", "p95_s",
 "round_with_refits_s", "peak_rss_mib", "gap"}}}, "sizes_t4": {...same...}}``; ``gap`` (coadapt
@@ -110,12 +113,16 @@ def _limits(app: AppTrace, max_local: int | None = None) -> BatchLimits:
 class Round:
     """A synthetic round's jobs: profiles in a ModelBook, gradient statistics, limits."""
 
-    def __init__(self, gpus: int, mixed: bool, seed: int) -> None:
+    def __init__(self, gpus: int, mixed: bool, seed: int, pooled: bool = False) -> None:
+        """``pooled``: fit the pooled model a type-unaware policy reads, instead of one per
+        type (what a controller running that policy fits)."""
         self.rng = np.random.default_rng([seed, gpus, int(mixed)])
         self.cluster, self.groups = fleet(gpus, mixed)
         self.speeds = default_speed_table()
         apps = [j.application for f in paper_workloads("1.0") for j in load_workload(f).jobs]
         self.book = ModelBook(refit_tolerance=0.0)
+        self.pooled = pooled
+        self._speeds: dict[tuple[str, str], TypeSpeed] = {}
         types = [n.gpu_type for n in self.cluster.nodes for _ in range(n.gpus)]
         self.jobs: list[dict[str, Any]] = []
         for i in range(JOBS[gpus]):
@@ -130,10 +137,23 @@ class Round:
         self.book.refit()
 
     def _speed(self, app: AppTrace, gpu_type: str) -> TypeSpeed:
-        return TypeSpeed(app, self.groups[gpu_type], self.speeds)
+        key = (app.name, gpu_type)
+        speed = self._speeds.get(key)
+        if speed is None:
+            speed = self._speeds[key] = TypeSpeed(app, self.groups[gpu_type], self.speeds)
+        return speed
 
     def record(self, job: dict[str, Any], gpu_type: str) -> None:
-        """One more measured configuration of ``job`` on ``gpu_type``."""
+        """One more measured configuration of ``job`` on ``gpu_type``, into the book."""
+        self.take(job, gpu_type, self.measure(job, gpu_type))
+
+    def take(self, job: dict[str, Any], gpu_type: str, sample: ProfileSample) -> None:
+        """What the controller does with a report: the sample into the job's profile."""
+        job["max_gpus"] = max(job["max_gpus"], sample.num_gpus)
+        self.book.record(job["name"], None if self.pooled else gpu_type, sample)
+
+    def measure(self, job: dict[str, Any], gpu_type: str) -> ProfileSample:
+        """What a trainer measures: one new configuration of ``job`` on ``gpu_type``."""
         app: AppTrace = job["app"]
         speed = self._speed(app, gpu_type)
         per_node = self.groups[gpu_type].gpus_per_node
@@ -143,28 +163,28 @@ class Round:
         placement = tuple([per_node] * full + ([rest] if rest else []))
         local = int(self.rng.integers(app.min_local_bsz, speed.max_local_bsz + 1))
         step, sync = speed.step_time_s(placement, local)
-        sample = ProfileSample(placement, local, 1, float(step), float(min(sync, step)))
-        job["max_gpus"] = max(job["max_gpus"], gpus)
-        self.book.record(job["name"], gpu_type, sample)
-        self.book.record(job["name"], None, sample)
+        return ProfileSample(placement, local, 1, float(step), float(min(sync, step)))
 
     def views(self, allocations: dict[str, Allocation], now_s: float) -> tuple[JobView, ...]:
         out = []
-        for job in self.jobs:
+        for index, job in enumerate(self.jobs):
             app: AppTrace = job["app"]
             sqr, var = app.grad_stats(job["progress"], app.init_batch_size)
             grad = GradParams(float(sqr), float(var))
             models = {}
-            for gpu_type in job["types"]:
-                perf = self.book.perf(job["name"], gpu_type)
-                limits = _limits(app, self._speed(app, gpu_type).max_local_bsz)
-                models[gpu_type] = GoodputModel(perf, grad, limits)
-            pooled = GoodputModel(self.book.perf(job["name"], None), grad, _limits(app))
+            pooled = None
+            if self.pooled:
+                pooled = GoodputModel(self.book.perf(job["name"], None), grad, _limits(app))
+            else:
+                for gpu_type in job["types"]:
+                    perf = self.book.perf(job["name"], gpu_type)
+                    limits = _limits(app, self._speed(app, gpu_type).max_local_bsz)
+                    models[gpu_type] = GoodputModel(perf, grad, limits)
             out.append(
                 JobView(
                     name=job["name"],
                     application=app.name,
-                    submit_time_s=float(self.jobs.index(job)),
+                    submit_time_s=float(index),
                     age_s=now_s,
                     attained_gpu_s=float(self.rng.uniform(0, 1e5)),
                     num_restarts=int(self.rng.integers(0, 5)),
@@ -205,11 +225,11 @@ def measure(
 ) -> dict[str, Any]:
     """One (size, variant, policy), in its own process; ``{"skipped": ...}`` if its first round
     takes more than ``limit_s``."""
-    rnd = Round(gpus, mixed, seed)
     if policy_name == "coadapt-milp":  # coadapt with the exact solver, for comparison
         policy = make_policy("coadapt", solver="milp")
     else:
         policy = make_policy(policy_name, seed=seed)
+    rnd = Round(gpus, mixed, seed, pooled=not getattr(policy, "type_aware", False))
     state = policy.initial_state()
     now = 3600.0
     ri = RoundInput(rnd.cluster_at(now, 60), rnd.views({}, now))
@@ -237,10 +257,11 @@ def measure(
             gaps.append(state.gap / max(abs(state.objective), 1e-12))
     # A round in which every running job reports a new configuration.
     now += 60.0
-    t0 = time.perf_counter()
     running = [job for job in rnd.jobs if allocations.get(job["name"])]
-    for job in running:
-        rnd.record(job, job["types"][0])
+    reports = [(job, job["types"][0], rnd.measure(job, job["types"][0])) for job in running]
+    t0 = time.perf_counter()
+    for job, gpu_type, sample in reports:
+        rnd.take(job, gpu_type, sample)
     rnd.book.refit()
     ri = RoundInput(rnd.cluster_at(now, 62 + rounds), rnd.views(allocations, now))
     policy.decide(ri, state)

@@ -8,7 +8,8 @@ on one GPU type at a time.
 T4s). A job's allocation lies in one pool.
 
 **Menu.** Each job may take, in each pool, a *canonical* shape: ``k`` GPUs on one node with ``k`` a
-power of two up to the node size, or whole nodes (``k`` a multiple of the node size); up to its
+power of two up to the node size, or whole nodes (any count up to 15, then counts with four
+significant bits: 16, 18, ..., 32, 36, ...; :meth:`Pool.sizes`); up to its
 cap (``exploration_factor`` x the most GPUs it has run on, ``start_gpus`` before its first
 profile, and never fewer than the fewest it can run on; within its batch limits, the pool and,
 for a job opted out of adaptation, its requested GPUs). A job that no pool can ever hold is
@@ -95,7 +96,13 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from autoscaler.errors import InvalidInputError
-from autoscaler.goodput import BatchConfig, BatchLimits, GoodputModel, optimistic_internode
+from autoscaler.goodput import (
+    BatchConfig,
+    BatchLimits,
+    GoodputModel,
+    PerfParams,
+    optimistic_internode,
+)
 from autoscaler.goodput_batch import JobArrays, optimize_many
 from autoscaler.gputypes import (
     REFERENCE_GPU_TYPE,
@@ -215,7 +222,9 @@ class Pool:
 
     def sizes(self, cap: int) -> tuple[tuple[int, int], ...]:
         """Canonical (GPUs, nodes) shapes up to ``cap`` GPUs: powers of two on one node (and the
-        node size itself), then whole nodes."""
+        node size itself), then whole nodes: every count up to 15, then counts of four
+        significant bits (16, 18, ..., 30, 32, 36, ..., 60, 64, 72, ...: steps of at most an
+        eighth, so that a menu grows with the logarithm of a large pool, not its size)."""
         n = self.gpus_per_node
         out: list[tuple[int, int]] = []
         k = 1
@@ -225,7 +234,7 @@ class Pool:
         m = 1
         while m <= len(self.nodes) and m * n <= cap:
             out.append((m * n, m))
-            m += 1
+            m += 1 << max(0, m.bit_length() - 4)
         return tuple(out)
 
 
@@ -298,9 +307,11 @@ class _Menu:
 
 @dataclass(frozen=True, eq=False)
 class _Estimate:
-    """A ratio-rule estimate and the fitted models it came from (reused while they hold)."""
+    """A ratio-rule estimate, the fitted throughput parameters it came from (reused while they
+    hold: a new epoch's gradient statistics only change its ``grad``) and its source type."""
 
-    sources: Mapping[str, GoodputModel]
+    sources: Mapping[str, PerfParams]
+    source: str
     model: GoodputModel
     uncertainty: float
 
@@ -396,12 +407,27 @@ class CoadaptPolicy:
 
         refused: dict[str, str] = {}
         caps: dict[int, int] = {}
+        # Refusal and cap are functions of these job fields (and the round's pools): jobs of
+        # one application with the same history share them.
+        bounds: dict[tuple[object, ...], tuple[str | None, int]] = {}
         for j, job in enumerate(jobs):
-            reason = self.refusal(job, pools)
-            if reason is None:
-                caps[j] = self._cap(job, types, total_gpus)
+            key = (
+                job.application,
+                job.limits,
+                job.adaptive,
+                job.fixed_batch_size,
+                job.max_gpus,
+                job.max_profiled_gpus,
+            )
+            known = bounds.get(key)
+            if known is None:
+                reason = self.refusal(job, pools)
+                cap = 0 if reason is not None else self._cap(job, types, total_gpus)
+                known = bounds[key] = (reason, cap)
+            if known[0] is None:
+                caps[j] = known[1]
             else:
-                refused[job.name] = reason
+                refused[job.name] = known[0]
         estimates: dict[tuple[str, str], _Estimate] = {}
         models = {
             (j, t): self._model_on(jobs[j], t, len(pools), state, estimates)
@@ -512,12 +538,20 @@ class CoadaptPolicy:
         else:  # A type-unaware observer: the pooled model, read as the reference type's.
             sources = {REFERENCE_GPU_TYPE: job.model}
         key = (job.name, gpu_type)
+        perfs = {t: m.perf for t, m in sources.items()}
         cached = state.estimates.get(key) if state is not None else None
-        if cached is None or cached.sources != dict(sources):
+        if cached is None or cached.sources != perfs:
             est = estimate_model(
                 sources, gpu_type, self.speeds, limits=self._limits_on(job, gpu_type)
             )
-            cached = _Estimate(dict(sources), est.model, est.relative_uncertainty)
+            cached = _Estimate(
+                perfs, est.source_type or gpu_type, est.model, est.relative_uncertainty
+            )
+        else:
+            grad = sources[cached.source].grad
+            if cached.model.grad != grad:  # a new epoch: same throughput, new noise scale
+                model = GoodputModel(cached.model.perf, grad, cached.model.limits)
+                cached = replace(cached, model=model)
         if estimates is not None:
             estimates[key] = cached
         return cached.model, cached.uncertainty
@@ -535,8 +569,8 @@ class CoadaptPolicy:
         """
         tables: dict[tuple[str, str], _Table] = {}
         builds = state.builds
+        stale: list[tuple[int, Pool, tuple[tuple[int, int], ...], GoodputModel]] = []
         for pool in pools:
-            stale: list[tuple[int, tuple[tuple[int, int], ...], GoodputModel]] = []
             sizes: dict[int, tuple[tuple[int, int], ...]] = {}
             for j, cap in caps.items():
                 job = jobs[j]
@@ -558,9 +592,9 @@ class CoadaptPolicy:
                 if model is None or not shapes:
                     tables[key] = self._plain_table(job, pool, model, shapes)
                 else:
-                    stale.append((j, shapes, model))
-            if stale:
-                tables.update(self._batch_tables(jobs, pool, stale))
+                    stale.append((j, pool, shapes, model))
+        if stale:  # one vectorised call for every pool's stale tables
+            tables.update(self._batch_tables(jobs, stale))
         return tables, builds
 
     def _plain_table(
@@ -579,43 +613,46 @@ class CoadaptPolicy:
     def _batch_tables(
         self,
         jobs: Sequence[JobView],
-        pool: Pool,
-        stale: Sequence[tuple[int, tuple[tuple[int, int], ...], GoodputModel]],
+        stale: Sequence[tuple[int, Pool, tuple[tuple[int, int], ...], GoodputModel]],
     ) -> dict[tuple[str, str], _Table]:
-        width = max(len(shapes) for _, shapes, _ in stale)
-        gpus = np.zeros((len(stale), width), dtype=np.int64)
-        nodes = np.zeros((len(stale), width), dtype=np.int64)
-        for i, (_, shapes, _) in enumerate(stale):
-            gpus[i, : len(shapes)] = [g for g, _ in shapes]
-            nodes[i, : len(shapes)] = [n for _, n in shapes]
+        """The tables of ``stale`` (job, pool, shapes, model), every shape of every one in one
+        flat call (a row per shape: no padding to the widest menu)."""
+        lengths = np.fromiter((len(shapes) for _, _, shapes, _ in stale), np.int64, len(stale))
+        owner = np.repeat(np.arange(len(stale)), lengths)
+        as_array: dict[int, np.ndarray] = {}  # by id: menus of one pool and cap share a tuple
+        for _, _, shapes, _ in stale:
+            if id(shapes) not in as_array:
+                as_array[id(shapes)] = np.asarray(shapes, dtype=np.int64).reshape(-1, 2)
+        flat = np.concatenate([as_array[id(shapes)] for _, _, shapes, _ in stale])
+        gpus, nodes = flat[:, 0], np.maximum(flat[:, 1], 1)
         fixed = np.array(
-            [0 if jobs[j].adaptive else jobs[j].fixed_batch_size for j, _, _ in stale],
+            [0 if jobs[j].adaptive else jobs[j].fixed_batch_size for j, _, _, _ in stale],
             dtype=np.int64,
-        )
+        )[owner]
         fixed_or_none = fixed if fixed.any() else None
-        arrays = JobArrays.from_models([model for _, _, model in stale])
-        cfg = optimize_many(arrays, np.maximum(nodes, 1), gpus, fixed_batch_size=fixed_or_none)
+        arrays = JobArrays.from_models([model for _, _, _, model in stale])
+        cfg = optimize_many(arrays.take(owner), nodes, gpus, fixed_batch_size=fixed_or_none)
         # Node counts a job has never run on: valued with inter-node sync taken as intra-node
         # (the optimistic end of what its fit knows), so that a larger shape that could win is
         # tried once (then the fit knows).
-        profiled = np.array([self._profiled_nodes(jobs[j]) for j, _, _ in stale])
-        unseen = (nodes > profiled[:, None]) & (nodes > 1) & (gpus > 0)
+        profiled = np.array([self._profiled_nodes(jobs[j]) for j, _, _, _ in stale])
+        unseen = (nodes > profiled[owner]) & (nodes > 1) & (gpus > 0)
         if self.options.explore_nodes and unseen.any():
-            hopeful = JobArrays.from_models([optimistic_internode(model) for _, _, model in stale])
-            best = optimize_many(
-                hopeful, np.maximum(nodes, 1), gpus, fixed_batch_size=fixed_or_none
-            )
+            hopeful = JobArrays.from_models(
+                [optimistic_internode(model) for _, _, _, model in stale]
+            ).take(owner)
+            best = optimize_many(hopeful, nodes, gpus, fixed_batch_size=fixed_or_none)
             cfg = BatchConfig(
                 *(np.where(unseen, getattr(best, f), getattr(cfg, f)) for f in _CONFIG_FIELDS)
             )
+        batches = np.stack([cfg.batch_size, cfg.local_bsz, cfg.accum_steps], axis=1)
+        goods = np.asarray(cfg.goodput, dtype=float)
+        ends = np.cumsum(lengths).tolist()
         out = {}
-        for i, (j, shapes, model) in enumerate(stale):
-            n = len(shapes)
-            batch = np.stack(
-                [cfg.batch_size[i, :n], cfg.local_bsz[i, :n], cfg.accum_steps[i, :n]], axis=1
-            ).astype(np.int64)
-            good = np.asarray(cfg.goodput[i, :n], dtype=float)
-            seen = int(profiled[i])
+        for (j, pool, shapes, model), seen, end, n in zip(
+            stale, profiled.tolist(), ends, lengths.tolist(), strict=True
+        ):
+            good, batch = goods[end - n : end], batches[end - n : end]
             out[(jobs[j].name, pool.key)] = _Table(model, shapes, good, batch, seen)
         return out
 
@@ -681,44 +718,46 @@ class CoadaptPolicy:
         tables: Mapping[tuple[str, str], _Table],
     ) -> _Menu:
         """Every job's candidates (see Menu in the module docstring), grouped by job."""
+        if not caps:
+            return _Menu.empty()
         explore = self.options.explore_types
-        tabs: list[_Table] = []
-        owner: list[int] = []
-        where: list[int] = []
-        boosts: list[float] = []
-        keeps: list[bool] = []
+        order = list(caps)  # ascending job indices
+        keys = [pool.key for pool in pools]
+        tabs = [tables[(jobs[j].name, key)] for j in order for key in keys]
+        boosts = np.ones(len(tabs))
+        if explore:
+            boosts = np.array(
+                [1.0 + models[(j, pool.gpu_type)][1] for j in order for pool in pools]
+            )
+        keeps = np.zeros(len(tabs), dtype=bool)
         extra: list[tuple[int, int, int, int, float, tuple[int, int, int], float]] = []
         current = np.zeros((len(jobs), 2), dtype=np.int64)  # GPUs, nodes of the kept allocation
-        for j, cap in caps.items():
+        for i, j in enumerate(order):
             job = jobs[j]
-            holds = self._current_pool(job, cluster, pool_of_node)
+            if not job.allocation:
+                continue
+            p = self._current_pool(job, cluster, pool_of_node)
             cur = (job.allocation.num_gpus, job.allocation.num_nodes)
-            for p, pool in enumerate(pools):
-                model, uncertainty = models[(j, pool.gpu_type)]
-                table = tables[(job.name, pool.key)]
-                keep = holds == p and 0 < cur[0] <= cap
-                tabs.append(table)
-                owner.append(j)
-                where.append(p)
-                boosts.append(1.0 + (uncertainty if explore else 0.0))
-                keeps.append(keep)
-                if keep:
-                    current[j] = cur
-                    if cur not in table.shapes or table.goodput[table.shapes.index(cur)] <= 0:
-                        # A non-canonical current allocation: keepable as it is.
-                        good, batch = self._goodput_at(job, pool, model, cur[1], cur[0])
-                        if good > 0:
-                            extra.append((j, p, cur[0], cur[1], good, batch, boosts[-1]))
-        if not tabs:
-            return _Menu.empty()
+            if p is None or not 0 < cur[0] <= caps[j]:
+                continue
+            at = i * len(pools) + p
+            keeps[at] = True
+            current[j] = cur
+            table = tabs[at]
+            if cur not in table.shapes or table.goodput[table.shapes.index(cur)] <= 0:
+                # A non-canonical current allocation: keepable as it is.
+                model = models[(j, pools[p].gpu_type)][0]
+                good, batch = self._goodput_at(job, pools[p], model, cur[1], cur[0])
+                if good > 0:
+                    extra.append((j, p, cur[0], cur[1], good, batch, float(boosts[at])))
         sizes = np.fromiter((len(t.shapes) for t in tabs), dtype=np.int64, count=len(tabs))
-        job_idx = np.repeat(np.asarray(owner, dtype=np.int64), sizes)
-        pool_idx = np.repeat(np.asarray(where, dtype=np.int64), sizes)
+        job_idx = np.repeat(np.repeat(np.asarray(order, dtype=np.int64), len(pools)), sizes)
+        pool_idx = np.repeat(np.tile(np.arange(len(pools), dtype=np.int64), len(order)), sizes)
         shape = np.concatenate([t.shape_array for t in tabs])
         goods = np.concatenate([t.goodput for t in tabs])
         batches = np.concatenate([t.batch for t in tabs])
-        boost = np.repeat(np.asarray(boosts), sizes)
-        kept = np.repeat(np.asarray(keeps, dtype=bool), sizes)
+        boost = np.repeat(boosts, sizes)
+        kept = np.repeat(keeps, sizes)
         is_cur = kept & (shape[:, 0] == current[job_idx, 0]) & (shape[:, 1] == current[job_idx, 1])
         if extra:
             job_idx = np.concatenate([job_idx, [e[0] for e in extra]])
@@ -729,16 +768,18 @@ class CoadaptPolicy:
             boost = np.concatenate([boost, [e[6] for e in extra]])
             is_cur = np.concatenate([is_cur, np.ones(len(extra), dtype=bool)])
         ok = goods > 0
-        order = np.flatnonzero(ok)[np.argsort(job_idx[ok], kind="stable")]
+        pick = np.flatnonzero(ok)
+        if extra:  # appended after every table: group them with their jobs
+            pick = pick[np.argsort(job_idx[pick], kind="stable")]
         return _Menu(
-            job=job_idx[order].astype(np.int64),
-            pool=pool_idx[order].astype(np.int64),
-            gpus=shape[order, 0].astype(np.int64),
-            nodes=shape[order, 1].astype(np.int64),
-            current=is_cur[order],
-            goodput=goods[order],
-            optimistic=(goods * boost)[order],
-            batch=batches[order].astype(np.int64).reshape(-1, 3),
+            job=job_idx[pick].astype(np.int64),
+            pool=pool_idx[pick].astype(np.int64),
+            gpus=shape[pick, 0].astype(np.int64),
+            nodes=shape[pick, 1].astype(np.int64),
+            current=is_cur[pick],
+            goodput=goods[pick],
+            optimistic=(goods * boost)[pick],
+            batch=batches[pick].astype(np.int64).reshape(-1, 3),
         )
 
     def _goodput_at(
