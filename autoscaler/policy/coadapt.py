@@ -1407,10 +1407,20 @@ class _Greedy:
 
     def improve(self, choice: np.ndarray, free: np.ndarray, passes: int = 3) -> None:
         """One-job re-optimisation: each job in turn takes its best candidate given what the
-        others leave free (its own GPUs included); repeated while it improves."""
+        others leave free (its own GPUs included); repeated while it improves. The jobs that
+        would move are found for all at once (:meth:`_movable`), again after each move: a
+        pass visits only them, in the same order and with the same outcome as visiting
+        every job."""
+        order = self.present
         for _ in range(passes):
             changed = False
-            for j in self.present:
+            pos = 0
+            while pos < len(order):
+                hits = np.flatnonzero(self._movable(choice, free)[order[pos:]])
+                if hits.size == 0:
+                    break
+                pos += int(hits[0])
+                j = int(order[pos])
                 lo, hi = int(self.lo[j]), int(self.hi[j])
                 cur, cur_pool, cur_gpus = self._current(choice, j)
                 room = free[self.pool[lo:hi]] + np.where(
@@ -1419,11 +1429,26 @@ class _Greedy:
                 vals = np.where(self.gpus[lo:hi] <= room + 1e-9, self.value[lo:hi], -np.inf)
                 k = int(np.argmax(vals))
                 best = float(vals[k])
-                if max(best, float(self.empty[j])) > cur + 1e-12 * max(1.0, abs(cur)):
-                    self._apply(choice, free, int(j), lo + k if best >= self.empty[j] else -1)
-                    changed = True
+                self._apply(choice, free, j, lo + k if best >= self.empty[j] else -1)
+                changed = True
+                pos += 1
             if not changed:
                 break
+
+    def _movable(self, choice: np.ndarray, free: np.ndarray) -> np.ndarray:
+        """Per job: whether its best candidate given what the others leave free (or waiting)
+        beats what it has, by the test :meth:`improve` applies."""
+        running = choice >= 0
+        at = np.maximum(choice, 0)
+        cur_v = np.where(running, self.value[at], self.empty)
+        cur_p = np.where(running, self.pool[at], -1)
+        cur_g = np.where(running, self.gpus[at], 0.0)
+        j = self.job
+        room = free[self.pool] + np.where(self.pool == cur_p[j], cur_g[j], 0.0)
+        vals = np.where(self.gpus <= room + 1e-9, self.value, -np.inf)
+        best = np.full(self.num_jobs, -np.inf)
+        best[self.present] = np.maximum.reduceat(vals, self.starts)
+        return np.maximum(best, self.empty) > cur_v + 1e-12 * np.maximum(1.0, np.abs(cur_v))
 
     # ---- dual ------------------------------------------------------------------------------
 
