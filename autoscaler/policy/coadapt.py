@@ -1422,7 +1422,7 @@ class _Greedy:
                 pos += int(hits[0])
                 j = int(order[pos])
                 lo, hi = int(self.lo[j]), int(self.hi[j])
-                cur, cur_pool, cur_gpus = self._current(choice, j)
+                _, cur_pool, cur_gpus = self._current(choice, j)
                 room = free[self.pool[lo:hi]] + np.where(
                     self.pool[lo:hi] == cur_pool, cur_gpus, 0.0
                 )
