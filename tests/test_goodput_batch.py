@@ -153,6 +153,37 @@ def test_optimize_many_is_bit_exact_across_chunks(monkeypatch: pytest.MonkeyPatc
     assert_equal_to_scalar(models, nodes, gpus, fixed, exact=True)
 
 
+def test_rows_taken_per_allocation_and_a_kept_workspace_change_nothing() -> None:
+    """One row per (job, allocation) through ``JobArrays.take`` gives the (J, A) call's
+    results bit for bit, whatever ran before it in the thread (the workspace is kept between
+    calls and may be larger than a call needs), with gamma = 1 jobs (copied, not powered) next
+    to others."""
+    rng = np.random.default_rng(1)
+    models = []
+    for j in range(40):
+        perf = PerfParams(
+            0.01 * (j % 3),
+            1e-3 + 1e-3 * rng.random(),
+            0.01,
+            0.02,
+            0.03,
+            0.04,
+            [1.0, 1.0, 2.0, 0.5 + 1.0 * rng.random() + 1.0][j % 4],
+        )
+        limits = BatchLimits(32, 32 * int(rng.integers(1, 40)), int(rng.integers(16, 256)))
+        models.append(GoodputModel(perf, GradParams(*rng.random(2).tolist()), limits))
+    arrays = JobArrays.from_models(models)
+    nodes = rng.integers(1, 9, size=(40, 7))
+    gpus = nodes * rng.integers(1, 5, size=(40, 7))
+    before = optimize_many(arrays, nodes, gpus)
+    optimize_many(arrays.take(np.repeat(np.arange(40), 50)), 1, 1)  # a bigger call in between
+    owner = np.repeat(np.arange(40), 7)
+    flat = optimize_many(arrays.take(owner), nodes.reshape(-1), gpus.reshape(-1))
+    for name in ("goodput", "throughput", "efficiency", "batch_size", "local_bsz", "accum_steps"):
+        np.testing.assert_array_equal(getattr(flat, name).reshape(40, 7), getattr(before, name))
+    assert_equal_to_scalar(models, nodes, gpus, np.zeros(40, dtype=np.int64), exact=True)
+
+
 def test_optimize_many_shapes_and_empty_input() -> None:
     model = GoodputModel(
         PerfParams(0.01, 1e-3, 0.01, 0.01, 0.02, 0.02, 1.5),

@@ -17,6 +17,7 @@ from autoscaler.policy.coadapt import (
     CoadaptOptions,
     CoadaptPolicy,
     CoadaptState,
+    Pool,
     pools_of,
     solve_choices,
 )
@@ -337,6 +338,21 @@ def test_pools_group_nodes_by_type_and_size() -> None:
     assert [(p.key, p.nodes, p.capacity) for p in pools] == [("T4x1", (1,), 1), ("T4x4", (0, 2), 8)]
     assert pools[1].sizes(8) == ((1, 1), (2, 1), (4, 1), (8, 2))
     assert pools[1].sizes(3) == ((1, 1), (2, 1))
+
+
+def test_whole_node_shapes_keep_every_count_to_15_then_four_significant_bits() -> None:
+    """A large pool's menu grows with the logarithm of its size: whole-node counts 1..15, then
+    16, 18, ..., 30, 32, 36, ..., 60, 64, 72, ... (steps of at most an eighth)."""
+    big = Pool("V100", 8, tuple(range(200)))
+    counts = [n for g, n in big.sizes(10**6) if g >= 8]
+    assert counts[:15] == list(range(1, 16))
+    assert counts[15:24] == [16, 18, 20, 22, 24, 26, 28, 30, 32]
+    assert counts[24:33] == [36, 40, 44, 48, 52, 56, 60, 64, 72]
+    assert all(b - a <= max(1, a // 8) for a, b in itertools.pairwise(counts))
+    assert all(g == 8 * n for g, n in big.sizes(10**6) if g >= 8)
+    # Up to 16 nodes (every cluster of the paper's experiments) nothing is left out.
+    sixteen = Pool("T4", 4, tuple(range(16)))
+    assert [n for g, n in sixteen.sizes(64) if g >= 4] == list(range(1, 17))
 
 
 def test_kept_allocation_is_not_moved_and_new_ones_fill_free_nodes() -> None:
