@@ -227,17 +227,24 @@ class Pool:
         node size itself), then whole nodes: every count up to 15, then counts of four
         significant bits (16, 18, ..., 30, 32, 36, ..., 60, 64, 72, ...: steps of at most an
         eighth, so that a menu grows with the logarithm of a large pool, not its size)."""
-        n = self.gpus_per_node
-        out: list[tuple[int, int]] = []
-        k = 1
-        while k < n and k <= cap:
-            out.append((k, 1))
-            k *= 2
-        m = 1
-        while m <= len(self.nodes) and m * n <= cap:
-            out.append((m * n, m))
-            m += 1 << max(0, m.bit_length() - 4)
-        return tuple(out)
+        return _sizes(self.gpus_per_node, len(self.nodes), cap)
+
+
+@functools.lru_cache(maxsize=4096)
+def _sizes(gpus_per_node: int, num_nodes: int, cap: int) -> tuple[tuple[int, int], ...]:
+    """:meth:`Pool.sizes` (memoised: one tuple per (node size, nodes, cap), the same object
+    round after round, so that a cached table's shapes compare by identity)."""
+    n = gpus_per_node
+    out: list[tuple[int, int]] = []
+    k = 1
+    while k < n and k <= cap:
+        out.append((k, 1))
+        k *= 2
+    m = 1
+    while m <= num_nodes and m * n <= cap:
+        out.append((m * n, m))
+        m += 1 << max(0, m.bit_length() - 4)
+    return tuple(out)
 
 
 def pools_of(cluster: ClusterView) -> tuple[Pool, ...]:
@@ -258,6 +265,11 @@ class _Table:
     batch: np.ndarray  # (shapes, 3): total, local, accum; zeros where infeasible
     profiled_nodes: int = 0  # shapes on more nodes were valued optimistically
     fair: dict[int, float] = field(default_factory=dict)  # fair-share goodput by GPUs (memo)
+
+    @functools.cached_property
+    def index(self) -> dict[tuple[int, int], int]:
+        """Each shape's position in ``shapes``."""
+        return {shape: i for i, shape in enumerate(self.shapes)}
 
     @functools.cached_property
     def shape_array(self) -> np.ndarray:
@@ -584,7 +596,7 @@ class CoadaptPolicy:
                 table = state.tables.get(key)
                 if (
                     table is not None
-                    and table.shapes == shapes
+                    and (table.shapes is shapes or table.shapes == shapes)
                     and table.profiled_nodes == self._profiled_nodes(job)
                     and (table.model is model or table.model == model)
                 ):
@@ -746,7 +758,8 @@ class CoadaptPolicy:
             keeps[at] = True
             current[j] = cur
             table = tabs[at]
-            if cur not in table.shapes or table.goodput[table.shapes.index(cur)] <= 0:
+            at_shape = table.index.get(cur)
+            if at_shape is None or table.goodput[at_shape] <= 0:
                 # A non-canonical current allocation: keepable as it is.
                 model = models[(j, pools[p].gpu_type)][0]
                 good, batch = self._goodput_at(job, pools[p], model, cur[1], cur[0])
