@@ -24,12 +24,12 @@ A round is built the way a real one looks to a policy (seeded):
 
 Measured, per size and policy, on one core (``OPENBLAS_NUM_THREADS=1``): the median and p95 of
 ``decide``, and one *round with refits*: every running job reports one new configuration (the
-trainers' measurements are synthesised before the clock starts: they are not the round's
-work), the :class:`~autoscaler.fitting.ModelBook` takes them and refits all of them (together,
-warm-started), the job views and their models are rebuilt and the policy decides. Each (size,
-variant, policy) runs in its own process, whose peak RSS is reported. Pollux is skipped at a
-size once a round there has taken more than ``--pollux-limit-s`` (60 s), and at every larger
-size; the JSON says so (``"skipped"``).
+trainers' measurements, samples and gradient statistics, are synthesised before the clock
+starts: they are not the round's work), the :class:`~autoscaler.fitting.ModelBook` takes them
+and refits all of them (together, warm-started), the job views and their models are rebuilt and
+the policy decides. Each (size, variant, policy) runs in its own process, whose peak RSS is
+reported. Pollux is skipped at a size once a round there has taken more than
+``--pollux-limit-s`` (60 s), and at every larger size; the JSON says so (``"skipped"``).
 
 Writes ``{"sizes": {"<gpus>": {"<policy>": {"jobs", "median_s", "p95_s",
 "round_with_refits_s", "peak_rss_mib", "gap"}}}, "sizes_t4": {...same...}}``; ``gap`` (coadapt
@@ -165,12 +165,29 @@ class Round:
         step, sync = speed.step_time_s(placement, local)
         return ProfileSample(placement, local, 1, float(step), float(min(sync, step)))
 
-    def views(self, allocations: dict[str, Allocation], now_s: float) -> tuple[JobView, ...]:
+    def gradients(self) -> dict[str, GradParams]:
+        """What the trainers report of their gradient noise now (the traces' statistics at
+        each job's progress)."""
+        out = {}
+        for job in self.jobs:
+            app: AppTrace = job["app"]
+            sqr, var = app.grad_stats(job["progress"], app.init_batch_size)
+            out[job["name"]] = GradParams(float(sqr), float(var))
+        return out
+
+    def views(
+        self,
+        allocations: dict[str, Allocation],
+        now_s: float,
+        gradients: dict[str, GradParams] | None = None,
+    ) -> tuple[JobView, ...]:
+        """The job views a controller builds from its book: ``gradients`` as reported (by
+        default :meth:`gradients`)."""
+        grads = self.gradients() if gradients is None else gradients
         out = []
         for index, job in enumerate(self.jobs):
             app: AppTrace = job["app"]
-            sqr, var = app.grad_stats(job["progress"], app.init_batch_size)
-            grad = GradParams(float(sqr), float(var))
+            grad = grads[job["name"]]
             models = {}
             pooled = None
             if self.pooled:
@@ -259,11 +276,12 @@ def measure(
     now += 60.0
     running = [job for job in rnd.jobs if allocations.get(job["name"])]
     reports = [(job, job["types"][0], rnd.measure(job, job["types"][0])) for job in running]
+    gradients = rnd.gradients()
     t0 = time.perf_counter()
     for job, gpu_type, sample in reports:
         rnd.take(job, gpu_type, sample)
     rnd.book.refit()
-    ri = RoundInput(rnd.cluster_at(now, 62 + rounds), rnd.views(allocations, now))
+    ri = RoundInput(rnd.cluster_at(now, 62 + rounds), rnd.views(allocations, now, gradients))
     policy.decide(ri, state)
     refit_round_s = time.perf_counter() - t0
     out = {
