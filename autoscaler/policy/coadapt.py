@@ -247,6 +247,11 @@ def _sizes(gpus_per_node: int, num_nodes: int, cap: int) -> tuple[tuple[int, int
     return tuple(out)
 
 
+def _shape_rows(shapes: Sequence[tuple[int, int]]) -> np.ndarray:
+    """(GPUs, nodes) shapes as an int array (shapes, 2)."""
+    return np.asarray(shapes, dtype=np.int64).reshape(-1, 2)
+
+
 def pools_of(cluster: ClusterView) -> tuple[Pool, ...]:
     """The cluster's pools, sorted by key."""
     groups: dict[tuple[str, int], list[int]] = {}
@@ -274,7 +279,7 @@ class _Table:
     @functools.cached_property
     def shape_array(self) -> np.ndarray:
         """``shapes`` as an int array (shapes, 2): GPUs, nodes."""
-        return np.asarray(self.shapes, dtype=np.int64).reshape(-1, 2)
+        return _shape_rows(self.shapes)
 
 
 @dataclass(frozen=True, eq=False)
@@ -636,7 +641,7 @@ class CoadaptPolicy:
         as_array: dict[int, np.ndarray] = {}  # by id: menus of one pool and cap share a tuple
         for _, _, shapes, _ in stale:
             if id(shapes) not in as_array:
-                as_array[id(shapes)] = np.asarray(shapes, dtype=np.int64).reshape(-1, 2)
+                as_array[id(shapes)] = _shape_rows(shapes)
         flat = np.concatenate([as_array[id(shapes)] for _, _, shapes, _ in stale])
         gpus, nodes = flat[:, 0], np.maximum(flat[:, 1], 1)
         fixed = np.array(
