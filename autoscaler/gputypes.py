@@ -6,14 +6,23 @@ its own profiles on that type (:mod:`autoscaler.goodput`). For a type the job ha
 
     compute time on the target type = compute time on the source type / r,
     r = relative_speed(target) / relative_speed(source)          (single-GPU compute speeds)
-    sync time: unchanged (the interconnect is the instance's, not the GPU's)
+    sync time: carried to the target's links (the interconnect is the instance's, not the GPU's)
 
-i.e. ``alpha_c`` and ``beta_c`` are divided by ``r``; the sync parameters and ``gamma`` are kept.
-The estimate is exact when the job's true compute speeds follow the ratio and its sync does not
-depend on the type (tested). How far real jobs stray from one ratio per type is made explicit:
+i.e. ``alpha_c`` and ``beta_c`` are divided by ``r``; the intra-node sync parameters are
+multiplied by the intra-node factor and the inter-node ones by the network factor of
+:func:`autoscaler.interconnects.sync_factors` (each type on its usual instance: T4 on
+g4dn.12xlarge, V100 on p3.16xlarge, A100 on p4d.24xlarge); ``gamma`` is kept. The estimate is
+exact when the job's true compute speeds follow the ratio and its sync follows the links (tested).
+How far real jobs stray from one ratio per type is made explicit:
 :attr:`TypeEstimate.relative_uncertainty` is ``exp(sd) - 1`` where ``sd`` is the spread (sample
 standard deviation of the log) of the per-model ratios the speeds were computed from, combined
 over target and source. A policy may use it to decide when exploring a type is worth a restart.
+
+A job fitted on several types is fitted on each from that type's profiles alone, so a type it
+has only run on one GPU still has its sync at the fit's prior (about zero: perfect scaling).
+:func:`estimate_model` therefore returns a fitted model with each sync parameter raised to the
+largest that the job's other fits carry to its links (a job that scaled poorly across p4d's
+400 Gb/s is not taken to scale perfectly across p3's 25 Gb/s because it ran one V100).
 
 :class:`SpeedTable` holds the measured per-model ratios of ``speed_vs_t4.csv`` (derived from the
 Sia paper's per-type measurements) and the generic per-type speed (geometric mean over the
@@ -32,7 +41,8 @@ from pathlib import Path
 from types import MappingProxyType
 
 from autoscaler.errors import InvalidInputError, TraceFormatError
-from autoscaler.goodput import BatchLimits, GoodputModel
+from autoscaler.goodput import BatchLimits, GoodputModel, PerfParams
+from autoscaler.interconnects import sync_factors
 from autoscaler.traces import parse_float, parse_int, read_csv_rows
 
 __all__ = [
@@ -257,14 +267,15 @@ def estimate_model(
     """The job's model on ``gpu_type`` (see the module docstring for the rule).
 
     ``models`` are the job's fitted models by GPU type. If ``gpu_type`` is among them it is
-    returned as fitted. Otherwise the source is the fitted type closest in generic speed to the
+    returned as fitted, its sync raised to what the other fits carry (see the module
+    docstring). Otherwise the source is the fitted type closest in generic speed to the
     target (ties: by name), and ``limits`` (the job's batch limits on the target type, e.g. a
     larger per-GPU batch on a bigger GPU) replace the source's if given. Raises
     :class:`InvalidInputError` when ``models`` is empty or a type has no speed.
     """
     fitted = models.get(gpu_type)
     if fitted is not None:
-        return TypeEstimate(gpu_type, fitted)
+        return TypeEstimate(gpu_type, _with_sync_floor(fitted, gpu_type, models))
     if not models:
         raise InvalidInputError("no fitted model to estimate from", field="models")
     target = speeds.relative_speed(gpu_type)
@@ -272,6 +283,42 @@ def estimate_model(
     ratio = target / speeds.relative_speed(source)
     base = models[source]
     perf = replace(base.perf, alpha_c=base.perf.alpha_c / ratio, beta_c=base.perf.beta_c / ratio)
+    perf = _scaled_sync(perf, base.perf, *sync_factors(source, gpu_type))
     sd = math.hypot(speeds.log_spread(gpu_type), speeds.log_spread(source))
     model = GoodputModel(perf, base.grad, limits if limits is not None else base.limits)
     return TypeEstimate(gpu_type, model, source, ratio, math.exp(sd) - 1.0)
+
+
+def _with_sync_floor(
+    fitted: GoodputModel, gpu_type: str, models: Mapping[str, GoodputModel]
+) -> GoodputModel:
+    """``fitted`` with each sync parameter raised to the largest of the job's other types' fits,
+    carried to ``gpu_type``'s links (:func:`~autoscaler.interconnects.sync_factors`)."""
+    perf = fitted.perf
+    for other, model in models.items():
+        if other != gpu_type:
+            carried = _scaled_sync(perf, model.perf, *sync_factors(other, gpu_type))
+            perf = replace(
+                perf, **{name: max(getattr(perf, name), getattr(carried, name)) for name in _SYNC}
+            )
+    if perf == fitted.perf:
+        return fitted
+    return GoodputModel(perf, fitted.grad, fitted.limits)
+
+
+#: The sync parameters of :class:`~autoscaler.goodput.PerfParams`.
+_SYNC = ("alpha_n", "beta_n", "alpha_r", "beta_r")
+
+
+def _scaled_sync(perf: PerfParams, source: PerfParams, intra: float, inter: float) -> PerfParams:
+    """``perf`` with the sync parameters of ``source``, intra-node ones times ``intra`` and
+    inter-node ones times ``inter`` (inter-node kept at least the intra-node, as fits keep
+    them)."""
+    alpha_n, beta_n = source.alpha_n * intra, source.beta_n * intra
+    return replace(
+        perf,
+        alpha_n=alpha_n,
+        beta_n=beta_n,
+        alpha_r=max(source.alpha_r * inter, alpha_n),
+        beta_r=max(source.beta_r * inter, beta_n),
+    )

@@ -12,7 +12,9 @@ run on (or on several instances with more GPUs than it has run on) are valued at
 its fit and its fit with the inter-node sync taken
 as the intra-node one (:func:`~autoscaler.goodput.optimistic_internode`: a fleet that never
 offers a second instance would never learn what it is worth); a job with no profile yet is
-valued at ``g x`` the type's generic speed up to its cap (the policy will grow it that far if
+valued at ``g x`` its application's measured speed on the type
+(:meth:`~autoscaler.gputypes.SpeedTable.model_speed`, the generic speed for an application
+the table does not know, as the policy values it) up to its cap (the policy will grow it that far if
 it scales), or up to the GPUs it asked for if it does not adapt. With ``value="throughput"``
 the curves count samples per second at the largest per-GPU batch and ignore statistical
 efficiency (the
@@ -297,7 +299,7 @@ def job_demands(
         for kind in kinds:
             g = np.arange(1, cap + 1)
             curves[kind] = tuple(
-                float(x) for x in np.minimum(g, want) * speeds.relative_speed(kind[0])
+                float(x) for x in np.minimum(g, want) * speeds.model_speed(job.application, kind[0])
             )
         out[i] = JobDemand(job.name, curves, min_gpus, gpu_types[i])
     if modelled:
@@ -314,8 +316,7 @@ def job_demands(
         per_job: list[dict[tuple[str, int], tuple[float, ...]]] = [{} for _ in modelled]
         for kind in kinds:
             kind_models = [
-                models.get(kind[0])
-                or estimate_model(
+                estimate_model(
                     models,
                     kind[0],
                     speeds,

@@ -172,6 +172,16 @@ def test_value_curves_from_goodput_models_scale_and_respect_statistical_efficien
     assert new.curves[("T4", 4)] == (1.0, 2.0, 3.0, 4.0)
     fixed = dataclasses.replace(view("c", requested=2), adaptive=False)
     assert job_demand(fixed, kinds, SPEEDS, max_gpus=4).curves[("T4", 4)] == (1.0, 2.0, 2.0, 2.0)
+    # On another type, at its application's measured speed when the table has it (as the
+    # policy values it), else at the type's generic speed.
+    cifar = dataclasses.replace(view("d", requested=2), application="cifar10")
+    a100 = job_demand(cifar, kinds, SPEEDS, max_gpus=4).curves[("A100", 8)]
+    assert a100 == pytest.approx([g * SPEEDS.model_speed("cifar10", "A100") for g in (1, 2, 3, 4)])
+    assert SPEEDS.model_speed("cifar10", "A100") > 1.5 * SPEEDS.relative_speed("A100")
+    other = dataclasses.replace(view("e", requested=1), application="unknown-app")
+    assert job_demand(other, kinds, SPEEDS, max_gpus=1).curves[("A100", 8)] == pytest.approx(
+        (SPEEDS.relative_speed("A100"),)
+    )
 
 
 def test_modelled_value_and_bad_input() -> None:

@@ -542,12 +542,14 @@ class CoadaptPolicy:
         state: CoadaptState | None = None,
         estimates: dict[tuple[str, str], _Estimate] | None = None,
     ) -> tuple[GoodputModel | None, float]:
-        """(model, relative uncertainty) of the job on ``gpu_type``: its own fit, else the ratio
-        rule from the types it ran on; ``(None, 0)`` before any profile. Estimates are reused
+        """(model, relative uncertainty) of the job on ``gpu_type``: its own fit (with a job fitted
+        on several types, its sync raised to what the others carry, see
+        :func:`~autoscaler.gputypes.estimate_model`), else the ratio rule from the types it ran
+        on; ``(None, 0)`` before any profile. Estimates are reused
         from ``state`` while the fits they came from are unchanged (and kept in
         ``estimates``)."""
         if job.models:
-            if gpu_type in job.models:
+            if gpu_type in job.models and len(job.models) == 1:
                 return job.models[gpu_type], 0.0
             sources: Mapping[str, GoodputModel] = job.models
         elif job.model is None:

@@ -37,11 +37,19 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 from autoscaler.errors import InvalidInputError, TraceFormatError
 from autoscaler.gputypes import KNOWN_GPU_TYPES, REFERENCE_GPU_TYPE, SpeedTable
+from autoscaler.interconnects import (
+    DEFAULT_INSTANCE,
+    INTERCONNECTS,
+    MIN_SYNC_FACTOR,
+    REFERENCE_GPUS_PER_NODE,
+    REFERENCE_INSTANCE,
+    Interconnect,
+    sync_factor,
+)
 from autoscaler.jobs import NodeView, OfferingRef
 from autoscaler.traces import AppTrace, has_type_traces, load_app
 
@@ -56,42 +64,6 @@ __all__ = [
     "load_cluster",
     "uniform_cluster",
 ]
-
-
-@dataclass(frozen=True)
-class Interconnect:
-    """An instance type's links: ``intra_gbytes_per_s`` between GPUs of one node (per GPU, one
-    direction) and ``network_gbps`` between nodes."""
-
-    intra_gbytes_per_s: float
-    network_gbps: float
-
-
-#: Published figures: PCIe 3.0 x16 ~16 GB/s; NVLink 2 (V100, p3) 150 GB/s and NVLink 3 via
-#: NVSwitch (A100, p4d) 300 GB/s, NVLink 4 (H100, p5) 450 GB/s per GPU and direction; instance
-#: networks as AWS lists them.
-INTERCONNECTS: Mapping[str, Interconnect] = MappingProxyType(
-    {
-        "g4dn.12xlarge": Interconnect(16.0, 50.0),
-        "g4dn.metal": Interconnect(16.0, 100.0),
-        "p3.8xlarge": Interconnect(150.0, 10.0),
-        "p3.16xlarge": Interconnect(150.0, 25.0),
-        "p3dn.24xlarge": Interconnect(150.0, 100.0),
-        "p4d.24xlarge": Interconnect(300.0, 400.0),
-        "p5.48xlarge": Interconnect(450.0, 3200.0),
-    }
-)
-
-#: The instance a GPU type's nodes are assumed to be when a cluster file names none.
-DEFAULT_INSTANCE: Mapping[str, str] = MappingProxyType(
-    {"T4": "g4dn.12xlarge", "V100": "p3.16xlarge", "A100": "p4d.24xlarge", "H100": "p5.48xlarge"}
-)
-
-#: The instance the T4 traces were measured on, and its GPUs per node.
-REFERENCE_INSTANCE = "g4dn.12xlarge"
-REFERENCE_GPUS_PER_NODE = 4
-#: Floor of the sync-time factors (latency does not shrink with bandwidth).
-MIN_SYNC_FACTOR = 0.1
 
 
 @dataclass(frozen=True)
@@ -282,8 +254,8 @@ class TypeSpeed:
             and math.isclose(group.network_gbps, ref.network_gbps)
         )
         self.ratio = 1.0 if self.measured else speeds.model_speed(base.name, group.gpu_type)
-        self.intra_factor = max(MIN_SYNC_FACTOR, ref.intra_gbytes_per_s / group.intra_gbytes_per_s)
-        self.inter_factor = max(MIN_SYNC_FACTOR, ref.network_gbps / group.network_gbps)
+        self.intra_factor = sync_factor(ref.intra_gbytes_per_s, group.intra_gbytes_per_s)
+        self.inter_factor = sync_factor(ref.network_gbps, group.network_gbps)
         if self.measured is not None:
             self.max_local_bsz = self.measured.max_local_bsz
         elif group.gpu_type == REFERENCE_GPU_TYPE:

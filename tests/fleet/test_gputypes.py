@@ -26,6 +26,7 @@ from autoscaler.gputypes import (
     estimate_model,
     load_speed_table,
 )
+from autoscaler.interconnects import MIN_SYNC_FACTOR, sync_factors
 from autoscaler.traces import AppTrace, load_app, traces_folder
 
 LIMITS = BatchLimits(init_batch_size=64, max_batch_size=2048, max_local_bsz=128, min_local_bsz=8)
@@ -50,8 +51,10 @@ def test_shipped_table_excludes_flagged_rows() -> None:
 
 
 def test_ratio_rule_is_exact_when_true_speeds_follow_it() -> None:
-    """Literal example: a job profiled on T4 whose true V100 compute is exactly 3x faster and
-    whose sync does not depend on the GPU. The estimate equals the model fitted on V100."""
+    """Literal example: a job profiled on T4 (g4dn.12xlarge: PCIe 16 GB/s, 50 Gb/s) whose true
+    V100 compute is exactly 3x faster and whose sync follows the links of the V100's p3.16xlarge
+    (NVLink 150 GB/s: 16/150 of the intra-node time; 25 Gb/s: twice the inter-node time). The
+    estimate equals the model fitted on V100."""
     table = SpeedTable({("x", "V100"): SpeedRow("x", "V100", 3.0, 256)}, source="literal")
     t4 = PerfParams(
         alpha_c=0.03,
@@ -65,10 +68,10 @@ def test_ratio_rule_is_exact_when_true_speeds_follow_it() -> None:
     v100_true = PerfParams(
         alpha_c=0.01,
         beta_c=0.002,
-        alpha_n=0.02,
-        beta_n=0.01,
-        alpha_r=0.05,
-        beta_r=0.02,
+        alpha_n=0.02 * 16 / 150,
+        beta_n=0.01 * 16 / 150,
+        alpha_r=0.05 * 2,
+        beta_r=0.02 * 2,
         gamma=1.5,
     )
     est = estimate_model({"T4": GoodputModel(t4, GRAD, LIMITS)}, "V100", table)
@@ -80,7 +83,7 @@ def test_ratio_rule_is_exact_when_true_speeds_follow_it() -> None:
         assert float(est.model.step_time_s(nodes, gpus, bsz, accum)) == pytest.approx(
             float(truth.step_time_s(nodes, gpus, bsz, accum)), rel=1e-12
         )
-    # Fitted models are returned as they are; nothing to estimate from is an error.
+    # A fitted model alone is returned as it is; nothing to estimate from is an error.
     fitted = estimate_model({"V100": truth}, "V100", table)
     assert fitted.profiled and fitted.model is truth
     with pytest.raises(InvalidInputError):
@@ -97,6 +100,35 @@ def test_estimate_uses_the_closest_profiled_type_and_reports_spread() -> None:
     assert est.relative_uncertainty == pytest.approx(math.exp(sd) - 1) and sd > 0
     bigger = BatchLimits(64, 2048, 512, 8)
     assert estimate_model({"T4": m}, "A100", t, limits=bigger).model.limits == bigger
+
+
+def test_sync_factors_follow_each_types_instance_links() -> None:
+    # T4 (g4dn.12xlarge) -> A100 (p4d.24xlarge): NVSwitch 300 GB/s vs PCIe 16 (floored at
+    # MIN_SYNC_FACTOR), 400 Gb/s vs 50.
+    assert sync_factors("T4", "A100") == pytest.approx((MIN_SYNC_FACTOR, 50 / 400))
+    # A100 -> V100 (p3.16xlarge, 25 Gb/s): inter-node sync 16 x slower; intra 0.1 -> 16/150.
+    assert sync_factors("A100", "V100") == pytest.approx(((16 / 150) / MIN_SYNC_FACTOR, 16.0))
+    assert sync_factors("V100", "V100") == (1.0, 1.0)
+    assert sync_factors("T4", "L4") == (1.0, 1.0)  # no known instance: sync kept as measured
+
+
+def test_fitted_sync_is_raised_to_what_another_types_fit_carries() -> None:
+    """A job fitted on A100 across nodes and on V100 from one GPU only (its V100 sync still at
+    the prior's ~0) is not taken to scale perfectly on V100: its V100 sync is at least the
+    A100's carried to p3's links. Compute stays the V100 fit's; a type with more sync of its
+    own keeps it."""
+    t = default_speed_table()
+    a100 = GoodputModel(PerfParams(0.01, 0.002, 0.004, 0.002, 0.01, 0.005, 1.2), GRAD, LIMITS)
+    v100 = GoodputModel(PerfParams(0.02, 0.003, 1e-6, 1e-6, 1e-6, 1e-6, 1.0), GRAD, LIMITS)
+    est = estimate_model({"A100": a100, "V100": v100}, "V100", t)
+    assert est.profiled and est.source_type is None
+    intra, inter = sync_factors("A100", "V100")
+    p = est.model.perf
+    assert (p.alpha_c, p.beta_c, p.gamma) == (0.02, 0.003, 1.0)
+    assert p.alpha_n == pytest.approx(0.004 * intra) and p.beta_r == pytest.approx(0.005 * inter)
+    assert float(est.model.step_time_s(4, 32, 64, 1)) > 1.5 * float(v100.step_time_s(4, 32, 64, 1))
+    # The A100 fit's own sync is larger than the V100's carried back: kept as fitted.
+    assert estimate_model({"A100": a100, "V100": v100}, "A100", t).model is a100
 
 
 def test_speed_table_bad_input_names_file_line_field(tmp_path: Path) -> None:
