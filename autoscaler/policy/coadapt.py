@@ -78,8 +78,8 @@ ingredient with ``--option coadapt.KEY=VALUE``): all defaults 0.898 / 0.869;
 finish-time-fairness ratio 14-16x pollux's); ``restart_rule='age'`` 0.940 / 0.924;
 ``exploration_factor=2`` 1.026 / 0.912; ``power=-1`` 0.909 / 0.897; ``power=0.5`` 0.909 /
 0.870; ``solver='milp'`` 0.914 / 0.874; ``explore_nodes=True`` 1.042 / 0.966. On the mixed
-64-GPU cluster (1.0x, against type-unaware pollux) ``explore_types=True`` gave 0.622 and off
-0.610, so both explorations are off by default. ``power``, ``restart_horizon_s`` and
+64-GPU cluster (1.0x, against type-unaware pollux) ``explore_types=True`` gave 0.598 and off
+0.586, so both explorations are off by default. ``power``, ``restart_horizon_s`` and
 ``exploration_factor`` were chosen on a grid at 0.5x: neighbouring settings differ by about 1%
 there, as much as the margin to the issue's 0.90, so read that figure as met, not with room.
 

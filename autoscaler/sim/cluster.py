@@ -14,7 +14,8 @@ must give) its interconnect.
 **True speed of a type** (what the simulator replays; policies never see it). Where an
 application has measured files for the type (``placements-<gpu>.csv``, see
 :func:`autoscaler.traces.load_app`), they are used as they are. Otherwise the speed is derived
-from the T4 traces — the model below, all of its parameters in this module:
+from the T4 traces — the model below (the instances' links and the floor of the sync factors
+are in :mod:`autoscaler.interconnects`, which the policies' type estimates share):
 
 - compute (step - sync) at a per-GPU batch = the T4 trace's compute at that batch and the same
   node and GPU counts, divided by the application's single-GPU speed ratio from
