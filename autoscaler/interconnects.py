@@ -75,8 +75,7 @@ def sync_factors(source_type: str, target_type: str) -> tuple[float, float]:
     on ``source_type``'s instances into those on ``target_type``'s, each GPU type taken on its
     :data:`DEFAULT_INSTANCE`. ``(1, 1)`` when either type has no known instance (nothing is
     known of its links, so the sync is kept as measured)."""
-    links = [INTERCONNECTS.get(DEFAULT_INSTANCE.get(t, "")) for t in (source_type, target_type)]
-    src, tgt = links
+    src, tgt = (INTERCONNECTS.get(DEFAULT_INSTANCE.get(t, "")) for t in (source_type, target_type))
     if src is None or tgt is None:
         return 1.0, 1.0
     ref = INTERCONNECTS[REFERENCE_INSTANCE]

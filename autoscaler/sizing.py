@@ -5,17 +5,18 @@ Pure: numbers in, a :class:`FleetProposal` out; no clock, no cloud, no I/O.
 **What an instance is worth.** Every job has a *value curve* per instance kind (GPU type, GPUs
 per instance): its goodput on ``g`` GPUs of that type packed onto the fewest instances, in
 units of its goodput on one GPU of the reference type (T4): "T4-GPU equivalents of useful
-work" (:func:`job_demand`). A job's curve on a type comes from its fitted model there, else the
-ratio rule (:func:`autoscaler.gputypes.estimate_model`); with ``optimistic``
+work" (:func:`job_demand`). A job's curve on a type comes from its fitted model there (its
+sync raised to what its other types' fits carry), else the ratio rule (both
+:func:`autoscaler.gputypes.estimate_model`); with ``optimistic``
 (``SizingConfig.optimistic_nodes``, off by default), shapes on more instances than the job has
 run on (or on several instances with more GPUs than it has run on) are valued at the better of
-its fit and its fit with the inter-node sync taken
-as the intra-node one (:func:`~autoscaler.goodput.optimistic_internode`: a fleet that never
-offers a second instance would never learn what it is worth); a job with no profile yet is
-valued at ``g x`` its application's measured speed on the type
-(:meth:`~autoscaler.gputypes.SpeedTable.model_speed`, the generic speed for an application
-the table does not know, as the policy values it) up to its cap (the policy will grow it that far if
-it scales), or up to the GPUs it asked for if it does not adapt. With ``value="throughput"``
+its fit and its fit with the inter-node sync taken as the intra-node one
+(:func:`~autoscaler.goodput.optimistic_internode`: a fleet that never offers a second instance
+would never learn what it is worth); a job with no profile yet is valued at ``g x`` its
+application's measured speed on the type (:meth:`~autoscaler.gputypes.SpeedTable.model_speed`,
+the generic speed for an application the table does not know, as the policy values it) up to
+its cap (the policy will grow it that far if it scales), or up to the GPUs it asked for if it
+does not adapt. With ``value="throughput"``
 the curves count samples per second at the largest per-GPU batch and ignore statistical
 efficiency (the
 rule of throughput-driven autoscaling, Or et al., MLSys'20) -- the only difference between
