@@ -10,7 +10,8 @@ status) calls it before writing. A status with no outgoing edge is terminal
 
 The usual life is ``queued -> requested -> running -> draining -> terminating ->
 terminated``; the other edges are retries (``requested -> queued``, ``terminating ->
-terminating``, ``termination_failed -> terminating``), failures (``-> allocation_failed``,
+terminating``, ``termination_failed -> terminating``), a late spot notice (``draining ->
+draining``), failures (``-> allocation_failed``,
 ``-> termination_failed``) and instances vanishing from the cloud (``-> terminated``).
 
 Decisions made here, and why:
@@ -27,6 +28,9 @@ Decisions made here, and why:
 * **A terminate retry is the self-edge ``terminating -> terminating``**, written to the
   history like any transition, so that the retry is recorded before its call (intent first)
   and the tries of one spell in ``terminating`` are counted from the history.
+* **A spot notice on an instance already draining for cost is the self-edge ``draining ->
+  draining``**, written once, so that the history (and so the cost report) shows the
+  instance was reclaimed, not only released.
 * **Vanishing is an edge from every status that has a known cloud instance**: ``running``,
   ``draining``, ``terminating`` and ``termination_failed`` go to ``terminated`` when the
   provider no longer lists the instance.
@@ -117,6 +121,8 @@ TRANSITIONS: Final[Mapping[InstanceStatus, Mapping[InstanceStatus, str]]] = Mapp
         ),
         _S.DRAINING: MappingProxyType(
             {
+                _S.DRAINING: "a spot notice while it drains for cost: recorded once, as a "
+                "preemption (its jobs are already stopping)",
                 _S.TERMINATING: "no job left on it, or draining too long",
                 _S.TERMINATED: "vanished from the cloud's listing while draining (the reclaim "
                 "came first)",

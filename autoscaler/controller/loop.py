@@ -46,6 +46,7 @@ from autoscaler.controller.jobs import JobBook, JobSubmission
 from autoscaler.controller.lifecycle import InstanceStatus, terminate_retries
 from autoscaler.controller.reconcile import (
     HELD,
+    NOTICE_REASON,
     Actions,
     ReconcileConfig,
     ReconcileInput,
@@ -498,8 +499,11 @@ class Controller:
     def _row_view(self, r: InstanceRow) -> RowView:
         since, started = self.store.status_times(r.instance_key)
         retries = r.request_tries
+        noticed = False
         if r.status is InstanceStatus.TERMINATING:
             retries = terminate_retries(self.store.history(r.instance_key))
+        elif r.status is InstanceStatus.DRAINING:
+            noticed = any(h.reason == NOTICE_REASON for h in self.store.history(r.instance_key))
         return RowView(
             key=r.instance_key,
             request_id=r.request_id,
@@ -510,6 +514,7 @@ class Controller:
             provider_instance_id=r.provider_instance_id,
             last_heartbeat_s=r.last_heartbeat_s,
             started_s=started,
+            noticed=noticed,
         )
 
     # ---- act -------------------------------------------------------------------------------

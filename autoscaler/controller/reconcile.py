@@ -18,6 +18,8 @@ Mirror (what already happened):
   ``terminated`` (preempted without notice, or terminated);
 * an interruption notice on a running instance: ``running -> draining`` (its jobs checkpoint
   and stop; the policy re-places them). Preemptions are exempt from the disruption budget.
+  A notice on an instance already draining for cost is recorded once (``draining ->
+  draining``), so its end is billed as a preemption; its drain clock restarts with it.
 
 Act (what to change):
 
@@ -94,7 +96,8 @@ class RowView:
     status or last retried in it (its last history entry); ``retries``: the retries of its
     current try count (``requested``: the row's ``request_tries``; ``terminating``: the
     terminate retries of this spell, :func:`~autoscaler.controller.lifecycle.
-    terminate_retries`); ``started_s``: when it became running (``None``: not yet)."""
+    terminate_retries`); ``started_s``: when it became running (``None``: not yet);
+    ``noticed``: its history already records a spot notice."""
 
     key: str
     request_id: str
@@ -105,6 +108,7 @@ class RowView:
     provider_instance_id: str | None = None
     last_heartbeat_s: float | None = None
     started_s: float | None = None
+    noticed: bool = False
 
 
 @dataclass(frozen=True)
@@ -321,6 +325,8 @@ def _act_on_row(b: _Builder, row: RowView, own: Instance | None, noticed: set[st
         elif _agent_dead(row, inp.now_s, cfg):
             b.stop(row, "agent stopped heartbeating")
     elif s is InstanceStatus.DRAINING:
+        if own is not None and own.instance_id in noticed and not row.noticed:
+            b.move(row, InstanceStatus.DRAINING, NOTICE_REASON, preemption=True)
         if inp.used_gpus.get(row.key, 0) == 0:
             b.stop(row, "drained: no job left on it")
         elif timeout is TimeoutAction.FORCE_TERMINATE_DRAIN:

@@ -88,3 +88,49 @@ def test_the_cost_report_over_a_controller_store_lists_jobs_and_instances(tmp_pa
     assert "bill1" in out.output and "job-0" in out.output
     refused = CliRunner().invoke(app, ["cost", "report"])
     assert refused.exit_code != 0 and "either a FILE or --state-dir" in refused.output
+
+
+def test_a_notice_on_an_instance_draining_for_cost_bills_it_as_preempted(tmp_path) -> None:
+    """The cloud reclaims an instance the controller was already releasing: its history shows
+    the notice once, after the cost drain, and the cost report ends it ``preempted``."""
+    from autoscaler.controller.billing import cost_record_from_store
+    from autoscaler.controller.jobs import JobSubmission
+    from autoscaler.controller.lifecycle import InstanceStatus
+    from autoscaler.controller.loop import Controller, ControllerConfig
+    from autoscaler.controller.reconcile import NOTICE_REASON, ReconcileConfig
+    from autoscaler.controller.store import Store
+    from autoscaler.sizing import SizingConfig
+    from coadapt_common.clock import FakeClock
+    from providers.fake import FakeProvider
+
+    clock = FakeClock()
+    store = Store.create(tmp_path / "store.db", "bill2", clock)
+    spec = JobSubmission("job-0", 128, 1024, 128, 32, application="cifar10")
+    store.add_job(spec.name, spec.to_json())
+    cloud = FakeProvider(clock=clock)
+    cfg = ControllerConfig(
+        "bill2",
+        sizing=SizingConfig(max_instances=4),
+        reconcile=ReconcileConfig(heartbeat_timeout_s=None),
+    )
+    ctl = Controller(store, cloud, clock, cfg)
+    for _ in range(2):
+        ctl.run_round()
+        clock.advance(60.0)
+    row = store.list_instances(statuses=(InstanceStatus.RUNNING,))[0]
+    assert row.provider_instance_id is not None
+    store.transition(
+        row.instance_key, row.version, InstanceStatus.DRAINING, reason="fleet target lowered (cost)"
+    )
+    cloud.preempt(row.provider_instance_id, notice_s=120.0)
+    for _ in range(3):
+        ctl.run_round()
+        clock.advance(60.0)
+    reasons = [h.reason for h in store.history(row.instance_key)]
+    assert reasons.count(NOTICE_REASON) == 1
+    assert reasons.index(NOTICE_REASON) == reasons.index("fleet target lowered (cost)") + 1
+    assert ctl.down().clean
+    record = cost_record_from_store(store, clock.now_s())
+    ends = {i.instance_id: i.end_reason for i in record.instances}
+    assert ends[row.instance_key] == "preempted"
+    store.close()

@@ -98,12 +98,23 @@ def test_two_jobs_and_a_spot_preemption_on_the_local_fleet(
                 # preempt once it has been rescaled (or, failing that, after 2 minutes)
                 and (len(sizes) >= 2 or time.monotonic() - submitted > 120)
             ):
-                victim = sorted(target.assignment)[0]
-                row = next(r for r in user.list_instances() if r.instance_key == victim)
-                assert row.provider_instance_id is not None
-                seen_before = {k: user.job_logs(medium.name, instance=k).next_offset for k in keys}
-                LocalProvider(state / "local").preempt(row.provider_instance_id, notice_s=30.0)
-                preempted, preempted_at = victim, time.time()
+                # An instance of it still running (one already draining for cost may be gone
+                # before its notice is read); none: tried again at the next poll.
+                listed = {r.instance_key: r for r in user.list_instances()}
+                running = [
+                    k
+                    for k in sorted(target.assignment)
+                    if k in listed and str(listed[k].status) == "running"
+                ]
+                if running:
+                    victim = running[0]
+                    pid = listed[victim].provider_instance_id
+                    assert pid is not None
+                    seen_before = {
+                        k: user.job_logs(medium.name, instance=k).next_offset for k in keys
+                    }
+                    LocalProvider(state / "local").preempt(pid, notice_s=30.0)
+                    preempted, preempted_at = victim, time.time()
             if all(str(j.status) in ("completed", "failed") for j in jobs.values()):
                 break
             time.sleep(1.0)

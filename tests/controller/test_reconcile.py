@@ -5,6 +5,7 @@ from __future__ import annotations
 from autoscaler.controller.lifecycle import InstanceStatus as S
 from autoscaler.controller.lifecycle import LifecycleTimeouts
 from autoscaler.controller.reconcile import (
+    NOTICE_REASON,
     ReconcileConfig,
     ReconcileInput,
     RowView,
@@ -100,6 +101,31 @@ def test_spot_notice_drains_outside_the_disruption_budget() -> None:
     )
     assert sorted(out.drained) == ["a", "b", "c"]
     assert all(t.preemption and t.to is S.DRAINING for t in out.transitions)
+
+
+def test_a_notice_on_an_instance_draining_for_cost_is_recorded_once() -> None:
+    """Its end must bill as a preemption; its jobs are already stopping (not drained again),
+    and a notice already recorded is not recorded again."""
+    seen = (cloud("i-a", "req-a"),)
+    notice = (InterruptionNotice("i-a", InterruptionKind.SPOT_INTERRUPTION, NOW + 120, "fake"),)
+    out = reconcile(
+        ReconcileInput(NOW, (row("a", S.DRAINING, pid="i-a"),), seen, notice, used_gpus={"a": 1}),
+        CFG,
+    )
+    assert [(t.to, t.reason, t.preemption) for t in out.transitions] == [
+        (S.DRAINING, NOTICE_REASON, True)
+    ]
+    assert not out.drained and not out.terminate
+    again = row("a", S.DRAINING, pid="i-a", noticed=True)
+    out = reconcile(ReconcileInput(NOW, (again,), seen, notice, used_gpus={"a": 1}), CFG)
+    assert not out.transitions
+    # Its jobs gone in the same round: recorded, then stopped.
+    out = reconcile(ReconcileInput(NOW, (row("a", S.DRAINING, pid="i-a"),), seen, notice), CFG)
+    assert [(t.to, t.reason) for t in out.transitions] == [
+        (S.DRAINING, NOTICE_REASON),
+        (S.TERMINATING, "drained: no job left on it"),
+    ]
+    assert out.terminate == ("a",)
 
 
 def test_rebalance_recommendation_alone_drains_nothing() -> None:
