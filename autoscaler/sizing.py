@@ -78,7 +78,7 @@ __all__ = [
 ]
 
 #: Exponent of the per-GPU speed in the choice of a job's GPU type (see :func:`size_fleet`).
-SPEED_PREFERENCE = 0.5
+SPEED_PREFERENCE = 1.0
 
 Market = Literal["spot", "on-demand"]
 ValueKind = Literal["goodput", "throughput"]
@@ -526,16 +526,17 @@ def size_fleet(
     per offering key (launched, ready or not); keys not among ``options`` are proposed at 0.
     Deterministic: ties go to the lower price, then the key.
 
-    With several GPU types on offer, the growth runs twice: the first pass prices each type
-    at what its last instance cost per GPU (or its cheapest offering's, if none was bought:
-    when spot capacity runs out, the next GPU of that type costs the on-demand price), each
-    job then takes the type of the best value per dollar at that price for the GPUs it got,
-    times its value per GPU there to the power :data:`SPEED_PREFERENCE` (between two types of
-    about the same goodput per dollar, the faster one finishes the job sooner, on fewer
-    instances to lose to preemptions; measured in ``benchmarks/cloud_cost.py --experiment
-    E3``); a running job leaves its type only for more than ``1 + hysteresis`` times its
-    type's figure; and the second pass grows the fleet with those types. The pass of
-    more value per dollar is proposed (the first on a tie)."""
+    With several GPU types on offer, the growth runs twice. After the first pass, each job
+    takes the type of the best value per dollar for the GPUs it got, priced at what they
+    would cost on that kind of instance given what the pass bought (:func:`_price_per_gpu`:
+    spot capacity the pass used is not offered again, so a job too large for what is left
+    pays on-demand for the rest), times its value per GPU there to the power
+    :data:`SPEED_PREFERENCE` (between two types of about the same goodput per dollar, the
+    faster one finishes the job sooner, on fewer instances to lose to preemptions; 1 was
+    measured against 0.5 and 2 in ``benchmarks/cloud_cost.py`` E1 and E3). A running job
+    leaves its type only for more than ``1 + hysteresis`` times its type's figure. The second
+    pass grows the fleet with those types. Of the two, the larger is proposed if what it adds
+    is as efficient as the growth asks of an instance, else the smaller (:func:`_choose`)."""
     usable = [o for o in options if o.available or held.get(o.key, 0) > 0]
     keys = [o.key for o in usable]
     if len(set(keys)) != len(keys):
@@ -546,26 +547,19 @@ def size_fleet(
     types = sorted({o.gpu_type for o in usable})
     if len(types) < 2 or not demands:
         return first.proposal()
-    per_gpu: dict[str, float] = {}
-    for t in types:
-        bought = [o for o in usable if o.gpu_type == t and first.counts.get(o.key, 0)]
-        pool = bought or [o for o in usable if o.gpu_type == t]
-        per_gpu[t] = (
-            max(o.usd_per_hour / o.gpus / _preemption_factor_or_tiny(o, config) for o in pool)
-            if bought
-            else min(o.usd_per_hour / o.gpus / _preemption_factor_or_tiny(o, config) for o in pool)
-        )
     repinned = []
     for j, d in enumerate(demands):
         g = max(int(first.alloc.gpus[j]), d.min_gpus)
         rates: dict[str, float] = {}
         for kind, curve in sorted(d.curves.items()):
-            if kind[0] not in per_gpu:
-                continue
             hull = _upper_hull(curve)
-            value = float(hull[min(g, len(hull)) - 1])
-            per = value / min(g, len(hull))
-            rate = per / per_gpu[kind[0]] * per**SPEED_PREFERENCE
+            n = min(g, len(hull))
+            own = min(n, int(first.alloc.gpus[j])) if first.alloc.kind[j] == kind else 0
+            price = _price_per_gpu(kind, own, n - own, usable, first.counts, config)
+            if price is None:
+                continue
+            per = float(hull[n - 1]) / n
+            rate = per / price * per**SPEED_PREFERENCE
             rates[kind[0]] = max(rates.get(kind[0], -math.inf), rate)
         if not rates:
             repinned.append(d)
@@ -576,11 +570,76 @@ def size_fleet(
             best_type = d.gpu_type
         repinned.append(dataclasses.replace(d, gpu_type=best_type))
     second = _grow(repinned, usable, held, config, speeds)
+    return _choose(first, second, usable, config, speeds).proposal()
 
-    def per_dollar(grown: _Growth) -> float:
-        return grown.alloc.value() / grown.price if grown.price > 0 else 0.0
 
-    return (second if per_dollar(second) > per_dollar(first) + 1e-12 else first).proposal()
+def _price_per_gpu(
+    kind: tuple[str, int],
+    own: int,
+    extra: int,
+    usable: Sequence[FleetOption],
+    counts: Mapping[str, int],
+    config: SizingConfig,
+) -> float | None:
+    """What a job's GPUs of ``kind`` cost per GPU-hour (spot prices over their preemption
+    factor) against a pass that bought ``counts``: ``own`` GPUs it already has there at the
+    dearest per-GPU price the pass paid for the kind, ``extra`` more from the offerings of the
+    kind with capacity left, cheapest first. ``None`` when the kind cannot supply them."""
+
+    def rate(o: FleetOption) -> float:
+        return o.usd_per_hour / o.gpus / _preemption_factor_or_tiny(o, config)
+
+    offers = sorted((o for o in usable if o.kind == kind), key=lambda o: (rate(o), o.key))
+    bought = [rate(o) for o in offers if counts.get(o.key, 0)]
+    cost = own * (max(bought) if bought else 0.0)
+    need = extra
+    for o in offers:
+        if need <= 0:
+            break
+        if not o.available:
+            continue
+        left = math.inf if o.capacity is None else (o.capacity - counts.get(o.key, 0)) * o.gpus
+        take = min(need, left)
+        if take > 0:
+            cost += take * rate(o)
+            need -= int(take)
+    if need > 0 or own + extra == 0:
+        return None
+    return cost / (own + extra)
+
+
+def _choose(
+    first: _Growth,
+    second: _Growth,
+    usable: Sequence[FleetOption],
+    config: SizingConfig,
+    speeds: SpeedTable,
+) -> _Growth:
+    """The pass to propose. One with at least the other's value at no more than its price
+    (the first on a tie); else the one of more value if what it buys beyond the other passes
+    the growth's own test, its extra value at least ``min_efficiency`` of its extra ideal
+    value (GPUs times the type's generic speed); else the other. Comparing the two fleets'
+    value per dollar instead would favour the smaller one whenever returns diminish."""
+    v1, v2 = first.alloc.value(), second.alloc.value()
+    if v2 >= v1 - 1e-12 and second.price <= first.price + 1e-12:
+        better = v2 > v1 + 1e-12 or second.price < first.price - 1e-12
+        return second if better else first
+    if v1 >= v2 and first.price <= second.price:
+        return first
+    by_key = {o.key: o for o in usable}
+
+    def ideal(grown: _Growth) -> float:
+        return sum(
+            n * by_key[k].gpus * speeds.relative_speed(by_key[k].gpu_type)
+            for k, n in grown.counts.items()
+        )
+
+    more, less = (second, first) if v2 > v1 else (first, second)
+    extra_ideal = ideal(more) - ideal(less)
+    gained = more.alloc.value() - less.alloc.value()
+    if extra_ideal <= 0 or gained >= config.min_efficiency * extra_ideal:
+        return more
+    return less
 
 
 def _preemption_factor_or_tiny(option: FleetOption, config: SizingConfig) -> float:

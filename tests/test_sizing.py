@@ -17,6 +17,10 @@ from autoscaler.sizing import (
     FleetOption,
     JobDemand,
     SizingConfig,
+    _Allocation,
+    _choose,
+    _Growth,
+    _price_per_gpu,
     job_demand,
     modelled_value,
     size_fleet,
@@ -102,6 +106,54 @@ def test_each_job_goes_to_the_gpu_type_that_pays_for_it() -> None:
     p = size_fleet([fast, slow], [a100, t4], {}, SizingConfig(), SPEEDS)
     assert dict(p.counts) == {a100.key: 1, t4.key: 2}
     assert p.gpus_by_job == {"fast": 8, "slow": 2}
+
+
+def _grown(demands: list[JobDemand], instances: int) -> _Growth:
+    """A pass that bought ``instances`` of ``T4_OD`` and handed their GPUs out."""
+    alloc = _Allocation(demands, 1.0)
+    alloc.fill(T4_OD.kind, instances * T4_OD.gpus, commit=True)
+    return _Growth(alloc, {T4_OD.key: instances}, instances * T4_OD.usd_per_hour, 1.0, "")
+
+
+@pytest.mark.parametrize(("slope", "larger"), [(0.5, True), (0.1, False)])
+def test_the_larger_pass_is_proposed_when_what_it_adds_is_efficient(
+    slope: float, larger: bool
+) -> None:
+    """The second instance adds ``slope`` of a T4 per GPU: worth it above the floor (0.15),
+    though the two fleets' value per dollar always favours the smaller."""
+    curve = tuple(min(g, 4) + slope * max(0, g - 4) for g in range(1, 17))
+    demands = [JobDemand("a", {T4_OD.kind: curve})]
+    one, two = _grown(demands, 1), _grown(demands, 2)
+    assert two.alloc.value() / two.price < one.alloc.value() / one.price
+    for first, second in ((one, two), (two, one)):
+        chosen = _choose(first, second, [T4_OD], SizingConfig(), SPEEDS)
+        assert chosen is (two if larger else one)
+
+
+def test_a_pass_with_no_less_value_at_no_more_cost_wins_and_a_tie_keeps_the_first() -> None:
+    demands = [linear("a", 8)]
+    one, same, two = _grown(demands, 1), _grown(demands, 1), _grown(demands, 2)
+    assert _choose(one, same, [T4_OD], SizingConfig(), SPEEDS) is one
+    cheaper = dataclasses.replace(two, price=one.price)  # more value at the same price
+    assert _choose(one, cheaper, [T4_OD], SizingConfig(), SPEEDS) is cheaper
+    assert _choose(cheaper, one, [T4_OD], SizingConfig(), SPEEDS) is cheaper
+
+
+def test_a_jobs_gpus_are_priced_at_the_capacity_left_cheapest_first() -> None:
+    """Spot capacity the pass already used is not offered again: 4 more GPUs of a kind whose
+    spot pool has 2 instances left cost 2 at spot and 2 on demand; GPUs the job holds cost
+    what the pass paid for the kind; a kind that cannot supply them has no price."""
+    spot = FleetOption("x/g4dn.xlarge/spot", "T4", 1, "spot", 0.2, capacity=3)
+    od = FleetOption("x/g4dn.xlarge/on-demand", "T4", 1, "on-demand", 0.5)
+    gone = FleetOption("x/g4dn.xlarge/b/on-demand", "T4", 1, "on-demand", 0.3, available=False)
+    cfg = SizingConfig()
+    kind = ("T4", 1)
+    price = _price_per_gpu(kind, 0, 4, [spot, od, gone], {spot.key: 1}, cfg)
+    assert price == pytest.approx((2 * 0.2 + 2 * 0.5) / 4)
+    held = _price_per_gpu(kind, 2, 2, [spot, od], {spot.key: 3, od.key: 1}, cfg)
+    assert held == pytest.approx((2 * 0.5 + 2 * 0.5) / 4)  # dearest paid, then on demand
+    assert _price_per_gpu(kind, 0, 3, [spot], {spot.key: 1}, cfg) is None
+    assert _price_per_gpu(("A100", 8), 0, 8, [spot, od], {}, cfg) is None
 
 
 def test_held_instances_stay_inside_the_hysteresis_band() -> None:
