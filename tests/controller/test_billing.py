@@ -42,28 +42,10 @@ def test_the_cost_report_over_a_controller_store_lists_jobs_and_instances(tmp_pa
 
     from autoscaler.cli import app
     from autoscaler.controller.billing import cost_record_from_store
-    from autoscaler.controller.jobs import JobSubmission
     from autoscaler.controller.lifecycle import InstanceStatus
-    from autoscaler.controller.loop import Controller, ControllerConfig
-    from autoscaler.controller.reconcile import ReconcileConfig
-    from autoscaler.controller.store import Store
     from autoscaler.costs import summarize
-    from autoscaler.sizing import SizingConfig
-    from coadapt_common.clock import FakeClock
-    from providers.fake import FakeProvider
 
-    clock = FakeClock()
-    store = Store.create(tmp_path / "store.db", "bill1", clock)
-    for i in range(2):
-        spec = JobSubmission(f"job-{i}", 128, 1024, 128, 32, application="cifar10")
-        store.add_job(spec.name, spec.to_json())
-    cloud = FakeProvider(clock=clock)
-    cfg = ControllerConfig(
-        "bill1",
-        sizing=SizingConfig(max_instances=4),
-        reconcile=ReconcileConfig(heartbeat_timeout_s=None),
-    )
-    ctl = Controller(store, cloud, clock, cfg)
+    clock, store, cloud, ctl = _fake_controller(tmp_path, "bill1", jobs=2)
     for r in range(4):
         ctl.run_round()
         clock.advance(600.0)
@@ -94,26 +76,10 @@ def test_a_notice_on_an_instance_draining_for_cost_bills_it_as_preempted(tmp_pat
     """The cloud reclaims an instance the controller was already releasing: its history shows
     the notice once, after the cost drain, and the cost report ends it ``preempted``."""
     from autoscaler.controller.billing import cost_record_from_store
-    from autoscaler.controller.jobs import JobSubmission
     from autoscaler.controller.lifecycle import InstanceStatus
-    from autoscaler.controller.loop import Controller, ControllerConfig
-    from autoscaler.controller.reconcile import NOTICE_REASON, ReconcileConfig
-    from autoscaler.controller.store import Store
-    from autoscaler.sizing import SizingConfig
-    from coadapt_common.clock import FakeClock
-    from providers.fake import FakeProvider
+    from autoscaler.controller.reconcile import NOTICE_REASON
 
-    clock = FakeClock()
-    store = Store.create(tmp_path / "store.db", "bill2", clock)
-    spec = JobSubmission("job-0", 128, 1024, 128, 32, application="cifar10")
-    store.add_job(spec.name, spec.to_json())
-    cloud = FakeProvider(clock=clock)
-    cfg = ControllerConfig(
-        "bill2",
-        sizing=SizingConfig(max_instances=4),
-        reconcile=ReconcileConfig(heartbeat_timeout_s=None),
-    )
-    ctl = Controller(store, cloud, clock, cfg)
+    clock, store, cloud, ctl = _fake_controller(tmp_path, "bill2", jobs=1)
     for _ in range(2):
         ctl.run_round()
         clock.advance(60.0)
@@ -134,3 +100,28 @@ def test_a_notice_on_an_instance_draining_for_cost_bills_it_as_preempted(tmp_pat
     ends = {i.instance_id: i.end_reason for i in record.instances}
     assert ends[row.instance_key] == "preempted"
     store.close()
+
+
+def _fake_controller(tmp_path, cluster: str, jobs: int):
+    """A controller over a fresh store and the fake cloud, with ``jobs`` small cifar10 jobs
+    submitted: ``(clock, store, cloud, controller)``."""
+    from autoscaler.controller.jobs import JobSubmission
+    from autoscaler.controller.loop import Controller, ControllerConfig
+    from autoscaler.controller.reconcile import ReconcileConfig
+    from autoscaler.controller.store import Store
+    from autoscaler.sizing import SizingConfig
+    from coadapt_common.clock import FakeClock
+    from providers.fake import FakeProvider
+
+    clock = FakeClock()
+    store = Store.create(tmp_path / "store.db", cluster, clock)
+    for i in range(jobs):
+        spec = JobSubmission(f"job-{i}", 128, 1024, 128, 32, application="cifar10")
+        store.add_job(spec.name, spec.to_json())
+    cloud = FakeProvider(clock=clock)
+    cfg = ControllerConfig(
+        cluster,
+        sizing=SizingConfig(max_instances=4),
+        reconcile=ReconcileConfig(heartbeat_timeout_s=None),
+    )
+    return clock, store, cloud, Controller(store, cloud, clock, cfg)
