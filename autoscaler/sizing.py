@@ -536,7 +536,8 @@ def size_fleet(
     measured against 0.5 and 2 in ``benchmarks/cloud_cost.py`` E1 and E3). A running job
     leaves its type only for more than ``1 + hysteresis`` times its type's figure. The second
     pass grows the fleet with those types. Of the two, the larger is proposed if what it adds
-    is as efficient as the growth asks of an instance, else the smaller (:func:`_choose`)."""
+    is as efficient as the growth asks of an instance, else the smaller; if a cap or the
+    budget stopped either, the one of more value per dollar (:func:`_choose`)."""
     usable = [o for o in options if o.available or held.get(o.key, 0) > 0]
     keys = [o.key for o in usable]
     if len(set(keys)) != len(keys):
@@ -570,7 +571,7 @@ def size_fleet(
             best_type = d.gpu_type
         repinned.append(dataclasses.replace(d, gpu_type=best_type))
     second = _grow(repinned, usable, held, config, speeds)
-    return _choose(first, second, usable, config, speeds).proposal()
+    return _choose(first, second, usable, held, config, speeds).proposal()
 
 
 def _price_per_gpu(
@@ -612,20 +613,30 @@ def _choose(
     first: _Growth,
     second: _Growth,
     usable: Sequence[FleetOption],
+    held: Mapping[str, int],
     config: SizingConfig,
     speeds: SpeedTable,
 ) -> _Growth:
     """The pass to propose. One with at least the other's value at no more than its price
-    (the first on a tie); else the one of more value if what it buys beyond the other passes
-    the growth's own test, its extra value at least ``min_efficiency`` of its extra ideal
-    value (GPUs times the type's generic speed); else the other. Comparing the two fleets'
-    value per dollar instead would favour the smaller one whenever returns diminish."""
+    (the first on a tie). Else, if a cap or the budget stopped either pass, the one of more
+    value per dollar (the first on a tie): both are cut at a limit, not at what is worth
+    buying. Else (both stopped at the efficiency floor) the one of more value if what it
+    buys beyond the other passes the growth's own test, its extra value at least
+    ``min_efficiency`` of its extra ideal value (GPUs times the type's generic speed), the
+    floor eased by ``hysteresis`` for the pass that keeps more of the ``held`` instances and
+    raised as much for the other, as the growth does for one held instance; else the other.
+    Comparing value per dollar there would favour the smaller fleet whenever returns
+    diminish."""
     v1, v2 = first.alloc.value(), second.alloc.value()
     if v2 >= v1 - 1e-12 and second.price <= first.price + 1e-12:
         better = v2 > v1 + 1e-12 or second.price < first.price - 1e-12
         return second if better else first
     if v1 >= v2 and first.price <= second.price:
         return first
+    if first.limited_by != "efficiency" or second.limited_by != "efficiency":
+        per1 = v1 / first.price if first.price > 0 else 0.0
+        per2 = v2 / second.price if second.price > 0 else 0.0
+        return second if per2 > per1 + 1e-12 else first
     by_key = {o.key: o for o in usable}
 
     def ideal(grown: _Growth) -> float:
@@ -637,7 +648,16 @@ def _choose(
     more, less = (second, first) if v2 > v1 else (first, second)
     extra_ideal = ideal(more) - ideal(less)
     gained = more.alloc.value() - less.alloc.value()
-    if extra_ideal <= 0 or gained >= config.min_efficiency * extra_ideal:
+
+    def kept(grown: _Growth) -> int:
+        return sum(min(n, held.get(k, 0)) for k, n in grown.counts.items())
+
+    floor = config.min_efficiency  # eased for the fleet closer to what is held: no thrash
+    if kept(more) > kept(less):
+        floor *= 1.0 - config.hysteresis
+    elif kept(less) > kept(more):
+        floor /= 1.0 - config.hysteresis
+    if extra_ideal <= 0 or gained >= floor * extra_ideal:
         return more
     return less
 

@@ -108,35 +108,59 @@ def test_each_job_goes_to_the_gpu_type_that_pays_for_it() -> None:
     assert p.gpus_by_job == {"fast": 8, "slow": 2}
 
 
-def _grown(demands: list[JobDemand], instances: int) -> _Growth:
+def _grown(demands: list[JobDemand], instances: int, limited_by: str = "efficiency") -> _Growth:
     """A pass that bought ``instances`` of ``T4_OD`` and handed their GPUs out."""
     alloc = _Allocation(demands, 1.0)
     alloc.fill(T4_OD.kind, instances * T4_OD.gpus, commit=True)
-    return _Growth(alloc, {T4_OD.key: instances}, instances * T4_OD.usd_per_hour, 1.0, "")
+    price = instances * T4_OD.usd_per_hour
+    return _Growth(alloc, {T4_OD.key: instances}, price, 1.0, limited_by)
+
+
+def _pick(first: _Growth, second: _Growth, held: dict[str, int] | None = None) -> _Growth:
+    return _choose(first, second, [T4_OD], held or {}, SizingConfig(), SPEEDS)
+
+
+def _two_sizes(slope: float) -> tuple[list[JobDemand], _Growth, _Growth]:
+    """One job whose GPUs beyond the fourth add ``slope`` of a T4 each; passes of 1 and 2
+    instances (the second's value per dollar is always the lower)."""
+    curve = tuple(min(g, 4) + slope * max(0, g - 4) for g in range(1, 17))
+    demands = [JobDemand("a", {T4_OD.kind: curve})]
+    one, two = _grown(demands, 1), _grown(demands, 2)
+    assert two.alloc.value() / two.price < one.alloc.value() / one.price
+    return demands, one, two
 
 
 @pytest.mark.parametrize(("slope", "larger"), [(0.5, True), (0.1, False)])
 def test_the_larger_pass_is_proposed_when_what_it_adds_is_efficient(
     slope: float, larger: bool
 ) -> None:
-    """The second instance adds ``slope`` of a T4 per GPU: worth it above the floor (0.15),
-    though the two fleets' value per dollar always favours the smaller."""
-    curve = tuple(min(g, 4) + slope * max(0, g - 4) for g in range(1, 17))
-    demands = [JobDemand("a", {T4_OD.kind: curve})]
-    one, two = _grown(demands, 1), _grown(demands, 2)
-    assert two.alloc.value() / two.price < one.alloc.value() / one.price
-    for first, second in ((one, two), (two, one)):
-        chosen = _choose(first, second, [T4_OD], SizingConfig(), SPEEDS)
-        assert chosen is (two if larger else one)
+    """Both passes stopped at the efficiency floor (0.15): the second instance is worth it
+    when it adds more than 0.15 of a T4 per GPU, whatever value per dollar says."""
+    _, one, two = _two_sizes(slope)
+    assert _pick(one, two) is (two if larger else one)
+    assert _pick(two, one) is (two if larger else one)
+
+
+def test_held_instances_ease_the_choice_of_the_pass_that_keeps_them() -> None:
+    """0.13 of a T4 per added GPU: below the floor for a new instance, above it eased by the
+    hysteresis (0.15 x 0.8) when the instance is already held."""
+    _, one, two = _two_sizes(0.13)
+    assert _pick(one, two) is one
+    assert _pick(one, two, held={T4_OD.key: 2}) is two
+
+
+def test_a_pass_cut_by_a_cap_or_the_budget_is_chosen_by_value_per_dollar() -> None:
+    demands, _, _ = _two_sizes(0.5)
+    one, two = _grown(demands, 1, "max_instances"), _grown(demands, 2, "efficiency")
+    assert _pick(one, two) is one and _pick(two, one) is one
 
 
 def test_a_pass_with_no_less_value_at_no_more_cost_wins_and_a_tie_keeps_the_first() -> None:
     demands = [linear("a", 8)]
     one, same, two = _grown(demands, 1), _grown(demands, 1), _grown(demands, 2)
-    assert _choose(one, same, [T4_OD], SizingConfig(), SPEEDS) is one
+    assert _pick(one, same) is one
     cheaper = dataclasses.replace(two, price=one.price)  # more value at the same price
-    assert _choose(one, cheaper, [T4_OD], SizingConfig(), SPEEDS) is cheaper
-    assert _choose(cheaper, one, [T4_OD], SizingConfig(), SPEEDS) is cheaper
+    assert _pick(one, cheaper) is cheaper and _pick(cheaper, one) is cheaper
 
 
 def test_a_jobs_gpus_are_priced_at_the_capacity_left_cheapest_first() -> None:

@@ -6,6 +6,7 @@ import pytest
 
 from autoscaler.controller.billing import IDLE, job_costs
 from autoscaler.controller.store import AssignmentSpan, CostRecordRow
+from tests.controller.fakes import fake_controller
 
 
 def test_cost_is_split_by_gpu_seconds_and_the_parts_sum_to_the_total() -> None:
@@ -45,7 +46,7 @@ def test_the_cost_report_over_a_controller_store_lists_jobs_and_instances(tmp_pa
     from autoscaler.controller.lifecycle import InstanceStatus
     from autoscaler.costs import summarize
 
-    clock, store, cloud, ctl = _fake_controller(tmp_path, "bill1", jobs=2)
+    store, cloud, clock, ctl = fake_controller(tmp_path, "bill1", jobs=2, max_instances=4)
     for r in range(4):
         ctl.run_round()
         clock.advance(600.0)
@@ -79,7 +80,7 @@ def test_a_notice_on_an_instance_draining_for_cost_bills_it_as_preempted(tmp_pat
     from autoscaler.controller.lifecycle import InstanceStatus
     from autoscaler.controller.reconcile import NOTICE_REASON
 
-    clock, store, cloud, ctl = _fake_controller(tmp_path, "bill2", jobs=1)
+    store, cloud, clock, ctl = fake_controller(tmp_path, "bill2", jobs=1, max_instances=4)
     for _ in range(2):
         ctl.run_round()
         clock.advance(60.0)
@@ -100,28 +101,3 @@ def test_a_notice_on_an_instance_draining_for_cost_bills_it_as_preempted(tmp_pat
     ends = {i.instance_id: i.end_reason for i in record.instances}
     assert ends[row.instance_key] == "preempted"
     store.close()
-
-
-def _fake_controller(tmp_path, cluster: str, jobs: int):
-    """A controller over a fresh store and the fake cloud, with ``jobs`` small cifar10 jobs
-    submitted: ``(clock, store, cloud, controller)``."""
-    from autoscaler.controller.jobs import JobSubmission
-    from autoscaler.controller.loop import Controller, ControllerConfig
-    from autoscaler.controller.reconcile import ReconcileConfig
-    from autoscaler.controller.store import Store
-    from autoscaler.sizing import SizingConfig
-    from coadapt_common.clock import FakeClock
-    from providers.fake import FakeProvider
-
-    clock = FakeClock()
-    store = Store.create(tmp_path / "store.db", cluster, clock)
-    for i in range(jobs):
-        spec = JobSubmission(f"job-{i}", 128, 1024, 128, 32, application="cifar10")
-        store.add_job(spec.name, spec.to_json())
-    cloud = FakeProvider(clock=clock)
-    cfg = ControllerConfig(
-        cluster,
-        sizing=SizingConfig(max_instances=4),
-        reconcile=ReconcileConfig(heartbeat_timeout_s=None),
-    )
-    return clock, store, cloud, Controller(store, cloud, clock, cfg)

@@ -8,14 +8,12 @@ from pathlib import Path
 import pytest
 
 from autoscaler.controller.errors import StoreError, StoreMissingError, UnknownFleetError
-from autoscaler.controller.jobs import JobSubmission
 from autoscaler.controller.lifecycle import InstanceStatus
 from autoscaler.controller.loop import Controller, ControllerConfig
-from autoscaler.controller.reconcile import ReconcileConfig
 from autoscaler.controller.store import JobStatus, Store
-from autoscaler.sizing import SizingConfig
 from coadapt_common.clock import FakeClock
 from providers.fake import FakeProvider
+from tests.controller.fakes import fake_controller
 
 CLUSTER = "faults1"
 
@@ -23,18 +21,7 @@ CLUSTER = "faults1"
 def _world(
     tmp_path: Path, jobs: int = 2, **reconcile: object
 ) -> tuple[Store, FakeProvider, FakeClock, Controller]:
-    clock = FakeClock()
-    store = Store.create(tmp_path / "store.db", CLUSTER, clock)
-    for i in range(jobs):
-        spec = JobSubmission(f"job-{i}", 128, 1024, 128, 32, application="cifar10")
-        store.add_job(spec.name, spec.to_json())
-    cloud = FakeProvider(clock=clock)
-    cfg = ControllerConfig(
-        CLUSTER,
-        sizing=SizingConfig(max_instances=6),
-        reconcile=ReconcileConfig(**{"heartbeat_timeout_s": None, **reconcile}),  # type: ignore[arg-type]
-    )
-    return store, cloud, clock, Controller(store, cloud, clock, cfg)
+    return fake_controller(tmp_path, CLUSTER, jobs=jobs, **reconcile)
 
 
 def _heartbeat(store: Store, clock: FakeClock, skip: str | None = None) -> None:
@@ -44,24 +31,24 @@ def _heartbeat(store: Store, clock: FakeClock, skip: str | None = None) -> None:
 
 
 def test_capacity_error_reroutes_the_next_round_and_never_hot_loops(tmp_path: Path) -> None:
+    # The pool the sizing buys from first, found on an identical world; then it runs dry.
+    probe_store, _, _, probe = _world(tmp_path / "probe")
+    probe.run_round()
+    first_pool = probe_store.list_instances()[0].offering_key
     store, cloud, clock, ctl = _world(tmp_path)
-    cheapest = min(
-        (o for o in cloud.offerings() if o.gpu_type == "T4"),
-        key=lambda o: o.price_usd_per_hour or 0.0,
-    )
-    cloud.set_capacity(cheapest.key, 0)
+    cloud.set_capacity(first_pool, 0)
     per_round = []
     for _ in range(8):
         report = ctl.run_round()
         per_round.append(report.cloud_calls)
         clock.advance(30.0)  # 8 rounds = 4 min: the 3 min mark expires once
-    dry = cloud.call_count("launch", pool=cheapest.key)
+    dry = cloud.call_count("launch", pool=first_pool)
     assert 1 <= dry <= 2, f"the dry pool was tried {dry} times in 8 rounds"
     rows = store.list_instances()
-    failed = [r for r in rows if r.offering_key == cheapest.key]
+    failed = [r for r in rows if r.offering_key == first_pool]
     assert failed and all(r.status is InstanceStatus.ALLOCATION_FAILED for r in failed)
     placed = [r for r in rows if r.status is InstanceStatus.RUNNING]
-    assert placed and all(r.offering_key != cheapest.key for r in placed)  # rerouted
+    assert placed and all(r.offering_key != first_pool for r in placed)  # rerouted
     cfg = ctl.config.reconcile
     bound = 2 + cfg.max_in_flight + 2 * cfg.disruption_budget
     assert max(per_round) <= bound, per_round
