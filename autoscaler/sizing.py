@@ -528,7 +528,7 @@ def size_fleet(
 
     With several GPU types on offer, the growth runs twice. After the first pass, each job
     takes the type of the best value per dollar for the GPUs it got, priced at what they
-    would cost on that kind of instance given what the pass bought (:func:`_price_per_gpu`:
+    would cost on that kind of instance given what the pass bought (:class:`_KindSupply`:
     spot capacity the pass used is not offered again, so a job too large for what is left
     pays on-demand for the rest), times its value per GPU there to the power
     :data:`SPEED_PREFERENCE` (between two types of about the same goodput per dollar, the
@@ -548,6 +548,7 @@ def size_fleet(
     types = sorted({o.gpu_type for o in usable})
     if len(types) < 2 or not demands:
         return first.proposal()
+    supply = _supply(usable, first.counts, config)
     repinned = []
     for j, d in enumerate(demands):
         g = max(int(first.alloc.gpus[j]), d.min_gpus)
@@ -556,7 +557,7 @@ def size_fleet(
             hull = _upper_hull(curve)
             n = min(g, len(hull))
             own = min(n, int(first.alloc.gpus[j])) if first.alloc.kind[j] == kind else 0
-            price = _price_per_gpu(kind, own, n - own, usable, first.counts, config)
+            price = supply[kind].price_per_gpu(own, n - own) if kind in supply else None
             if price is None:
                 continue
             per = float(hull[n - 1]) / n
@@ -574,39 +575,58 @@ def size_fleet(
     return _choose(first, second, usable, held, config, speeds).proposal()
 
 
-def _price_per_gpu(
-    kind: tuple[str, int],
-    own: int,
-    extra: int,
-    usable: Sequence[FleetOption],
-    counts: Mapping[str, int],
-    config: SizingConfig,
-) -> float | None:
-    """What a job's GPUs of ``kind`` cost per GPU-hour (spot prices over their preemption
-    factor) against a pass that bought ``counts``: ``own`` GPUs it already has there at the
-    dearest per-GPU price the pass paid for the kind, ``extra`` more from the offerings of the
-    kind with capacity left, cheapest first. ``None`` when the kind cannot supply them."""
+@dataclass(frozen=True)
+class _KindSupply:
+    """GPUs of one instance kind after a pass, priced per GPU-hour (spot prices over their
+    preemption factor): ``paid``, the dearest the pass paid for the kind (0 if it bought
+    none), and ``left``, each available offering's price and the GPUs it can still give
+    (``inf``: no capacity limit), cheapest first."""
 
-    def rate(o: FleetOption) -> float:
-        return o.usd_per_hour / o.gpus / _preemption_factor_or_tiny(o, config)
+    paid: float
+    left: tuple[tuple[float, float], ...]
 
-    offers = sorted((o for o in usable if o.kind == kind), key=lambda o: (rate(o), o.key))
-    bought = [rate(o) for o in offers if counts.get(o.key, 0)]
-    cost = own * (max(bought) if bought else 0.0)
-    need = extra
-    for o in offers:
-        if need <= 0:
-            break
-        if not o.available:
-            continue
-        left = math.inf if o.capacity is None else (o.capacity - counts.get(o.key, 0)) * o.gpus
-        take = min(need, left)
-        if take > 0:
-            cost += take * rate(o)
-            need -= int(take)
-    if need > 0 or own + extra == 0:
-        return None
-    return cost / (own + extra)
+    def price_per_gpu(self, own: int, extra: int) -> float | None:
+        """What a job's GPUs of the kind cost per GPU-hour: ``own`` GPUs it already has there
+        at :attr:`paid`, ``extra`` more from :attr:`left`, cheapest first. ``None`` when the
+        kind cannot supply them."""
+        cost = own * self.paid
+        need = extra
+        for rate, gpus in self.left:
+            if need <= 0:
+                break
+            take = min(need, gpus)
+            if take > 0:
+                cost += take * rate
+                need -= int(take)
+        if need > 0 or own + extra == 0:
+            return None
+        return cost / (own + extra)
+
+
+def _supply(
+    usable: Sequence[FleetOption], counts: Mapping[str, int], config: SizingConfig
+) -> dict[tuple[str, int], _KindSupply]:
+    """Each instance kind's :class:`_KindSupply` against a pass that bought ``counts``."""
+    by_kind: dict[tuple[str, int], list[FleetOption]] = {}
+    for o in usable:
+        by_kind.setdefault(o.kind, []).append(o)
+    out = {}
+    for kind, offers in by_kind.items():
+        rates = {
+            o.key: o.usd_per_hour / o.gpus / _preemption_factor_or_tiny(o, config) for o in offers
+        }
+        offers.sort(key=lambda o: (rates[o.key], o.key))
+        paid = max((rates[o.key] for o in offers if counts.get(o.key, 0)), default=0.0)
+        left = tuple(
+            (
+                rates[o.key],
+                math.inf if o.capacity is None else (o.capacity - counts.get(o.key, 0)) * o.gpus,
+            )
+            for o in offers
+            if o.available
+        )
+        out[kind] = _KindSupply(paid, left)
+    return out
 
 
 def _choose(

@@ -20,7 +20,7 @@ from autoscaler.sizing import (
     _Allocation,
     _choose,
     _Growth,
-    _price_per_gpu,
+    _supply,
     job_demand,
     modelled_value,
     size_fleet,
@@ -172,12 +172,12 @@ def test_a_jobs_gpus_are_priced_at_the_capacity_left_cheapest_first() -> None:
     gone = FleetOption("x/g4dn.xlarge/b/on-demand", "T4", 1, "on-demand", 0.3, available=False)
     cfg = SizingConfig()
     kind = ("T4", 1)
-    price = _price_per_gpu(kind, 0, 4, [spot, od, gone], {spot.key: 1}, cfg)
+    price = _supply([spot, od, gone], {spot.key: 1}, cfg)[kind].price_per_gpu(0, 4)
     assert price == pytest.approx((2 * 0.2 + 2 * 0.5) / 4)
-    held = _price_per_gpu(kind, 2, 2, [spot, od], {spot.key: 3, od.key: 1}, cfg)
+    held = _supply([spot, od], {spot.key: 3, od.key: 1}, cfg)[kind].price_per_gpu(2, 2)
     assert held == pytest.approx((2 * 0.5 + 2 * 0.5) / 4)  # dearest paid, then on demand
-    assert _price_per_gpu(kind, 0, 3, [spot], {spot.key: 1}, cfg) is None
-    assert _price_per_gpu(("A100", 8), 0, 8, [spot, od], {}, cfg) is None
+    assert _supply([spot], {spot.key: 1}, cfg)[kind].price_per_gpu(0, 3) is None
+    assert ("A100", 8) not in _supply([spot, od], {}, cfg)
 
 
 def test_held_instances_stay_inside_the_hysteresis_band() -> None:
