@@ -2,7 +2,8 @@
 
     python benchmarks/cloud_cost.py --experiment E1|E2|E3 [--spot-trace [FAMILY=]FILE]
         [--spot-prices constant|stochastic] [--seed N] [--workloads N]
-        [--budget USD_PER_HOUR] [--min-efficiency X] [--optimistic-nodes] [-j 2] --out FILE
+        [--strategies A,B] [--budget USD_PER_HOUR] [--min-efficiency X] [--optimistic-nodes]
+        [-j 2] --out FILE
 
 ``--spot-trace g4dn=FILE`` replaces one family's availability trace (``g4dn`` or ``p3``; either
 Bamboo format: the event list or the counts over time); a bare ``--spot-trace FILE`` replaces
@@ -19,10 +20,15 @@ Experiments (offerings, traces and strategies: :mod:`autoscaler.sim.experiments`
   variants ``coadapt-t4``, ``coadapt-v100``, ``coadapt-a100``.
 
 Writes ``{"experiment": str, "strategies": {"<name>": {"cost_usd", "mean_jct_s",
-"p99_jct_s", "preemptions", "instance_hours", "per_workload": {...}}}, "ratios": {...}}``
-(costs and instance-hours summed over workloads; ``mean_jct_s`` the mean over workloads of
-each workload's mean JCT, as in ``paper_sim.py``) and prints the ratios the acceptance
-criteria name. ``--workloads N`` runs only the first N workloads (a quick look).
+"p99_jct_s", "preemptions", "instance_hours", "idle_usd", "per_application": {...},
+"per_workload": {...}}}, "ratios": {...}}`` (costs and instance-hours summed over workloads;
+``mean_jct_s`` the mean over workloads of each workload's mean JCT, as in ``paper_sim.py``)
+and prints the ratios the acceptance criteria name. ``idle_usd`` is what no job held (free
+GPUs, provisioning, minimum billing); ``per_application`` splits the rest by application:
+``cost_usd`` attributed to its jobs' GPUs, and ``jct_share_s``, its jobs' JCTs over all jobs,
+so that the applications' costs plus ``idle_usd`` make ``cost_usd`` and their shares make
+``mean_jct_s``. ``--workloads N`` runs only the first N workloads and ``--strategies A,B``
+only those strategies (a quick look; ratios whose strategies did not run are left out).
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np
 
-from autoscaler.costs import summarize
+from autoscaler.costs import job_costs, summarize
 from autoscaler.policy import make_policy
 from autoscaler.sim.config import SimConfig
 from autoscaler.sim.engine import Simulator
@@ -74,11 +80,22 @@ def _one(task: tuple) -> dict:
     ).run()
     assert result.cost is not None and result.fleet is not None
     totals = summarize(result.cost)
+    # Per application: the USD attributed to its jobs' GPUs, and its share of the mean JCT
+    # (its jobs' JCTs over all jobs), so that the shares sum to the mean JCT.
+    per_app: dict[str, dict[str, float]] = {}
+    for job in result.jobs:
+        app = per_app.setdefault(job.application, {"cost_usd": 0.0, "jct_share_s": 0.0})
+        app["jct_share_s"] += job.jct_s / len(result.jobs)
+    application = {job.name: job.application for job in result.jobs}
+    for cost in job_costs(result.cost):
+        per_app[application[cost.job_id]]["cost_usd"] += cost.cost_usd
     return {
         "strategy": strategy,
         "workload": Path(str(workload)).stem,
         "cost_usd": totals.total_usd,
         "instance_hours": totals.instance_hours,
+        "idle_usd": totals.idle_usd,
+        "per_application": per_app,
         "mean_jct_s": float(result.jcts_s.mean()),
         "jcts_s": [float(x) for x in result.jcts_s],
         "preemptions": int(result.fleet["preemptions"]),
@@ -92,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--experiment", required=True, choices=sorted(EXPERIMENTS))
     ap.add_argument("--spot-trace", action="append", default=[], metavar="[FAMILY=]FILE")
     ap.add_argument("--workloads", type=int, default=8)
+    ap.add_argument("--strategies", default=None, help="comma-separated subset to run")
     ap.add_argument("--budget", type=float, default=None, help="fleet budget, USD per hour")
     ap.add_argument("--min-efficiency", type=float, default=SizingConfig().min_efficiency)
     ap.add_argument(
@@ -127,6 +145,14 @@ def main(argv: list[str] | None = None) -> int:
         else [str(p) for p in paper_workloads("1.0")[: args.workloads]]
     )
     names = EXPERIMENTS[args.experiment]
+    if args.strategies is not None:
+        wanted = [n.strip() for n in args.strategies.split(",") if n.strip()]
+        unknown = [n for n in wanted if n not in names]
+        if unknown or not wanted:
+            ap.error(
+                f"--strategies: {args.experiment} has {', '.join(names)}; got {args.strategies!r}"
+            )
+        names = tuple(n for n in names if n in wanted)
     tasks = [
         (
             args.experiment,
@@ -164,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
             "preemptions": sum(r["preemptions"] for r in mine),
             "instance_hours": sum(r["instance_hours"] for r in mine),
             "peak_usd_per_hour": max(r["peak_usd_per_hour"] for r in mine),
+            "idle_usd": sum(r["idle_usd"] for r in mine),
+            "per_application": _per_application(mine),
             "per_workload": {
                 r["workload"]: {"cost_usd": r["cost_usd"], "mean_jct_s": r["mean_jct_s"]}
                 for r in mine
@@ -178,18 +206,45 @@ def main(argv: list[str] | None = None) -> int:
             f"p99 {v['p99_jct_s']:8.0f} s  instance-h {v['instance_hours']:8.1f}  "
             f"preemptions {v['preemptions']}"
         )
+    print("where the money went (USD attributed to jobs' GPUs | share of the mean JCT, s):")
+    for s, v in out["strategies"].items():
+        parts = "  ".join(
+            f"{app} {a['cost_usd']:.0f}|{a['jct_share_s']:.0f}"
+            for app, a in sorted(v["per_application"].items())
+        )
+        print(f"  {s:22s} idle {v['idle_usd']:8.0f}  {parts}")
     for k, v in out["ratios"].items():
         print(f"{k}: cost {v['cost']:.3f}, mean JCT {v['mean_jct']:.3f}")
     return 0
 
 
+def _per_application(rows: list[dict]) -> dict[str, dict[str, float]]:
+    """Per application over the workloads of ``rows``: USD attributed to its jobs (summed,
+    as ``cost_usd`` is) and its share of the mean JCT (averaged, as ``mean_jct_s`` is)."""
+    out: dict[str, dict[str, float]] = {}
+    for r in rows:
+        for app, a in r["per_application"].items():
+            mine = out.setdefault(app, {"cost_usd": 0.0, "jct_share_s": 0.0})
+            mine["cost_usd"] += a["cost_usd"]
+            mine["jct_share_s"] += a["jct_share_s"] / len(rows)
+    return out
+
+
 def _ratios(experiment: str, s: dict) -> dict:
+    """The ratios the acceptance criteria name, less those whose strategies did not run."""
+
     def ratio(a: str, b: str) -> dict:
+        if a not in s or b not in s:
+            return {}
         return {
             "cost": s[a]["cost_usd"] / s[b]["cost_usd"],
             "mean_jct": s[a]["mean_jct_s"] / s[b]["mean_jct_s"],
         }
 
+    return {k: v for k, v in _all_ratios(experiment, ratio).items() if v}
+
+
+def _all_ratios(experiment: str, ratio) -> dict:
     if experiment == "E1":
         return {
             "coadapt-ondemand / throughput-autoscale": ratio(

@@ -234,3 +234,28 @@ def test_cloud_cost_benchmark_rejects_a_bad_spot_trace_before_simulating(tmp_pat
         assert info.value.code == 2
     assert "unknown family" in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_cloud_cost_benchmark_splits_cost_into_applications_and_idle(tmp_path, capsys):
+    """The per-application costs plus idle make the total to the cent, and the applications'
+    JCT shares make the mean JCT (one workload, one strategy: a quick run)."""
+    import json
+
+    from benchmarks.cloud_cost import main
+
+    out = tmp_path / "e3.json"
+    argv = ["--experiment", "E3", "--strategies", "coadapt-v100", "--workloads", "1"]
+    assert main([*argv, "-j", "1", "--out", str(out)]) == 0
+    got = json.loads(out.read_text())
+    v = got["strategies"]["coadapt-v100"]
+    assert set(got["strategies"]) == {"coadapt-v100"} and got["ratios"] == {}
+    apps = v["per_application"]
+    assert len(apps) >= 3 and v["idle_usd"] > 0
+    total = sum(a["cost_usd"] for a in apps.values()) + v["idle_usd"]
+    assert round(total, 2) == pytest.approx(v["cost_usd"], abs=0.011)
+    assert sum(a["jct_share_s"] for a in apps.values()) == pytest.approx(v["mean_jct_s"])
+    assert "where the money went" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as info:
+        main(["--experiment", "E3", "--strategies", "coadapt-k80", "--out", str(out)])
+    assert info.value.code == 2
