@@ -32,8 +32,11 @@ larger shapes beyond it). Its *effective* value discounts
 - spot preemptions: ``x max(0, 1 - hazard_per_hour x preemption_loss_s / 3600)`` (each
   preemption costs the restart, the progress since the last checkpoint and the replacement's
   provisioning, ``preemption_loss_s`` in all);
-- provisioning, for an instance not yet held: ``x max(0, 1 - provisioning_delay_s /
-  planning_horizon_s)``.
+- provisioning, for an instance not yet held: what each job gains from its GPUs ``x max(0,
+  1 - provisioning_delay_s / horizon)``, the horizon being ``planning_horizon_s``, or for a
+  running job whose remaining time is known (``JobDemand.remaining_s``), that time if shorter:
+  a job that will be done before a new instance is ready gains nothing from it, and the fleet
+  does not launch instances for growth that never comes.
 
 The *efficiency* of a candidate is its effective value over its ideal: its GPUs times the
 type's generic speed (:meth:`~autoscaler.gputypes.SpeedTable.relative_speed`), i.e. the share
@@ -175,17 +178,24 @@ class JobDemand:
     """A job's value curves: ``curves[(gpu_type, gpus_per_instance)][g - 1]`` is its value on
     ``g`` GPUs (non-decreasing in ``g``; T4-GPU equivalents, see the module docstring);
     ``min_gpus`` it needs to run at all; ``gpu_type`` the type it runs on now (``None``: not
-    running), which the sizing keeps it on."""
+    running), which the sizing keeps it on; ``remaining_s`` the seconds it has left at the
+    allocation it runs on now (``None``: not running, or its training length is unknown),
+    which bounds what an instance still to be provisioned is worth to it."""
 
     name: str
     curves: Mapping[tuple[str, int], tuple[float, ...]]
     min_gpus: int = 1
     gpu_type: str | None = None
+    remaining_s: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "curves", MappingProxyType(dict(self.curves)))
         if self.min_gpus < 1:
             raise InvalidInputError(f"{self.name}: min_gpus must be >= 1", field="min_gpus")
+        if self.remaining_s is not None and not self.remaining_s >= 0:
+            raise InvalidInputError(
+                f"{self.name}: remaining_s must be >= 0 (or None)", field="remaining_s"
+            )
 
 
 @dataclass(frozen=True)
@@ -403,24 +413,28 @@ def _kernel(x: np.ndarray, power: float) -> np.ndarray:
 class _Allocation:
     """The modelled allocation of GPUs to jobs while the fleet grows: per instance kind, a
     table ``U[j, g]`` of job ``j``'s kernel value on ``g`` GPUs of that kind (``-inf`` where
-    the job cannot run on it)."""
+    the job cannot run on it). GPUs of an instance not yet held are handed out on the same
+    table with each job's row times its ``delay[j]`` (the provisioning discount)."""
 
     memoise = True  # fill memo on (tests compare with it off)
 
-    def __init__(self, demands: Sequence[JobDemand], power: float) -> None:
+    def __init__(
+        self, demands: Sequence[JobDemand], power: float, delay: np.ndarray | None = None
+    ) -> None:
         self.demands = demands
         self.power = power
+        self.delay = np.ones(len(demands)) if delay is None else np.asarray(delay, dtype=float)
         self.gpus = np.zeros(len(demands), dtype=np.int64)
         self.kind: list[tuple[str, int] | None] = [None] * len(demands)
         self._kind_ids: dict[tuple[str, int], int] = {}
         self._kind_of = np.full(len(demands), -1, dtype=np.int64)  # self.kind as ids (-1: None)
         self._waiting: dict[tuple[str, int], set[int]] = {}  # memo, cleared by each commit
         self._fills: dict[
-            tuple[tuple[str, int], int], tuple[float, int, np.ndarray, np.ndarray, int]
+            tuple[tuple[str, int], int, bool], tuple[float, int, np.ndarray, np.ndarray, int]
         ] = {}
         self.min_gpus = np.array([d.min_gpus for d in demands], dtype=np.int64)
         self.free: dict[tuple[str, int], int] = {}  # GPUs bought but not handed out, per kind
-        self._tables: dict[tuple[str, int], np.ndarray] = {}
+        self._tables: dict[tuple[tuple[str, int], bool], np.ndarray] = {}
 
     def waiting_minimums(self, kind: tuple[str, int]) -> set[int]:
         """Minimum GPUs of the jobs not yet given any that could run on ``kind``."""
@@ -430,8 +444,14 @@ class _Allocation:
             memo = self._waiting[kind] = {int(m) for m in np.unique(self.min_gpus[waiting])}
         return memo
 
-    def _table(self, kind: tuple[str, int]) -> np.ndarray:
-        table = self._tables.get(kind)
+    def _table(self, kind: tuple[str, int], new: bool = False) -> np.ndarray:
+        """The kind's table; ``new``: for the GPUs of an instance not yet held."""
+        table = self._tables.get((kind, new))
+        if table is None and new:
+            base = self._table(kind)
+            with np.errstate(invalid="ignore"):  # -inf x 0: the job cannot run there either
+                table = np.where(np.isfinite(base), base * self.delay[:, None], -np.inf)
+            self._tables[(kind, new)] = table
         if table is None:
             width = 1 + max((len(d.curves.get(kind, ())) for d in self.demands), default=0)
             table = np.full((len(self.demands), width + 1), -np.inf)
@@ -441,7 +461,7 @@ class _Allocation:
                     continue
                 table[j, 0] = _kernel(np.zeros(1), self.power)[0]
                 table[j, 1 : len(curve) + 1] = _kernel(_upper_hull(curve), self.power)
-            self._tables[kind] = table
+            self._tables[(kind, False)] = table
         return table
 
     def value(self) -> float:
@@ -452,11 +472,14 @@ class _Allocation:
                 total += d.curves[kind][int(self.gpus[j]) - 1]
         return total
 
-    def fill(self, kind: tuple[str, int], gpus: int, commit: bool) -> tuple[float, int]:
+    def fill(
+        self, kind: tuple[str, int], gpus: int, commit: bool, new: bool = False
+    ) -> tuple[float, int]:
         """Hand ``gpus`` more GPUs of ``kind`` (with those of that kind still free) to the
         jobs, each step to the job whose kernel value rises most per GPU (a waiting job's
         step is its minimum GPUs); the utility gained and the number of waiting jobs started.
-        The allocation changes only if ``commit``.
+        ``new``: the GPUs come with instances not yet held (gains discounted per job, see the
+        class docstring). The allocation changes only if ``commit``.
 
         Results are memoised per ``(kind, gpus)`` until a commit could change them: a commit
         of ``kind`` drops that kind's, and a commit of another kind drops those whose greedy
@@ -464,10 +487,10 @@ class _Allocation:
         which cannot change an argmax it never won, so the memo stays exact)."""
         if not self.demands:
             return 0.0, 0
-        key = (kind, gpus)
+        key = (kind, gpus, new)
         memo = self._fills.get(key) if self.memoise else None
         if memo is None:
-            memo = self._fills[key] = self._fill(kind, gpus)
+            memo = self._fills[key] = self._fill(kind, gpus, new)
         gain, started, touched, values, free = memo
         if commit:
             kind_id = self._kind_ids[kind]
@@ -486,11 +509,11 @@ class _Allocation:
         return gain, started
 
     def _fill(
-        self, kind: tuple[str, int], gpus: int
+        self, kind: tuple[str, int], gpus: int, new: bool
     ) -> tuple[float, int, np.ndarray, np.ndarray, int]:
         """The greedy of :meth:`fill` from the current allocation: (gain, jobs started, the
         jobs it gave GPUs to, their GPUs after it, GPUs of ``kind`` left free)."""
-        table = self._table(kind)
+        table = self._table(kind, new)
         kind_id = self._kind_ids.setdefault(kind, len(self._kind_ids))
         allowed = (self._kind_of == -1) | (self._kind_of == kind_id)
         held = self.gpus.copy()
@@ -719,11 +742,10 @@ def _grow(
 ) -> _Growth:
     """One pass of the growth described in the module docstring."""
     counts: dict[str, int] = {}
-    alloc = _Allocation(demands, config.power)
+    alloc = _Allocation(demands, config.power, _delay_factors(demands, config))
     price = 0.0
     last_eff = math.inf
     limited_by = "no_demand" if not demands else "efficiency"
-    delay_factor = max(0.0, 1.0 - config.provisioning_delay_s / config.planning_horizon_s)
     total = gpus = 0
     while total < config.max_instances:
         best: tuple[float, float, str] | None = None
@@ -731,7 +753,8 @@ def _grow(
         best_eff = 0.0
         blocked = ""
         best_size = 1
-        gains: dict[tuple[tuple[str, int], int], tuple[float, int]] = {}
+        best_new = False
+        gains: dict[tuple[tuple[str, int], int, bool], tuple[float, int]] = {}
         for o in sorted(usable, key=lambda o: (o.usd_per_hour, o.key)):
             n = counts.get(o.key, 0)
             # One instance, or as many as it takes to start a waiting job that needs more.
@@ -756,12 +779,11 @@ def _grow(
                 if budget is not None and price + size * o.usd_per_hour > budget + 1e-9:
                     blocked = "budget"
                     continue
-                fill_key = (o.kind, size)
+                fill_key = (o.kind, size, not is_held)
                 if fill_key not in gains:  # offerings of one kind differ only in price
-                    gains[fill_key] = alloc.fill(o.kind, size * o.gpus, commit=False)
+                    gains[fill_key] = alloc.fill(o.kind, size * o.gpus, False, not is_held)
                 gain, started = gains[fill_key]
                 effective = gain * _preemption_factor(o, config)
-                effective *= 1.0 if is_held else delay_factor
                 eff = effective / (size * o.gpus * speeds.relative_speed(o.gpu_type))
                 floor = config.min_efficiency * ((1.0 - config.hysteresis) if is_held else 1.0)
                 if started:  # a waiting job is never left waiting for efficiency's sake
@@ -771,11 +793,12 @@ def _grow(
                 rank = (effective / (size * o.usd_per_hour), -o.usd_per_hour, o.key)
                 if best is None or rank > best:
                     best, best_option, best_eff, best_size = rank, o, eff, size
+                    best_new = not is_held
         if best_option is None:
             if demands and blocked:
                 limited_by = blocked
             break
-        alloc.fill(best_option.kind, best_size * best_option.gpus, commit=True)
+        alloc.fill(best_option.kind, best_size * best_option.gpus, True, best_new)
         counts[best_option.key] = counts.get(best_option.key, 0) + best_size
         price += best_size * best_option.usd_per_hour
         last_eff = best_eff
@@ -784,6 +807,23 @@ def _grow(
     if total >= config.max_instances and demands:
         limited_by = "max_instances"
     return _Growth(alloc, counts, price, last_eff, limited_by)
+
+
+def _delay_factors(demands: Sequence[JobDemand], config: SizingConfig) -> np.ndarray:
+    """Per job, what an instance still to be provisioned is worth of its value (see the
+    module docstring): ``max(0, 1 - provisioning_delay_s / horizon)``, the horizon the
+    planning horizon or, for a running job that knows it, its remaining time if shorter."""
+    horizon = np.array(
+        [
+            config.planning_horizon_s
+            if d.remaining_s is None or d.gpu_type is None
+            else min(config.planning_horizon_s, d.remaining_s)
+            for d in demands
+        ],
+        dtype=float,
+    )
+    with np.errstate(divide="ignore"):
+        return np.maximum(0.0, 1.0 - config.provisioning_delay_s / horizon)
 
 
 def modelled_value(demands: Sequence[JobDemand], option: FleetOption, count: int) -> float:

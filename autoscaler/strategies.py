@@ -22,9 +22,12 @@ run with, not part of the strategy.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from autoscaler.errors import InvalidInputError
 from autoscaler.gputypes import SpeedTable, default_speed_table
@@ -60,8 +63,10 @@ def demands_of(
 ) -> list[JobDemand]:
     """Every active job's value curves over the instance kinds on offer, up to
     ``growth_factor`` x the most GPUs it has run on (the policy's exploration cap; 1 before
-    any run) and at most ``max_gpus``. With a ``cache`` (by job name), a job's curves are
-    rebuilt only when what they depend on changed (its models, caps, type, profile)."""
+    any run) and at most ``max_gpus``, with a running job's remaining time
+    (``JobDemand.remaining_s``, from the trainer's progress; recomputed every round). With a
+    ``cache`` (by job name), a job's curves are rebuilt only when what they depend on changed
+    (its models, caps, type, profile)."""
     kinds = tuple(sorted({o.kind for o in view.options}))
     out: list[JobDemand | None] = []
     missing: list[tuple[int, JobView, int, str | None, tuple]] = []
@@ -107,7 +112,26 @@ def demands_of(
         live = {job.name for job in view.jobs}
         for name in [n for n in cache if n not in live]:
             del cache[name]
-    return [d for d in out if d is not None]
+    return [
+        dataclasses.replace(d, remaining_s=_remaining_s(job, d.gpu_type))
+        for job, d in zip(view.jobs, out, strict=True)
+        if d is not None
+    ]
+
+
+def _remaining_s(job: JobView, gpu_type: str | None) -> float | None:
+    """Seconds the job has left at the allocation it holds now, by its fitted model on the
+    type it runs on (the remaining work the trainer reports, over the goodput there);
+    ``None`` when it does not run, or its training length or model there is unknown."""
+    gpus = sum(job.allocation.values())
+    if job.remaining_progress is None or gpu_type is None or gpus == 0:
+        return None
+    model = job.models.get(gpu_type)
+    if model is None:
+        return None
+    goodput = float(np.ravel(model.optimize(len(job.allocation), gpus).goodput)[0])
+    work = job.remaining_progress * job.limits.init_batch_size
+    return work / goodput if goodput > 0 else None
 
 
 @dataclass(frozen=True)

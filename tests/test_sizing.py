@@ -343,3 +343,29 @@ def test_max_gpus_stops_the_growth_and_says_so() -> None:
     assert sum(p.counts.values()) == 2 and p.limited_by == "max_gpus"
     with pytest.raises(InvalidInputError, match="max_gpus"):
         SizingConfig(max_gpus=0)
+
+
+def test_no_instance_is_launched_for_a_job_done_before_it_is_ready() -> None:
+    # A running job on the one held instance would use four: how much more the fleet buys
+    # depends on how long the job has left against the 120 s it takes to provision one.
+    def job(remaining_s: float | None, gpu_type: str | None = "T4") -> JobDemand:
+        return dataclasses.replace(linear("a", 16), gpu_type=gpu_type, remaining_s=remaining_s)
+
+    held = {T4_OD.key: 1}
+
+    def count(demand: JobDemand) -> int:
+        return size_fleet([demand], [T4_OD], held, SizingConfig(), SPEEDS).counts[T4_OD.key]
+
+    assert count(job(None)) == 4  # unknown: the planning horizon
+    assert count(job(3600.0)) == 4
+    assert count(job(600.0)) == 4  # 80% of its value: still worth it
+    assert count(job(130.0)) == 1  # 8%: below the efficiency floor
+    assert count(job(60.0)) == 1  # done before the instance is ready
+    # A job not running yet is started whatever its length, and a held instance is kept.
+    assert count(job(60.0, gpu_type=None)) == 4
+    assert (
+        size_fleet([job(0.0)], [T4_OD], {T4_OD.key: 2}, SizingConfig(), SPEEDS).counts[T4_OD.key]
+        == 2
+    )
+    with pytest.raises(InvalidInputError, match="remaining_s"):
+        job(-1.0)

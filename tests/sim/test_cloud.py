@@ -259,3 +259,30 @@ def test_cloud_cost_benchmark_splits_cost_into_applications_and_idle(tmp_path, c
     with pytest.raises(SystemExit) as info:
         main(["--experiment", "E3", "--strategies", "coadapt-k80", "--out", str(out)])
     assert info.value.code == 2
+
+
+def test_the_sizing_learns_how_long_a_running_job_has_left():
+    """``demands_of`` gives a running job's remaining time at its allocation: the work the
+    trainer has left over its fitted goodput there; unknown when it does not run or its
+    length is unknown."""
+    import dataclasses as dc
+
+    from autoscaler.gputypes import default_speed_table
+    from autoscaler.jobs import Allocation
+    from autoscaler.sim.cloud import FleetView
+    from autoscaler.sizing import FleetOption
+    from autoscaler.strategies import demands_of
+    from tests.policy.conftest import cluster, model, view
+
+    m = model(0.05)
+    running = dc.replace(
+        view("run", alloc=(4, 0), profiled=4, model=m), models={"T4": m}, remaining_progress=500.0
+    )
+    goodput = float(m.optimize(1, 4).goodput)
+    unknown = dc.replace(running, name="unknown", remaining_progress=None)
+    waiting = dc.replace(running, name="wait", allocation=Allocation())
+    option = FleetOption("aws/g4dn.12xlarge/use1-az1/on-demand", "T4", 4, "on-demand", 3.912)
+    fleet = FleetView(600.0, (running, unknown, waiting), cluster(2, 4), {}, (option,))
+    got = {d.name: d.remaining_s for d in demands_of(fleet, default_speed_table())}
+    assert got["run"] == pytest.approx(500.0 * running.limits.init_batch_size / goodput)
+    assert got["unknown"] is None and got["wait"] is None
