@@ -265,10 +265,12 @@ class JobView:
             ``requested_gpus`` GPUs at ``fixed_batch_size``, under every policy.
         remaining_progress: statistical progress still to make before the job is done, in
             initial-batch-size iterations (the trainer's progress unit: one unit = ``M0``
-            samples at efficiency 1), from the training length the user declared (epochs) and
-            the progress the trainer reported; ``None`` if unknown. Remaining work in
-            ``M0``-equivalent samples is ``remaining_progress * limits.init_batch_size``, so
-            ``that / goodput`` estimates the time left at an allocation.
+            samples at efficiency 1); ``None`` if unknown. The simulator gives it from each
+            job's trace length; the controller does not know training lengths yet and gives
+            ``None`` (remaining-time weights and horizons then take their defaults).
+            Remaining work in ``M0``-equivalent samples is ``remaining_progress *
+            limits.init_batch_size``, so ``that / goodput`` estimates the time left at an
+            allocation.
     """
 
     name: str
