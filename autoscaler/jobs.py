@@ -268,9 +268,7 @@ class JobView:
             samples at efficiency 1); ``None`` if unknown. The simulator gives it from each
             job's trace length; the controller does not know training lengths yet and gives
             ``None`` (remaining-time weights and horizons then take their defaults).
-            Remaining work in ``M0``-equivalent samples is ``remaining_progress *
-            limits.init_batch_size``, so ``that / goodput`` estimates the time left at an
-            allocation.
+            :attr:`remaining_work` gives it in ``M0``-equivalent samples.
     """
 
     name: str
@@ -308,6 +306,15 @@ class JobView:
         """The user's cap on the job's GPUs: ``requested_gpus`` for a non-adaptive job, else
         none (``None``)."""
         return None if self.adaptive else self.requested_gpus
+
+    @property
+    def remaining_work(self) -> float | None:
+        """Work still to do in ``M0``-equivalent samples, ``remaining_progress *
+        limits.init_batch_size`` (``None`` if unknown); over a goodput, it estimates the time
+        left at that allocation."""
+        if self.remaining_progress is None:
+            return None
+        return self.remaining_progress * self.limits.init_batch_size
 
     @property
     def num_gpus(self) -> int:

@@ -123,14 +123,13 @@ def _remaining_s(job: JobView, gpu_type: str | None) -> float | None:
     """Seconds the job has left at the allocation it holds now, by its fitted model on the
     type it runs on (the remaining work the trainer reports, over the goodput there);
     ``None`` when it does not run, or its training length or model there is unknown."""
-    gpus = sum(job.allocation.values())
-    if job.remaining_progress is None or gpu_type is None or gpus == 0:
+    work = job.remaining_work
+    if work is None or gpu_type is None or job.num_gpus == 0:
         return None
     model = job.models.get(gpu_type)
     if model is None:
         return None
-    goodput = float(np.ravel(model.optimize(len(job.allocation), gpus).goodput)[0])
-    work = job.remaining_progress * job.limits.init_batch_size
+    goodput = float(np.ravel(model.optimize(job.num_nodes, job.num_gpus).goodput)[0])
     return work / goodput if goodput > 0 else None
 
 

@@ -860,9 +860,9 @@ class CoadaptPolicy:
         return speedup
 
     def _remaining_s(self, job: JobView, goodput: np.ndarray | float) -> np.ndarray | None:
-        if job.remaining_progress is None:
+        work = job.remaining_work
+        if work is None:
             return None
-        work = job.remaining_progress * job.limits.init_batch_size
         return np.asarray(work, dtype=float) / np.maximum(goodput, 1e-12)
 
     def _weights(self, jobs: Sequence[JobView], fair_goodput: np.ndarray) -> np.ndarray:
@@ -890,14 +890,7 @@ class CoadaptPolicy:
             restarts = np.array([j.num_restarts for j in jobs])
             per_job = np.maximum(age - restarts * delay, 0.0) / (age + delay)
             return per_job[job_idx]
-        work = np.array(
-            [
-                math.inf
-                if j.remaining_progress is None
-                else j.remaining_progress * j.limits.init_batch_size
-                for j in jobs
-            ]
-        )
+        work = np.array([math.inf if j.remaining_work is None else j.remaining_work for j in jobs])
         good = np.maximum(np.asarray(menu.goodput, dtype=float), 1e-12)
         horizon = np.minimum(work[job_idx] / good, self.options.restart_horizon_s)
         horizon = np.maximum(horizon, 1e-9)
