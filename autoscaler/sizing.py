@@ -781,7 +781,9 @@ def _grow(
                     continue
                 fill_key = (o.kind, size, not is_held)
                 if fill_key not in gains:  # offerings of one kind differ only in price
-                    gains[fill_key] = alloc.fill(o.kind, size * o.gpus, False, not is_held)
+                    gains[fill_key] = alloc.fill(
+                        o.kind, size * o.gpus, commit=False, new=not is_held
+                    )
                 gain, started = gains[fill_key]
                 effective = gain * _preemption_factor(o, config)
                 eff = effective / (size * o.gpus * speeds.relative_speed(o.gpu_type))
@@ -798,7 +800,7 @@ def _grow(
             if demands and blocked:
                 limited_by = blocked
             break
-        alloc.fill(best_option.kind, best_size * best_option.gpus, True, best_new)
+        alloc.fill(best_option.kind, best_size * best_option.gpus, commit=True, new=best_new)
         counts[best_option.key] = counts.get(best_option.key, 0) + best_size
         price += best_size * best_option.usd_per_hour
         last_eff = best_eff

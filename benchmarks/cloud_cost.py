@@ -230,42 +230,35 @@ def _per_application(rows: list[dict]) -> dict[str, dict[str, float]]:
     return out
 
 
-def _ratios(experiment: str, s: dict) -> dict:
-    """The ratios the acceptance criteria name, less those whose strategies did not run."""
+#: Per experiment, the (numerator, denominator) strategies of the ratios printed, in order
+#: (the acceptance criteria's first).
+_RATIOS: dict[str, tuple[tuple[str, str], ...]] = {
+    "E1": (
+        ("coadapt-ondemand", "throughput-autoscale"),
+        ("coadapt", "throughput-autoscale"),
+        ("coadapt", "pollux-autoscale"),
+        ("coadapt-ondemand", "throughput-anytype"),
+    ),
+    "E2": (
+        ("coadapt", "static-ondemand"),
+        ("coadapt", "cheapest-spot"),
+        ("coadapt", "pollux-autoscale"),
+        ("coadapt", "throughput-autoscale"),
+    ),
+    "E3": tuple(("coadapt", v) for v in ("coadapt-t4", "coadapt-v100", "coadapt-a100")),
+}
 
-    def ratio(a: str, b: str) -> dict:
-        if a not in s or b not in s:
-            return {}
-        return {
+
+def _ratios(experiment: str, s: dict) -> dict:
+    """The ratios of :data:`_RATIOS`, ``"a / b"``: cost and mean JCT; those whose strategies
+    did not run are left out."""
+    return {
+        f"{a} / {b}": {
             "cost": s[a]["cost_usd"] / s[b]["cost_usd"],
             "mean_jct": s[a]["mean_jct_s"] / s[b]["mean_jct_s"],
         }
-
-    return {k: v for k, v in _all_ratios(experiment, ratio).items() if v}
-
-
-def _all_ratios(experiment: str, ratio) -> dict:
-    if experiment == "E1":
-        return {
-            "coadapt-ondemand / throughput-autoscale": ratio(
-                "coadapt-ondemand", "throughput-autoscale"
-            ),
-            "coadapt / throughput-autoscale": ratio("coadapt", "throughput-autoscale"),
-            "coadapt / pollux-autoscale": ratio("coadapt", "pollux-autoscale"),
-            "coadapt-ondemand / throughput-anytype": ratio(
-                "coadapt-ondemand", "throughput-anytype"
-            ),
-        }
-    if experiment == "E2":
-        return {
-            "coadapt / static-ondemand": ratio("coadapt", "static-ondemand"),
-            "coadapt / cheapest-spot": ratio("coadapt", "cheapest-spot"),
-            "coadapt / pollux-autoscale": ratio("coadapt", "pollux-autoscale"),
-            "coadapt / throughput-autoscale": ratio("coadapt", "throughput-autoscale"),
-        }
-    return {
-        f"coadapt / {v}": ratio("coadapt", v)
-        for v in ("coadapt-t4", "coadapt-v100", "coadapt-a100")
+        for a, b in _RATIOS[experiment]
+        if a in s and b in s
     }
 
 
