@@ -604,22 +604,56 @@ class ElasticJob:
 
     # ------------------------------------------------------------------ the loop
     def epochs(self, total: int) -> Iterator[int]:
-        """Yield the epochs still to run, from the restored one up to ``total - 1``.
+        """Yield the epochs still to run, from the restored one, until the job's length is
+        reached; the length ``total`` epochs is declared to the controller.
+
+        With the elastic data loader (:meth:`data_loader`, called first), the length is
+        declared in the unit of progress (:func:`trainer.report.is_done`): ``total x
+        len(dataset) / initial_batch_size`` initial-batch-size iterations, the progress
+        ``total`` epochs make at the initial batch size. At a larger batch an epoch makes less
+        progress (its statistical efficiency is below 1: the AdaScale gain is below the batch
+        ratio), so the loop runs on into later epochs, and the loader ends the last one at the
+        global batch that reaches the target. Without an elastic loader the loop runs
+        ``total`` epochs and declares no length.
 
         An epoch ends when the loop body returns: if the body did not finish the loader (a
-        ``break``), the rest of that epoch is skipped.
+        ``break``), the rest of that epoch is skipped. An epoch whose every step was skipped
+        (non-finite gradients) makes no progress: the loop then raises
+        :class:`TrainerUsageError` rather than run forever.
         """
+        if isinstance(total, bool) or not isinstance(total, int) or total < 0:
+            raise TrainerConfigError(f"must be an integer >= 0, got {total!r}", field="total")
+        if self._loader is not None:
+            samples = len(self._loader.dataset)
+            self._loop.target_progress = (
+                total * samples / self.options.initial_batch_size if total and samples else None
+            )
         if not self._restored:
             self.restore()
+        declared = self._loop.target_progress is not None
         while True:
             self._loop.normalize_epoch()
             epoch = self._loop.data.epoch
-            if epoch >= total:
+            if self._loop.training_done or (not declared and epoch >= total) or total == 0:
                 return
+            before = self._loop.progress
             yield epoch
             self._loop.safe_point()
+            if self._loop.training_done:  # at the global batch that reached the target
+                self._loop.normalize_epoch()
+                return
             if self._loop.data.epoch == epoch:
                 self._loop.data = DataState(epoch + 1, 0, self._loop.data.num_samples)
+            if declared and epoch >= total and self._loop.progress <= before:
+                raise TrainerUsageError(
+                    f"epoch {epoch} made no progress (every step skipped: non-finite "
+                    "gradients); the declared length cannot be reached"
+                )
+
+    @property
+    def target_progress(self) -> float | None:
+        """The declared length, in initial-batch-size iterations (``None``: undeclared)."""
+        return self._loop.target_progress
 
     # ------------------------------------------------------------------ end
     def stop_at_safe_point(self, cause: StopCause) -> NoReturn:
@@ -742,6 +776,9 @@ class ElasticJob:
                 scaling_rule=str(self._loop.rule),
             ),
             standalone=self.env.standalone,
+            target_progress=self._loop.target_progress,
+            done=self._finished,
+            lr_scale=self._loop.lr_scale,
         )
 
 

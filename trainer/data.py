@@ -245,6 +245,9 @@ class LoaderJob(Protocol):
     @property
     def gns_every_steps(self) -> int: ...
 
+    @property
+    def training_done(self) -> bool: ...
+
     def start_epoch_iteration(self, num_samples: int) -> None: ...
 
     def enter_micro_batch(self, mb: MicroBatch) -> None: ...
@@ -259,8 +262,10 @@ class ElasticDataLoader:
     (``collate_fn``, ``num_workers``, ``pin_memory`` and other keyword arguments are passed
     through). Before each yield it tells the job which micro-batch is current
     (``job.micro_batch``), which is how the model and optimizer wrappers know when to
-    synchronise gradients and step. Create it with :meth:`trainer.api.ElasticJob.data_loader`;
-    a job has one elastic loader (evaluation loaders can be ordinary ``DataLoader`` objects).
+    synchronise gradients and step. Once the job's declared length is reached
+    (``job.training_done``) it hands out no further global batch: the epoch ends there.
+    Create it with :meth:`trainer.api.ElasticJob.data_loader`; a job has one elastic loader
+    (evaluation loaders can be ordinary ``DataLoader`` objects).
     """
 
     def __init__(
@@ -316,6 +321,8 @@ class ElasticDataLoader:
             **self._kwargs,
         )
         for micro, batch in zip(plan, loader, strict=True):
+            if micro.index == 0 and self.job.training_done:
+                break  # the declared length is reached: no further global batch
             self.job.enter_micro_batch(micro)
             yield batch
         self.job.leave_epoch_iteration()

@@ -12,6 +12,13 @@ Conventions shared with ``autoscaler.goodput``:
   covariance of the mini-batch gradient at batch size ``M0`` (per-sample variance / ``M0``).
   For Adam-type optimisers both are measured on the preconditioned gradient.
 * Progress is counted in initial-batch-size iterations (see :mod:`trainer.scaling`).
+* **When a job is done** is one rule, :func:`is_done`, over that same unit: the script declares
+  its length (``ElasticJob.epochs(total)`` declares ``total x samples per epoch / M0``, the
+  progress ``total`` epochs make at ``M0``), the report carries it as ``target_progress``, and
+  the job is done once ``progress`` reaches it (:func:`remaining_progress` is what is left). The
+  trainer stops its loop by this rule, the controller derives each job's remaining work from
+  it, and the simulator finishes its jobs by it. A job that declared nothing has no target:
+  it ends when its script returns, and nobody knows how much is left.
 * Profiles are cumulative over the life of one set of worker processes (one launch, identified
   by ``started_at_s``, the wall-clock start of rank 0); a new launch starts from zero. The
   controller keys them by ``(job_id, started_at_s)``. ``attempt`` counts launches of this job by
@@ -43,6 +50,27 @@ def report_path(job_id: str) -> str:
     return REPORT_PATH_TEMPLATE.format(job_id=job_id)
 
 
+DONE_TOLERANCE: float = 1e-9
+"""Relative slack of :func:`is_done`: progress sums many per-step gains, so a job whose last
+step lands exactly on its target may read a hair below it."""
+
+
+def is_done(progress: float, target_progress: float | None) -> bool:
+    """The one "done" rule (see the module docstring): a declared target is reached. A job
+    without a target (``None``) is never done by this rule (its script decides)."""
+    if target_progress is None:
+        return False
+    return progress >= target_progress * (1.0 - DONE_TOLERANCE)
+
+
+def remaining_progress(progress: float, target_progress: float | None) -> float | None:
+    """Progress still to make before :func:`is_done` (``>= 0``, in initial-batch-size
+    iterations); ``None`` when no target was declared."""
+    if target_progress is None:
+        return None
+    return 0.0 if is_done(progress, target_progress) else max(0.0, target_progress - progress)
+
+
 # --------------------------------------------------------------------------- helpers
 
 
@@ -63,6 +91,25 @@ def _get_float(data: Mapping[str, Any], name: str, where: str) -> float:
     if not math.isfinite(value):
         raise ReportSchemaError(f"{where}.{name}: not finite")
     return value
+
+
+def _get_optional_float(
+    data: Mapping[str, Any], name: str, where: str, *, positive: bool = False
+) -> float | None:
+    """An optional field: absent or ``null`` is ``None`` (a report of an older trainer)."""
+    if data.get(name) is None:
+        return None
+    value = _get_float(data, name, where)
+    if positive and not value > 0:
+        raise ReportSchemaError(f"{where}.{name}: must be > 0, got {value}")
+    return value
+
+
+def _get_optional_bool(data: Mapping[str, Any], name: str, where: str) -> bool:
+    """An optional flag: absent or ``null`` is false."""
+    if data.get(name) is None:
+        return False
+    return bool(_get(data, name, bool, where))
 
 
 def _get_int(data: Mapping[str, Any], name: str, where: str, minimum: int = 0) -> int:
@@ -224,6 +271,12 @@ class TrainerReport:
     ``step`` counts optimizer steps (attempted, including skipped ones), ``skipped_steps`` those
     whose gradients were not finite, ``progress`` initial-batch-size iterations, ``epoch`` and
     ``epoch_position`` the data position (samples of ``epoch`` already consumed).
+
+    Optional fields (absent in an older trainer's reports): ``target_progress``, the length the
+    script declared, in the unit of ``progress`` (``None``: undeclared; see :func:`is_done`);
+    ``done``, the script finished training (its final checkpoint is saved: nothing is left to
+    run); ``lr_scale``, the factor the scaling rule applied to the learning rate on the last
+    applied step (``None`` before the first).
     """
 
     job_id: str
@@ -242,7 +295,15 @@ class TrainerReport:
     profiles: tuple[ProfileEntry, ...]
     hints: JobHints
     standalone: bool = False
+    target_progress: float | None = None
+    done: bool = False
+    lr_scale: float | None = None
     schema_version: int = field(default=SCHEMA_VERSION)
+
+    @property
+    def remaining_progress(self) -> float | None:
+        """:func:`remaining_progress` of this report (``None``: no declared length)."""
+        return remaining_progress(self.progress, self.target_progress)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -263,6 +324,9 @@ class TrainerReport:
             "profiles": [p.to_dict() for p in self.profiles],
             "hints": self.hints.to_dict(),
             "standalone": self.standalone,
+            "target_progress": self.target_progress,
+            "done": self.done,
+            "lr_scale": self.lr_scale,
         }
 
     def to_json(self) -> str:
@@ -298,6 +362,9 @@ class TrainerReport:
             ),
             hints=JobHints.from_dict(_get(data, "hints", Mapping, where)),
             standalone=bool(data.get("standalone", False)),
+            target_progress=_get_optional_float(data, "target_progress", where, positive=True),
+            done=_get_optional_bool(data, "done", where),
+            lr_scale=_get_optional_float(data, "lr_scale", where, positive=True),
         )
 
     @classmethod

@@ -48,7 +48,7 @@ from trainer.gns import (
 )
 from trainer.metrics import ProfileKey, StepProfiler
 from trainer.options import JobOptions
-from trainer.report import BatchConfig
+from trainer.report import BatchConfig, is_done
 from trainer.scaling import ElasticOptimizer, ScalingRule, adascale_gain, lr_factor
 
 __all__ = ["PRECOND_REFRESH", "StepHost", "StepLoop"]
@@ -118,7 +118,9 @@ class StepLoop:
     over the whole run, skipped ones included), ``progress`` (initial-batch-size iterations),
     ``skipped`` (non-finite steps), ``gns`` (the estimator), ``profiler``, ``rule`` (scaling rule
     in force), ``control`` (the agreement channel), ``last_checkpoint_s`` (monotonic time of the
-    last save, for ``checkpoint_every_s``).
+    last save, for ``checkpoint_every_s``), ``target_progress`` (the declared length, ``None``
+    if undeclared; :attr:`training_done` reads it), ``lr_scale`` (the factor the rule applied to
+    the learning rate on the last update).
     """
 
     def __init__(
@@ -140,6 +142,8 @@ class StepLoop:
         self.control = control
         self.batch = env.batch or BatchConfig(options.initial_batch_size, 1)
         self.pending_batch: BatchConfig | None = None
+        self.target_progress: float | None = None  # declared by ElasticJob.epochs
+        self.lr_scale: float | None = None  # the scaling rule's factor on the last update
         self.data = DataState()
         self.step = 0
         self.progress = 0.0
@@ -210,6 +214,12 @@ class StepLoop:
     def at_step_boundary(self) -> bool:
         """True once ``optimizer.step()`` has applied (or skipped) the current global batch."""
         return self._step_done
+
+    @property
+    def training_done(self) -> bool:
+        """The declared length is reached (:func:`trainer.report.is_done`): no global batch
+        is handed out any more."""
+        return is_done(self.progress, self.target_progress)
 
     @property
     def inside_accumulation(self) -> bool:
@@ -400,7 +410,9 @@ class StepLoop:
         if finite:
             if global_sq is not None:
                 self._start_measurement(mb, global_sq)
-            result = opt.scaled_step(lr_factor(self.rule, gain, ratio), closure)
+            factor = lr_factor(self.rule, gain, ratio)
+            result = opt.scaled_step(factor, closure)
+            self.lr_scale = factor
             self.progress += gain * mb.step_samples / mb.batch.global_batch_size
         else:
             self.skipped += 1

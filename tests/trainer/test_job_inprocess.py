@@ -165,12 +165,19 @@ def test_batch_configuration_changes_at_an_epoch_boundary(make_job) -> None:
             F.mse_loss(ddp(x), y).backward()
             opt.step()
             opt.zero_grad()
-    assert sizes == {0: {10}, 1: {25}} and job.step == 5 + 2
+    assert sizes[0] == {10} and all(sizes[e] == {25} for e in sizes if e > 0)
     report = job.build_report()
     assert TrainerReport.from_json(report.to_json()) == report
     assert report.batch == BatchConfig(25, 5)
-    # 5 steps at the initial batch size, then 2 worth between 1 and 2.5 (the AdaScale gain)
-    assert 5 + 2 <= report.progress <= 5 + 2 * 2.5
+    # The declared length is 2 epochs at the initial batch: 2 x 50 / 10 = 10 iterations of
+    # progress. 5 steps at the initial batch make 5; each step of 25 then makes between 1 and
+    # 2.5 (the AdaScale gain), so the loop runs on past epoch 1 until the target is reached,
+    # and stops at the step that reaches it.
+    assert report.target_progress == 10.0 and job.target_progress == 10.0
+    big_steps = job.step - 5
+    assert report.progress >= 10.0 and 2 <= big_steps <= 5
+    assert 5 + big_steps <= report.progress <= 5 + big_steps * 2.5
+    assert report.progress - 2.5 < 10.0, "no step after the one that reached the target"
 
 
 def test_adam_statistics_are_preconditioned_and_lr_is_sqrt_scaled(make_job) -> None:
@@ -221,3 +228,43 @@ def test_usage_errors_are_typed(make_job) -> None:
             break
     with pytest.raises(TrainerConfigError):
         JobOptions(initial_batch_size=0)
+
+
+def test_the_declared_length_is_the_done_rule(make_job) -> None:
+    """``epochs(3)`` declares 3 x 50 / 10 = 15 iterations of progress. At a batch of 20 each
+    step makes between 1 and 2 (its gain); the loader ends the run at the step that reaches
+    the target, mid-epoch if that is where it lands, and the final report says done, with
+    the target, the learning-rate factor of the rule (AdaScale: the gain) and no work left."""
+    job = make_job(BatchConfig(20, 1), gns_every_steps=1)
+    model = _model()
+    ddp, opt = job.prepare(model, torch.optim.SGD(model.parameters(), lr=0.01))
+    loader = job.data_loader(_data())
+    gains: list[float] = []
+    for _ in job.epochs(3):
+        for _ids, x, y in loader:
+            before = job.progress
+            F.mse_loss(ddp(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+            gains.append(job.progress - before)
+            assert before < 15.0, "no global batch is handed out once the target is reached"
+    assert job.progress >= 15.0 > job.progress - gains[-1]
+    report = job.build_report()
+    assert (report.target_progress, report.remaining_progress, report.done) == (15.0, 0.0, False)
+    # full steps make their gain: the factor AdaScale applied to the learning rate
+    full = [g for g in gains if g > 1.0 + 1e-9]
+    assert full, "the gain rose above 1 once the gradient noise was measured"
+    job.finish()
+    final = read_reports(Path(job.env.report_file or ""))[-1]
+    assert final.done and final.target_progress == 15.0 and final.lr_scale is not None
+    assert 1.0 <= final.lr_scale <= 2.0
+
+
+def test_a_job_without_an_elastic_loader_declares_no_length(make_job) -> None:
+    job = make_job()
+    model = _model()
+    job.prepare(model, torch.optim.SGD(model.parameters(), lr=0.01))
+    assert list(job.epochs(2)) == [0, 1]
+    assert job.target_progress is None and job.build_report().remaining_progress is None
+    with pytest.raises(TrainerConfigError):
+        list(job.epochs(-1))
