@@ -119,6 +119,7 @@ def run(jobs: int, instances: int, rounds: int) -> dict:
             trace.max_local_bsz,
             trace.min_local_bsz,
             application=app,
+            command=("train.py",),
         )
         store.add_job(spec.name, spec.to_json())
         apps[spec.name] = app

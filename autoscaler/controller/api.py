@@ -43,10 +43,13 @@ once the limit is passed for a body without one), 503 (the store is unusable) or
 
 Decisions made here, and why:
 
-* **Job names** are 1-100 characters of ``[A-Za-z0-9_.-]``, starting with a letter or digit:
-  a name is a URL path segment and a folder under the logs directory, so nothing else is
-  accepted (``..`` can never name a folder). A submission must name a ``command``: a job
-  without one could never start on an agent.
+* **A job's fields** are checked by one function, the one ``coadapt submit`` runs on a YAML
+  spec (:func:`~autoscaler.controller.jobs.submission_problems`; ranges in
+  :data:`~autoscaler.controller.jobs.BOUNDS_DOC`): the API and the CLI refuse the same jobs,
+  and a refusal names the field. A name is a DNS label (a URL path segment, a folder under the
+  logs directory and a rendezvous id: ``..`` can never name a folder); a submission must name a
+  ``command`` whose first word is the training script (never an option the launcher would
+  read); every number is bounded.
 * **Assignments** list only ``running`` jobs: a cancelled or ended job disappears at once (its
   agent stops it), and a job queued for a retry is started again only when the next round
   places it. ``nodes`` is every instance of the job with its GPUs, in rank order (by instance
@@ -114,7 +117,7 @@ from autoscaler.controller.errors import (
     StoreError,
     UnknownRowError,
 )
-from autoscaler.controller.jobs import JobSubmission
+from autoscaler.controller.jobs import JOB_NAME_PATTERN, JobSubmission
 from autoscaler.controller.lifecycle import InstanceStatus
 from autoscaler.controller.store import InstanceRow, JobRow, JobStatus, ReportRow, Store
 from autoscaler.errors import InvalidInputError
@@ -155,8 +158,6 @@ DEFAULT_MAX_BODY_BYTES: Final = 1 << 20
 """Bodies larger than this (1 MiB) are refused with 413."""
 MAX_LOG_CHUNK_BYTES: Final = 1 << 20
 """The most log bytes one answer carries."""
-JOB_NAME_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
-"""What a job submitted through the API may be called (a path segment and a folder name)."""
 MIN_TOKEN_CHARS: Final = 16
 RENDEZVOUS_PORT_BASE: Final = 29500
 RENDEZVOUS_PORT_SPAN: Final = 1000
@@ -988,38 +989,10 @@ def _address(body: Mapping[str, Any]) -> str | None:
 
 
 def _submission(data: Mapping[str, Any]) -> JobSubmission:
-    """A submission from a JSON object, with the checks :class:`JobSubmission` leaves out
-    (the name's form, the types of ``application``, ``adaptive`` and ``command``)."""
-    for f in dataclasses.fields(JobSubmission):
-        if (
-            f.default is dataclasses.MISSING
-            and f.default_factory is dataclasses.MISSING
-            and f.name not in data
-        ):
-            raise InvalidInputError(f"the job spec lacks {f.name!r}", field=f.name)
-    name = data["name"]
-    if not isinstance(name, str) or not JOB_NAME_PATTERN.fullmatch(name):
-        raise InvalidInputError(
-            "name must be 1-100 characters of letters, digits, '_', '.' and '-', starting "
-            f"with a letter or digit; got {name!r}",
-            field="name",
-        )
-    application = data.get("application", "generic")
-    if not isinstance(application, str) or not application:
-        raise InvalidInputError("application must be a non-empty string", field="application")
-    if not isinstance(data.get("adaptive", True), bool):
-        raise InvalidInputError("adaptive must be true or false", field="adaptive")
-    command = data.get("command")
-    if (
-        not isinstance(command, list)
-        or not command
-        or not all(isinstance(c, str) and c for c in command)
-    ):
-        raise InvalidInputError(
-            "command must be a non-empty list of non-empty strings (what to run)",
-            field="command",
-        )
-    return JobSubmission.from_json(json.dumps(data))
+    """A submission from a JSON object: :meth:`JobSubmission.from_mapping`, the one check of
+    a job's fields that ``coadapt submit`` runs too (ranges in
+    :data:`~autoscaler.controller.jobs.BOUNDS_DOC`)."""
+    return JobSubmission.from_mapping(data)
 
 
 def _log_files(folder: Path) -> list[tuple[str, Path, int]]:

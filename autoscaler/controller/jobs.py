@@ -4,8 +4,10 @@
 the YAML job spec of ``coadapt submit`` maps onto it). :class:`JobBook` turns trainer reports
 into what the decision core reads: profiles go to a :class:`~autoscaler.fitting.ModelBook`
 (one fit per job and GPU type, refit together and warm-started only when a report changed a
-fit), gradient statistics are kept per job, and :meth:`JobBook.view` builds each job's
-:class:`~autoscaler.jobs.JobView` with its goodput models by GPU type.
+fit), gradient statistics, progress and the declared length are kept per job, and
+:meth:`JobBook.view` builds each job's :class:`~autoscaler.jobs.JobView` with its goodput
+models by GPU type, its remaining work (from the length its script declared, by the trainer's
+own rule, :func:`trainer.report.remaining_progress`) and the bounds of its spec.
 
 A report carries no GPU type: it is the type of the instances the job is assigned to when the
 report is read (a job runs on one GPU type at a time, the policies' rule).
@@ -14,31 +16,300 @@ report is read (a job runs on one GPU type at a time, the policies' rule).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
+import re
+import urllib.parse
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import MISSING, asdict, dataclass
+from pathlib import PurePosixPath
+from typing import Any, Final
 
 from autoscaler.errors import InvalidInputError
 from autoscaler.fitting import ModelBook
 from autoscaler.goodput import BatchLimits, GoodputModel, GradParams, PerfParams, ProfileSample
+from autoscaler.gputypes import KNOWN_GPU_TYPES
 from autoscaler.jobs import Allocation, JobView
-from trainer.report import TrainerReport
+from trainer.report import TrainerReport, remaining_progress
 
-__all__ = ["GENERIC_APPLICATION", "JobBook", "JobSubmission"]
+__all__ = [
+    "BOUNDS_DOC",
+    "GENERIC_APPLICATION",
+    "JOB_NAME_PATTERN",
+    "JobBook",
+    "JobSubmission",
+    "submission_problems",
+]
 
 GENERIC_APPLICATION = "generic"
 """The application name of a job whose model the speed table does not know (its speed on
 other GPU types is the generic ratio)."""
 
 
+MAX_JOB_GPUS: Final = 4096
+"""The most GPUs one job may ask for (``min_gpus``, ``max_gpus``)."""
+MAX_BATCH_SIZE: Final = 1 << 24
+"""The largest total batch (``init_batch_size``, ``max_batch_size``): 16,777,216 samples."""
+MAX_LOCAL_BATCH_SIZE: Final = 1 << 20
+"""The largest per-GPU micro-batch (``max_local_bsz``, ``min_local_bsz``)."""
+MAX_ACCUM_STEPS: Final = 1024
+"""The most gradient-accumulation steps (``max_accum_steps``)."""
+MAX_COMMAND_WORDS: Final = 256
+MAX_COMMAND_WORD_CHARS: Final = 4096
+MAX_COMMAND_CHARS: Final = 32768
+MAX_TEXT_CHARS: Final = 1024
+"""The longest ``application`` or ``checkpoint_uri``."""
+MAX_GPU_TYPES: Final = 32
+JOB_NAME_PATTERN: Final = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+"""A job name: a DNS label (1-63 of ``a-z 0-9 -``, starting and ending with a letter or a
+digit). It is a URL path segment, a folder name and a rendezvous id: nothing else is safe."""
+_NOT_A_SCRIPT: Final = re.compile(r"(coadapt-launch|torchrun|python[0-9.]*)")
+_CHECKPOINT_SCHEMES: Final = ("file", "s3", "gs")
+
+BOUNDS_DOC: Final = "\n".join(
+    (
+        "name: a DNS label, 1-63 of a-z 0-9 -, starting and ending with a letter or a digit",
+        f"command: 1-{MAX_COMMAND_WORDS} strings of at most {MAX_COMMAND_WORD_CHARS} "
+        f"characters ({MAX_COMMAND_CHARS} in all, no NUL); the first is the training script, "
+        "not an option (-...), a launcher or an interpreter",
+        f"init_batch_size: an integer in [1, {MAX_BATCH_SIZE}]",
+        f"max_batch_size: an integer in [init_batch_size, {MAX_BATCH_SIZE}]",
+        f"min_local_bsz: an integer in [1, {MAX_LOCAL_BATCH_SIZE}], at most max_batch_size",
+        f"max_local_bsz: an integer in [min_local_bsz, {MAX_LOCAL_BATCH_SIZE}]",
+        f"max_accum_steps: an integer in [1, {MAX_ACCUM_STEPS}], or null (16)",
+        f"min_gpus: an integer in [1, {MAX_JOB_GPUS}]",
+        f"max_gpus: an integer in [min_gpus, {MAX_JOB_GPUS}], or null (no cap); equal to "
+        "min_gpus for a job that does not adapt",
+        f"gpu_types: 1-{MAX_GPU_TYPES} distinct known GPU types, or null (any)",
+        f"application: 1-{MAX_TEXT_CHARS} printable characters",
+        "adaptive: true or false",
+        "checkpoint_uri: a path, file://, s3://BUCKET[/PREFIX] or gs://BUCKET[/PREFIX] "
+        f"(1-{MAX_TEXT_CHARS} printable characters), or null",
+    )
+)
+"""The accepted range of every field of a job, one line each (``coadapt submit --help`` and
+the API's docstring show it)."""
+
+
+def submission_problems(values: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Every problem with a submission's field values, as ``(field, reason)`` in field order
+    (empty: valid). The one check of a job's fields: :class:`JobSubmission` (the API's body)
+    and the YAML spec of ``coadapt submit`` (:mod:`autoscaler.controller.jobspec`) both run
+    it, so both refuse the same jobs. Absent keys take :class:`JobSubmission`'s defaults;
+    ranges are in :data:`BOUNDS_DOC`. Never raises, whatever the values' types."""
+    defaults = {
+        f.name: f.default for f in dataclasses.fields(JobSubmission) if f.default is not MISSING
+    }
+    v = {**defaults, **values}
+    out: list[tuple[str, str]] = []
+    name = v.get("name")
+    if not isinstance(name, str) or not JOB_NAME_PATTERN.fullmatch(name):
+        out.append(
+            (
+                "name",
+                "must be a DNS label: 1-63 lowercase letters, digits and '-', starting and "
+                f"ending with a letter or digit, got {_show(name)}",
+            )
+        )
+    out.extend(_command_problems(v.get("command")))
+    ok: dict[str, int] = {}
+    ranges = (  # field, the field it may not be below (or None), lowest, highest, optional
+        ("init_batch_size", None, 1, MAX_BATCH_SIZE, False),
+        ("max_batch_size", "init_batch_size", 1, MAX_BATCH_SIZE, False),
+        ("min_local_bsz", None, 1, MAX_LOCAL_BATCH_SIZE, False),
+        ("max_local_bsz", "min_local_bsz", 1, MAX_LOCAL_BATCH_SIZE, False),
+        ("min_gpus", None, 1, MAX_JOB_GPUS, False),
+        ("max_gpus", "min_gpus", 1, MAX_JOB_GPUS, True),
+        ("max_accum_steps", None, 1, MAX_ACCUM_STEPS, True),
+    )
+    for field_, lower, low, high, optional in ranges:
+        value = v.get(field_)
+        if optional and value is None:
+            continue
+        floor = f"{lower} ({ok[lower]})" if lower in ok else str(low)
+        problem = _int_problem(value, max(low, ok.get(lower or "", low)), high, floor)
+        if problem is None:
+            ok[field_] = int(value)  # type: ignore[arg-type]  # checked: an int
+        else:
+            out.append((field_, problem))
+    if (
+        "min_local_bsz" in ok
+        and "max_batch_size" in ok
+        and ok["min_local_bsz"] > ok["max_batch_size"]
+    ):
+        out.append(
+            (
+                "min_local_bsz",
+                f"must be <= max_batch_size ({ok['max_batch_size']}), got {ok['min_local_bsz']}: "
+                "no placement could hold a batch within the limits",
+            )
+        )
+    adaptive = v.get("adaptive")
+    if not isinstance(adaptive, bool):
+        out.append(("adaptive", f"must be true or false, got {_show(adaptive)}"))
+    elif (
+        not adaptive and "max_gpus" in ok and "min_gpus" in ok and ok["max_gpus"] != ok["min_gpus"]
+    ):
+        out.append(
+            (
+                "max_gpus",
+                f"a job that does not adapt runs on exactly min_gpus ({ok['min_gpus']}) GPUs: "
+                f"leave max_gpus out or make it {ok['min_gpus']}, got {ok['max_gpus']}",
+            )
+        )
+    application = v.get("application")
+    if not _is_text(application):
+        out.append(
+            (
+                "application",
+                f"must be 1-{MAX_TEXT_CHARS} printable characters, got {_show(application)}",
+            )
+        )
+    out.extend(_gpu_type_problems(v.get("gpu_types")))
+    if v.get("checkpoint_uri") is not None:
+        reason = _checkpoint_problem(v["checkpoint_uri"])
+        if reason is not None:
+            out.append(("checkpoint_uri", reason))
+    return out
+
+
+def _show(value: object) -> str:
+    """A value for a message, cut short (a huge number or string is not echoed whole)."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _is_text(value: object, limit: int = MAX_TEXT_CHARS) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= limit and value.isprintable()
+
+
+def _int_problem(value: object, low: int, high: int, floor: str) -> str | None:
+    """Why ``value`` is not an integer in ``[low, high]`` (``floor`` names ``low``)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return f"must be an integer, got {_show(value)}"
+    if value < low:
+        return f"must be >= {floor}, got {_show(value)}"
+    if value > high:
+        return f"must be <= {high}, got {_show(value)}"
+    return None
+
+
+def _command_problems(command: object) -> list[tuple[str, str]]:
+    """The command: what the node agent runs after the launcher's options (see
+    :func:`~autoscaler.controller.agent.launch_argv`)."""
+    if isinstance(command, str) or not isinstance(command, list | tuple):
+        return [("command", f"must be a list of strings, got {_show(command)}")]
+    if not command:
+        return [("command", "must not be empty: give the training script and its arguments")]
+    if len(command) > MAX_COMMAND_WORDS:
+        return [("command", f"has {len(command)} words; at most {MAX_COMMAND_WORDS}")]
+    out = []
+    total = 0
+    for i, word in enumerate(command):
+        if not isinstance(word, str):
+            out.append((f"command[{i}]", f"must be a string, got {_show(word)}"))
+        elif i == 0 and not word:
+            out.append(("command[0]", "must be the training script, got an empty string"))
+        elif len(word) > MAX_COMMAND_WORD_CHARS or "\0" in word:
+            out.append(
+                (f"command[{i}]", f"must be at most {MAX_COMMAND_WORD_CHARS} characters, no NUL")
+            )
+        else:
+            total += len(word)
+    if total > MAX_COMMAND_CHARS:
+        out.append(("command", f"has {total} characters; at most {MAX_COMMAND_CHARS}"))
+    script = command[0]
+    if isinstance(script, str) and script:
+        if script.startswith("-"):
+            out.append(
+                (
+                    "command[0]",
+                    f"must be the training script, got the option {_show(script)}: options "
+                    "before the script would be read as the launcher's",
+                )
+            )
+        elif _NOT_A_SCRIPT.fullmatch(PurePosixPath(script).name):
+            out.append(
+                (
+                    "command[0]",
+                    f"must be the training script, got {_show(script)}: the command is what "
+                    "follows the launcher's options (the node agent runs it under the launcher), "
+                    "e.g. [train.py, --epochs, 3]",
+                )
+            )
+    return out
+
+
+def _gpu_type_problems(types: object) -> list[tuple[str, str]]:
+    if types is None:
+        return []
+    if isinstance(types, str) or not isinstance(types, list | tuple) or not types:
+        return [
+            (
+                "gpu_types",
+                f"must be a non-empty list (leave it out to allow any), got {_show(types)}",
+            )
+        ]
+    if len(types) > MAX_GPU_TYPES:
+        return [("gpu_types", f"lists {len(types)} types; at most {MAX_GPU_TYPES}")]
+    out: list[tuple[str, str]] = []
+    seen: dict[str, int] = {}
+    for i, item in enumerate(types):
+        if not isinstance(item, str) or item not in KNOWN_GPU_TYPES:
+            choices = ", ".join(KNOWN_GPU_TYPES)
+            hint = ""
+            if isinstance(item, str):
+                by_lower = {t.lower(): t for t in KNOWN_GPU_TYPES}
+                close = difflib.get_close_matches(item.lower(), list(by_lower), n=1)
+                hint = f"; did you mean {by_lower[close[0]]!r}?" if close else ""
+            out.append((f"gpu_types[{i}]", f"must be one of {choices}, got {_show(item)}{hint}"))
+        elif item in seen:
+            out.append(
+                (f"gpu_types[{i}]", f"{item!r} is listed twice (first as gpu_types[{seen[item]}])")
+            )
+        else:
+            seen[item] = i
+    return out
+
+
+def _checkpoint_problem(uri: object) -> str | None:
+    if not _is_text(uri) or not str(uri).strip():
+        return (
+            f"must be a non-empty location of at most {MAX_TEXT_CHARS} printable characters, "
+            f"got {_show(uri)}"
+        )
+    assert isinstance(uri, str)
+    if "://" not in uri:
+        return None  # a local path
+    parsed = urllib.parse.urlparse(uri)
+    if parsed.scheme not in _CHECKPOINT_SCHEMES:
+        return (
+            f"unsupported scheme {parsed.scheme!r} in {uri!r}: use a local path, file://, "
+            "s3://BUCKET/PREFIX or gs://BUCKET/PREFIX"
+        )
+    if parsed.scheme in ("s3", "gs") and not parsed.netloc:
+        return f"{uri!r} names no bucket: expected {parsed.scheme}://BUCKET/PREFIX"
+    if parsed.scheme == "file" and not parsed.path:
+        return f"{uri!r} names no folder: expected file:///PATH"
+    return None
+
+
 @dataclass(frozen=True)
 class JobSubmission:
-    """A submitted job. ``min_gpus`` is the GPUs it runs on when it does not adapt. Batch
-    sizes are totals across GPUs except ``*_local_bsz`` (per GPU). ``application`` names the
-    model for the speed table (``generic``: unknown). ``adaptive`` false pins the batch at
-    ``init_batch_size`` and the GPUs at ``min_gpus``."""
+    """A submitted job, as the API takes it and the store keeps it (JSON; the YAML job spec of
+    ``coadapt submit`` maps onto it). Every field is checked on construction by
+    :func:`submission_problems` (ranges in :data:`BOUNDS_DOC`); :class:`InvalidInputError`
+    names the first bad field, and its message lists them all.
+
+    Batch sizes are totals across GPUs except ``*_local_bsz`` (per GPU). ``min_gpus``: the
+    fewest GPUs it runs on (for a job that does not adapt, exactly its GPUs); ``max_gpus``:
+    the most (``None``: no cap); ``gpu_types``: the GPU types it may run on (``None``: any);
+    ``max_accum_steps``: the most gradient-accumulation steps per optimizer step (``None``:
+    16). ``application`` names the model for the speed table (``generic``: unknown).
+    ``adaptive`` false pins the batch at ``init_batch_size`` and the GPUs at ``min_gpus``.
+    ``checkpoint_uri``: where the job checkpoints (``None``: the cluster's checkpoint root).
+    Every policy and the fleet sizing honour these bounds."""
 
     name: str
     init_batch_size: int
@@ -46,62 +317,75 @@ class JobSubmission:
     max_local_bsz: int
     min_local_bsz: int = 1
     min_gpus: int = 1
+    max_gpus: int | None = None
+    gpu_types: tuple[str, ...] | None = None
+    max_accum_steps: int | None = None
     application: str = GENERIC_APPLICATION
     adaptive: bool = True
     command: tuple[str, ...] = ()
+    checkpoint_uri: str | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise InvalidInputError("a job needs a non-empty name", field="name")
-        for name in ("init_batch_size", "max_batch_size", "max_local_bsz", "min_local_bsz"):
+        for name in ("command", "gpu_types"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidInputError(
-                    f"job {self.name}: {name} must be a positive integer, got {value!r}",
-                    field=name,
-                )
-        if self.max_batch_size < self.init_batch_size:
-            raise InvalidInputError(
-                f"job {self.name}: max_batch_size < init_batch_size", field="max_batch_size"
-            )
-        if self.max_local_bsz < self.min_local_bsz:
-            raise InvalidInputError(
-                f"job {self.name}: max_local_bsz < min_local_bsz", field="max_local_bsz"
-            )
-        if isinstance(self.min_gpus, bool) or not isinstance(self.min_gpus, int):
-            raise InvalidInputError(
-                f"job {self.name}: min_gpus must be an integer", field="min_gpus"
-            )
-        if self.min_gpus < 1:
-            raise InvalidInputError(f"job {self.name}: min_gpus must be >= 1", field="min_gpus")
-        object.__setattr__(self, "command", tuple(self.command))
+            if isinstance(value, list):
+                object.__setattr__(self, name, tuple(value))
+        problems = submission_problems(self.__dict__)
+        if problems:
+            field_ = problems[0][0]
+            label = f"job {self.name}" if isinstance(self.name, str) and self.name else "a job"
+            text = "; ".join(f"{f}: {r}" for f, r in problems)
+            raise InvalidInputError(f"{label}: {text}", field=field_)
 
     @property
     def limits(self) -> BatchLimits:
+        extra = {} if self.max_accum_steps is None else {"max_accum_steps": self.max_accum_steps}
         return BatchLimits(
-            self.init_batch_size, self.max_batch_size, self.max_local_bsz, self.min_local_bsz
+            self.init_batch_size,
+            self.max_batch_size,
+            self.max_local_bsz,
+            self.min_local_bsz,
+            **extra,
         )
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> JobSubmission:
-        """Parse a stored spec; :class:`InvalidInputError` names the bad field."""
+    def from_json(cls, text: str | bytes) -> JobSubmission:
+        """Parse a submission (a stored spec, or an API body); :class:`InvalidInputError`
+        names the bad field."""
         try:
             data: Any = json.loads(text)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:
             raise InvalidInputError(f"job spec is not JSON: {e}", field="spec") from e
+        return cls.from_mapping(data)
+
+    @classmethod
+    def from_mapping(cls, data: object) -> JobSubmission:
+        """A submission from a JSON object: unknown fields and missing required ones are
+        refused with the field named, then every value is checked."""
         if not isinstance(data, Mapping):
             raise InvalidInputError("job spec must be a JSON object", field="spec")
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(data) - known)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(str(k) for k in data if k not in known)
         if unknown:
-            raise InvalidInputError(f"unknown job spec field {unknown[0]!r}", field=unknown[0])
-        try:
-            return cls(**data)
-        except TypeError as e:
-            raise InvalidInputError(f"job spec: {e}", field="spec") from e
+            raise InvalidInputError(f"unknown job spec field {_show(unknown[0])}", field=unknown[0])
+        for f in dataclasses.fields(cls):
+            if f.default is MISSING and f.default_factory is MISSING and f.name not in data:
+                raise InvalidInputError(f"the job spec lacks {f.name!r}", field=f.name)
+        values = dict(data)
+        if values.get("command") is None:
+            values.pop("command", None)
+        return cls(**values)
+
+    def view_bounds(self) -> dict[str, Any]:
+        """The :class:`~autoscaler.jobs.JobView` fields the spec's bounds fill."""
+        return {
+            "min_gpus": self.min_gpus,
+            "gpu_limit": self.max_gpus,
+            "gpu_types": None if self.gpu_types is None else frozenset(self.gpu_types),
+        }
 
 
 @dataclass
@@ -110,6 +394,9 @@ class _Known:
     max_gpus: int = 0
     max_nodes: int = 0
     models: dict[str, GoodputModel] | None = None
+    progress: float = 0.0
+    target_progress: float | None = None
+    done: bool = False
 
 
 class JobBook:
@@ -137,8 +424,12 @@ class JobBook:
         return added
 
     def record_gradient(self, report: TrainerReport) -> None:
-        """Keep the report's gradient statistics (the latest win)."""
+        """Keep the report's gradient statistics (the latest win), its progress and declared
+        length, and whether its trainer finished (a finished job stays finished)."""
         known = self._known.setdefault(report.job_id, _Known())
+        known.progress = report.progress
+        known.target_progress = report.target_progress
+        known.done = known.done or report.done
         if report.gradient is not None:
             g = report.gradient
             if math.isfinite(g.grad_sqr) and math.isfinite(g.grad_var):
@@ -190,6 +481,19 @@ class JobBook:
         self.models.drop(name)
         self._known.pop(name, None)
 
+    def done(self, name: str) -> bool:
+        """Whether the job's trainer reported that it finished training."""
+        known = self._known.get(name)
+        return known is not None and known.done
+
+    def remaining_progress(self, name: str) -> float | None:
+        """Progress the job has left by its declared length (:func:`trainer.report.
+        remaining_progress` of its latest report; ``None``: nothing declared, or no report)."""
+        known = self._known.get(name)
+        if known is None:
+            return None
+        return remaining_progress(known.progress, known.target_progress)
+
     def view(
         self, spec: JobSubmission, submitted_at_s: float, now_s: float, allocation: Allocation
     ) -> JobView:
@@ -216,6 +520,8 @@ class JobBook:
             max_profiled_nodes=known.max_nodes,
             models=models,
             adaptive=spec.adaptive,
+            remaining_progress=remaining_progress(known.progress, known.target_progress),
+            **spec.view_bounds(),
         )
 
 

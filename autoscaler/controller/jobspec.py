@@ -83,7 +83,6 @@ import enum
 import math
 import re
 import shlex
-import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -91,10 +90,9 @@ from typing import Any, Final, NoReturn
 
 import yaml
 
-from autoscaler.controller.jobs import GENERIC_APPLICATION, JobSubmission
+from autoscaler.controller.jobs import GENERIC_APPLICATION, JobSubmission, submission_problems
 from autoscaler.costs import MARKETS
 from autoscaler.errors import InvalidInputError
-from autoscaler.gputypes import KNOWN_GPU_TYPES
 
 __all__ = [
     "ROOT_FIELD",
@@ -108,9 +106,11 @@ __all__ = [
 ROOT_FIELD: Final = "spec"
 """The field an error names when the document as a whole is wrong (empty, not a mapping)."""
 
-_NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
-_NOT_A_SCRIPT = re.compile(r"(coadapt-launch|torchrun|python[0-9.]*)")
-_CHECKPOINT_SCHEMES: Final = ("file", "s3", "gs")
+MAX_SPEC_BYTES: Final = 64 * 1024
+"""The largest spec file read (checked before it is parsed)."""
+MAX_SPEC_DEPTH: Final = 16
+"""The deepest nesting of mappings and lists a spec may have (checked while parsing)."""
+MAX_WEIGHT: Final = 1e6
 
 _STR: Final = "tag:yaml.org,2002:str"
 _INT: Final = "tag:yaml.org,2002:int"
@@ -204,10 +204,25 @@ class JobSpec:
             max_local_bsz=self.max_local_bsz,
             min_local_bsz=self.min_local_bsz,
             min_gpus=self.min_gpus,
+            max_gpus=self.max_gpus,
+            gpu_types=self.gpu_types,
+            max_accum_steps=self.max_accum_steps,
             application=self.application,
             adaptive=self.adaptive,
             command=self.command,
+            checkpoint_uri=self.checkpoint_uri,
         )
+
+    @property
+    def not_acted_on(self) -> tuple[str, ...]:
+        """The spec fields given that the controller keeps but does not act on yet."""
+        given = {
+            "weight": self.weight != 1.0,
+            "markets": self.markets is not None,
+            "offerings": self.offerings is not None,
+            "budget_share": self.budget_share is not None,
+        }
+        return tuple(name for name, set_ in given.items() if set_)
 
 
 def load_job_spec(path: str | Path) -> JobSpec:
@@ -215,9 +230,17 @@ def load_job_spec(path: str | Path) -> JobSpec:
     (an unreadable file too)."""
     spath = str(path)
     try:
-        data = Path(path).read_bytes()
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_SPEC_BYTES + 1)
     except OSError as e:
         raise JobSpecError(f"cannot read: {e.strerror or e}", path=spath, line=None) from e
+    if len(data) > MAX_SPEC_BYTES:
+        raise JobSpecError(
+            f"the file is larger than {MAX_SPEC_BYTES // 1024} KiB: not a job spec",
+            path=spath,
+            line=1,
+            field=ROOT_FIELD,
+        )
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -227,9 +250,25 @@ def load_job_spec(path: str | Path) -> JobSpec:
 
 
 def parse_job_spec(text: str, path: str = "<string>") -> JobSpec:
-    """Validate the spec in ``text``; ``path`` names it in errors (:class:`JobSpecError`)."""
+    """Validate the spec in ``text``; ``path`` names it in errors (:class:`JobSpecError`).
+    A text over :data:`MAX_SPEC_BYTES` (UTF-8) or nested deeper than :data:`MAX_SPEC_DEPTH` is
+    refused before its values are read."""
+    if len(text) > MAX_SPEC_BYTES or len(text.encode("utf-8", "replace")) > MAX_SPEC_BYTES:
+        raise JobSpecError(
+            f"the text is larger than {MAX_SPEC_BYTES // 1024} KiB: not a job spec",
+            path=path,
+            line=1,
+            field=ROOT_FIELD,
+        )
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except RecursionError as e:
+        raise JobSpecError(
+            f"nested too deeply (at most {MAX_SPEC_DEPTH} levels)",
+            path=path,
+            line=1,
+            field=ROOT_FIELD,
+        ) from e
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         problem = ", ".join(p for p in (e.context, e.problem) if p) or str(e)
@@ -247,7 +286,34 @@ def parse_job_spec(text: str, path: str = "<string>") -> JobSpec:
         ) from e
     except yaml.YAMLError as e:  # pragma: no cover - every PyYAML error is one of the above
         raise JobSpecError(f"not valid YAML: {e}", path=path, line=1, field=ROOT_FIELD) from e
+    deepest = _depth(root)
+    if deepest is not None:
+        raise JobSpecError(
+            f"nested too deeply (at most {MAX_SPEC_DEPTH} levels)",
+            path=path,
+            line=deepest,
+            field=ROOT_FIELD,
+        )
     return _Reader(path).spec(root)
+
+
+def _depth(root: Any) -> int | None:
+    """The line of the first node nested deeper than :data:`MAX_SPEC_DEPTH` (``None``: none
+    is). Iterative: a deep document cannot exhaust the stack here."""
+    stack = [(root, 1)] if root is not None else []
+    seen: set[int] = set()  # an alias is the node it names: visited once (no "billion laughs")
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_SPEC_DEPTH:
+            return _line(node)
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            stack.extend((child, depth + 1) for pair in node.value for child in pair)
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((child, depth + 1) for child in node.value)
+    return None
 
 
 # ---- reading the node tree ------------------------------------------------------------------
@@ -529,110 +595,57 @@ _ATTRIBUTES: Final = {"checkpoint": "checkpoint_uri"}
 
 def _first_problem(values: Mapping[str, Any]) -> tuple[str, str] | None:
     """The first problem with JobSpec attribute values, as (spec field path, reason); ``None``
-    when they are valid. Absent keys take JobSpec's defaults."""
+    when they are valid. Absent keys take JobSpec's defaults. The fields a submission has are
+    checked by :func:`~autoscaler.controller.jobs.submission_problems` (the API's own check:
+    one rule for both), the spec's extras here."""
+    problems = all_problems(values)
+    return problems[0] if problems else None
+
+
+def all_problems(values: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Every problem with JobSpec attribute values, as (spec field path, reason)."""
     defaults = {f.name: f.default for f in fields(JobSpec)}
     v = {**defaults, **values}
-    for check in (_check_identity, _check_sizes, _check_extras):
-        problem = check(v)
-        if problem is not None:
-            return problem
-    return None
+    shared = {f.name: v[f.name] for f in fields(JobSubmission) if f.name in v}
+    out = [(_spec_path(f), _spec_words(reason)) for f, reason in submission_problems(shared)]
+    return out + _extra_problems(v)
 
 
-def _check_identity(v: Mapping[str, Any]) -> tuple[str, str] | None:
-    name = v["name"]
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
-        return "name", (
-            "must be a DNS label: 1-63 lowercase letters, digits and '-', starting and ending "
-            f"with a letter or digit, got {name!r}"
-        )
-    command = v["command"]
-    if not isinstance(command, Sequence) or isinstance(command, str):
-        return "command", f"must be a list of strings, got {command!r}"
-    if not command:
-        return "command", "must not be empty: give the training script and its arguments"
-    for i, word in enumerate(command):
-        if not isinstance(word, str):
-            return f"command[{i}]", f"must be a string, got {word!r}"
-    script = command[0]
-    if not script or script.startswith("-"):
-        return "command[0]", f"must be the training script, got {script!r}"
-    if _NOT_A_SCRIPT.fullmatch(Path(script).name):
-        return "command[0]", (
-            f"must be the training script, got {script!r}: the command is what follows the "
-            "launcher's options (the node agent runs it under the launcher), e.g. "
-            "[train.py, --epochs, 3]"
-        )
-    if not isinstance(v["application"], str) or not v["application"]:
-        return "application", f"must be a non-empty string, got {v['application']!r}"
-    if not isinstance(v["adaptive"], bool):
-        return "adaptive", f"must be true or false, got {v['adaptive']!r}"
-    return None
+def _spec_words(reason: str) -> str:
+    """A submission's reason with its field names written as the spec's (``min_gpus`` ->
+    ``gpus.min``)."""
+    return re.sub(
+        r"\b(" + "|".join(sorted(_PATHS, key=len, reverse=True)) + r")\b",
+        lambda m: _PATHS[m.group(1)],
+        reason,
+    )
 
 
-def _int_problem(value: object, minimum: int, what: str = "") -> str | None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        return f"must be an integer, got {value!r}"
-    if value < minimum:
-        return f"must be >= {what or minimum}, got {value}"
-    return None
+def _spec_path(field: str) -> str:
+    """A submission field (``min_gpus``, ``command[2]``) as the spec's path (``gpus.min``)."""
+    head, bracket, rest = field.partition("[")
+    return _PATHS.get(head, head) + bracket + rest
 
 
-def _check_sizes(v: Mapping[str, Any]) -> tuple[str, str] | None:
-    checks: list[tuple[str, int, str]] = [
-        ("min_gpus", 1, ""),
-        ("init_batch_size", 1, ""),
-        ("min_local_bsz", 1, ""),
-    ]
-    for attr, minimum, what in checks:
-        problem = _int_problem(v[attr], minimum, what)
-        if problem is not None:
-            return _PATHS[attr], problem
-    relations = [
-        ("max_gpus", "min_gpus"),
-        ("max_batch_size", "init_batch_size"),
-        ("max_local_bsz", "min_local_bsz"),
-    ]
-    for attr, lower in relations:
-        if attr == "max_gpus" and v[attr] is None:
-            continue
-        problem = _int_problem(v[attr], v[lower], f"{_PATHS[lower]} ({v[lower]})")
-        if problem is not None:
-            return _PATHS[attr], problem
-    if v["min_local_bsz"] > v["max_batch_size"]:
-        return "local_batch_size.min", (
-            f"must be <= batch_size.max ({v['max_batch_size']}), got {v['min_local_bsz']}: no "
-            "placement could hold a batch within the limits"
-        )
-    if v["max_accum_steps"] is not None:
-        problem = _int_problem(v["max_accum_steps"], 1)
-        if problem is not None:
-            return "max_accum_steps", problem
-    return None
-
-
-def _check_extras(v: Mapping[str, Any]) -> tuple[str, str] | None:
+def _extra_problems(v: Mapping[str, Any]) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
     if v["optimizer"] is not None and not isinstance(v["optimizer"], Optimizer):
-        return "optimizer", _one_of(v["optimizer"], _OPTIMIZERS)
-    if v["checkpoint_uri"] is not None:
-        reason = _checkpoint_problem(v["checkpoint_uri"])
-        if reason is not None:
-            return "checkpoint", reason
+        out.append(("optimizer", _one_of(v["optimizer"], _OPTIMIZERS)))
     weight = v["weight"]
-    if not _is_real(weight) or not (math.isfinite(weight) and weight > 0):
-        return "weight", f"must be a finite number > 0, got {weight!r}"
+    if not _is_real(weight) or not (math.isfinite(weight) and 0 < weight <= MAX_WEIGHT):
+        out.append(("weight", f"must be a number in (0, {MAX_WEIGHT:g}], got {weight!r}"))
     share = v["budget_share"]
     if share is not None and (not _is_real(share) or not 0 < share <= 1):
-        return "budget_share", f"must be a number in (0, 1], got {share!r}"
-    for key in ("gpu_types", "markets", "offerings"):
+        out.append(("budget_share", f"must be a number in (0, 1], got {share!r}"))
+    for key in ("markets", "offerings"):
         problem = _list_problem(key, v[key], v["markets"])
         if problem is not None:
-            return problem
-    return None
+            out.append(problem)
+    return out
 
 
 def _list_problem(key: str, items: object, markets: Sequence[str] | None) -> tuple[str, str] | None:
-    """The first problem with ``gpu_types``, ``markets`` or ``offerings`` (``None``: any)."""
+    """The first problem with ``markets`` or ``offerings`` (``None``: any)."""
     if items is None:
         return None
     if not isinstance(items, Sequence) or isinstance(items, str) or not items:
@@ -645,8 +658,6 @@ def _list_problem(key: str, items: object, markets: Sequence[str] | None) -> tup
         if item in first:
             return path, f"{item!r} is listed twice (first as {key}[{first[item]}])"
         first[item] = i
-        if key == "gpu_types" and item not in KNOWN_GPU_TYPES:
-            return path, _one_of(item, KNOWN_GPU_TYPES)
         if key == "markets" and item not in MARKETS:
             return path, _one_of(item, MARKETS)
         if key == "offerings":
@@ -658,24 +669,6 @@ def _list_problem(key: str, items: object, markets: Sequence[str] | None) -> tup
 
 def _is_real(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _checkpoint_problem(uri: object) -> str | None:
-    if not isinstance(uri, str) or not uri.strip():
-        return f"must be a non-empty location, got {uri!r}"
-    if "://" not in uri:
-        return None  # a local path
-    parsed = urllib.parse.urlparse(uri)
-    if parsed.scheme not in _CHECKPOINT_SCHEMES:
-        return (
-            f"unsupported scheme {parsed.scheme!r} in {uri!r}: use a local path, file://, "
-            "s3://BUCKET/PREFIX or gs://BUCKET/PREFIX"
-        )
-    if parsed.scheme in ("s3", "gs") and not parsed.netloc:
-        return f"{uri!r} names no bucket: expected {parsed.scheme}://BUCKET/PREFIX"
-    if parsed.scheme == "file" and not parsed.path:
-        return f"{uri!r} names no folder: expected file:///PATH"
-    return None
 
 
 def _offering_problem(key: str, markets: Sequence[str] | None) -> str | None:

@@ -22,7 +22,9 @@ def fake_controller(
     clock = FakeClock()
     store = Store.create(tmp_path / "store.db", cluster, clock)
     for i in range(jobs):
-        spec = JobSubmission(f"job-{i}", 128, 1024, 128, 32, application="cifar10")
+        spec = JobSubmission(
+            f"job-{i}", 128, 1024, 128, 32, application="cifar10", command=("train.py",)
+        )
         store.add_job(spec.name, spec.to_json())
     cloud = FakeProvider(clock=clock)
     cfg = ControllerConfig(

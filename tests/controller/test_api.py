@@ -66,7 +66,7 @@ def spec(name: str = "bert", **kw: Any) -> dict[str, Any]:
         "init_batch_size": 64,
         "max_batch_size": 1024,
         "max_local_bsz": 128,
-        "command": ["python", "train.py", "--epochs", "3"],
+        "command": ["train.py", "--epochs", "3"],
     }
     body.update(kw)
     return body
@@ -265,15 +265,15 @@ def test_submit_answers_201_with_the_job_and_stores_it(
     assert body["submitted_at_s"] == START_S
     assert body["assignment"] == {}
     assert body["progress"] is None
-    assert body["spec"]["command"] == ["python", "train.py", "--epochs", "3"]
+    assert body["spec"]["command"] == ["train.py", "--epochs", "3"]
     stored = JobSubmission.from_json(store.get_job("bert").spec_json)
     assert stored == JobSubmission.from_json(json.dumps(spec("bert")))
 
 
 def test_client_submit_get_list_cancel(user: ApiClient, store: Store) -> None:
-    submitted = user.submit_job(JobSubmission("a", 32, 256, 64, command=("python", "a.py")))
+    submitted = user.submit_job(JobSubmission("a", 32, 256, 64, command=("a.py",)))
     assert submitted.status is JobStatus.QUEUED
-    assert submitted.spec.command == ("python", "a.py")
+    assert submitted.spec.command == ("a.py",)
     user.submit_job(spec("b", min_gpus=2, application="bert", adaptive=False))
     assert [j.name for j in user.list_jobs()] == ["a", "b"]
     assert user.get_job("b").spec.min_gpus == 2
@@ -327,8 +327,16 @@ def test_duplicate_job_is_409_and_keeps_the_first(
         ({**spec(), "name": 7}, "name"),
         (spec(command="python train.py"), "command"),
         (spec(command=[]), "command"),
-        (spec(command=["python", 3]), "command"),
+        (spec(command=["train.py", 3]), "command[1]"),
+        (spec(command=["python", "train.py"]), "command[0]"),
+        (spec(command=["--controller-url", "http://elsewhere", "train.py"]), "command[0]"),
         ({k: v for k, v in spec().items() if k != "command"}, "command"),
+        (spec(min_gpus=9223372036854775808, adaptive=False), "min_gpus"),
+        (spec(min_gpus=2**62), "min_gpus"),
+        (spec(max_gpus=10**9), "max_gpus"),
+        (spec(max_batch_size=2**40), "max_batch_size"),
+        (spec(gpu_types=["Z80"]), "gpu_types[0]"),
+        (spec(min_gpus=2, max_gpus=4, adaptive=False), "max_gpus"),
         (spec(adaptive="yes"), "adaptive"),
         (spec(application=None), "application"),
     ],
@@ -546,7 +554,7 @@ def test_assignments_give_each_running_job_its_nodes_in_rank_order(
     assert bert["gpus"] == 2
     assert bert["nodes"] == [["i-a", 4], ["i-b", 2]]
     assert bert["node_rank"] == 1
-    assert bert["command"] == ["python", "train.py", "--epochs", "3"]
+    assert bert["command"] == ["train.py", "--epochs", "3"]
     assert bert["spec"]["max_batch_size"] == 1024
     assert bert["rendezvous"] is None  # the first node's address is not known yet
     assert [a["job"] for a in agent.assignments("i-a")] == ["bert"]
@@ -560,7 +568,7 @@ def test_assignments_give_each_running_job_its_nodes_in_rank_order(
     parsed = assignments_from_json(agent.assignments("i-b"))  # what the agent reads
     assert parsed["bert"].nodes == (("i-a", 4), ("i-b", 2))
     assert parsed["bert"].rendezvous == rendezvous_endpoint("bert", "10.0.0.5")
-    assert parsed["gpt"].command == ("python", "train.py", "--epochs", "3")
+    assert parsed["gpt"].command == ("train.py", "--epochs", "3")
 
 
 def test_assignments_of_an_unknown_instance_are_404(
@@ -1099,7 +1107,7 @@ def test_store_for_thread_skips_the_checks_but_not_the_identity(
 
     def in_thread() -> None:
         with template.for_thread() as mine:
-            mine.add_job("a", JobSubmission("a", 1, 1, 1).to_json())
+            mine.add_job("a", JobSubmission("a", 1, 1, 1, command=("a.py",)).to_json())
             out.append(mine.cluster_id)
 
     t = threading.Thread(target=in_thread)

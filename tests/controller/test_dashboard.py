@@ -47,7 +47,10 @@ def test_the_dashboard_shows_jobs_fleet_and_cost_only_with_the_token(tmp_path: P
     store.transition(
         "i-dash1", row.version, InstanceStatus.RUNNING, reason="up", provider_instance_id="p1"
     )
-    store.add_job("job-on-dashboard", JobSubmission("job-on-dashboard", 64, 512, 64).to_json())
+    store.add_job(
+        "job-on-dashboard",
+        JobSubmission("job-on-dashboard", 64, 512, 64, command=("train.py",)).to_json(),
+    )
     store.set_assignments("job-on-dashboard", {"i-dash1": 2})
     job = store.get_job("job-on-dashboard")
     store.update_job(job.name, job.version, status=JobStatus.RUNNING)

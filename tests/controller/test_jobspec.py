@@ -50,7 +50,7 @@ markets: [spot, on-demand]
 offerings: [aws/g4dn.12xlarge/us-east-1a/spot, aws/p4d.24xlarge/us-east-1b/on-demand]
 budget_share: 0.25
 application: resnet50
-adaptive: false
+adaptive: true
 """
 
 # Line numbers matter in the error cases below.
@@ -88,7 +88,7 @@ def test_full_spec_round_trips_into_a_submission() -> None:
         offerings=("aws/g4dn.12xlarge/us-east-1a/spot", "aws/p4d.24xlarge/us-east-1b/on-demand"),
         budget_share=0.25,
         application="resnet50",
-        adaptive=False,
+        adaptive=True,
     )
     submission = spec.submission()
     assert submission == JobSubmission(
@@ -98,11 +98,17 @@ def test_full_spec_round_trips_into_a_submission() -> None:
         max_local_bsz=512,
         min_local_bsz=32,
         min_gpus=2,
+        max_gpus=16,
+        gpu_types=("T4", "A100"),
+        max_accum_steps=8,
         application="resnet50",
-        adaptive=False,
+        adaptive=True,
         command=spec.command,
+        checkpoint_uri="s3://ckpt-bucket/resnet-50-a",
     )
+    assert submission.limits.max_accum_steps == 8
     assert JobSubmission.from_json(submission.to_json()) == submission
+    assert spec.not_acted_on == ("weight", "markets", "offerings", "budget_share")
 
 
 def test_defaults_of_a_minimal_spec() -> None:
@@ -468,7 +474,7 @@ ERRORS = [
         BASE + "checkpoint: ''\n", 11, "checkpoint", "non-empty location", id="checkpoint empty"
     ),
     pytest.param(
-        BASE + "weight: 0\n", 11, "weight", "must be a finite number > 0, got 0.0", id="weight 0"
+        BASE + "weight: 0\n", 11, "weight", "must be a number in (0, 1e+06], got 0.0", id="weight 0"
     ),
     pytest.param(BASE + "weight: .nan\n", 11, "weight", "got nan", id="weight nan"),
     pytest.param(
@@ -541,7 +547,7 @@ ERRORS = [
         id="offering outside markets",
     ),
     pytest.param(
-        BASE + "application: ''\n", 11, "application", "non-empty string", id="application empty"
+        BASE + "application: ''\n", 11, "application", "1-1024 printable", id="application empty"
     ),
     pytest.param(
         BASE + "adaptive: 'false'\n",
@@ -636,12 +642,16 @@ def test_constructing_a_spec_checks_the_same_rules() -> None:
 _NAMES = st.from_regex(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?", fullmatch=True)
 _SCRIPTS = st.from_regex(r"[a-z_][a-z0-9_/]{0,16}\.py", fullmatch=True)
 _WORDS = st.text(st.characters(blacklist_categories=("Cs",)), max_size=10)
+# A process argument cannot hold NUL (argv is C strings): the one rule refuses it.
+_ARGS = st.text(
+    st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=10
+)
 
 
 @st.composite
 def _specs(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, Any]]:
     """A valid spec as a YAML-able dict, and the JobSpec attributes it must give."""
-    command = [draw(_SCRIPTS), *draw(st.lists(_WORDS, max_size=6))]
+    command = [draw(_SCRIPTS), *draw(st.lists(_ARGS, max_size=6))]
     init = draw(st.integers(1, 10_000))
     max_batch = draw(st.integers(init, 100_000))
     min_local = draw(st.integers(1, max_batch))
@@ -679,7 +689,7 @@ def _specs(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, Any]]:
         ),
         "weight": (
             "weight",
-            st.floats(min_value=0, max_value=1e9, exclude_min=True) | st.integers(1, 1000),
+            st.floats(min_value=0, max_value=1e6, exclude_min=True) | st.integers(1, 1000),
         ),
         "gpu_types": (
             "gpu_types",
@@ -695,7 +705,7 @@ def _specs(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, Any]]:
             ).map(tuple),
         ),
         "budget_share": ("budget_share", st.floats(min_value=0, max_value=1, exclude_min=True)),
-        "application": ("application", _WORDS.filter(bool)),
+        "application": ("application", _WORDS.filter(lambda w: bool(w) and w.isprintable())),
         "adaptive": ("adaptive", st.booleans()),
     }
     for key, (attribute, values) in optional.items():
@@ -708,6 +718,8 @@ def _specs(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, Any]]:
             data[key] = list(value) if isinstance(value, tuple) else value
             if key == "optimizer":
                 data[key] = value.value
+    if want.get("adaptive") is False and "max_gpus" in want:  # it runs on exactly gpus.min
+        data["gpus"]["max"] = want["max_gpus"] = want.get("min_gpus", 1)
     if "weight" in want:
         want["weight"] = float(want["weight"])
     order = draw(st.permutations(list(data)))

@@ -47,7 +47,9 @@ def _setup(tmp_path: Path, jobs: int = 2) -> tuple[Store, FakeProvider, FakeCloc
     clock = FakeClock()
     store = Store.create(tmp_path / "store.db", CLUSTER, clock)
     for i in range(jobs):
-        spec = JobSubmission(f"job-{i}", 128, 1024, 128, 32, application="cifar10")
+        spec = JobSubmission(
+            f"job-{i}", 128, 1024, 128, 32, application="cifar10", command=("train.py",)
+        )
         store.add_job(spec.name, spec.to_json())
     return store, FakeProvider(clock=clock), clock
 
@@ -69,11 +71,11 @@ def test_a_restarted_controller_sees_the_same_models(tmp_path: Path) -> None:
     _rounds(ctl, store, clock, 4)
     ctl.run_round()  # ingests the last reports
     assert store.list_models(), "profiles are written to the store"
-    views = {v.name: v for v in ctl._views(store.list_jobs(), store.list_assignments(), 0.0)}
+    views = {v.name: v for v in ctl.job_views(0.0)}
     assert all(v.models for v in views.values())
     again = Controller(store, cloud.restarted(), clock, CONFIG)
     again._read_reports(store.list_assignments(), {})  # restore, nothing new to read
-    views2 = {v.name: v for v in again._views(store.list_jobs(), store.list_assignments(), 0.0)}
+    views2 = {v.name: v for v in again.job_views(0.0)}
     for name, view in views.items():
         assert dict(views2[name].models) == dict(view.models)
         assert views2[name].max_profiled_gpus == view.max_profiled_gpus
@@ -130,19 +132,28 @@ def test_drained_instances_take_their_jobs_off_first(tmp_path: Path) -> None:
         ({"init_batch_size": 0}, "init_batch_size"),
         ({"max_batch_size": 64}, "max_batch_size"),
         ({"min_local_bsz": 256}, "max_local_bsz"),
+        ({"min_gpus": 2**63}, "min_gpus"),
+        ({"max_gpus": 4097}, "max_gpus"),
+        ({"command": ("--controller-url", "http://elsewhere", "t.py")}, "command[0]"),
         ({"min_gpus": 0}, "min_gpus"),
         ({"name": ""}, "name"),
     ],
 )
 def test_job_spec_errors_name_the_field(changes: dict, field: str) -> None:
-    base = {"name": "j", "init_batch_size": 128, "max_batch_size": 1024, "max_local_bsz": 128}
+    base = {
+        "name": "j",
+        "init_batch_size": 128,
+        "max_batch_size": 1024,
+        "max_local_bsz": 128,
+        "command": ("train.py",),
+    }
     with pytest.raises(InvalidInputError) as e:
         JobSubmission(**{**base, **changes})
     assert e.value.field == field
 
 
 def test_stored_spec_round_trips_and_unknown_fields_are_named() -> None:
-    spec = JobSubmission("j", 128, 1024, 128, command=("python", "train.py"))
+    spec = JobSubmission("j", 128, 1024, 128, command=("train.py", "--lr", "0.1"))
     assert JobSubmission.from_json(spec.to_json()) == spec
     with pytest.raises(InvalidInputError) as e:
         JobSubmission.from_json(

@@ -57,7 +57,9 @@ def _store(d: Path, clock: FakeClock, jobs: int) -> Store:
         return Store.open(path, clock)
     store = Store.create(path, CLUSTER, clock)
     for i in range(jobs):
-        spec = JobSubmission(f"job-{i}", 128, 1024, 128, 32, application="cifar10")
+        spec = JobSubmission(
+            f"job-{i}", 128, 1024, 128, 32, application="cifar10", command=("train.py",)
+        )
         store.add_job(spec.name, spec.to_json())
     return store
 
