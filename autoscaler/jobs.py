@@ -261,14 +261,20 @@ class JobView:
             own profiles on that type (filled only for type-aware policies; estimates for other
             types come from :func:`autoscaler.gputypes.estimate_model`).
         oracle: ground truth for oracle baselines (``None`` unless the observer provides it).
-        adaptive: ``False`` if the user opted the job out of adaptation: it then runs on at most
-            ``requested_gpus`` GPUs at ``fixed_batch_size``, under every policy.
+        adaptive: ``False`` if the user opted the job out of adaptation: it then runs on
+            exactly ``requested_gpus`` GPUs at ``fixed_batch_size``, under every policy.
         remaining_progress: statistical progress still to make before the job is done, in
             initial-batch-size iterations (the trainer's progress unit: one unit = ``M0``
-            samples at efficiency 1); ``None`` if unknown. The simulator gives it from each
-            job's trace length; the controller does not know training lengths yet and gives
-            ``None`` (remaining-time weights and horizons then take their defaults).
+            samples at efficiency 1; :func:`trainer.report.remaining_progress` of the length
+            the job's script declared and its progress); ``None`` if the job declared no length
+            (remaining-time weights and horizons then take their defaults). The controller
+            and the simulator give it the same way, from the declared length only.
             :attr:`remaining_work` gives it in ``M0``-equivalent samples.
+        min_gpus: the fewest GPUs the job may run on (the user's ``gpus.min``; a job that
+            cannot have that many waits).
+        gpu_limit: the most GPUs the user allows (``gpus.max``; ``None``: no cap);
+            :attr:`max_gpus` combines it with the fixed size of a non-adaptive job.
+        gpu_types: the GPU types the job may run on (``None``: any).
     """
 
     name: str
@@ -288,8 +294,23 @@ class JobView:
     oracle: Oracle | None = None
     adaptive: bool = True
     remaining_progress: float | None = None
+    min_gpus: int = 1
+    gpu_limit: int | None = None
+    gpu_types: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.min_gpus, bool) or not isinstance(self.min_gpus, int):
+            raise InvalidInputError("min_gpus must be an integer", field="min_gpus")
+        if self.min_gpus < 1:
+            raise InvalidInputError(f"min_gpus must be >= 1, got {self.min_gpus}", field="min_gpus")
+        if self.gpu_limit is not None and self.gpu_limit < self.min_gpus:
+            raise InvalidInputError(
+                f"gpu_limit {self.gpu_limit} < min_gpus {self.min_gpus}", field="gpu_limit"
+            )
+        if self.gpu_types is not None:
+            if not self.gpu_types:
+                raise InvalidInputError("gpu_types must not be empty", field="gpu_types")
+            object.__setattr__(self, "gpu_types", frozenset(self.gpu_types))
         if self.remaining_progress is not None and not (
             math.isfinite(self.remaining_progress) and self.remaining_progress >= 0
         ):
@@ -303,9 +324,20 @@ class JobView:
 
     @property
     def max_gpus(self) -> int | None:
-        """The user's cap on the job's GPUs: ``requested_gpus`` for a non-adaptive job, else
-        none (``None``)."""
-        return None if self.adaptive else self.requested_gpus
+        """The user's cap on the job's GPUs: ``gpu_limit``, and ``requested_gpus`` for a
+        non-adaptive job (``None``: no cap)."""
+        caps = [c for c in (self.gpu_limit, None if self.adaptive else self.requested_gpus) if c]
+        return min(caps) if caps else None
+
+    @property
+    def fewest_gpus(self) -> int:
+        """The fewest GPUs the user lets the job run on: ``min_gpus``, and exactly
+        ``requested_gpus`` for a non-adaptive job."""
+        return self.min_gpus if self.adaptive else max(self.min_gpus, self.requested_gpus)
+
+    def allows_type(self, gpu_type: str) -> bool:
+        """Whether the user lets the job run on ``gpu_type``."""
+        return self.gpu_types is None or gpu_type in self.gpu_types
 
     @property
     def remaining_work(self) -> float | None:

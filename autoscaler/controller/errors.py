@@ -11,6 +11,9 @@ here name what went wrong with the controller's *state*:
   caller read it (re-read, re-decide, retry);
 * :class:`UnknownFleetError` — a store that has never planned meets a cloud already holding
   instances of its cluster (a deleted or swapped store): the controller touches none;
+* :class:`RoundError` — a round could not be decided: the policy or the fleet sizing failed
+  and no single job could be blamed (a job that can be blamed is failed, and the round goes
+  on without it);
 * :class:`StoreError` — the store itself: :class:`StoreMissingError`,
   :class:`StoreExistsError`, :class:`StoreCorruptError`, :class:`UnknownRowError`,
   :class:`DuplicateRowError`, or a plain ``StoreError`` for an SQLite failure (locked past the
@@ -27,6 +30,7 @@ __all__ = [
     "ControllerError",
     "DuplicateRowError",
     "IllegalTransitionError",
+    "RoundError",
     "StaleVersionError",
     "StoreCorruptError",
     "StoreError",
@@ -124,3 +128,8 @@ class UnknownFleetError(ControllerError):
         )
         self.cluster_id = cluster_id
         self.instance_ids = instance_ids
+
+
+class RoundError(ControllerError):
+    """A round could not be decided, and no single job can be blamed (see the module
+    docstring). The message is one line; the service logs it and tries again next round."""

@@ -34,15 +34,17 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Final
+from typing import Final, TypeVar
 
-from autoscaler.controller.errors import StaleVersionError, UnknownFleetError
-from autoscaler.controller.jobs import JobBook, JobSubmission
+from autoscaler.bounds import PoolCapacity, refusal
+from autoscaler.controller.errors import RoundError, StaleVersionError, UnknownFleetError
+from autoscaler.controller.jobs import MAX_JOB_GPUS, JobBook, JobSubmission
 from autoscaler.controller.lifecycle import InstanceStatus, terminate_retries
 from autoscaler.controller.reconcile import (
     HELD,
@@ -56,8 +58,18 @@ from autoscaler.controller.reconcile import (
 from autoscaler.controller.store import InstanceRow, JobRow, JobStatus, Store
 from autoscaler.errors import InvalidInputError
 from autoscaler.gputypes import default_speed_table
-from autoscaler.jobs import Allocation, ClusterView, JobView, NodeView, OfferingRef, RoundInput
+from autoscaler.jobs import (
+    Allocation,
+    BatchChoice,
+    ClusterView,
+    JobView,
+    NodeView,
+    OfferingRef,
+    Plan,
+    RoundInput,
+)
 from autoscaler.policy import make_policy
+from autoscaler.policy.base import Decision
 from autoscaler.pricing import band_hazard_per_hour, instance_cost_usd, load_hazard_model
 from autoscaler.sim.cloud import FleetStrategy, FleetView
 from autoscaler.sizing import FleetOption, SizingConfig
@@ -65,7 +77,7 @@ from autoscaler.strategies import GoodputSizing
 from coadapt_common.clock import Clock
 from providers.base import Instance, LaunchRequest, Offering, Provider
 from providers.capacity import UnavailableOfferings
-from providers.errors import InsufficientCapacityError, ProviderError
+from providers.errors import InsufficientCapacityError, ProviderError, QuotaExceededError
 from trainer.report import TrainerReport
 
 __all__ = ["CRASH_POINTS", "Controller", "ControllerConfig", "DownReport", "RoundReport"]
@@ -78,6 +90,8 @@ CRASH_POINTS: Final = (
     "after-terminate-call",  # the provider answered; not recorded yet
 )
 ACTIVE_JOBS: Final = (JobStatus.QUEUED, JobStatus.RUNNING)
+_log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -91,7 +105,9 @@ class ControllerConfig:
     ``gpu_type_aliases`` names, for an offering's GPU type the speed table does not know, the
     type the decision core values it as (the local provider's ``cpu-slot`` -> ``T4``);
     ``offerings_refresh_s`` how often the catalogue and its prices (spot prices move) are read
-    again from the provider and recorded in the price history."""
+    again from the provider and recorded in the price history; an offering whose launch hit
+    a capacity error is avoided for ``unavailable_ttl_s``, one that hit a quota for
+    ``quota_ttl_s``."""
 
     cluster_id: str
     interval_s: float = 60.0
@@ -99,6 +115,7 @@ class ControllerConfig:
     sizing: SizingConfig = field(default_factory=SizingConfig)
     reconcile: ReconcileConfig = field(default_factory=ReconcileConfig)
     unavailable_ttl_s: float = 180.0
+    quota_ttl_s: float = 1800.0
     default_spot_band: str = ">20%"
     restart_delay_s: float = 30.0
     max_job_retries: int = 3
@@ -159,6 +176,7 @@ class Controller:
         strategy: FleetStrategy | None = None,
         crash_hook: Callable[[str], None] | None = None,
         user_data: Callable[[InstanceRow], str] | None = None,
+        unavailable: UnavailableOfferings | None = None,
     ) -> None:
         self.store = store
         self.provider = provider
@@ -170,7 +188,9 @@ class Controller:
         self.hazards = load_hazard_model()
         self._speed_known: dict[str, bool] = {}
         self.strategy = strategy or GoodputSizing("coadapt", config.sizing, self.speeds)
-        self.unavailable = UnavailableOfferings(clock, config.unavailable_ttl_s)
+        # One unavailable-offerings memory: the provider's own walk skips what is marked
+        # here (pass the provider the same object), and sizing routes around it.
+        self.unavailable = unavailable or UnavailableOfferings(clock, config.unavailable_ttl_s)
         self.book = JobBook()
         self._crash = crash_hook or (lambda point: None)
         self._user_data = user_data  # the agent start-up of a launched instance
@@ -186,16 +206,19 @@ class Controller:
     def run_round(self) -> RoundReport:
         """One observe -> decide -> reconcile -> act round. Raises
         :class:`~autoscaler.controller.errors.StoreError` (before any cloud call) if the
-        store was deleted, replaced or damaged, and :class:`~autoscaler.controller.errors.
+        store was deleted, replaced or damaged, :class:`~autoscaler.controller.errors.
         UnknownFleetError` (touching nothing) if a store that never planned meets a cloud
-        holding instances of its cluster; a provider error while observing ends the round
-        early and is reported in :attr:`RoundReport.error`."""
+        holding instances of its cluster, and :class:`~autoscaler.controller.errors.
+        RoundError` when the policy or the sizing fails and no job can be blamed (a job that
+        can be blamed is failed with the reason, and the round goes on without it); a
+        provider error while observing ends the round early and is reported in
+        :attr:`RoundReport.error`."""
         t0 = time.perf_counter()
         self.store.ensure_present()  # StoreMissingError before any cloud call
         now = self.clock.now_s()
         self._round += 1
         rows = self.store.list_instances(statuses=_LIVE)  # the store is read first: a
-        jobs = self.store.list_jobs(statuses=ACTIVE_JOBS)  # damaged one fails here, before
+        read_jobs = self.store.list_jobs(statuses=ACTIVE_JOBS)  # damaged one fails here, before
         assignments = self.store.list_assignments()  # any cloud call
         try:
             observed = tuple(self.provider.list_instances(self.config.cluster_id))
@@ -212,7 +235,6 @@ class Controller:
         self._read_reports(assignments, gpu_type_of)
         t1 = time.perf_counter()
 
-        views = self._views(jobs, assignments, now)
         listed = {i.instance_id for i in observed}
         noticed = {n.instance_id for n in notices}
         ready = [
@@ -222,15 +244,15 @@ class Controller:
             and r.provider_instance_id in listed
             and r.provider_instance_id not in noticed
         ]
+        unavailable = self.unavailable.unavailable()
+        options = self._options(unavailable)
+        jobs, views, pinned = self._admit(read_jobs, assignments, ready, options, now)
         cluster = self._cluster(ready, now)
         held: dict[str, int] = {}
         for r in rows:
             if r.status in HELD:
                 held[r.offering_key] = held.get(r.offering_key, 0) + 1
-        unavailable = self.unavailable.unavailable()
-        target = self.strategy.propose(
-            FleetView(now, views, cluster, held, self._options(unavailable))
-        )
+        target, views = self._propose(FleetView(now, views, cluster, held, options))
         t2 = time.perf_counter()
 
         used: dict[str, int] = {}
@@ -253,29 +275,187 @@ class Controller:
         t3 = time.perf_counter()
         leaving = {t.key for t in actions.transitions if t.to is not InstanceStatus.RUNNING}
         staying = [r for r in ready if r.instance_key not in leaving]
-        cluster = self._cluster(staying, now)
+        cluster = self._cluster(staying, now, held_by=pinned)
         on_nodes = {n.node_id for n in cluster.nodes}
         views = tuple(
             _with_allocation(v, {k: g for k, g in v.allocation.items() if k in on_nodes})
             for v in views
         )
-        decision = self.policy.decide(RoundInput(cluster, views), self.policy_state)
-        self.policy_state = decision.state
+        plan = self._decide(cluster, views)
+        allocations = {**plan.allocations}
+        for name, alloc in pinned.items():
+            allocations[name] = alloc
+        decided = {v.name for v in views} | set(pinned)
+        jobs = [j for j in jobs if j.name in decided]  # a job failed while deciding is gone
         t4 = time.perf_counter()
 
-        calls = 2 + self._act(actions, decision.plan.allocations, jobs, rows, assignments, now)
+        calls = 2 + self._act(actions, allocations, plan.batches, jobs, rows, assignments, now)
         t5 = time.perf_counter()
         return RoundReport(
             self._round,
             len(observed),
             actions,
-            decision.plan.allocations,
+            allocations,
             calls,
             observe_s=t1 - t0,
             decide_s=(t2 - t1) + (t4 - t3),
             reconcile_s=t3 - t2,
             act_s=t5 - t4,
         )
+
+    # ---- decide, one job at a time when it must ---------------------------------------------
+
+    def _admit(
+        self,
+        jobs: Sequence[JobRow],
+        assignments: Mapping[tuple[str, str], int],
+        ready: Sequence[InstanceRow],
+        options: Sequence[FleetOption],
+        now: float,
+    ) -> tuple[list[JobRow], tuple[JobView, ...], dict[str, Allocation]]:
+        """The jobs the round decides for, their views, and the jobs it leaves as they are.
+
+        A job whose stored spec or view cannot be read is failed with the reason; a queued
+        job that no fleet this controller may build could ever run (:func:`autoscaler.
+        bounds.refusal` on :meth:`_possible_pools`) is ``refused`` with the policy's reason;
+        a job whose trainer reported that it finished training keeps the GPUs it holds until
+        its processes exit (``pinned``: no rescale, no new batch, no relaunch), or is
+        completed at once when it holds none. Returns the remaining rows, their views, and
+        the pinned jobs' allocations."""
+        alloc: dict[str, dict[str, int]] = {}
+        for (job, key), gpus in assignments.items():
+            alloc.setdefault(job, {})[key] = gpus
+        pools = self._possible_pools(ready, options)
+        kept: list[JobRow] = []
+        views: list[JobView] = []
+        pinned: dict[str, Allocation] = {}
+        for row in jobs:
+            held = Allocation(alloc.get(row.name, {}))
+            if self.book.done(row.name):
+                if held:
+                    pinned[row.name] = held
+                    kept.append(row)
+                else:
+                    self._end_job(
+                        row,
+                        JobStatus.COMPLETED,
+                        "finished training (its trainer reported done); its processes are gone",
+                    )
+                continue
+            try:
+                spec = JobSubmission.from_json(row.spec_json)
+                view = self.book.view(spec, row.submitted_at_s, now, held)
+                reason = None
+                if row.status is JobStatus.QUEUED and not held and pools:
+                    reason = refusal(view, pools, self.speeds, max_gpus_per_job=MAX_JOB_GPUS)
+            except Exception as e:  # one bad job never stops a round
+                self._end_job(row, JobStatus.FAILED, f"cannot be scheduled: {_one_line(e)}")
+                continue
+            if reason is not None:
+                self._end_job(row, JobStatus.REFUSED, reason)
+                continue
+            kept.append(row)
+            views.append(view)
+        return kept, tuple(views), pinned
+
+    def job_views(self, now_s: float) -> tuple[JobView, ...]:
+        """Every active job as the policy would see it now (from the store and the job
+        book; no side effects: a job whose spec cannot be read is left out)."""
+        alloc: dict[str, dict[str, int]] = {}
+        for (job, key), gpus in self.store.list_assignments().items():
+            alloc.setdefault(job, {})[key] = gpus
+        out = []
+        for row in self.store.list_jobs(statuses=ACTIVE_JOBS):
+            with contextlib.suppress(InvalidInputError):
+                spec = JobSubmission.from_json(row.spec_json)
+                held = Allocation(alloc.get(row.name, {}))
+                out.append(self.book.view(spec, row.submitted_at_s, now_s, held))
+        return tuple(out)
+
+    def _possible_pools(
+        self, ready: Sequence[InstanceRow], options: Sequence[FleetOption]
+    ) -> list[PoolCapacity]:
+        """The most GPUs of each type one job could ever get: the instances ready now, or
+        what the sizing may buy of an offering (``max_instances`` of its largest instance,
+        within ``max_gpus``). Empty until the offerings are known (nothing is refused then)."""
+        if not self._offerings:
+            return []
+        most: dict[str, int] = {}
+        for r in ready:
+            t = self._type(r.gpu_type)
+            most[t] = most.get(t, 0) + r.gpus
+        growable: dict[str, int] = {}
+        sizing = self.config.sizing
+        for o in options:
+            cap = sizing.max_instances * o.gpus
+            if sizing.max_gpus is not None:
+                cap = min(cap, sizing.max_gpus)
+            growable[o.gpu_type] = max(growable.get(o.gpu_type, 0), cap)
+        for t, cap in growable.items():
+            most[t] = max(most.get(t, 0), cap)
+        return [PoolCapacity(t, t, cap) for t, cap in sorted(most.items())]
+
+    def _propose(self, view: FleetView) -> tuple[Mapping[str, int], tuple[JobView, ...]]:
+        """The fleet strategy's target, with a job it fails on failed and left out (see
+        :meth:`_isolate`); returns the target and the jobs that remain."""
+        jobs, target = self._isolate(
+            view.jobs,
+            lambda views: self.strategy.propose(replace(view, jobs=views)),
+            "the fleet sizing",
+        )
+        return target, jobs
+
+    def _decide(self, cluster: ClusterView, views: tuple[JobView, ...]) -> Plan:
+        """The policy's plan, with a job it fails on failed and left out (see
+        :meth:`_isolate`); the policy's state moves on only with a plan."""
+        state = self.policy_state
+
+        def decide(jobs: tuple[JobView, ...]) -> Decision:
+            return self.policy.decide(RoundInput(cluster, jobs), state)
+
+        _, decision = self._isolate(views, decide, "the policy")
+        self.policy_state = decision.state
+        return decision.plan
+
+    def _isolate(
+        self, views: tuple[JobView, ...], call: Callable[[tuple[JobView, ...]], _T], what: str
+    ) -> tuple[tuple[JobView, ...], _T]:
+        """``call(views)``; if it raises, each job is tried alone, those it raises on are
+        failed with the reason, and the rest tried again. :class:`RoundError` when it still
+        raises (no job can be blamed: the round cannot finish)."""
+        try:
+            return views, call(views)
+        except Exception as first:  # one bad job never stops a round
+            blamed: dict[str, str] = {}
+            for view in views:
+                try:
+                    call((view,))
+                except Exception as e:
+                    blamed[view.name] = _one_line(e)
+            rest = tuple(v for v in views if v.name not in blamed)
+            try:
+                result = call(rest) if blamed else None
+            except Exception as again:
+                raise RoundError(f"{what} failed: {_one_line(again)}") from again
+            if result is None:
+                raise RoundError(f"{what} failed: {_one_line(first)}") from first
+            for name, reason in blamed.items():
+                row = self.store.get_job(name)
+                self._end_job(row, JobStatus.FAILED, f"{what} failed on it: {reason}")
+            return rest, result
+
+    def _end_job(self, row: JobRow, status: JobStatus, reason: str) -> None:
+        """``row`` ends (failed, refused or completed) with ``reason``, unless it changed
+        since it was read (cancelled meanwhile: it is decided again next round from what it
+        became); its assignments and planned batch go."""
+        try:
+            self.store.update_job(row.name, row.version, status=status, reason=reason)
+        except StaleVersionError:
+            return
+        self.store.set_assignments(row.name, {})
+        self.store.clear_batch(row.name)
+        self.book.drop(row.name)
+        _log.info("job %s %s: %s", row.name, status.value, reason)
 
     # ---- job outcomes ----------------------------------------------------------------------
 
@@ -421,31 +601,28 @@ class Controller:
             [(job, t, self.book.profile_json(job, t)) for job, t in sorted(touched)]
         )
 
-    def _views(
-        self, jobs: Sequence[JobRow], assignments: Mapping[tuple[str, str], int], now: float
-    ) -> tuple[JobView, ...]:
-        alloc: dict[str, dict[str, int]] = {}
-        for (job, key), gpus in assignments.items():
-            alloc.setdefault(job, {})[key] = gpus
-        return tuple(
-            self.book.view(
-                JobSubmission.from_json(j.spec_json),
-                j.submitted_at_s,
-                now,
-                Allocation(alloc.get(j.name, {})),
-            )
-            for j in jobs
-        )
-
-    def _cluster(self, ready: Sequence[InstanceRow], now: float) -> ClusterView:
+    def _cluster(
+        self,
+        ready: Sequence[InstanceRow],
+        now: float,
+        *,
+        held_by: Mapping[str, Allocation] | None = None,
+    ) -> ClusterView:
+        """The ready instances as nodes; ``held_by``'s GPUs (jobs left as they are) are not
+        offered (a node they fill is left out)."""
+        taken: dict[str, int] = {}
+        for alloc in (held_by or {}).values():
+            for key, gpus in alloc.items():
+                taken[key] = taken.get(key, 0) + gpus
         nodes = tuple(
             NodeView(
                 r.instance_key,
                 self._type(r.gpu_type),
-                r.gpus,
+                r.gpus - taken.get(r.instance_key, 0),
                 OfferingRef(r.provider, r.instance_type, r.zone, r.market),
             )
             for r in sorted(ready, key=lambda r: r.instance_key)
+            if r.gpus > taken.get(r.instance_key, 0)
         )
         return ClusterView(
             nodes,
@@ -523,13 +700,16 @@ class Controller:
         self,
         actions: Actions,
         allocations: Mapping[str, Allocation],
+        batches: Mapping[str, BatchChoice],
         jobs: Sequence[JobRow],
         rows: Sequence[InstanceRow],
         assignments: Mapping[tuple[str, str], int],
         now: float,
     ) -> int:
         """Execute ``actions`` (store, then cloud); returns the cloud calls made.
-        ``assignments`` are the ones the round read."""
+        ``assignments`` are the ones the round read; ``batches`` the plan's batch of each job
+        it runs (what the API answers the job's trainer, and what its next launch starts
+        with)."""
         store = self.store
         by_key = {r.instance_key: r for r in rows}
         for t in actions.transitions:
@@ -564,6 +744,17 @@ class Controller:
         for j in jobs:
             alloc = allocations.get(j.name, Allocation())
             store.set_assignments(j.name, dict(alloc))
+            batch = batches.get(j.name)
+            if batch is not None and alloc.num_gpus:
+                store.set_batch(
+                    j.name,
+                    global_batch_size=batch.batch_size,
+                    local_batch_size=batch.local_bsz,
+                    accum_steps=batch.accum_steps,
+                    gpus=alloc.num_gpus,
+                )
+            elif not alloc.num_gpus:
+                store.clear_batch(j.name)
             want = JobStatus.RUNNING if alloc.num_gpus else JobStatus.QUEUED
             if j.status is not want:
                 # A job changed since it was read (cancelled, exited): left as it is now, and
@@ -640,6 +831,12 @@ class Controller:
         self._issued.add(row.request_id)
         try:
             result = self.provider.launch(request)
+        except QuotaExceededError:
+            self.unavailable.mark(o.key, self.config.quota_ttl_s)
+            by_key[key] = self.store.transition(
+                key, row.version, InstanceStatus.ALLOCATION_FAILED, reason="quota exceeded"
+            )
+            return 1
         except ProviderError:
             return 1  # stays requested: re-issued or timed out later
         self._crash("after-launch-call")
@@ -656,6 +853,13 @@ class Controller:
             self.unavailable.mark(o.key)
             by_key[key] = self.store.transition(
                 key, row.version, InstanceStatus.ALLOCATION_FAILED, reason="capacity error"
+            )
+        elif any(isinstance(e.error, QuotaExceededError) for e in result.errors):
+            # A quota lasts: the offering is avoided for longer, and the next round's sizing
+            # routes around it (another zone, type or market).
+            self.unavailable.mark(o.key, self.config.quota_ttl_s)
+            by_key[key] = self.store.transition(
+                key, row.version, InstanceStatus.ALLOCATION_FAILED, reason="quota exceeded"
             )
         return 1
 
@@ -718,3 +922,9 @@ _LIVE: Final = tuple(s for s in InstanceStatus if s is not InstanceStatus.TERMIN
 
 def _with_allocation(view: JobView, allocation: Mapping[str, int]) -> JobView:
     return replace(view, allocation=Allocation(allocation))
+
+
+def _one_line(error: BaseException) -> str:
+    """``Type: first line of the message`` (at most 300 characters)."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return (f"{type(error).__name__}: {text}" if text else type(error).__name__)[:300]

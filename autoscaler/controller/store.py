@@ -55,6 +55,9 @@ Schema versions
       ``instance_history``, ``assignments``, ``plans``.
     * v2: what a cost-aware controller adds: ``reports`` (trainer reports), ``models``
       (goodput fits per job and GPU type), ``price_history``, ``cost_records``.
+    * v3: ``assignment_history`` (who held which instance's GPUs when).
+    * v4: ``jobs.reason`` (why a job was refused or failed) and ``job_batches`` (each job's
+      planned batch, what the API answers its trainer).
 
 Opening
     :meth:`Store.open` touches nothing but the file (and SQLite's ``-wal``/``-shm`` files
@@ -105,6 +108,7 @@ __all__ = [
     "AssignmentSpan",
     "CostRecordRow",
     "InstanceRow",
+    "JobBatch",
     "JobRow",
     "JobStatus",
     "Migration",
@@ -145,6 +149,7 @@ class JobStatus(StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"  # its failures exceeded its budget (rescaling never counts)
     CANCELLED = "cancelled"
+    REFUSED = "refused"  # no fleet the controller may build can run it (the reason says why)
 
 
 # ---- schema --------------------------------------------------------------------------------
@@ -280,6 +285,21 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
                FROM assignments ORDER BY job_name, instance_key""",
         ),
     ),
+    Migration(
+        4,
+        "the whole plan: why a job was refused or failed, and each job's planned batch",
+        (
+            "ALTER TABLE jobs ADD COLUMN reason TEXT",
+            """CREATE TABLE job_batches (
+                job_name TEXT PRIMARY KEY REFERENCES jobs (name),
+                global_batch_size INTEGER NOT NULL CHECK (global_batch_size > 0),
+                local_batch_size INTEGER NOT NULL CHECK (local_batch_size > 0),
+                accum_steps INTEGER NOT NULL CHECK (accum_steps > 0),
+                gpus INTEGER NOT NULL CHECK (gpus > 0),
+                at_s REAL NOT NULL
+            )""",
+        ),
+    ),
 )
 
 SCHEMA_VERSION: Final = len(MIGRATIONS)
@@ -334,7 +354,8 @@ def _reference_schema(version: int) -> tuple[tuple[str, str, str, str], ...]:
 @dataclass(frozen=True)
 class JobRow:
     """A job. ``spec_json`` is its submitted spec (a JSON object); ``retries`` counts its
-    failures only (rescaling and preemption never count)."""
+    failures only (rescaling and preemption never count); ``reason``: why it was refused or
+    why it failed last, in one line (``None``: nothing to say)."""
 
     name: str
     spec_json: str
@@ -343,6 +364,21 @@ class JobRow:
     submitted_at_s: float
     updated_at_s: float
     version: int
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class JobBatch:
+    """The batch configuration a round planned for a job running on ``gpus`` GPUs:
+    ``global_batch_size`` samples per optimizer step, ``local_batch_size`` per GPU and
+    micro-step, ``accum_steps`` micro-steps; planned at ``at_s``."""
+
+    job_name: str
+    global_batch_size: int
+    local_batch_size: int
+    accum_steps: int
+    gpus: int
+    at_s: float
 
 
 @dataclass(frozen=True)
@@ -452,10 +488,15 @@ _INSTANCE_COLUMNS: Final = (
     "gpus, price_usd_per_hour, provider_instance_id, status, request_tries, last_heartbeat_s, "
     "created_at_s, updated_at_s, version"
 )
-_JOB_COLUMNS: Final = "name, spec_json, status, retries, submitted_at_s, updated_at_s, version"
+_JOB_COLUMNS: Final = (
+    "name, spec_json, status, retries, submitted_at_s, updated_at_s, version, reason"
+)
+_BATCH_COLUMNS: Final = "job_name, global_batch_size, local_batch_size, accum_steps, gpus, at_s"
+MAX_REASON_CHARS: Final = 500
+"""A job's ``reason`` is cut to this many characters."""
 _INSTANCE_FIELDS: Final = frozenset({"provider_instance_id", "last_heartbeat_s"})
 """Instance fields a caller may change besides the status (transition or not)."""
-_JOB_FIELDS: Final = frozenset({"spec_json", "status", "retries"})
+_JOB_FIELDS: Final = frozenset({"spec_json", "status", "retries", "reason"})
 
 
 def _instance_row(r: sqlite3.Row) -> InstanceRow:
@@ -489,6 +530,7 @@ def _job_row(r: sqlite3.Row) -> JobRow:
         submitted_at_s=r["submitted_at_s"],
         updated_at_s=r["updated_at_s"],
         version=r["version"],
+        reason=r["reason"],
     )
 
 
@@ -820,8 +862,9 @@ class Store:
         return tuple(_job_row(r) for r in self._read(sql, params))
 
     def update_job(self, name: str, expected_version: int, **changes: object) -> JobRow:
-        """Change ``spec_json``, ``status`` and/or ``retries`` of job ``name``, written against
-        ``expected_version``; returns the new row (version + 1).
+        """Change ``spec_json``, ``status``, ``retries`` and/or ``reason`` of job ``name``,
+        written against ``expected_version``; returns the new row (version + 1). A ``reason``
+        is kept on one line, cut to :data:`MAX_REASON_CHARS`.
 
         :class:`UnknownRowError`, :class:`StaleVersionError` (nothing changed), or
         :class:`InvalidInputError` for an unknown field or value.
@@ -839,6 +882,9 @@ class Store:
             changes["status"] = _enum(JobStatus, changes["status"], "status").value
         if "retries" in changes:
             changes["retries"] = _count(changes["retries"], "retries")
+        if changes.get("reason") is not None:
+            reason = " ".join(_text(changes["reason"], "reason").split())
+            changes["reason"] = reason[:MAX_REASON_CHARS]
         now = self._now()
         with self._write("update a job") as conn:
             old = self._job_at(conn, name, expected_version)
@@ -846,12 +892,21 @@ class Store:
                 "spec_json": old.spec_json,
                 "status": old.status.value,
                 "retries": old.retries,
+                "reason": old.reason,
                 **changes,
             }
             cursor = conn.execute(
-                "UPDATE jobs SET spec_json = ?, status = ?, retries = ?, updated_at_s = ?, "
-                "version = version + 1 WHERE name = ? AND version = ?",
-                (new["spec_json"], new["status"], new["retries"], now, name, expected_version),
+                "UPDATE jobs SET spec_json = ?, status = ?, retries = ?, reason = ?, "
+                "updated_at_s = ?, version = version + 1 WHERE name = ? AND version = ?",
+                (
+                    new["spec_json"],
+                    new["status"],
+                    new["retries"],
+                    new["reason"],
+                    now,
+                    name,
+                    expected_version,
+                ),
             )
             self._check_updated(conn, cursor, "jobs", name, expected_version)
             return self._job(conn, name)
@@ -1235,6 +1290,68 @@ class Store:
     ) -> dict[tuple[str, str], int]:
         """GPUs by ``(job name, instance key)``, of one job and/or one instance when given."""
         return {(a.job_name, a.instance_key): a.gpus for a in self.assignment_rows(job, instance)}
+
+    # ---- v4: planned batches ---------------------------------------------------------------
+
+    def set_batch(
+        self,
+        job_name: str,
+        *,
+        global_batch_size: int,
+        local_batch_size: int,
+        accum_steps: int,
+        gpus: int,
+    ) -> JobBatch:
+        """Record the batch a round planned for ``job_name`` on ``gpus`` GPUs (replacing the
+        one before; its time is kept when nothing changed). :class:`UnknownRowError` for an
+        unknown job."""
+        values = {
+            "global_batch_size": _count(global_batch_size, "global_batch_size", minimum=1),
+            "local_batch_size": _count(local_batch_size, "local_batch_size", minimum=1),
+            "accum_steps": _count(accum_steps, "accum_steps", minimum=1),
+            "gpus": _count(gpus, "gpus", minimum=1),
+        }
+        with self._write("record a batch") as conn:
+            if conn.execute("SELECT 1 FROM jobs WHERE name = ?", (job_name,)).fetchone() is None:
+                raise UnknownRowError("jobs", job_name)
+            old = self._batch(conn, job_name)
+            if old is not None and all(getattr(old, k) == v for k, v in values.items()):
+                return old
+            conn.execute(
+                "INSERT INTO job_batches (job_name, global_batch_size, local_batch_size, "
+                "accum_steps, gpus, at_s) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (job_name) DO "
+                "UPDATE SET global_batch_size = excluded.global_batch_size, "
+                "local_batch_size = excluded.local_batch_size, accum_steps = "
+                "excluded.accum_steps, gpus = excluded.gpus, at_s = excluded.at_s",
+                (job_name, *values.values(), self._now()),
+            )
+            new = self._batch(conn, job_name)
+        assert new is not None
+        return new
+
+    def clear_batch(self, job_name: str) -> None:
+        """Forget ``job_name``'s planned batch (it holds no GPUs)."""
+        with self._write("clear a batch") as conn:
+            conn.execute("DELETE FROM job_batches WHERE job_name = ?", (job_name,))
+
+    def get_batch(self, job_name: str) -> JobBatch | None:
+        """The batch last planned for ``job_name`` (``None``: none)."""
+        rows = self._read(
+            f"SELECT {_BATCH_COLUMNS} FROM job_batches WHERE job_name = ?", (job_name,)
+        )
+        return JobBatch(*rows[0]) if rows else None
+
+    def list_batches(self) -> dict[str, JobBatch]:
+        """Every job's planned batch, by job name."""
+        rows = self._read(f"SELECT {_BATCH_COLUMNS} FROM job_batches ORDER BY job_name")
+        return {r[0]: JobBatch(*r) for r in rows}
+
+    @staticmethod
+    def _batch(conn: sqlite3.Connection, job_name: str) -> JobBatch | None:
+        row = conn.execute(
+            f"SELECT {_BATCH_COLUMNS} FROM job_batches WHERE job_name = ?", (job_name,)
+        ).fetchone()
+        return None if row is None else JobBatch(*row)
 
     # ---- plans -----------------------------------------------------------------------------
 

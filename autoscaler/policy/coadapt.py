@@ -97,6 +97,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from autoscaler.bounds import PoolCapacity, refusal
 from autoscaler.errors import InvalidInputError
 from autoscaler.goodput import (
     BatchConfig,
@@ -369,39 +370,27 @@ class CoadaptPolicy:
         it has run on (``start_gpus`` before any profile, and never fewer than the fewest it can
         run on), within its batch limits, the cluster and, for a job opted out of adaptation,
         its requested GPUs."""
-        opt = self.options
-        explore = max(opt.start_gpus, math.floor(opt.exploration_factor * job.max_profiled_gpus))
-        fewest = min((self.min_gpus(job, t) for t in cluster.gpu_types), default=1)
-        by_batch = max(1, job.limits.max_batch_size // job.limits.min_local_bsz)
-        cap = min(max(explore, fewest), by_batch, cluster.total_gpus, opt.max_gpus_per_job)
-        return 0, cap if job.max_gpus is None else min(cap, job.max_gpus)
+        types = [t for t in cluster.gpu_types if job.allows_type(t)]
+        return 0, self._cap(job, types, cluster.total_gpus)
 
     def min_gpus(self, job: JobView, gpu_type: str) -> int:
-        """The fewest GPUs of ``gpu_type`` the job can train on: its batch (``M0``, or the
-        user's fixed batch) split into micro-batches of at most the type's per-GPU batch, at
-        most ``max_accum_steps`` of them per GPU."""
+        """The fewest GPUs of ``gpu_type`` the job may run on
+        (:func:`autoscaler.bounds.fewest_gpus_on`: its batch, or its fixed one, split into
+        micro-batches of at most the type's per-GPU batch, at most ``max_accum_steps`` of them
+        per GPU; and never fewer than the user's ``gpus.min``)."""
         limits = self._limits_on(job, gpu_type)
         batch = limits.init_batch_size if job.adaptive else job.fixed_batch_size
-        return max(1, -(-batch // (limits.max_local_bsz * limits.max_accum_steps)))
+        by_batch = max(1, -(-batch // (limits.max_local_bsz * limits.max_accum_steps)))
+        return max(job.fewest_gpus, by_batch)
 
     def refusal(self, job: JobView, pools: Sequence[Pool]) -> str | None:
-        """Why the job can never run on these pools (``None`` if it can)."""
-        by_batch = max(1, job.limits.max_batch_size // job.limits.min_local_bsz)
-        limit = by_batch if job.max_gpus is None else min(by_batch, job.max_gpus)
-        limit = min(limit, self.options.max_gpus_per_job)
-        need = {pool.key: self.min_gpus(job, pool.gpu_type) for pool in pools}
-        if any(need[pool.key] <= min(limit, pool.capacity) for pool in pools):
-            return None
-        largest = max(pools, key=lambda pool: pool.capacity)
-        fewest = min(need.values())
-        if fewest > limit:
-            return (
-                f"needs at least {fewest} GPUs for its batch size but may use at most {limit} "
-                f"(batch limits or requested GPUs)"
-            )
-        return (
-            f"needs at least {fewest} GPUs of one type; the largest pool ({largest.key}) has "
-            f"{largest.capacity}"
+        """Why the job can never run on these pools (``None`` if it can):
+        :func:`autoscaler.bounds.refusal`, the rule every policy and the controller share."""
+        return refusal(
+            job,
+            [PoolCapacity(pool.key, pool.gpu_type, pool.capacity) for pool in pools],
+            self.speeds,
+            max_gpus_per_job=self.options.max_gpus_per_job,
         )
 
     # ---- the round -------------------------------------------------------------------------
@@ -436,12 +425,15 @@ class CoadaptPolicy:
                 job.adaptive,
                 job.fixed_batch_size,
                 job.max_gpus,
+                job.fewest_gpus,
+                job.gpu_types,
                 job.max_profiled_gpus,
             )
             known = bounds.get(key)
             if known is None:
                 reason = self.refusal(job, pools)
-                cap = 0 if reason is not None else self._cap(job, types, total_gpus)
+                allowed = [t for t in types if job.allows_type(t)]
+                cap = 0 if reason is not None else self._cap(job, allowed, total_gpus)
                 known = bounds[key] = (reason, cap)
             if known[0] is None:
                 caps[j] = known[1]
@@ -490,7 +482,8 @@ class CoadaptPolicy:
     # ---- models and menus ------------------------------------------------------------------
 
     def _cap(self, job: JobView, types: Sequence[str], total_gpus: int) -> int:
-        """:meth:`gpu_bounds`' cap from precomputed round constants."""
+        """:meth:`gpu_bounds`' cap from precomputed round constants (``types``: those of the
+        round the job may use)."""
         opt = self.options
         explore = max(opt.start_gpus, math.floor(opt.exploration_factor * job.max_profiled_gpus))
         fewest = min((self.min_gpus(job, t) for t in types), default=1)
@@ -790,6 +783,8 @@ class CoadaptPolicy:
             boost = np.concatenate([boost, [e[6] for e in extra]])
             is_cur = np.concatenate([is_cur, np.ones(len(extra), dtype=bool)])
         ok = goods > 0
+        if any(jobs[j].fewest_gpus > 1 or jobs[j].gpu_types is not None for j in order):
+            ok &= self._within_bounds(jobs, pools, order, sizes, extra, shape[:, 0])
         pick = np.flatnonzero(ok)
         if extra:  # appended after every table: group them with their jobs
             pick = pick[np.argsort(job_idx[pick], kind="stable")]
@@ -803,6 +798,31 @@ class CoadaptPolicy:
             optimistic=(goods * boost)[pick],
             batch=batches[pick].astype(np.int64).reshape(-1, 3),
         )
+
+    def _within_bounds(
+        self,
+        jobs: Sequence[JobView],
+        pools: Sequence[Pool],
+        order: Sequence[int],
+        sizes: np.ndarray,
+        extra: Sequence[tuple[int, int, int, int, float, tuple[int, int, int], float]],
+        gpus: np.ndarray,
+    ) -> np.ndarray:
+        """Which menu rows respect the user's bounds: at least the job's fewest GPUs on the
+        pool's type (:meth:`min_gpus`) and only the types it allows; a kept allocation outside
+        them is not kept either. Rows in :meth:`_menu`'s order (tables, then ``extra``)."""
+        floor = np.array(
+            [self.min_gpus(jobs[j], pool.gpu_type) for j in order for pool in pools],
+            dtype=np.int64,
+        )
+        allowed = np.array(
+            [jobs[j].allows_type(pool.gpu_type) for j in order for pool in pools], dtype=bool
+        )
+        at = {j: i for i, j in enumerate(order)}
+        rows = [at[e[0]] * len(pools) + e[1] for e in extra]
+        floor = np.concatenate([np.repeat(floor, sizes), floor[rows]])
+        allowed = np.concatenate([np.repeat(allowed, sizes), allowed[rows]])
+        return allowed & (gpus >= floor)
 
     def _goodput_at(
         self, job: JobView, pool: Pool, model: GoodputModel | None, nodes: int, gpus: int

@@ -47,6 +47,7 @@ from autoscaler.controller.store import (
     MIGRATIONS,
     SCHEMA_VERSION,
     InstanceRow,
+    JobBatch,
     JobStatus,
     Store,
     apply_migrations,
@@ -639,7 +640,8 @@ def test_money_is_stored_exactly_and_summed_with_fsum(store: Store) -> None:
 # against a store at version >= v. A new schema version adds its own entry.
 SEED: dict[int, list[str]] = {
     1: [
-        "INSERT INTO jobs VALUES ('j1', '{\"init_batch_size\": 64}', 'running', 1, 10.0, 20.0, 3)",
+        "INSERT INTO jobs (name, spec_json, status, retries, submitted_at_s, updated_at_s, "
+        "version) VALUES ('j1', '{\"init_batch_size\": 64}', 'running', 1, 10.0, 20.0, 3)",
         "INSERT INTO instances VALUES ('i-1', 'c1-i-1', 'fake/z/t/spot', 'fake', 't', 'z', "
         "'spot', 'T4', 4, 0.5, 'x-1', 'running', 1, 15.0, 11.0, 14.0, 5)",
         "INSERT INTO instance_history (instance_key, status, at_s, reason) VALUES "
@@ -660,6 +662,10 @@ SEED: dict[int, list[str]] = {
     3: [
         "INSERT INTO assignment_history (job_name, instance_key, gpus, from_s, to_s) "
         "VALUES ('j1', 'i-1', 2, 15.0, 18.0)",
+    ],
+    4: [
+        "UPDATE jobs SET reason = 'a reason' WHERE name = 'j1'",
+        "INSERT INTO job_batches VALUES ('j1', 256, 32, 2, 4, 19.0)",
     ],
 }
 
@@ -710,6 +716,11 @@ def check_seeded_rows(store: Store, version: int) -> None:
         assert spans == [("j1", "i-1", 2, 15.0, 18.0)]
     else:  # the held assignment, from the last plan on
         assert spans == [("j1", "i-1", 4, 20.0, None)]
+    if version >= 4:
+        assert job.reason == "a reason"
+        assert store.get_batch("j1") == JobBatch("j1", 256, 32, 2, 4, 19.0)
+    else:  # no reason, no batch planned yet
+        assert job.reason is None and store.list_batches() == {}
 
 
 def test_migrations_are_numbered_in_order_and_seeded() -> None:
@@ -1082,3 +1093,33 @@ def test_the_fleet_release_is_kept_across_reopening(path: Path, clock: FakeClock
         assert s.released_at_s() == at
         s.set_released(False)
         assert s.released_at_s() is None
+
+
+def test_a_jobs_planned_batch_and_reason(tmp_path: Path, clock: FakeClock) -> None:
+    with Store.create(tmp_path / "s.db", "c1", clock) as s:
+        s.add_job("j1", SPEC)
+        assert s.get_batch("j1") is None
+        clock.advance(5.0)
+        first = s.set_batch("j1", global_batch_size=256, local_batch_size=64, accum_steps=2, gpus=2)
+        assert first == JobBatch("j1", 256, 64, 2, 2, clock.now_s())
+        clock.advance(5.0)  # the same plan again keeps its time
+        again = s.set_batch("j1", global_batch_size=256, local_batch_size=64, accum_steps=2, gpus=2)
+        assert again == first
+        moved = s.set_batch("j1", global_batch_size=512, local_batch_size=64, accum_steps=2, gpus=4)
+        assert (moved.global_batch_size, moved.gpus, moved.at_s) == (512, 4, clock.now_s())
+        assert s.list_batches() == {"j1": moved}
+        with pytest.raises(InvalidInputError):
+            s.set_batch("j1", global_batch_size=0, local_batch_size=1, accum_steps=1, gpus=1)
+        with pytest.raises(UnknownRowError):
+            s.set_batch("nope", global_batch_size=1, local_batch_size=1, accum_steps=1, gpus=1)
+        s.clear_batch("j1")
+        assert s.get_batch("j1") is None
+        job = s.get_job("j1")
+        refused = s.update_job(
+            "j1", job.version, status=JobStatus.REFUSED, reason="needs\n64 GPUs " + "x" * 900
+        )
+        assert refused.status is JobStatus.REFUSED
+        assert refused.reason is not None and "\n" not in refused.reason
+        assert len(refused.reason) == 500
+        cleared = s.update_job("j1", refused.version, status=JobStatus.QUEUED, reason=None)
+        assert cleared.reason is None
