@@ -85,6 +85,12 @@ def simulate(
         True, "--avoid-interference/--allow-interference", help="Pollux: one multi-node job a node."
     ),
     seed: int = typer.Option(0, "--seed", help="Seed of randomised policies, >= 0."),
+    lengths: str = typer.Option(
+        "declared",
+        "--lengths",
+        help="What the policy may know of job lengths, as a controller would: declared "
+        "(every job's script declares its length) or none.",
+    ),
     suite: str | None = typer.Option(
         None,
         "--suite",
@@ -124,7 +130,7 @@ def simulate(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    from autoscaler.sim.config import SimConfig
+    from autoscaler.sim.config import LENGTHS, SimConfig
     from autoscaler.sim.results import results_table, write_results_json
     from autoscaler.sim.runner import RunSpec, paper_workloads, run_many
     from autoscaler.sim.workload import workload_files
@@ -136,6 +142,8 @@ def simulate(
     if suite is None and workload is None:
         raise typer.BadParameter("give a WORKLOAD file or folder, or --suite paper")
     _check_simulate_args(workload, suite, load, seed, interval_s, restart_delay_s, out)
+    if lengths not in LENGTHS:
+        _usage_error(f"--lengths must be one of {', '.join(LENGTHS)}, got {lengths!r}")
     load = load or "1.0"
     try:
         files = paper_workloads(load) if suite else workload_files(workload)  # type: ignore[arg-type]
@@ -154,6 +162,7 @@ def simulate(
             interference=interference,
             interference_avoidance=avoid_interference,
             seed=seed,
+            lengths=lengths,
         )
         suite_policies = [PolicyName.COADAPT, *PAPER_POLICIES]
         policies = suite_policies if suite else list(dict.fromkeys(policy))

@@ -1,5 +1,5 @@
-"""``coadapt up | submit | status | logs | cancel | down | agent | demo``: a cluster in a user's
-hands (thin: parse, call :mod:`autoscaler.controller`, print).
+"""``coadapt up | submit | status | logs | cancel | retry | down | agent | demo``: a cluster
+in a user's hands (thin: parse, call :mod:`autoscaler.controller`, print).
 
 Every command finds the cluster through its state folder (``--state-dir``, default
 ``$COADAPT_HOME/cluster``, ``~/.coadapt/cluster`` without it): ``up`` writes ``up.json`` there
@@ -55,6 +55,7 @@ def register(app: typer.Typer) -> None:
     app.command("status")(status)
     app.command("logs")(logs)
     app.command("cancel")(cancel)
+    app.command("retry")(retry)
     app.command("down")(down)
     app.command("demo")(demo)
     app.command(
@@ -153,13 +154,20 @@ def submit(
     from autoscaler.controller.jobspec import JobSpecError, load_job_spec
 
     try:
-        submission = load_job_spec(spec).submission()
+        parsed = load_job_spec(spec)
+        submission = parsed.submission()
     except JobSpecError as e:
         fail(str(e), 2)
     try:
         job = _client(state_dir).submit_job(submission)
     except ApiError as e:
         fail(str(e))
+    if parsed.not_acted_on:
+        typer.echo(
+            f"coadapt: note: {', '.join(parsed.not_acted_on)} kept with the spec; the "
+            "controller does not act on them yet",
+            err=True,
+        )
     typer.echo(json.dumps(job.to_dict()) if json_out else f"submitted {job.name}")
 
 
@@ -177,19 +185,31 @@ def _render_status(doc: dict[str, Any]) -> None:
 
     console = Console()
     jobs = Table(title="jobs")
-    for col in ("job", "status", "GPUs", "instances", "progress", "retries"):
+    for col in ("job", "status", "GPUs", "batch", "progress", "restarts", "retries"):
         jobs.add_column(col)
+    reasons = []
     for j in doc["jobs"]:
         gpus = sum(j.get("assignment", {}).values())
-        progress = j.get("progress") or {}
+        progress, target = j.get("progress"), j.get("target_progress")
+        shown = "-" if progress is None else f"{progress:.0f}"
+        if progress is not None and target:
+            shown += f"/{target:.0f}"
+        batch = "-"
+        if j.get("batch_size"):
+            batch = f"{j['batch_size']}"
+            if j.get("accumulation_steps", 1) > 1:
+                batch += f" ({j['local_batch_size']}x{j['accumulation_steps']})"
         jobs.add_row(
             j["name"],
             j["status"],
             str(gpus),
-            ", ".join(sorted(j.get("assignment", {}))) or "-",
-            f"{progress.get('progress', 0):.0f}" if progress else "-",
+            batch,
+            shown,
+            str(j.get("restarts", 0)),
             str(j.get("retries", 0)),
         )
+        if j.get("reason"):
+            reasons.append(f"{j['name']} ({j['status']}): {j['reason']}")
     fleet = Table(title="instances")
     for col in ("instance", "status", "offering", "GPUs", "$/h"):
         fleet.add_column(col)
@@ -203,6 +223,8 @@ def _render_status(doc: dict[str, Any]) -> None:
             f"{i['price_usd_per_hour']:.4f}",
         )
     console.print(jobs)
+    for line in reasons:
+        console.print(line, markup=False, highlight=False)
     console.print(fleet)
 
 
@@ -267,6 +289,21 @@ def cancel(
     typer.echo(f"{info.name}: {info.status}")
 
 
+def retry(
+    job: Annotated[str, typer.Argument(help="the job's name")],
+    state_dir: StateDir = None,
+) -> None:
+    """Queue a refused or failed job again (once its cause is fixed: a larger fleet, a
+    repaired script); its failure count starts over."""
+    from autoscaler.controller.api import ApiError
+
+    try:
+        info = _client(state_dir).retry_job(job)
+    except ApiError as e:
+        fail(str(e))
+    typer.echo(f"{info.name}: {info.status}")
+
+
 def down(
     state_dir: StateDir = None,
     timeout_s: Annotated[float, typer.Option(help="how long to wait")] = 300.0,
@@ -297,6 +334,7 @@ def agent(ctx: typer.Context) -> None:
 
 
 DEMO_JOBS = ("mlp-small", "mlp-medium", "mlp-wide")
+ENDED_STATUSES = ("completed", "failed", "cancelled", "refused")
 
 
 def demo(
@@ -367,7 +405,7 @@ def demo(
                 LocalProvider(state / "local").preempt(row["provider_instance_id"], notice_s=30.0)
                 preempted = victim
                 typer.echo(f"coadapt demo: spot preemption injected on {victim} (30 s notice)")
-            if all(j["status"] in ("completed", "failed", "cancelled") for j in jobs.values()):
+            if all(j["status"] in ENDED_STATUSES for j in jobs.values()):
                 _render_status(doc)
                 break
             time.sleep(2.0)

@@ -261,8 +261,9 @@ class JobView:
             own profiles on that type (filled only for type-aware policies; estimates for other
             types come from :func:`autoscaler.gputypes.estimate_model`).
         oracle: ground truth for oracle baselines (``None`` unless the observer provides it).
-        adaptive: ``False`` if the user opted the job out of adaptation: it then runs on
-            exactly ``requested_gpus`` GPUs at ``fixed_batch_size``, under every policy.
+        adaptive: ``False`` if the user opted the job out of adaptation: it then runs on at
+            most ``requested_gpus`` GPUs (exactly, with ``min_gpus`` equal to it, as the
+            controller sets it) at ``fixed_batch_size``, under every policy.
         remaining_progress: statistical progress still to make before the job is done, in
             initial-batch-size iterations (the trainer's progress unit: one unit = ``M0``
             samples at efficiency 1; :func:`trainer.report.remaining_progress` of the length
@@ -331,9 +332,11 @@ class JobView:
 
     @property
     def fewest_gpus(self) -> int:
-        """The fewest GPUs the user lets the job run on: ``min_gpus``, and exactly
-        ``requested_gpus`` for a non-adaptive job."""
-        return self.min_gpus if self.adaptive else max(self.min_gpus, self.requested_gpus)
+        """The fewest GPUs the user lets the job run on (``min_gpus``). A job of the
+        controller that does not adapt has ``min_gpus == requested_gpus == max_gpus``: it runs
+        on exactly its GPUs. (The simulator's non-adaptive jobs, as in the Pollux paper's
+        simulator, keep ``min_gpus`` 1: their requested GPUs are a cap.)"""
+        return self.min_gpus
 
     def allows_type(self, gpu_type: str) -> bool:
         """Whether the user lets the job run on ``gpu_type``."""

@@ -73,8 +73,9 @@ def demands_of(
     for job in view.jobs:
         cap = growth_factor * max(1, job.max_profiled_gpus)
         cap = max(1, min(cap, max_gpus, job.limits.max_batch_size // job.limits.min_local_bsz))
-        if not job.adaptive:
-            cap = max(1, min(cap, job.requested_gpus))
+        cap = max(cap, job.fewest_gpus)  # the user's floor (exactly its GPUs if fixed)
+        if job.max_gpus is not None:  # the user's cap (its GPUs if it does not adapt)
+            cap = max(1, min(cap, job.max_gpus))
         gpu_type = _job_type(job, view.cluster)
         key = (
             optimistic,
@@ -87,6 +88,8 @@ def demands_of(
             job.max_profiled_nodes,
             job.max_profiled_gpus,
             job.requested_gpus,
+            job.fewest_gpus,
+            job.gpu_types,
         )
         hit = cache.get(job.name) if cache is not None else None
         if hit is not None and hit[0] == key:
@@ -113,10 +116,21 @@ def demands_of(
         for name in [n for n in cache if n not in live]:
             del cache[name]
     return [
-        dataclasses.replace(d, remaining_s=_remaining_s(job, d.gpu_type))
+        _bounded(job, dataclasses.replace(d, remaining_s=_remaining_s(job, d.gpu_type)))
         for job, d in zip(view.jobs, out, strict=True)
         if d is not None
     ]
+
+
+def _bounded(job: JobView, demand: JobDemand) -> JobDemand:
+    """``demand`` within the user's bounds: its curves only on the GPU types the job allows,
+    and never started on fewer GPUs than it may run on."""
+    if job.gpu_types is None and job.fewest_gpus <= demand.min_gpus:
+        return demand
+    curves = {k: c for k, c in demand.curves.items() if job.allows_type(k[0])}
+    return dataclasses.replace(
+        demand, curves=curves, min_gpus=max(demand.min_gpus, job.fewest_gpus)
+    )
 
 
 def _remaining_s(job: JobView, gpu_type: str | None) -> float | None:
@@ -214,7 +228,11 @@ class PerJobCheapest:
         left = {o.key: (math.inf if o.capacity is None else o.capacity) for o in view.options}
         usable = [o for o in view.options if o.available]
         for job in sorted(view.jobs, key=lambda j: (j.submit_time_s, j.name)):
-            choice = _cheapest(usable, max(1, job.requested_gpus), left)
+            gpus = max(1, job.requested_gpus, job.fewest_gpus)
+            if job.max_gpus is not None:
+                gpus = min(gpus, job.max_gpus)
+            allowed = [o for o in usable if job.allows_type(o.gpu_type)]
+            choice = _cheapest(allowed, gpus, left)
             if choice is None:
                 continue
             option, n = choice

@@ -6,7 +6,7 @@ Runs every workload of the chosen load (``--load 1.0``: the eight 1.0x workloads
 0.5x set; ``--workloads PATH``: any folder of workload CSVs) under each policy, on 16 nodes x 4
 GPUs with 60 s rounds, two workloads at a time, and writes::
 
-    {"load": 1.0,
+    {"load": 1.0, "lengths": "declared",
      "policies": {"<policy>": {"mean_jct_s", "per_workload_jct_s": {...}, "p99_jct_s",
                                 "makespan_s", "restarts_per_job", "mean_ftf_ratio",
                                 "max_ftf_ratio", "policy_ms_p50",
@@ -34,6 +34,12 @@ published results are for the uncompressed workloads, so with ``X != 1`` the out
 ``"vs_pollux"``, per other policy, its mean JCT, p99 JCT and worst finish-time fairness ratio
 (``max_ftf_ratio``, over all jobs) over pollux's, and on how many workloads its mean JCT is no
 worse than pollux's (``"workloads_no_worse"``).
+
+``--lengths declared|none`` (recorded as ``"lengths"``) is what the policies may know of job
+lengths, only through the channel a controller has: ``declared``, every job's script declares
+its length (the workload's target), and the policy gets each job's remaining work by the
+trainer's rule; ``none``, no job declares (coadapt's remaining-time weights and restart horizon
+then take their defaults). Jobs end at their true length either way.
 
 ``--option POLICY.KEY=VALUE`` (repeatable) passes an option to a policy's constructor (for
 ablations: ``--option coadapt.remaining_weight=0``); the JSON records them under ``"options"``.
@@ -114,6 +120,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="POLICY.KEY=VALUE",
         help="a policy option (repeatable), e.g. coadapt.remaining_weight=0 for an ablation; "
         "VALUE is a Python literal (number, True/False, 'text')",
+    )
+    parser.add_argument(
+        "--lengths",
+        choices=["declared", "none"],
+        default="declared",
+        help="what the policies may know of job lengths: declared (every job's script "
+        "declares its length, the workload's target) or none (no job declares)",
     )
     parser.add_argument(
         "--arrival-scale",
@@ -198,7 +211,7 @@ def _run(args: argparse.Namespace, scratch: Path) -> int:
             write_workload(compress_arrivals(load_workload(f), scale), scratch / f.name)
             for f in files
         ]
-    config = SimConfig(seed=args.seed, cluster=cluster)
+    config = SimConfig(seed=args.seed, cluster=cluster, lengths=args.lengths)
     specs = [
         RunSpec(str(f), p, config, args.option.get(p.value, ())) for p in policies for f in files
     ]
@@ -221,6 +234,7 @@ def _run(args: argparse.Namespace, scratch: Path) -> int:
     out: dict = {
         "load": load,
         "arrival_scale": args.arrival_scale,
+        "lengths": args.lengths,
         "options": {p: dict(o) for p, o in args.option.items()},
         "policies": {},
         "elapsed_s": elapsed,

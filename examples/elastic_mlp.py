@@ -125,6 +125,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gns-smoothing", type=float, default=0.95)
     p.add_argument("--checkpoint-every-steps", type=int, default=0)
     p.add_argument("--control-interval-s", type=float, default=0.5)
+    p.add_argument(
+        "--no-declare",
+        action="store_true",
+        help="do not declare the training length (run --epochs data epochs)",
+    )
     # Test and benchmark hooks.
     p.add_argument("--log-dir", default=None)
     p.add_argument("--step-delay-s", type=float, default=0.0)
@@ -178,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     first_step_logged = False
 
     try:
-        for epoch in job.epochs(args.epochs):
+        for epoch in job.epochs(args.epochs, declare=not args.no_declare):
             if epoch in schedule and job.rank == 0:
                 job.request_batch_config(schedule[epoch])
             for ids, x, y in loader:

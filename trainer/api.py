@@ -603,7 +603,7 @@ class ElasticJob:
         return info
 
     # ------------------------------------------------------------------ the loop
-    def epochs(self, total: int) -> Iterator[int]:
+    def epochs(self, total: int, *, declare: bool = True) -> Iterator[int]:
         """Yield the epochs still to run, from the restored one, until the job's length is
         reached; the length ``total`` epochs is declared to the controller.
 
@@ -613,8 +613,9 @@ class ElasticJob:
         ``total`` epochs make at the initial batch size. At a larger batch an epoch makes less
         progress (its statistical efficiency is below 1: the AdaScale gain is below the batch
         ratio), so the loop runs on into later epochs, and the loader ends the last one at the
-        global batch that reaches the target. Without an elastic loader the loop runs
-        ``total`` epochs and declares no length.
+        global batch that reaches the target. Without an elastic loader, or with ``declare``
+        false, the loop runs ``total`` epochs and declares no length (the controller then
+        knows no remaining work for the job).
 
         An epoch ends when the loop body returns: if the body did not finish the loader (a
         ``break``), the rest of that epoch is skipped. An epoch whose every step was skipped
@@ -623,7 +624,7 @@ class ElasticJob:
         """
         if isinstance(total, bool) or not isinstance(total, int) or total < 0:
             raise TrainerConfigError(f"must be an integer >= 0, got {total!r}", field="total")
-        if self._loader is not None:
+        if self._loader is not None and declare:
             samples = len(self._loader.dataset)
             self._loop.target_progress = (
                 total * samples / self.options.initial_batch_size if total and samples else None

@@ -38,7 +38,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Final
 
-from autoscaler.controller.api import ApiClient
+from autoscaler.controller.api import ApiClient, ApiError
 from autoscaler.errors import InvalidInputError
 from coadapt_common.atomic import write_json_atomic
 from coadapt_common.clock import Clock
@@ -80,6 +80,7 @@ class JobAssignment:
     rendezvous: str
     command: tuple[str, ...]
     checkpoint_uri: str | None = None
+    batch: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if self.gpus < 1:
@@ -88,10 +89,16 @@ class JobAssignment:
             raise InvalidInputError(f"{self.job}: no command to run", field="command")
         object.__setattr__(self, "nodes", tuple((str(k), int(g)) for k, g in self.nodes))
         object.__setattr__(self, "command", tuple(self.command))
+        if self.batch is not None:
+            size, accum = (int(v) for v in self.batch)
+            if size < 1 or accum < 1:
+                raise InvalidInputError(f"{self.job}: bad batch {self.batch!r}", field="batch")
+            object.__setattr__(self, "batch", (size, accum))
 
     @property
     def allocation(self) -> tuple[object, ...]:
-        """What a change of restarts the job: GPUs here, the instances, the rendezvous."""
+        """What a change of restarts the job: GPUs here, the instances, the rendezvous. (A
+        new ``batch`` does not: a running job gets it in its report replies.)"""
         return (self.gpus, self.nodes, self.rendezvous)
 
 
@@ -150,11 +157,14 @@ def launch_argv(
     python: str = sys.executable,
     extra: Sequence[str] = (),
 ) -> list[str]:
-    """The launcher command for ``a`` on this instance (one launcher per job and node)."""
+    """The launcher command for ``a`` on this instance (one launcher per job and node); a
+    planned batch starts the launch with it (``--batch-size``, ``--accum-steps``)."""
     argv = [python, "-m", "trainer.launch", "--job-id", a.job, "--nproc-per-node", str(a.gpus)]
     argv += ["--nnodes", str(len(a.nodes)), "--rdzv-endpoint", a.rendezvous]
     if a.checkpoint_uri:
         argv += ["--checkpoint-uri", a.checkpoint_uri]
+    if a.batch is not None:
+        argv += ["--batch-size", str(a.batch[0]), "--accum-steps", str(a.batch[1])]
     if controller_url:
         argv += ["--controller-url", controller_url]
     return [*argv, *extra, *a.command]
@@ -210,13 +220,20 @@ class Supervisor:
 
     # ---- actions ---------------------------------------------------------------------------
 
-    def apply(self, actions: Sequence[AgentAction]) -> None:
+    def apply(self, actions: Sequence[AgentAction]) -> list[str]:
+        """Carry ``actions`` out; returns the jobs whose launcher, asked to stop, had finished
+        training instead (exit 0): a finished job is not started again."""
+        finished = []
         for action in actions:
             if action.kind in (ActionKind.STOP, ActionKind.RESTART):
-                self.stop(action.job)
+                code = self.stop(action.job, action.reason)
+                if code == 0:
+                    finished.append(action.job)
+                    continue  # done: a restart would only resume at its last step and exit
             if action.kind in (ActionKind.START, ActionKind.RESTART):
                 assert action.assignment is not None
                 self.start(action.assignment)
+        return finished
 
     def start(self, a: JobAssignment) -> int:
         """Start ``a``'s launcher; its pid."""
@@ -230,17 +247,29 @@ class Supervisor:
         self._record()
         return popen.pid
 
-    def stop(self, job: str) -> int | None:
-        """Stop ``job``'s launcher: SIGTERM to its group (it checkpoints), up to
-        ``stop_grace_s``, then SIGKILL; its exit status (``None`` if it was not running)."""
+    def stop(self, job: str, reason: str = "") -> int | None:
+        """Stop ``job``'s launcher: one line in the job's log saying why, SIGTERM to the
+        launcher (it has its workers checkpoint and stop; torchrun then ends cleanly), up to
+        ``stop_grace_s``, then SIGKILL to its group; its exit status (``None`` if it was not
+        running)."""
         proc = self._procs.pop(job, None)
         if proc is None:
             return None
         proc.stopping = True
+        self._note(
+            job, f"stopping {job}: {reason or 'asked to'} (a checkpointed stop, not a failure)"
+        )
         code = _end_group(proc.pid, proc.popen, self.stop_grace_s)
         self.sweep(job)
         self._record()
+        if code == 0:
+            self._note(job, f"{job} had finished training: it is not started again")
         return code
+
+    def _note(self, job: str, line: str) -> None:
+        """One line of the agent's own in the job's log."""
+        with contextlib.suppress(OSError), open(self.log_path(job), "a", encoding="utf-8") as log:
+            log.write(f"coadapt agent {self.agent_id}: {line}\n")
 
     def poll(self) -> list[tuple[str, Outcome, int]]:
         """Launchers that exited on their own since the last poll: (job, outcome, status)."""
@@ -296,9 +325,12 @@ def _marked(agent_id: str, job: str | None) -> list[int]:
 
 
 def _end_group(pid: int, popen: subprocess.Popen[bytes] | None, grace_s: float) -> int | None:
-    """SIGTERM the process group led by ``pid``, wait up to ``grace_s``, then SIGKILL it."""
+    """SIGTERM the launcher ``pid`` (the leader of its process group), wait up to
+    ``grace_s``, then SIGKILL the whole group. Only the launcher is signalled first: it stops
+    its workers at an agreed step, and torchrun, left alone, ends without the traceback a
+    SIGTERM of its own would print."""
     with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGTERM)
+        os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     code = None
     while time.monotonic() < deadline:
@@ -323,6 +355,7 @@ def assignments_from_json(data: object) -> dict[str, JobAssignment]:
             raise InvalidInputError("an assignment must be an object", field="assignments")
         if item.get("rendezvous") is None:
             continue  # the first node's address is not known yet: next round
+        batch = item.get("batch")
         a = JobAssignment(
             job=str(item["job"]),
             gpus=int(item["gpus"]),
@@ -330,6 +363,9 @@ def assignments_from_json(data: object) -> dict[str, JobAssignment]:
             rendezvous=str(item["rendezvous"]),
             command=tuple(str(c) for c in item["command"]),
             checkpoint_uri=item.get("checkpoint_uri"),
+            batch=None
+            if batch is None
+            else (int(batch["global_batch_size"]), int(batch["accum_steps"])),
         )
         out[a.job] = a
     return out
@@ -346,6 +382,9 @@ def dump(assignments: Mapping[str, JobAssignment]) -> str:
                 "rendezvous": a.rendezvous,
                 "command": list(a.command),
                 "checkpoint_uri": a.checkpoint_uri,
+                "batch": None
+                if a.batch is None
+                else {"global_batch_size": a.batch[0], "accum_steps": a.batch[1]},
             }
             for _, a in sorted(assignments.items())
         ]
@@ -399,7 +438,11 @@ class AgentRunner:
             else assignments_from_json(self.client.assignments(self.instance_key))
         )
         actions = plan(assigned, self.supervisor.running)
-        self.supervisor.apply(actions)
+        for job in self.supervisor.apply(actions):
+            try:  # it finished as it was being stopped: the controller learns it was done
+                self.client.job_exited(self.instance_key, job, failed=False)
+            except ApiError as e:  # no longer assigned here: the controller moved on
+                log.info("agent %s: exit of %s not recorded: %s", self.instance_key, job, e)
         return actions
 
     def close(self) -> None:

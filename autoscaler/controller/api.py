@@ -14,6 +14,9 @@ endpoint                                      role   answer
 ``GET  /v1/jobs``                             user   ``{"jobs": [job, ...]}``, in submission order
 ``GET  /v1/jobs/{name}``                      user   the job
 ``POST /v1/jobs/{name}/cancel``               user   the job, ``cancelled``; 409 if it had ended
+``POST /v1/jobs/{name}/retry``                user   the job, ``queued`` again (a refused or
+                                                     failed one; its failures start over); 409
+                                                     for any other
 ``GET  /v1/jobs/{name}/logs?offset=N``        user   :class:`LogChunk` (``&instance=KEY``: one file)
 ``GET  /v1/instances``                        user   ``{"instances": [row, ...]}``, by key
 ``GET  /v1/fleet``                            user   ``{"released_at_s", "release_listing"}``
@@ -30,10 +33,18 @@ endpoint                                      role   answer
 ``POST /v1/jobs/{job_id}/reports``            agent  a :class:`~trainer.report.ReportReply`
 ============================================  =====  ==============================================
 
-A job, as answered: ``name``, ``status``, ``retries``, ``submitted_at_s``, ``updated_at_s``,
-``version``, ``spec`` (the submission), ``assignment`` (``{instance_key: gpus}``) and
-``progress`` (from its latest trainer report: ``at_s``, ``progress``, ``step``, ``epoch``,
-``attempt``, ``world_size``; ``null`` before the first).
+A job, as answered (:class:`JobInfo`): ``name``, ``status`` (``queued``, ``running``,
+``completed``, ``failed``, ``cancelled`` or ``refused``), ``reason`` (why it was refused or
+last failed, one line; ``null`` otherwise), ``retries`` (failures), ``restarts`` (placements
+after its first start), ``submitted_at_s``, ``updated_at_s``, ``version``, ``spec`` (the
+submission), ``assignment`` (``{instance_key: gpus}``), ``gpus``, the planned
+``batch_size`` / ``local_batch_size`` / ``accumulation_steps`` (``null`` while it holds no
+GPUs), ``progress`` / ``target_progress`` / ``remaining_progress`` (initial-batch-size
+iterations; ``target_progress`` is the length its script declared, ``null`` when it declared
+none), ``report`` (its latest trainer report in short: ``at_s``, ``progress``, ``step``,
+``epoch``, ``attempt``, ``started_at_s``, ``world_size``, the batch the trainer runs,
+``lr_scale``, ``done``; ``null`` before the first) and ``batch`` (the planned batch with the
+GPUs it was planned for).
 
 Errors are JSON too: ``{"error": "<message>", "field": "<name>" | null}`` with 400 (bad input:
 ``field`` names it; malformed JSON), 401/403 (authentication), 404 (unknown job, instance or
@@ -64,7 +75,11 @@ Decisions made here, and why:
   must have changed the job's status when it returns (the next report of the same run is
   told apart by that status).
 * **Report replies** say ``stop`` when the job is not ``running`` (cancelled, ended, or not
-  placed); ``batch`` is always ``null`` (keep), as the controller records no batch decision.
+  placed), and carry the round's planned ``batch`` when it was planned for the GPUs the
+  trainer runs on and differs from the batch it reports (the trainer adopts it at its next
+  epoch boundary, without a relaunch, its learning rate scaled by its rule); ``null``: keep.
+  A batch planned for another GPU count comes with the assignment instead (``batch``:
+  ``--batch-size`` and ``--accum-steps`` of the relaunch that count needs).
 * **Logs** are ``<logs_dir>/<job>/<instance_key>.log``, read as one byte stream in instance-key
   order, at most :data:`MAX_LOG_CHUNK_BYTES` per answer (``more`` says there is more). An
   incomplete UTF-8 character at the end is left for the next read. Offsets into the
@@ -97,7 +112,7 @@ import threading
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from http.client import HTTPException as HttpClientError
@@ -119,12 +134,27 @@ from autoscaler.controller.errors import (
 )
 from autoscaler.controller.jobs import JOB_NAME_PATTERN, JobSubmission
 from autoscaler.controller.lifecycle import InstanceStatus
-from autoscaler.controller.store import InstanceRow, JobRow, JobStatus, ReportRow, Store
+from autoscaler.controller.store import (
+    AssignmentSpan,
+    InstanceRow,
+    JobBatch,
+    JobRow,
+    JobStatus,
+    ReportRow,
+    Store,
+)
 from autoscaler.errors import InvalidInputError
 from coadapt_common.atomic import write_bytes_atomic
 from coadapt_common.clock import Clock
 from providers.base import Market
-from trainer.report import REPORT_PATH_TEMPLATE, ReportReply, TrainerReport, report_path
+from trainer.report import (
+    REPORT_PATH_TEMPLATE,
+    BatchConfig,
+    ReportReply,
+    TrainerReport,
+    remaining_progress,
+    report_path,
+)
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
@@ -142,6 +172,7 @@ __all__ = [
     "JobExitReply",
     "JobInfo",
     "LogChunk",
+    "PlannedBatch",
     "ProgressInfo",
     "Role",
     "TokenFileError",
@@ -352,8 +383,13 @@ class JobExitHandler(Protocol):
 @dataclass(frozen=True)
 class ProgressInfo:
     """A job's latest trainer report, in short: received at ``at_s``; ``progress`` in
-    initial-batch-size iterations, ``step`` optimizer steps, ``epoch``, ``attempt`` (launches
-    of the job) and ``world_size`` (replicas)."""
+    initial-batch-size iterations, ``target_progress`` the length its script declared in the
+    same unit (``None``: undeclared), ``done`` whether its trainer finished, ``step`` optimizer
+    steps, ``epoch``, ``attempt`` (launches of the job by its launcher), ``started_at_s``
+    (when this set of worker processes started: a relaunch changes it), ``world_size``
+    (replicas), the batch the trainer runs (``global_batch_size`` over ``accum_steps``
+    micro-steps) and ``lr_scale``, the factor its scaling rule last applied to the learning
+    rate."""
 
     at_s: float
     progress: float
@@ -361,6 +397,12 @@ class ProgressInfo:
     epoch: int
     attempt: int
     world_size: int
+    target_progress: float | None = None
+    done: bool = False
+    started_at_s: float = 0.0
+    global_batch_size: int = 0
+    accum_steps: int = 1
+    lr_scale: float | None = None
 
     @classmethod
     def from_report(cls, row: ReportRow) -> ProgressInfo:
@@ -372,12 +414,38 @@ class ProgressInfo:
             report.epoch,
             report.attempt,
             report.world_size,
+            report.target_progress,
+            report.done,
+            report.started_at_s,
+            report.batch.global_batch_size,
+            report.batch.accum_steps,
+            report.lr_scale,
         )
 
 
 @dataclass(frozen=True)
+class PlannedBatch:
+    """The batch the controller planned for a job running on ``gpus`` GPUs (what the API
+    answers its trainer): ``global_batch_size`` samples per optimizer step,
+    ``local_batch_size`` per GPU and micro-step, ``accum_steps`` micro-steps."""
+
+    global_batch_size: int
+    local_batch_size: int
+    accum_steps: int
+    gpus: int
+
+    @classmethod
+    def of(cls, row: JobBatch) -> PlannedBatch:
+        return cls(row.global_batch_size, row.local_batch_size, row.accum_steps, row.gpus)
+
+
+@dataclass(frozen=True)
 class JobInfo:
-    """A job as the API answers it (see the module docstring)."""
+    """A job as the API answers it (see the module docstring). ``spec`` is the submission as
+    stored (:attr:`submission` parses it); ``report`` the latest trainer report in short;
+    ``batch`` the planned batch; ``restarts`` how many times the job was placed again after
+    its first start (rescales, moves and resumes after a preemption or a failure);
+    ``reason`` why it was refused or last failed."""
 
     name: str
     status: JobStatus
@@ -385,26 +453,59 @@ class JobInfo:
     submitted_at_s: float
     updated_at_s: float
     version: int
-    spec: JobSubmission
+    spec: Mapping[str, Any]
     assignment: Mapping[str, int]
-    progress: ProgressInfo | None
+    report: ProgressInfo | None
+    batch: PlannedBatch | None = None
+    restarts: int = 0
+    reason: str | None = None
+
+    @property
+    def submission(self) -> JobSubmission:
+        """The stored spec, checked (:class:`InvalidInputError` if it no longer passes)."""
+        return JobSubmission.from_mapping(self.spec)
+
+    @property
+    def gpus(self) -> int:
+        return sum(self.assignment.values())
 
     def to_dict(self) -> dict[str, Any]:
+        """The answer: every attribute, and flat at the top, what a user reads first:
+        ``gpus``, the planned ``batch_size`` / ``local_batch_size`` / ``accumulation_steps``
+        (``null`` while it holds no GPUs), ``progress`` / ``target_progress`` /
+        ``remaining_progress`` (``null`` before the first report, or when the script
+        declared no length), ``restarts`` and ``reason``."""
+        report = self.report
+        remaining = (
+            None if report is None else remaining_progress(report.progress, report.target_progress)
+        )
         return {
             "name": self.name,
             "status": self.status.value,
+            "reason": self.reason,
             "retries": self.retries,
+            "restarts": self.restarts,
             "submitted_at_s": self.submitted_at_s,
             "updated_at_s": self.updated_at_s,
             "version": self.version,
-            "spec": dataclasses.asdict(self.spec),
+            "spec": dict(self.spec),
             "assignment": dict(sorted(self.assignment.items())),
-            "progress": None if self.progress is None else dataclasses.asdict(self.progress),
+            "gpus": self.gpus,
+            "batch_size": None if self.batch is None else self.batch.global_batch_size,
+            "local_batch_size": None if self.batch is None else self.batch.local_batch_size,
+            "accumulation_steps": None if self.batch is None else self.batch.accum_steps,
+            "progress": None if report is None else report.progress,
+            "target_progress": None if report is None else report.target_progress,
+            "remaining_progress": remaining,
+            "report": None if report is None else dataclasses.asdict(report),
+            "batch": None if self.batch is None else dataclasses.asdict(self.batch),
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> JobInfo:
-        progress = data["progress"]
+        report = data["report"]
+        batch = data.get("batch")
+        reason = data.get("reason")
         return cls(
             name=str(data["name"]),
             status=JobStatus(data["status"]),
@@ -412,9 +513,12 @@ class JobInfo:
             submitted_at_s=float(data["submitted_at_s"]),
             updated_at_s=float(data["updated_at_s"]),
             version=int(data["version"]),
-            spec=JobSubmission.from_json(json.dumps(data["spec"])),
+            spec=dict(data["spec"]),
             assignment={str(k): int(v) for k, v in dict(data["assignment"]).items()},
-            progress=None if progress is None else ProgressInfo(**progress),
+            report=None if report is None else ProgressInfo(**report),
+            batch=None if batch is None else PlannedBatch(**batch),
+            restarts=int(data.get("restarts", 0)),
+            reason=None if reason is None else str(reason),
         )
 
 
@@ -536,6 +640,7 @@ class ApiApp:
             ("GET", "/v1/jobs", Role.USER, self._list_jobs),
             ("GET", "/v1/jobs/<name>", Role.USER, self._get_job),
             ("POST", "/v1/jobs/<name>/cancel", Role.USER, self._cancel_job),
+            ("POST", "/v1/jobs/<name>/retry", Role.USER, self._retry_job),
             ("GET", "/v1/jobs/<name>/logs", Role.USER, self._job_logs),
             ("GET", "/v1/instances", Role.USER, self._list_instances),
             ("GET", "/v1/fleet", Role.USER, self._fleet),
@@ -677,8 +782,17 @@ class ApiApp:
         return data
 
     def _job_info(
-        self, row: JobRow, assignment: Mapping[str, int], report: ReportRow | None
+        self,
+        row: JobRow,
+        assignment: Mapping[str, int],
+        report: ReportRow | None,
+        batch: JobBatch | None,
+        restarts: int,
     ) -> JobInfo:
+        try:
+            spec = json.loads(row.spec_json)  # as stored, even one that no longer passes
+        except ValueError:
+            spec = {}
         return JobInfo(
             name=row.name,
             status=row.status,
@@ -686,14 +800,20 @@ class ApiApp:
             submitted_at_s=row.submitted_at_s,
             updated_at_s=row.updated_at_s,
             version=row.version,
-            spec=JobSubmission.from_json(row.spec_json),
+            spec=spec if isinstance(spec, dict) else {},
             assignment=assignment,
-            progress=None if report is None else ProgressInfo.from_report(report),
+            report=None if report is None else ProgressInfo.from_report(report),
+            batch=None if batch is None or not assignment else PlannedBatch.of(batch),
+            restarts=restarts,
+            reason=row.reason,
         )
 
     def _one_job(self, store: Store, row: JobRow) -> dict[str, Any]:
         assignment = {k: g for (_, k), g in store.list_assignments(job=row.name).items()}
-        return self._job_info(row, assignment, store.latest_report(row.name)).to_dict()
+        restarts = _restarts(store.assignment_history(row.name)).get(row.name, 0)
+        return self._job_info(
+            row, assignment, store.latest_report(row.name), store.get_batch(row.name), restarts
+        ).to_dict()
 
     # ---- users -----------------------------------------------------------------------------
 
@@ -712,8 +832,16 @@ class ApiApp:
         for (job, key), gpus in store.list_assignments().items():
             assigned.setdefault(job, {})[key] = gpus
         reports = store.latest_reports()
+        batches = store.list_batches()
+        restarts = _restarts(store.assignment_history())
         jobs = [
-            self._job_info(row, assigned.get(row.name, {}), reports.get(row.name)).to_dict()
+            self._job_info(
+                row,
+                assigned.get(row.name, {}),
+                reports.get(row.name),
+                batches.get(row.name),
+                restarts.get(row.name, 0),
+            ).to_dict()
             for row in store.list_jobs()
         ]
         return _json({"jobs": jobs})
@@ -735,6 +863,28 @@ class ApiApp:
             _log.info("job %s cancelled", name)
             return _json(self._one_job(store, row))
         raise ApiError(409, f"job {name!r} kept changing while being cancelled: try again")
+
+    def _retry_job(self, request: Request, name: str) -> Response:
+        """A refused or failed job is queued again (its failure count starts over): what a
+        user does once the cause is fixed (a larger fleet, a repaired script)."""
+        store = self._store()
+        for _ in range(_CANCEL_TRIES):
+            row = store.get_job(name)
+            if row.status not in (JobStatus.REFUSED, JobStatus.FAILED):
+                raise ApiError(
+                    409,
+                    f"job {name!r} is {row.status.value}: only a refused or failed job "
+                    "can be retried",
+                )
+            try:
+                row = store.update_job(
+                    name, row.version, status=JobStatus.QUEUED, retries=0, reason=None
+                )
+            except StaleVersionError:
+                continue
+            _log.info("job %s queued again", name)
+            return _json(self._one_job(store, row))
+        raise ApiError(409, f"job {name!r} kept changing while being retried: try again")
 
     def _job_logs(self, request: Request, name: str) -> Response:
         store = self._store()
@@ -844,7 +994,8 @@ class ApiApp:
                     "addresses": {key: addresses.get(key) for key, _ in nodes},
                     "rendezvous": None if first is None else rendezvous_endpoint(job.name, first),
                     "command": list(spec.command),
-                    "checkpoint_uri": None,
+                    "checkpoint_uri": spec.checkpoint_uri,
+                    "batch": _launch_batch(store.get_batch(job.name), nodes),
                     "spec": dataclasses.asdict(spec),
                 }
             )
@@ -888,7 +1039,11 @@ class ApiApp:
         store = self._store()
         store.add_report(job_id, report.to_json())
         job = store.get_job(job_id)
-        reply = ReportReply(batch=None, stop=job.status is not JobStatus.RUNNING)
+        running = job.status is JobStatus.RUNNING
+        reply = ReportReply(
+            batch=_new_batch(store.get_batch(job_id), report) if running else None,
+            stop=not running,
+        )
         return _json(json.loads(reply.to_json()))
 
     def _remember(self, instance_key: str, address: str | None) -> None:
@@ -930,6 +1085,37 @@ def make_app(
 
 
 # ---- request helpers -----------------------------------------------------------------------
+
+
+def _new_batch(planned: JobBatch | None, report: TrainerReport) -> BatchConfig | None:
+    """The batch a report's reply carries: the planned one, when it was planned for the GPUs
+    the trainer runs on (a plan for another count comes with the relaunch that count needs)
+    and differs from the batch in force; the trainer has nothing left to do once done."""
+    if planned is None or report.done or planned.gpus != report.world_size:
+        return None
+    want = BatchConfig(planned.global_batch_size, planned.accum_steps)
+    return None if want == report.batch else want
+
+
+def _launch_batch(planned: JobBatch | None, nodes: list[tuple[str, int]]) -> dict[str, int] | None:
+    """The batch an assignment starts the job with (``--batch-size``, ``--accum-steps``):
+    the planned one when it was planned for the job's GPUs now."""
+    if planned is None or planned.gpus != sum(g for _, g in nodes):
+        return None
+    return {
+        "global_batch_size": planned.global_batch_size,
+        "local_batch_size": planned.local_batch_size,
+        "accum_steps": planned.accum_steps,
+    }
+
+
+def _restarts(spans: Sequence[AssignmentSpan]) -> dict[str, int]:
+    """Per job, how many times it was placed again after its first start: the times its
+    assignments changed (each change opens spans at one instant), less the first."""
+    starts: dict[str, set[float]] = {}
+    for span in spans:
+        starts.setdefault(span.job_name, set()).add(span.from_s)
+    return {job: max(0, len(times) - 1) for job, times in starts.items()}
 
 
 def _json(payload: object, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
@@ -1158,6 +1344,11 @@ class ApiClient:
 
     def cancel_job(self, name: str) -> JobInfo:
         data = self._call("POST", f"/v1/jobs/{_seg(name)}/cancel")
+        return self._parse(JobInfo.from_dict, data)
+
+    def retry_job(self, name: str) -> JobInfo:
+        """Queue a refused or failed job again."""
+        data = self._call("POST", f"/v1/jobs/{_seg(name)}/retry")
         return self._parse(JobInfo.from_dict, data)
 
     def job_logs(self, name: str, offset: int = 0, *, instance: str | None = None) -> LogChunk:

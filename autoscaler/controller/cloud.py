@@ -39,6 +39,7 @@ from autoscaler.controller.api import ApiTokens
 from autoscaler.errors import InvalidInputError
 from coadapt_common.clock import Clock
 from providers.base import Provider
+from providers.capacity import UnavailableOfferings
 from providers.gcp.metadata import (
     DEFAULT_METADATA_BASE_URL,
     INSTANCE_PATH,
@@ -95,9 +96,14 @@ def load_cloud_config(path: str | Path) -> CloudConfig:
 
 
 def make_cloud_provider(
-    config: CloudConfig, clock: Clock, *, endpoint_url: str | None = None
+    config: CloudConfig,
+    clock: Clock,
+    *,
+    endpoint_url: str | None = None,
+    unavailable: UnavailableOfferings | None = None,
 ) -> Provider:
-    """The provider a cloud config describes (``endpoint_url``: a test server)."""
+    """The provider a cloud config describes (``endpoint_url``: a test server;
+    ``unavailable``: the unavailable-offerings memory it shares with the controller)."""
     s = config.settings
     if config.kind == "aws":
         from providers.aws import AwsConfig, AwsProvider, LaunchTemplateRef
@@ -111,7 +117,12 @@ def make_cloud_provider(
         }
         if s.get("instance_types"):
             aws_fields["instance_types"] = tuple(s["instance_types"])
-        return AwsProvider(AwsConfig(**aws_fields), clock=clock, endpoint_url=endpoint_url)
+        return AwsProvider(
+            AwsConfig(**aws_fields),
+            clock=clock,
+            endpoint_url=endpoint_url,
+            unavailable=unavailable,
+        )
     from providers.gcp.config import GcpConfig
     from providers.gcp.provider import GcpProvider
 
@@ -121,7 +132,9 @@ def make_cloud_provider(
             gcp_fields[key] = s[key]
     gcp_fields["external_ip"] = bool(s.get("external_ip", False))
     gcp_fields["network_tags"] = tuple(s.get("network_tags") or ())
-    return GcpProvider(GcpConfig(**gcp_fields), clock=clock, api_endpoint=endpoint_url)
+    return GcpProvider(
+        GcpConfig(**gcp_fields), clock=clock, api_endpoint=endpoint_url, unavailable=unavailable
+    )
 
 
 def publish_tokens(

@@ -87,7 +87,8 @@ async function refresh() {
     fill("jobs", jobs.jobs.map((j) => [
       j.name, j.status, Object.values(j.assignment).reduce((a, b) => a + b, 0),
       Object.keys(j.assignment).join(" ") || "-",
-      j.progress ? Math.round(j.progress.progress) : "-", j.retries]));
+      j.progress !== null && j.progress !== undefined ? Math.round(j.progress) : "-",
+      j.retries]));
     fill("fleet", fleet.instances
       .filter((i) => i.status !== "terminated" && i.status !== "allocation_failed")
       .map((i) => [i.instance_key, i.status, i.offering_key, i.gpus + " x " + i.gpu_type,

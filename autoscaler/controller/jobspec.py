@@ -16,18 +16,19 @@ field                     value                                                d
                           ending with a letter or digit
 ``command``               the training script and its arguments: a list of     required
                           strings, or one string split like a shell (shlex)
-``gpus.min``              int >= 1: the GPUs the job requests (see below)      1
-``gpus.max``              int >= ``gpus.min``                                  none (no cap)
-``batch_size.initial``    int >= 1: total batch the hyper-parameters were      required
-                          tuned for
-``batch_size.max``        int >= ``batch_size.initial``                        required
-``local_batch_size.max``  int >= ``local_batch_size.min``: per-GPU batch       required
-``local_batch_size.min``  int >= 1, <= ``batch_size.max``                      1
-``max_accum_steps``       int >= 1                                             none
+``gpus.min``              int in [1, 4096]: the fewest GPUs the job runs on    1
+``gpus.max``              int in [``gpus.min``, 4096]: the most                none (no cap)
+``batch_size.initial``    int in [1, 2^24]: total batch the hyper-parameters   required
+                          were tuned for
+``batch_size.max``        int in [``batch_size.initial``, 2^24]                required
+``local_batch_size.max``  int in [``local_batch_size.min``, 2^20]: per-GPU     required
+                          batch
+``local_batch_size.min``  int in [1, 2^20], <= ``batch_size.max``              1
+``max_accum_steps``       int in [1, 1024]                                     none (16)
 ``optimizer``             ``sgd``, ``adam`` or ``adamw`` (:class:`Optimizer`)  none
 ``checkpoint``            a local path, ``file://``, ``s3://BUCKET[/PREFIX]``  none
                           or ``gs://BUCKET[/PREFIX]``
-``weight``                float > 0                                            1.0
+``weight``                float in (0, 1e6]                                    1.0
 ``gpu_types``             non-empty list of distinct names of                  none (any)
                           :data:`~autoscaler.gputypes.KNOWN_GPU_TYPES`
 ``markets``               non-empty list of distinct ``spot``, ``on-demand``   none (any)
@@ -38,32 +39,37 @@ field                     value                                                d
 ``application``           the model name for the speed table (a name it does   ``generic``
                           not know gets the generic speed ratios)
 ``adaptive``              bool: false keeps the batch at                       true
-                          ``batch_size.initial`` and the GPUs at most
-                          ``gpus.min``
+                          ``batch_size.initial`` and the GPUs at exactly
+                          ``gpus.min`` (``gpus.max``, if given, must equal it)
 ========================  ===================================================  =============
 
 A field given as an empty value (``gpus:`` or ``null``) is the same as an absent one.
 Integers are YAML integers (``64``; not ``"64"``, ``64.0`` or ``true``); floats accept integers.
 The items of a ``command`` list are taken as written, so ``--epochs, 3`` needs no quotes
-(``3`` stays ``"3"``, ``010`` stays ``"010"``).
+(``3`` stays ``"3"``, ``010`` stays ``"010"``). A file over 64 KiB, or nested deeper than 16
+levels, is refused before its values are read.
 
 ``command`` is what follows the launcher's options: the node agent starts a job as
 ``python -m trainer.launch --job-id NAME --nproc-per-node GPUS ... COMMAND``
-(:func:`autoscaler.controller.agent.launch_argv`), so a command that starts with a launcher
-(``coadapt-launch``, ``torchrun``) or an interpreter (``python``) is refused.
+(:func:`autoscaler.controller.agent.launch_argv`), so a command that starts with an option
+(``-...``), a launcher (``coadapt-launch``, ``torchrun``) or an interpreter (``python``) is
+refused.
+
+**One check for the CLI and the API.** Every field a submission has is checked by
+:func:`~autoscaler.controller.jobs.submission_problems`, the function the API runs on a JSON
+body: ``coadapt submit`` and ``POST /v1/jobs`` refuse the same jobs (a spec's errors name its
+field paths, ``gpus.min``; the API's its field names, ``min_gpus``).
 
 **What the controller acts on.** :meth:`JobSpec.submission` gives the
 :class:`~autoscaler.controller.jobs.JobSubmission` the controller stores and schedules: name,
-command, batch sizes, local batch limits, ``gpus.min``, application, adaptive. ``gpus.min``
-becomes ``JobSubmission.min_gpus``, the GPUs the job requests: a non-adaptive job runs on at
-most that many (fixed-size policies use it as the gang size), but it is not a lower bound for
-an adaptive job, whose fewest GPUs the policy derives from its batch limits. The other
-fields, ``gpus.max``, ``max_accum_steps``, ``optimizer``, ``checkpoint``, ``weight``,
-``gpu_types``, ``markets``, ``offerings`` and ``budget_share``, are validated and kept on
-:class:`JobSpec`, and **the controller does not act on them yet**: no GPU cap, accumulation
-limit, placement restriction, fair-share weight or budget is applied, no checkpoint location is
-passed on, and the trainer picks its learning-rate scaling rule from the optimizer object it is
-given, not from this spec.
+command, batch sizes, local batch limits, ``max_accum_steps``, ``gpus.min``, ``gpus.max``,
+``gpu_types``, ``checkpoint``, application, adaptive. Every policy and the fleet sizing honour
+the GPU bounds and types (:mod:`autoscaler.bounds`); a job no fleet the controller may build
+could ever run is ``refused`` with the reason. ``optimizer``, ``weight``, ``markets``,
+``offerings`` and ``budget_share`` are validated and kept on :class:`JobSpec`, and **the
+controller does not act on them yet** (``coadapt submit`` says so for the last four): no
+fair-share weight, market or offering restriction or budget is applied, and the trainer picks
+its learning-rate scaling rule from the optimizer object it is given, not from this spec.
 
 **Errors.** Every problem raises :class:`JobSpecError` naming the file, the line (1-based: the
 offending key, or value; for a missing field, the key of the mapping that lacks it, or the
@@ -260,6 +266,14 @@ def parse_job_spec(text: str, path: str = "<string>") -> JobSpec:
             line=1,
             field=ROOT_FIELD,
         )
+    deep_at = _flow_depth_exceeded(text)
+    if deep_at is not None:
+        raise JobSpecError(
+            f"nested too deeply (at most {MAX_SPEC_DEPTH} levels)",
+            path=path,
+            line=text.count("\n", 0, deep_at) + 1,
+            field=ROOT_FIELD,
+        )
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except RecursionError as e:
@@ -295,6 +309,37 @@ def parse_job_spec(text: str, path: str = "<string>") -> JobSpec:
             field=ROOT_FIELD,
         )
     return _Reader(path).spec(root)
+
+
+def _flow_depth_exceeded(text: str) -> int | None:
+    """Where ``[`` / ``{`` nesting first passes :data:`MAX_SPEC_DEPTH` (``None``: never): a
+    linear scan before the parser, which takes seconds over thousands of open brackets.
+    Quoted scalars and comments are skipped (a conservative reading of YAML's rules: at worst
+    a bracket inside a plain scalar counts, and a spec that deep is refused anyway)."""
+    depth = 0
+    quote = ""
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if quote:
+            if c == "\\" and quote == '"':
+                i += 1
+            elif c == quote:
+                quote = ""
+        elif c in "'\"" and (i == 0 or text[i - 1] in " \t\n[{,:"):
+            quote = c
+        elif c == "#" and (i == 0 or text[i - 1] in " \t\n"):
+            end = text.find("\n", i)
+            i = n if end < 0 else end
+            continue
+        elif c in "[{":
+            depth += 1
+            if depth > MAX_SPEC_DEPTH:
+                return i
+        elif c in "]}":
+            depth = max(0, depth - 1)
+        i += 1
+    return None
 
 
 def _depth(root: Any) -> int | None:

@@ -73,7 +73,7 @@ from autoscaler.policy.base import Decision
 from autoscaler.pricing import band_hazard_per_hour, instance_cost_usd, load_hazard_model
 from autoscaler.sim.cloud import FleetStrategy, FleetView
 from autoscaler.sizing import FleetOption, SizingConfig
-from autoscaler.strategies import GoodputSizing
+from autoscaler.strategies import FixedFleet, GoodputSizing
 from coadapt_common.clock import Clock
 from providers.base import Instance, LaunchRequest, Offering, Provider
 from providers.capacity import UnavailableOfferings
@@ -377,7 +377,8 @@ class Controller:
     ) -> list[PoolCapacity]:
         """The most GPUs of each type one job could ever get: the instances ready now, or
         what the sizing may buy of an offering (``max_instances`` of its largest instance,
-        within ``max_gpus``). Empty until the offerings are known (nothing is refused then)."""
+        within ``max_gpus``; a fixed fleet: what it holds). Empty until the offerings are
+        known (nothing is refused then)."""
         if not self._offerings:
             return []
         most: dict[str, int] = {}
@@ -386,7 +387,12 @@ class Controller:
             most[t] = most.get(t, 0) + r.gpus
         growable: dict[str, int] = {}
         sizing = self.config.sizing
+        fixed = self.strategy.counts if isinstance(self.strategy, FixedFleet) else None
         for o in options:
+            if fixed is not None:  # a static cluster: what it holds, nothing more
+                cap = fixed.get(o.key, 0) * o.gpus
+                growable[o.gpu_type] = growable.get(o.gpu_type, 0) + cap
+                continue
             cap = sizing.max_instances * o.gpus
             if sizing.max_gpus is not None:
                 cap = min(cap, sizing.max_gpus)

@@ -57,6 +57,7 @@ from autoscaler.controller.cloud import (
     make_cloud_provider,
     publish_tokens,
 )
+from autoscaler.controller.errors import RoundError
 from autoscaler.controller.loop import (
     Controller,
     ControllerConfig,
@@ -68,14 +69,23 @@ from autoscaler.controller.reconcile import ReconcileConfig
 from autoscaler.controller.store import InstanceRow, JobStatus, Store
 from autoscaler.errors import InvalidInputError
 from autoscaler.sizing import SizingConfig
+from autoscaler.strategies import FixedFleet
 from coadapt_common.atomic import write_json_atomic
 from coadapt_common.clock import Clock, SystemClock
 from coadapt_common.procfs import process_start_time
 from providers.base import Provider
+from providers.capacity import UnavailableOfferings
 
 __all__ = ["UpConfig", "agent_main", "run_up"]
 
 log = logging.getLogger(__name__)
+
+LOCAL_RESTART_DELAY_S = 10.0
+"""The restart delay the decisions assume on the local provider (a job there restarts in
+about 6-10 s: ENVIRONMENT's measured floor plus the agent's poll)."""
+LOCAL_PROVISIONING_DELAY_S = 10.0
+"""The provisioning delay the sizing assumes on the local provider (an instance is a local
+process whose agent registers within seconds)."""
 
 
 @dataclass(frozen=True)
@@ -88,7 +98,9 @@ class UpConfig:
     ``_period_s`` its simulated spot prices; ``offerings_refresh_s`` how often prices are
     read again. ``provider`` ``aws`` / ``gcp`` reads the deployment's ``provider_config``
     (:mod:`autoscaler.controller.cloud`); ``endpoint_url`` points the cloud's clients at a
-    test server."""
+    test server. ``fixed_fleet``: hold these instances per offering key (``Offering.key``)
+    whatever the jobs, a static cluster, instead of sizing the fleet by goodput per
+    dollar."""
 
     state_dir: Path
     cluster_id: str = "coadapt-local"
@@ -106,6 +118,7 @@ class UpConfig:
     provider: str = "local"
     provider_config: Path | None = None
     endpoint_url: str | None = None
+    fixed_fleet: tuple[tuple[str, int], ...] = ()
 
 
 def _agent_user_data(cfg: UpConfig, url: str, tokens_path: Path) -> Callable[[InstanceRow], str]:
@@ -200,6 +213,9 @@ def run_up(
     tokens_path = state / "tokens.json"
     tokens = load_tokens(tokens_path) if tokens_path.exists() else generate_tokens(tokens_path)
     max_gpus = cfg.max_gpus
+    # One unavailable-offerings memory: the controller marks capacity and quota errors in
+    # it, the provider's launch walk skips what it holds, the sizing routes around it.
+    unavailable = UnavailableOfferings(clock, ControllerConfig(cfg.cluster_id).unavailable_ttl_s)
     if cloud is None:
         local = LocalProvider(
             state / "local",
@@ -208,21 +224,42 @@ def run_up(
             term_grace_s=90.0,  # the agent stops its jobs with a checkpoint before it goes
             spot_price_swing=cfg.local_spot_price_swing,
             spot_price_period_s=cfg.local_spot_price_period_s,
+            unavailable=unavailable,
         )
         provider: Provider = local
         if max_gpus is None:
             max_gpus = local.max_gpu_slots
     else:
-        provider = make_cloud_provider(cloud, clock, endpoint_url=cfg.endpoint_url)
+        provider = make_cloud_provider(
+            cloud, clock, endpoint_url=cfg.endpoint_url, unavailable=unavailable
+        )
         publish_tokens(cloud, tokens, endpoint_url=cfg.endpoint_url)
+    strategy = None
+    if cfg.fixed_fleet:
+        known = {o.key for o in provider.offerings()}
+        unknown = sorted(k for k, _ in cfg.fixed_fleet if k not in known)
+        if unknown:
+            raise InvalidInputError(
+                f"fixed fleet: no offering {unknown[0]!r} (known: {', '.join(sorted(known))})",
+                field="fixed_fleet",
+            )
+        strategy = FixedFleet("fixed", dict(cfg.fixed_fleet))
+    # What a restart and a new instance cost, as the decisions weigh them: a local instance
+    # is a process, ready in seconds, and a local job restarts in about 6-10 s (imports, the
+    # checkpoint, the rendezvous); a cloud instance takes minutes (the defaults).
+    sizing = SizingConfig(max_instances=cfg.max_instances, max_gpus=max_gpus)
+    if cloud is None:
+        sizing = replace(sizing, provisioning_delay_s=LOCAL_PROVISIONING_DELAY_S)
     controller_cfg = ControllerConfig(
         store.cluster_id,
         interval_s=cfg.interval_s,
-        sizing=SizingConfig(max_instances=cfg.max_instances, max_gpus=max_gpus),
+        sizing=sizing,
         reconcile=ReconcileConfig(heartbeat_timeout_s=max(60.0, 10 * cfg.agent_interval_s)),
         gpu_type_aliases={"cpu-slot": "T4"} if cloud is None else {},
         offerings_refresh_s=cfg.offerings_refresh_s,
     )
+    if cloud is None:
+        controller_cfg = replace(controller_cfg, restart_delay_s=LOCAL_RESTART_DELAY_S)
 
     def on_job_exit(name: str, *, failed: bool) -> JobStatus:
         with Store.open(store_path, clock) as own:  # this API thread's store
@@ -235,13 +272,22 @@ def run_up(
     user_data = (
         _agent_user_data(cfg, server.url, tokens_path) if cloud is None else _cloud_user_data(cloud)
     )
-    controller = Controller(store, provider, clock, controller_cfg, user_data=user_data)
+    controller = Controller(
+        store,
+        provider,
+        clock,
+        controller_cfg,
+        strategy=strategy,
+        user_data=user_data,
+        unavailable=unavailable,
+    )
     write_json_atomic(
         state / "up.json",
         {"url": server.url, "pid": os.getpid(), "started": process_start_time(os.getpid())},
     )
     if on_ready is not None:
         on_ready(server.url)
+    last_error: str | None = None
     try:
         while not stop.is_set():
             if store.released_at_s() is not None:  # coadapt destroy: hold nothing
@@ -250,9 +296,16 @@ def run_up(
                 if released.remaining:
                     log.info("released; still listed: %s", ", ".join(released.remaining))
             else:
-                report = controller.run_round()
-                if report.error:
-                    log.warning("round %d: %s", report.round_index, report.error)
+                try:
+                    report = controller.run_round()
+                except RoundError as e:  # said once; the API keeps serving (cancel works)
+                    if str(e) != last_error:
+                        log.error("coadapt up: a round could not finish: %s", e)
+                    last_error = str(e)
+                else:
+                    last_error = None
+                    if report.error:
+                        log.warning("round %d: %s", report.round_index, report.error)
             stop.wait(cfg.interval_s)
     finally:
         down = controller.down(timeout_s=120.0, poll_s=1.0)

@@ -31,7 +31,7 @@ from autoscaler.jobs import (
     fixed_batch_choice,
 )
 from autoscaler.policy.base import Decision
-from autoscaler.policy.placement import pack
+from autoscaler.policy.placement import allowed_nodes, pack_on
 
 __all__ = ["OptimusPolicy"]
 
@@ -57,6 +57,7 @@ class OptimusPolicy:
 
     def gpu_bounds(self, job: JobView, cluster: ClusterView) -> tuple[int, int]:
         cap = max(1, min(job.fixed_batch_size // job.limits.min_local_bsz, cluster.total_gpus))
+        cap = max(cap, job.fewest_gpus)  # the user's floor may exceed the batch's split
         return 0, cap if job.max_gpus is None else min(cap, job.max_gpus)
 
     def _prepare(self, job: JobView, cluster: ClusterView) -> _Job:
@@ -64,8 +65,8 @@ class OptimusPolicy:
         if job.oracle is not None:
             times = job.oracle.step_time_s[:max_gpus]
             return _Job(job, min(max_gpus, len(times)), job.oracle.remaining_iterations, times)
-        if job.model is None:  # Nothing known: no reason to give it more than one GPU.
-            return _Job(job, 1, 1.0, (1.0,))
+        if job.model is None:  # Nothing known: no reason to give it more than its fewest.
+            return _Job(job, job.fewest_gpus, 1.0, (1.0,) * job.fewest_gpus)
         per_node = max(cluster.gpus_per_node)
         g = np.arange(1, max_gpus + 1)
         nodes = -(-g // per_node)
@@ -82,15 +83,16 @@ class OptimusPolicy:
         jobs = [self._prepare(job, cluster) for job in round_input.jobs]
         gpus = [0] * len(jobs)
         left = cluster.total_gpus
-        for i in range(len(jobs)):
-            if left == 0:
-                break
-            gpus[i] = 1
-            left -= 1
+        for i in range(len(jobs)):  # each job its fewest GPUs (1 unless the user says more)
+            floor = jobs[i].view.fewest_gpus
+            if floor > left or floor > jobs[i].max_gpus:
+                continue
+            gpus[i] = floor
+            left -= floor
 
         def gain(i: int) -> float:
             g, job = gpus[i], jobs[i]
-            if g == 0 or g + 1 > job.max_gpus:
+            if g == 0 or g + 1 > job.max_gpus or g >= len(job.step_time_s):
                 return 0.0
             return (job.step_time_s[g - 1] - job.step_time_s[g]) * job.remaining
 
@@ -107,7 +109,8 @@ class OptimusPolicy:
         free = np.array(cluster.gpus_per_node, dtype=np.int64)
         allocations: dict[str, Allocation] = {}
         for job, g in zip(jobs, gpus, strict=True):
-            if g > 0 and job.view.num_gpus == g:
+            kept = all(job.view.allows_type(t) for t in cluster.gpu_types_of(job.view.allocation))
+            if g > 0 and job.view.num_gpus == g and kept:
                 allocations[job.view.name] = job.view.allocation
                 free -= np.asarray(cluster.dense(job.view.allocation), dtype=np.int64)
         order = sorted(range(len(jobs)), key=lambda i: gpus[i])
@@ -118,7 +121,11 @@ class OptimusPolicy:
                 allocations[name] = Allocation()
                 continue
             if name not in allocations:
-                allocations[name] = cluster.sparse(pack(gpus[i], free))
+                row = pack_on(gpus[i], free, allowed_nodes(jobs[i].view, cluster))
+                if row is None:  # not enough GPUs of the types it allows: it waits
+                    allocations[name] = Allocation()
+                    continue
+                allocations[name] = cluster.sparse(row)
             batches[name] = fixed_batch_choice(
                 jobs[i].view.fixed_batch_size, gpus[i], jobs[i].view.limits
             )

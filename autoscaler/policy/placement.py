@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from autoscaler.errors import InvalidInputError
+from autoscaler.jobs import ClusterView, JobView
 
-__all__ = ["pack"]
+__all__ = ["allowed_nodes", "pack", "pack_on"]
 
 
 def pack(num_gpus: int, free: np.ndarray) -> tuple[int, ...]:
@@ -29,3 +30,23 @@ def pack(num_gpus: int, free: np.ndarray) -> tuple[int, ...]:
         free[node] -= take
         left -= take
     return tuple(int(g) for g in alloc)
+
+
+def allowed_nodes(job: JobView, cluster: ClusterView) -> np.ndarray | None:
+    """A mask of the nodes whose GPU type the job allows (``None``: it allows every type)."""
+    if job.gpu_types is None:
+        return None
+    return np.array([job.allows_type(n.gpu_type) for n in cluster.nodes], dtype=bool)
+
+
+def pack_on(num_gpus: int, free: np.ndarray, allowed: np.ndarray | None) -> tuple[int, ...] | None:
+    """:func:`pack` on the ``allowed`` nodes only (``None``: all); ``None`` when they have
+    fewer than ``num_gpus`` GPUs free (nothing is taken then)."""
+    if allowed is None:
+        return pack(num_gpus, free) if num_gpus <= int(free.sum()) else None
+    room = np.where(allowed, free, 0)
+    if num_gpus > int(room.sum()):
+        return None
+    row = pack(num_gpus, room)
+    free -= np.asarray(row, dtype=free.dtype)
+    return row

@@ -167,6 +167,22 @@ class PolluxState:
     table_builds: int = 0
 
 
+def _user_bounds(
+    jobs: list[JobView], cluster: ClusterView
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The search's per-job GPU floor (``gpus.min``; exactly its GPUs for a job that does not
+    adapt) and its allowed nodes (``gpu_types``); ``None`` for either when no job sets it (the
+    search is then exactly the paper's)."""
+    floor = np.array([j.fewest_gpus for j in jobs], dtype=np.float32)
+    types = np.array([n.gpu_type for n in cluster.nodes], dtype=object)
+    allowed = None
+    if any(j.gpu_types is not None for j in jobs):
+        allowed = np.array([[j.allows_type(t) for t in types] for j in jobs], dtype=bool).reshape(
+            len(jobs), len(types)
+        )
+    return (floor if (floor > 1).any() else None), allowed
+
+
 def power_mean(values: np.ndarray, p: float, axis: int = -1) -> np.ndarray:
     """Power mean of ``values + 1e-3`` along ``axis`` (geometric mean for ``p == 0``)."""
     v = np.asarray(values, dtype=float) + _EPS
@@ -226,11 +242,14 @@ class PolluxPolicy:
         else:
             penalty = np.ones(num_jobs)
 
+        floor, allowed = _user_bounds(jobs, cluster)
         search = _Search(
             speed=speed,
             base=base,
             capacity=capacity,
             max_gpus=max_gpus,
+            min_gpus=floor,
+            allowed=allowed,
             penalty=penalty,
             power=opt.power,
             avoid_interference=cluster.interference_avoidance,
@@ -385,9 +404,17 @@ class _Search:
     rng: np.random.Generator
     reset_prob: float
     zero_prob: float
+    min_gpus: np.ndarray | None = None  # (jobs,) the user's floor; None: 1 for every job
+    allowed: np.ndarray | None = None  # (jobs, nodes) nodes of a type the job allows
 
     def __post_init__(self) -> None:
         num_jobs, num_nodes = self.base.shape
+        self._floor = (
+            None if self.min_gpus is None else np.asarray(self.min_gpus, np.float32)[:, None]
+        )
+        self._allowed = (
+            None if self.allowed is None else np.asarray(self.allowed, np.float32)[:, None, :]
+        )
         self._ones = np.ones(num_nodes, dtype=np.float32)
         self._base = self.base.astype(np.float32)[:, None, :]  # (jobs, 1, nodes)
         self._cap = np.asarray(self.capacity, dtype=np.float32)
@@ -519,6 +546,9 @@ class _Search:
     def _repair(self, x: np.ndarray) -> np.ndarray:
         """Repairs ``x`` in place where it can; returns the repaired population."""
         num_jobs = x.shape[0]
+        # (0) The user's GPU types: a job holds nothing on a node of a type it does not allow.
+        if self._allowed is not None:
+            x *= self._allowed
         # (1) Interference avoidance: on each node, only the first multi-node job stays.
         if self.avoid_interference:
             used = x > 0
@@ -549,4 +579,10 @@ class _Search:
             kept = np.minimum(cum, self._cap)
             kept[1:] -= kept[:-1].copy()
             x = kept
+        # (4) The user's floor: a job given fewer GPUs than it may run on waits instead.
+        if self._floor is not None:
+            totals = x @ self._ones  # (jobs, population)
+            short = (totals > 0) & (totals < self._floor)
+            if short.any():
+                x[short] = 0.0
         return x

@@ -29,7 +29,7 @@ from autoscaler.jobs import (
     fixed_batch_choice,
 )
 from autoscaler.policy.base import Decision
-from autoscaler.policy.placement import pack
+from autoscaler.policy.placement import allowed_nodes, pack_on
 
 __all__ = ["TiresiasPolicy", "TiresiasState"]
 
@@ -58,8 +58,12 @@ class TiresiasPolicy:
         return TiresiasState()
 
     def gang_size(self, job: JobView, cluster: ClusterView) -> int:
-        """The job's gang: its requested GPUs, at most the cluster's."""
-        return min(job.requested_gpus, cluster.total_gpus)
+        """The job's gang: its requested GPUs within the user's bounds (``gpus.min``,
+        ``gpus.max``), at most the cluster's."""
+        gang = max(job.requested_gpus, job.fewest_gpus)
+        if job.max_gpus is not None:
+            gang = min(gang, job.max_gpus)
+        return min(gang, cluster.total_gpus)
 
     def gpu_bounds(self, job: JobView, cluster: ClusterView) -> tuple[int, int]:
         gang = self.gang_size(job, cluster)
@@ -80,27 +84,38 @@ class TiresiasPolicy:
                 demoted.add(job.name)
         queue0 = [job.name for job in round_input.jobs if job.name not in demoted]
 
-        gpus_left = cluster.total_gpus
+        left = {t: 0 for t in cluster.gpu_types}  # GPUs not yet promised, by type
+        for node in cluster.nodes:
+            left[node.gpu_type] += node.gpus
         running: list[str] = []
         for name in (*queue0, *queue1):
-            gang = self.gang_size(jobs[name], cluster)
-            if gang <= gpus_left:
+            job = jobs[name]
+            gang = self.gang_size(job, cluster)
+            types = [t for t in sorted(left) if job.allows_type(t)]
+            if gang <= sum(left[t] for t in types):
                 running.append(name)
-                gpus_left -= gang
+                for t in types:  # promised from the types it allows, in name order
+                    take = min(gang, left[t])
+                    left[t] -= take
+                    gang -= take
         run_set = set(running)
 
         free = np.array(cluster.gpus_per_node, dtype=np.int64)
         allocations: dict[str, Allocation] = {}
         for name in running:  # Running jobs that keep their GPUs.
             job = jobs[name]
-            if job.num_gpus == self.gang_size(job, cluster):
+            if job.num_gpus == self.gang_size(job, cluster) and _on_allowed(job, cluster):
                 allocations[name] = job.allocation
                 free -= np.asarray(cluster.dense(job.allocation), dtype=np.int64)
         batches: dict[str, BatchChoice] = {}
         for name in running:  # Jobs that start (or restart) now.
             job = jobs[name]
             if name not in allocations:
-                allocations[name] = cluster.sparse(pack(self.gang_size(job, cluster), free))
+                row = pack_on(self.gang_size(job, cluster), free, allowed_nodes(job, cluster))
+                if row is None:  # its types are full after all: it waits
+                    run_set.discard(name)
+                    continue
+                allocations[name] = cluster.sparse(row)
             batches[name] = fixed_batch_choice(
                 job.fixed_batch_size, allocations[name].num_gpus, job.limits
             )
@@ -109,3 +124,8 @@ class TiresiasPolicy:
                 allocations[name] = Allocation()
         plan = Plan(allocations, batches, cluster.fleet())
         return Decision(plan, TiresiasState(tuple(queue1)))
+
+
+def _on_allowed(job: JobView, cluster: ClusterView) -> bool:
+    """Whether every GPU the job holds is of a type it allows."""
+    return all(job.allows_type(t) for t in cluster.gpu_types_of(job.allocation))

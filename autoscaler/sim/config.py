@@ -19,6 +19,10 @@ from autoscaler.sim.cluster import ClusterSpec, uniform_cluster
 __all__ = ["SimConfig"]
 
 
+LENGTHS: tuple[str, ...] = ("declared", "none")
+"""What a simulated policy may know of job lengths (``SimConfig.lengths``)."""
+
+
 @dataclass(frozen=True)
 class SimConfig:
     """Cluster and simulation settings.
@@ -37,7 +41,11 @@ class SimConfig:
     holding one ``<application>/`` folder each, used instead of the shipped Pollux traces.
     ``cloud``: run on a fleet of priced instances that a fleet strategy sizes every round
     (:mod:`autoscaler.sim.cloud`); the cluster above then only sets the fair share that
-    finish-time fairness is measured against.
+    finish-time fairness is measured against. ``lengths``: what the policy may know of a job's
+    length, as a controller would: ``"declared"`` (every job's script declares its length, the
+    workload's target; the policy gets the remaining work by the trainer's rule,
+    :func:`trainer.report.remaining_progress`) or ``"none"`` (no job declares: no remaining
+    work is known). Jobs end at their true length either way.
     """
 
     num_nodes: int = 16
@@ -53,8 +61,14 @@ class SimConfig:
     cluster: ClusterSpec | None = None
     traces_dir: str | None = None
     cloud: CloudConfig | None = None
+    lengths: str = "declared"
 
     def __post_init__(self) -> None:
+        if self.lengths not in LENGTHS:
+            raise InvalidInputError(
+                f"lengths must be one of {', '.join(LENGTHS)}, got {self.lengths!r}",
+                field="lengths",
+            )
         if self.num_nodes < 1 or self.gpus_per_node < 1:
             raise InvalidInputError("need at least one node with one GPU", field="num_nodes")
         if not self.interval_s > 0 or not math.isfinite(self.interval_s):

@@ -15,7 +15,12 @@ checks it, applies it, and replays each job for the round from its traces:
   (:meth:`~autoscaler.traces.AppTrace.progress_curve`);
 - every change of a non-empty allocation first costs ``restart_delay_s`` without progress (the
   first start is not counted as a restart, but pays the delay too);
-- it completes, at a fractional time, when its progress reaches the application's target.
+- it completes, at a fractional time, when its progress reaches the application's target (the
+  trainer's "done" rule, :func:`trainer.report.is_done`, its script having declared that
+  length).
+
+The policy learns a job's remaining work only through the declared channel, as the
+controller does (``SimConfig.lengths``: every job declares its length, or none does).
 
 What the policy is told about gradient statistics is what a trainer would report: the true
 statistics at the job's progress and batch size, refreshed when the job enters a new epoch or
@@ -71,6 +76,7 @@ from autoscaler.sim.cluster import NodeGroup, TypeSpeed
 from autoscaler.sim.config import SimConfig
 from autoscaler.sim.results import JobResult, RoundStats, SimResult
 from autoscaler.traces import AppTrace, load_app
+from trainer.report import remaining_progress
 
 __all__ = ["SimulationError", "Simulator", "isolated_jct_s", "simulate"]
 
@@ -407,8 +413,14 @@ class Simulator:
             models=models,
             oracle=oracle,
             adaptive=job.spec.application not in self.config.fixed_applications,
-            remaining_progress=max(0.0, job.app.target_progress - job.progress),
+            remaining_progress=remaining_progress(job.progress, self._declared(job)),
         )
+
+    def _declared(self, job: _Job) -> float | None:
+        """The length the job's script declared (the workload's target), or ``None`` when
+        the run lets no job declare (``SimConfig.lengths``): the one channel through which
+        the policy learns how much work is left."""
+        return job.app.target_progress if self.config.lengths == "declared" else None
 
     def _model(self, job: _Job, gpu_type: str | None) -> GoodputModel | None:
         """The job's goodput model from its ``gpu_type`` fit (``None``: pooled), rebuilt when

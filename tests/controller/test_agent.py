@@ -36,6 +36,8 @@ mode = sys.argv[1]
 # a worker in its own session (as torchrun starts them), carrying the inherited marker
 subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
 def stop(*_):
+    if mode == "finished":  # training ended as the stop came: the launcher says DONE
+        sys.exit(0)
     open(os.environ["CKPT"], "w").write("checkpointed")
     sys.exit(75)
 signal.signal(signal.SIGTERM, stop)
@@ -135,6 +137,30 @@ def test_a_restarted_agent_ends_what_its_previous_life_left(tmp_path: Path) -> N
     assert len(second.sweep()) == 2
     assert _marked(agent_id, None) == []
     first._procs["a"].popen.wait(timeout=5)  # reap the killed launcher
+
+
+def test_a_job_that_finished_as_it_was_stopped_is_not_started_again(tmp_path: Path) -> None:
+    """A rescale that lands just after training ended: the stop finds the launcher done
+    (exit 0); the restart's start is skipped, the job's log says why in one line, and the
+    job is handed back as finished (the runner reports it done)."""
+    sup = _supervisor(tmp_path, "finished")
+    sup.apply(plan({"a": job("a")}, sup.running))
+    _wait_started(sup, "a")
+    finished = sup.apply(plan({"a": job("a", gpus=2)}, sup.running))
+    assert finished == ["a"] and sup.running == {}
+    log = sup.log_path("a").read_text()
+    assert "stopping a: allocation changed (a checkpointed stop, not a failure)" in log
+    assert "a had finished training: it is not started again" in log
+    assert log.splitlines().count("started") == 1 and "Traceback" not in log
+
+
+def test_a_planned_batch_starts_the_launch_with_it() -> None:
+    a = JobAssignment("a", 2, (("i-a", 2),), "h:1", ("t.py",), batch=(512, 2))
+    argv = launch_argv(a, controller_url=None, python="py")
+    assert argv[argv.index("--batch-size") + 1] == "512"
+    assert argv[argv.index("--accum-steps") + 1] == "2"
+    assert a.allocation == JobAssignment("a", 2, (("i-a", 2),), "h:1", ("t.py",)).allocation
+    assert assignments_from_json(json.loads(dump({"a": a}))) == {"a": a}
 
 
 def test_stop_all_then_nothing_is_left(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ request changes nothing), tokens kept out of logs, body limits, and concurrent s
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import json
 import logging
@@ -264,7 +265,9 @@ def test_submit_answers_201_with_the_job_and_stores_it(
     assert body["retries"] == 0
     assert body["submitted_at_s"] == START_S
     assert body["assignment"] == {}
-    assert body["progress"] is None
+    assert body["progress"] is None and body["report"] is None
+    assert (body["gpus"], body["batch_size"], body["target_progress"]) == (0, None, None)
+    assert (body["restarts"], body["reason"]) == (0, None)
     assert body["spec"]["command"] == ["train.py", "--epochs", "3"]
     stored = JobSubmission.from_json(store.get_job("bert").spec_json)
     assert stored == JobSubmission.from_json(json.dumps(spec("bert")))
@@ -273,10 +276,10 @@ def test_submit_answers_201_with_the_job_and_stores_it(
 def test_client_submit_get_list_cancel(user: ApiClient, store: Store) -> None:
     submitted = user.submit_job(JobSubmission("a", 32, 256, 64, command=("a.py",)))
     assert submitted.status is JobStatus.QUEUED
-    assert submitted.spec.command == ("a.py",)
+    assert submitted.submission.command == ("a.py",)
     user.submit_job(spec("b", min_gpus=2, application="bert", adaptive=False))
     assert [j.name for j in user.list_jobs()] == ["a", "b"]
-    assert user.get_job("b").spec.min_gpus == 2
+    assert user.get_job("b").submission.min_gpus == 2
     cancelled = user.cancel_job("a")
     assert cancelled.status is JobStatus.CANCELLED
     assert cancelled.version == submitted.version + 1
@@ -297,9 +300,9 @@ def test_job_view_has_assignment_and_latest_progress(
     assert listed == user.get_job("bert")
     assert listed.status is JobStatus.RUNNING
     assert listed.assignment == {"i-a": 4, "i-b": 2}
-    assert listed.progress is not None
-    assert (listed.progress.progress, listed.progress.step, listed.progress.epoch) == (7.5, 75, 1)
-    assert listed.progress.at_s == START_S
+    assert listed.report is not None
+    assert (listed.report.progress, listed.report.step, listed.report.epoch) == (7.5, 75, 1)
+    assert listed.report.at_s == START_S
 
 
 def test_duplicate_job_is_409_and_keeps_the_first(
@@ -678,7 +681,7 @@ def test_reports_round_trip_and_the_reply_says_stop_when_not_running(
     user.submit_job(spec("bert"))
     sent = report("bert")
     reply = agent.post_report(sent)
-    assert reply == ReportReply(batch=None, stop=True)  # queued: not placed, must not run
+    assert reply.stop and reply.batch is None  # queued: not placed, must not run
     latest = store.latest_report("bert")
     assert latest is not None
     assert TrainerReport.from_json(latest.payload_json) == sent
@@ -688,6 +691,69 @@ def test_reports_round_trip_and_the_reply_says_stop_when_not_running(
     user.cancel_job("bert")
     assert agent.post_report(report("bert", progress=21.0)).stop
     assert len(store.reports_after(0)[1]) == 3
+
+
+def test_the_reply_carries_the_planned_batch_for_the_gpus_the_trainer_runs_on(
+    agent: ApiClient, user: ApiClient, store: Store
+) -> None:
+    """A batch planned for the trainer's world size and not the one it runs reaches it in
+    the reply (adopted without a relaunch); a batch planned for another GPU count comes with
+    the relaunch instead; a finished trainer is told nothing more."""
+    add_instance(store, "i-a")
+    add_instance(store, "i-b")
+    user.submit_job(spec("bert"))
+    place(store, "bert", {"i-a": 4, "i-b": 4})  # the report's 8 replicas
+    assert agent.post_report(report("bert")).batch is None, "nothing planned yet"
+    store.set_batch("bert", global_batch_size=512, local_batch_size=32, accum_steps=2, gpus=8)
+    reply = agent.post_report(report("bert"))
+    assert reply == ReportReply(batch=BatchConfig(512, 2), stop=False)
+    same = dataclasses.replace(report("bert"), batch=BatchConfig(512, 2))
+    assert agent.post_report(same).batch is None, "it already runs the plan"
+    done = dataclasses.replace(report("bert"), done=True)
+    assert agent.post_report(done).batch is None
+    store.set_batch("bert", global_batch_size=256, local_batch_size=64, accum_steps=1, gpus=4)
+    assert agent.post_report(report("bert")).batch is None, "planned for 4 GPUs, it runs 8"
+    place(store, "bert", {"i-a": 4})
+    (mine,) = agent.assignments("i-a")
+    assert mine["batch"] == {"global_batch_size": 256, "local_batch_size": 64, "accum_steps": 1}
+    job = user.get_job("bert").to_dict()
+    assert (job["gpus"], job["batch_size"], job["local_batch_size"]) == (4, 256, 64)
+    assert job["accumulation_steps"] == 1
+
+
+def test_status_fields_of_a_job_with_a_declared_length(
+    agent: ApiClient, user: ApiClient, store: Store, clock: FakeClock
+) -> None:
+    add_instance(store, "i-a")
+    user.submit_job(spec("bert"))
+    place(store, "bert", {"i-a": 4})
+    agent.post_report(dataclasses.replace(report("bert", progress=30.0), target_progress=100.0))
+    job = user.get_job("bert").to_dict()
+    assert (job["progress"], job["target_progress"], job["remaining_progress"]) == (
+        30.0,
+        100.0,
+        70.0,
+    )
+    assert job["report"]["target_progress"] == 100.0 and job["restarts"] == 0
+    clock.advance(60.0)
+    place(store, "bert", {})  # stopped (a preemption, say) ...
+    clock.advance(60.0)
+    place(store, "bert", {"i-a": 2})  # ... and placed again: one restart
+    assert user.get_job("bert").restarts == 1
+
+
+def test_a_refused_or_failed_job_can_be_retried_once_fixed(
+    server: ApiServer, tokens: ApiTokens, user: ApiClient, store: Store
+) -> None:
+    user.submit_job(spec("bert"))
+    row = store.get_job("bert")
+    store.update_job("bert", row.version, status=JobStatus.REFUSED, reason="needs 64 GPUs")
+    refused = user.get_job("bert")
+    assert (refused.status, refused.reason) == (JobStatus.REFUSED, "needs 64 GPUs")
+    again = user.retry_job("bert")
+    assert (again.status, again.reason, again.retries) == (JobStatus.QUEUED, None, 0)
+    assert_error(call(server, "POST", "/v1/jobs/bert/retry", token=tokens.user), 409)
+    assert user.cancel_job("bert").status is JobStatus.CANCELLED
 
 
 def test_a_report_with_a_bad_schema_is_400(

@@ -5,11 +5,11 @@ Two small real PyTorch jobs (``examples/jobs/mlp-*.yaml``) are submitted through
 the second has reported progress, its instance gets a 30 s spot notice (the local provider's
 ``preempt``, from another process as a cloud would): its agent stops the job with a checkpoint,
 the controller drains the instance and places the job again, and it resumes from the
-checkpoint. Both jobs must finish; the preempted one was drained for the notice, resumed from
+checkpoint. Both jobs must finish; the preempted one was drained for the notice and resumed from
 its checkpoint (its first report after the notice is at or past the step and sample position of
-its last one before: the trainer's state, not a log line) and was rescaled at least once (its
-reports show two world sizes); every instance that ran is billed at its price for its life;
-and after the service stops no instance and no process of its agents is left.
+its last one before: the trainer's state, not a log line); every instance that ran is billed at
+its price for its life; and after the service stops no instance and no process of its agents is
+left. (Rescales across GPU counts are test_e2e_coadapt.py's.)
 """
 
 from __future__ import annotations
@@ -81,22 +81,17 @@ def test_two_jobs_and_a_spot_preemption_on_the_local_fleet(
         preempted: str | None = None
         preempted_at = 0.0
         seen_before: dict[str, int] = {}
-        sizes: set[int] = set()  # world sizes the job has reported
         submitted = time.monotonic()
         deadline = submitted + 300
         while time.monotonic() < deadline:
             jobs = {j.name: j for j in user.list_jobs()}
             keys |= {k for j in jobs.values() for k in j.assignment}
             target = jobs[medium.name]
-            if target.progress is not None:
-                sizes.add(target.progress.world_size)
             if (
                 preempted is None
-                and target.progress is not None
-                and target.progress.progress > 0
+                and target.report is not None
+                and target.report.progress > 0
                 and target.assignment
-                # preempt once it has been rescaled (or, failing that, after 2 minutes)
-                and (len(sizes) >= 2 or time.monotonic() - submitted > 120)
             ):
                 # An instance of it still running (one already draining for cost may be gone
                 # before its notice is read); none: tried again at the next poll.
@@ -154,7 +149,6 @@ def test_two_jobs_and_a_spot_preemption_on_the_local_fleet(
     last, first = before[-1], min(after, key=lambda r: (r.started_at_s, r.sent_at_s))
     assert last.step > 0 and first.step >= last.step
     assert (first.epoch, first.epoch_position) >= (last.epoch, last.epoch_position)
-    assert len({r.world_size for r in mine}) >= 2, "never rescaled"
     # Every instance that ran is billed at its price for its life.
     ran = {r.instance_key: r for r in instances if r.provider_instance_id is not None}
     assert {c.instance_key for c in costs} == set(ran)

@@ -620,6 +620,77 @@ def test_load_errors_name_the_file(tmp_path: Path) -> None:
     assert info.value.line == 3
 
 
+def test_huge_and_deep_files_are_refused_before_their_values_are_read(tmp_path: Path) -> None:
+    """A 100 MB file is refused from its first 64 KiB (it is never read whole); 100,000
+    nested brackets, or a billion-laughs of aliases, are refused as nested too deeply or
+    within the size limit, on one line, without a RecursionError."""
+    import time
+
+    huge = tmp_path / "huge.yaml"
+    with open(huge, "wb") as f:
+        f.write(BASE.encode())
+        f.seek(100 * 1024 * 1024)
+        f.write(b"\n")
+    started = time.monotonic()
+    with pytest.raises(JobSpecError, match="larger than 64 KiB") as info:
+        load_job_spec(huge)
+    assert time.monotonic() - started < 1.0
+    assert (info.value.line, info.value.field) == (1, "spec")
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("name: " + "[" * 30_000 + "\n")  # under the size limit: the depth
+    with pytest.raises(JobSpecError) as info:
+        load_job_spec(deep)
+    assert info.value.field == "spec" and "\n" not in str(info.value)
+    nested = "name: a\ncommand: " + "[" * 20 + "x.py" + "]" * 20 + "\n"
+    with pytest.raises(JobSpecError, match="nested too deeply"):
+        parse_job_spec(nested)
+    laughs = ["a: &a [x, x, x, x, x, x, x, x, x, x]"]
+    for i in range(1, 12):
+        prev = chr(ord("a") + i - 1)
+        laughs.append(f"{chr(ord('a') + i)}: &{chr(ord('a') + i)} [{', '.join(['*' + prev] * 10)}]")
+    started = time.monotonic()
+    with pytest.raises(JobSpecError):
+        parse_job_spec("\n".join(laughs) + "\n")
+    assert time.monotonic() - started < 2.0
+
+
+def test_the_cli_and_the_api_refuse_the_same_jobs() -> None:
+    """One rule: what the API refuses in a JSON body, a spec refuses too (naming its own
+    field path), and the other way round."""
+    bodies = [
+        ({"min_gpus": 9223372036854775808}, "gpus.min", "min_gpus"),
+        ({"max_gpus": 5000}, "gpus.max", "max_gpus"),
+        ({"command": ["--controller-url", "http://x", "t.py"]}, "command[0]", "command[0]"),
+        ({"command": ["torchrun", "t.py"]}, "command[0]", "command[0]"),
+        ({"init_batch_size": 2**30, "max_batch_size": 2**30}, "batch_size.initial", None),
+        ({"gpu_types": ["T4", "T4"]}, "gpu_types[1]", "gpu_types[1]"),
+    ]
+    base = {
+        "name": "job-a",
+        "command": ["train.py"],
+        "init_batch_size": 64,
+        "max_batch_size": 256,
+        "max_local_bsz": 64,
+    }
+    for changes, spec_field, api_field in bodies:
+        with pytest.raises(InvalidInputError) as api:
+            JobSubmission.from_mapping({**base, **changes})
+        assert api.value.field == (api_field or next(iter(changes)))
+        attrs = {
+            "name": "job-a",
+            "command": tuple(changes.get("command", ["train.py"])),
+            "init_batch_size": changes.get("init_batch_size", 64),
+            "max_batch_size": changes.get("max_batch_size", 256),
+            "max_local_bsz": 64,
+            "min_gpus": changes.get("min_gpus", 1),
+            "max_gpus": changes.get("max_gpus"),
+            "gpu_types": changes.get("gpu_types"),
+        }
+        with pytest.raises(InvalidInputError) as cli:
+            JobSpec(**attrs)
+        assert cli.value.field == spec_field
+
+
 def test_constructing_a_spec_checks_the_same_rules() -> None:
     good = parse_job_spec(BASE)
     with pytest.raises(InvalidInputError) as info:

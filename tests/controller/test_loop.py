@@ -197,3 +197,138 @@ def test_spot_prices_are_read_again_and_recorded_every_refresh(tmp_path: Path) -
     ctl.run_round()
     assert [p.price_usd_per_hour for p in store.prices(spot.key)] == [first, 2 * (first or 1.0)]
     assert store.price_at(spot.key, clock.now_s()) == 2 * (first or 1.0)
+
+
+def test_a_quota_error_is_remembered_and_the_next_round_launches_elsewhere(
+    tmp_path: Path,
+) -> None:
+    """A launch refused for quota marks its offering unavailable (for the quota's longer
+    time), its row fails at once instead of waiting ``requested`` round after round, and the
+    next round's sizing routes around it: the next launch goes to another offering. One
+    memory: the provider's launch walk shares it (its own skip makes no call)."""
+    from providers.capacity import UnavailableOfferings
+    from providers.errors import QuotaExceededError
+
+    store, _, clock = _setup(tmp_path, jobs=1)
+    memory = UnavailableOfferings(clock, CONFIG.unavailable_ttl_s)
+    cloud = FakeProvider(clock=clock, unavailable=memory)
+    ctl = Controller(store, cloud, clock, CONFIG, unavailable=memory)
+    cloud.next_error("launch", QuotaExceededError("vCPU quota of the family reached"))
+    ctl.run_round()
+    first = [c for c in cloud.calls if c.op == "launch"]
+    assert len(first) == 1
+    failed = store.list_instances()
+    assert failed and {r.status for r in failed} == {InstanceStatus.ALLOCATION_FAILED}
+    assert len({r.offering_key for r in failed}) == 1  # the rest skipped without a call
+    refused_key = failed[0].offering_key
+    assert memory.is_unavailable(refused_key)
+    clock.advance(CONFIG.unavailable_ttl_s + 1)  # a capacity mark would be gone by now
+    assert memory.is_unavailable(refused_key), "a quota lasts longer"
+    ctl.run_round()
+    again = [c for c in cloud.calls if c.op == "launch"][1:]
+    live = [r for r in store.list_instances() if r.status is not InstanceStatus.ALLOCATION_FAILED]
+    assert live and all(r.offering_key != refused_key for r in live)
+    # bounded: one call per instance the round wanted, none to the refused pool
+    assert len(again) == len(failed) == len(live)
+    assert all(c.args["pool"] != refused_key for c in again)
+
+
+def test_a_job_no_fleet_can_hold_is_refused_with_the_reason_within_a_round(
+    tmp_path: Path,
+) -> None:
+    store, cloud, clock = _setup(tmp_path, jobs=1)
+    big = JobSubmission("huge", 128, 8192, 128, 32, min_gpus=4000, command=("train.py",))
+    wrong = JobSubmission("wrong-type", 128, 1024, 128, 32, gpu_types=("H200",), command=("t.py",))
+    for spec in (big, wrong):
+        store.add_job(spec.name, spec.to_json())
+    ctl = Controller(store, cloud, clock, CONFIG)
+    ctl.run_round()
+    huge, typed = store.get_job("huge"), store.get_job("wrong-type")
+    assert huge.status is JobStatus.REFUSED and typed.status is JobStatus.REFUSED
+    assert huge.reason is not None and "needs at least 4000 GPUs" in huge.reason
+    assert typed.reason is not None and "gpu_types allows H200" in typed.reason
+    assert store.get_job("job-0").status is not JobStatus.REFUSED
+    _rounds(ctl, store, clock, 2)  # not retried until the user acts
+    assert store.get_job("huge").status is JobStatus.REFUSED
+    assert not store.list_assignments(job="huge")
+
+
+def test_the_spec_bounds_hold_in_every_round(tmp_path: Path) -> None:
+    """``gpus.max`` caps, ``gpus.min`` floors, a non-adaptive job runs on exactly its GPUs,
+    ``gpu_types`` restricts: asserted on the store's assignments after every round."""
+    store, cloud, clock = _setup(tmp_path, jobs=0)
+    specs = [
+        JobSubmission("capped", 128, 1024, 128, 32, max_gpus=1, application="cifar10",
+                      command=("t.py",)),
+        JobSubmission("floored", 128, 1024, 128, 32, min_gpus=4, application="cifar10",
+                      command=("t.py",)),
+        JobSubmission("fixed", 128, 128, 128, 32, min_gpus=2, adaptive=False,
+                      application="cifar10", command=("t.py",)),
+        JobSubmission("typed", 128, 1024, 128, 32, gpu_types=("A100",), application="cifar10",
+                      command=("t.py",)),
+    ]  # fmt: skip
+    for spec in specs:
+        store.add_job(spec.name, spec.to_json())
+    roomy = ControllerConfig(
+        CLUSTER,
+        sizing=SizingConfig(max_instances=16),
+        reconcile=ReconcileConfig(heartbeat_timeout_s=None),
+    )
+    ctl = Controller(store, cloud, clock, roomy)
+    ran: dict[str, set[int]] = {s.name: set() for s in specs}
+    for _ in range(8):
+        _rounds(ctl, store, clock, 1)
+        rows = {r.instance_key: r for r in store.list_instances()}
+        gpus: dict[str, int] = {}
+        for (job, key), g in store.list_assignments().items():
+            gpus[job] = gpus.get(job, 0) + g
+            if job == "typed":
+                assert rows[key].gpu_type == "A100"
+        for job, g in gpus.items():
+            ran[job].add(g)
+    assert ran["capped"] and max(ran["capped"]) == 1
+    assert ran["floored"] and min(ran["floored"]) >= 4
+    assert ran["fixed"] == {2}
+    assert ran["typed"]
+
+
+def test_a_bad_job_fails_alone_and_the_round_goes_on(tmp_path: Path) -> None:
+    """A stored spec that no longer passes (written by an older version, or by hand) fails
+    its job with the reason; the other jobs are decided as usual."""
+    store, cloud, clock = _setup(tmp_path, jobs=1)
+    store.add_job(
+        "old",
+        '{"name": "old", "init_batch_size": 64, "max_batch_size": 64, '
+        '"max_local_bsz": 64, "min_gpus": 9223372036854775808, "command": ["t.py"]}',
+    )
+    ctl = Controller(store, cloud, clock, CONFIG)
+    _rounds(ctl, store, clock, 2)
+    old = store.get_job("old")
+    assert old.status is JobStatus.FAILED
+    assert old.reason is not None and "min_gpus" in old.reason
+    assert store.list_assignments(job="job-0"), "the other job was placed"
+
+
+def test_a_finished_job_keeps_its_gpus_until_it_exits_and_is_never_moved(
+    tmp_path: Path,
+) -> None:
+    store, cloud, clock = _setup(tmp_path, jobs=1)
+    ctl = Controller(store, cloud, clock, CONFIG)
+    _rounds(ctl, store, clock, 3)
+    held = store.list_assignments(job="job-0")
+    assert held
+    done = synthetic_report(
+        "job-0", gpus=sum(held.values()), nodes=1, local_bsz=128, step_s=0.2, sync_s=0.02,
+        progress=50.0, now_s=clock.now_s(), init_batch_size=128, max_batch_size=1024,
+        grad_var=3.0,
+    )  # fmt: skip
+    import dataclasses
+
+    store.add_report("job-0", dataclasses.replace(done, done=True, target_progress=50.0).to_json())
+    for _ in range(3):
+        clock.advance(60.0)
+        ctl.run_round()
+        assert store.list_assignments(job="job-0") == held, "pinned until its exit"
+    assert ctl.job_exited("job-0", failed=False) is JobStatus.COMPLETED
+    ctl.run_round()
+    assert not store.list_assignments(job="job-0")

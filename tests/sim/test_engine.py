@@ -317,3 +317,29 @@ def test_config_validation() -> None:
 def test_batch_choice_validation() -> None:
     with pytest.raises(InvalidInputError):
         BatchChoice(0, 1, 1)
+
+
+def test_the_policy_learns_lengths_only_through_the_declared_channel() -> None:
+    """``lengths="declared"``: every view carries the remaining work by the trainer's rule
+    (the application's target less the job's progress); ``"none"``: no view does. Jobs end
+    at their true length either way."""
+    from trainer.report import remaining_progress
+
+    seen: dict[str, list[JobView]] = {}
+    for lengths in ("declared", "none"):
+        policy = Recording(make_policy(PolicyName.COADAPT))
+        res = simulate(SMALL, policy, SimConfig(num_nodes=2, gpus_per_node=4, lengths=lengths))
+        assert all(j.jct_s > 0 for j in res.jobs)
+        seen[lengths] = [v for r in policy.inputs for v in r.jobs]
+    assert all(v.remaining_progress is None for v in seen["none"])
+    declared = seen["declared"]
+    assert declared and all(v.remaining_progress is not None for v in declared)
+    first: dict[str, JobView] = {}
+    for v in declared:
+        first.setdefault(v.name, v)
+        assert 0 <= (v.remaining_progress or 0) <= load_app(v.application).target_progress
+    for v in first.values():  # before its first step, all of its declared length is left
+        target = load_app(v.application).target_progress
+        assert v.remaining_progress == remaining_progress(0.0, target) == target
+    with pytest.raises(InvalidInputError):
+        SimConfig(lengths="oracle")
