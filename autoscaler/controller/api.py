@@ -595,12 +595,14 @@ def instance_from_dict(data: Mapping[str, Any]) -> InstanceRow:
     return InstanceRow(**values)
 
 
-def rendezvous_endpoint(job: str, host: str) -> str:
-    """``HOST:PORT`` of ``job``'s c10d rendezvous on ``host``: the port is stable per job
-    (``RENDEZVOUS_PORT_BASE`` plus a hash of the name modulo ``RENDEZVOUS_PORT_SPAN``), so
-    jobs whose first node is the same instance get different ports unless their names
-    collide."""
-    digest = hashlib.sha256(job.encode()).digest()
+def rendezvous_endpoint(job: str, host: str, node: str = "") -> str:
+    """``HOST:PORT`` of ``job``'s c10d rendezvous on ``host``, the address of its first node
+    ``node`` (an instance key): the port is stable per job and node (``RENDEZVOUS_PORT_BASE``
+    plus a hash of both modulo ``RENDEZVOUS_PORT_SPAN``), so jobs whose first node is the
+    same instance get different ports unless their names collide, and two clusters on one
+    machine (the local provider's instances share its address) do not meet on a job name
+    they both use: their instance keys differ."""
+    digest = hashlib.sha256(f"{job}\0{node}".encode()).digest()
     port = RENDEZVOUS_PORT_BASE + int.from_bytes(digest[:4], "big") % RENDEZVOUS_PORT_SPAN
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
@@ -992,7 +994,9 @@ class ApiApp:
                     "nodes": [[key, gpus] for key, gpus in nodes],
                     "node_rank": [key for key, _ in nodes].index(instance_key),
                     "addresses": {key: addresses.get(key) for key, _ in nodes},
-                    "rendezvous": None if first is None else rendezvous_endpoint(job.name, first),
+                    "rendezvous": None
+                    if first is None
+                    else rendezvous_endpoint(job.name, first, nodes[0][0]),
                     "command": list(spec.command),
                     "checkpoint_uri": spec.checkpoint_uri,
                     "batch": _launch_batch(store.get_batch(job.name), nodes),

@@ -566,11 +566,11 @@ def test_assignments_give_each_running_job_its_nodes_in_rank_order(
     agent.register("i-a", address="10.0.0.5")
     agent.heartbeat("i-b", address="10.0.0.6")
     bert = {a["job"]: a for a in agent.assignments("i-b")}["bert"]
-    assert bert["rendezvous"] == rendezvous_endpoint("bert", "10.0.0.5")
+    assert bert["rendezvous"] == rendezvous_endpoint("bert", "10.0.0.5", "i-a")
     assert bert["addresses"] == {"i-a": "10.0.0.5", "i-b": "10.0.0.6"}
     parsed = assignments_from_json(agent.assignments("i-b"))  # what the agent reads
     assert parsed["bert"].nodes == (("i-a", 4), ("i-b", 2))
-    assert parsed["bert"].rendezvous == rendezvous_endpoint("bert", "10.0.0.5")
+    assert parsed["bert"].rendezvous == rendezvous_endpoint("bert", "10.0.0.5", "i-a")
     assert parsed["gpt"].command == ("train.py", "--epochs", "3")
 
 
@@ -588,6 +588,9 @@ def test_rendezvous_endpoint_is_stable_and_brackets_ipv6() -> None:
     host, port = a.rsplit(":", 1)
     assert host == "10.0.0.5" and 29500 <= int(port) < 30500
     assert rendezvous_endpoint("bert", "fd00::1").startswith("[fd00::1]:")
+    # two clusters on one machine, each with a job "bert": their first nodes differ
+    ports = {rendezvous_endpoint("bert", "127.0.0.1", f"i-{k:04x}") for k in range(20)}
+    assert len(ports) > 15
 
 
 def test_job_exit_calls_the_controller_once_per_run(
