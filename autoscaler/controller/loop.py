@@ -7,13 +7,23 @@ One :meth:`Controller.run_round`:
    instance rows, and the provider's listing and interruption notices (one ``list_instances``
    and one ``interruptions`` call). A provider error here ends the round before anything is
    decided: the controller never acts on a partial view.
-2. **decide**: the fleet strategy (goodput-per-dollar sizing by default) proposes instances per
-   offering from the jobs' views, the ready nodes and the prices; :func:`~autoscaler.
-   controller.reconcile.reconcile` turns target, rows and the observed cloud into actions;
-   the policy (``coadapt`` by default) allocates the jobs on the nodes that stay (running,
-   not draining).
+2. **decide**: each job is admitted first (:meth:`Controller._admit`): a job whose stored
+   spec no longer passes is failed with the reason; a queued job that no fleet this
+   controller may build could ever hold (:func:`autoscaler.bounds.refusal`) is ``refused``
+   with the reason, and waits for the user; a job whose trainer reported it finished keeps
+   the GPUs it holds, untouched, until its processes exit. Each job's view carries its
+   remaining work from the length its script declared (the trainer's own rule) and its spec's
+   GPU bounds and types. The fleet strategy (goodput-per-dollar sizing by default) proposes
+   instances per offering from the jobs' views, the ready nodes and the prices;
+   :func:`~autoscaler.controller.reconcile.reconcile` turns target, rows and the observed
+   cloud into actions; the policy (``coadapt`` by default) allocates the jobs on the nodes
+   that stay (running, not draining) and chooses each one's batch. A job the policy or the
+   sizing raises on is found by deciding each job alone, failed with the reason, and the
+   round goes on without it (:class:`~autoscaler.controller.errors.RoundError` only when no
+   job can be blamed).
 3. **act**: store first, cloud second. Transitions and new rows are written (each against
-   the version read), the plan and the jobs' assignments are recorded, then every launch is
+   the version read), the plan, the jobs' assignments and their planned batches (what the
+   API answers each trainer) are recorded, then every launch is
    written as an intent (``queued -> requested`` with its request id) before its provider
    call, and every termination (``-> terminating``) before its call; answers are recorded
    after. A controller killed at any point restarts from the store: a launch whose answer was
@@ -23,7 +33,8 @@ One :meth:`Controller.run_round`:
 Cloud calls per round are bounded: two observation calls, plus one call per launch,
 termination or leak the reconcile decided, which :class:`~autoscaler.controller.reconcile.
 ReconcileConfig` caps (launch rate per offering, launches in flight, disruption budget). A
-capacity error marks the offering unavailable for ``unavailable_ttl_s``; sizing sees it as
+capacity error marks the offering unavailable for ``unavailable_ttl_s``, a quota error for
+``quota_ttl_s``, in the one memory the controller and its provider share; sizing sees it as
 unavailable and routes around it, and queued launches for it fail without a call.
 
 ``crash_hook`` (tests) is called with the name of each point between a store write and a cloud
