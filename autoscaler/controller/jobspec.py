@@ -48,9 +48,10 @@ The items of a ``command`` list are taken as written, so ``--epochs, 3`` needs n
 (``3`` stays ``"3"``, ``010`` stays ``"010"``).
 
 ``command`` is what follows the launcher's options: the node agent starts a job as
-``python -m trainer.launch --job-id NAME --nproc-per-node GPUS ... COMMAND``
-(:func:`autoscaler.controller.agent.launch_argv`), so a command that starts with a launcher
-(``coadapt-launch``, ``torchrun``) or an interpreter (``python``) is refused.
+``python -m trainer.launch --job-id NAME --nproc-per-node GPUS ... -- COMMAND``
+(:func:`autoscaler.controller.agent.launch_argv`; after ``--`` nothing is read as a launcher
+option), so a command that starts with a launcher (``coadapt-launch``, ``torchrun``) or an
+interpreter (``python``) is refused.
 
 **What the controller acts on.** :meth:`JobSpec.submission` gives the
 :class:`~autoscaler.controller.jobs.JobSubmission` the controller stores and schedules: name,

@@ -15,6 +15,7 @@ and after the service stops no instance and no process of its agents is left.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import threading
 import time
@@ -128,6 +129,13 @@ def test_two_jobs_and_a_spot_preemption_on_the_local_fleet(
         )
         resumed = [int(n) for n in re.findall(r"coadapt: resumed from step (\d+)", elsewhere)]
         assert resumed and max(resumed) > 0, elsewhere[-2000:]
+        assert sizes, "no trainer report reached the controller (report credentials)"
+        # Each agent was given its own credential, in its own file, and nothing else.
+        secrets = load_tokens(state / "tokens.json")
+        for key in keys:
+            own = json.loads((state / "agents" / key / "agent-token.json").read_text())
+            assert own == {"agent": secrets.agent_credential(key)}
+            assert secrets.user not in json.dumps(own)
     finally:
         stop.set()
         thread.join(timeout=180)
