@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import threading
 import time
@@ -163,11 +164,12 @@ def test_two_jobs_and_a_spot_preemption_on_the_local_fleet(
     assert last.step > 0 and first.step >= last.step
     assert (first.epoch, first.epoch_position) >= (last.epoch, last.epoch_position)
     assert len({r.world_size for r in mine}) >= 2, "never rescaled"
-    # Every instance that ran is billed at its price for its life.
+    # Every instance that ran is billed at its price for its life: whole seconds, at least
+    # 60 (autoscaler/pricing.py billed_seconds).
     ran = {r.instance_key: r for r in instances if r.provider_instance_id is not None}
     assert {c.instance_key for c in costs} == set(ran)
     for c in costs:
-        hours = max(60.0, c.end_s - c.start_s) / 3600.0
+        hours = max(60.0, math.ceil(c.end_s - c.start_s)) / 3600.0
         assert c.usd == pytest.approx(ran[c.instance_key].price_usd_per_hour * hours)
     # ... and that cost, split by the GPU-time each job held, lists both jobs; the jobs and
     # the idle rest sum to the total to the cent.
