@@ -14,6 +14,7 @@ from autoscaler.cli_cluster import register as register_cluster_commands
 from autoscaler.cli_cost import cost_app
 from autoscaler.cli_deploy import register as register_deploy_commands
 from autoscaler.cli_prices import prices_app
+from autoscaler.cli_tokens import register as register_token_commands
 from autoscaler.jobs import PAPER_POLICIES, PolicyName
 
 if TYPE_CHECKING:
@@ -33,6 +34,7 @@ app.add_typer(cost_app, name="cost")
 app.add_typer(prices_app, name="prices")
 register_cluster_commands(app)
 register_deploy_commands(app)
+register_token_commands(app)
 
 
 @app.callback()

@@ -36,16 +36,27 @@ def _client(state_dir: Path | None) -> Any:
     """The API of the cluster in the state folder: the local ``coadapt up``'s (``up.json``),
     else a deployment's controller (``deploy.json``; ``COADAPT_CONTROLLER_URL`` overrides its
     address, e.g. through a tunnel)."""
-    from autoscaler.controller.api import ApiClient, load_tokens
+    from autoscaler.controller.api import ApiClient
 
     state = resolve_state_dir(state_dir)
     up = state / "up.json"
     if up.exists():
         url = json.loads(up.read_text())["url"]
-        return ApiClient(url, load_tokens(state / "tokens.json").user, timeout_s=10.0)
+        return ApiClient(url, _users_token(state), timeout_s=10.0)
     if (state / "deploy.json").exists():
         return deployed_client(state, recorded_deployment(state), None)
     fail(f"no cluster is up in {state} (start one with: coadapt up --state-dir {state})")
+
+
+def _users_token(state: Path) -> str:
+    """The users' token of the cluster in ``state``; a one-line failure when the tokens file is
+    missing, open to others or damaged."""
+    from autoscaler.controller.credentials import TokenFileError, load_token
+
+    try:
+        return load_token(state / "tokens.json", "user")
+    except TokenFileError as e:
+        fail(str(e))
 
 
 def register(app: typer.Typer) -> None:
@@ -97,6 +108,7 @@ def up(
     """Run the controller (API, rounds, fleet) in the foreground until Ctrl-C or `coadapt
     down`, then release every instance. On aws/gcp it runs on the controller machine a
     deployment made (`coadapt deploy`), reading that deployment's provider config."""
+    from autoscaler.controller.credentials import TokenFileError
     from autoscaler.controller.service import UpConfig, run_up, up_is_stale
     from autoscaler.errors import InvalidInputError
 
@@ -139,6 +151,8 @@ def up(
         report = run_up(cfg, stop, on_ready=ready)
     except InvalidInputError as e:
         fail(str(e), 2)
+    except TokenFileError as e:
+        fail(str(e))
     if not report.clean:
         fail(f"instances still listed after down: {', '.join(report.remaining)}")
     typer.echo("coadapt: down; no instance left")
@@ -346,7 +360,7 @@ def demo(
     """A local fleet with spot instances at simulated, moving spot prices, three small real
     PyTorch jobs from examples/jobs, a spot preemption injected mid-run, live status, and the
     cost report at the end."""
-    from autoscaler.controller.api import ApiClient, load_tokens
+    from autoscaler.controller.api import ApiClient
     from autoscaler.controller.jobspec import load_job_spec
     from autoscaler.controller.service import UpConfig, run_up
     from providers.local import LocalProvider
@@ -377,7 +391,7 @@ def demo(
     if not ready:
         fail("the controller did not start")
     typer.echo(f"coadapt demo: controller up at {ready[0]} (state in {state})")
-    client = ApiClient(ready[0], load_tokens(state / "tokens.json").user, timeout_s=10.0)
+    client = ApiClient(ready[0], _users_token(state), timeout_s=10.0)
     try:
         for name in DEMO_JOBS:
             client.submit_job(load_job_spec(examples / f"{name}.yaml").submission())

@@ -35,12 +35,15 @@ def _user_token(outputs: dict[str, Any], cloud: str, state: Path) -> str:
     """The users' API token of a deployed cluster: ``<state>/tokens.json`` when there, else
     (AWS) read from the deployment's SSM parameter with the caller's credentials and kept in
     that file (0600)."""
-    from autoscaler.controller.api import load_token
+    from autoscaler.controller.credentials import TokenFileError, load_token
     from coadapt_common.atomic import write_bytes_atomic
 
     path = state / "tokens.json"
     if path.exists():
-        return load_token(path, "user")
+        try:
+            return load_token(path, "user")
+        except TokenFileError as e:
+            fail(str(e))
     if cloud == "aws":
         import boto3
 

@@ -45,12 +45,12 @@ CLOUDS = ("aws", "gcp")
 OUTPUTS: Mapping[str, tuple[str, ...]] = {
     "aws": (
         "cluster_id", "region", "controller_url", "controller_instance_id", "checkpoint_bucket",
-        "interruption_queue_url", "launch_template_id", "agent_token_parameter",
+        "interruption_queue_url", "launch_template_id", "agent_credential_path",
         "user_token_parameter", "node_security_group_id", "provider_config",
     ),
     "gcp": (
         "cluster_id", "project", "region", "controller_url", "controller_instance_name",
-        "checkpoint_bucket", "agent_token_secret", "user_token_secret",
+        "checkpoint_bucket", "user_token_secret",
         "node_service_account_email", "provider_config",
     ),
 }  # fmt: skip

@@ -77,7 +77,7 @@ from coadapt_common.clock import Clock, SystemClock
 from trainer.checkpoint import CheckpointInfo, CheckpointManager, RestoreInfo, encode
 from trainer.control import ControlChannel, ExitKind, ExitMarker, RunDir, StopCause
 from trainer.data import DataState, ElasticDataLoader, MicroBatch
-from trainer.env import API_TOKEN, TrainerEnv
+from trainer.env import TrainerEnv
 from trainer.errors import TrainerConfigError, TrainerUsageError
 from trainer.options import JobOptions
 from trainer.report import BatchConfig, GradientStats, JobHints, ReportReply, TrainerReport
@@ -220,7 +220,7 @@ class ElasticJob:
                     self.env.controller_url or "",
                     self.env.job_id,
                     timeout_s=2.0,
-                    token=os.environ.get(API_TOKEN),
+                    token_file=self.env.report_token_file,
                 )
             )
             self._reporter = Reporter(

@@ -21,7 +21,9 @@ from trainer.report import BatchConfig
 JOB_ID = "COADAPT_JOB_ID"
 CHECKPOINT_URI = "COADAPT_CHECKPOINT_URI"
 CONTROLLER_URL = "COADAPT_CONTROLLER_URL"
-API_TOKEN = "COADAPT_API_TOKEN"  # bearer token for the controller API (set by the agent)
+# The file holding this job's report credential (set by the agent; the credential is good for
+# this job's reports only, and the agent rewrites the file when it changes).
+REPORT_TOKEN_FILE = "COADAPT_REPORT_TOKEN_FILE"
 REPORT_FILE = "COADAPT_REPORT_FILE"
 REPORT_INTERVAL_S = "COADAPT_REPORT_INTERVAL_S"
 BATCH_SIZE = "COADAPT_BATCH_SIZE"
@@ -79,6 +81,8 @@ class TrainerEnv:
     (``None``: keep the checkpointed one, or start at the initial batch size).
     ``restart_count`` is torchrun's count of restarts within this launch; ``attempt`` the
     launcher's count of launches of this job (failure restarts and rescales alike).
+    ``report_token_file`` names the file holding the job's report credential (``None``: reports
+    carry none).
     """
 
     job_id: str
@@ -92,6 +96,7 @@ class TrainerEnv:
     distributed: bool
     checkpoint_uri: str
     controller_url: str | None
+    report_token_file: str | None
     report_file: str
     report_interval_s: float
     batch: BatchConfig | None
@@ -160,6 +165,7 @@ class TrainerEnv:
             distributed=distributed,
             checkpoint_uri=checkpoint_uri,
             controller_url=controller_url.rstrip("/") if controller_url else None,
+            report_token_file=_optional(env, REPORT_TOKEN_FILE),
             report_file=report_file,
             report_interval_s=_float(env, REPORT_INTERVAL_S, DEFAULT_REPORT_INTERVAL_S),
             batch=batch,

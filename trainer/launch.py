@@ -6,7 +6,11 @@ what an exit means from the exit markers the workers leave in the run directory:
 
     python -m trainer.launch --job-id j1 --nproc-per-node 2 [--nnodes 1:4 --rdzv-endpoint H:P] \\
         [--checkpoint-uri s3://bucket/j1] [--controller-url http://ctl:8080] \\
-        [--batch-size 256 --accum-steps 2] [--max-restarts 3] script.py [script args...]
+        [--batch-size 256 --accum-steps 2] [--max-restarts 3] [--] script.py [script args...]
+
+Everything after ``--`` (the node agent always writes one) is the script and its arguments,
+never a launcher option, whatever it starts with; the script itself may not start with ``-``
+(it would be read as an option by torchrun or by the interpreter).
 
 Exit status (:class:`ExitCode`):
 
@@ -106,6 +110,10 @@ class LaunchConfig:
     extra_torchrun_args: tuple[str, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
+        if not self.script or self.script.startswith("-"):
+            raise TrainerConfigError(
+                f"the script must be a path, not an option: {self.script!r}", field="script"
+            )
         if self.nproc_per_node < 1:
             raise TrainerConfigError("must be >= 1", field="nproc_per_node")
         if self.max_restarts < 0:

@@ -6,6 +6,10 @@ only read host-side values: no tensor access, so no device synchronisation), and
 Delivery never raises into training: failures are logged (at most once a minute) and the next
 report is attempted on schedule. The controller's :class:`~trainer.report.ReportReply` is handed
 to ``on_reply``. Torch-free.
+
+:class:`HttpSink` carries the job's report credential (good for this job's reports only) and
+never follows a redirect: a controller, or anything posing as one, that answers with a 3xx gets
+the credential no further (urllib's default opener would re-send it to the ``Location``).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from pathlib import Path
 from typing import Protocol
 
 from coadapt_common.clock import Clock, SystemClock
+from coadapt_common.http import credential_opener
 from trainer.errors import ReportSchemaError, TrainerConfigError
 from trainer.report import ReportReply, TrainerReport, report_path
 
@@ -32,9 +37,11 @@ class ReportSink(Protocol):
 
 
 class HttpSink:
-    """POSTs JSON to ``{controller_url}/v1/jobs/{job_id}/reports``; parses the reply. With a
-    ``token`` (the agent's, from ``COADAPT_API_TOKEN``) it authenticates as a bearer; the
-    token is never part of the sink's repr or of an error it raises."""
+    """POSTs JSON to ``{controller_url}/v1/jobs/{job_id}/reports``; parses the reply. It
+    authenticates as a bearer with ``token``, or with the credential in ``token_file`` (what
+    the agent names in ``COADAPT_REPORT_TOKEN_FILE``), read again before every report so that
+    a credential the agent renewed is used without a restart. No proxy, no redirect (see the
+    module docstring); the token is never part of the sink's repr or of an error it raises."""
 
     def __init__(
         self,
@@ -43,26 +50,39 @@ class HttpSink:
         *,
         timeout_s: float = 5.0,
         token: str | None = None,
+        token_file: str | os.PathLike[str] | None = None,
     ) -> None:
         if not controller_url.startswith(("http://", "https://")):
             raise TrainerConfigError(f"not an http(s) URL: {controller_url!r}", field="url")
+        if token and token_file:
+            raise TrainerConfigError("give a token or a token file, not both", field="token")
         self.url = controller_url.rstrip("/") + report_path(job_id)
         self.timeout_s = timeout_s
-        self._headers = {"Content-Type": "application/json"}
-        if token:
-            self._headers["Authorization"] = f"Bearer {token}"
+        self._token = token or None
+        self._token_file = Path(token_file) if token_file else None
+        self._opener = credential_opener()
 
     def __repr__(self) -> str:
         return f"HttpSink({self.url!r})"
 
+    def _bearer(self) -> str | None:
+        if self._token_file is None:
+            return self._token
+        try:
+            token = self._token_file.read_text(encoding="ascii").strip()
+        except (OSError, UnicodeDecodeError) as e:  # an OSError: the Reporter logs and retries
+            raise OSError(f"cannot read the report credential {self._token_file}: {e}") from e
+        return token or None
+
     def send(self, report: TrainerReport) -> ReportReply | None:
+        headers = {"Content-Type": "application/json"}
+        token = self._bearer()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
         request = urllib.request.Request(
-            self.url,
-            data=report.to_json().encode(),
-            method="POST",
-            headers=self._headers,
+            self.url, data=report.to_json().encode(), method="POST", headers=headers
         )
-        with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+        with self._opener.open(request, timeout=self.timeout_s) as response:
             return ReportReply.from_json(response.read())
 
 

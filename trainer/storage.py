@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from coadapt_common.atomic import write_bytes_atomic
+from coadapt_common.http import credential_opener
 from trainer.errors import CheckpointNotFoundError, CheckpointStorageError, TrainerConfigError
 
 
@@ -193,6 +194,9 @@ class GcsStore:
         self._timeout_s = timeout_s
         self._cached: tuple[str, float] | None = None
         self._lock = threading.Lock()
+        # The bearer goes to the storage endpoint only: never re-sent to a redirect's target
+        # (an https proxy, which tunnels TLS, is allowed).
+        self._opener = credential_opener(proxies=True)
 
     # --- auth -----------------------------------------------------------------------------
     def _bearer(self) -> str | None:
@@ -237,7 +241,7 @@ class GcsStore:
             headers["Authorization"] = f"Bearer {bearer}"
         request = urllib.request.Request(url, data=body, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(request, timeout=self._timeout_s) as response:
+            with self._opener.open(request, timeout=self._timeout_s) as response:
                 return response.read()
         except urllib.error.HTTPError as e:
             if e.code == 404:

@@ -20,6 +20,15 @@ restarts after a crash first ends what its previous life left running. Stopping 
 the launcher's process group (the launcher asks its workers to checkpoint), a bounded wait,
 then SIGKILL to the group and a sweep. :func:`exit_outcome` reads a launcher's exit status:
 ``0`` done, ``75`` stopped (a checkpointed stop: never a failure), anything else failed.
+
+Credentials (:mod:`autoscaler.controller.credentials`): the agent calls the API with its
+instance's own credential, renewed when the controller's heartbeat answer carries a new one
+(after a rotation of the agent key). It never hands that credential to a job. Each assignment
+carries its job's report credential; the supervisor writes it to a 0600 file of that job
+(``<work_dir>/credentials/<job>.token``, rewritten when the controller hands out a new one)
+and gives the launcher the file's path in ``COADAPT_REPORT_TOKEN_FILE``: the trainer reads it
+before each report. A job's command follows the launcher's options after ``--``, so nothing
+in it is ever read as a launcher option (:func:`launch_argv`).
 """
 
 from __future__ import annotations
@@ -33,17 +42,18 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Final
 
 from autoscaler.controller.api import ApiClient, ApiError
 from autoscaler.errors import InvalidInputError
-from coadapt_common.atomic import write_json_atomic
+from coadapt_common.atomic import write_bytes_atomic, write_json_atomic
 from coadapt_common.clock import Clock
 from coadapt_common.procfs import PROC_ROOT, is_running, read_proc_strings, read_stat
 from providers.errors import ProviderError
+from trainer.env import REPORT_TOKEN_FILE
 
 __all__ = [
     "AGENT_ENV",
@@ -72,7 +82,8 @@ class JobAssignment:
     """One job assigned to this instance. ``nodes``: every instance of the job and its GPUs,
     in rank order (this one included); ``rendezvous``: ``HOST:PORT`` of the c10d rendezvous;
     ``command``: the training script and its arguments (what follows the launcher's
-    options)."""
+    options, after ``--``); ``report_token``: the job's report credential (not part of the
+    allocation: a new one is handed to the running job, which is not restarted)."""
 
     job: str
     gpus: int
@@ -81,6 +92,7 @@ class JobAssignment:
     command: tuple[str, ...]
     checkpoint_uri: str | None = None
     batch: tuple[int, int] | None = None
+    report_token: str | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.gpus < 1:
@@ -157,8 +169,11 @@ def launch_argv(
     python: str = sys.executable,
     extra: Sequence[str] = (),
 ) -> list[str]:
-    """The launcher command for ``a`` on this instance (one launcher per job and node); a
-    planned batch starts the launch with it (``--batch-size``, ``--accum-steps``)."""
+    """The launcher command for ``a`` on this instance (one launcher per job and node): the
+    launcher's options (a planned batch starts the launch with it: ``--batch-size``,
+    ``--accum-steps``), ``extra`` (more of them), then ``--`` and the job's command, so that
+    nothing in the command is ever read as a launcher option, whatever it starts with. No
+    credential is on it: the launcher's environment names the report credential's file."""
     argv = [python, "-m", "trainer.launch", "--job-id", a.job, "--nproc-per-node", str(a.gpus)]
     argv += ["--nnodes", str(len(a.nodes)), "--rdzv-endpoint", a.rendezvous]
     if a.checkpoint_uri:
@@ -167,7 +182,7 @@ def launch_argv(
         argv += ["--batch-size", str(a.batch[0]), "--accum-steps", str(a.batch[1])]
     if controller_url:
         argv += ["--controller-url", controller_url]
-    return [*argv, *extra, *a.command]
+    return [*argv, *extra, "--", *a.command]
 
 
 @dataclass
@@ -212,6 +227,22 @@ class Supervisor:
         path.parent.mkdir(parents=True, exist_ok=True)
         return path
 
+    def credential_path(self, job: str) -> Path:
+        """Where ``job``'s report credential is kept while it runs here (0600)."""
+        return self.work_dir / "credentials" / f"{job}.token"
+
+    def _write_credential(self, a: JobAssignment) -> dict[str, str]:
+        """Write ``a``'s report credential to its file; the environment that names it."""
+        if a.report_token is None:
+            return {}
+        path = self.credential_path(a.job)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        write_bytes_atomic(path, (a.report_token + "\n").encode(), mode=0o600)
+        return {REPORT_TOKEN_FILE: str(path)}
+
+    def _forget(self, job: str) -> None:
+        self.credential_path(job).unlink(missing_ok=True)
+
     def _record(self) -> None:
         write_json_atomic(
             self.work_dir / "processes.json",
@@ -239,6 +270,8 @@ class Supervisor:
         """Start ``a``'s launcher; its pid."""
         argv = self.argv_for(a) if self.argv_for else launch_argv(a, controller_url=None)
         env = {**os.environ, **self.env, AGENT_ENV: self.agent_id, "COADAPT_JOB_ID": a.job}
+        env.pop(REPORT_TOKEN_FILE, None)  # never another job's (or the agent's own)
+        env.update(self._write_credential(a))
         with open(self.log_path(a.job), "ab") as log:
             popen = subprocess.Popen(
                 argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -261,6 +294,7 @@ class Supervisor:
         )
         code = _end_group(proc.pid, proc.popen, self.stop_grace_s)
         self.sweep(job)
+        self._forget(job)
         self._record()
         if code == 0:
             self._note(job, f"{job} had finished training: it is not started again")
@@ -271,6 +305,21 @@ class Supervisor:
         with contextlib.suppress(OSError), open(self.log_path(job), "a", encoding="utf-8") as log:
             log.write(f"coadapt agent {self.agent_id}: {line}\n")
 
+    def refresh_credentials(self, assigned: Mapping[str, JobAssignment]) -> list[str]:
+        """Write each running job's report credential again where ``assigned`` carries
+        another one (a rotation of the agent key): the trainer reads the file before each
+        report, so nothing is restarted. The jobs whose credential changed."""
+        changed = []
+        for job, proc in self._procs.items():
+            want = assigned.get(job)
+            if want is None or want.report_token is None:
+                continue
+            if want.report_token != proc.assignment.report_token:
+                proc.assignment = replace(proc.assignment, report_token=want.report_token)
+                self._write_credential(proc.assignment)
+                changed.append(job)
+        return changed
+
     def poll(self) -> list[tuple[str, Outcome, int]]:
         """Launchers that exited on their own since the last poll: (job, outcome, status)."""
         ended = []
@@ -280,6 +329,7 @@ class Supervisor:
                 continue
             del self._procs[job]
             self.sweep(job)
+            self._forget(job)
             ended.append((job, exit_outcome(code), code))
         if ended:
             self._record()
@@ -366,6 +416,7 @@ def assignments_from_json(data: object) -> dict[str, JobAssignment]:
             batch=None
             if batch is None
             else (int(batch["global_batch_size"]), int(batch["accum_steps"])),
+            report_token=None if item.get("report_token") is None else str(item["report_token"]),
         )
         out[a.job] = a
     return out
@@ -385,6 +436,7 @@ def dump(assignments: Mapping[str, JobAssignment]) -> str:
                 "batch": None
                 if a.batch is None
                 else {"global_batch_size": a.batch[0], "accum_steps": a.batch[1]},
+                "report_token": a.report_token,
             }
             for _, a in sorted(assignments.items())
         ]
@@ -392,10 +444,13 @@ def dump(assignments: Mapping[str, JobAssignment]) -> str:
 
 
 class AgentRunner:
-    """One instance's agent loop over the controller API (``client``, with the agent token):
-    :meth:`step` heartbeats, reads the assignments, starts / stops / restarts launchers
-    (:func:`plan`), and reports launchers that ended on their own (done or failed; a stop
-    with a checkpoint is never reported). Once ``notice`` answers true (the instance is being
+    """One instance's agent loop over the controller API (``client``, with the instance's
+    credential): :meth:`step` heartbeats, reads the assignments, starts / stops / restarts
+    launchers (:func:`plan`), hands running jobs their new report credentials, and reports
+    launchers that ended on their own (done or failed; a stop with a checkpoint is never
+    reported). A heartbeat answer that carries a new credential (the agent key was rotated)
+    replaces the client's, and ``on_credential`` is told (to keep it where the agent reads it
+    when it starts again). Once ``notice`` answers true (the instance is being
     reclaimed: see :func:`notice_source`), every job is stopped with a checkpoint and nothing
     new is started: the controller re-places them elsewhere. :meth:`close` stops everything
     and leaves no process behind."""
@@ -408,12 +463,14 @@ class AgentRunner:
         *,
         address: str,
         notice: Callable[[], bool] | None = None,
+        on_credential: Callable[[str], None] | None = None,
     ) -> None:
         self.client = client
         self.instance_key = instance_key
         self.supervisor = supervisor
         self.address = address
         self.notice = notice
+        self.on_credential = on_credential
         self.noticed = False
         self.registered = False
 
@@ -423,7 +480,12 @@ class AgentRunner:
             self.client.register(self.instance_key, address=self.address)
             self.supervisor.sweep()  # what a previous life of this agent left running
             self.registered = True
-        self.client.heartbeat(self.instance_key, address=self.address)
+        beat = self.client.heartbeat(self.instance_key, address=self.address)
+        if beat.credential is not None:
+            self.client.use_token(beat.credential)
+            if self.on_credential is not None:
+                self.on_credential(beat.credential)
+            log.info("agent %s: credential renewed", self.instance_key)
         for job, outcome, _ in self.supervisor.poll():
             if outcome is not Outcome.STOPPED:
                 self.client.job_exited(self.instance_key, job, failed=outcome is Outcome.FAILED)
@@ -443,6 +505,7 @@ class AgentRunner:
                 self.client.job_exited(self.instance_key, job, failed=False)
             except ApiError as e:  # no longer assigned here: the controller moved on
                 log.info("agent %s: exit of %s not recorded: %s", self.instance_key, job, e)
+        self.supervisor.refresh_credentials(assigned)
         return actions
 
     def close(self) -> None:

@@ -1,12 +1,12 @@
-"""The controller's HTTP API: JSON in and out, versioned paths under ``/v1``, bearer tokens.
+"""The controller's HTTP API: JSON in and out, versioned paths under ``/v1``, bearer credentials.
 
-Three kinds of callers, two roles. Users (the CLI) hold the ``user`` token; agents, and the
-trainers they start (which run on the agents' instances and get the agent's token), hold the
-``agent`` token. A request must carry ``Authorization: Bearer <token>``; a request without
-one, or with a token that is neither, gets 401, and one with the other role's token gets 403.
-Either way nothing is read beyond the headers and nothing changes.
+Three roles, each with its own credential (:mod:`autoscaler.controller.credentials`): users
+(the CLI, the dashboard) hold the users' token; each instance's agent holds a credential good
+for that instance only; the trainers of a job hold one good for that job's reports only. A
+request must carry ``Authorization: Bearer <credential>``; a request without one, or with one
+that is not valid, gets 401; a valid one of another role, or of the right role for another
+instance or job, gets 403. Either way nothing is read beyond the headers and nothing changes.
 
-============================================  =====  ==============================================
 endpoint                                      role   answer
 ============================================  =====  ==============================================
 ``POST /v1/jobs``                             user   201, the job (body: a ``JobSubmission``);
@@ -32,6 +32,40 @@ endpoint                                      role   answer
                                                      ``{"failed": bool}``)
 ``POST /v1/jobs/{job_id}/reports``            agent  a :class:`~trainer.report.ReportReply`
 ============================================  =====  ==============================================
+=======
+============================================  ======  =============================================
+endpoint                                      role    answer
+============================================  ======  =============================================
+``POST /v1/jobs``                             user    201, the job (body: a ``JobSubmission``);
+                                                      409 if the name is taken
+``GET  /v1/jobs``                             user    ``{"jobs": [job, ...]}``, in submission order
+``GET  /v1/jobs/{name}``                      user    the job
+``POST /v1/jobs/{name}/cancel``               user    the job, ``cancelled``; 409 if it had ended
+``POST /v1/jobs/{name}/retry``                user    the job, ``queued`` again (a refused or
+                                                      failed one; its failures start over); 409
+                                                      for any other
+``GET  /v1/jobs/{name}/logs?offset=N``        user    :class:`LogChunk` (``&instance=KEY``: one
+                                                      file)
+``GET  /v1/instances``                        user    ``{"instances": [row, ...]}``, by key
+``GET  /v1/fleet``                            user    ``{"released_at_s", "release_listing"}``
+``POST /v1/fleet/release``                    user    202 ``{"released_at_s"}``: the service
+                                                      terminates every instance, launches none
+``POST /v1/fleet/resume``                     user    ``{"released_at_s": null}``: launches again
+``GET  /v1/costs``                            user    ``{"total_usd", "usd_per_hour", "points"}``
+``POST /v1/agents/register``                  agent   the instance row (body ``{"instance_key"}``,
+                                                      the credential's own); 409 unless it is
+                                                      ``running``
+``POST /v1/agents/{key}/heartbeat``           agent   ``{"instance_key", "at_s", "status"}``, and
+                                              of key  ``"credential"`` when the one presented was
+                                                      made with the previous agent key (renew)
+``GET  /v1/agents/{key}/assignments``         agent   ``{"instance_key", "instance_status",
+                                              of key  "assignments": [...]}``; each assignment
+                                                      carries its job's ``report_token``
+``POST /v1/agents/{key}/jobs/{name}/exit``    agent   ``{"job", "status", "counted"}`` (body
+                                              of key  ``{"failed": bool}``)
+``POST /v1/jobs/{job_id}/reports``            report  a :class:`~trainer.report.ReportReply`
+                                              of job
+============================================  ======  =============================================
 
 A job, as answered (:class:`JobInfo`): ``name``, ``status`` (``queued``, ``running``,
 ``completed``, ``failed``, ``cancelled`` or ``refused``), ``reason`` (why it was refused or
@@ -91,8 +125,10 @@ file (a store is bound to the thread that made it); the file is checked once, wh
 made (:meth:`Store.open`), and each thread's store comes from :meth:`Store.for_thread`.
 :func:`serve` runs it on Werkzeug's threaded server (a thread per connection, and every
 connection closed after its answer), closing a thread's store when its connection ends.
-Tokens are compared in constant time and never logged; the request log (the request line and
-the status) goes to this module's logger at DEBUG.
+Credentials are compared in constant time and never logged; the request log (the request line
+and the status) goes to this module's logger at DEBUG. The credentials are read through a
+:class:`~autoscaler.controller.credentials.CredentialSource`: a running controller's is its
+tokens file, read again when a rotation changed it.
 """
 
 from __future__ import annotations
@@ -101,20 +137,16 @@ import codecs
 import contextlib
 import dataclasses
 import hashlib
-import hmac
 import json
 import logging
 import os
 import re
-import secrets
-import stat
 import threading
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from http.client import HTTPException as HttpClientError
 from pathlib import Path
 from typing import Any, Final, NoReturn, Protocol, TypeVar
@@ -124,6 +156,16 @@ from werkzeug.routing import Map, Rule
 from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 from werkzeug.wrappers import Request, Response
 
+from autoscaler.controller.credentials import (
+    ApiCredentials,
+    CredentialSource,
+    InsecureTokenFileError,
+    Role,
+    TokenFileError,
+    generate_tokens,
+    load_token,
+    load_tokens,
+)
 from autoscaler.controller.dashboard import PAGE
 from autoscaler.controller.errors import (
     ControllerError,
@@ -144,8 +186,8 @@ from autoscaler.controller.store import (
     Store,
 )
 from autoscaler.errors import InvalidInputError
-from coadapt_common.atomic import write_bytes_atomic
 from coadapt_common.clock import Clock
+from coadapt_common.http import credential_opener
 from providers.base import Market
 from trainer.report import (
     REPORT_PATH_TEMPLATE,
@@ -162,6 +204,7 @@ __all__ = [
     "MAX_LOG_CHUNK_BYTES",
     "ApiApp",
     "ApiClient",
+    "ApiCredentials",
     "ApiError",
     "ApiServer",
     "ApiTokens",
@@ -179,6 +222,7 @@ __all__ = [
     "generate_tokens",
     "instance_from_dict",
     "instance_to_dict",
+    "load_token",
     "load_tokens",
     "make_app",
     "rendezvous_endpoint",
@@ -189,7 +233,6 @@ DEFAULT_MAX_BODY_BYTES: Final = 1 << 20
 """Bodies larger than this (1 MiB) are refused with 413."""
 MAX_LOG_CHUNK_BYTES: Final = 1 << 20
 """The most log bytes one answer carries."""
-MIN_TOKEN_CHARS: Final = 16
 RENDEZVOUS_PORT_BASE: Final = 29500
 RENDEZVOUS_PORT_SPAN: Final = 1000
 
@@ -197,16 +240,12 @@ _log = logging.getLogger(__name__)
 _ENDED: Final = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED})
 _NOUNS: Final = {"jobs": "job", "instances": "instance"}
 _CANCEL_TRIES: Final = 5
-_MAX_TOKEN_FILE_BYTES: Final = 64 * 1024
+_PRINCIPAL: Final = "coadapt.principal"  # the WSGI environ key of the authenticated caller
 _ADDRESS = re.compile(r"[A-Za-z0-9][A-Za-z0-9.:-]{0,252}")
 _T = TypeVar("_T")
 
 
-class Role(StrEnum):
-    """Who a token speaks for."""
-
-    USER = "user"  # submits, lists, cancels jobs; reads logs and instances
-    AGENT = "agent"  # an instance's agent, and the trainers it starts
+ApiTokens = ApiCredentials  # the name before per-instance and per-job credentials
 
 
 # ---- errors --------------------------------------------------------------------------------
@@ -229,145 +268,6 @@ class ApiUnreachableError(ApiError):
 
     def __init__(self, message: str) -> None:
         super().__init__(0, message)
-
-
-class TokenFileError(ControllerError):
-    """The tokens file cannot be created or used; ``path`` names it. Never shows a token."""
-
-    def __init__(self, message: str, *, path: str) -> None:
-        super().__init__(message)
-        self.path = path
-
-
-class InsecureTokenFileError(TokenFileError):
-    """The tokens file is readable or writable by its group or by others."""
-
-
-# ---- tokens --------------------------------------------------------------------------------
-
-
-def _is_token(token: object) -> bool:
-    """At least :data:`MIN_TOKEN_CHARS` printable ASCII characters, no space."""
-    return (
-        isinstance(token, str)
-        and len(token) >= MIN_TOKEN_CHARS
-        and all("!" <= c <= "~" for c in token)
-    )
-
-
-@dataclass(frozen=True)
-class ApiTokens:
-    """The two bearer tokens (never shown by ``repr``). Each is at least
-    :data:`MIN_TOKEN_CHARS` printable ASCII characters; they must differ."""
-
-    user: str = field(repr=False)
-    agent: str = field(repr=False)
-
-    def __post_init__(self) -> None:
-        for role in Role:
-            if not _is_token(getattr(self, role.value)):
-                raise InvalidInputError(
-                    f"the {role.value} token must be at least {MIN_TOKEN_CHARS} printable "
-                    "ASCII characters without spaces",
-                    field=role.value,
-                )
-        if hmac.compare_digest(self.user.encode(), self.agent.encode()):
-            raise InvalidInputError("the user and agent tokens must differ", field="agent")
-
-    def role_of(self, presented: str) -> Role | None:
-        """The role whose token ``presented`` is (``None``: neither), compared in constant
-        time against both."""
-        given = presented.encode("utf-8", "replace")
-        is_user = hmac.compare_digest(given, self.user.encode())
-        is_agent = hmac.compare_digest(given, self.agent.encode())
-        if is_user:
-            return Role.USER
-        return Role.AGENT if is_agent else None
-
-
-def generate_tokens(path: str | Path, *, overwrite: bool = False) -> ApiTokens:
-    """Create the tokens file ``path``: JSON ``{"user": ..., "agent": ...}``, each
-    ``secrets.token_urlsafe(32)``, mode 0600 from its creation (a temporary file opened with
-    mode 0600 is written, fsynced and renamed into place; it is never readable by others,
-    whatever the umask). Refuses (:class:`TokenFileError`) when ``path`` exists, unless
-    ``overwrite`` (new tokens replace the old ones atomically). Returns the tokens."""
-    p = Path(path)
-    tokens = ApiTokens(secrets.token_urlsafe(32), secrets.token_urlsafe(32))
-    data = (json.dumps({"agent": tokens.agent, "user": tokens.user}, indent=1) + "\n").encode()
-    try:
-        write_bytes_atomic(p, data, durable=True, mode=0o600, replace=overwrite)
-    except FileExistsError as e:
-        raise TokenFileError(f"{p}: a file already exists there", path=str(p)) from e
-    except OSError as e:
-        raise TokenFileError(f"{p}: cannot write the tokens file: {e}", path=str(p)) from e
-    return tokens
-
-
-def load_tokens(path: str | Path) -> ApiTokens:
-    """Read the tokens file ``path`` (see :func:`generate_tokens`). Refuses, with
-    :class:`InsecureTokenFileError`, a file its group or others may read or write (checked on
-    the opened file, so it cannot be swapped between the check and the read), and with
-    :class:`TokenFileError` one that is missing, not a regular file, or malformed."""
-    p = Path(path)
-    data = _read_token_file(p)
-    try:
-        return ApiTokens(user=data.get("user", ""), agent=data.get("agent", ""))
-    except InvalidInputError as e:
-        raise TokenFileError(f"{p}: {e}", path=str(p)) from e
-
-
-def load_token(path: str | Path, role: str) -> str:
-    """One role's token (``"agent"`` or ``"user"``) from ``path``: a tokens file, or a file
-    holding only that role's (what a cloud node writes from the secret store for its agent,
-    and the CLI for a deployed cluster's user). The same refusals as :func:`load_tokens`."""
-    p = Path(path)
-    token = _read_token_file(p).get(role)
-    if not _is_token(token):
-        raise TokenFileError(
-            f"{p}: no {role} token of at least {MIN_TOKEN_CHARS} printable characters",
-            path=str(p),
-        )
-    return str(token)
-
-
-def _read_token_file(p: Path) -> dict[str, Any]:
-    try:
-        fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError as e:
-        raise TokenFileError(
-            f"{p}: no tokens file (create one with generate_tokens)", path=str(p)
-        ) from e
-    except OSError as e:
-        raise TokenFileError(f"{p}: cannot open the tokens file: {e}", path=str(p)) from e
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise TokenFileError(f"{p}: the tokens file is not a regular file", path=str(p))
-        if st.st_mode & 0o077:
-            raise InsecureTokenFileError(
-                f"{p}: the tokens file has mode {stat.S_IMODE(st.st_mode):04o}: others may "
-                "read or change it; make it private (chmod 600) or generate new tokens",
-                path=str(p),
-            )
-        raw = b""
-        while len(raw) <= _MAX_TOKEN_FILE_BYTES:
-            chunk = os.read(fd, _MAX_TOKEN_FILE_BYTES + 1)
-            if not chunk:
-                break
-            raw += chunk
-    except OSError as e:
-        raise TokenFileError(f"{p}: cannot read the tokens file: {e}", path=str(p)) from e
-    finally:
-        os.close(fd)
-    try:
-        if len(raw) > _MAX_TOKEN_FILE_BYTES:
-            raise ValueError("too large for a tokens file")
-        data = json.loads(raw)
-        if not isinstance(data, dict):
-            raise ValueError("not a JSON object")
-        return data
-    except ValueError as e:  # the message never quotes the file's content
-        raise TokenFileError(f"{p}: not a tokens file: {e}", path=str(p)) from e
 
 
 # ---- the answers ---------------------------------------------------------------------------
@@ -567,6 +467,8 @@ class HeartbeatReply:
     instance_key: str
     at_s: float
     status: InstanceStatus
+    credential: str | None = field(default=None, repr=False)
+    """The agent's new credential, when it presented one of the previous agent key."""
 
 
 @dataclass(frozen=True)
@@ -619,7 +521,7 @@ class ApiApp:
     def __init__(
         self,
         store: Store,
-        tokens: ApiTokens,
+        credentials: CredentialSource,
         clock: Clock,
         *,
         logs_dir: Path,
@@ -628,7 +530,7 @@ class ApiApp:
     ) -> None:
         """Use :func:`make_app`."""
         self._template = store  # checked when opened; closed: only for_thread() is called
-        self._tokens = tokens
+        self._credentials = credentials
         self._clock = clock
         self._logs_dir = logs_dir
         self._on_job_exit = on_job_exit
@@ -656,7 +558,7 @@ class ApiApp:
             (
                 "POST",
                 REPORT_PATH_TEMPLATE.replace("{job_id}", "<job_id>"),
-                Role.AGENT,
+                Role.REPORT,
                 self._add_report,
             ),
         )
@@ -708,7 +610,7 @@ class ApiApp:
         try:
             endpoint, args = self._map.bind_to_environ(request.environ).match()
             _, _, role, handler = self._routes[endpoint]
-            self._authorize(request, role)  # before the body is read
+            self._authorize(request, role, args)  # before the body is read
             return handler(request, **args)
         except ApiError as e:
             return _error(e.status, e.message, e.field)
@@ -737,7 +639,11 @@ class ApiApp:
             _log.exception("unexpected error answering %s %s", request.method, request.path)
             return _error(500, "internal error (see the controller's log)")
 
-    def _authorize(self, request: Request, role: Role) -> None:
+    def _authorize(self, request: Request, role: Role, args: Mapping[str, str]) -> None:
+        """Let the request through if its credential is valid (401 otherwise), of ``role``
+        (403 otherwise) and, for an agent or a report credential, for the instance or job the
+        path names (403 otherwise); the caller's :class:`Principal` goes in the request's
+        environ for the handler."""
         header = request.headers.get("Authorization")
         if not header:
             _unauthorized("a bearer token is required (Authorization: Bearer <token>)")
@@ -745,11 +651,20 @@ class ApiApp:
         presented = presented.strip()
         if scheme.lower() != "bearer" or not presented:
             _unauthorized("the Authorization header must be 'Bearer <token>'")
-        held = self._tokens.role_of(presented)
-        if held is None:
+        principal = self._credentials.current().authenticate(presented, self._clock.now_s())
+        if principal is None:
             _unauthorized("the token is not valid")
-        if held is not role:
-            raise ApiError(403, f"this endpoint needs the {role.value} role, not {held.value}")
+        if principal.role is not role:
+            raise ApiError(
+                403, f"this endpoint needs the {role.value} role, not {principal.role.value}"
+            )
+        named = args.get("instance_key" if role is Role.AGENT else "job_id")
+        if role is not Role.USER and named is not None and named != principal.subject:
+            what = "instance" if role is Role.AGENT else "job"
+            raise ApiError(
+                403, f"this credential is for {what} {principal.subject!r}, not {named!r}"
+            )
+        request.environ[_PRINCIPAL] = principal
 
     def _body(self, request: Request, *, optional: bool = False) -> dict[str, Any]:
         """The body as a JSON object ({} for an empty ``optional`` one): 413 over the limit
@@ -954,6 +869,9 @@ class ApiApp:
         key = body.get("instance_key")
         if not isinstance(key, str) or not key:
             raise ApiError(400, "instance_key must be a non-empty string", "instance_key")
+        subject = request.environ[_PRINCIPAL].subject
+        if key != subject:
+            raise ApiError(403, f"this credential is for instance {subject!r}, not {key!r}")
         address = _address(body)
         row = self._store().get_instance(key)
         if row.status is not InstanceStatus.RUNNING:
@@ -969,13 +887,18 @@ class ApiApp:
         store.record_heartbeat(instance_key, now)
         self._remember(instance_key, address)
         row = store.get_instance(instance_key)
-        return _json({"instance_key": instance_key, "at_s": now, "status": row.status.value})
+        answer = {"instance_key": instance_key, "at_s": now, "status": row.status.value}
+        if request.environ[_PRINCIPAL].renew:  # made with the previous agent key: the new one
+            answer["credential"] = self._credentials.current().agent_credential(instance_key)
+            _log.info("agent of instance %s renewed its credential", instance_key)
+        return _json(answer)
 
     def _assignments(self, request: Request, instance_key: str) -> Response:
         store = self._store()
         row = store.get_instance(instance_key)
         with self._addresses_lock:
             addresses = dict(self._addresses)
+        credentials = self._credentials.current()
         out = []
         for mine in store.assignment_rows(instance=instance_key):
             job = store.get_job(mine.job_name)
@@ -1001,6 +924,7 @@ class ApiApp:
                     "checkpoint_uri": spec.checkpoint_uri,
                     "batch": _launch_batch(store.get_batch(job.name), nodes),
                     "spec": dataclasses.asdict(spec),
+                    "report_token": credentials.report_credential(job.name),
                 }
             )
         return _json(
@@ -1058,7 +982,7 @@ class ApiApp:
 
 def make_app(
     store_path: str | Path,
-    tokens: ApiTokens,
+    credentials: CredentialSource,
     clock: Clock,
     *,
     logs_dir: str | Path,
@@ -1066,21 +990,25 @@ def make_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> ApiApp:
     """The API over the store at ``store_path`` (opened, checked and migrated now, in the
-    calling thread: :meth:`Store.open`'s errors), authenticating with ``tokens``; stored
-    times come from ``clock``; job logs are read under ``logs_dir``; ``on_job_exit`` is told
-    of jobs that exited (see the module docstring). ``max_body_bytes`` is the largest body
-    accepted."""
+    calling thread: :meth:`Store.open`'s errors), authenticating with ``credentials`` (fixed
+    :class:`ApiCredentials`, or the controller's :class:`~autoscaler.controller.credentials.
+    TokenFile`, which follows a rotation); stored times come from ``clock``; job logs are read
+    under ``logs_dir``; ``on_job_exit`` is told of jobs that exited (see the module
+    docstring). ``max_body_bytes`` is the largest body accepted."""
     if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int):
         raise InvalidInputError("max_body_bytes must be an integer", field="max_body_bytes")
     if max_body_bytes < 1:
         raise InvalidInputError("max_body_bytes must be >= 1", field="max_body_bytes")
-    if not isinstance(tokens, ApiTokens):
-        raise InvalidInputError("tokens must be ApiTokens", field="tokens")
+    current = getattr(credentials, "current", None)
+    if not callable(current) or not isinstance(current(), ApiCredentials):
+        raise InvalidInputError(
+            "credentials must be ApiCredentials or a TokenFile", field="credentials"
+        )
     store = Store.open(store_path, clock)
     store.close()  # checked (and migrated); each thread opens its own (Store.for_thread)
     return ApiApp(
         store,
-        tokens,
+        credentials,
         clock,
         logs_dir=Path(logs_dir),
         on_job_exit=on_job_exit,
@@ -1310,28 +1238,25 @@ def serve(
 # ---- the client ----------------------------------------------------------------------------
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """A redirect is answered as the error it is here: following it would send the bearer
-    token to wherever it points."""
-
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
 class ApiClient:
     """A client of the API for the CLI and the agent: one method per endpoint, answers as
     typed values, :class:`ApiError` for an error answer (its ``status``, ``message`` and
     ``field``) and :class:`ApiUnreachableError` when no answer came. It never follows a
-    redirect and ignores proxy settings (the token goes only to ``base_url``). Thread-safe."""
+    redirect and ignores proxy settings (the token goes only to ``base_url``:
+    :func:`~coadapt_common.http.credential_opener`). Thread-safe."""
 
     def __init__(self, base_url: str, token: str, *, timeout_s: float = 30.0) -> None:
         self.base_url = base_url.rstrip("/")
         self._token = token
         self.timeout_s = timeout_s
-        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
+        self._opener = credential_opener()
 
     def __repr__(self) -> str:
         return f"ApiClient({self.base_url!r})"
+
+    def use_token(self, token: str) -> None:
+        """Send ``token`` from the next request on (an agent's renewed credential)."""
+        self._token = token
 
     # ---- users -----------------------------------------------------------------------------
 
@@ -1408,7 +1333,10 @@ class ApiClient:
         data = self._call("POST", f"/v1/agents/{_seg(instance_key)}/heartbeat", body)
         return self._parse(
             lambda d: HeartbeatReply(
-                str(d["instance_key"]), float(d["at_s"]), InstanceStatus(d["status"])
+                str(d["instance_key"]),
+                float(d["at_s"]),
+                InstanceStatus(d["status"]),
+                None if d.get("credential") is None else str(d["credential"]),
             ),
             data,
         )
@@ -1416,8 +1344,8 @@ class ApiClient:
     def assignments(self, instance_key: str) -> list[dict[str, Any]]:
         """The running jobs assigned to the instance, as JSON objects (``job``, ``gpus``,
         ``nodes``, ``node_rank``, ``addresses``, ``rendezvous``, ``command``,
-        ``checkpoint_uri``, ``spec``, ``status``): what ``agent.assignments_from_json``
-        reads."""
+        ``checkpoint_uri``, ``spec``, ``status``, ``report_token``): what
+        ``agent.assignments_from_json`` reads."""
         data = self._call("GET", f"/v1/agents/{_seg(instance_key)}/assignments")
         return self._parse(lambda d: [dict(a) for a in d["assignments"]], data)
 

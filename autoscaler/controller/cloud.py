@@ -1,5 +1,6 @@
 """A controller on a cloud: the provider config a deployment writes, the provider it makes,
-where the agents' token is published, and a GCP node's startup script.
+where the users' token is published, how each node gets its own agent credential, and a GCP
+node's startup script.
 
 A deployment (``terraform/aws``, ``terraform/gcp``) writes ``provider.json`` on the controller
 machine; ``coadapt up --provider aws|gcp --provider-config FILE`` reads it with
@@ -8,20 +9,40 @@ machine; ``coadapt up --provider aws|gcp --provider-config FILE`` reads it with
 * aws: ``region``, ``launch_template_id`` (the deployment's GPU node template: image, IMDSv2,
   instance profile, the user data that starts ``coadapt agent``), ``subnets_by_zone``,
   ``security_group_ids``, ``instance_types`` (optional), ``interruption_queue_url``,
-  ``checkpoint_root`` (``s3://...``), ``agent_token_parameter`` and ``user_token_parameter``
-  (SSM SecureString names);
+  ``checkpoint_root`` (``s3://...``), ``agent_credential_path`` (the SSM path under which
+  each node's credential parameter is kept), ``instance_arn_prefix``
+  (``arn:<partition>:ec2:<region>:<account>:instance/``) and ``user_token_parameter`` (an SSM
+  SecureString name);
 * gcp: ``project``, ``zones``, ``image``, ``network``, ``subnetwork``,
   ``service_account_email``, ``external_ip``, ``network_tags``, ``checkpoint_root``
-  (``gs://...``), ``agent_token_secret`` and ``user_token_secret`` (Secret Manager secret
-  ids), ``controller_url``,
+  (``gs://...``), ``user_token_secret`` (a Secret Manager secret id), ``controller_url``,
   ``coadapt_pip_spec``.
 
-The tokens never pass through terraform: ``coadapt up`` makes them and publishes them
-(:func:`publish_tokens`): the agents' where the nodes' roles may read it, the users' where the
-deployer reads it. On AWS the launch template
-carries the node's user data (EC2 Fleet cannot vary it per request), so a node learns its
-instance key from its own ``coadapt-request-id`` tag; on GCP the controller writes each node's
-startup script (:func:`gcp_startup_script`) with its key.
+No secret passes through terraform. ``coadapt up`` makes the controller's secrets
+(:mod:`autoscaler.controller.credentials`) and publishes the users' token where only the
+deployer reads it (:func:`publish_user_token`). Each node gets **its own** agent credential,
+good for its own instance only, and nothing else:
+
+* **GCP**: the controller writes each node's startup script (:func:`gcp_startup_script`), which
+  carries that node's credential. Limit: instance metadata is readable by any process on the
+  node and by any principal allowed ``compute.instances.get`` in the project (e.g. project
+  viewers): such a principal can read every node's credential, each good for its own
+  instance's agent endpoints only.
+* **AWS**: the launch template, and so the user data, is the same for every node (EC2 Fleet
+  cannot vary it per request), so a node cannot be handed a secret at launch.
+  :class:`AwsAgentCredentials` keeps each node's credential in its own SSM SecureString,
+  ``<agent_credential_path>/<instance key>``, tagged ``coadapt-instance-arn`` with the
+  instance's ARN, once the cloud has listed the instance; the nodes' role may read a parameter
+  under that path only when that tag equals the ARN of the instance making the call
+  (``ssm:resourceTag/coadapt-instance-arn`` = ``${ec2:SourceInstanceARN}``), so a node reads its
+  own and no other. A node learns its instance key from its own ``coadapt-request-id`` tag.
+  Limits: the role's credentials are reachable from every process on the node (instance
+  metadata), as the node's own file is to processes of its user; and this IAM condition has
+  been checked against the module's policy text only, not on a real account.
+
+Jobs are not sandboxed from the agent of their node: a process that runs as the agent's user
+(or reaches the node's metadata) can obtain that node's credential. What a job is handed is its
+own report credential only (:mod:`autoscaler.controller.agent`).
 """
 
 from __future__ import annotations
@@ -29,15 +50,20 @@ from __future__ import annotations
 import base64
 import json
 import shlex
+import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
-from autoscaler.controller.api import ApiTokens
+from autoscaler.controller.credentials import ApiCredentials
+from autoscaler.controller.errors import ControllerError
+from autoscaler.controller.lifecycle import InstanceStatus
+from autoscaler.controller.store import InstanceRow
 from autoscaler.errors import InvalidInputError
 from coadapt_common.clock import Clock
+from coadapt_common.http import credential_opener
 from providers.base import Provider
 from providers.capacity import UnavailableOfferings
 from providers.gcp.metadata import (
@@ -47,19 +73,39 @@ from providers.gcp.metadata import (
 )
 
 __all__ = [
+    "INSTANCE_ARN_TAG",
+    "AwsAgentCredentials",
     "CloudConfig",
+    "CredentialPublishError",
     "gcp_startup_script",
     "load_cloud_config",
     "make_cloud_provider",
-    "publish_tokens",
+    "publish_user_token",
 ]
 
 KINDS = ("aws", "gcp")
 _REQUIRED: Mapping[str, tuple[str, ...]] = {
-    "aws": ("region", "launch_template_id", "agent_token_parameter"),
-    "gcp": ("project", "zones", "image", "agent_token_secret", "controller_url"),
+    "aws": ("region", "launch_template_id", "agent_credential_path", "instance_arn_prefix"),
+    "gcp": ("project", "zones", "image", "controller_url"),
 }
 SECRET_MANAGER_URL = "https://secretmanager.googleapis.com/v1"
+INSTANCE_ARN_TAG: Final = "coadapt-instance-arn"
+"""The tag of a node's credential parameter that the nodes' role is conditioned on (AWS)."""
+NODE_TOKEN_FILE: Final = "/etc/coadapt/agent-token.json"
+# An instance in these states may have a node whose agent calls the API.
+_NODE_MAY_RUN: Final = frozenset(
+    {
+        InstanceStatus.REQUESTED,
+        InstanceStatus.RUNNING,
+        InstanceStatus.DRAINING,
+        InstanceStatus.TERMINATING,
+        InstanceStatus.TERMINATION_FAILED,
+    }
+)
+
+
+class CredentialPublishError(ControllerError):
+    """A credential could not be published or withdrawn in the cloud (retried later)."""
 
 
 @dataclass(frozen=True)
@@ -137,64 +183,155 @@ def make_cloud_provider(
     )
 
 
-def publish_tokens(
+def publish_user_token(
     config: CloudConfig,
-    tokens: ApiTokens,
+    token: str,
     *,
     endpoint_url: str | None = None,
     metadata_url: str = DEFAULT_METADATA_BASE_URL,
     timeout_s: float = 10.0,
 ) -> None:
-    """Store the API tokens where they are read: the agents' token in the SSM SecureString
-    ``agent_token_parameter`` (AWS) or as a new version of the Secret Manager secret
-    ``agent_token_secret`` (GCP, with the VM's own service-account token from the metadata
-    server) for the nodes; the users' token likewise in ``user_token_parameter`` /
-    ``user_token_secret`` when the deployment has one (what ``coadapt destroy`` and a user's
-    CLI read). ``endpoint_url`` / ``metadata_url``: test servers."""
+    """Store the users' token where the deployer reads it (what ``coadapt destroy`` and a
+    user's CLI read): the SSM SecureString ``user_token_parameter`` (AWS) or a new version of
+    the Secret Manager secret ``user_token_secret`` (GCP, with the VM's own service-account
+    token from the metadata server, sent without following a redirect); nothing when the
+    deployment names neither. Called at start and after a rotation. ``endpoint_url`` /
+    ``metadata_url``: test servers. :class:`CredentialPublishError` when it fails."""
     s = config.settings
-    where = {"agent": tokens.agent, "user": tokens.user}
     if config.kind == "aws":
+        if not s.get("user_token_parameter"):
+            return
         import boto3
+        from botocore.exceptions import BotoCoreError, ClientError
 
         ssm = boto3.client("ssm", region_name=s["region"], endpoint_url=endpoint_url)
-        for role, token in where.items():
-            if s.get(f"{role}_token_parameter"):
-                ssm.put_parameter(
-                    Name=s[f"{role}_token_parameter"],
-                    Value=token,
-                    Type="SecureString",
-                    Overwrite=True,
-                )
+        try:
+            ssm.put_parameter(
+                Name=s["user_token_parameter"], Value=token, Type="SecureString", Overwrite=True
+            )
+        except (BotoCoreError, ClientError) as e:
+            raise CredentialPublishError(f"SSM {s['user_token_parameter']}: {e}") from e
         return
-    access, _ = read_instance_metadata(
-        metadata_url, "service-accounts/default/token", timeout_s=timeout_s
-    )
-    bearer = json.loads(access)["access_token"]
-    base = endpoint_url or SECRET_MANAGER_URL
-    for role, token in where.items():
-        if not s.get(f"{role}_token_secret"):
-            continue
-        name = f"projects/{s['project']}/secrets/{s[f'{role}_token_secret']}"
+    if not s.get("user_token_secret"):
+        return
+    from providers.errors import ProviderError
+
+    name = f"projects/{s['project']}/secrets/{s['user_token_secret']}"
+    try:
+        access, _ = read_instance_metadata(
+            metadata_url, "service-accounts/default/token", timeout_s=timeout_s
+        )
+        bearer = json.loads(access)["access_token"]
         payload = {"payload": {"data": base64.b64encode(token.encode()).decode()}}
         request = urllib.request.Request(
-            f"{base}/{name}:addVersion",
+            f"{endpoint_url or SECRET_MANAGER_URL}/{name}:addVersion",
             data=json.dumps(payload).encode(),
             method="POST",
             headers={"Authorization": f"Bearer {bearer}", "Content-Type": "application/json"},
         )
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        with credential_opener(proxies=True).open(request, timeout=timeout_s) as response:
             response.read()
+    except (ProviderError, urllib.error.URLError, OSError, ValueError, KeyError) as e:
+        raise CredentialPublishError(f"Secret Manager {name}: {e}") from e
 
 
-def gcp_startup_script(config: CloudConfig, *, instance_key: str, api_url: str) -> str:
-    """A GCP node's startup script: install coadapt, read the agents' token from Secret
-    Manager (with the node's service account), then run ``coadapt agent`` as a systemd
-    service for ``instance_key``. Idempotent (a startup script runs at every boot)."""
+class AwsAgentCredentials:
+    """Each AWS node's own agent credential in its own SSM SecureString (see the module
+    docstring): :meth:`sync` publishes the credential of every instance the cloud has listed
+    and whose node may run, once per credential (again after a rotation of the agent key),
+    tagged with the instance's ARN, and deletes the parameters of instances that ended. The
+    first :meth:`sync` also deletes what instances that ended while no controller ran left
+    behind. Its SSM calls are ``CONTROLLER_SERVICE_ACTIONS`` (``providers/aws/permissions.py``),
+    all of them and no other (tested)."""
+
+    def __init__(self, config: CloudConfig, *, endpoint_url: str | None = None) -> None:
+        import boto3
+
+        s = config.settings
+        self._ssm = boto3.client("ssm", region_name=s["region"], endpoint_url=endpoint_url)
+        self.path = str(s["agent_credential_path"]).rstrip("/")
+        self.arn_prefix = str(s["instance_arn_prefix"])
+        self._published: dict[str, str] | None = None  # instance key -> credential published
+
+    def clients(self) -> tuple[Any, ...]:
+        """The boto3 clients it calls (for the tests' operation log)."""
+        return (self._ssm,)
+
+    def parameter_name(self, instance_key: str) -> str:
+        return f"{self.path}/{instance_key}"
+
+    def sync(self, rows: Iterable[InstanceRow], credentials: ApiCredentials) -> None:
+        """Publish and withdraw (see the class docstring); :class:`CredentialPublishError`
+        for the first call that failed (what succeeded stays done; the rest is retried at the
+        next call)."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            if self._published is None:
+                self._published = dict.fromkeys(self._listed(), "")
+            published = self._published
+            live = {
+                r.instance_key: r.provider_instance_id
+                for r in rows
+                if r.provider_instance_id and r.status in _NODE_MAY_RUN
+            }
+            for key, instance_id in sorted(live.items()):
+                credential = credentials.agent_credential(key)
+                if published.get(key) != credential:
+                    self._put(key, f"{self.arn_prefix}{instance_id}", credential)
+                    published[key] = credential
+            for key in sorted(set(published) - set(live)):
+                self._delete(key)
+                del published[key]
+        except (BotoCoreError, ClientError) as e:
+            raise CredentialPublishError(f"SSM {self.path}: {e}") from e
+
+    def _listed(self) -> list[str]:
+        keys = []
+        pages = self._ssm.get_paginator("get_parameters_by_path").paginate(
+            Path=self.path, Recursive=False, WithDecryption=False
+        )
+        for page in pages:
+            keys += [str(p["Name"]).rsplit("/", 1)[-1] for p in page.get("Parameters", [])]
+        return keys
+
+    def _put(self, key: str, arn: str, credential: str) -> None:
+        from botocore.exceptions import ClientError
+
+        name = self.parameter_name(key)
+        tags = [{"Key": INSTANCE_ARN_TAG, "Value": arn}]
+        try:  # tagged as it is created: no moment where a node could read it untagged
+            self._ssm.put_parameter(Name=name, Value=credential, Type="SecureString", Tags=tags)
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") != "ParameterAlreadyExists":
+                raise
+            self._ssm.put_parameter(
+                Name=name, Value=credential, Type="SecureString", Overwrite=True
+            )
+            self._ssm.add_tags_to_resource(ResourceType="Parameter", ResourceId=name, Tags=tags)
+
+    def _delete(self, key: str) -> None:
+        from botocore.exceptions import ClientError
+
+        try:
+            self._ssm.delete_parameter(Name=self.parameter_name(key))
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") != "ParameterNotFound":
+                raise
+
+
+def gcp_startup_script(
+    config: CloudConfig, *, instance_key: str, api_url: str, credential: str
+) -> str:
+    """A GCP node's startup script: install coadapt, keep ``credential`` (this node's own
+    agent credential, nothing shared) in its token file, then run ``coadapt agent`` as a
+    systemd service for ``instance_key``. Idempotent (a startup script runs at every boot):
+    the token file is written only when missing, so a credential the agent renewed since (a
+    rotation of the agent key) survives a reboot."""
     s = config.settings
-    secret = f"projects/{s['project']}/secrets/{s['agent_token_secret']}/versions/latest"
     agent = [
         "/opt/coadapt/bin/coadapt", "agent", "--api", api_url,
-        "--token-file", "/etc/coadapt/agent-token.json", "--instance-key", instance_key,
+        "--token-file", NODE_TOKEN_FILE, "--instance-key", instance_key,
         "--work-dir", "/var/lib/coadapt/agent", "--logs-dir", "/var/log/coadapt/jobs",
         "--notice-source", "gcp",
     ]  # fmt: skip
@@ -202,6 +339,7 @@ def gcp_startup_script(config: CloudConfig, *, instance_key: str, api_url: str) 
         agent += ["--checkpoint-root", config.checkpoint_root]
     pip_spec = str(s.get("coadapt_pip_spec") or "coadapt")
     md = DEFAULT_METADATA_BASE_URL + INSTANCE_PATH.rstrip("/")
+    token_json = json.dumps({"agent": credential})
     return "\n".join(
         [
             "#!/bin/bash",
@@ -211,16 +349,11 @@ def gcp_startup_script(config: CloudConfig, *, instance_key: str, api_url: str) 
             "[ -x /opt/coadapt/bin/coadapt ] || { python3 -m venv /opt/coadapt && "
             f"/opt/coadapt/bin/pip install --quiet {shlex.quote(pip_spec)}; }}",
             f"IP=$(curl -sf -H 'Metadata-Flavor: Google' {md}/network-interfaces/0/ip)",
-            f"BEARER=$(curl -sf -H 'Metadata-Flavor: Google' "
-            f"{md}/service-accounts/default/token | python3 -c "
-            "'import json,sys; print(json.load(sys.stdin)[\"access_token\"])')",
-            'until TOKEN=$(curl -sf -H "Authorization: Bearer $BEARER" '
-            f"{SECRET_MANAGER_URL}/{secret}:access | python3 -c "
-            "'import base64,json,sys; "
-            'print(base64.b64decode(json.load(sys.stdin)["payload"]["data"]).decode())\'); '
-            "do sleep 10; done",
-            'TOKEN="$TOKEN" python3 -c \'import json,os; json.dump({"agent": '
-            'os.environ["TOKEN"]}, open("/etc/coadapt/agent-token.json", "w"))\'',
+            f"if [ ! -s {NODE_TOKEN_FILE} ]; then",
+            f"cat > {NODE_TOKEN_FILE} <<'TOKEN'",
+            token_json,
+            "TOKEN",
+            "fi",
             "cat > /etc/systemd/system/coadapt-agent.service <<UNIT",
             "[Unit]",
             "Description=coadapt node agent",

@@ -50,10 +50,10 @@ The items of a ``command`` list are taken as written, so ``--epochs, 3`` needs n
 levels, is refused before its values are read.
 
 ``command`` is what follows the launcher's options: the node agent starts a job as
-``python -m trainer.launch --job-id NAME --nproc-per-node GPUS ... COMMAND``
-(:func:`autoscaler.controller.agent.launch_argv`), so a command that starts with an option
-(``-...``), a launcher (``coadapt-launch``, ``torchrun``) or an interpreter (``python``) is
-refused.
+``python -m trainer.launch --job-id NAME --nproc-per-node GPUS ... -- COMMAND``
+(:func:`autoscaler.controller.agent.launch_argv`; after ``--`` nothing is read as a launcher
+option), and a command that starts with an option (``-...``), a launcher
+(``coadapt-launch``, ``torchrun``) or an interpreter (``python``) is refused.
 
 **One check for the CLI and the API.** Every field a submission has is checked by
 :func:`~autoscaler.controller.jobs.submission_problems`, the function the API runs on a JSON

@@ -7,17 +7,21 @@ set, then releases the fleet (:meth:`~autoscaler.controller.loop.Controller.down
 it keeps is under ``state_dir``::
 
     store.db        the controller's store (created on the first ``up``)
-    tokens.json     the API tokens (0600; created on the first ``up``)
+    tokens.json     the controller's secrets: the users' token and the agent key (0600;
+                    created on the first ``up``; ``coadapt tokens rotate`` replaces them)
     up.json         the running service: its API URL and pid (removed when it stops)
     logs/<job>/     job logs, one file per instance (what ``GET /v1/jobs/{name}/logs`` reads)
     checkpoints/    job checkpoints (a job without its own location writes here)
-    agents/<key>/   each agent's working folder
+    agents/<key>/   each agent's working folder, with ``agent-token.json``: that agent's own
+                    credential (0600), good for its instance only
     local/          the local provider's state (instances, agent processes)
 
-Each launched instance starts :func:`agent_main` with the API URL, the tokens file, its
-instance key and these folders (the launch's user data). The API runs in threads of this
-process; job exits reported through it are recorded on the API thread's own store
-(:func:`~autoscaler.controller.loop.record_job_exit`), the rounds run on the main thread.
+Each launched instance starts :func:`agent_main` with the API URL, its own token file, its
+instance key and these folders (the launch's user data: a command line that carries paths,
+never a secret). The controller reads ``tokens.json`` again when a rotation changed it, and on
+a cloud publishes the users' token again (:mod:`autoscaler.controller.cloud`). The API runs
+in threads of this process; job exits reported through it are recorded on the API thread's own
+store (:func:`~autoscaler.controller.loop.record_job_exit`), the rounds run on the main thread.
 """
 
 from __future__ import annotations
@@ -41,23 +45,24 @@ from autoscaler.controller.agent import (
     launch_argv,
     notice_source,
 )
-from autoscaler.controller.api import (
-    ApiClient,
-    ApiError,
-    generate_tokens,
-    load_token,
-    load_tokens,
-    make_app,
-    serve,
-)
+from autoscaler.controller.api import ApiClient, ApiError, make_app, serve
 from autoscaler.controller.cloud import (
+    AwsAgentCredentials,
     CloudConfig,
+    CredentialPublishError,
     gcp_startup_script,
     load_cloud_config,
     make_cloud_provider,
-    publish_tokens,
+    publish_user_token,
 )
-from autoscaler.controller.errors import RoundError
+from autoscaler.controller.credentials import (
+    TokenFile,
+    TokenFileError,
+    load_token,
+    open_tokens,
+    write_token_file,
+)
+from autoscaler.controller.errors import RoundError, StoreError
 from autoscaler.controller.loop import (
     Controller,
     ControllerConfig,
@@ -121,10 +126,22 @@ class UpConfig:
     fixed_fleet: tuple[tuple[str, int], ...] = ()
 
 
-def _agent_user_data(cfg: UpConfig, url: str, tokens_path: Path) -> Callable[[InstanceRow], str]:
+def _agent_user_data(cfg: UpConfig, url: str, tokens: TokenFile) -> Callable[[InstanceRow], str]:
+    """A local instance's user data: its agent's command line, once that agent's own
+    credential is in its own token file (``agents/<key>/agent-token.json``, 0600): the users'
+    token and the agent key stay in ``tokens.json``, which no agent is given. A file that
+    cannot be written is logged, not raised: the round goes on, and that agent refuses to
+    start (its instance is then replaced like one whose agent died)."""
     state = cfg.state_dir.resolve()
 
     def user_data(row: InstanceRow) -> str:
+        agent_dir = state / "agents" / row.instance_key
+        token_file = agent_dir / "agent-token.json"
+        credential = tokens.current().agent_credential(row.instance_key)
+        try:
+            write_token_file(token_file, "agent", credential)
+        except TokenFileError as e:
+            log.error("instance %s: %s", row.instance_key, e)
         argv = [
             sys.executable,
             "-m",
@@ -133,11 +150,11 @@ def _agent_user_data(cfg: UpConfig, url: str, tokens_path: Path) -> Callable[[In
             "--api",
             url,
             "--token-file",
-            str(tokens_path.resolve()),
+            str(token_file),
             "--instance-key",
             row.instance_key,
             "--work-dir",
-            str(state / "agents" / row.instance_key),
+            str(agent_dir),
             "--logs-dir",
             str(state / "logs"),
             "--checkpoint-root",
@@ -154,13 +171,45 @@ def _agent_user_data(cfg: UpConfig, url: str, tokens_path: Path) -> Callable[[In
     return user_data
 
 
-def _cloud_user_data(cloud: CloudConfig) -> Callable[[InstanceRow], str] | None:
-    """AWS: none (the deployment's launch template starts the agent); GCP: each node's
-    startup script, with its instance key."""
+def _cloud_user_data(cloud: CloudConfig, tokens: TokenFile) -> Callable[[InstanceRow], str] | None:
+    """AWS: none (the deployment's launch template starts the agent; its credential comes
+    through SSM: :class:`AwsAgentCredentials`); GCP: each node's startup script, with its
+    instance key and its own credential."""
     if cloud.kind == "aws":
         return None
     api_url = str(cloud.settings["controller_url"])
-    return lambda row: gcp_startup_script(cloud, instance_key=row.instance_key, api_url=api_url)
+    return lambda row: gcp_startup_script(
+        cloud,
+        instance_key=row.instance_key,
+        api_url=api_url,
+        credential=tokens.current().agent_credential(row.instance_key),
+    )
+
+
+class _CloudSecrets:
+    """What a cloud controller keeps published: the users' token (again after a rotation)
+    and, on AWS, each node's own credential. :meth:`sync` never raises: a failure is logged
+    and retried at the next call."""
+
+    def __init__(self, cloud: CloudConfig, tokens: TokenFile, endpoint_url: str | None) -> None:
+        self._cloud = cloud
+        self._tokens = tokens
+        self._endpoint_url = endpoint_url
+        self._user: str | None = None  # the users' token last published
+        self._agents = (
+            AwsAgentCredentials(cloud, endpoint_url=endpoint_url) if cloud.kind == "aws" else None
+        )
+
+    def sync(self, store: Store) -> None:
+        credentials = self._tokens.current()
+        try:
+            if credentials.user != self._user:
+                publish_user_token(self._cloud, credentials.user, endpoint_url=self._endpoint_url)
+                self._user = credentials.user
+            if self._agents is not None:
+                self._agents.sync(store.list_instances(), credentials)
+        except (CredentialPublishError, StoreError) as e:
+            log.warning("publishing credentials: %s (retried next round)", e)
 
 
 def up_is_stale(up_file: Path) -> bool:
@@ -210,8 +259,7 @@ def run_up(
         if store_path.exists()
         else Store.create(store_path, cfg.cluster_id, clock)
     )
-    tokens_path = state / "tokens.json"
-    tokens = load_tokens(tokens_path) if tokens_path.exists() else generate_tokens(tokens_path)
+    tokens = open_tokens(state / "tokens.json")
     max_gpus = cfg.max_gpus
     # One unavailable-offerings memory: the controller marks capacity and quota errors in
     # it, the provider's launch walk skips what it holds, the sizing routes around it.
@@ -233,7 +281,9 @@ def run_up(
         provider = make_cloud_provider(
             cloud, clock, endpoint_url=cfg.endpoint_url, unavailable=unavailable
         )
-        publish_tokens(cloud, tokens, endpoint_url=cfg.endpoint_url)
+    secrets = None if cloud is None else _CloudSecrets(cloud, tokens, cfg.endpoint_url)
+    if secrets is not None:
+        secrets.sync(store)  # the users' token, before the first round
     strategy = None
     if cfg.fixed_fleet:
         known = {o.key for o in provider.offerings()}
@@ -270,7 +320,9 @@ def run_up(
     app = make_app(store_path, tokens, clock, logs_dir=state / "logs", on_job_exit=on_job_exit)
     server = serve(app, cfg.host, cfg.port)
     user_data = (
-        _agent_user_data(cfg, server.url, tokens_path) if cloud is None else _cloud_user_data(cloud)
+        _agent_user_data(cfg, server.url, tokens)
+        if cloud is None
+        else _cloud_user_data(cloud, tokens)
     )
     controller = Controller(
         store,
@@ -306,9 +358,13 @@ def run_up(
                     last_error = None
                     if report.error:
                         log.warning("round %d: %s", report.round_index, report.error)
+            if secrets is not None:
+                secrets.sync(store)
             stop.wait(cfg.interval_s)
     finally:
         down = controller.down(timeout_s=120.0, poll_s=1.0)
+        if secrets is not None:
+            secrets.sync(store)  # withdraw the credentials of the nodes now gone
         server.shutdown()
         app.close()
         store.close()
@@ -332,7 +388,12 @@ def agent_main(argv: list[str] | None = None) -> int:
     left running."""
     p = argparse.ArgumentParser(prog="coadapt agent", description=agent_main.__doc__)
     p.add_argument("--api", required=True, help="the controller API URL")
-    p.add_argument("--token-file", required=True, type=Path, help="tokens file (agent token)")
+    p.add_argument(
+        "--token-file",
+        required=True,
+        type=Path,
+        help='this agent\'s own credential (a 0600 JSON file {"agent": ...}); renewed in place',
+    )
     who = p.add_mutually_exclusive_group(required=True)
     who.add_argument("--instance-key", help="this instance's id in the store")
     who.add_argument(
@@ -368,8 +429,18 @@ def agent_main(argv: list[str] | None = None) -> int:
             args.instance_key = instance_key_from_request_id(args.cluster_id, args.request_id)
         except ValueError as e:
             p.error(str(e))
-    token = load_token(args.token_file, "agent")
+    try:
+        token = load_token(args.token_file, "agent")
+    except TokenFileError as e:
+        print(f"coadapt: {e}", file=sys.stderr)
+        return 2
     root = _checkpoint_root(args.checkpoint_root)
+
+    def keep_credential(credential: str) -> None:  # renewed: read at the next start too
+        try:
+            write_token_file(args.token_file, "agent", credential)
+        except TokenFileError as e:
+            print(f"coadapt agent: {e} (the renewed credential is kept in memory)", file=sys.stderr)
 
     def argv_for(a: JobAssignment) -> list[str]:
         if a.checkpoint_uri is None and root is not None:
@@ -385,7 +456,6 @@ def agent_main(argv: list[str] | None = None) -> int:
         args.work_dir,
         stop_grace_s=60.0,
         argv_for=argv_for,
-        env={"COADAPT_API_TOKEN": token},
         logs_dir=args.logs_dir,
     )
     source = args.notice_source
@@ -403,6 +473,7 @@ def agent_main(argv: list[str] | None = None) -> int:
         notice=notice_source(
             source, clock=SystemClock(), notice_file=notice_file, metadata_url=args.metadata_url
         ),
+        on_credential=keep_credential,
     )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -22,6 +22,7 @@ import urllib.request
 from collections.abc import Callable
 
 from coadapt_common.clock import Clock, SystemClock
+from coadapt_common.http import credential_opener
 from providers.aws.events import parse_imds_instance_action, parse_imds_rebalance
 from providers.base import InterruptionNotice
 from providers.errors import ProviderError, TransientError
@@ -66,8 +67,9 @@ class ImdsPoller:
         self._token_expires_mono_s = 0.0
         self._instance_id = instance_id
         self._seen: set[tuple[str, str]] = set()
-        # No proxies for a link-local metadata address.
-        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        # No proxies for a link-local metadata address, and no redirect: the session token
+        # goes to the metadata service only.
+        self._opener = credential_opener()
 
     # -- HTTP ------------------------------------------------------------------------------
 

@@ -10,8 +10,9 @@
 * ``MANAGED_TEMPLATE_OPERATIONS``: the operations only used when coadapt manages its own launch
   template (``AwsConfig.image_id``); a deployment whose template comes from terraform
   (``AwsConfig.launch_template``) does not need them.
-* ``CONTROLLER_SERVICE_ACTIONS``: what the controller *service* does besides the adapter
-  (publishing the agents' token to SSM Parameter Store).
+* ``CONTROLLER_SERVICE_ACTIONS``: what the controller *service* does besides the adapter:
+  publishing the users' token, and each node's own agent credential, to SSM Parameter Store
+  (``autoscaler.controller.cloud``; its calls are tested to be exactly these).
 
 ``controller_iam_actions()`` is the whole set; the terraform module's controller policy is
 tested to grant exactly it (less the managed-template operations).
@@ -61,7 +62,16 @@ IMPLIED_ACTIONS: Mapping[str, str] = MappingProxyType(
 )
 
 CONTROLLER_SERVICE_ACTIONS: Mapping[str, str] = MappingProxyType(
-    {"ssm:PutParameter": "coadapt up publishes the agents' API token for nodes to read"}
+    {
+        "ssm:PutParameter": "coadapt up publishes the users' token, and each node's own agent "
+        "credential for that node to read",
+        "ssm:AddTagsToResource": "a node's credential parameter is tagged with its instance's "
+        "ARN (tag-on-create, or again when it is written over): the nodes' role is conditioned "
+        "on that tag",
+        "ssm:DeleteParameter": "the credential parameter of a node that is gone is deleted",
+        "ssm:GetParametersByPath": "at start: the credential parameters of nodes that ended "
+        "while no controller ran (names only, never values)",
+    }
 )
 
 # botocore service name -> IAM service prefix, where they differ (none do today).

@@ -1,13 +1,17 @@
 # Two roles with the least they need.
 # * controller: exactly the calls the AWS adapter is tested to make (providers/aws/permissions.py:
 #   controller_iam_actions(); tests/terraform checks this policy against that list), scoped to
-#   the cluster's tag, its launch template, subnets, node role, queue and token parameters;
-# * node: the checkpoint bucket and the agents' token parameter.
+#   the cluster's tag, its launch template, subnets, node role, queue, the users' token
+#   parameter and the nodes' credential parameters;
+# * node: the checkpoint bucket and its own credential parameter (tag-conditioned on the
+#   calling instance's ARN).
 
 locals {
   ec2_arn       = "arn:${local.partition}:ec2:${var.region}:${local.account_id}"
   cluster_tag   = "coadapt-cluster-id"
-  token_arns    = [aws_ssm_parameter.agent_token.arn, aws_ssm_parameter.user_token.arn]
+  ssm_arn       = "arn:${local.partition}:ssm:${var.region}:${local.account_id}"
+  agents_arn    = "${local.ssm_arn}:parameter${local.agent_credential_path}"
+  instance_tag  = "coadapt-instance-arn"
   launch_kinds  = ["RunInstances", "CreateFleet"]
   subnet_arns   = [for id in local.subnet_ids : "${local.ec2_arn}:subnet/${id}"]
   template_arns = ["${local.ec2_arn}:launch-template/${aws_launch_template.nodes.id}"]
@@ -144,11 +148,37 @@ data "aws_iam_policy_document" "controller" {
     resources = [aws_sqs_queue.interruptions.arn]
   }
 
-  # coadapt up publishes the tokens it makes at boot.
+  # coadapt up publishes the users' token it makes at boot (and after a rotation).
   statement {
-    sid       = "PublishTokens"
+    sid       = "PublishUserToken"
     actions   = ["ssm:PutParameter"]
-    resources = local.token_arns
+    resources = [aws_ssm_parameter.user_token.arn]
+  }
+
+  # Each node's own credential: made (tagged with the node's instance ARN as it is created, or
+  # re-tagged when it is written again), and deleted once the node is gone.
+  statement {
+    sid       = "NodeCredentials"
+    actions   = ["ssm:PutParameter", "ssm:DeleteParameter"]
+    resources = ["${local.agents_arn}/*"]
+  }
+
+  statement {
+    sid       = "TagNodeCredentials"
+    actions   = ["ssm:AddTagsToResource"]
+    resources = ["${local.agents_arn}/*"]
+    condition {
+      test     = "ForAllValues:StringEquals"
+      variable = "aws:TagKeys"
+      values   = [local.instance_tag]
+    }
+  }
+
+  # At start: the credentials of nodes that ended while no controller ran (names only).
+  statement {
+    sid       = "ListNodeCredentials"
+    actions   = ["ssm:GetParametersByPath"]
+    resources = [local.agents_arn, "${local.agents_arn}/*"]
   }
 }
 
@@ -189,10 +219,22 @@ data "aws_iam_policy_document" "node" {
     }
   }
 
+  # A node reads its own credential and no other's: the parameter's tag must be the ARN of
+  # the instance making the call (present only for instance-profile credentials).
   statement {
-    sid       = "AgentToken"
+    sid       = "OwnCredential"
     actions   = ["ssm:GetParameter"]
-    resources = [aws_ssm_parameter.agent_token.arn]
+    resources = ["${local.agents_arn}/*"]
+    condition {
+      test     = "StringEquals"
+      variable = "ssm:resourceTag/${local.instance_tag}"
+      values   = ["$${ec2:SourceInstanceARN}"]
+    }
+    condition {
+      test     = "Null"
+      variable = "ec2:SourceInstanceARN"
+      values   = ["false"]
+    }
   }
 
   dynamic "statement" {
@@ -207,7 +249,7 @@ data "aws_iam_policy_document" "node" {
 
 resource "aws_iam_role" "node" {
   name_prefix        = "${substr(local.prefix, 0, 24)}-node-"
-  description        = "coadapt ${var.cluster_id}: GPU nodes (checkpoints, the agents' token)"
+  description        = "coadapt ${var.cluster_id}: GPU nodes (checkpoints, each its own agent credential)"
   assume_role_policy = data.aws_iam_policy_document.assume_ec2.json
   tags               = local.tags
 }

@@ -16,7 +16,9 @@ locals {
   controller_ip  = aws_network_interface.controller.private_ip
   controller_url = "http://${local.controller_ip}:${var.controller_port}"
 
-  agent_token_parameter = "/coadapt/${var.cluster_id}/agent-token"
+  # Each node's own agent credential is an SSM parameter under this path, made by the
+  # controller (autoscaler/controller/cloud.py, AwsAgentCredentials).
+  agent_credential_path = "/coadapt/${var.cluster_id}/agents"
   user_token_parameter  = "/coadapt/${var.cluster_id}/user-token"
   checkpoint_root       = "s3://${aws_s3_bucket.checkpoints.bucket}/checkpoints"
 
@@ -31,7 +33,8 @@ locals {
     instance_types         = var.node_instance_types
     interruption_queue_url = aws_sqs_queue.interruptions.url
     checkpoint_root        = local.checkpoint_root
-    agent_token_parameter  = local.agent_token_parameter
+    agent_credential_path  = local.agent_credential_path
+    instance_arn_prefix    = "${local.ec2_arn}:instance/"
     user_token_parameter   = local.user_token_parameter
   }
 }

@@ -1,27 +1,19 @@
-# The GPU nodes' launch template and the API tokens' parameters.
+# The GPU nodes' launch template and the users' token parameter.
 #
 # The controller launches from this template with EC2 Fleet or RunInstances, choosing the
 # instance type, the subnet and the market per request and tagging each instance with the
 # cluster id and the launch's request id. EC2 Fleet cannot vary user data per request, so the
-# template's user data is the same on every node: a node reads its own request id from its tags
-# (instance metadata tags) and the agents' token from SSM.
+# template's user data is the same on every node and carries no secret: a node reads its own
+# request id from its tags (instance metadata tags), hence its instance key, and its own agent
+# credential from the SSM parameter <agent_credential_path>/<instance key>, which the
+# controller writes once the cloud lists the instance, tagged with the instance's ARN. The
+# nodes' role may read such a parameter only when that tag is the calling instance's own ARN
+# (iam.tf), so no node reads another's.
 
-# The tokens are made by `coadapt up` at the controller's first boot and written here
-# (ssm:PutParameter on these two only); terraform only creates the parameters, with a
-# placeholder, so no token passes through its state.
-resource "aws_ssm_parameter" "agent_token" {
-  #checkov:skip=CKV_AWS_337:The AWS-managed key (aws/ssm) encrypts it: the controller and the nodes then need no KMS permission beyond their declared lists, and the value never passes through terraform.
-  name        = local.agent_token_parameter
-  description = "coadapt ${var.cluster_id}: the agents' API token (written by the controller at boot)"
-  type        = "SecureString"
-  value       = "placeholder: coadapt up has not started yet"
-  tags        = local.tags
-
-  lifecycle {
-    ignore_changes = [value]
-  }
-}
-
+# The users' token is made by `coadapt up` at the controller's first boot and written here
+# (ssm:PutParameter); terraform only creates the parameter, with a placeholder, so no token
+# passes through its state. The nodes' credential parameters are the controller's alone
+# (made and deleted by it, never by terraform).
 resource "aws_ssm_parameter" "user_token" {
   #checkov:skip=CKV_AWS_337:The AWS-managed key (aws/ssm) encrypts it: the controller needs no KMS permission beyond its declared list, and the value never passes through terraform.
   name        = local.user_token_parameter
@@ -97,7 +89,7 @@ resource "aws_launch_template" "nodes" {
     region          = var.region
     cluster_id      = var.cluster_id
     api_url         = local.controller_url
-    token_parameter = local.agent_token_parameter
+    credential_path = local.agent_credential_path
     checkpoint_root = local.checkpoint_root
     pip_spec        = var.coadapt_pip_spec
   }))

@@ -33,9 +33,9 @@ output "launch_template_id" {
   value       = aws_launch_template.nodes.id
 }
 
-output "agent_token_parameter" {
-  description = "The SSM SecureString parameter holding the agents' token (written by the controller at boot)."
-  value       = aws_ssm_parameter.agent_token.name
+output "agent_credential_path" {
+  description = "The SSM path under which the controller keeps each node's own agent credential (<path>/<instance key>, a SecureString tagged with the node's instance ARN; only that node may read it)."
+  value       = local.agent_credential_path
 }
 
 output "user_token_parameter" {

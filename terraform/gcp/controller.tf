@@ -107,7 +107,6 @@ resource "google_compute_instance" "controller" {
     google_project_iam_member.controller_compute,
     google_project_iam_member.controller_logs,
     google_service_account_iam_member.controller_acts_as_node,
-    google_secret_manager_secret_iam_member.controller_adds_agent_token,
     google_secret_manager_secret_iam_member.controller_adds_user_token,
     # And outbound access for pip.
     google_compute_router_nat.coadapt,

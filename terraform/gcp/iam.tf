@@ -1,9 +1,9 @@
 # Two service accounts with the least they need:
 # * controller: a custom role with exactly the Compute Engine permissions the GCP adapter uses
-#   (providers/gcp/permissions.py), actAs on the node account only, adding versions to the two
-#   token secrets only, and log writing;
-# * node: object read/write in the checkpoint bucket only, reading the agents' token only, and
-#   log writing.
+#   (providers/gcp/permissions.py), actAs on the node account only, adding versions to the
+#   users' token secret only, and log writing;
+# * node: object read/write in the checkpoint bucket only, and log writing. No secret: each
+#   node's own agent credential comes in its startup script, written by the controller.
 
 locals {
   # The Compute Engine permissions of the controller's custom role: what each REST method the
@@ -36,7 +36,7 @@ resource "google_service_account" "node" {
   project      = var.project
   account_id   = local.node_sa_id
   display_name = "coadapt ${var.cluster_id} GPU nodes"
-  description  = "coadapt cluster ${var.cluster_id}: the GPU nodes (checkpoints, agent token)"
+  description  = "coadapt cluster ${var.cluster_id}: the GPU nodes (checkpoints)"
 }
 
 resource "google_project_iam_custom_role" "controller" {
@@ -67,14 +67,8 @@ resource "google_service_account_iam_member" "controller_acts_as_node" {
   member             = "serviceAccount:${google_service_account.controller.email}"
 }
 
-# `coadapt up` publishes the tokens it makes at boot as new secret versions.
-resource "google_secret_manager_secret_iam_member" "controller_adds_agent_token" {
-  project   = var.project
-  secret_id = google_secret_manager_secret.agent_token.secret_id
-  role      = "roles/secretmanager.secretVersionAdder"
-  member    = "serviceAccount:${google_service_account.controller.email}"
-}
-
+# `coadapt up` publishes the users' token it makes at boot (and after a rotation) as a new
+# secret version.
 resource "google_secret_manager_secret_iam_member" "controller_adds_user_token" {
   project   = var.project
   secret_id = google_secret_manager_secret.user_token.secret_id
@@ -86,14 +80,6 @@ resource "google_project_iam_member" "node_logs" {
   project = var.project
   role    = "roles/logging.logWriter"
   member  = "serviceAccount:${google_service_account.node.email}"
-}
-
-# Nodes read the agents' token at boot (their startup script), nothing else in Secret Manager.
-resource "google_secret_manager_secret_iam_member" "node_reads_agent_token" {
-  project   = var.project
-  secret_id = google_secret_manager_secret.agent_token.secret_id
-  role      = "roles/secretmanager.secretAccessor"
-  member    = "serviceAccount:${google_service_account.node.email}"
 }
 
 # Nodes write, read, list and delete checkpoints in the cluster's bucket only.

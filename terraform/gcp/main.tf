@@ -34,8 +34,7 @@ locals {
   bucket_long_name = "${local.prefix}-checkpoints-${var.project}"
   bucket_name      = length(local.bucket_long_name) <= 63 ? local.bucket_long_name : "${local.prefix}-ckpt-${substr(sha256(var.project), 0, 8)}"
 
-  agent_token_secret_id = "${local.prefix}-agent-token"
-  user_token_secret_id  = "${local.prefix}-user-token"
+  user_token_secret_id = "${local.prefix}-user-token"
 
   controller_name = "${local.prefix}-controller"
   controller_url  = "http://${google_compute_address.controller.address}:${var.controller_port}"
@@ -58,7 +57,6 @@ locals {
     external_ip           = false
     network_tags          = [local.node_tag]
     checkpoint_root       = "gs://${google_storage_bucket.checkpoints.name}/checkpoints"
-    agent_token_secret    = google_secret_manager_secret.agent_token.secret_id
     user_token_secret     = google_secret_manager_secret.user_token.secret_id
     controller_url        = local.controller_url
     coadapt_pip_spec      = var.coadapt_pip_spec

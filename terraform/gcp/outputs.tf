@@ -31,11 +31,6 @@ output "checkpoint_bucket" {
   value       = google_storage_bucket.checkpoints.name
 }
 
-output "agent_token_secret" {
-  description = "Secret Manager secret id holding the agents' API token (versions are added by the controller, never by terraform)."
-  value       = google_secret_manager_secret.agent_token.secret_id
-}
-
 output "user_token_secret" {
   description = "Secret Manager secret id holding the users' API token (versions are added by the controller; the deployer reads it with their own credentials)."
   value       = google_secret_manager_secret.user_token.secret_id

@@ -232,7 +232,7 @@ def test_the_runner_follows_the_api_and_reports_exits(tmp_path: Path) -> None:
     )
     notice = tmp_path / "spot-notice.json"
     runner = AgentRunner(
-        ApiClient(server.url, tokens.agent, timeout_s=10),
+        ApiClient(server.url, tokens.agent_credential("i-1"), timeout_s=10),
         "i-1",
         sup,
         address="127.0.0.1",

@@ -11,7 +11,6 @@ import logging
 import os
 import socket
 import sqlite3
-import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -30,14 +29,12 @@ from autoscaler.controller.api import (
     MAX_LOG_CHUNK_BYTES,
     ApiApp,
     ApiClient,
+    ApiCredentials,
     ApiError,
     ApiServer,
     ApiTokens,
     ApiUnreachableError,
-    InsecureTokenFileError,
-    TokenFileError,
     generate_tokens,
-    load_tokens,
     make_app,
     rendezvous_endpoint,
     serve,
@@ -213,9 +210,37 @@ def user(server: ApiServer, tokens: ApiTokens) -> ApiClient:
     return ApiClient(server.url, tokens.user, timeout_s=10)
 
 
+class Agents:
+    """Each instance's agent calling with its own credential, and each job's trainers with
+    theirs (what the API hands out): the client methods, keyed by the instance or the job."""
+
+    def __init__(self, url: str, credentials: ApiCredentials) -> None:
+        self.url = url
+        self.credentials = credentials
+
+    def of(self, key: str) -> ApiClient:
+        return ApiClient(self.url, self.credentials.agent_credential(key), timeout_s=10)
+
+    def register(self, key: str, **kw: Any) -> Any:
+        return self.of(key).register(key, **kw)
+
+    def heartbeat(self, key: str, **kw: Any) -> Any:
+        return self.of(key).heartbeat(key, **kw)
+
+    def assignments(self, key: str) -> Any:
+        return self.of(key).assignments(key)
+
+    def job_exited(self, key: str, name: str, **kw: Any) -> Any:
+        return self.of(key).job_exited(key, name, **kw)
+
+    def post_report(self, sent: TrainerReport) -> ReportReply:
+        token = self.credentials.report_credential(sent.job_id)
+        return ApiClient(self.url, token, timeout_s=10).post_report(sent)
+
+
 @pytest.fixture
-def agent(server: ApiServer, tokens: ApiTokens) -> ApiClient:
-    return ApiClient(server.url, tokens.agent, timeout_s=10)
+def agent(server: ApiServer, tokens: ApiTokens) -> Agents:
+    return Agents(server.url, tokens)
 
 
 def call(
@@ -288,7 +313,7 @@ def test_client_submit_get_list_cancel(user: ApiClient, store: Store) -> None:
 
 
 def test_job_view_has_assignment_and_latest_progress(
-    user: ApiClient, agent: ApiClient, store: Store
+    user: ApiClient, agent: Agents, store: Store
 ) -> None:
     user.submit_job(spec("bert"))
     add_instance(store, "i-a")
@@ -384,11 +409,14 @@ def test_cancel_writes_against_the_version_read(user: ApiClient, store: Store) -
 def test_unknown_job_is_404_everywhere(server: ApiServer, tokens: ApiTokens, store: Store) -> None:
     add_instance(store, "i-a")
     before = snapshot(store.path)
-    u, a = tokens.user, tokens.agent
+    u, a = tokens.user, tokens.agent_credential("i-a")
     assert_error(call(server, "GET", "/v1/jobs/nope", token=u), 404)
     assert_error(call(server, "POST", "/v1/jobs/nope/cancel", token=u), 404)
     assert_error(call(server, "GET", "/v1/jobs/nope/logs", token=u), 404)
-    assert_error(call(server, "POST", report_path("nope"), report("nope").to_dict(), token=a), 404)
+    nope = tokens.report_credential("nope")
+    assert_error(
+        call(server, "POST", report_path("nope"), report("nope").to_dict(), token=nope), 404
+    )
     exit_path = "/v1/agents/i-a/jobs/nope/exit"
     assert_error(call(server, "POST", exit_path, {"failed": True}, token=a), 404)
     assert snapshot(store.path) == before
@@ -497,36 +525,43 @@ def test_logs_offset_must_be_a_count(server: ApiServer, user: ApiClient, tokens:
 
 
 def test_register_answers_the_running_instance_row(
-    agent: ApiClient, server: ApiServer, tokens: ApiTokens, store: Store
+    agent: Agents, server: ApiServer, tokens: ApiTokens, store: Store
 ) -> None:
     add_instance(store, "i-a")
     add_instance(store, "i-q", running=False)
     assert agent.register("i-a") == store.get_instance("i-a")
     before = snapshot(store.path)
     message = assert_error(
-        call(server, "POST", "/v1/agents/register", {"instance_key": "i-q"}, token=tokens.agent),
+        call(
+            server,
+            "POST",
+            "/v1/agents/register",
+            {"instance_key": "i-q"},
+            token=tokens.agent_credential("i-q"),
+        ),
         409,
     )
     assert "queued" in message
     answer = call(
-        server, "POST", "/v1/agents/register", {"instance_key": "i-z"}, token=tokens.agent
-    )
-    assert_error(answer, 404)
-    answer = call(server, "POST", "/v1/agents/register", {"key": "i-a"}, token=tokens.agent)
-    assert_error(answer, 400, "instance_key")
-    answer = call(
         server,
         "POST",
         "/v1/agents/register",
-        {"instance_key": "i-a", "address": "a b"},
-        token=tokens.agent,
+        {"instance_key": "i-z"},
+        token=tokens.agent_credential("i-z"),
+    )
+    assert_error(answer, 404)
+    a = tokens.agent_credential("i-a")
+    answer = call(server, "POST", "/v1/agents/register", {"key": "i-a"}, token=a)
+    assert_error(answer, 400, "instance_key")
+    answer = call(
+        server, "POST", "/v1/agents/register", {"instance_key": "i-a", "address": "a b"}, token=a
     )
     assert_error(answer, 400, "address")
     assert snapshot(store.path) == before
 
 
 def test_heartbeat_records_the_clock_time(
-    agent: ApiClient, server: ApiServer, tokens: ApiTokens, store: Store, clock: FakeClock
+    agent: Agents, server: ApiServer, tokens: ApiTokens, store: Store, clock: FakeClock
 ) -> None:
     add_instance(store, "i-a")
     reply = agent.heartbeat("i-a")
@@ -535,11 +570,12 @@ def test_heartbeat_records_the_clock_time(
     clock.advance(30)
     assert agent.heartbeat("i-a", address="10.0.0.7").at_s == START_S + 30
     assert store.get_instance("i-a").last_heartbeat_s == START_S + 30
-    assert_error(call(server, "POST", "/v1/agents/i-z/heartbeat", token=tokens.agent), 404)
+    z = tokens.agent_credential("i-z")
+    assert_error(call(server, "POST", "/v1/agents/i-z/heartbeat", token=z), 404)
 
 
 def test_assignments_give_each_running_job_its_nodes_in_rank_order(
-    agent: ApiClient, user: ApiClient, store: Store
+    agent: Agents, user: ApiClient, store: Store
 ) -> None:
     add_instance(store, "i-a")
     add_instance(store, "i-b")
@@ -575,9 +611,10 @@ def test_assignments_give_each_running_job_its_nodes_in_rank_order(
 
 
 def test_assignments_of_an_unknown_instance_are_404(
-    server: ApiServer, tokens: ApiTokens, agent: ApiClient, store: Store
+    server: ApiServer, tokens: ApiTokens, agent: Agents, store: Store
 ) -> None:
-    assert_error(call(server, "GET", "/v1/agents/i-z/assignments", token=tokens.agent), 404)
+    z = tokens.agent_credential("i-z")
+    assert_error(call(server, "GET", "/v1/agents/i-z/assignments", token=z), 404)
     add_instance(store, "i-a")
     assert agent.assignments("i-a") == []
 
@@ -594,7 +631,7 @@ def test_rendezvous_endpoint_is_stable_and_brackets_ipv6() -> None:
 
 
 def test_job_exit_calls_the_controller_once_per_run(
-    agent: ApiClient, user: ApiClient, exits: ExitRecorder, store: Store
+    agent: Agents, user: ApiClient, exits: ExitRecorder, store: Store
 ) -> None:
     add_instance(store, "i-a")
     add_instance(store, "i-b")
@@ -626,7 +663,7 @@ def test_simultaneous_exit_reports_of_one_run_count_once(
     counted: list[bool] = []
 
     def report_exit(key: str) -> None:
-        client = ApiClient(server.url, tokens.agent, timeout_s=30)
+        client = ApiClient(server.url, tokens.agent_credential(key), timeout_s=30)
         barrier.wait()
         counted.append(client.job_exited(key, "bert", failed=True).counted)
 
@@ -649,13 +686,16 @@ def test_job_exit_refusals(
     place(store, "bert", {"i-a": 4})
     before = snapshot(store.path)
     path = "/v1/agents/i-b/jobs/bert/exit"
-    message = assert_error(call(server, "POST", path, {"failed": True}, token=tokens.agent), 409)
+    b = tokens.agent_credential("i-b")
+    message = assert_error(call(server, "POST", path, {"failed": True}, token=b), 409)
     assert "not assigned" in message
     path = "/v1/agents/i-a/jobs/bert/exit"
-    assert_error(call(server, "POST", path, {"failed": "yes"}, token=tokens.agent), 400, "failed")
-    assert_error(call(server, "POST", path, {}, token=tokens.agent), 400, "failed")
+    a = tokens.agent_credential("i-a")
+    assert_error(call(server, "POST", path, {"failed": "yes"}, token=a), 400, "failed")
+    assert_error(call(server, "POST", path, {}, token=a), 400, "failed")
     path = "/v1/agents/i-z/jobs/bert/exit"
-    assert_error(call(server, "POST", path, {"failed": True}, token=tokens.agent), 404)
+    z = tokens.agent_credential("i-z")
+    assert_error(call(server, "POST", path, {"failed": True}, token=z), 404)
     assert exits.calls == []
     assert snapshot(store.path) == before
 
@@ -667,9 +707,8 @@ def test_an_unexpected_error_is_500_without_details(
     user.submit_job(spec("bert"))
     place(store, "bert", {"i-a": 4})
     exits.error = RuntimeError("the controller broke: secret detail")
-    answer = call(
-        server, "POST", "/v1/agents/i-a/jobs/bert/exit", {"failed": True}, token=tokens.agent
-    )
+    a = tokens.agent_credential("i-a")
+    answer = call(server, "POST", "/v1/agents/i-a/jobs/bert/exit", {"failed": True}, token=a)
     message = assert_error(answer, 500)
     assert "secret detail" not in message
 
@@ -678,7 +717,7 @@ def test_an_unexpected_error_is_500_without_details(
 
 
 def test_reports_round_trip_and_the_reply_says_stop_when_not_running(
-    agent: ApiClient, user: ApiClient, store: Store
+    agent: Agents, user: ApiClient, store: Store
 ) -> None:
     add_instance(store, "i-a")
     user.submit_job(spec("bert"))
@@ -776,11 +815,12 @@ def test_a_report_with_a_bad_schema_is_400(
         {**good, "started_at_s": 10**400},
         {},
     ]
+    token = tokens.report_credential("bert")
     for body in bad:
-        message = assert_error(call(server, "POST", path, body, token=tokens.agent), 400)
+        message = assert_error(call(server, "POST", path, body, token=token), 400)
         assert "report" in message
     message = assert_error(
-        call(server, "POST", path, report("gpt").to_dict(), token=tokens.agent), 400, "job_id"
+        call(server, "POST", path, report("gpt").to_dict(), token=token), 400, "job_id"
     )
     assert "gpt" in message
     assert store.latest_report("bert") is None
@@ -804,7 +844,8 @@ def test_no_report_body_is_a_server_error(
     if not store.list_jobs():
         store.add_job("bert", JobSubmission.from_json(json.dumps(spec("bert"))).to_json())
     body = json.dumps({**report("bert").to_dict(), key: value}).encode()
-    status, answer = call(server, "POST", report_path("bert"), body, token=tokens.agent)
+    token = tokens.report_credential("bert")
+    status, answer = call(server, "POST", report_path("bert"), body, token=token)
     assert status in (200, 400), answer
 
 
@@ -821,7 +862,7 @@ MUTATING = [
     ),
     ("POST", "/v1/agents/i-a/heartbeat", lambda: {"address": "10.0.0.1"}, "agent"),
     ("POST", "/v1/agents/i-a/jobs/bert/exit", lambda: {"failed": True}, "agent"),
-    ("POST", report_path("bert"), lambda: report("bert").to_dict(), "agent"),
+    ("POST", report_path("bert"), lambda: report("bert").to_dict(), "report"),
 ]
 
 
@@ -841,8 +882,19 @@ def test_every_auth_failure_on_a_mutating_endpoint_changes_nothing(
     store.add_job("bert", JobSubmission.from_json(json.dumps(spec("bert"))).to_json())
     place(store, "bert", {"i-a": 4})
     clock.advance(60)  # a heartbeat would now change the row
-    right = tokens.user if role == "user" else tokens.agent
-    wrong_role = tokens.agent if role == "user" else tokens.user
+    own = {
+        "user": tokens.user,
+        "agent": tokens.agent_credential("i-a"),
+        "report": tokens.report_credential("bert"),
+    }
+    right = own[role]
+    wrong_role = own["agent" if role == "user" else "user"]
+    add_instance(store, "i-b")
+    other = {  # the right role, for another instance or job: 403 too
+        "user": None,
+        "agent": tokens.agent_credential("i-b"),
+        "report": tokens.report_credential("gpt"),
+    }[role]
     failures: list[tuple[dict[str, str], int]] = [
         ({}, 401),
         ({"Authorization": ""}, 401),
@@ -853,11 +905,15 @@ def test_every_auth_failure_on_a_mutating_endpoint_changes_nothing(
         ({"Authorization": f"Bearer {right[:-1]}"}, 401),
         ({"Authorization": "Bearer \u00e9t\u00e9-not-a-token"}, 401),
         ({"Authorization": f"Bearer {wrong_role}"}, 403),
+        ({"Authorization": f"Bearer {own['report' if role != 'report' else 'agent']}"}, 403),
     ]
+    if other is not None:
+        failures.append(({"Authorization": f"Bearer {other}"}, 403))
 
     def state() -> tuple[list[str], list[tuple[str, bool]], Any]:
         """The store's rows, the controller's calls and the agents' addresses in memory."""
-        status, seen = call(server, "GET", "/v1/agents/i-a/assignments", token=tokens.agent)
+        a = tokens.agent_credential("i-a")
+        status, seen = call(server, "GET", "/v1/agents/i-a/assignments", token=a)
         assert status == 200
         return snapshot(store.path), list(exits.calls), seen
 
@@ -875,7 +931,7 @@ def test_every_auth_failure_on_a_mutating_endpoint_changes_nothing(
             conn.close()
         assert answer.status == status, (headers, payload)
         assert set(payload) == {"error", "field"}
-        assert right not in payload["error"] and wrong_role not in payload["error"]
+        assert not any(t in payload["error"] for t in own.values())
         if status == 401:
             assert answer.getheader("WWW-Authenticate", "").startswith("Bearer")
         assert state() == before, headers
@@ -887,13 +943,16 @@ def test_every_auth_failure_on_a_mutating_endpoint_changes_nothing(
 def test_read_endpoints_need_their_role(server: ApiServer, tokens: ApiTokens, store: Store) -> None:
     add_instance(store, "i-a")
     store.add_job("bert", JobSubmission.from_json(json.dumps(spec("bert"))).to_json())
+    agent, reporter = tokens.agent_credential("i-a"), tokens.report_credential("bert")
     for path in ("/v1/jobs", "/v1/jobs/bert", "/v1/jobs/bert/logs", "/v1/instances"):
         assert call(server, "GET", path, token=tokens.user)[0] == 200
-        assert_error(call(server, "GET", path, token=tokens.agent), 403)
+        assert_error(call(server, "GET", path, token=agent), 403)
+        assert_error(call(server, "GET", path, token=reporter), 403)
         assert_error(call(server, "GET", path), 401)
     path = "/v1/agents/i-a/assignments"
-    assert call(server, "GET", path, token=tokens.agent)[0] == 200
+    assert call(server, "GET", path, token=agent)[0] == 200
     assert_error(call(server, "GET", path, token=tokens.user), 403)
+    assert_error(call(server, "GET", path, token=reporter), 403)
     assert_error(call(server, "GET", path, token="wrong-token-wrong-token"), 401)
 
 
@@ -909,11 +968,12 @@ def test_tokens_never_reach_logs_or_error_answers(
     caplog.set_level(logging.DEBUG)
     wrong = "Zm9vYmFyLXRoaXMtaXMtbm90LWEtdG9rZW4"
     answers: list[Any] = []
-    user, agent = ApiClient(server.url, tokens.user), ApiClient(server.url, tokens.agent)
+    agent_token, report_token = tokens.agent_credential("i-a"), tokens.report_credential("bert")
+    user, agent = ApiClient(server.url, tokens.user), ApiClient(server.url, agent_token)
     user.submit_job(spec("bert"))
     place(store, "bert", {"i-a": 4})
     answers += [user.list_jobs(), user.job_logs("bert"), agent.heartbeat("i-a")]
-    agent.post_report(report("bert"))
+    ApiClient(server.url, report_token).post_report(report("bert"))
     for client, job in [
         (ApiClient(server.url, wrong), "bert"),  # 401
         (agent, "bert"),  # 403
@@ -926,93 +986,15 @@ def test_tokens_never_reach_logs_or_error_answers(
     with pytest.raises(ApiError) as e:
         agent.job_exited("i-a", "bert", failed=True)
     answers.append(str(e.value))
-    for token in (tokens.user, tokens.agent, wrong):
+    for token in (tokens.user, agent_token, report_token, wrong):
         call(server, "POST", "/v1/jobs", b"{not json", token=token)
     assert any("GET /v1/jobs" in r.getMessage() for r in caplog.records)  # logs were captured
     assert any(r.levelno >= logging.ERROR for r in caplog.records)  # the 500's traceback too
     out, err = capfd.readouterr()
     text = caplog.text + out + err + repr(answers) + repr(tokens)
-    for token in (tokens.user, tokens.agent, wrong):
+    for token in (tokens.user, agent_token, report_token, wrong):
         assert token not in text
-        assert token[4:20] not in text
-
-
-# ---- the tokens file -----------------------------------------------------------------------
-
-
-def test_generated_tokens_file_is_private_from_its_creation(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    opened: list[tuple[str, int, int]] = []
-    real_open = os.open
-
-    def spy(path: Any, flags: int, mode: int = 0o777, **kw: Any) -> int:
-        opened.append((str(path), flags, mode))
-        return real_open(path, flags, mode, **kw)
-
-    monkeypatch.setattr(os, "open", spy)
-    old = os.umask(0)  # the most permissive umask: the file must still be 0600
-    try:
-        tokens = generate_tokens(tmp_path / "tokens.json")
-    finally:
-        os.umask(old)
-    created = [(p, flags, mode) for p, flags, mode in opened if flags & os.O_CREAT]
-    assert len(created) == 1
-    _, flags, mode = created[0]
-    assert mode == 0o600 and flags & os.O_EXCL
-    path = tmp_path / "tokens.json"
-    assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["tokens.json"]  # no temporary left
-    data = json.loads(path.read_text())
-    assert set(data) == {"user", "agent"}
-    assert data == {"user": tokens.user, "agent": tokens.agent}
-    assert len(tokens.user) >= 43 and tokens.user != tokens.agent
-    assert load_tokens(path) == tokens
-    assert tokens.user not in repr(tokens) and tokens.agent not in repr(tokens)
-
-
-def test_generate_refuses_to_replace_unless_asked(tmp_path: Path) -> None:
-    path = tmp_path / "tokens.json"
-    first = generate_tokens(path)
-    with pytest.raises(TokenFileError):
-        generate_tokens(path)
-    assert load_tokens(path) == first
-    second = generate_tokens(path, overwrite=True)
-    assert second != first and load_tokens(path) == second
-    assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["tokens.json"]
-
-
-@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o620, 0o602, 0o660])
-def test_load_refuses_a_file_others_may_read_or_write(tmp_path: Path, mode: int) -> None:
-    path = tmp_path / "tokens.json"
-    tokens = generate_tokens(path)
-    os.chmod(path, mode)
-    with pytest.raises(InsecureTokenFileError) as e:
-        load_tokens(path)
-    assert isinstance(e.value, ControllerError)
-    assert "chmod 600" in str(e.value)
-    assert tokens.user not in str(e.value) and tokens.agent not in str(e.value)
-    os.chmod(path, 0o400)
-    assert load_tokens(path) == tokens
-
-
-def test_load_refuses_missing_and_malformed_files(tmp_path: Path) -> None:
-    path = tmp_path / "tokens.json"
-    with pytest.raises(TokenFileError, match="no tokens file"):
-        load_tokens(path)
-    secret = "s3cret-s3cret-s3cret-s3cret"
-    for content in ("{", "[]", json.dumps({"user": secret}), json.dumps({"user": 1, "agent": 2})):
-        path.write_text(content)
-        os.chmod(path, 0o600)
-        with pytest.raises(TokenFileError) as e:
-            load_tokens(path)
-        assert secret not in str(e.value)
-    path.write_text(json.dumps({"user": secret, "agent": secret}))
-    with pytest.raises(TokenFileError, match="differ"):
-        load_tokens(path)
-    with pytest.raises(TokenFileError, match="not a regular file"):
-        load_tokens(tmp_path)
+        assert token[-20:-4] not in text
 
 
 # ---- bodies --------------------------------------------------------------------------------
@@ -1272,21 +1254,25 @@ def test_client_never_follows_a_redirect(tokens: ApiTokens) -> None:
             s.server_close()
 
 
-def test_the_trainers_http_sink_authenticates_with_the_agent_token(
-    server: ApiServer, store: Store, tokens: ApiTokens
+def test_the_trainers_http_sink_authenticates_with_the_jobs_report_credential(
+    server: ApiServer, store: Store, tokens: ApiTokens, tmp_path: Path
 ) -> None:
-    """What a real trainer sends (trainer.reporter.HttpSink, token from COADAPT_API_TOKEN)
-    is accepted; without the token it is refused and nothing is stored."""
+    """What a real trainer sends (trainer.reporter.HttpSink, its credential read from the file
+    COADAPT_REPORT_TOKEN_FILE names) is accepted; without it, or with the agent's, it is
+    refused and nothing is stored."""
     import urllib.error
 
     from trainer.reporter import HttpSink
 
     store.add_job("bert", JobSubmission(**spec()).to_json())
-    with pytest.raises(urllib.error.HTTPError) as refused:
-        HttpSink(server.url, "bert", timeout_s=10).send(report("bert"))
-    assert refused.value.code == 401 and store.latest_report("bert") is None
-    sink = HttpSink(server.url, "bert", timeout_s=10, token=tokens.agent)
-    assert tokens.agent not in repr(sink)
+    for token, code in ((None, 401), (tokens.agent_credential("i-1"), 403)):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            HttpSink(server.url, "bert", timeout_s=10, token=token).send(report("bert"))
+        assert refused.value.code == code and store.latest_report("bert") is None
+    token_file = tmp_path / "bert.token"
+    token_file.write_text(tokens.report_credential("bert") + "\n")
+    sink = HttpSink(server.url, "bert", timeout_s=10, token_file=token_file)
+    assert tokens.report_credential("bert") not in repr(sink)
     assert sink.send(report("bert")) is not None
     assert store.latest_report("bert") is not None
 
@@ -1338,6 +1324,6 @@ def test_no_payload_to_any_endpoint_is_a_server_error(
     path, role = endpoint
     start: dict[str, Any] = {"spec": spec("fuzz"), "empty": {}, "none": {}}[base]
     body = raw if raw is not None else json.dumps({**start, key: value}).encode()
-    token = tokens.user if role == "user" else tokens.agent
+    token = tokens.user if role == "user" else tokens.agent_credential("i-1")
     status, answer = call(server, "POST", path, body, token=token)
     assert status < 500, (path, body[:200], answer)

@@ -73,7 +73,7 @@ def test_the_dashboard_shows_jobs_fleet_and_cost_only_with_the_token(tmp_path: P
         assert "<polyline" in dom  # the cost-over-time line was drawn
         refused = _dom(f"{server.url}/dashboard#token=not-a-token")
         assert "401" in refused and "job-on-dashboard" not in refused
-        agent_token = _dom(f"{server.url}/dashboard#token={tokens.agent}")
+        agent_token = _dom(f"{server.url}/dashboard#token={tokens.agent_credential('i-1')}")
         assert "403" in agent_token and "job-on-dashboard" not in agent_token
     finally:
         server.shutdown()

@@ -15,6 +15,8 @@ left. (Rescales across GPU counts are test_e2e_coadapt.py's.)
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 import re
 import threading
 import time
@@ -123,6 +125,12 @@ def test_two_jobs_and_a_spot_preemption_on_the_local_fleet(
         )
         resumed = [int(n) for n in re.findall(r"coadapt: resumed from step (\d+)", elsewhere)]
         assert resumed and max(resumed) > 0, elsewhere[-2000:]
+        # Each agent was given its own credential, in its own file, and nothing else.
+        secrets = load_tokens(state / "tokens.json")
+        for key in keys:
+            own = json.loads((state / "agents" / key / "agent-token.json").read_text())
+            assert own == {"agent": secrets.agent_credential(key)}
+            assert secrets.user not in json.dumps(own)
     finally:
         stop.set()
         thread.join(timeout=180)
@@ -149,11 +157,12 @@ def test_two_jobs_and_a_spot_preemption_on_the_local_fleet(
     last, first = before[-1], min(after, key=lambda r: (r.started_at_s, r.sent_at_s))
     assert last.step > 0 and first.step >= last.step
     assert (first.epoch, first.epoch_position) >= (last.epoch, last.epoch_position)
-    # Every instance that ran is billed at its price for its life.
+    # Every instance that ran is billed at its price for its life: whole seconds, at least
+    # 60 (autoscaler/pricing.py billed_seconds).
     ran = {r.instance_key: r for r in instances if r.provider_instance_id is not None}
     assert {c.instance_key for c in costs} == set(ran)
     for c in costs:
-        hours = max(60.0, c.end_s - c.start_s) / 3600.0
+        hours = max(60.0, math.ceil(c.end_s - c.start_s)) / 3600.0
         assert c.usd == pytest.approx(ran[c.instance_key].price_usd_per_hour * hours)
     # ... and that cost, split by the GPU-time each job held, lists both jobs; the jobs and
     # the idle rest sum to the total to the cent.

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from autoscaler.controller.cloud import INSTANCE_ARN_TAG
 from autoscaler.deploy import OUTPUTS, load_hcl
 from providers.aws.permissions import controller_iam_actions
 from providers.gcp.permissions import controller_permissions
@@ -123,6 +124,17 @@ def test_gcp_service_accounts_get_no_broad_project_role() -> None:
     assert "node" in checkpoints["member"] and checkpoints["role"] == "roles/storage.objectUser"
 
 
+def test_gcp_nodes_read_no_secret_and_the_controller_adds_only_the_users_token() -> None:
+    """No shared agents' secret: each node's own credential comes in its startup script
+    (autoscaler/controller/cloud.py), so the node account reads nothing in Secret Manager."""
+    secrets = [n for n, _ in _of_type(MODULES["gcp"], "google_secret_manager_secret")]
+    assert secrets == ["user_token"]
+    for _, binding in _of_type(MODULES["gcp"], "google_secret_manager_secret_iam_member"):
+        assert "controller" in binding["member"] and "node" not in binding["member"]
+        assert binding["role"] == "roles/secretmanager.secretVersionAdder"
+    assert "agent_token_secret" not in str(_named(MODULES["gcp"], "locals")["provider_config"])
+
+
 def test_gcp_bucket_is_private_and_versioned() -> None:
     (bucket,) = [b for _, b in _of_type(MODULES["gcp"], "google_storage_bucket")]
     assert bucket["uniform_bucket_level_access"] is True
@@ -193,6 +205,44 @@ def test_aws_node_policy_is_the_bucket_and_the_token() -> None:
                "ssm:GetParameter", "kms:Decrypt", "kms:GenerateDataKey"}  # fmt: skip
     actions = _policy_actions("node")
     assert actions <= allowed and {"s3:PutObject", "ssm:GetParameter"} <= actions
+
+
+def _statements(doc: str) -> dict[str, Any]:
+    docs = dict(_of_type(MODULES["aws"], "aws_iam_policy_document", "data"))
+    body = docs[doc]
+    return {st["sid"]: st for st in body["statement"]}
+
+
+def test_aws_a_node_reads_its_own_credential_and_no_other_secret() -> None:
+    """The nodes' one SSM grant: GetParameter under the credentials path, only when the
+    parameter's instance-ARN tag is the calling instance's (a policy variable, escaped for
+    terraform), and only for instance-profile callers; the users' token is not theirs."""
+    node = _statements("node")
+    ssm = [st for st in node.values() if any(a.startswith("ssm:") for a in st["actions"])]
+    assert [st["sid"] for st in ssm] == ["OwnCredential"]
+    (own,) = ssm
+    assert own["actions"] == ["ssm:GetParameter"]
+    assert own["resources"] == ["${local.agents_arn}/*"]
+    conditions = {(c["test"], c["variable"]): c["values"] for c in own["condition"]}
+    assert conditions == {
+        ("StringEquals", "ssm:resourceTag/${local.instance_tag}"): ["$${ec2:SourceInstanceARN}"],
+        ("Null", "ec2:SourceInstanceARN"): ["false"],
+    }
+    assert "user_token" not in str(node)
+    locals_ = _named(MODULES["aws"], "locals")
+    assert locals_["instance_tag"] == INSTANCE_ARN_TAG  # the tag the controller writes
+    assert locals_["agents_arn"].endswith(":parameter${local.agent_credential_path}")
+    config = str(locals_["provider_config"])
+    assert "agent_credential_path" in config and "instance_arn_prefix" in config
+    # The controller writes and deletes the credentials, tags them with that tag only, and
+    # never reads one.
+    controller = _statements("controller")
+    tagging = controller["TagNodeCredentials"]["condition"]
+    assert tagging == [
+        {"test": "ForAllValues:StringEquals", "variable": "aws:TagKeys",
+         "values": ["${local.instance_tag}"]}
+    ]  # fmt: skip
+    assert not any("ssm:GetParameter" in st["actions"] for st in controller.values())
 
 
 def test_aws_no_wildcard_action_is_allowed() -> None:

@@ -62,11 +62,6 @@ override_resource {
 }
 override_resource {
   override_during = plan
-  target          = aws_ssm_parameter.agent_token
-  values          = { arn = "arn:aws:ssm:us-east-1:123456789012:parameter/coadapt/team-a/agent-token" }
-}
-override_resource {
-  override_during = plan
   target          = aws_ssm_parameter.user_token
   values          = { arn = "arn:aws:ssm:us-east-1:123456789012:parameter/coadapt/team-a/user-token" }
 }

@@ -122,9 +122,9 @@ output "launch_template_id" {
   value       = module.coadapt.launch_template_id
 }
 
-output "agent_token_parameter" {
-  description = "The agents' token parameter."
-  value       = module.coadapt.agent_token_parameter
+output "agent_credential_path" {
+  description = "The SSM path of the nodes' own agent credentials."
+  value       = module.coadapt.agent_credential_path
 }
 
 output "user_token_parameter" {

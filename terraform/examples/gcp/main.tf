@@ -104,11 +104,6 @@ output "checkpoint_bucket" {
   value       = module.coadapt.checkpoint_bucket
 }
 
-output "agent_token_secret" {
-  description = "Secret Manager secret id of the agents' token."
-  value       = module.coadapt.agent_token_secret
-}
-
 output "user_token_secret" {
   description = "Secret Manager secret id of the users' token."
   value       = module.coadapt.user_token_secret
