@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autoscaler.controller.api import ApiTokens, make_app, serve
+from autoscaler.controller.api import generate_tokens, make_app, serve
 from autoscaler.controller.jobs import MAX_BATCH_SIZE, MAX_JOB_GPUS
 from autoscaler.controller.loop import Controller, ControllerConfig
 from autoscaler.controller.reconcile import ReconcileConfig
@@ -134,7 +134,7 @@ def _post(url: str, token: str, body: dict[str, Any]) -> int:
 def test_over_a_thousand_generated_bodies_never_stop_a_round(tmp_path: Path) -> None:
     clock = FakeClock(1_700_000_000.0)
     store = Store.create(tmp_path / "store.db", "fuzz", clock)
-    tokens = ApiTokens("u" * 32, "a" * 32)
+    tokens = generate_tokens(tmp_path / "tokens.json")
     app = make_app(
         tmp_path / "store.db",
         tokens,
