@@ -11,7 +11,10 @@ endpoint                                      role   answer
 ============================================  =====  ==============================================
 ``POST /v1/jobs``                             user   201, the job (body: a ``JobSubmission``);
                                                      409 if the name is taken
-``GET  /v1/jobs``                             user   ``{"jobs": [job, ...]}``, in submission order
+``GET  /v1/jobs?limit=N&cursor=C``            user   ``{"jobs": [job, ...], "next_cursor"}``: a
+                                                     page (N <= 500, default 100) in submission
+                                                     order; ``next_cursor`` (``null`` at the
+                                                     end) is the next page's ``cursor``
 ``GET  /v1/jobs/{name}``                      user   the job
 ``POST /v1/jobs/{name}/cancel``               user   the job, ``cancelled``; 409 if it had ended
 ``GET  /v1/jobs/{name}/logs?offset=N``        user   :class:`LogChunk` (``&instance=KEY``: one file)
@@ -71,14 +74,17 @@ Decisions made here, and why:
 The app opens its own :class:`~autoscaler.controller.store.Store` per thread on the store
 file (a store is bound to the thread that made it); the file is checked once, when the app is
 made (:meth:`Store.open`), and each thread's store comes from :meth:`Store.for_thread`.
-:func:`serve` runs it on Werkzeug's threaded server (a thread per connection, and every
-connection closed after its answer), closing a thread's store when its connection ends.
+:func:`serve` runs it on Waitress: one event loop reads every connection, and only complete
+requests reach a bounded pool of worker threads, each with its own store (closed when the
+server shuts down); idle and slow connections time out (:class:`ServerLimits`).
 Tokens are compared in constant time and never logged; the request log (the request line and
 the status) goes to this module's logger at DEBUG.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import codecs
 import contextlib
 import dataclasses
@@ -88,9 +94,11 @@ import json
 import logging
 import os
 import re
+import resource
 import secrets
 import stat
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -101,9 +109,13 @@ from http.client import HTTPException as HttpClientError
 from pathlib import Path
 from typing import Any, Final, NoReturn, Protocol, TypeVar
 
+from waitress.adjustments import Adjustments
+from waitress.channel import HTTPChannel
+from waitress.server import TcpWSGIServer
+from waitress.task import ErrorTask, ThreadedTaskDispatcher
+from waitress.wasyncore import close_all
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound, RequestEntityTooLarge
 from werkzeug.routing import Map, Rule
-from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 from werkzeug.wrappers import Request, Response
 
 from autoscaler.controller.dashboard import PAGE
@@ -124,9 +136,12 @@ from providers.base import Market
 from trainer.report import REPORT_PATH_TEMPLATE, ReportReply, TrainerReport, report_path
 
 __all__ = [
+    "DEFAULT_JOBS_PAGE",
     "DEFAULT_MAX_BODY_BYTES",
     "JOB_NAME_PATTERN",
+    "MAX_JOBS_PAGE",
     "MAX_LOG_CHUNK_BYTES",
+    "MAX_QUERY_INT",
     "ApiApp",
     "ApiClient",
     "ApiError",
@@ -141,6 +156,7 @@ __all__ = [
     "LogChunk",
     "ProgressInfo",
     "Role",
+    "ServerLimits",
     "TokenFileError",
     "generate_tokens",
     "instance_from_dict",
@@ -157,11 +173,18 @@ MAX_LOG_CHUNK_BYTES: Final = 1 << 20
 """The most log bytes one answer carries."""
 JOB_NAME_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 """What a job submitted through the API may be called (a path segment and a folder name)."""
+DEFAULT_JOBS_PAGE: Final = 100
+"""Jobs in one answer of ``GET /v1/jobs`` without ``limit``."""
+MAX_JOBS_PAGE: Final = 500
+"""The largest ``limit`` of ``GET /v1/jobs``."""
+MAX_QUERY_INT: Final = (1 << 63) - 1
+"""The largest count a query argument may carry (a log offset: no file is larger)."""
 MIN_TOKEN_CHARS: Final = 16
 RENDEZVOUS_PORT_BASE: Final = 29500
 RENDEZVOUS_PORT_SPAN: Final = 1000
 
 _log = logging.getLogger(__name__)
+_BODY_SLACK_BYTES: Final = 64 * 1024
 _ENDED: Final = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED})
 _NOUNS: Final = {"jobs": "job", "instances": "instance"}
 _CANCEL_TRIES: Final = 5
@@ -597,6 +620,11 @@ class ApiApp:
         return store
 
     def _dispatch(self, request: Request) -> Response:
+        response = self._answer(request)
+        _log.debug("%s %s %s", request.method, request.path, response.status_code)
+        return response
+
+    def _answer(self, request: Request) -> Response:
         try:
             endpoint, args = self._map.bind_to_environ(request.environ).match()
             _, _, role, handler = self._routes[endpoint]
@@ -706,16 +734,24 @@ class ApiApp:
         )
 
     def _list_jobs(self, request: Request) -> Response:
+        limit = _int_arg(request, "limit", DEFAULT_JOBS_PAGE, maximum=MAX_JOBS_PAGE)
+        if limit < 1:
+            raise ApiError(400, f"limit must be 1 to {MAX_JOBS_PAGE}", "limit")
+        after = _cursor_arg(request)
         store = self._store()
+        rows = store.list_jobs_page(after, limit)
+        names = [row.name for row in rows]
         assigned: dict[str, dict[str, int]] = {}
         for (job, key), gpus in store.list_assignments().items():
             assigned.setdefault(job, {})[key] = gpus
-        reports = store.latest_reports()
+        reports = store.latest_reports(names)
         jobs = [
             self._job_info(row, assigned.get(row.name, {}), reports.get(row.name)).to_dict()
-            for row in store.list_jobs()
+            for row in rows
         ]
-        return _json({"jobs": jobs})
+        last = rows[-1] if len(rows) == limit else None
+        cursor = None if last is None else _cursor(last.submitted_at_s, last.name)
+        return _json({"jobs": jobs, "next_cursor": cursor})
 
     def _get_job(self, request: Request, name: str) -> Response:
         store = self._store()
@@ -969,13 +1005,43 @@ def _json_type(value: object) -> str:
     return "a boolean" if isinstance(value, bool) else "a number"
 
 
-def _int_arg(request: Request, name: str, default: int) -> int:
+def _int_arg(request: Request, name: str, default: int, *, maximum: int = MAX_QUERY_INT) -> int:
+    """A query argument that is a count (``0..maximum``): 400 for anything else, without
+    converting more digits than ``maximum`` has (a 5,000-digit number is refused as what it
+    is, not parsed)."""
     text = request.args.get(name)
     if text is None:
         return default
     if not text.isdigit() or not text.isascii():
-        raise ApiError(400, f"{name} must be an integer >= 0, got {text!r}", name)
-    return int(text)
+        raise ApiError(400, f"{name} must be an integer >= 0, got {text[:40]!r}", name)
+    digits = text.lstrip("0") or "0"
+    if len(digits) > len(str(maximum)) or int(digits) > maximum:
+        raise ApiError(400, f"{name} must be at most {maximum} ({len(digits)} digits given)", name)
+    return int(digits)
+
+
+def _cursor(at_s: float, name: str) -> str:
+    """The opaque cursor after the job keyed ``(at_s, name)`` (URL-safe base64 of JSON)."""
+    raw = json.dumps([at_s, name], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _cursor_arg(request: Request) -> tuple[float, str] | None:
+    """The ``cursor`` query argument (a ``next_cursor`` of an earlier page) decoded; 400 for
+    anything that is not one."""
+    text = request.args.get("cursor")
+    if text is None or text == "":
+        return None
+    try:
+        if len(text) > 512:
+            raise ValueError("too long")
+        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        at_s, name = json.loads(raw, parse_constant=_no_constant)
+        if isinstance(at_s, bool) or not isinstance(at_s, int | float) or not isinstance(name, str):
+            raise ValueError("not a job key")
+        return float(at_s), name
+    except (ValueError, TypeError, binascii.Error) as e:
+        raise ApiError(400, "cursor is not one this server gave (use next_cursor)", "cursor") from e
 
 
 def _address(body: Mapping[str, Any]) -> str | None:
@@ -1071,54 +1137,139 @@ def _read_logs(job: str, files: list[tuple[str, Path, int]], offset: int) -> Log
 # ---- the server ----------------------------------------------------------------------------
 
 
-class _RequestHandler(WSGIRequestHandler):
-    """Werkzeug's handler, logging to this module's logger (the request line and the status:
-    never a header), and closing the thread's store when its connection ends."""
+class _ErrorTask(ErrorTask):  # type: ignore[misc]
+    """The answer to a request the server refused before the app saw it (malformed, headers
+    or a body too large): JSON like every other answer."""
 
-    def handle(self) -> None:
+    def execute(self) -> None:
+        e = self.request.error
+        code = int(e.code)
+        if code == 413:
+            limit = getattr(self.channel.server.application, "max_body_bytes", None)
+            message = f"the body is larger than {limit} bytes"
+        else:
+            message = f"{e.reason}: {e.body}"
+        body = (json.dumps({"error": message, "field": None}, sort_keys=True) + "\n").encode()
+        self.status = f"{code} {e.reason}"
+        self.response_headers.extend(
+            [("Content-Type", "application/json"), ("Cache-Control", "no-store")]
+        )
+        self.set_close_on_finish()
+        self.content_length = len(body)
+        self.write(body)
+
+
+class _Channel(HTTPChannel):
+    """Waitress's connection, remembering when the request it is reading began (the server
+    closes one whose request is not complete after ``request_timeout_s``)."""
+
+    error_task_class = _ErrorTask
+    request_started_s: float | None = None
+
+    def received(self, data: bytes) -> bool:
+        if data and self.request is None:
+            self.request_started_s = time.monotonic()
+        done: bool = super().received(data)
+        if self.request is None:
+            self.request_started_s = None
+        return done
+
+
+class _Server(TcpWSGIServer):  # type: ignore[misc]
+    """Waitress's TCP server with a deadline on reading a whole request (headers and body),
+    besides its idle time-out: a client that trickles a byte now and then holds a connection
+    only that long."""
+
+    channel_class = _Channel
+    request_timeout_s: float = 30.0
+
+    def maintenance(self, now: float) -> None:
+        super().maintenance(now)
+        cutoff = time.monotonic() - self.request_timeout_s
+        for channel in list(self.active_channels.values()):
+            started = getattr(channel, "request_started_s", None)
+            if started is not None and started < cutoff and not channel.requests:
+                channel.will_close = True
+
+
+class _Dispatcher(ThreadedTaskDispatcher):  # type: ignore[misc]
+    """Waitress's worker pool; a worker that ends closes its store."""
+
+    def __init__(self, on_worker_exit: Callable[[], None]) -> None:
+        super().__init__()
+        self._on_worker_exit = on_worker_exit
+
+    def handler_thread(self, thread_no: int) -> None:
         try:
-            super().handle()
+            super().handler_thread(thread_no)
         finally:
-            app = self.server.app
-            if isinstance(app, ApiApp):
-                app.close_thread_store()
+            self._on_worker_exit()
 
-    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
-        _log.debug("%s %r %s", self.address_string(), self.requestline, code)
 
-    def log(self, type: str, message: str, *args: Any) -> None:
-        level = logging.DEBUG if type == "info" else logging.WARNING
-        _log.log(level, "%s " + message, self.address_string(), *args)
+@dataclass(frozen=True)
+class ServerLimits:
+    """How the API server holds connections (see :func:`serve`). ``threads``: the worker pool
+    that runs requests (a connection holds no thread until its request is complete);
+    ``connection_limit``: open connections at most (beyond it new ones wait in the listen
+    backlog); ``idle_timeout_s``: a connection that sends nothing for this long is closed
+    (an idle keep-alive connection, or a request that stalled); ``request_timeout_s``: a
+    request not completely received this long after its first byte is dropped;
+    ``check_interval_s``: how often those two are checked (whole seconds)."""
+
+    threads: int = 8
+    connection_limit: int = 2048
+    idle_timeout_s: int = 10
+    request_timeout_s: float = 30.0
+    check_interval_s: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("threads", "connection_limit", "idle_timeout_s", "check_interval_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidInputError(f"{name} must be an integer >= 1", field=name)
+        if not self.request_timeout_s > 0:
+            raise InvalidInputError("request_timeout_s must be > 0", field="request_timeout_s")
 
 
 class ApiServer:
     """A running API server (see :func:`serve`); ``url`` is its base URL. :meth:`shutdown`
     stops it (also on leaving a ``with`` block)."""
 
-    def __init__(self, server: BaseWSGIServer, thread: threading.Thread) -> None:
+    def __init__(self, server: _Server, thread: threading.Thread) -> None:
         self._server = server
         self._thread = thread
 
     @property
     def host(self) -> str:
-        return self._server.host
+        return str(self._server.effective_host)
 
     @property
     def port(self) -> int:
-        return int(self._server.server_port)
+        return int(self._server.effective_port)
 
     @property
     def url(self) -> str:
         host = self.host
         return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
 
+    @property
+    def worker_threads(self) -> int:
+        """The worker threads running now (bounded by :attr:`ServerLimits.threads`)."""
+        return len(self._server.task_dispatcher.threads)
+
     def shutdown(self) -> None:
-        """Stop accepting requests, close the socket and wait for the serving thread.
-        Requests in progress finish in their own threads. Calling it twice is fine."""
+        """Stop accepting requests, close every connection and the socket, and wait for the
+        serving thread and the workers (a request in progress gets a few seconds to finish).
+        Calling it twice is fine."""
         if self._thread.is_alive():
-            self._server.shutdown()
-            self._thread.join()
-        self._server.server_close()
+            server = self._server
+            server.trigger.pull_trigger(lambda: close_all(server._map))
+            self._thread.join(timeout=10.0)
+        self._server.task_dispatcher.shutdown(timeout=5)
+        sock = self._server.socket
+        if sock is not None:  # closed by the loop already, unless it never ran
+            with contextlib.suppress(OSError):
+                sock.close()
 
     def __enter__(self) -> ApiServer:
         return self
@@ -1128,17 +1279,53 @@ class ApiServer:
 
 
 def serve(
-    app: ApiApp, host: str = "127.0.0.1", port: int = 0, *, poll_interval_s: float = 0.1
+    app: ApiApp,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    poll_interval_s: float = 0.1,
+    limits: ServerLimits | None = None,
 ) -> ApiServer:
-    """Serve ``app`` on ``host:port`` (0: any free port, see :attr:`ApiServer.url`) with
-    Werkzeug's threaded server, in a background thread; returns once it listens.
-    ``poll_interval_s`` bounds how long :meth:`ApiServer.shutdown` waits."""
-    server = make_server(host, port, app, threaded=True, request_handler=_RequestHandler)
+    """Serve ``app`` on ``host:port`` (0: any free port, see :attr:`ApiServer.url`) in a
+    background thread; returns once it listens.
+
+    The server (Waitress) reads each connection's requests in one event loop and hands only
+    complete requests (headers and body) to a fixed pool of ``limits.threads`` workers: a
+    connection that is open, idle or half-sent holds a socket, never a thread, so slow or
+    stalled clients cannot starve the others (``tests/controller/test_api_server.py``:
+    1,000 half-open requests, and a normal request still answers in under 1 s). Idle
+    connections close after ``limits.idle_timeout_s``, requests that take longer than
+    ``limits.request_timeout_s`` to arrive are dropped, and at most
+    ``limits.connection_limit`` connections are open. HTTP/1.1 keep-alive is supported
+    within those limits. ``poll_interval_s`` is the event loop's wake-up period."""
+    limits = limits or ServerLimits()
+    with contextlib.suppress(ValueError, OSError):  # a socket per connection: room for them
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = limits.connection_limit + 256
+        if soft != resource.RLIM_INFINITY and soft < want:
+            ceiling = want if hard == resource.RLIM_INFINITY else min(want, hard)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (ceiling, hard))
+    adj = Adjustments(
+        host=host,
+        port=port,
+        threads=limits.threads,
+        connection_limit=limits.connection_limit,
+        channel_timeout=limits.idle_timeout_s,
+        cleanup_interval=limits.check_interval_s,
+        asyncore_use_poll=True,  # select() cannot watch more than 1,024 sockets
+        asyncore_loop_timeout=max(0.01, poll_interval_s),
+        # The app checks the exact limit; the server refuses, unread, what is clearly over it
+        # (a chunked body's size counts its framing here).
+        max_request_body_size=app.max_body_bytes + _BODY_SLACK_BYTES,
+        ident="coadapt",
+        expose_tracebacks=False,
+    )
+    dispatcher = _Dispatcher(app.close_thread_store)
+    dispatcher.set_thread_count(adj.threads)
+    server = _Server(app, map={}, dispatcher=dispatcher, adj=adj, sockinfo=adj.listen[0])
+    server.request_timeout_s = limits.request_timeout_s
     thread = threading.Thread(
-        target=server.serve_forever,
-        kwargs={"poll_interval": poll_interval_s},
-        name=f"coadapt-api-{server.server_port}",
-        daemon=True,
+        target=server.run, name=f"coadapt-api-{server.effective_port}", daemon=True
     )
     thread.start()
     return ApiServer(server, thread)
@@ -1176,9 +1363,32 @@ class ApiClient:
         body = dataclasses.asdict(spec) if isinstance(spec, JobSubmission) else dict(spec)
         return self._parse(JobInfo.from_dict, self._call("POST", "/v1/jobs", body))
 
-    def list_jobs(self) -> tuple[JobInfo, ...]:
-        data = self._call("GET", "/v1/jobs")
-        return self._parse(lambda d: tuple(JobInfo.from_dict(j) for j in d["jobs"]), data)
+    def list_jobs(self, *, page_size: int = MAX_JOBS_PAGE) -> tuple[JobInfo, ...]:
+        """Every job, in submission order, read page by page (:meth:`list_jobs_page`)."""
+        out: list[JobInfo] = []
+        cursor: str | None = None
+        while True:
+            jobs, cursor = self.list_jobs_page(cursor, limit=page_size)
+            out.extend(jobs)
+            if cursor is None:
+                return tuple(out)
+
+    def list_jobs_page(
+        self, cursor: str | None = None, *, limit: int = DEFAULT_JOBS_PAGE
+    ) -> tuple[tuple[JobInfo, ...], str | None]:
+        """One page of jobs in submission order, from ``cursor`` (``None``: the first page),
+        and the cursor of the next page (``None``: this was the last)."""
+        query = {"limit": str(limit)}
+        if cursor is not None:
+            query["cursor"] = cursor
+        data = self._call("GET", "/v1/jobs", query=query)
+        return self._parse(
+            lambda d: (
+                tuple(JobInfo.from_dict(j) for j in d["jobs"]),
+                None if d.get("next_cursor") is None else str(d["next_cursor"]),
+            ),
+            data,
+        )
 
     def get_job(self, name: str) -> JobInfo:
         return self._parse(JobInfo.from_dict, self._call("GET", f"/v1/jobs/{_seg(name)}"))

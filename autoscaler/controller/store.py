@@ -819,6 +819,21 @@ class Store:
         sql += " ORDER BY submitted_at_s, name"
         return tuple(_job_row(r) for r in self._read(sql, params))
 
+    def list_jobs_page(self, after: tuple[float, str] | None, limit: int) -> tuple[JobRow, ...]:
+        """At most ``limit`` jobs in submission order (``(submitted_at_s, name)``, the order
+        of :meth:`list_jobs`), those after the job keyed ``after`` (``None``: from the
+        first). A job's key never changes, so paging by the last key of each page sees every
+        job that existed when it began exactly once."""
+        limit = _count(limit, "limit", minimum=1)
+        sql = f"SELECT {_JOB_COLUMNS} FROM jobs"
+        params: list[object] = []
+        if after is not None:
+            at_s, name = after
+            sql += " WHERE submitted_at_s > ? OR (submitted_at_s = ? AND name > ?)"
+            params = [_number(at_s, "after", minimum=None), at_s, _text(name, "after")]
+        sql += " ORDER BY submitted_at_s, name LIMIT ?"
+        return tuple(_job_row(r) for r in self._read(sql, [*params, limit]))
+
     def update_job(self, name: str, expected_version: int, **changes: object) -> JobRow:
         """Change ``spec_json``, ``status`` and/or ``retries`` of job ``name``, written against
         ``expected_version``; returns the new row (version + 1).
@@ -1285,8 +1300,12 @@ class Store:
         )
         return ReportRow(*rows[0]) if rows else None
 
-    def latest_reports(self) -> dict[str, ReportRow]:
-        """The last report of every job that has one, by job name."""
+    def latest_reports(self, jobs: Iterable[str] | None = None) -> dict[str, ReportRow]:
+        """The last report of every job that has one (of ``jobs`` only, when given), by job
+        name."""
+        if jobs is not None:
+            found = (self.latest_report(name) for name in dict.fromkeys(jobs))
+            return {r.job_name: r for r in found if r is not None}
         rows = self._read(
             "SELECT report_id, job_name, at_s, payload_json FROM reports WHERE report_id IN "
             "(SELECT max(report_id) FROM reports GROUP BY job_name) ORDER BY job_name"
