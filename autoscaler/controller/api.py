@@ -19,6 +19,10 @@ endpoint                                      role   answer
 ``POST /v1/jobs/{name}/cancel``               user   the job, ``cancelled``; 409 if it had ended
 ``GET  /v1/jobs/{name}/logs?offset=N``        user   :class:`LogChunk` (``&instance=KEY``: one file)
 ``GET  /v1/instances``                        user   ``{"instances": [row, ...]}``, by key
+``GET  /v1/service``                          user   ``{"pid", "started", "cmdline"}``: the
+                                                     process serving (``coadapt up``)
+``POST /v1/service/down``                     user   202, the same: it releases every instance
+                                                     and stops (``coadapt down``)
 ``GET  /v1/fleet``                            user   ``{"released_at_s", "release_listing"}``
 ``POST /v1/fleet/release``                    user   202 ``{"released_at_s"}``: the service
                                                      terminates every instance, launches none
@@ -157,6 +161,7 @@ __all__ = [
     "ProgressInfo",
     "Role",
     "ServerLimits",
+    "ServiceControl",
     "TokenFileError",
     "generate_tokens",
     "instance_from_dict",
@@ -364,6 +369,16 @@ def _read_token_file(p: Path) -> dict[str, Any]:
 # ---- the answers ---------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class ServiceControl:
+    """The service an API runs in, for ``coadapt down``: ``identity`` (``pid``, ``started``:
+    the kernel's start time of that pid, ``cmdline``) and ``request_down``, called when a
+    user asks it to release its fleet and stop."""
+
+    identity: Mapping[str, Any]
+    request_down: Callable[[], None]
+
+
 class JobExitHandler(Protocol):
     """What the app calls when an agent reports that a running job's processes ended on
     their own (``Controller.job_exited``): returns the job's new status."""
@@ -541,8 +556,10 @@ class ApiApp:
         logs_dir: Path,
         on_job_exit: JobExitHandler,
         max_body_bytes: int,
+        service: ServiceControl | None = None,
     ) -> None:
         """Use :func:`make_app`."""
+        self._service_control = service
         self._template = store  # checked when opened; closed: only for_thread() is called
         self._tokens = tokens
         self._clock = clock
@@ -564,6 +581,8 @@ class ApiApp:
             ("POST", "/v1/fleet/release", Role.USER, self._release_fleet),
             ("POST", "/v1/fleet/resume", Role.USER, self._resume_fleet),
             ("GET", "/v1/costs", Role.USER, self._costs),
+            ("GET", "/v1/service", Role.USER, self._service),
+            ("POST", "/v1/service/down", Role.USER, self._service_down),
             ("POST", "/v1/agents/register", Role.AGENT, self._register),
             ("POST", "/v1/agents/<instance_key>/heartbeat", Role.AGENT, self._heartbeat),
             ("GET", "/v1/agents/<instance_key>/assignments", Role.AGENT, self._assignments),
@@ -830,6 +849,22 @@ class ApiApp:
             points = [[first, 0.0], *points, [now, total]]
         return _json({"total_usd": total, "usd_per_hour": usd_per_hour, "points": points})
 
+    def _service(self, request: Request) -> Response:
+        """The process serving this API (what ``coadapt down`` checks against ``up.json``)."""
+        control = self._service_control
+        if control is None:
+            raise ApiError(404, "this API runs in no service that can be stopped")
+        return _json(dict(control.identity))
+
+    def _service_down(self, request: Request) -> Response:
+        """``coadapt down``: the service releases the fleet and stops."""
+        control = self._service_control
+        if control is None:
+            raise ApiError(404, "this API runs in no service that can be stopped")
+        control.request_down()
+        _log.info("down requested: releasing the fleet and stopping")
+        return _json(dict(control.identity), 202)
+
     # ---- agents ----------------------------------------------------------------------------
 
     def _register(self, request: Request) -> Response:
@@ -940,12 +975,14 @@ def make_app(
     logs_dir: str | Path,
     on_job_exit: JobExitHandler,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    service: ServiceControl | None = None,
 ) -> ApiApp:
     """The API over the store at ``store_path`` (opened, checked and migrated now, in the
     calling thread: :meth:`Store.open`'s errors), authenticating with ``tokens``; stored
     times come from ``clock``; job logs are read under ``logs_dir``; ``on_job_exit`` is told
     of jobs that exited (see the module docstring). ``max_body_bytes`` is the largest body
-    accepted."""
+    accepted. ``service``: the process serving the API (``coadapt up``), which
+    ``/v1/service`` names and ``/v1/service/down`` stops (without it both answer 404)."""
     if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int):
         raise InvalidInputError("max_body_bytes must be an integer", field="max_body_bytes")
     if max_body_bytes < 1:
@@ -961,6 +998,7 @@ def make_app(
         logs_dir=Path(logs_dir),
         on_job_exit=on_job_exit,
         max_body_bytes=max_body_bytes,
+        service=service,
     )
 
 
@@ -1424,6 +1462,15 @@ class ApiClient:
         the cloud listed after the service's last release pass (``{"at_s", "instances",
         "error"}``, ``None`` before the first)."""
         return dict(self._call("GET", "/v1/fleet"))
+
+    def service(self) -> dict[str, Any]:
+        """The process serving the API: ``pid``, ``started`` (its kernel start time),
+        ``cmdline``."""
+        return dict(self._call("GET", "/v1/service"))
+
+    def service_down(self) -> dict[str, Any]:
+        """Ask the service to release its fleet and stop (``coadapt down``); its identity."""
+        return dict(self._call("POST", "/v1/service/down"))
 
     def resume_fleet(self) -> None:
         """Undo :meth:`release_fleet`: the service launches again."""

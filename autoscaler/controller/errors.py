@@ -12,7 +12,8 @@ here name what went wrong with the controller's *state*:
 * :class:`UnknownFleetError` — a store that has never planned meets a cloud already holding
   instances of its cluster (a deleted or swapped store): the controller touches none;
 * :class:`StoreError` — the store itself: :class:`StoreMissingError`,
-  :class:`StoreExistsError`, :class:`StoreCorruptError`, :class:`UnknownRowError`,
+  :class:`StoreExistsError`, :class:`StoreCorruptError`, :class:`StoreUnwritableError`,
+  :class:`UnknownRowError`,
   :class:`DuplicateRowError`, or a plain ``StoreError`` for an SQLite failure (locked past the
   busy timeout, disk I/O) with the ``sqlite3`` exception as its ``__cause__``.
 
@@ -32,6 +33,7 @@ __all__ = [
     "StoreError",
     "StoreExistsError",
     "StoreMissingError",
+    "StoreUnwritableError",
     "UnknownFleetError",
     "UnknownRowError",
 ]
@@ -84,6 +86,11 @@ class StoreMissingError(StoreError):
 
 class StoreExistsError(StoreError):
     """``Store.create`` of a path where something already exists (it was left untouched)."""
+
+
+class StoreUnwritableError(StoreError):
+    """The store can be read but not written: a read-only file or file system, or a full
+    disk. Nothing was changed."""
 
 
 class StoreCorruptError(StoreError):

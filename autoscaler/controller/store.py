@@ -88,6 +88,7 @@ from autoscaler.controller.errors import (
     StoreError,
     StoreExistsError,
     StoreMissingError,
+    StoreUnwritableError,
     UnknownRowError,
 )
 from autoscaler.controller.lifecycle import InstanceStatus, StatusChange, check_transition
@@ -551,6 +552,16 @@ def _request_id(value: object) -> str:
         raise InvalidInputError(str(e), field="request_id") from e
 
 
+def _is_unwritable(e: sqlite3.Error) -> bool:
+    """A read-only database or file system, or a full disk."""
+    code = getattr(e, "sqlite_errorcode", None)
+    return code is not None and (code & 0xFF) in (sqlite3.SQLITE_READONLY, sqlite3.SQLITE_FULL)
+
+
+def _wal_path(path: Path) -> Path:
+    return path.with_name(path.name + "-wal")
+
+
 def _is_corruption(e: sqlite3.Error) -> bool:
     code = getattr(e, "sqlite_errorcode", None)
     return code is not None and (code & 0xFF) in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
@@ -576,16 +587,25 @@ class Store:
         self._cluster_id = cluster_id
         self._schema_version = version
         self._identity = _file_identity(path)
+        self._wal_identity = _file_identity(_wal_path(path))
         self._writer = _writer_lock(path)
 
     def ensure_present(self) -> None:
-        """Raise :class:`StoreMissingError` if the file this store opened was deleted or
-        replaced since (an open SQLite handle would go on writing to the unlinked file, and
-        everything written would be lost). The controller checks it before every round, so
-        it never acts on a store that no longer exists."""
+        """Raise :class:`StoreMissingError` if the file this store opened, or its
+        write-ahead log (``-wal``), was deleted or replaced since (an open SQLite handle would
+        go on writing to the unlinked file, and everything written would be lost). The
+        controller checks it before every round, so it never acts on a store that no longer
+        exists."""
         if _file_identity(self._path) != self._identity:
             raise StoreMissingError(
                 f"the store at {self._path} was deleted or replaced while in use",
+                path=str(self._path),
+            )
+        wal = _wal_path(self._path)
+        if self._wal_identity is not None and _file_identity(wal) != self._wal_identity:
+            raise StoreMissingError(
+                f"the store's write-ahead log {wal} was deleted or replaced while in use (what "
+                "it held since the last checkpoint is lost to every new reader)",
                 path=str(self._path),
             )
 
@@ -593,9 +613,10 @@ class Store:
 
     @classmethod
     def create(cls, path: str | Path, cluster_id: str, clock: Clock) -> Store:
-        """Create a new store at ``path`` for ``cluster_id`` (missing parent folders are
-        made). Refuses with :class:`StoreExistsError` if anything exists at ``path``; a
-        failure part-way removes the file it created."""
+        """Create a new store at ``path`` for ``cluster_id``, readable by its owner only
+        (0600: it holds job specs and commands; missing parent folders are made). Refuses
+        with :class:`StoreExistsError` if anything exists at ``path``; a failure part-way
+        removes the file it created."""
         cluster_id = _text(cluster_id, "cluster_id")
         try:
             validate_id(cluster_id, field="cluster_id")
@@ -606,7 +627,7 @@ class Store:
             raise StoreExistsError(f"{p}: a file already exists there", path=str(p))
         try:
             p.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # jobs, commands
         except FileExistsError as e:
             raise StoreExistsError(f"{p}: a file already exists there", path=str(p)) from e
         except OSError as e:
@@ -654,6 +675,8 @@ class Store:
             conn.close()
             if _is_corruption(e):
                 raise StoreCorruptError(f"{p}: the database is damaged: {e}", path=str(p)) from e
+            if _is_unwritable(e):
+                raise StoreUnwritableError(f"{p}: cannot write the store: {e}", path=str(p)) from e
             raise StoreError(f"{p}: cannot open the store: {e}", path=str(p)) from e
         except BaseException:
             conn.close()
@@ -672,6 +695,7 @@ class Store:
         conn = _connect(self._path)
         store = Store(conn, self._path, self._clock, self._cluster_id, self._schema_version)
         store._identity = self._identity  # the file checked when this store was opened
+        store._wal_identity = self._wal_identity
         try:
             store.ensure_present()  # replaced between the check above and the connect
             _configure(conn, self._path)
@@ -717,6 +741,8 @@ class Store:
 
     def _fail(self, e: sqlite3.Error, doing: str) -> StoreError:
         kind = StoreCorruptError if _is_corruption(e) else StoreError
+        if _is_unwritable(e):
+            kind = StoreUnwritableError
         return kind(f"{self._path}: {doing}: {e}", path=str(self._path))
 
     @contextmanager
