@@ -42,6 +42,7 @@ import logging
 import os
 import shlex
 import signal
+import stat
 import sys
 import threading
 from collections.abc import Callable
@@ -238,8 +239,9 @@ def _prepare_state(state: Path) -> None:
             _private_folder(state / name)
         for name in ("store.db", "store.db-wal", "store.db-shm", "tokens.json"):
             path = state / name
-            if path.is_file() and path.stat().st_uid == os.geteuid():
-                os.chmod(path, 0o600)
+            mode = path.stat().st_mode if path.is_file() else 0
+            if mode & 0o077 and path.stat().st_uid == os.geteuid():
+                os.chmod(path, stat.S_IMODE(mode) & 0o700)  # closed to others, not opened
     except OSError as e:
         raise ServiceError(f"cannot prepare the state folder {state}: {e}; fix its owner or "
                            "mode, or name another folder with --state-dir") from e  # fmt: skip
@@ -258,7 +260,13 @@ def _open_store(state: Path, cluster_id: str, clock: Clock, *, new_store: bool) 
                     old.rename(aside.with_name(aside.name + suffix))
             log.warning("the earlier store was moved aside to %s", aside)
         if path.exists():
-            return Store.open(path, clock)
+            store = Store.open(path, clock)
+            try:
+                store.check_writable()
+            except BaseException:
+                store.close()
+                raise
+            return store
         earlier = [n for n in _EARLIER_CLUSTER if _holds_something(state / n)]
         if earlier and not new_store:
             raise ServiceError(

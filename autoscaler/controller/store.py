@@ -609,6 +609,21 @@ class Store:
                 path=str(self._path),
             )
 
+    def check_writable(self) -> None:
+        """Raise :class:`StoreUnwritableError` if the store cannot be written now (a
+        read-only file or file system, a full disk): a write is tried, then rolled back, so
+        nothing changes. An SQLite file that cannot be written still opens (read-only)."""
+        conn = self._live()
+        with self._writer:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                conn.execute("UPDATE meta SET value = value WHERE key = 'cluster_id'")
+            except sqlite3.Error as e:
+                raise self._fail(e, "check that it can be written") from e
+            finally:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+
     # ---- opening ---------------------------------------------------------------------------
 
     @classmethod
