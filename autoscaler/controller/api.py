@@ -560,7 +560,9 @@ class ApiApp:
     ) -> None:
         """Use :func:`make_app`."""
         self._service_control = service
-        self._template = store  # checked when opened; closed: only for_thread() is called
+        # Checked when opened, kept open (and unused but by for_thread) until close(): while
+        # it is open, its write-ahead log is the one every thread's store must find.
+        self._template = store
         self._tokens = tokens
         self._clock = clock
         self._logs_dir = logs_dir
@@ -627,8 +629,10 @@ class ApiApp:
             store.close()
 
     def close(self) -> None:
-        """Close the calling thread's store (the others close when their threads end)."""
+        """Close the calling thread's store and the store the app was made with (call it
+        from the thread that made the app; the workers' stores close when they end)."""
         self.close_thread_store()
+        self._template.close()
 
     def _store(self) -> Store:
         store: Store | None = getattr(self._local, "store", None)
@@ -989,9 +993,8 @@ def make_app(
         raise InvalidInputError("max_body_bytes must be >= 1", field="max_body_bytes")
     if not isinstance(tokens, ApiTokens):
         raise InvalidInputError("tokens must be ApiTokens", field="tokens")
-    store = Store.open(store_path, clock)
-    store.close()  # checked (and migrated); each thread opens its own (Store.for_thread)
-    return ApiApp(
+    store = Store.open(store_path, clock)  # checked (and migrated); each thread opens its
+    return ApiApp(  # own from it (Store.for_thread)
         store,
         tokens,
         clock,

@@ -602,7 +602,11 @@ class Store:
                 path=str(self._path),
             )
         wal = _wal_path(self._path)
-        if self._wal_identity is not None and _file_identity(wal) != self._wal_identity:
+        if (
+            self._conn is not None  # a closed store's log is SQLite's to delete
+            and self._wal_identity is not None
+            and _file_identity(wal) != self._wal_identity
+        ):
             raise StoreMissingError(
                 f"the store's write-ahead log {wal} was deleted or replaced while in use (what "
                 "it held since the last checkpoint is lost to every new reader)",
@@ -710,10 +714,12 @@ class Store:
         conn = _connect(self._path)
         store = Store(conn, self._path, self._clock, self._cluster_id, self._schema_version)
         store._identity = self._identity  # the file checked when this store was opened
-        store._wal_identity = self._wal_identity
         try:
             store.ensure_present()  # replaced between the check above and the connect
             _configure(conn, self._path)
+            # This connection's write-ahead log (SQLite deletes it when the last connection
+            # closes and makes a new one for the next: it is never replaced under an open one)
+            store._wal_identity = _file_identity(_wal_path(self._path))
         except sqlite3.Error as e:
             store.close()
             raise self._fail(e, "open the store for another thread") from e
