@@ -18,8 +18,10 @@ The server process's threads are sampled every 0.2 s (``server_threads_max``), a
 job-list answer is kept (``list_bytes_max``).
 
 Writes ``{"requests", "errors", "p50_ms", "p99_ms", "lost_jobs", "clients", "seconds", "jobs",
-"half_open", "server_threads_max", "list_bytes_max", "target", "cpus", "load_before",
-"load_after"}`` (``load_*``: the 1-minute load average of this machine).
+"half_open", "server_threads_max", "list_bytes_max", "server_cpu_ms_per_request",
+"client_cpu_ms_per_request", "target", "cpus", "load_before", "load_after"}`` (``load_*``: the
+1-minute load average of this machine; the CPU figures tell what the machine had to give
+whatever else ran on it: in-process, both are this process's).
 """
 
 from __future__ import annotations
@@ -110,6 +112,15 @@ def _coadapt_up(tmp: Path) -> Iterator[tuple[str, str, int]]:
         log.close()
 
 
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds the process has used."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _threads(pid: int) -> int:
     try:
         return len(os.listdir(f"/proc/{pid}/task"))
@@ -148,6 +159,7 @@ def run(clients: int, seconds: float, *, half_open: int = 0, in_process: bool = 
 
             sampler = threading.Thread(target=sample)
             sampler.start()
+            cpu_before = _cpu_s(pid), _cpu_s(os.getpid())
             stop = time.monotonic() + seconds
 
             def timed(call: Callable[[], object]) -> bool:
@@ -189,6 +201,8 @@ def run(clients: int, seconds: float, *, half_open: int = 0, in_process: bool = 
                 t.join()
             sampling.set()
             sampler.join()
+            server_cpu_s = _cpu_s(pid) - cpu_before[0]
+            client_cpu_s = _cpu_s(os.getpid()) - cpu_before[1]
             stored = {j.name for j in ApiClient(url, token, timeout_s=120.0).list_jobs()}
             for s in stalled:
                 s.close()
@@ -207,6 +221,8 @@ def run(clients: int, seconds: float, *, half_open: int = 0, in_process: bool = 
         "jobs": len(stored),
         "lost_jobs": len(set(submitted) - stored),
         "server_threads_max": threads_max[0],
+        "server_cpu_ms_per_request": 1000.0 * server_cpu_s / max(1, len(latencies)),
+        "client_cpu_ms_per_request": 1000.0 * client_cpu_s / max(1, len(latencies)),
         "list_bytes_max": list_bytes[0],
         "cpus": os.cpu_count(),
         "load_before": load_before,

@@ -92,6 +92,7 @@ import binascii
 import codecs
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import hmac
 import json
@@ -736,7 +737,7 @@ class ApiApp:
             submitted_at_s=row.submitted_at_s,
             updated_at_s=row.updated_at_s,
             version=row.version,
-            spec=JobSubmission.from_json(row.spec_json),
+            spec=_stored_spec(row.spec_json),
             assignment=assignment,
             progress=None if report is None else ProgressInfo.from_report(report),
         )
@@ -1059,6 +1060,13 @@ def _int_arg(request: Request, name: str, default: int, *, maximum: int = MAX_QU
     if len(digits) > len(str(maximum)) or int(digits) > maximum:
         raise ApiError(400, f"{name} must be at most {maximum} ({len(digits)} digits given)", name)
     return int(digits)
+
+
+@functools.lru_cache(maxsize=4096)
+def _stored_spec(spec_json: str) -> JobSubmission:
+    """A stored spec parsed (a frozen value: a job list parses each spec once, not on every
+    page it is read in)."""
+    return JobSubmission.from_json(spec_json)
 
 
 def _cursor(at_s: float, name: str) -> str:

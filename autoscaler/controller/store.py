@@ -1351,8 +1351,19 @@ class Store:
         """The last report of every job that has one (of ``jobs`` only, when given), by job
         name."""
         if jobs is not None:
-            found = (self.latest_report(name) for name in dict.fromkeys(jobs))
-            return {r.job_name: r for r in found if r is not None}
+            names = list(dict.fromkeys(jobs))
+            out: dict[str, ReportRow] = {}
+            for i in range(0, len(names), 500):  # SQLite's bound on parameters
+                chunk = names[i : i + 500]
+                marks = ", ".join("?" * len(chunk))
+                rows = self._read(
+                    "SELECT report_id, job_name, at_s, payload_json FROM reports WHERE "
+                    f"report_id IN (SELECT max(report_id) FROM reports WHERE job_name IN ({marks}) "
+                    "GROUP BY job_name)",
+                    chunk,
+                )
+                out.update((r[1], ReportRow(*r)) for r in rows)
+            return dict(sorted(out.items()))
         rows = self._read(
             "SELECT report_id, job_name, at_s, payload_json FROM reports WHERE report_id IN "
             "(SELECT max(report_id) FROM reports GROUP BY job_name) ORDER BY job_name"
