@@ -202,6 +202,24 @@ def test_the_intent_is_on_disk_before_the_agent_starts(
     assert f"{inst.instance_id}.json" in seen.read_text().split()
 
 
+def test_terminate_also_stops_what_the_instance_started_in_its_own_session(
+    local: LocalProvider, state_dir: Path
+) -> None:
+    """A node agent's launchers start their own sessions (out of the instance's group); they
+    are the instance's all the same, and end with it."""
+    script = (
+        "python3 -c 'import os, time; os.setsid(); open(\"escaped\", \"w\").write("
+        "str(os.getpid())); time.sleep(300)' & exec sleep 300"
+    )
+    (inst,) = local.launch(req("r1", user_data=script)).instances
+    escaped_file = state_dir / "agents" / inst.instance_id / "escaped"
+    wait_until(lambda: escaped_file.exists() and escaped_file.read_text().strip() != "")
+    escaped = int(escaped_file.read_text())
+    assert pid_running(escaped)
+    local.terminate(CLUSTER, [inst.instance_id], "t1")
+    assert not pid_running(escaped)
+
+
 def test_sigterm_ignoring_leftovers_are_sigkilled(state_dir: Path, clock: FakeClock) -> None:
     local = LocalProvider(state_dir, clock=clock, term_grace_s=0.5, heartbeat_s=0.2)
     # The shell ignores SIGTERM and so does its background sleep (ignored dispositions survive
