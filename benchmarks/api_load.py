@@ -58,6 +58,7 @@ from autoscaler.controller.jobs import JobSubmission
 from autoscaler.controller.store import JobStatus, Store
 from coadapt_common.atomic import write_json_atomic
 from coadapt_common.clock import SystemClock
+from coadapt_common.procfs import process_cpu_s, process_thread_count
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -113,19 +114,11 @@ def _coadapt_up(tmp: Path) -> Iterator[tuple[str, str, int]]:
 
 
 def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds the process has used."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return process_cpu_s(pid) or 0.0
 
 
 def _threads(pid: int) -> int:
-    try:
-        return len(os.listdir(f"/proc/{pid}/task"))
-    except OSError:
-        return 0
+    return process_thread_count(pid) or 0
 
 
 def _half_open(url: str, count: int) -> list[socket.socket]:
