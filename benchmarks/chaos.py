@@ -21,7 +21,9 @@ Bounded: it stops after ``--minutes`` or ``--max-events`` events, whichever come
   steps any earlier launch of the job had trained minus the step it resumed from (from the
   jobs' own per-process step logs, ``--log-dir``); must be at most one checkpoint interval;
 * ``relaunches_after_controller_restart``: launchers (job, instance) running just before the
-  controller was killed and replaced by another within three rounds after it came back;
+  controller was killed (once the cluster was quiet) and replaced by another within three
+  rounds after it came back, although the job's placement stayed what it was (a job the
+  policy moved across the restart is listed in the event's ``moved``);
 * ``duplicate_launchers``: times a job had launchers of two allocations (two rendezvous
   endpoints) running at once for more than ``DUPLICATE_GRACE_S`` (a hand-over between agents
   takes an agent's poll and a checkpoint);
@@ -212,21 +214,42 @@ class Soak:
 
     # ---- events ------------------------------------------------------------------------------
 
+    def _placements(self) -> dict[str, dict[str, int]]:
+        try:
+            return {j.name: dict(j.assignment) for j in self.client().list_jobs()}
+        except (ApiError, OSError, ValueError, KeyError):
+            return {}
+
+    def _snapshot(self) -> tuple[dict[str, dict[str, int]], dict[tuple[str, str], set[int]]]:
+        return self._placements(), {k: {p for p, _ in v} for k, v in _launchers().items()}
+
     def controller_kill(self, sig: signal.Signals) -> dict[str, Any]:
+        """Kill the controller once the cluster is quiet (placements and launchers as they
+        were 3 s before, or after 20 s), restart it, and count the launchers replaced
+        although their job's placement is what it was: relaunched because of the restart.
+        (A job the policy moved across the restart is counted apart, in ``moved``.)"""
         assert self.up is not None
-        before = {k: {p for p, _ in v} for k, v in _launchers().items()}
+        before = self._snapshot()
+        for _ in range(6):
+            time.sleep(3.0)
+            now = self._snapshot()
+            if now == before:
+                break
+            before = now
         self.up.send_signal(sig)
         code = self.up.wait(timeout=180)
         away_s = self.rng.uniform(2.0, 15.0)
         time.sleep(away_s)
         self.start_up()
         time.sleep(3 * 2.0 + 4.0)  # three rounds and two agent polls
-        after = {k: {p for p, _ in v} for k, v in _launchers().items()}
-        replaced = [f"{job}@{agent}" for (job, agent), pids in before.items()
-                    if after.get((job, agent)) and not pids & after[(job, agent)]]  # fmt: skip
+        placed, launchers = self._snapshot()
+        moved = sorted(j for j, a in before[0].items() if j in placed and placed[j] != a)
+        replaced = [f"{job}@{agent}" for (job, agent), pids in before[1].items()
+                    if job not in moved and launchers.get((job, agent))
+                    and not pids & launchers[(job, agent)]]  # fmt: skip
         self.relaunches += len(replaced)
         return {"exit": code, "away_s": round(away_s, 1), "relaunched": replaced,
-                "launchers_before": len(before)}  # fmt: skip
+                "moved": moved, "launchers_before": len(before[1])}  # fmt: skip
 
     def agent_kill(self) -> dict[str, Any]:
         targets = []

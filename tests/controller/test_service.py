@@ -103,6 +103,7 @@ def test_stopping_keeps_the_fleet_a_restart_takes_it_back_and_down_releases_it(
     monkeypatch.chdir(ROOT)
     state = tmp_path / "state"
     cfg = UpConfig(state, interval_s=0.5, max_instances=1, max_gpu_slots=2)
+    umask = os.umask(0o022)
     try:
         with service(cfg) as first:
             user = ApiClient(first.url, load_tokens(state / "tokens.json").user, timeout_s=10)
@@ -144,7 +145,14 @@ def test_stopping_keeps_the_fleet_a_restart_takes_it_back_and_down_releases_it(
         assert report.released and report.clean, report
         assert _listed(state) == []
         assert not any(is_running(read_stat(pid)) for pid in agents.values())
+        # What the agents and the job wrote (logs, the checkpoint of its stop) is private,
+        # although this process's umask (which the agents inherit) is 022.
+        written = [p for d in ("logs", "checkpoints") for p in (state / d).rglob("*")]
+        assert any(p.is_file() for p in (state / "logs").rglob("*")), written
+        for path in written:
+            assert stat.S_IMODE(path.stat().st_mode) & 0o077 == 0, path
     finally:
+        os.umask(umask)
         left = _listed(state) if (state / "local").exists() else []
         if left:
             _local(state).terminate(CLUSTER, left, "test-cleanup")
