@@ -208,7 +208,7 @@ def test_terminate_also_stops_what_the_instance_started_in_its_own_session(
     """A node agent's launchers start their own sessions (out of the instance's group); they
     are the instance's all the same, and end with it."""
     script = (
-        "python3 -c 'import os, time; os.setsid(); open(\"escaped\", \"w\").write("
+        'python3 -c \'import os, time; os.setsid(); open("escaped", "w").write('
         "str(os.getpid())); time.sleep(300)' & exec sleep 300"
     )
     (inst,) = local.launch(req("r1", user_data=script)).instances
