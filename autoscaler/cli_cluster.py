@@ -307,6 +307,8 @@ def down(
     It checks first that the process up.json names is that `coadapt up` (its pid, start
     time and command line) and that this state folder's user token is the cluster's."""
     from autoscaler.controller.api import ApiClient, ApiError, load_tokens
+    from autoscaler.controller.errors import ControllerError
+    from autoscaler.errors import InvalidInputError
     from coadapt_common.procfs import process_start_time, read_proc_strings
 
     state = resolve_state_dir(state_dir)
@@ -318,6 +320,8 @@ def down(
         pid, started, cmdline, url = doc["pid"], doc["started"], doc["cmdline"], doc["url"]
         if not (isinstance(pid, int) and pid > 1 and isinstance(cmdline, list)):
             raise ValueError("not an up record")
+        if not (isinstance(url, str) and url.startswith(("http://", "https://"))):
+            raise ValueError("not an API URL")
     except (OSError, ValueError, KeyError, TypeError):
         fail(f"{up_file} is not a record of a running coadapt up; nothing was stopped. If no "
              f"coadapt up runs for {state}, remove it")  # fmt: skip
@@ -334,19 +338,24 @@ def down(
             "takes them back"
         )
     try:
-        client = ApiClient(str(url), load_tokens(state / "tokens.json").user, timeout_s=10.0)
+        token = load_tokens(state / "tokens.json").user
+    except (ControllerError, InvalidInputError) as e:  # one line, no traceback
+        fail(f"cannot read the user token: {e}; nothing was stopped")
+    client = ApiClient(str(url), token, timeout_s=10.0)
+    try:
         serving = client.service()
-        if (serving.get("pid"), serving.get("started")) != (pid, started):
-            fail(f"the API at {url} is served by another process than pid {pid}: nothing was "
-                 "stopped")  # fmt: skip
-        client.service_down()
     except ApiError as e:
         if e.status in (401, 403):
             fail(f"the user token in {state / 'tokens.json'} is not this cluster's: nothing "
                  "was stopped; use the state folder of the coadapt up that runs it")  # fmt: skip
         fail(f"could not ask coadapt up (pid {pid}) to stop: {e.message}; nothing was stopped")
-    except Exception as e:  # a tokens file that cannot be read: one line, no traceback
-        fail(f"cannot read the user token in {state / 'tokens.json'}: {e}; nothing was stopped")
+    if (serving.get("pid"), serving.get("started")) != (pid, started):
+        fail(f"the API at {url} is served by another process than pid {pid}: nothing was "
+             "stopped")  # fmt: skip
+    try:
+        client.service_down()
+    except ApiError as e:
+        fail(f"could not ask coadapt up (pid {pid}) to stop: {e.message}; nothing was stopped")
     deadline = time.monotonic() + timeout_s
     while same_process() and time.monotonic() < deadline:
         time.sleep(0.5)
