@@ -86,10 +86,13 @@ def _env(environ: list[bytes], name: str) -> str | None:
     return None
 
 
-def _launchers() -> dict[tuple[str, str], list[tuple[int, str]]]:
-    """Live launchers by (job, agent id): their pids and rendezvous endpoints."""
+def _launchers(instance_ids: set[str]) -> dict[tuple[str, str], list[tuple[int, str]]]:
+    """Live launchers on the instances ``instance_ids`` (this soak's: other clusters may run
+    on the machine), by (job, agent id): their pids and rendezvous endpoints."""
     out: dict[tuple[str, str], list[tuple[int, str]]] = {}
     for pid, cmd, environ in _procs():
+        if _env(environ, "COADAPT_LOCAL_INSTANCE") not in instance_ids:
+            continue
         if "-m" not in cmd or cmd[cmd.index("-m") + 1 :][:1] != ["trainer.launch"]:
             continue  # not a launcher (torchrun and the workers name the script too)
         if "--job-id" not in cmd:
@@ -192,7 +195,7 @@ class Soak:
         while not self.sampling.wait(1.0):
             now = time.monotonic()
             by_job: dict[str, set[str]] = {}
-            for (job, _), procs in _launchers().items():
+            for (job, _), procs in _launchers(self.instance_ids()).items():
                 by_job.setdefault(job, set()).update(r for _, r in procs)
             for job, endpoints in by_job.items():
                 if len(endpoints) > 1:
@@ -202,6 +205,10 @@ class Soak:
                         self.duplicate_since[job] = -1.0  # counted once per episode
                 else:
                     self.duplicate_since.pop(job, None)
+
+    def instance_ids(self) -> set[str]:
+        """Every instance this soak's cluster has had."""
+        return {p.stem for p in (self.state / "local" / "instances").glob("*.json")}
 
     def instances(self) -> list[dict[str, Any]]:
         out = []
@@ -221,7 +228,8 @@ class Soak:
             return {}
 
     def _snapshot(self) -> tuple[dict[str, dict[str, int]], dict[tuple[str, str], set[int]]]:
-        return self._placements(), {k: {p for p, _ in v} for k, v in _launchers().items()}
+        launchers = _launchers(self.instance_ids())
+        return self._placements(), {k: {p for p, _ in v} for k, v in launchers.items()}
 
     def controller_kill(self, sig: signal.Signals) -> dict[str, Any]:
         """Kill the controller once the cluster is quiet (placements and launchers as they
@@ -243,7 +251,7 @@ class Soak:
         self.start_up()
         time.sleep(3 * 2.0 + 4.0)  # three rounds and two agent polls
         placed, launchers = self._snapshot()
-        moved = sorted(j for j, a in before[0].items() if j in placed and placed[j] != a)
+        moved = sorted(j for j, a in before[0].items() if placed.get(j) not in (a, {}, None))
         replaced = [f"{job}@{agent}" for (job, agent), pids in before[1].items()
                     if job not in moved and launchers.get((job, agent))
                     and not pids & launchers[(job, agent)]]  # fmt: skip
