@@ -1348,6 +1348,8 @@ def serve(
     ``limits.connection_limit`` connections are open. HTTP/1.1 keep-alive is supported
     within those limits. ``poll_interval_s`` is the event loop's wake-up period."""
     limits = limits or ServerLimits()
+    # Waitress warns on every request that waits for a worker: under load, a line per request.
+    logging.getLogger("waitress.queue").setLevel(logging.ERROR)
     with contextlib.suppress(ValueError, OSError):  # a socket per connection: room for them
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         want = limits.connection_limit + 256
