@@ -1346,7 +1346,8 @@ def serve(
     connections close after ``limits.idle_timeout_s``, requests that take longer than
     ``limits.request_timeout_s`` to arrive are dropped, and at most
     ``limits.connection_limit`` connections are open. HTTP/1.1 keep-alive is supported
-    within those limits. ``poll_interval_s`` is the event loop's wake-up period."""
+    within those limits. ``poll_interval_s`` is the event loop's longest sleep (at least
+    1 s)."""
     limits = limits or ServerLimits()
     # Waitress warns on every request that waits for a worker: under load, a line per request.
     logging.getLogger("waitress.queue").setLevel(logging.ERROR)
@@ -1364,7 +1365,9 @@ def serve(
         channel_timeout=limits.idle_timeout_s,
         cleanup_interval=limits.check_interval_s,
         asyncore_use_poll=True,  # select() cannot watch more than 1,024 sockets
-        asyncore_loop_timeout=max(0.01, poll_interval_s),
+        # The loop's poll time-out: 1 s, Waitress's own (a shorter one slowed the workers
+        # under concurrent submissions here); shutdown wakes the loop through its trigger.
+        asyncore_loop_timeout=max(1.0, poll_interval_s),
         # The app checks the exact limit; the server refuses, unread, what is clearly over it
         # (a chunked body's size counts its framing here).
         max_request_body_size=app.max_body_bytes + _BODY_SLACK_BYTES,
