@@ -104,21 +104,44 @@ def up(
         int | None,
         typer.Option(help="fleet GPU cap (local default: --max-gpu-slots)"),
     ] = None,
+    new_store: Annotated[
+        bool,
+        typer.Option(
+            "--new-store",
+            help="start with a new, empty store although the state folder holds an earlier "
+            "cluster's files (an existing store is moved aside, not deleted)",
+        ),
+    ] = False,
 ) -> None:
-    """Run the controller (API, rounds, fleet) in the foreground until Ctrl-C or `coadapt
-    down`, then release every instance. On aws/gcp it runs on the controller machine a
-    deployment made (`coadapt deploy`), reading that deployment's provider config."""
+    """Run the controller (API, rounds, fleet) in the foreground. Ctrl-C or SIGTERM stops it
+    and leaves the fleet and its jobs running (the next `coadapt up` takes them back, at the
+    same address); `coadapt down` releases every instance and stops it. On aws/gcp it runs
+    on the controller machine a deployment made (`coadapt deploy`), reading that
+    deployment's provider config."""
     from autoscaler.controller.credentials import TokenFileError
-    from autoscaler.controller.service import UpConfig, run_up, up_is_stale
+    from autoscaler.controller.service import ServiceError, UpConfig, run_up, up_is_stale
     from autoscaler.errors import InvalidInputError
 
+    os.umask(0o077)  # what up and its agents write is private to this user
     if provider not in ("local", "aws", "gcp"):
         fail(f"--provider {provider}: choose local, aws or gcp", 2)
     if provider != "local" and provider_config is None:
         fail(f"--provider {provider} needs --provider-config (the deployment's provider.json)", 2)
     if interval_s <= 0 or max_instances < 1:
         fail("--interval-s must be > 0 and --max-instances >= 1", 2)
+    if max_gpu_slots is not None and max_gpu_slots < 1:
+        fail(
+            f"--max-gpu-slots {max_gpu_slots}: the local provider needs at least 1 GPU slot; "
+            "give a count >= 1, or leave it out for 2 per CPU core",
+            2,
+        )
+    if max_gpus is not None and max_gpus < 1:
+        fail(f"--max-gpus {max_gpus}: give a count >= 1, or leave it out", 2)
+    if not 0 <= port <= 65535:
+        fail(f"--port {port}: give a port 1-65535, or 0 for the recorded one", 2)
     state = resolve_state_dir(state_dir)
+    if state.exists() and not state.is_dir():
+        fail(f"--state-dir {state} is a file, not a folder; name a folder (created if missing)", 2)
     if (state / "up.json").exists():
         if not up_is_stale(state / "up.json"):
             fail(f"a cluster is already up in {state} (coadapt down --state-dir {state})")
@@ -139,6 +162,7 @@ def up(
         max_gpus=max_gpus,
         provider=provider,
         provider_config=provider_config,
+        new_store=new_store,
     )
 
     def ready(url: str) -> None:
@@ -153,6 +177,14 @@ def up(
         fail(str(e), 2)
     except TokenFileError as e:
         fail(str(e))
+    except ServiceError as e:
+        fail(str(e))
+    if not report.released:
+        typer.echo(
+            f"coadapt: stopped; {len(report.remaining)} instance(s) and their jobs keep running "
+            f"(coadapt up --state-dir {state} takes them back, coadapt down releases them)"
+        )
+        return
     if not report.clean:
         fail(f"instances still listed after down: {', '.join(report.remaining)}")
     typer.echo("coadapt: down; no instance left")
@@ -322,21 +354,65 @@ def down(
     state_dir: StateDir = None,
     timeout_s: Annotated[float, typer.Option(help="how long to wait")] = 300.0,
 ) -> None:
-    """Stop the running `coadapt up`: it releases every instance and confirms none is left."""
+    """Stop the running `coadapt up` and release every instance: it confirms none is left.
+    It checks first that the process up.json names is that `coadapt up` (its pid, start
+    time and command line) and that this state folder's user token is the cluster's."""
+    from autoscaler.controller.api import ApiClient, ApiError, load_tokens
+    from autoscaler.controller.errors import ControllerError
+    from autoscaler.errors import InvalidInputError
+    from coadapt_common.procfs import process_start_time, read_proc_strings
+
     state = resolve_state_dir(state_dir)
     up_file = state / "up.json"
     if not up_file.exists():
         fail(f"no cluster is up in {state}")
-    pid = int(json.loads(up_file.read_text())["pid"])
     try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        fail(f"the `coadapt up` of {state} (pid {pid}) is gone; remove {up_file} and rerun up")
+        doc = json.loads(up_file.read_text())
+        pid, started, cmdline, url = doc["pid"], doc["started"], doc["cmdline"], doc["url"]
+        if not (isinstance(pid, int) and pid > 1 and isinstance(cmdline, list)):
+            raise ValueError("not an up record")
+        if not (isinstance(url, str) and url.startswith(("http://", "https://"))):
+            raise ValueError("not an API URL")
+    except (OSError, ValueError, KeyError, TypeError):
+        fail(f"{up_file} is not a record of a running coadapt up; nothing was stopped. If no "
+             f"coadapt up runs for {state}, remove it")  # fmt: skip
+
+    def same_process() -> bool:
+        live = [p.decode(errors="replace") for p in read_proc_strings(pid, "cmdline")]
+        return started is not None and process_start_time(pid) == started and live == cmdline
+
+    if not same_process():
+        fail(
+            f"{up_file} names pid {pid}, which is not the coadapt up that wrote it (gone, or "
+            "its start time or command line differ): nothing was stopped. If no coadapt up "
+            f"runs for {state}, remove {up_file}; its instances keep running until an up "
+            "takes them back"
+        )
+    try:
+        token = load_tokens(state / "tokens.json").user
+    except (ControllerError, InvalidInputError) as e:  # one line, no traceback
+        fail(f"cannot read the user token: {e}; nothing was stopped")
+    client = ApiClient(str(url), token, timeout_s=10.0)
+    try:
+        serving = client.service()
+    except ApiError as e:
+        if e.status in (401, 403):
+            fail(f"the user token in {state / 'tokens.json'} is not this cluster's: nothing "
+                 "was stopped; use the state folder of the coadapt up that runs it")  # fmt: skip
+        fail(f"could not ask coadapt up (pid {pid}) to stop: {e.message}; nothing was stopped")
+    if (serving.get("pid"), serving.get("started")) != (pid, started):
+        fail(f"the API at {url} is served by another process than pid {pid}: nothing was "
+             "stopped")  # fmt: skip
+    try:
+        client.service_down()
+    except ApiError as e:
+        fail(f"could not ask coadapt up (pid {pid}) to stop: {e.message}; nothing was stopped")
     deadline = time.monotonic() + timeout_s
-    while up_file.exists() and time.monotonic() < deadline:
+    while same_process() and time.monotonic() < deadline:
         time.sleep(0.5)
-    if up_file.exists():
-        fail(f"`coadapt up` (pid {pid}) has not stopped after {timeout_s:.0f} s")
+    if same_process():
+        fail(f"`coadapt up` (pid {pid}) is still releasing after {timeout_s:.0f} s; run coadapt "
+             "down again to wait longer")  # fmt: skip
     typer.echo("coadapt: down")
 
 
@@ -365,6 +441,7 @@ def demo(
     from autoscaler.controller.service import UpConfig, run_up
     from providers.local import LocalProvider
 
+    os.umask(0o077)
     examples = Path.cwd() / "examples" / "jobs"
     if not examples.is_dir():
         fail("run the demo from the coadapt checkout (it needs examples/jobs/)", 2)
@@ -379,6 +456,7 @@ def demo(
         local_spot_price_swing=0.4,  # simulated spot prices: +-40 % over two minutes
         local_spot_price_period_s=120.0,
         offerings_refresh_s=15.0,
+        release_on_stop=True,  # the demo's fleet ends with it
     )
     thread = threading.Thread(
         target=lambda: result.setdefault("down", run_up(cfg, stop, on_ready=ready.append)),

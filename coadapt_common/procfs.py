@@ -7,6 +7,7 @@ provider (is this pid our agent? which processes are in this group?). Every read
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,9 @@ __all__ = [
     "has_procfs",
     "is_running",
     "native_thread_count",
+    "process_cpu_s",
     "process_start_time",
+    "process_thread_count",
     "read_proc_strings",
     "read_stat",
 ]
@@ -101,3 +104,24 @@ def native_thread_count() -> int | None:
         return len(list((PROC_ROOT / "self" / "task").iterdir()))
     except OSError:
         return None
+
+
+def process_thread_count(pid: int) -> int | None:
+    """Threads of process ``pid`` as the kernel sees them, or ``None`` if it cannot tell."""
+    try:
+        return len(list((PROC_ROOT / str(pid) / "task").iterdir()))
+    except OSError:
+        return None
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """User plus system CPU seconds process ``pid`` has used (fields 14 and 15 of its stat),
+    or ``None``."""
+    try:
+        raw = (PROC_ROOT / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    fields = raw[raw.rfind(")") + 2 :].split()
+    if len(fields) < 13:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

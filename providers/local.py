@@ -20,10 +20,11 @@ Rules it keeps, beyond ``providers.base``:
   the agent script and the instance id, so a recycled pid is never signalled. A process
   group is signalled only while one of its members carries ``COADAPT_LOCAL_INSTANCE=<id>`` in
   its environment.
-* **Terminate leaves nothing running.** SIGTERM to the whole process group, a bounded wait of
-  ``term_grace_s`` (real time: process exits are real events, measured on ``process_clock``),
-  then SIGKILL to whatever is left of the group. Workloads that start their own session escape
-  the group and are not covered.
+* **Terminate leaves nothing running.** SIGTERM to the whole process group and to every
+  process that carries the instance's marker outside it (workloads that start their own
+  session, like the node agent's launchers: every process of an instance inherits the
+  marker), a bounded wait of ``term_grace_s`` (real time: process exits are real events,
+  measured on ``process_clock``), then SIGKILL to whatever is left.
 * **Capacity.** At most ``max_gpu_slots`` live GPU slots on this machine (all clusters sharing
   ``state_dir``) and optionally at most N live instances per pool; a launch that runs out gets
   ``InsufficientCapacityError`` for that pool, which is then marked unavailable.
@@ -771,28 +772,36 @@ class LocalProvider:
 
     @staticmethod
     def _our_members(records: Sequence[LocalRecord]) -> dict[str, list[int]]:
-        """Live pids of each record's process group that really belong to its instance."""
+        """Live pids of each record's instance: the members of its process group that really
+        belong to it, and every process elsewhere that carries its marker (a workload that
+        started its own session, like the node agent's launchers, is still the instance's)."""
         groups = live_groups(r.pgid for r in records if r.pgid is not None)
+        strays = _marked_processes({r.instance_id for r in records})
         out: dict[str, list[int]] = {}
         for rec in records:
-            if rec.pgid is None:
-                continue
-            pids = [p for p in groups.get(rec.pgid, ()) if _owned(p, rec)]
+            pids = set(strays.get(rec.instance_id, ()))
+            if rec.pgid is not None:
+                pids.update(p for p in groups.get(rec.pgid, ()) if _owned(p, rec))
             if pids:
-                out[rec.instance_id] = pids
+                out[rec.instance_id] = sorted(pids)
         return out
 
     def _signal_groups(self, records: Sequence[LocalRecord], sig: signal.Signals) -> None:
-        """Signal each record's process group while some live member of it is really ours."""
+        """Signal each record's process group while some live member of it is really ours,
+        and each process of the instance outside that group."""
         members = self._our_members(records)
         for rec in records:
-            if rec.pgid is None or rec.instance_id not in members:
+            if rec.instance_id not in members:
                 continue
-            try:
-                os.killpg(rec.pgid, sig)
-                self.op_counts["signal"] += 1
-            except ProcessLookupError:
-                pass
+            if rec.pgid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(rec.pgid, sig)
+                    self.op_counts["signal"] += 1
+            for pid in members[rec.instance_id]:
+                stat = read_stat(pid)
+                if stat is not None and stat.pgid != rec.pgid:  # its own session
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, sig)
 
     def _wait_groups_gone(self, records: Sequence[LocalRecord], wait_s: float) -> list[LocalRecord]:
         """Wait (real time) until no process of the records' instances is left; return the
@@ -884,6 +893,26 @@ class LocalProvider:
         except (OSError, ValueError):
             return InstanceState.PENDING  # spawned, not yet reporting
         return InstanceState.RUNNING if agent.get("state") == "running" else InstanceState.STOPPING
+
+
+def _marked_processes(instance_ids: set[str]) -> dict[str, list[int]]:
+    """Live pids carrying ``COADAPT_LOCAL_INSTANCE=<id>`` of each of ``instance_ids`` (every
+    process an instance starts inherits it), by instance id; empty without ``/proc``."""
+    if not instance_ids or not has_procfs():
+        return {}
+    wanted = {f"{INSTANCE_ENV}={iid}".encode(): iid for iid in instance_ids}
+    out: dict[str, list[int]] = {}
+    for entry in os.scandir(PROC_ROOT):
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        for item in read_proc_strings(pid, "environ", settle=False):
+            iid = wanted.get(item)
+            if iid is not None:
+                if is_running(read_stat(pid)):
+                    out.setdefault(iid, []).append(pid)
+                break
+    return out
 
 
 def _owned(pid: int, rec: LocalRecord) -> bool:

@@ -17,6 +17,10 @@ Contract with the provider:
   agent's own process group (the instance's workload, later the torchrun agent), with
   ``COADAPT_INSTANCE_ID`` and ``COADAPT_GPU_SLOTS`` in its environment. The agent outlives the
   workload and records its exit code.
+* A workload that fails (exits non-zero or is killed) while the agent is not stopping is
+  started again after ``RESTART_DELAY_S``, as a machine's init restarts a crashed service, at
+  most ``MAX_RESTARTS`` times in ``RESTART_WINDOW_S`` (then it stays down); one that exits 0 is
+  done. ``workload_restarts`` counts the restarts.
 * On SIGTERM or SIGINT it passes SIGTERM to the workload, waits up to ``--stop-grace-s`` for it
   (then SIGKILL), writes ``state: "stopped"`` and exits 0.
 
@@ -37,6 +41,9 @@ from pathlib import Path
 from typing import Any
 
 INSTANCE_ENV = "COADAPT_LOCAL_INSTANCE"  # marks the agent and its workload (set by the provider)
+RESTART_DELAY_S = 1.0
+RESTART_WINDOW_S = 60.0
+MAX_RESTARTS = 5
 
 
 def _write_state_file(path: Path, payload: dict[str, Any]) -> None:
@@ -72,6 +79,9 @@ class Agent:
         self.started_at_s = time.time()
         self.workload: subprocess.Popen[bytes] | None = None
         self.workload_exit: int | None = None
+        self.workload_restarts = 0
+        self._restarted_at: list[float] = []
+        self._restart_at: float | None = None
         self._stop_signal: int | None = None
 
     def _state(self, state: str) -> dict[str, Any]:
@@ -85,6 +95,7 @@ class Agent:
             "heartbeat_at_s": time.time(),
             "workload_pid": None if self.workload is None else self.workload.pid,
             "workload_exit": self.workload_exit,
+            "workload_restarts": self.workload_restarts,
             "stop_signal": self._stop_signal,
         }
 
@@ -98,27 +109,55 @@ class Agent:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         if self.user_data.strip():
-            env = dict(os.environ)
-            env["COADAPT_INSTANCE_ID"] = self.instance_id
-            env["COADAPT_GPU_SLOTS"] = str(self.gpus)
-            self.workload = subprocess.Popen(
-                ["/bin/sh", "-c", self.user_data],
-                cwd=self.agent_dir,
-                env=env,
-                stdin=subprocess.DEVNULL,
-            )
+            self._start_workload()
         state_path = self.agent_dir / "agent.json"
         while self._stop_signal is None:
             if self.workload is not None and self.workload_exit is None:
                 self.workload_exit = self.workload.poll()
+                if self.workload_exit not in (None, 0):
+                    self._restart_at = self._may_restart()
+            if self._restart_at is not None and time.monotonic() >= self._restart_at:
+                self._restart_at = None
+                self.workload_restarts += 1
+                self._start_workload()
             self._report(state_path, "running")
+            wait_s = self.heartbeat_s
+            if self._restart_at is not None:
+                wait_s = max(0.0, min(wait_s, self._restart_at - time.monotonic()))
             # Returns early when a signal arrives (the wakeup fd becomes readable).
-            readable, _, _ = select.select([wake_r], [], [], self.heartbeat_s)
+            readable, _, _ = select.select([wake_r], [], [], wait_s)
             if readable:
                 os.read(wake_r, 512)
         self._stop_workload()
         self._report(state_path, "stopped")
         return 0
+
+    def _start_workload(self) -> None:
+        env = dict(os.environ)
+        env["COADAPT_INSTANCE_ID"] = self.instance_id
+        env["COADAPT_GPU_SLOTS"] = str(self.gpus)
+        self.workload_exit = None
+        self.workload = subprocess.Popen(
+            ["/bin/sh", "-c", self.user_data],
+            cwd=self.agent_dir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
+
+    def _may_restart(self) -> float | None:
+        """When to start a failed workload again (``None``: it has failed too often)."""
+        now = time.monotonic()
+        self._restarted_at = [t for t in self._restarted_at if now - t < RESTART_WINDOW_S]
+        if len(self._restarted_at) >= MAX_RESTARTS:
+            print(
+                f"local agent {self.instance_id}: the workload failed {MAX_RESTARTS} times in "
+                f"{RESTART_WINDOW_S:.0f} s (last exit {self.workload_exit}); not restarting it",
+                file=sys.stderr,
+                flush=True,
+            )
+            return None
+        self._restarted_at.append(now)
+        return now + RESTART_DELAY_S
 
     def _report(self, path: Path, state: str) -> None:
         try:

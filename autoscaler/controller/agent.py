@@ -494,12 +494,18 @@ class AgentRunner:
                 self.noticed = bool(self.notice())
             except ProviderError as e:  # the metadata service blipped: look again next step
                 log.warning("agent %s: interruption source: %s", self.instance_key, e)
-        assigned = (
-            {}
-            if self.noticed
-            else assignments_from_json(self.client.assignments(self.instance_key))
-        )
-        actions = plan(assigned, self.supervisor.running)
+        running = self.supervisor.running
+        assigned: dict[str, JobAssignment] = {}
+        if not self.noticed:
+            raw = self.client.assignments(self.instance_key)
+            assigned = assignments_from_json(raw)
+            # Still assigned here, its rendezvous not known yet (a restarted controller has
+            # not heard from the job's first node since): what runs keeps running.
+            for item in raw:
+                job = str(item.get("job")) if isinstance(item, dict) else ""
+                if job in running and job not in assigned and item.get("rendezvous") is None:
+                    assigned[job] = running[job]
+        actions = plan(assigned, running)
         for job in self.supervisor.apply(actions):
             try:  # it finished as it was being stopped: the controller learns it was done
                 self.client.job_exited(self.instance_key, job, failed=False)

@@ -7,38 +7,15 @@ request must carry ``Authorization: Bearer <credential>``; a request without one
 that is not valid, gets 401; a valid one of another role, or of the right role for another
 instance or job, gets 403. Either way nothing is read beyond the headers and nothing changes.
 
-endpoint                                      role   answer
-============================================  =====  ==============================================
-``POST /v1/jobs``                             user   201, the job (body: a ``JobSubmission``);
-                                                     409 if the name is taken
-``GET  /v1/jobs``                             user   ``{"jobs": [job, ...]}``, in submission order
-``GET  /v1/jobs/{name}``                      user   the job
-``POST /v1/jobs/{name}/cancel``               user   the job, ``cancelled``; 409 if it had ended
-``POST /v1/jobs/{name}/retry``                user   the job, ``queued`` again (a refused or
-                                                     failed one; its failures start over); 409
-                                                     for any other
-``GET  /v1/jobs/{name}/logs?offset=N``        user   :class:`LogChunk` (``&instance=KEY``: one file)
-``GET  /v1/instances``                        user   ``{"instances": [row, ...]}``, by key
-``GET  /v1/fleet``                            user   ``{"released_at_s", "release_listing"}``
-``POST /v1/fleet/release``                    user   202 ``{"released_at_s"}``: the service
-                                                     terminates every instance, launches none
-``POST /v1/fleet/resume``                     user   ``{"released_at_s": null}``: launches again
-``POST /v1/agents/register``                  agent  the instance row (body ``{"instance_key"}``);
-                                                     409 unless it is ``running``
-``POST /v1/agents/{key}/heartbeat``           agent  ``{"instance_key", "at_s", "status"}``
-``GET  /v1/agents/{key}/assignments``         agent  ``{"instance_key", "instance_status",
-                                                     "assignments": [...]}``
-``POST /v1/agents/{key}/jobs/{name}/exit``    agent  ``{"job", "status", "counted"}`` (body
-                                                     ``{"failed": bool}``)
-``POST /v1/jobs/{job_id}/reports``            agent  a :class:`~trainer.report.ReportReply`
-============================================  =====  ==============================================
-=======
 ============================================  ======  =============================================
 endpoint                                      role    answer
 ============================================  ======  =============================================
 ``POST /v1/jobs``                             user    201, the job (body: a ``JobSubmission``);
                                                       409 if the name is taken
-``GET  /v1/jobs``                             user    ``{"jobs": [job, ...]}``, in submission order
+``GET  /v1/jobs?limit=N&cursor=C``            user    ``{"jobs": [job, ...], "next_cursor"}``: a
+                                                      page (N <= 500, default 100) in submission
+                                                      order; ``next_cursor`` (``null`` at the
+                                                      end) is the next page's ``cursor``
 ``GET  /v1/jobs/{name}``                      user    the job
 ``POST /v1/jobs/{name}/cancel``               user    the job, ``cancelled``; 409 if it had ended
 ``POST /v1/jobs/{name}/retry``                user    the job, ``queued`` again (a refused or
@@ -47,6 +24,10 @@ endpoint                                      role    answer
 ``GET  /v1/jobs/{name}/logs?offset=N``        user    :class:`LogChunk` (``&instance=KEY``: one
                                                       file)
 ``GET  /v1/instances``                        user    ``{"instances": [row, ...]}``, by key
+``GET  /v1/service``                          user    ``{"pid", "started", "cmdline"}``: the
+                                                      process serving (``coadapt up``)
+``POST /v1/service/down``                     user    202, the same: it releases every instance
+                                                      and stops (``coadapt down``)
 ``GET  /v1/fleet``                            user    ``{"released_at_s", "release_listing"}``
 ``POST /v1/fleet/release``                    user    202 ``{"released_at_s"}``: the service
                                                       terminates every instance, launches none
@@ -60,7 +41,8 @@ endpoint                                      role    answer
                                                       made with the previous agent key (renew)
 ``GET  /v1/agents/{key}/assignments``         agent   ``{"instance_key", "instance_status",
                                               of key  "assignments": [...]}``; each assignment
-                                                      carries its job's ``report_token``
+                                                      carries its job's ``report_token`` and the
+                                                      planned ``batch`` to launch with
 ``POST /v1/agents/{key}/jobs/{name}/exit``    agent   ``{"job", "status", "counted"}`` (body
                                               of key  ``{"failed": bool}``)
 ``POST /v1/jobs/{job_id}/reports``            report  a :class:`~trainer.report.ReportReply`
@@ -123,8 +105,9 @@ Decisions made here, and why:
 The app opens its own :class:`~autoscaler.controller.store.Store` per thread on the store
 file (a store is bound to the thread that made it); the file is checked once, when the app is
 made (:meth:`Store.open`), and each thread's store comes from :meth:`Store.for_thread`.
-:func:`serve` runs it on Werkzeug's threaded server (a thread per connection, and every
-connection closed after its answer), closing a thread's store when its connection ends.
+:func:`serve` runs it on Waitress: one event loop reads every connection, and only complete
+requests reach a bounded pool of worker threads, each with its own store (closed when the
+server shuts down); idle and slow connections time out (:class:`ServerLimits`).
 Credentials are compared in constant time and never logged; the request log (the request line
 and the status) goes to this module's logger at DEBUG. The credentials are read through a
 :class:`~autoscaler.controller.credentials.CredentialSource`: a running controller's is its
@@ -133,27 +116,37 @@ tokens file, read again when a rotation changed it.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import codecs
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
 import os
 import re
+import resource
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from http.client import HTTPException as HttpClientError
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Final, NoReturn, Protocol, TypeVar
 
+from waitress.adjustments import Adjustments
+from waitress.channel import HTTPChannel
+from waitress.server import TcpWSGIServer
+from waitress.task import ErrorTask, ThreadedTaskDispatcher
+from waitress.wasyncore import close_all
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound, RequestEntityTooLarge
 from werkzeug.routing import Map, Rule
-from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 from werkzeug.wrappers import Request, Response
 
 from autoscaler.controller.credentials import (
@@ -177,7 +170,6 @@ from autoscaler.controller.errors import (
 from autoscaler.controller.jobs import JOB_NAME_PATTERN, JobSubmission
 from autoscaler.controller.lifecycle import InstanceStatus
 from autoscaler.controller.store import (
-    AssignmentSpan,
     InstanceRow,
     JobBatch,
     JobRow,
@@ -199,9 +191,12 @@ from trainer.report import (
 )
 
 __all__ = [
+    "DEFAULT_JOBS_PAGE",
     "DEFAULT_MAX_BODY_BYTES",
     "JOB_NAME_PATTERN",
+    "MAX_JOBS_PAGE",
     "MAX_LOG_CHUNK_BYTES",
+    "MAX_QUERY_INT",
     "ApiApp",
     "ApiClient",
     "ApiCredentials",
@@ -218,6 +213,8 @@ __all__ = [
     "PlannedBatch",
     "ProgressInfo",
     "Role",
+    "ServerLimits",
+    "ServiceControl",
     "TokenFileError",
     "generate_tokens",
     "instance_from_dict",
@@ -233,10 +230,17 @@ DEFAULT_MAX_BODY_BYTES: Final = 1 << 20
 """Bodies larger than this (1 MiB) are refused with 413."""
 MAX_LOG_CHUNK_BYTES: Final = 1 << 20
 """The most log bytes one answer carries."""
+DEFAULT_JOBS_PAGE: Final = 100
+"""Jobs in one answer of ``GET /v1/jobs`` without ``limit``."""
+MAX_JOBS_PAGE: Final = 500
+"""The largest ``limit`` of ``GET /v1/jobs``."""
+MAX_QUERY_INT: Final = (1 << 63) - 1
+"""The largest count a query argument may carry (a log offset: no file is larger)."""
 RENDEZVOUS_PORT_BASE: Final = 29500
 RENDEZVOUS_PORT_SPAN: Final = 1000
 
 _log = logging.getLogger(__name__)
+_BODY_SLACK_BYTES: Final = 64 * 1024
 _ENDED: Final = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED})
 _NOUNS: Final = {"jobs": "job", "instances": "instance"}
 _CANCEL_TRIES: Final = 5
@@ -271,6 +275,16 @@ class ApiUnreachableError(ApiError):
 
 
 # ---- the answers ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServiceControl:
+    """The service an API runs in, for ``coadapt down``: ``identity`` (``pid``, ``started``:
+    the kernel's start time of that pid, ``cmdline``) and ``request_down``, called when a
+    user asks it to release its fleet and stop."""
+
+    identity: Mapping[str, Any]
+    request_down: Callable[[], None]
 
 
 class JobExitHandler(Protocol):
@@ -527,9 +541,13 @@ class ApiApp:
         logs_dir: Path,
         on_job_exit: JobExitHandler,
         max_body_bytes: int,
+        service: ServiceControl | None = None,
     ) -> None:
         """Use :func:`make_app`."""
-        self._template = store  # checked when opened; closed: only for_thread() is called
+        self._service_control = service
+        # Checked when opened, kept open (and unused but by for_thread) until close(): while
+        # it is open, its write-ahead log is the one every thread's store must find.
+        self._template = store
         self._credentials = credentials
         self._clock = clock
         self._logs_dir = logs_dir
@@ -551,6 +569,8 @@ class ApiApp:
             ("POST", "/v1/fleet/release", Role.USER, self._release_fleet),
             ("POST", "/v1/fleet/resume", Role.USER, self._resume_fleet),
             ("GET", "/v1/costs", Role.USER, self._costs),
+            ("GET", "/v1/service", Role.USER, self._service),
+            ("POST", "/v1/service/down", Role.USER, self._service_down),
             ("POST", "/v1/agents/register", Role.AGENT, self._register),
             ("POST", "/v1/agents/<instance_key>/heartbeat", Role.AGENT, self._heartbeat),
             ("GET", "/v1/agents/<instance_key>/assignments", Role.AGENT, self._assignments),
@@ -595,8 +615,10 @@ class ApiApp:
             store.close()
 
     def close(self) -> None:
-        """Close the calling thread's store (the others close when their threads end)."""
+        """Close the calling thread's store and the store the app was made with (call it
+        from the thread that made the app; the workers' stores close when they end)."""
         self.close_thread_store()
+        self._template.close()
 
     def _store(self) -> Store:
         store: Store | None = getattr(self._local, "store", None)
@@ -607,6 +629,11 @@ class ApiApp:
         return store
 
     def _dispatch(self, request: Request) -> Response:
+        response = self._answer(request)
+        _log.debug("%s %s %s", request.method, request.path, response.status_code)
+        return response
+
+    def _answer(self, request: Request) -> Response:
         try:
             endpoint, args = self._map.bind_to_environ(request.environ).match()
             _, _, role, handler = self._routes[endpoint]
@@ -706,10 +733,6 @@ class ApiApp:
         batch: JobBatch | None,
         restarts: int,
     ) -> JobInfo:
-        try:
-            spec = json.loads(row.spec_json)  # as stored, even one that no longer passes
-        except ValueError:
-            spec = {}
         return JobInfo(
             name=row.name,
             status=row.status,
@@ -717,7 +740,7 @@ class ApiApp:
             submitted_at_s=row.submitted_at_s,
             updated_at_s=row.updated_at_s,
             version=row.version,
-            spec=spec if isinstance(spec, dict) else {},
+            spec=_stored_spec(row.spec_json),
             assignment=assignment,
             report=None if report is None else ProgressInfo.from_report(report),
             batch=None if batch is None or not assignment else PlannedBatch.of(batch),
@@ -727,7 +750,7 @@ class ApiApp:
 
     def _one_job(self, store: Store, row: JobRow) -> dict[str, Any]:
         assignment = {k: g for (_, k), g in store.list_assignments(job=row.name).items()}
-        restarts = _restarts(store.assignment_history(row.name)).get(row.name, 0)
+        restarts = store.restart_counts([row.name]).get(row.name, 0)
         return self._job_info(
             row, assignment, store.latest_report(row.name), store.get_batch(row.name), restarts
         ).to_dict()
@@ -744,13 +767,19 @@ class ApiApp:
         )
 
     def _list_jobs(self, request: Request) -> Response:
+        limit = _int_arg(request, "limit", DEFAULT_JOBS_PAGE, maximum=MAX_JOBS_PAGE)
+        if limit < 1:
+            raise ApiError(400, f"limit must be 1 to {MAX_JOBS_PAGE}", "limit")
+        after = _cursor_arg(request)
         store = self._store()
+        rows = store.list_jobs_page(after, limit)
+        names = [row.name for row in rows]
         assigned: dict[str, dict[str, int]] = {}
         for (job, key), gpus in store.list_assignments().items():
             assigned.setdefault(job, {})[key] = gpus
-        reports = store.latest_reports()
-        batches = store.list_batches()
-        restarts = _restarts(store.assignment_history())
+        reports = store.latest_reports(names)
+        batches = store.list_batches(names)
+        restarts = store.restart_counts(names)
         jobs = [
             self._job_info(
                 row,
@@ -759,9 +788,11 @@ class ApiApp:
                 batches.get(row.name),
                 restarts.get(row.name, 0),
             ).to_dict()
-            for row in store.list_jobs()
+            for row in rows
         ]
-        return _json({"jobs": jobs})
+        last = rows[-1] if len(rows) == limit else None
+        cursor = None if last is None else _cursor(last.submitted_at_s, last.name)
+        return _json({"jobs": jobs, "next_cursor": cursor})
 
     def _get_job(self, request: Request, name: str) -> Response:
         store = self._store()
@@ -861,6 +892,22 @@ class ApiApp:
             first = records[0].start_s if records else now
             points = [[first, 0.0], *points, [now, total]]
         return _json({"total_usd": total, "usd_per_hour": usd_per_hour, "points": points})
+
+    def _service(self, request: Request) -> Response:
+        """The process serving this API (what ``coadapt down`` checks against ``up.json``)."""
+        control = self._service_control
+        if control is None:
+            raise ApiError(404, "this API runs in no service that can be stopped")
+        return _json(dict(control.identity))
+
+    def _service_down(self, request: Request) -> Response:
+        """``coadapt down``: the service releases the fleet and stops."""
+        control = self._service_control
+        if control is None:
+            raise ApiError(404, "this API runs in no service that can be stopped")
+        control.request_down()
+        _log.info("down requested: releasing the fleet and stopping")
+        return _json(dict(control.identity), 202)
 
     # ---- agents ----------------------------------------------------------------------------
 
@@ -988,13 +1035,16 @@ def make_app(
     logs_dir: str | Path,
     on_job_exit: JobExitHandler,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    service: ServiceControl | None = None,
 ) -> ApiApp:
     """The API over the store at ``store_path`` (opened, checked and migrated now, in the
     calling thread: :meth:`Store.open`'s errors), authenticating with ``credentials`` (fixed
     :class:`ApiCredentials`, or the controller's :class:`~autoscaler.controller.credentials.
     TokenFile`, which follows a rotation); stored times come from ``clock``; job logs are read
     under ``logs_dir``; ``on_job_exit`` is told of jobs that exited (see the module
-    docstring). ``max_body_bytes`` is the largest body accepted."""
+    docstring). ``max_body_bytes`` is the largest body accepted. ``service``: the process
+    serving the API (``coadapt up``), which ``/v1/service`` names and ``/v1/service/down``
+    stops (without it both answer 404)."""
     if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int):
         raise InvalidInputError("max_body_bytes must be an integer", field="max_body_bytes")
     if max_body_bytes < 1:
@@ -1004,15 +1054,15 @@ def make_app(
         raise InvalidInputError(
             "credentials must be ApiCredentials or a TokenFile", field="credentials"
         )
-    store = Store.open(store_path, clock)
-    store.close()  # checked (and migrated); each thread opens its own (Store.for_thread)
-    return ApiApp(
+    store = Store.open(store_path, clock)  # checked (and migrated); each thread opens its
+    return ApiApp(  # own from it (Store.for_thread)
         store,
         credentials,
         clock,
         logs_dir=Path(logs_dir),
         on_job_exit=on_job_exit,
         max_body_bytes=max_body_bytes,
+        service=service,
     )
 
 
@@ -1039,15 +1089,6 @@ def _launch_batch(planned: JobBatch | None, nodes: list[tuple[str, int]]) -> dic
         "local_batch_size": planned.local_batch_size,
         "accum_steps": planned.accum_steps,
     }
-
-
-def _restarts(spans: Sequence[AssignmentSpan]) -> dict[str, int]:
-    """Per job, how many times it was placed again after its first start: the times its
-    assignments changed (each change opens spans at one instant), less the first."""
-    starts: dict[str, set[float]] = {}
-    for span in spans:
-        starts.setdefault(span.job_name, set()).add(span.from_s)
-    return {job: max(0, len(times) - 1) for job, times in starts.items()}
 
 
 def _json(payload: object, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
@@ -1088,13 +1129,54 @@ def _json_type(value: object) -> str:
     return "a boolean" if isinstance(value, bool) else "a number"
 
 
-def _int_arg(request: Request, name: str, default: int) -> int:
+def _int_arg(request: Request, name: str, default: int, *, maximum: int = MAX_QUERY_INT) -> int:
+    """A query argument that is a count (``0..maximum``): 400 for anything else, without
+    converting more digits than ``maximum`` has (a 5,000-digit number is refused as what it
+    is, not parsed)."""
     text = request.args.get(name)
     if text is None:
         return default
     if not text.isdigit() or not text.isascii():
-        raise ApiError(400, f"{name} must be an integer >= 0, got {text!r}", name)
-    return int(text)
+        raise ApiError(400, f"{name} must be an integer >= 0, got {text[:40]!r}", name)
+    digits = text.lstrip("0") or "0"
+    if len(digits) > len(str(maximum)) or int(digits) > maximum:
+        raise ApiError(400, f"{name} must be at most {maximum} ({len(digits)} digits given)", name)
+    return int(digits)
+
+
+@functools.lru_cache(maxsize=4096)
+def _stored_spec(spec_json: str) -> Mapping[str, Any]:
+    """A stored spec as the JSON object it is (read-only; a job list parses each spec once,
+    not on every page it is read in), even one that no longer passes the checks."""
+    try:
+        spec = json.loads(spec_json)
+    except ValueError:
+        spec = {}
+    return MappingProxyType(spec if isinstance(spec, dict) else {})
+
+
+def _cursor(at_s: float, name: str) -> str:
+    """The opaque cursor after the job keyed ``(at_s, name)`` (URL-safe base64 of JSON)."""
+    raw = json.dumps([at_s, name], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _cursor_arg(request: Request) -> tuple[float, str] | None:
+    """The ``cursor`` query argument (a ``next_cursor`` of an earlier page) decoded; 400 for
+    anything that is not one."""
+    text = request.args.get("cursor")
+    if text is None or text == "":
+        return None
+    try:
+        if len(text) > 512:
+            raise ValueError("too long")
+        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        at_s, name = json.loads(raw, parse_constant=_no_constant)
+        if isinstance(at_s, bool) or not isinstance(at_s, int | float) or not isinstance(name, str):
+            raise ValueError("not a job key")
+        return float(at_s), name
+    except (ValueError, TypeError, binascii.Error) as e:
+        raise ApiError(400, "cursor is not one this server gave (use next_cursor)", "cursor") from e
 
 
 def _address(body: Mapping[str, Any]) -> str | None:
@@ -1162,54 +1244,139 @@ def _read_logs(job: str, files: list[tuple[str, Path, int]], offset: int) -> Log
 # ---- the server ----------------------------------------------------------------------------
 
 
-class _RequestHandler(WSGIRequestHandler):
-    """Werkzeug's handler, logging to this module's logger (the request line and the status:
-    never a header), and closing the thread's store when its connection ends."""
+class _ErrorTask(ErrorTask):  # type: ignore[misc]
+    """The answer to a request the server refused before the app saw it (malformed, headers
+    or a body too large): JSON like every other answer."""
 
-    def handle(self) -> None:
+    def execute(self) -> None:
+        e = self.request.error
+        code = int(e.code)
+        if code == 413:
+            limit = getattr(self.channel.server.application, "max_body_bytes", None)
+            message = f"the body is larger than {limit} bytes"
+        else:
+            message = f"{e.reason}: {e.body}"
+        body = (json.dumps({"error": message, "field": None}, sort_keys=True) + "\n").encode()
+        self.status = f"{code} {e.reason}"
+        self.response_headers.extend(
+            [("Content-Type", "application/json"), ("Cache-Control", "no-store")]
+        )
+        self.set_close_on_finish()
+        self.content_length = len(body)
+        self.write(body)
+
+
+class _Channel(HTTPChannel):
+    """Waitress's connection, remembering when the request it is reading began (the server
+    closes one whose request is not complete after ``request_timeout_s``)."""
+
+    error_task_class = _ErrorTask
+    request_started_s: float | None = None
+
+    def received(self, data: bytes) -> bool:
+        if data and self.request is None:
+            self.request_started_s = time.monotonic()
+        done: bool = super().received(data)
+        if self.request is None:
+            self.request_started_s = None
+        return done
+
+
+class _Server(TcpWSGIServer):  # type: ignore[misc]
+    """Waitress's TCP server with a deadline on reading a whole request (headers and body),
+    besides its idle time-out: a client that trickles a byte now and then holds a connection
+    only that long."""
+
+    channel_class = _Channel
+    request_timeout_s: float = 30.0
+
+    def maintenance(self, now: float) -> None:
+        super().maintenance(now)
+        cutoff = time.monotonic() - self.request_timeout_s
+        for channel in list(self.active_channels.values()):
+            started = getattr(channel, "request_started_s", None)
+            if started is not None and started < cutoff and not channel.requests:
+                channel.will_close = True
+
+
+class _Dispatcher(ThreadedTaskDispatcher):  # type: ignore[misc]
+    """Waitress's worker pool; a worker that ends closes its store."""
+
+    def __init__(self, on_worker_exit: Callable[[], None]) -> None:
+        super().__init__()
+        self._on_worker_exit = on_worker_exit
+
+    def handler_thread(self, thread_no: int) -> None:
         try:
-            super().handle()
+            super().handler_thread(thread_no)
         finally:
-            app = self.server.app
-            if isinstance(app, ApiApp):
-                app.close_thread_store()
+            self._on_worker_exit()
 
-    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
-        _log.debug("%s %r %s", self.address_string(), self.requestline, code)
 
-    def log(self, type: str, message: str, *args: Any) -> None:
-        level = logging.DEBUG if type == "info" else logging.WARNING
-        _log.log(level, "%s " + message, self.address_string(), *args)
+@dataclass(frozen=True)
+class ServerLimits:
+    """How the API server holds connections (see :func:`serve`). ``threads``: the worker pool
+    that runs requests (a connection holds no thread until its request is complete);
+    ``connection_limit``: open connections at most (beyond it new ones wait in the listen
+    backlog); ``idle_timeout_s``: a connection that sends nothing for this long is closed
+    (an idle keep-alive connection, or a request that stalled); ``request_timeout_s``: a
+    request not completely received this long after its first byte is dropped;
+    ``check_interval_s``: how often those two are checked (whole seconds)."""
+
+    threads: int = 8
+    connection_limit: int = 2048
+    idle_timeout_s: int = 10
+    request_timeout_s: float = 30.0
+    check_interval_s: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("threads", "connection_limit", "idle_timeout_s", "check_interval_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidInputError(f"{name} must be an integer >= 1", field=name)
+        if not self.request_timeout_s > 0:
+            raise InvalidInputError("request_timeout_s must be > 0", field="request_timeout_s")
 
 
 class ApiServer:
     """A running API server (see :func:`serve`); ``url`` is its base URL. :meth:`shutdown`
     stops it (also on leaving a ``with`` block)."""
 
-    def __init__(self, server: BaseWSGIServer, thread: threading.Thread) -> None:
+    def __init__(self, server: _Server, thread: threading.Thread) -> None:
         self._server = server
         self._thread = thread
 
     @property
     def host(self) -> str:
-        return self._server.host
+        return str(self._server.effective_host)
 
     @property
     def port(self) -> int:
-        return int(self._server.server_port)
+        return int(self._server.effective_port)
 
     @property
     def url(self) -> str:
         host = self.host
         return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
 
+    @property
+    def worker_threads(self) -> int:
+        """The worker threads running now (bounded by :attr:`ServerLimits.threads`)."""
+        return len(self._server.task_dispatcher.threads)
+
     def shutdown(self) -> None:
-        """Stop accepting requests, close the socket and wait for the serving thread.
-        Requests in progress finish in their own threads. Calling it twice is fine."""
+        """Stop accepting requests, close every connection and the socket, and wait for the
+        serving thread and the workers (a request in progress gets a few seconds to finish).
+        Calling it twice is fine."""
         if self._thread.is_alive():
-            self._server.shutdown()
-            self._thread.join()
-        self._server.server_close()
+            server = self._server
+            server.trigger.pull_trigger(lambda: close_all(server._map))
+            self._thread.join(timeout=10.0)
+        self._server.task_dispatcher.shutdown(timeout=5)
+        sock = self._server.socket
+        if sock is not None:  # closed by the loop already, unless it never ran
+            with contextlib.suppress(OSError):
+                sock.close()
 
     def __enter__(self) -> ApiServer:
         return self
@@ -1219,17 +1386,58 @@ class ApiServer:
 
 
 def serve(
-    app: ApiApp, host: str = "127.0.0.1", port: int = 0, *, poll_interval_s: float = 0.1
+    app: ApiApp,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    poll_interval_s: float = 0.1,
+    limits: ServerLimits | None = None,
 ) -> ApiServer:
-    """Serve ``app`` on ``host:port`` (0: any free port, see :attr:`ApiServer.url`) with
-    Werkzeug's threaded server, in a background thread; returns once it listens.
-    ``poll_interval_s`` bounds how long :meth:`ApiServer.shutdown` waits."""
-    server = make_server(host, port, app, threaded=True, request_handler=_RequestHandler)
+    """Serve ``app`` on ``host:port`` (0: any free port, see :attr:`ApiServer.url`) in a
+    background thread; returns once it listens.
+
+    The server (Waitress) reads each connection's requests in one event loop and hands only
+    complete requests (headers and body) to a fixed pool of ``limits.threads`` workers: a
+    connection that is open, idle or half-sent holds a socket, never a thread, so slow or
+    stalled clients cannot starve the others (``tests/controller/test_api_server.py``:
+    1,000 half-open requests, and a normal request still answers in under 1 s). Idle
+    connections close after ``limits.idle_timeout_s``, requests that take longer than
+    ``limits.request_timeout_s`` to arrive are dropped, and at most
+    ``limits.connection_limit`` connections are open. HTTP/1.1 keep-alive is supported
+    within those limits. ``poll_interval_s`` is the event loop's longest sleep (at least
+    1 s)."""
+    limits = limits or ServerLimits()
+    # Waitress warns on every request that waits for a worker: under load, a line per request.
+    logging.getLogger("waitress.queue").setLevel(logging.ERROR)
+    with contextlib.suppress(ValueError, OSError):  # a socket per connection: room for them
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = limits.connection_limit + 256
+        if soft != resource.RLIM_INFINITY and soft < want:
+            ceiling = want if hard == resource.RLIM_INFINITY else min(want, hard)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (ceiling, hard))
+    adj = Adjustments(
+        host=host,
+        port=port,
+        threads=limits.threads,
+        connection_limit=limits.connection_limit,
+        channel_timeout=limits.idle_timeout_s,
+        cleanup_interval=limits.check_interval_s,
+        asyncore_use_poll=True,  # select() cannot watch more than 1,024 sockets
+        # The loop's poll time-out: 1 s, Waitress's own (a shorter one slowed the workers
+        # under concurrent submissions here); shutdown wakes the loop through its trigger.
+        asyncore_loop_timeout=max(1.0, poll_interval_s),
+        # The app checks the exact limit; the server refuses, unread, what is clearly over it
+        # (a chunked body's size counts its framing here).
+        max_request_body_size=app.max_body_bytes + _BODY_SLACK_BYTES,
+        ident="coadapt",
+        expose_tracebacks=False,
+    )
+    dispatcher = _Dispatcher(app.close_thread_store)
+    dispatcher.set_thread_count(adj.threads)
+    server = _Server(app, map={}, dispatcher=dispatcher, adj=adj, sockinfo=adj.listen[0])
+    server.request_timeout_s = limits.request_timeout_s
     thread = threading.Thread(
-        target=server.serve_forever,
-        kwargs={"poll_interval": poll_interval_s},
-        name=f"coadapt-api-{server.server_port}",
-        daemon=True,
+        target=server.run, name=f"coadapt-api-{server.effective_port}", daemon=True
     )
     thread.start()
     return ApiServer(server, thread)
@@ -1264,9 +1472,32 @@ class ApiClient:
         body = dataclasses.asdict(spec) if isinstance(spec, JobSubmission) else dict(spec)
         return self._parse(JobInfo.from_dict, self._call("POST", "/v1/jobs", body))
 
-    def list_jobs(self) -> tuple[JobInfo, ...]:
-        data = self._call("GET", "/v1/jobs")
-        return self._parse(lambda d: tuple(JobInfo.from_dict(j) for j in d["jobs"]), data)
+    def list_jobs(self, *, page_size: int = MAX_JOBS_PAGE) -> tuple[JobInfo, ...]:
+        """Every job, in submission order, read page by page (:meth:`list_jobs_page`)."""
+        out: list[JobInfo] = []
+        cursor: str | None = None
+        while True:
+            jobs, cursor = self.list_jobs_page(cursor, limit=page_size)
+            out.extend(jobs)
+            if cursor is None:
+                return tuple(out)
+
+    def list_jobs_page(
+        self, cursor: str | None = None, *, limit: int = DEFAULT_JOBS_PAGE
+    ) -> tuple[tuple[JobInfo, ...], str | None]:
+        """One page of jobs in submission order, from ``cursor`` (``None``: the first page),
+        and the cursor of the next page (``None``: this was the last)."""
+        query = {"limit": str(limit)}
+        if cursor is not None:
+            query["cursor"] = cursor
+        data = self._call("GET", "/v1/jobs", query=query)
+        return self._parse(
+            lambda d: (
+                tuple(JobInfo.from_dict(j) for j in d["jobs"]),
+                None if d.get("next_cursor") is None else str(d["next_cursor"]),
+            ),
+            data,
+        )
 
     def get_job(self, name: str) -> JobInfo:
         return self._parse(JobInfo.from_dict, self._call("GET", f"/v1/jobs/{_seg(name)}"))
@@ -1307,6 +1538,15 @@ class ApiClient:
         the cloud listed after the service's last release pass (``{"at_s", "instances",
         "error"}``, ``None`` before the first)."""
         return dict(self._call("GET", "/v1/fleet"))
+
+    def service(self) -> dict[str, Any]:
+        """The process serving the API: ``pid``, ``started`` (its kernel start time),
+        ``cmdline``."""
+        return dict(self._call("GET", "/v1/service"))
+
+    def service_down(self) -> dict[str, Any]:
+        """Ask the service to release its fleet and stop (``coadapt down``); its identity."""
+        return dict(self._call("POST", "/v1/service/down"))
 
     def resume_fleet(self) -> None:
         """Undo :meth:`release_fleet`: the service launches again."""

@@ -2,8 +2,9 @@
 
 The page itself holds no data and no secret: open it as ``/dashboard#token=<user token>`` (the
 fragment never leaves the browser, so the token is in no server log). Its script reads the
-token from the fragment and calls the API with it like any client (``GET /v1/jobs``,
-``/v1/instances``, ``/v1/costs``, bearer authentication, user role), renders the jobs, the
+token from the fragment and calls the API with it like any client (``GET /v1/jobs``, page
+after page, ``/v1/instances``, ``/v1/costs``, bearer authentication, user role), renders the
+jobs, the
 fleet and cost over time (an inline SVG line of the cumulative cost), and refreshes every
 ``REFRESH_S`` seconds. Without a valid token it shows the API's refusal and nothing else.
 """
@@ -80,11 +81,22 @@ function plot(points) {
   line.setAttribute("stroke-width", "2");
   svg.appendChild(line);
 }
+async function allJobs() {
+  const jobs = [];
+  let cursor = null;
+  do {
+    const page = await get("/v1/jobs?limit=500" +
+      (cursor ? "&cursor=" + encodeURIComponent(cursor) : ""));
+    jobs.push(...page.jobs);
+    cursor = page.next_cursor;
+  } while (cursor);
+  return jobs;
+}
 async function refresh() {
   try {
     const [jobs, fleet, cost] = await Promise.all(
-      [get("/v1/jobs"), get("/v1/instances"), get("/v1/costs")]);
-    fill("jobs", jobs.jobs.map((j) => [
+      [allJobs(), get("/v1/instances"), get("/v1/costs")]);
+    fill("jobs", jobs.map((j) => [
       j.name, j.status, Object.values(j.assignment).reduce((a, b) => a + b, 0),
       Object.keys(j.assignment).join(" ") || "-",
       j.progress !== null && j.progress !== undefined ? Math.round(j.progress) : "-",

@@ -15,7 +15,8 @@ here name what went wrong with the controller's *state*:
   and no single job could be blamed (a job that can be blamed is failed, and the round goes
   on without it);
 * :class:`StoreError` — the store itself: :class:`StoreMissingError`,
-  :class:`StoreExistsError`, :class:`StoreCorruptError`, :class:`UnknownRowError`,
+  :class:`StoreExistsError`, :class:`StoreCorruptError`, :class:`StoreUnwritableError`,
+  :class:`UnknownRowError`,
   :class:`DuplicateRowError`, or a plain ``StoreError`` for an SQLite failure (locked past the
   busy timeout, disk I/O) with the ``sqlite3`` exception as its ``__cause__``.
 
@@ -36,6 +37,7 @@ __all__ = [
     "StoreError",
     "StoreExistsError",
     "StoreMissingError",
+    "StoreUnwritableError",
     "UnknownFleetError",
     "UnknownRowError",
 ]
@@ -88,6 +90,11 @@ class StoreMissingError(StoreError):
 
 class StoreExistsError(StoreError):
     """``Store.create`` of a path where something already exists (it was left untouched)."""
+
+
+class StoreUnwritableError(StoreError):
+    """The store can be read but not written: a read-only file or file system, or a full
+    disk. Nothing was changed."""
 
 
 class StoreCorruptError(StoreError):

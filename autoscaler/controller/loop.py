@@ -211,6 +211,10 @@ class Controller:
         self._planned = False  # the store has recorded a plan (checked until it has)
         self._offerings: dict[str, Offering] = {}
         self._offerings_read_s = -math.inf  # monotonic, when they were last read
+        # No heartbeat could reach a controller that was not running: an agent's silence
+        # counts from when this one started (a restart adopts a live fleet, however long
+        # the controller was away).
+        self._started_s = clock.now_s()
 
     # ---- the round -------------------------------------------------------------------------
 
@@ -706,7 +710,9 @@ class Controller:
             since_s=since,
             retries=retries,
             provider_instance_id=r.provider_instance_id,
-            last_heartbeat_s=r.last_heartbeat_s,
+            last_heartbeat_s=(
+                None if r.last_heartbeat_s is None else max(r.last_heartbeat_s, self._started_s)
+            ),
             started_s=started,
             noticed=noticed,
         )

@@ -2,14 +2,28 @@
 (``coadapt agent``).
 
 :func:`run_up` runs one cluster on the embedded ``local`` provider (instances are local agent
-processes with CPU-backed "GPU slots", valued as T4s by the decision core) until ``stop`` is
-set, then releases the fleet (:meth:`~autoscaler.controller.loop.Controller.down`). Everything
-it keeps is under ``state_dir``::
+processes with CPU-backed "GPU slots", valued as T4s by the decision core), or on a cloud,
+until ``stop`` is set. Stopping it keeps the fleet: instances and their jobs go on (local
+agents are their own sessions, so they outlive the process), and the next ``up`` on the same
+state folder takes them back, at the same address. Only ``coadapt down`` (``POST
+/v1/service/down``) or ``release_on_stop`` (the embedded demo) releases the fleet on the way
+out (:meth:`~autoscaler.controller.loop.Controller.down`), and only a fleet the store owns:
+one its store has planned, never one a round refused (:class:`~autoscaler.controller.errors.
+UnknownFleetError`). A store that fails (deleted, its write-ahead log deleted, read-only,
+damaged, a full disk) ends the service with :class:`ServiceError`: one line, the process
+exits non-zero and its supervisor starts it again, which checks the store when it opens it.
+Everything it keeps is under ``state_dir`` (0700; the files it writes there are private to
+its user, whatever the umask)::
 
-    store.db        the controller's store (created on the first ``up``)
+    store.db        the controller's store (created on the first ``up``; a later ``up``
+                    refuses to create a new one beside an earlier cluster's files unless
+                    told to with ``new_store``)
     tokens.json     the controller's secrets: the users' token and the agent key (0600;
                     created on the first ``up``; ``coadapt tokens rotate`` replaces them)
-    up.json         the running service: its API URL and pid (removed when it stops)
+    api.json        the API's address, kept across restarts: the next ``up`` listens there
+                    again, where the agents call
+    up.json         the running service: its API URL, pid, start time and command line
+                    (removed when it stops)
     logs/<job>/     job logs, one file per instance (what ``GET /v1/jobs/{name}/logs`` reads)
     checkpoints/    job checkpoints (a job without its own location writes here)
     agents/<key>/   each agent's working folder, with ``agent-token.json``: that agent's own
@@ -32,11 +46,13 @@ import logging
 import os
 import shlex
 import signal
+import stat
 import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Final
 
 from autoscaler.controller.agent import (
     AgentRunner,
@@ -45,7 +61,15 @@ from autoscaler.controller.agent import (
     launch_argv,
     notice_source,
 )
-from autoscaler.controller.api import ApiClient, ApiError, make_app, serve
+from autoscaler.controller.api import (
+    ApiApp,
+    ApiClient,
+    ApiError,
+    ApiServer,
+    ServiceControl,
+    make_app,
+    serve,
+)
 from autoscaler.controller.cloud import (
     AwsAgentCredentials,
     CloudConfig,
@@ -62,11 +86,18 @@ from autoscaler.controller.credentials import (
     open_tokens,
     write_token_file,
 )
-from autoscaler.controller.errors import RoundError, StoreError
+from autoscaler.controller.errors import (
+    ControllerError,
+    RoundError,
+    StoreCorruptError,
+    StoreError,
+    StoreMissingError,
+    StoreUnwritableError,
+    UnknownFleetError,
+)
 from autoscaler.controller.loop import (
     Controller,
     ControllerConfig,
-    DownReport,
     instance_key_from_request_id,
     record_job_exit,
 )
@@ -77,11 +108,12 @@ from autoscaler.sizing import SizingConfig
 from autoscaler.strategies import FixedFleet
 from coadapt_common.atomic import write_json_atomic
 from coadapt_common.clock import Clock, SystemClock
-from coadapt_common.procfs import process_start_time
+from coadapt_common.procfs import process_start_time, read_proc_strings
 from providers.base import Provider
 from providers.capacity import UnavailableOfferings
+from providers.errors import ProviderError
 
-__all__ = ["UpConfig", "agent_main", "run_up"]
+__all__ = ["ServiceError", "UpConfig", "UpReport", "agent_main", "describe_store_error", "run_up"]
 
 log = logging.getLogger(__name__)
 
@@ -103,9 +135,13 @@ class UpConfig:
     ``_period_s`` its simulated spot prices; ``offerings_refresh_s`` how often prices are
     read again. ``provider`` ``aws`` / ``gcp`` reads the deployment's ``provider_config``
     (:mod:`autoscaler.controller.cloud`); ``endpoint_url`` points the cloud's clients at a
-    test server. ``fixed_fleet``: hold these instances per offering key (``Offering.key``)
-    whatever the jobs, a static cluster, instead of sizing the fleet by goodput per
-    dollar."""
+    test server. ``port`` 0: the port recorded in ``api.json`` by an earlier ``up`` of this
+    state folder, else any free one. ``new_store``: start with a new store although the
+    folder holds an earlier cluster's tokens, logs or instances (an existing store file is
+    moved aside, never deleted). ``release_on_stop``: release the fleet whenever the service
+    stops (the embedded demo), not only on ``coadapt down``. ``fixed_fleet``: hold these
+    instances per offering key (``Offering.key``) whatever the jobs, a static cluster,
+    instead of sizing the fleet by goodput per dollar."""
 
     state_dir: Path
     cluster_id: str = "coadapt-local"
@@ -123,6 +159,8 @@ class UpConfig:
     provider: str = "local"
     provider_config: Path | None = None
     endpoint_url: str | None = None
+    new_store: bool = False
+    release_on_stop: bool = False
     fixed_fleet: tuple[tuple[str, int], ...] = ()
 
 
@@ -225,15 +263,170 @@ def up_is_stale(up_file: Path) -> bool:
     return started is None or ("started" in doc and doc["started"] != started)
 
 
+class ServiceError(ControllerError):
+    """``coadapt up`` cannot start or cannot go on; the message says what and how to fix it
+    (one line). The fleet is left as it is."""
+
+
+@dataclass(frozen=True)
+class UpReport:
+    """How :func:`run_up` ended: ``released`` the fleet (``coadapt down``, the demo) or kept
+    it running; ``remaining``: cloud ids still listed after a release, or those kept;
+    ``error``: the provider's last error while releasing, if any."""
+
+    released: bool
+    remaining: tuple[str, ...] = ()
+    error: str | None = None
+
+    @property
+    def clean(self) -> bool:
+        """Released, and nothing is left."""
+        return self.released and not self.remaining
+
+
+_PRIVATE_DIRS: Final = ("logs", "checkpoints", "agents", "local")
+_EARLIER_CLUSTER: Final = ("tokens.json", "api.json", "logs", "checkpoints", "agents", "local")
+
+
+def _private_folder(path: Path) -> None:
+    """Make ``path`` a folder only its owner may read (0700), whatever the umask."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if path.stat().st_uid == os.geteuid():
+        os.chmod(path, 0o700)
+
+
+def _prepare_state(state: Path) -> None:
+    if state.exists() and not state.is_dir():
+        raise ServiceError(
+            f"--state-dir {state} is a file, not a folder; name a folder (it is created if missing)"
+        )
+    try:
+        _private_folder(state)
+        for name in _PRIVATE_DIRS:
+            _private_folder(state / name)
+        for name in ("store.db", "store.db-wal", "store.db-shm", "tokens.json"):
+            path = state / name
+            mode = path.stat().st_mode if path.is_file() else 0
+            if mode & 0o077 and path.stat().st_uid == os.geteuid():
+                os.chmod(path, stat.S_IMODE(mode) & 0o700)  # closed to others, not opened
+    except OSError as e:
+        raise ServiceError(f"cannot prepare the state folder {state}: {e}; fix its owner or "
+                           "mode, or name another folder with --state-dir") from e  # fmt: skip
+
+
+def _open_store(state: Path, cluster_id: str, clock: Clock, *, new_store: bool) -> Store:
+    """The store of ``state``: opened, or created on a first ``up``; refuses to create one
+    silently beside an earlier cluster's files (see :class:`UpConfig`'s ``new_store``)."""
+    path = state / "store.db"
+    try:
+        if path.exists() and new_store:
+            aside = path.with_name(f"store.db.{int(clock.now_s())}.aside")
+            for suffix in ("", "-wal", "-shm"):
+                old = path.with_name(path.name + suffix)
+                if old.exists():
+                    old.rename(aside.with_name(aside.name + suffix))
+            log.warning("the earlier store was moved aside to %s", aside)
+        if path.exists():
+            store = Store.open(path, clock)
+            try:
+                store.check_writable()
+            except BaseException:
+                store.close()
+                raise
+            return store
+        earlier = [n for n in _EARLIER_CLUSTER if _holds_something(state / n)]
+        if earlier and not new_store:
+            raise ServiceError(
+                f"{path} is missing, but {state} holds an earlier cluster's "
+                f"{', '.join(earlier)}: its jobs would be forgotten. Restore store.db from a "
+                "backup, or start over with a new, empty store: coadapt up --new-store"
+            )
+        return Store.create(path, cluster_id, clock)
+    except StoreError as e:
+        raise ServiceError(describe_store_error(e)) from e
+
+
+def _holds_something(path: Path) -> bool:
+    if path.is_file():
+        return True
+    if path.is_dir():
+        if path.name == "local":  # the provider's folders exist as soon as it ran once
+            return any((path / "instances").glob("*.json"))
+        return any(path.iterdir())
+    return False
+
+
+def describe_store_error(e: StoreError) -> str:
+    """One line: what is wrong with the store and how to fix it."""
+    where = e.path or "the store"
+    text = " ".join(str(e).split())
+    if isinstance(e, StoreCorruptError):
+        return (
+            f"the store is damaged ({text}); stop coadapt up and restore {where} from a backup, "
+            "or start over with a new, empty store: coadapt up --new-store (the damaged file "
+            "is kept beside it)"
+        )
+    if isinstance(e, StoreUnwritableError):
+        return (
+            f"the store cannot be written ({text}); make {where} and its folder writable by "
+            "this user and free disk space, then start coadapt up again"
+        )
+    if isinstance(e, StoreMissingError):
+        return (
+            f"the store failed while in use ({text}); start coadapt up again: it checks the "
+            "store when it opens it (restore it from a backup if it is gone)"
+        )
+    return f"the store failed ({text}); check its disk and start coadapt up again"
+
+
+def _bind(app: ApiApp, cfg: UpConfig, state: Path) -> ApiServer:
+    """Serve ``app`` on ``cfg``'s port, else on the one recorded in ``api.json`` (where the
+    agents of a running fleet call), else on any free one; record it."""
+    recorded = _recorded_port(state / "api.json")
+    port = cfg.port or recorded or 0
+    if cfg.port and recorded and cfg.port != recorded:
+        log.warning(
+            "listening on port %d, not %d where running agents call: they are lost (and "
+            "replaced) unless they are started again",
+            cfg.port,
+            recorded,
+        )
+    try:
+        server = serve(app, cfg.host, port)
+    except OSError as e:
+        where = "recorded in " + str(state / "api.json") if port == recorded else "given"
+        raise ServiceError(
+            f"cannot listen on {cfg.host}:{port} (the port {where}): {e.strerror or e}; stop "
+            "what holds it, or start with --port N (agents already running then lose the "
+            "controller)"
+        ) from e
+    write_json_atomic(state / "api.json", {"host": cfg.host, "port": server.port})
+    return server
+
+
+def _recorded_port(path: Path) -> int:
+    try:
+        port = json.loads(path.read_text())["port"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+    return port if isinstance(port, int) and 0 < port < 65536 else 0
+
+
+def _cmdline(pid: int) -> list[str]:
+    return [part.decode(errors="replace") for part in read_proc_strings(pid, "cmdline")]
+
+
 def run_up(
     cfg: UpConfig,
     stop: threading.Event,
     *,
     clock: Clock | None = None,
     on_ready: Callable[[str], None] | None = None,
-) -> DownReport:
-    """Run the controller service until ``stop`` is set (see the module docstring); returns
-    what releasing the fleet left (``clean`` when nothing)."""
+) -> UpReport:
+    """Run the controller service until ``stop`` is set or ``coadapt down`` asks it to stop
+    (see the module docstring); returns whether it released the fleet and what is left.
+    Raises :class:`ServiceError` (one line) when it cannot start, when the store fails, and
+    when a round refuses the fleet it finds: the fleet is left as it is."""
     from providers.local import LocalProvider
 
     clock = clock or SystemClock()
@@ -252,48 +445,50 @@ def run_up(
                 field="provider",
             )
     state = cfg.state_dir
-    state.mkdir(parents=True, exist_ok=True)
+    _prepare_state(state)
     store_path = state / "store.db"
-    store = (
-        Store.open(store_path, clock)
-        if store_path.exists()
-        else Store.create(store_path, cfg.cluster_id, clock)
-    )
-    tokens = open_tokens(state / "tokens.json")
-    max_gpus = cfg.max_gpus
-    # One unavailable-offerings memory: the controller marks capacity and quota errors in
-    # it, the provider's launch walk skips what it holds, the sizing routes around it.
-    unavailable = UnavailableOfferings(clock, ControllerConfig(cfg.cluster_id).unavailable_ttl_s)
-    if cloud is None:
-        local = LocalProvider(
-            state / "local",
-            clock=clock,
-            max_gpu_slots=cfg.max_gpu_slots,
-            term_grace_s=90.0,  # the agent stops its jobs with a checkpoint before it goes
-            spot_price_swing=cfg.local_spot_price_swing,
-            spot_price_period_s=cfg.local_spot_price_period_s,
-            unavailable=unavailable,
+    store = _open_store(state, cfg.cluster_id, clock, new_store=cfg.new_store)
+    try:
+        tokens = open_tokens(state / "tokens.json")
+        max_gpus = cfg.max_gpus
+        # One unavailable-offerings memory: the controller marks capacity and quota errors
+        # in it, the provider's launch walk skips what it holds, the sizing routes around it.
+        unavailable = UnavailableOfferings(
+            clock, ControllerConfig(cfg.cluster_id).unavailable_ttl_s
         )
-        provider: Provider = local
-        if max_gpus is None:
-            max_gpus = local.max_gpu_slots
-    else:
-        provider = make_cloud_provider(
-            cloud, clock, endpoint_url=cfg.endpoint_url, unavailable=unavailable
-        )
-    secrets = None if cloud is None else _CloudSecrets(cloud, tokens, cfg.endpoint_url)
-    if secrets is not None:
-        secrets.sync(store)  # the users' token, before the first round
-    strategy = None
-    if cfg.fixed_fleet:
-        known = {o.key for o in provider.offerings()}
-        unknown = sorted(k for k, _ in cfg.fixed_fleet if k not in known)
-        if unknown:
-            raise InvalidInputError(
-                f"fixed fleet: no offering {unknown[0]!r} (known: {', '.join(sorted(known))})",
-                field="fixed_fleet",
+        if cloud is None:
+            local = LocalProvider(
+                state / "local",
+                clock=clock,
+                max_gpu_slots=cfg.max_gpu_slots,
+                term_grace_s=90.0,  # the agent stops its jobs with a checkpoint before it goes
+                spot_price_swing=cfg.local_spot_price_swing,
+                spot_price_period_s=cfg.local_spot_price_period_s,
+                unavailable=unavailable,
             )
-        strategy = FixedFleet("fixed", dict(cfg.fixed_fleet))
+            provider: Provider = local
+            if max_gpus is None:
+                max_gpus = local.max_gpu_slots
+        else:
+            provider = make_cloud_provider(
+                cloud, clock, endpoint_url=cfg.endpoint_url, unavailable=unavailable
+            )
+        secrets = None if cloud is None else _CloudSecrets(cloud, tokens, cfg.endpoint_url)
+        if secrets is not None:
+            secrets.sync(store)  # the users' token, before the first round
+        strategy = None
+        if cfg.fixed_fleet:
+            known = {o.key for o in provider.offerings()}
+            unknown = sorted(k for k, _ in cfg.fixed_fleet if k not in known)
+            if unknown:
+                raise InvalidInputError(
+                    f"fixed fleet: no offering {unknown[0]!r} (known: {', '.join(sorted(known))})",
+                    field="fixed_fleet",
+                )
+            strategy = FixedFleet("fixed", dict(cfg.fixed_fleet))
+    except BaseException:
+        store.close()
+        raise
     # What a restart and a new instance cost, as the decisions weigh them: a local instance
     # is a process, ready in seconds, and a local job restarts in about 6-10 s (imports, the
     # checkpoint, the rendezvous); a cloud instance takes minutes (the defaults).
@@ -317,8 +512,30 @@ def run_up(
                 own, name, failed=failed, max_retries=controller_cfg.max_job_retries
             )
 
-    app = make_app(store_path, tokens, clock, logs_dir=state / "logs", on_job_exit=on_job_exit)
-    server = serve(app, cfg.host, cfg.port)
+    release = threading.Event()
+    if cfg.release_on_stop:
+        release.set()
+
+    def request_down() -> None:
+        release.set()
+        stop.set()
+
+    me = os.getpid()
+    identity = {"pid": me, "started": process_start_time(me), "cmdline": _cmdline(me)}
+    app = make_app(
+        store_path,
+        tokens,
+        clock,
+        logs_dir=state / "logs",
+        on_job_exit=on_job_exit,
+        service=ServiceControl(identity, request_down),
+    )
+    try:
+        server = _bind(app, cfg, state)
+    except BaseException:
+        app.close()
+        store.close()
+        raise
     user_data = (
         _agent_user_data(cfg, server.url, tokens)
         if cloud is None
@@ -333,43 +550,67 @@ def run_up(
         user_data=user_data,
         unavailable=unavailable,
     )
-    write_json_atomic(
-        state / "up.json",
-        {"url": server.url, "pid": os.getpid(), "started": process_start_time(os.getpid())},
-    )
+    write_json_atomic(state / "up.json", {"url": server.url, **identity})
     if on_ready is not None:
         on_ready(server.url)
     last_error: str | None = None
     try:
         while not stop.is_set():
-            if store.released_at_s() is not None:  # coadapt destroy: hold nothing
-                released = controller.down(timeout_s=0.0)
-                store.record_release_listing(released.remaining, released.error)
-                if released.remaining:
-                    log.info("released; still listed: %s", ", ".join(released.remaining))
-            else:
-                try:
-                    report = controller.run_round()
-                except RoundError as e:  # said once; the API keeps serving (cancel works)
-                    if str(e) != last_error:
-                        log.error("coadapt up: a round could not finish: %s", e)
-                    last_error = str(e)
+            try:
+                if store.released_at_s() is not None:  # coadapt destroy: hold nothing
+                    released = controller.down(timeout_s=0.0)
+                    store.record_release_listing(released.remaining, released.error)
+                    if released.remaining:
+                        log.info("released; still listed: %s", ", ".join(released.remaining))
                 else:
-                    last_error = None
-                    if report.error:
-                        log.warning("round %d: %s", report.round_index, report.error)
+                    try:
+                        report = controller.run_round()
+                    except RoundError as e:  # said once; the API keeps serving (cancel works)
+                        if str(e) != last_error:
+                            log.error("coadapt up: a round could not finish: %s", e)
+                        last_error = str(e)
+                    else:
+                        last_error = None
+                        if report.error:
+                            log.warning("round %d: %s", report.round_index, report.error)
+            except UnknownFleetError as e:  # leaves the fleet alone, releasing or not
+                raise ServiceError(" ".join(str(e).split())) from e
+            except StoreError as e:
+                raise ServiceError(describe_store_error(e)) from e
             if secrets is not None:
                 secrets.sync(store)
             stop.wait(cfg.interval_s)
-    finally:
-        down = controller.down(timeout_s=120.0, poll_s=1.0)
-        if secrets is not None:
+        result = _leave(controller, store, release=release.is_set())
+        if secrets is not None and result.released:
             secrets.sync(store)  # withdraw the credentials of the nodes now gone
+    finally:
         server.shutdown()
         app.close()
         store.close()
         (state / "up.json").unlink(missing_ok=True)
-    return down
+    return result
+
+
+def _leave(controller: Controller, store: Store, *, release: bool) -> UpReport:
+    """What a stopping service does with its fleet: releases it when asked to and when its
+    store owns it (the store has planned: a store that never did has launched nothing, and
+    what the cloud lists under its cluster is a stranger's); otherwise leaves every instance
+    and job running."""
+    if release and store.latest_plan() is not None:
+        down = controller.down(timeout_s=120.0, poll_s=1.0)
+        return UpReport(True, down.remaining, down.error)
+    if release:
+        log.warning(
+            "not releasing the fleet: this store has never planned one, so nothing listed "
+            "under cluster %s is known to be its own",
+            controller.config.cluster_id,
+        )
+    try:
+        kept = tuple(sorted(i.instance_id for i in controller.provider.list_instances(
+            controller.config.cluster_id)))  # fmt: skip
+    except ProviderError as e:
+        return UpReport(False, (), str(e))
+    return UpReport(False, kept)
 
 
 def _checkpoint_root(value: str | None) -> str | None:
@@ -422,6 +663,7 @@ def agent_main(argv: list[str] | None = None) -> int:
     p.add_argument("--report-interval-s", type=float, default=30.0)
     p.add_argument("--address", default="127.0.0.1", help="address peers reach this node at")
     args = p.parse_args(argv)
+    os.umask(0o077)  # job logs and checkpoints are private to this user
     if args.request_id is not None:
         if not args.cluster_id:
             p.error("--request-id needs --cluster-id")

@@ -91,6 +91,7 @@ from autoscaler.controller.errors import (
     StoreError,
     StoreExistsError,
     StoreMissingError,
+    StoreUnwritableError,
     UnknownRowError,
 )
 from autoscaler.controller.lifecycle import InstanceStatus, StatusChange, check_transition
@@ -593,6 +594,16 @@ def _request_id(value: object) -> str:
         raise InvalidInputError(str(e), field="request_id") from e
 
 
+def _is_unwritable(e: sqlite3.Error) -> bool:
+    """A read-only database or file system, or a full disk."""
+    code = getattr(e, "sqlite_errorcode", None)
+    return code is not None and (code & 0xFF) in (sqlite3.SQLITE_READONLY, sqlite3.SQLITE_FULL)
+
+
+def _wal_path(path: Path) -> Path:
+    return path.with_name(path.name + "-wal")
+
+
 def _is_corruption(e: sqlite3.Error) -> bool:
     code = getattr(e, "sqlite_errorcode", None)
     return code is not None and (code & 0xFF) in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
@@ -618,26 +629,55 @@ class Store:
         self._cluster_id = cluster_id
         self._schema_version = version
         self._identity = _file_identity(path)
+        self._wal_identity = _file_identity(_wal_path(path))
         self._writer = _writer_lock(path)
 
     def ensure_present(self) -> None:
-        """Raise :class:`StoreMissingError` if the file this store opened was deleted or
-        replaced since (an open SQLite handle would go on writing to the unlinked file, and
-        everything written would be lost). The controller checks it before every round, so
-        it never acts on a store that no longer exists."""
+        """Raise :class:`StoreMissingError` if the file this store opened, or its
+        write-ahead log (``-wal``), was deleted or replaced since (an open SQLite handle would
+        go on writing to the unlinked file, and everything written would be lost). The
+        controller checks it before every round, so it never acts on a store that no longer
+        exists."""
         if _file_identity(self._path) != self._identity:
             raise StoreMissingError(
                 f"the store at {self._path} was deleted or replaced while in use",
                 path=str(self._path),
             )
+        wal = _wal_path(self._path)
+        if (
+            self._conn is not None  # a closed store's log is SQLite's to delete
+            and self._wal_identity is not None
+            and _file_identity(wal) != self._wal_identity
+        ):
+            raise StoreMissingError(
+                f"the store's write-ahead log {wal} was deleted or replaced while in use (what "
+                "it held since the last checkpoint is lost to every new reader)",
+                path=str(self._path),
+            )
+
+    def check_writable(self) -> None:
+        """Raise :class:`StoreUnwritableError` if the store cannot be written now (a
+        read-only file or file system, a full disk): a write is tried, then rolled back, so
+        nothing changes. An SQLite file that cannot be written still opens (read-only)."""
+        conn = self._live()
+        with self._writer:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                conn.execute("UPDATE meta SET value = value WHERE key = 'cluster_id'")
+            except sqlite3.Error as e:
+                raise self._fail(e, "check that it can be written") from e
+            finally:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
 
     # ---- opening ---------------------------------------------------------------------------
 
     @classmethod
     def create(cls, path: str | Path, cluster_id: str, clock: Clock) -> Store:
-        """Create a new store at ``path`` for ``cluster_id`` (missing parent folders are
-        made). Refuses with :class:`StoreExistsError` if anything exists at ``path``; a
-        failure part-way removes the file it created."""
+        """Create a new store at ``path`` for ``cluster_id``, readable by its owner only
+        (0600: it holds job specs and commands; missing parent folders are made). Refuses
+        with :class:`StoreExistsError` if anything exists at ``path``; a failure part-way
+        removes the file it created."""
         cluster_id = _text(cluster_id, "cluster_id")
         try:
             validate_id(cluster_id, field="cluster_id")
@@ -648,7 +688,7 @@ class Store:
             raise StoreExistsError(f"{p}: a file already exists there", path=str(p))
         try:
             p.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # jobs, commands
         except FileExistsError as e:
             raise StoreExistsError(f"{p}: a file already exists there", path=str(p)) from e
         except OSError as e:
@@ -696,6 +736,8 @@ class Store:
             conn.close()
             if _is_corruption(e):
                 raise StoreCorruptError(f"{p}: the database is damaged: {e}", path=str(p)) from e
+            if _is_unwritable(e):
+                raise StoreUnwritableError(f"{p}: cannot write the store: {e}", path=str(p)) from e
             raise StoreError(f"{p}: cannot open the store: {e}", path=str(p)) from e
         except BaseException:
             conn.close()
@@ -717,6 +759,9 @@ class Store:
         try:
             store.ensure_present()  # replaced between the check above and the connect
             _configure(conn, self._path)
+            # This connection's write-ahead log (SQLite deletes it when the last connection
+            # closes and makes a new one for the next: it is never replaced under an open one)
+            store._wal_identity = _file_identity(_wal_path(self._path))
         except sqlite3.Error as e:
             store.close()
             raise self._fail(e, "open the store for another thread") from e
@@ -759,6 +804,8 @@ class Store:
 
     def _fail(self, e: sqlite3.Error, doing: str) -> StoreError:
         kind = StoreCorruptError if _is_corruption(e) else StoreError
+        if _is_unwritable(e):
+            kind = StoreUnwritableError
         return kind(f"{self._path}: {doing}: {e}", path=str(self._path))
 
     @contextmanager
@@ -860,6 +907,21 @@ class Store:
             sql += f" WHERE status IN ({', '.join('?' * len(params))})"
         sql += " ORDER BY submitted_at_s, name"
         return tuple(_job_row(r) for r in self._read(sql, params))
+
+    def list_jobs_page(self, after: tuple[float, str] | None, limit: int) -> tuple[JobRow, ...]:
+        """At most ``limit`` jobs in submission order (``(submitted_at_s, name)``, the order
+        of :meth:`list_jobs`), those after the job keyed ``after`` (``None``: from the
+        first). A job's key never changes, so paging by the last key of each page sees every
+        job that existed when it began exactly once."""
+        limit = _count(limit, "limit", minimum=1)
+        sql = f"SELECT {_JOB_COLUMNS} FROM jobs"
+        params: list[object] = []
+        if after is not None:
+            at_s, name = after
+            sql += " WHERE submitted_at_s > ? OR (submitted_at_s = ? AND name > ?)"
+            params = [_number(at_s, "after", minimum=None), at_s, _text(name, "after")]
+        sql += " ORDER BY submitted_at_s, name LIMIT ?"
+        return tuple(_job_row(r) for r in self._read(sql, [*params, limit]))
 
     def update_job(self, name: str, expected_version: int, **changes: object) -> JobRow:
         """Change ``spec_json``, ``status``, ``retries`` and/or ``reason`` of job ``name``,
@@ -1341,10 +1403,38 @@ class Store:
         )
         return JobBatch(*rows[0]) if rows else None
 
-    def list_batches(self) -> dict[str, JobBatch]:
-        """Every job's planned batch, by job name."""
-        rows = self._read(f"SELECT {_BATCH_COLUMNS} FROM job_batches ORDER BY job_name")
-        return {r[0]: JobBatch(*r) for r in rows}
+    def list_batches(self, jobs: Iterable[str] | None = None) -> dict[str, JobBatch]:
+        """Every job's planned batch (of ``jobs`` only, when given), by job name."""
+        if jobs is None:
+            rows = self._read(f"SELECT {_BATCH_COLUMNS} FROM job_batches ORDER BY job_name")
+            return {r[0]: JobBatch(*r) for r in rows}
+        out: dict[str, JobBatch] = {}
+        names = list(dict.fromkeys(jobs))
+        for i in range(0, len(names), 500):  # SQLite's bound on parameters
+            chunk = names[i : i + 500]
+            marks = ", ".join("?" * len(chunk))
+            rows = self._read(
+                f"SELECT {_BATCH_COLUMNS} FROM job_batches WHERE job_name IN ({marks})", chunk
+            )
+            out.update((r[0], JobBatch(*r)) for r in rows)
+        return dict(sorted(out.items()))
+
+    def restart_counts(self, jobs: Iterable[str]) -> dict[str, int]:
+        """How many times each job (of ``jobs``) was placed again after its first start: the
+        instants its assignments changed to a new placement, less the first (a change opens
+        its spans at one instant). Jobs never placed are left out."""
+        out: dict[str, int] = {}
+        names = list(dict.fromkeys(jobs))
+        for i in range(0, len(names), 500):
+            chunk = names[i : i + 500]
+            marks = ", ".join("?" * len(chunk))
+            rows = self._read(
+                "SELECT job_name, count(DISTINCT from_s) FROM assignment_history "
+                f"WHERE job_name IN ({marks}) GROUP BY job_name",
+                chunk,
+            )
+            out.update((r[0], max(0, int(r[1]) - 1)) for r in rows)
+        return out
 
     @staticmethod
     def _batch(conn: sqlite3.Connection, job_name: str) -> JobBatch | None:
@@ -1402,8 +1492,23 @@ class Store:
         )
         return ReportRow(*rows[0]) if rows else None
 
-    def latest_reports(self) -> dict[str, ReportRow]:
-        """The last report of every job that has one, by job name."""
+    def latest_reports(self, jobs: Iterable[str] | None = None) -> dict[str, ReportRow]:
+        """The last report of every job that has one (of ``jobs`` only, when given), by job
+        name."""
+        if jobs is not None:
+            names = list(dict.fromkeys(jobs))
+            out: dict[str, ReportRow] = {}
+            for i in range(0, len(names), 500):  # SQLite's bound on parameters
+                chunk = names[i : i + 500]
+                marks = ", ".join("?" * len(chunk))
+                rows = self._read(
+                    "SELECT report_id, job_name, at_s, payload_json FROM reports WHERE "
+                    f"report_id IN (SELECT max(report_id) FROM reports WHERE job_name IN ({marks}) "
+                    "GROUP BY job_name)",
+                    chunk,
+                )
+                out.update((r[1], ReportRow(*r)) for r in rows)
+            return dict(sorted(out.items()))
         rows = self._read(
             "SELECT report_id, job_name, at_s, payload_json FROM reports WHERE report_id IN "
             "(SELECT max(report_id) FROM reports GROUP BY job_name) ORDER BY job_name"

@@ -10,6 +10,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -253,6 +254,71 @@ def test_the_runner_follows_the_api_and_reports_exits(tmp_path: Path) -> None:
         assert [(x.kind.value, x.job) for x in stopped] == [("stop", "a")]
         assert (tmp_path / "ckpt").read_text() == "checkpointed" and exits == [("b", False)]
         assert _marked(sup.agent_id, None) == []
+    finally:
+        runner.close()
+        server.shutdown()
+        app.close()
+
+
+def test_a_running_job_is_kept_while_a_restarted_controller_learns_its_rendezvous(
+    tmp_path: Path,
+) -> None:
+    """A two-node job: after the controller restarts, the agent of the second node calls
+    before the first node's agent has; the rendezvous is unknown for a moment, and the job
+    that runs here keeps running (no stop, no relaunch)."""
+    from autoscaler.controller.agent import AgentRunner
+    from autoscaler.controller.api import ApiClient, generate_tokens, make_app, serve
+    from autoscaler.controller.jobs import JobSubmission
+    from autoscaler.controller.lifecycle import InstanceStatus
+    from autoscaler.controller.store import JobStatus, Store
+
+    clock = FakeClock()
+    store = Store.create(tmp_path / "store.db", "c1", clock)
+    for key in ("i-1", "i-2"):
+        row = store.add_instance(
+            instance_key=key, request_id=f"c1-{key}", offering_key="local/local-a/slot/spot",
+            provider="local", instance_type="slot", zone="local-a", market="spot",
+            gpu_type="T4", gpus=1, price_usd_per_hour=0.1,
+        )  # fmt: skip
+        row = store.transition(key, row.version, InstanceStatus.REQUESTED, reason="launch")
+        store.transition(
+            key, row.version, InstanceStatus.RUNNING, reason="up", provider_instance_id=f"p{key}"
+        )
+    store.add_job("a", JobSubmission("a", 64, 512, 64, command=("x.py",)).to_json())
+    store.set_assignments("a", {"i-1": 1, "i-2": 1})
+    store.update_job("a", store.get_job("a").version, status=JobStatus.RUNNING)
+    tokens = generate_tokens(tmp_path / "tokens.json")
+
+    def started() -> tuple[Any, Any]:
+        app = make_app(
+            tmp_path / "store.db", tokens, clock, logs_dir=tmp_path / "logs",
+            on_job_exit=lambda name, *, failed: JobStatus.FAILED,
+        )  # fmt: skip
+        return app, serve(app)
+
+    script = tmp_path / "launcher.py"
+    script.write_text(LAUNCHER)
+    sup = Supervisor(
+        f"test-{uuid.uuid4().hex[:8]}",
+        tmp_path / "agent",
+        stop_grace_s=5.0,
+        argv_for=lambda a: [sys.executable, str(script), "run"],
+        env={"CKPT": str(tmp_path / "ckpt")},
+    )
+    app, server = started()
+    two, one = tokens.agent_credential("i-2"), tokens.agent_credential("i-1")
+    runner = AgentRunner(ApiClient(server.url, two), "i-2", sup, address="127.0.0.2")
+    try:
+        ApiClient(server.url, one).heartbeat("i-1", address="127.0.0.1")
+        assert [(x.kind.value, x.job) for x in runner.step()] == [("start", "a")]
+        pid = sup._procs["a"].pid
+        server.shutdown()  # the controller restarts: it remembers no agent's address
+        app.close()
+        app, server = started()
+        runner.client = ApiClient(server.url, two)
+        assert runner.step() == [] and sup._procs["a"].pid == pid  # kept as it runs
+        ApiClient(server.url, one).heartbeat("i-1", address="127.0.0.1")
+        assert runner.step() == [] and sup._procs["a"].pid == pid  # the same rendezvous
     finally:
         runner.close()
         server.shutdown()

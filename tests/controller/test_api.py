@@ -34,6 +34,7 @@ from autoscaler.controller.api import (
     ApiServer,
     ApiTokens,
     ApiUnreachableError,
+    ServerLimits,
     generate_tokens,
     make_app,
     rendezvous_endpoint,
@@ -519,6 +520,41 @@ def test_logs_offset_must_be_a_count(server: ApiServer, user: ApiClient, tokens:
     for bad in ("-1", "x", "1.5", "%C2%B2"):
         answer = call(server, "GET", f"/v1/jobs/bert/logs?offset={bad}", token=tokens.user)
         assert_error(answer, 400, "offset")
+
+
+def test_jobs_are_listed_page_by_page_in_a_stable_order(
+    server: ApiServer, user: ApiClient, tokens: ApiTokens, clock: FakeClock
+) -> None:
+    for i in range(7):
+        user.submit_job(spec(f"job-{i}"))
+        clock.advance(1.0 if i != 3 else 0.0)  # two jobs share a time: the name orders them
+    first, cursor = user.list_jobs_page(limit=3)
+    assert [j.name for j in first] == ["job-0", "job-1", "job-2"] and cursor is not None
+    user.submit_job(spec("late"))  # submitted while paging: on a later page, never twice
+    seen = [j.name for j in first]
+    while cursor is not None:
+        page, cursor = user.list_jobs_page(cursor, limit=3)
+        assert len(page) <= 3
+        seen += [j.name for j in page]
+    assert seen == [f"job-{i}" for i in range(7)] + ["late"]
+    assert [j.name for j in user.list_jobs(page_size=2)] == seen
+    status, body = call(server, "GET", "/v1/jobs", token=tokens.user)
+    assert status == 200 and len(body["jobs"]) == 8 and body["next_cursor"] is None
+    for bad in ("limit=0", "limit=501", "limit=x", "cursor=nope", "cursor=" + "A" * 600):
+        answer = call(server, "GET", f"/v1/jobs?{bad}", token=tokens.user)
+        assert_error(answer, 400, bad.split("=")[0])
+
+
+def test_a_huge_log_offset_is_a_400_not_a_500(
+    server: ApiServer, user: ApiClient, tokens: ApiTokens
+) -> None:
+    user.submit_job(spec("bert"))
+    for bad in ("9" * 5000, str(1 << 63), "0" * 30 + "1" * 20):
+        answer = call(server, "GET", f"/v1/jobs/bert/logs?offset={bad}", token=tokens.user)
+        assert_error(answer, 400, "offset")
+        assert len(answer[1]["error"]) < 200  # the digits are not echoed back
+    padded = call(server, "GET", "/v1/jobs/bert/logs?offset=" + "0" * 40 + "3", token=tokens.user)
+    assert padded[0] == 200 and padded[1]["offset"] == 3
 
 
 # ---- agents --------------------------------------------------------------------------------
@@ -1181,11 +1217,13 @@ def test_make_app_needs_an_existing_store(
         make_app(tmp_path / "none.db", tokens, clock, logs_dir=tmp_path, on_job_exit=exits)
 
 
-def test_a_store_per_thread_is_closed_when_its_connection_ends(
-    server: ApiServer, tokens: ApiTokens, store_path: Path
+def test_stores_are_one_per_worker_and_closed_at_shutdown(
+    store_path: Path, tokens: ApiTokens, clock: FakeClock, logs_dir: Path, exits: ExitRecorder
 ) -> None:
-    """(No other store is open here: SQLite keeps a closed connection's file open while
-    another connection of the process holds a lock on that file.)"""
+    """The workers are a fixed pool: however many requests, at most one store each (a store
+    is the file and its -wal and -shm), all closed once the server shut down. (No other store
+    is open here: SQLite keeps a closed connection's file open while another connection of
+    the process holds a lock on that file.)"""
 
     def handles() -> int:
         return sum(
@@ -1193,9 +1231,17 @@ def test_a_store_per_thread_is_closed_when_its_connection_ends(
         )
 
     before = handles()
-    for _ in range(30):
-        assert call(server, "GET", "/v1/jobs", token=tokens.user)[0] == 200
-    deadline = time.monotonic() + 5  # the last thread closes its store after it answered
+    app = make_app(store_path, tokens, clock, logs_dir=logs_dir, on_job_exit=exits)
+    srv = serve(app, limits=ServerLimits(threads=3))
+    try:
+        for _ in range(30):
+            assert call(srv, "GET", "/v1/jobs", token=tokens.user)[0] == 200
+        assert 0 < handles() - before <= 3 * 3
+        assert srv.worker_threads == 3
+    finally:
+        srv.shutdown()
+        app.close()
+    deadline = time.monotonic() + 5
     while handles() > before and time.monotonic() < deadline:
         time.sleep(0.01)
     assert handles() == before

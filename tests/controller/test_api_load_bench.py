@@ -1,17 +1,37 @@
-"""``benchmarks/api_load.py``: the documented JSON, with a few clients for a moment."""
+"""``benchmarks/api_load.py`` against a real ``coadapt up`` in its own process, with a few
+clients and a hundred stalled connections for a few seconds: no error, no lost job, the job
+list answered a page at a time, and the server's threads bounded however many connections
+it holds (a thread per connection would show 100 more)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import pytest
+
 from benchmarks.api_load import main
 
 
-def test_writes_the_documented_json_with_no_error_and_no_lost_job(tmp_path: Path) -> None:
+@pytest.mark.slow
+def test_a_real_up_under_load_and_stalled_clients(tmp_path: Path) -> None:
     out = tmp_path / "load.json"
-    assert main(["--clients", "8", "--seconds", "2", "--out", str(out)]) == 0
+    assert main(["--clients", "8", "--seconds", "4", "--half-open", "100", "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
+    assert doc["target"] == "coadapt up"
     assert doc["requests"] > 0 and doc["errors"] == 0 and doc["lost_jobs"] == 0
     assert doc["jobs"] >= doc["requests"] // 3
     assert 0 < doc["p50_ms"] <= doc["p99_ms"]
+    assert doc["jobs"] > 100  # so the first page is a page, not the whole list
+    one_job = doc["list_bytes_max"] / 100
+    assert doc["list_bytes_max"] <= 100 * one_job * 1.01
+    # the up process: main, rounds, API loop and 8 workers, a few more of its own; never a
+    # thread per connection (100 stalled, 8 clients)
+    assert doc["server_threads_max"] < 40, doc
+
+
+def test_in_process_with_a_few_clients(tmp_path: Path) -> None:
+    out = tmp_path / "load.json"
+    assert main(["--clients", "4", "--seconds", "1", "--in-process", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["requests"] > 0 and doc["errors"] == 0 and doc["lost_jobs"] == 0

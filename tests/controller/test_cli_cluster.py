@@ -54,13 +54,17 @@ def test_up_submit_status_logs_cancel_down(tmp_path: Path) -> None:
             "submitted mlp-small"
             in _run("submit", "examples/jobs/mlp-small.yaml", "--state-dir", str(state)).stdout
         )
-        _run("submit", "examples/jobs/mlp-wide.yaml", "--state-dir", str(state))
+        # mlp-wide, long enough to be cancelled while it runs (2 GPUs: after mlp-small)
+        wide = tmp_path / "mlp-wide.yaml"
+        text = (ROOT / "examples/jobs/mlp-wide.yaml").read_text()
+        wide.write_text(text.replace("--epochs 2", "--epochs 12"))
+        _run("submit", str(wide), "--state-dir", str(state))
         deadline = time.monotonic() + 180
         doc: dict = {}
         while time.monotonic() < deadline:
             doc = json.loads(_run("status", "--json", "--state-dir", str(state)).stdout)
             jobs = {j["name"]: j for j in doc["jobs"]}
-            if jobs["mlp-small"]["status"] == "completed" and jobs["mlp-wide"]["progress"]:
+            if jobs["mlp-small"]["status"] == "completed" and jobs["mlp-wide"]["report"]:
                 break
             time.sleep(2)
         jobs = {j["name"]: j for j in doc["jobs"]}

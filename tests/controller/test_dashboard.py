@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from autoscaler.controller.api import ApiClient, generate_tokens, make_app, serve
+from autoscaler.controller.api import MAX_JOBS_PAGE, ApiClient, generate_tokens, make_app, serve
 from autoscaler.controller.jobs import JobSubmission
 from autoscaler.controller.lifecycle import InstanceStatus
 from autoscaler.controller.store import JobStatus, Store
@@ -54,6 +54,11 @@ def test_the_dashboard_shows_jobs_fleet_and_cost_only_with_the_token(tmp_path: P
     store.set_assignments("job-on-dashboard", {"i-dash1": 2})
     job = store.get_job("job-on-dashboard")
     store.update_job(job.name, job.version, status=JobStatus.RUNNING)
+    for i in range(MAX_JOBS_PAGE):  # the dashboard reads every page, not only the first
+        store.add_job(
+            f"queued-{i:03d}",
+            JobSubmission(f"queued-{i:03d}", 64, 512, 64, command=("t.py",)).to_json(),
+        )
     clock.advance(3600.0)  # an hour of the running instance: $0.20 accrued
     tokens = generate_tokens(tmp_path / "tokens.json")
     app = make_app(
@@ -69,6 +74,7 @@ def test_the_dashboard_shows_jobs_fleet_and_cost_only_with_the_token(tmp_path: P
         assert costs["total_usd"] == pytest.approx(0.2) and costs["usd_per_hour"] == 0.2
         dom = _dom(f"{server.url}/dashboard#token={tokens.user}")
         assert "job-on-dashboard" in dom and "i-dash1" in dom and "2 x cpu-slot" in dom
+        assert f"queued-{MAX_JOBS_PAGE - 1:03d}" in dom  # on the second page
         assert "total $0.2000, now $0.2000/h" in dom
         assert "<polyline" in dom  # the cost-over-time line was drawn
         refused = _dom(f"{server.url}/dashboard#token=not-a-token")

@@ -27,8 +27,7 @@ import pytest
 from autoscaler.controller.api import ApiClient, load_tokens
 from autoscaler.controller.billing import job_costs
 from autoscaler.controller.jobspec import load_job_spec
-from autoscaler.controller.loop import DownReport
-from autoscaler.controller.service import UpConfig, run_up
+from autoscaler.controller.service import UpConfig, UpReport, run_up
 from autoscaler.controller.store import Store
 from coadapt_common.clock import FakeClock
 from coadapt_common.procfs import PROC_ROOT, read_proc_strings
@@ -60,8 +59,8 @@ def test_two_jobs_and_a_spot_preemption_on_the_local_fleet(
     monkeypatch.chdir(ROOT)  # the job specs name examples/elastic_mlp.py from the repo root
     state = tmp_path / "state"
     stop, ready = threading.Event(), list[str]()
-    result: dict[str, DownReport] = {}
-    cfg = UpConfig(state, interval_s=2.0, max_instances=3, max_gpu_slots=4)
+    result: dict[str, UpReport] = {}
+    cfg = UpConfig(state, interval_s=2.0, max_instances=3, max_gpu_slots=4, release_on_stop=True)
     thread = threading.Thread(
         target=lambda: result.setdefault("down", run_up(cfg, stop, on_ready=ready.append))
     )

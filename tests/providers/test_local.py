@@ -179,6 +179,33 @@ def test_the_agent_alone_stops_its_workload_on_sigterm(
     wait_until(lambda: local.list_instances(CLUSTER) == [])
 
 
+def test_a_workload_that_crashes_is_started_again_one_that_finishes_is_not(
+    local: LocalProvider, state_dir: Path
+) -> None:
+    """As a machine's init restarts a crashed service (the node agent)."""
+    (inst,) = local.launch(req("r1", user_data="exec sleep 300")).instances
+    wait_until(lambda: agent_state(state_dir, inst.instance_id).get("workload_pid") is not None)
+    first = agent_state(state_dir, inst.instance_id)["workload_pid"]
+    assert isinstance(first, int)
+    os.kill(first, signal.SIGKILL)
+    wait_until(
+        lambda: (
+            agent_state(state_dir, inst.instance_id).get("workload_restarts") == 1
+            and agent_state(state_dir, inst.instance_id).get("workload_pid") != first
+        ),
+        timeout_s=10.0,
+    )
+    second = agent_state(state_dir, inst.instance_id)["workload_pid"]
+    assert isinstance(second, int) and pid_running(second)
+    assert [i.instance_id for i in local.list_instances(CLUSTER)] == [inst.instance_id]
+    (done,) = local.launch(req("r2", user_data="exit 0")).instances
+    wait_until(lambda: agent_state(state_dir, done.instance_id).get("workload_exit") == 0)
+    time.sleep(2.0)
+    assert agent_state(state_dir, done.instance_id).get("workload_restarts") == 0
+    local.terminate(CLUSTER, [inst.instance_id, done.instance_id], "t1")
+    assert not pid_running(second)
+
+
 def test_the_intent_is_on_disk_before_the_agent_starts(
     state_dir: Path, clock: FakeClock, tmp_path: Path
 ) -> None:
@@ -200,6 +227,24 @@ def test_the_intent_is_on_disk_before_the_agent_starts(
     wait_until(lambda: agent_state(state_dir, inst.instance_id).get("state") == "running")
     local.down(CLUSTER)
     assert f"{inst.instance_id}.json" in seen.read_text().split()
+
+
+def test_terminate_also_stops_what_the_instance_started_in_its_own_session(
+    local: LocalProvider, state_dir: Path
+) -> None:
+    """A node agent's launchers start their own sessions (out of the instance's group); they
+    are the instance's all the same, and end with it."""
+    script = (
+        'python3 -c \'import os, time; os.setsid(); open("escaped", "w").write('
+        "str(os.getpid())); time.sleep(300)' & exec sleep 300"
+    )
+    (inst,) = local.launch(req("r1", user_data=script)).instances
+    escaped_file = state_dir / "agents" / inst.instance_id / "escaped"
+    wait_until(lambda: escaped_file.exists() and escaped_file.read_text().strip() != "")
+    escaped = int(escaped_file.read_text())
+    assert pid_running(escaped)
+    local.terminate(CLUSTER, [inst.instance_id], "t1")
+    assert not pid_running(escaped)
 
 
 def test_sigterm_ignoring_leftovers_are_sigkilled(state_dir: Path, clock: FakeClock) -> None:
