@@ -44,7 +44,10 @@ pytestmark = [
     pytest.mark.skipif(not PROC_ROOT.is_dir(), reason="needs Linux /proc"),
 ]
 
-ELASTIC_SAMPLES, ELASTIC_EPOCHS = 8192, 6  # ~90 s on one slot: time left to be worth a rescale
+# About a minute of compute on one slot, most of it in per-sample work (a wide MLP): what the
+# goodput model fits from one GPU predicts a second one nearly doubles it, and the job has the
+# time left that a rescale needs to be worth its restart.
+ELASTIC_SAMPLES, ELASTIC_EPOCHS = 8192, 30
 
 
 def _spec(folder: Path, name: str, text: str) -> Path:
@@ -73,7 +76,7 @@ local_batch_size: {{max: 512}}
             "elastic",
             f"""name: elastic
 command: [{script}, --epochs, {ELASTIC_EPOCHS}, --num-samples, {ELASTIC_SAMPLES},
-  --initial-batch-size, 64, --step-delay-s, 0.05, --log-dir, {logs / "elastic"}]
+  --initial-batch-size, 64, --dim, 64, --hidden, 1024, --log-dir, {logs / "elastic"}]
 gpus: {{min: 1, max: 2}}
 batch_size: {{initial: 64, max: 64}}
 local_batch_size: {{max: 64}}
