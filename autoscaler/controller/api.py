@@ -133,6 +133,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from http.client import HTTPException as HttpClientError
@@ -725,33 +726,10 @@ class ApiApp:
             raise ApiError(400, f"the body must be a JSON object, not {_json_type(data)}")
         return data
 
-    def _job_info(
-        self,
-        row: JobRow,
-        assignment: Mapping[str, int],
-        report: ReportRow | None,
-        batch: JobBatch | None,
-        restarts: int,
-    ) -> JobInfo:
-        return JobInfo(
-            name=row.name,
-            status=row.status,
-            retries=row.retries,
-            submitted_at_s=row.submitted_at_s,
-            updated_at_s=row.updated_at_s,
-            version=row.version,
-            spec=_stored_spec(row.spec_json),
-            assignment=assignment,
-            report=None if report is None else ProgressInfo.from_report(report),
-            batch=None if batch is None or not assignment else PlannedBatch.of(batch),
-            restarts=restarts,
-            reason=row.reason,
-        )
-
     def _one_job(self, store: Store, row: JobRow) -> dict[str, Any]:
         assignment = {k: g for (_, k), g in store.list_assignments(job=row.name).items()}
         restarts = store.restart_counts([row.name]).get(row.name, 0)
-        return self._job_info(
+        return _job_info(
             row, assignment, store.latest_report(row.name), store.get_batch(row.name), restarts
         ).to_dict()
 
@@ -762,8 +740,11 @@ class ApiApp:
         store = self._store()
         row = store.add_job(spec.name, spec.to_json())
         _log.info("job %s submitted", spec.name)
+        # A job just added holds nothing yet: no assignment, report, batch or restart to read.
         return _json(
-            self._one_job(store, row), 201, {"Location": f"/v1/jobs/{urllib.parse.quote(row.name)}"}
+            _job_info(row, {}, None, None, 0).to_dict(),
+            201,
+            {"Location": f"/v1/jobs/{urllib.parse.quote(row.name)}"},
         )
 
     def _list_jobs(self, request: Request) -> Response:
@@ -775,24 +756,28 @@ class ApiApp:
         rows = store.list_jobs_page(after, limit)
         names = [row.name for row in rows]
         assigned: dict[str, dict[str, int]] = {}
-        for (job, key), gpus in store.list_assignments().items():
+        for (job, key), gpus in store.assignments_of(names).items():
             assigned.setdefault(job, {})[key] = gpus
         reports = store.latest_reports(names)
         batches = store.list_batches(names)
         restarts = store.restart_counts(names)
-        jobs = [
-            self._job_info(
+        jobs = ", ".join(
+            _job_json(
                 row,
-                assigned.get(row.name, {}),
+                tuple(sorted(assigned[row.name].items())) if row.name in assigned else (),
                 reports.get(row.name),
                 batches.get(row.name),
                 restarts.get(row.name, 0),
-            ).to_dict()
+            )
             for row in rows
-        ]
+        )
         last = rows[-1] if len(rows) == limit else None
         cursor = None if last is None else _cursor(last.submitted_at_s, last.name)
-        return _json({"jobs": jobs, "next_cursor": cursor})
+        # What _json writes for {"jobs": [...], "next_cursor": ...}, the jobs' JSON reused.
+        body = f'{{"jobs": [{jobs}], "next_cursor": {json.dumps(cursor)}}}\n'
+        response = Response(body, 200, mimetype="application/json")
+        response.headers["Cache-Control"] = "no-store"
+        return response
 
     def _get_job(self, request: Request, name: str) -> Response:
         store = self._store()
@@ -1145,6 +1130,45 @@ def _int_arg(request: Request, name: str, default: int, *, maximum: int = MAX_QU
 
 
 @functools.lru_cache(maxsize=4096)
+def _job_json(
+    row: JobRow,
+    assignment: tuple[tuple[str, int], ...],
+    report: ReportRow | None,
+    batch: JobBatch | None,
+    restarts: int,
+) -> str:
+    """A job's answer as JSON text (what :func:`_json` writes for :meth:`JobInfo.to_dict`),
+    remembered for the same rows: a job list re-reads mostly jobs that did not change since
+    its last page, and encoding them was most of its cost (``benchmarks/api_load.py``)."""
+    info = _job_info(row, dict(assignment), report, batch, restarts)
+    return json.dumps(info.to_dict(), sort_keys=True, allow_nan=False)
+
+
+def _job_info(
+    row: JobRow,
+    assignment: Mapping[str, int],
+    report: ReportRow | None,
+    batch: JobBatch | None,
+    restarts: int,
+) -> JobInfo:
+    """A job as the API answers it, from its rows."""
+    return JobInfo(
+        name=row.name,
+        status=row.status,
+        retries=row.retries,
+        submitted_at_s=row.submitted_at_s,
+        updated_at_s=row.updated_at_s,
+        version=row.version,
+        spec=_stored_spec(row.spec_json),
+        assignment=assignment,
+        report=None if report is None else ProgressInfo.from_report(report),
+        batch=None if batch is None or not assignment else PlannedBatch.of(batch),
+        restarts=restarts,
+        reason=row.reason,
+    )
+
+
+@functools.lru_cache(maxsize=4096)
 def _stored_spec(spec_json: str) -> Mapping[str, Any]:
     """A stored spec as the JSON object it is (read-only; a job list parses each spec once,
     not on every page it is read in), even one that no longer passes the checks."""
@@ -1266,12 +1290,32 @@ class _ErrorTask(ErrorTask):  # type: ignore[misc]
         self.write(body)
 
 
+_SEND_BYTES: Final = 4 << 20
+"""Buffered answer bytes below which a worker leaves the sending to the event loop."""
+
+
 class _Channel(HTTPChannel):
     """Waitress's connection, remembering when the request it is reading began (the server
     closes one whose request is not complete after ``request_timeout_s``)."""
 
     error_task_class = _ErrorTask
     request_started_s: float | None = None
+
+    def writable(self) -> bool:
+        """Waitress's rule, less one case: while a request of this connection runs and what
+        it has written is below ``send_bytes``, Waitress's own write handler sends nothing,
+        yet the connection would be polled for writing: the socket is writable, so the event
+        loop woke at once, did nothing, and spun (measured: the loop thread took 26 s of CPU
+        in 30 s under ``benchmarks/api_load.py``, starving the workers). A task that ends
+        pulls the loop's trigger, and the connection is polled for writing again then."""
+        if (
+            self.requests
+            and not self.will_close
+            and not self.close_when_flushed
+            and self.total_outbufs_len < self.adj.send_bytes
+        ):
+            return False
+        return bool(super().writable())
 
     def received(self, data: bytes) -> bool:
         if data and self.request is None:
@@ -1385,6 +1429,37 @@ class ApiServer:
         self.shutdown()
 
 
+def _adjustments(
+    app: ApiApp, host: str, port: int, limits: ServerLimits, poll_interval_s: float
+) -> Adjustments:
+    """Waitress's settings for :func:`serve` (see its docstring)."""
+    return Adjustments(
+        host=host,
+        port=port,
+        threads=limits.threads,
+        connection_limit=limits.connection_limit,
+        channel_timeout=limits.idle_timeout_s,
+        cleanup_interval=limits.check_interval_s,
+        asyncore_use_poll=True,  # select() cannot watch more than 1,024 sockets
+        # The loop's poll time-out: 1 s, Waitress's own (a shorter one slowed the workers
+        # under concurrent submissions here); shutdown wakes the loop through its trigger.
+        asyncore_loop_timeout=max(1.0, poll_interval_s),
+        # The app checks the exact limit; the server refuses, unread, what is clearly over it
+        # (a chunked body's size counts its framing here).
+        max_request_body_size=app.max_body_bytes + _BODY_SLACK_BYTES,
+        ident="coadapt",
+        expose_tracebacks=False,
+        # No proxy is trusted and the app reads no X-Forwarded-* header: nothing to clear
+        # (Waitress would otherwise wrap every request in a middleware that looks).
+        clear_untrusted_proxy_headers=False,
+        # An answer is sent by the loop once its request is done (or a worker's write passes
+        # this size), never piecemeal while a worker still holds the connection's buffer:
+        # with Waitress's default of 1 byte, the loop woke for every connection with a byte
+        # buffered, found the buffer locked and spun (see _Channel.writable).
+        send_bytes=_SEND_BYTES,
+    )
+
+
 def serve(
     app: ApiApp,
     host: str = "127.0.0.1",
@@ -1415,23 +1490,9 @@ def serve(
         if soft != resource.RLIM_INFINITY and soft < want:
             ceiling = want if hard == resource.RLIM_INFINITY else min(want, hard)
             resource.setrlimit(resource.RLIMIT_NOFILE, (ceiling, hard))
-    adj = Adjustments(
-        host=host,
-        port=port,
-        threads=limits.threads,
-        connection_limit=limits.connection_limit,
-        channel_timeout=limits.idle_timeout_s,
-        cleanup_interval=limits.check_interval_s,
-        asyncore_use_poll=True,  # select() cannot watch more than 1,024 sockets
-        # The loop's poll time-out: 1 s, Waitress's own (a shorter one slowed the workers
-        # under concurrent submissions here); shutdown wakes the loop through its trigger.
-        asyncore_loop_timeout=max(1.0, poll_interval_s),
-        # The app checks the exact limit; the server refuses, unread, what is clearly over it
-        # (a chunked body's size counts its framing here).
-        max_request_body_size=app.max_body_bytes + _BODY_SLACK_BYTES,
-        ident="coadapt",
-        expose_tracebacks=False,
-    )
+    with warnings.catch_warnings():  # send_bytes is deprecated upstream: pinned below 4
+        warnings.simplefilter("ignore", DeprecationWarning)
+        adj = _adjustments(app, host, port, limits, poll_interval_s)
     dispatcher = _Dispatcher(app.close_thread_store)
     dispatcher.set_thread_count(adj.threads)
     server = _Server(app, map={}, dispatcher=dispatcher, adj=adj, sockinfo=adj.listen[0])

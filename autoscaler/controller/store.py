@@ -58,6 +58,8 @@ Schema versions
     * v3: ``assignment_history`` (who held which instance's GPUs when).
     * v4: ``jobs.reason`` (why a job was refused or failed) and ``job_batches`` (each job's
       planned batch, what the API answers its trainer).
+    * v5: an index of the jobs in submission order (a page of the job list reads only its
+      rows).
 
 Opening
     :meth:`Store.open` touches nothing but the file (and SQLite's ``-wal``/``-shm`` files
@@ -301,6 +303,11 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             )""",
         ),
     ),
+    Migration(
+        5,
+        "jobs listed a page at a time: an index in submission order",
+        ("CREATE INDEX jobs_by_submission ON jobs (submitted_at_s, name)",),
+    ),
 )
 
 SCHEMA_VERSION: Final = len(MIGRATIONS)
@@ -522,16 +529,21 @@ def _instance_row(r: sqlite3.Row) -> InstanceRow:
     )
 
 
+_JOB_STATUSES: Final = {s.value: s for s in JobStatus}
+
+
 def _job_row(r: sqlite3.Row) -> JobRow:
+    """A row of ``SELECT {_JOB_COLUMNS}`` (by position: a job list reads hundreds a page)."""
+    name, spec_json, status, retries, submitted_at_s, updated_at_s, version, reason = r
     return JobRow(
-        name=r["name"],
-        spec_json=r["spec_json"],
-        status=JobStatus(r["status"]),
-        retries=r["retries"],
-        submitted_at_s=r["submitted_at_s"],
-        updated_at_s=r["updated_at_s"],
-        version=r["version"],
-        reason=r["reason"],
+        name,
+        spec_json,
+        _JOB_STATUSES.get(status) or JobStatus(status),
+        retries,
+        submitted_at_s,
+        updated_at_s,
+        version,
+        reason,
     )
 
 
@@ -916,10 +928,10 @@ class Store:
         limit = _count(limit, "limit", minimum=1)
         sql = f"SELECT {_JOB_COLUMNS} FROM jobs"
         params: list[object] = []
-        if after is not None:
+        if after is not None:  # a row value: the submission index serves it (schema v5)
             at_s, name = after
-            sql += " WHERE submitted_at_s > ? OR (submitted_at_s = ? AND name > ?)"
-            params = [_number(at_s, "after", minimum=None), at_s, _text(name, "after")]
+            sql += " WHERE (submitted_at_s, name) > (?, ?)"
+            params = [_number(at_s, "after", minimum=None), _text(name, "after")]
         sql += " ORDER BY submitted_at_s, name LIMIT ?"
         return tuple(_job_row(r) for r in self._read(sql, [*params, limit]))
 
@@ -1346,6 +1358,21 @@ class Store:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY job_name, instance_key"
         return tuple(AssignmentRow(r[0], r[1], r[2], r[3]) for r in self._read(sql, params))
+
+    def assignments_of(self, jobs: Iterable[str]) -> dict[tuple[str, str], int]:
+        """GPUs by ``(job name, instance key)`` of ``jobs`` only (a page of a job list)."""
+        out: dict[tuple[str, str], int] = {}
+        names = list(dict.fromkeys(jobs))
+        for i in range(0, len(names), 500):  # SQLite's bound on parameters
+            chunk = names[i : i + 500]
+            marks = ", ".join("?" * len(chunk))
+            rows = self._read(
+                "SELECT job_name, instance_key, gpus FROM assignments "
+                f"WHERE job_name IN ({marks}) ORDER BY job_name, instance_key",
+                chunk,
+            )
+            out.update(((r[0], r[1]), r[2]) for r in rows)
+        return out
 
     def list_assignments(
         self, job: str | None = None, instance: str | None = None

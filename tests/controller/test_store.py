@@ -667,6 +667,7 @@ SEED: dict[int, list[str]] = {
         "UPDATE jobs SET reason = 'a reason' WHERE name = 'j1'",
         "INSERT INTO job_batches VALUES ('j1', 256, 32, 2, 4, 19.0)",
     ],
+    5: [],  # an index only
 }
 
 
