@@ -44,10 +44,11 @@ pytestmark = [
     pytest.mark.skipif(not PROC_ROOT.is_dir(), reason="needs Linux /proc"),
 ]
 
-# About a minute of compute on one slot, most of it in per-sample work (a wide MLP): what the
-# goodput model fits from one GPU predicts a second one nearly doubles it, and the job has the
-# time left that a rescale needs to be worth its restart.
-ELASTIC_SAMPLES, ELASTIC_EPOCHS = 8192, 30
+# About a minute and a half of compute on one slot on a quiet machine, most of it per-sample
+# work (a wide MLP): what the goodput model fits from one GPU predicts a second one nearly
+# doubles it, and when that fit exists (~15 s in) the job has the time left that a rescale
+# needs to be worth its restart (10 s on this provider): more than ~40 s on one GPU.
+ELASTIC_SAMPLES, ELASTIC_EPOCHS = 8192, 60
 
 
 def _spec(folder: Path, name: str, text: str) -> Path:
