@@ -1,6 +1,6 @@
 """Fleet strategies: who decides how many instances of which offering to hold (pure).
 
-A strategy sees a :class:`~autoscaler.sim.cloud.FleetView` each round (the jobs as the policy
+A strategy sees a :class:`~autoscaler.fleet.FleetView` each round (the jobs as the policy
 sees them, the ready nodes, what is held, the offerings at the prices in effect) and returns
 instance counts per offering key. The policy then allocates jobs on the fleet it gets. Which
 offerings a strategy may buy from (spot or not, which GPU types) is the offering list it is
@@ -32,7 +32,7 @@ import numpy as np
 from autoscaler.errors import InvalidInputError
 from autoscaler.gputypes import SpeedTable, default_speed_table
 from autoscaler.jobs import ClusterView, JobView
-from autoscaler.sim.cloud import FleetView
+from autoscaler.fleet import FleetView
 from autoscaler.sizing import (
     FleetOption,
     JobDemand,

@@ -30,7 +30,7 @@ from autoscaler.errors import InvalidInputError
 from autoscaler.fitting import ModelBook
 from autoscaler.goodput import BatchLimits, GoodputModel, GradParams, PerfParams, ProfileSample
 from autoscaler.gputypes import KNOWN_GPU_TYPES
-from autoscaler.jobs import Allocation, JobView
+from autoscaler.jobs import Allocation, JobView, Oracle
 from trainer.report import TrainerReport, remaining_progress
 
 __all__ = [
@@ -41,6 +41,10 @@ __all__ = [
     "JobSubmission",
     "submission_problems",
 ]
+
+_PERF_KEYS: Final = tuple(f.name for f in dataclasses.fields(PerfParams))
+POOLED_KEY: Final = "*"
+"""The store's key (in place of a GPU type) of a job's pooled fit, over all its profiles."""
 
 GENERIC_APPLICATION = "generic"
 """The application name of a job whose model the speed table does not know (its speed on
@@ -81,6 +85,8 @@ BOUNDS_DOC: Final = "\n".join(
         f"min_gpus: an integer in [1, {MAX_JOB_GPUS}]",
         f"max_gpus: an integer in [min_gpus, {MAX_JOB_GPUS}], or null (no cap); equal to "
         "min_gpus for a job that does not adapt",
+        f"requested_gpus: an integer in [min_gpus, max_gpus or {MAX_JOB_GPUS}], or null (min_gpus)",
+        f"batch_size: an integer in [1, {MAX_BATCH_SIZE}], or null (init_batch_size)",
         f"gpu_types: 1-{MAX_GPU_TYPES} distinct known GPU types, or null (any)",
         f"application: 1-{MAX_TEXT_CHARS} printable characters",
         "adaptive: true or false",
@@ -122,6 +128,8 @@ def submission_problems(values: Mapping[str, Any]) -> list[tuple[str, str]]:
         ("min_gpus", None, 1, MAX_JOB_GPUS, False),
         ("max_gpus", "min_gpus", 1, MAX_JOB_GPUS, True),
         ("max_accum_steps", None, 1, MAX_ACCUM_STEPS, True),
+        ("requested_gpus", "min_gpus", 1, MAX_JOB_GPUS, True),
+        ("batch_size", None, 1, MAX_BATCH_SIZE, True),
     )
     for field_, lower, low, high, optional in ranges:
         value = v.get(field_)
@@ -143,6 +151,13 @@ def submission_problems(values: Mapping[str, Any]) -> list[tuple[str, str]]:
                 "min_local_bsz",
                 f"must be <= max_batch_size ({ok['max_batch_size']}), got {ok['min_local_bsz']}: "
                 "no placement could hold a batch within the limits",
+            )
+        )
+    if "requested_gpus" in ok and "max_gpus" in ok and ok["requested_gpus"] > ok["max_gpus"]:
+        out.append(
+            (
+                "requested_gpus",
+                f"must be <= max_gpus ({ok['max_gpus']}), got {ok['requested_gpus']}",
             )
         )
     adaptive = v.get("adaptive")
@@ -309,6 +324,11 @@ class JobSubmission:
     16). ``application`` names the model for the speed table (``generic``: unknown).
     ``adaptive`` false pins the batch at ``init_batch_size`` and the GPUs at ``min_gpus``.
     ``checkpoint_uri``: where the job checkpoints (``None``: the cluster's checkpoint root).
+    ``requested_gpus`` and ``batch_size`` are the user's own choice, what a policy that does not
+    choose them gives the job (``tiresias``; ``optimus`` starts from it) and what a job that
+    does not adapt keeps (``None``: ``min_gpus`` and ``init_batch_size``): a non-adaptive job
+    trains at ``batch_size`` on ``min_gpus`` to ``requested_gpus`` GPUs (the Pollux paper's
+    fixed-batch jobs; give ``min_gpus`` alone for exactly that many).
     Every policy and the fleet sizing honour these bounds."""
 
     name: str
@@ -324,6 +344,8 @@ class JobSubmission:
     adaptive: bool = True
     command: tuple[str, ...] = ()
     checkpoint_uri: str | None = None
+    requested_gpus: int | None = None
+    batch_size: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("command", "gpu_types"):
@@ -402,8 +424,12 @@ class _Known:
 class JobBook:
     """Reports in, job views out (see the module docstring)."""
 
-    def __init__(self, refit_tolerance: float = 0.05) -> None:
+    def __init__(self, refit_tolerance: float = 0.05, *, typed: bool = True) -> None:
+        """``typed``: also fit each job per GPU type (what a type-aware policy reads); the
+        pooled fit over all its profiles (:attr:`~autoscaler.jobs.JobView.model`, what a
+        type-unaware policy reads, and the sizing's fallback) is always kept."""
         self.models = ModelBook(refit_tolerance=refit_tolerance)
+        self.typed = typed
         self._known: dict[str, _Known] = {}
 
     def record(self, report: TrainerReport, gpu_type: str | None) -> bool:
@@ -438,22 +464,35 @@ class JobBook:
     def add_sample(self, job: str, gpu_type: str, sample: ProfileSample) -> bool:
         """One profile sample of ``job`` on ``gpu_type``; whether it was new."""
         known = self._known.setdefault(job, _Known())
-        before = self.models.profile_size(job, gpu_type)
-        self.models.record(job, gpu_type, sample)
+        key: str | None = gpu_type if self.typed else None
+        before = self.models.profile_size(job, key)
+        if self.typed:
+            self.models.record(job, gpu_type, sample)
+        self.models.record(job, None, sample)
         known.max_gpus = max(known.max_gpus, sample.num_gpus)
         known.max_nodes = max(known.max_nodes, sample.num_nodes)
-        return (
-            self.models.profile_size(job, gpu_type) != before or before == self.models.max_samples
-        )
+        return self.models.profile_size(job, key) != before or before == self.models.max_samples
+
+    def changed_keys(self, job: str, gpu_type: str) -> tuple[str, ...]:
+        """The store keys (:data:`POOLED_KEY` for the pooled fit) a new sample of ``job`` on
+        ``gpu_type`` touches."""
+        return (gpu_type, POOLED_KEY) if self.typed else (POOLED_KEY,)
 
     def profile_json(self, job: str, gpu_type: str) -> str:
-        """The profile of ``(job, gpu_type)`` as stored (the store's ``models`` row), with its
-        fitted parameters when fitted."""
+        """The profile of ``(job, gpu_type)`` as stored (the store's ``models`` row; the
+        pooled fit under :data:`POOLED_KEY`), with its fitted parameters when fitted."""
+        key = None if gpu_type == POOLED_KEY else gpu_type
+        return self._profile_json(job, key)
+
+    def _profile_json(self, job: str, gpu_type: str | None) -> str:
         perf = self.models.perf(job, gpu_type)
         return json.dumps(
             {
-                "samples": [dataclasses.astuple(x) for x in self.models.samples(job, gpu_type)],
-                "perf": None if perf is None else dataclasses.asdict(perf),
+                "samples": [
+                    [list(x.placement), x.local_bsz, x.accum_steps, x.step_time_s, x.sync_time_s]
+                    for x in self.models.samples(job, gpu_type)
+                ],
+                "perf": None if perf is None else {k: getattr(perf, k) for k in _PERF_KEYS},
             },
             sort_keys=True,
         )
@@ -466,7 +505,10 @@ class JobBook:
             for placement, local, accum, step, sync in data.get("samples", ())
         ]
         perf = data.get("perf")
-        self.models.restore(job, gpu_type, samples, None if perf is None else PerfParams(**perf))
+        key = None if gpu_type == POOLED_KEY else gpu_type
+        if key is not None and not self.typed:
+            return  # a per-type fit this book does not keep
+        self.models.restore(job, key, samples, None if perf is None else PerfParams(**perf))
         known = self._known.setdefault(job, _Known())
         for sample in samples:
             known.max_gpus = max(known.max_gpus, sample.num_gpus)
@@ -495,27 +537,49 @@ class JobBook:
         return remaining_progress(known.progress, known.target_progress)
 
     def view(
-        self, spec: JobSubmission, submitted_at_s: float, now_s: float, allocation: Allocation
+        self,
+        spec: JobSubmission,
+        submitted_at_s: float,
+        now_s: float,
+        allocation: Allocation,
+        *,
+        attained_gpu_s: float = 0.0,
+        num_restarts: int = 0,
+        oracle: Oracle | None = None,
     ) -> JobView:
-        """The job as the policy sees it now."""
+        """The job as the policy sees it now (``attained_gpu_s`` and ``num_restarts`` from
+        the store's assignment history; ``oracle`` only where an observer has one)."""
         known = self._known.get(spec.name, _Known())
         models: dict[str, GoodputModel] = {}
+        pooled: GoodputModel | None = None
         if known.grad is not None:
+            cache = known.models if known.models is not None else {}
             for key in self.models.keys(spec.name):
                 perf = self.models.perf(spec.name, key)
-                if key is not None and perf is not None:
-                    models[key] = GoodputModel(perf, known.grad, spec.limits)
+                if perf is None:
+                    continue
+                model = cache.get(key or POOLED_KEY)
+                if model is None or model.perf != perf or model.grad != known.grad:
+                    model = GoodputModel(perf, known.grad, spec.limits)
+                    cache[key or POOLED_KEY] = model
+                if key is None:
+                    pooled = model
+                else:
+                    models[key] = model
+            known.models = cache
         return JobView(
             name=spec.name,
             application=spec.application,
             submit_time_s=submitted_at_s,
             age_s=max(0.0, now_s - submitted_at_s),
-            attained_gpu_s=0.0,
-            num_restarts=0,
+            attained_gpu_s=attained_gpu_s,
+            num_restarts=num_restarts,
+            model=pooled,
+            oracle=oracle,
             allocation=allocation,
             limits=spec.limits,
-            requested_gpus=spec.min_gpus,
-            fixed_batch_size=spec.init_batch_size,
+            requested_gpus=spec.requested_gpus or spec.min_gpus,
+            fixed_batch_size=spec.batch_size or spec.init_batch_size,
             max_profiled_gpus=known.max_gpus,
             max_profiled_nodes=known.max_nodes,
             models=models,

@@ -76,13 +76,14 @@ from autoscaler.jobs import (
     JobView,
     NodeView,
     OfferingRef,
+    Oracle,
     Plan,
     RoundInput,
 )
 from autoscaler.policy import make_policy
-from autoscaler.policy.base import Decision
+from autoscaler.policy.base import Decision, Policy
 from autoscaler.pricing import band_hazard_per_hour, instance_cost_usd, load_hazard_model
-from autoscaler.sim.cloud import FleetStrategy, FleetView
+from autoscaler.fleet import FleetStrategy, FleetView
 from autoscaler.sizing import FleetOption, SizingConfig
 from autoscaler.strategies import FixedFleet, GoodputSizing
 from coadapt_common.clock import Clock
@@ -118,7 +119,9 @@ class ControllerConfig:
     ``offerings_refresh_s`` how often the catalogue and its prices (spot prices move) are read
     again from the provider and recorded in the price history; an offering whose launch hit
     a capacity error is avoided for ``unavailable_ttl_s``, one that hit a quota for
-    ``quota_ttl_s``."""
+    ``quota_ttl_s``. ``interference_avoidance`` asks a policy that supports it to keep at most
+    one multi-node job on a node; a job's throughput fit is redone when a new configuration's
+    step time is mispredicted by more than ``refit_tolerance``."""
 
     cluster_id: str
     interval_s: float = 60.0
@@ -132,6 +135,8 @@ class ControllerConfig:
     max_job_retries: int = 3
     gpu_type_aliases: Mapping[str, str] = field(default_factory=dict)
     offerings_refresh_s: float = 300.0
+    interference_avoidance: bool = True
+    refit_tolerance: float = 0.05
 
     def __post_init__(self) -> None:
         if not self.offerings_refresh_s > 0:
@@ -145,7 +150,9 @@ class ControllerConfig:
 
 @dataclass(frozen=True)
 class RoundReport:
-    """What one round did, with the time of each phase (seconds)."""
+    """What one round did, with the time of each phase (seconds; ``policy_s`` the policy's
+    own share of ``decide_s``, ``fit_s`` the refit of the jobs' throughput models, part of
+    ``observe_s``)."""
 
     round_index: int
     observed_instances: int
@@ -157,6 +164,8 @@ class RoundReport:
     reconcile_s: float
     act_s: float
     error: str | None = None
+    policy_s: float = 0.0
+    fit_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -188,12 +197,19 @@ class Controller:
         crash_hook: Callable[[str], None] | None = None,
         user_data: Callable[[InstanceRow], str] | None = None,
         unavailable: UnavailableOfferings | None = None,
+        policy: Policy | None = None,
+        instance_keys: Callable[[], str] | None = None,
+        oracle: Callable[[str], Oracle | None] | None = None,
     ) -> None:
+        """``policy``: a policy object (default: ``make_policy(config.policy)``);
+        ``instance_keys``: where new instance keys come from (default: random; the simulator
+        numbers them, so a seed gives one run); ``oracle``: ground truth for an oracle
+        baseline by job name (the simulator's; a real cluster has none)."""
         self.store = store
         self.provider = provider
         self.clock = clock
         self.config = config
-        self.policy = make_policy(config.policy)
+        self.policy = policy or make_policy(config.policy)
         self.policy_state = self.policy.initial_state()
         self.speeds = default_speed_table()
         self.hazards = load_hazard_model()
@@ -202,7 +218,13 @@ class Controller:
         # One unavailable-offerings memory: the provider's own walk skips what is marked
         # here (pass the provider the same object), and sizing routes around it.
         self.unavailable = unavailable or UnavailableOfferings(clock, config.unavailable_ttl_s)
-        self.book = JobBook()
+        self.book = JobBook(
+            config.refit_tolerance, typed=bool(getattr(self.policy, "type_aware", False))
+        )
+        self._new_key = instance_keys or (lambda: f"i-{uuid.uuid4().hex[:16]}")
+        self._oracle = oracle if getattr(self.policy, "uses_oracle", False) else None
+        self._fit_s = 0.0
+        self._policy_s = 0.0
         self._crash = crash_hook or (lambda point: None)
         self._user_data = user_data  # the agent start-up of a launched instance
         self._issued: set[str] = set()  # request ids launched or terminated by this process
@@ -296,11 +318,15 @@ class Controller:
             _with_allocation(v, {k: g for k, g in v.allocation.items() if k in on_nodes})
             for v in views
         )
-        plan = self._decide(cluster, views)
-        allocations = {**plan.allocations}
+        plan = self._decide(cluster, views) if views else Plan({}, {})
+        for name, reason in sorted(plan.refused.items()):
+            row = next((j for j in jobs if j.name == name), None)
+            if row is not None:  # the policy can never run it: it waits for the user
+                self._end_job(row, JobStatus.REFUSED, reason)
+        allocations = {k: a for k, a in plan.allocations.items() if k not in plan.refused}
         for name, alloc in pinned.items():
             allocations[name] = alloc
-        decided = {v.name for v in views} | set(pinned)
+        decided = ({v.name for v in views} - set(plan.refused)) | set(pinned)
         jobs = [j for j in jobs if j.name in decided]  # a job failed while deciding is gone
         t4 = time.perf_counter()
 
@@ -316,6 +342,8 @@ class Controller:
             decide_s=(t2 - t1) + (t4 - t3),
             reconcile_s=t3 - t2,
             act_s=t5 - t4,
+            policy_s=self._policy_s,
+            fit_s=self._fit_s,
         )
 
     # ---- decide, one job at a time when it must ---------------------------------------------
@@ -341,6 +369,7 @@ class Controller:
         for (job, key), gpus in assignments.items():
             alloc.setdefault(job, {})[key] = gpus
         pools = self._possible_pools(ready, options)
+        usage = self.store.usage([row.name for row in jobs], now)
         kept: list[JobRow] = []
         views: list[JobView] = []
         pinned: dict[str, Allocation] = {}
@@ -359,7 +388,16 @@ class Controller:
                 continue
             try:
                 spec = JobSubmission.from_json(row.spec_json)
-                view = self.book.view(spec, row.submitted_at_s, now, held)
+                attained, restarts = usage.get(row.name, (0.0, 0))
+                view = self.book.view(
+                    spec,
+                    row.submitted_at_s,
+                    now,
+                    held,
+                    attained_gpu_s=attained,
+                    num_restarts=restarts,
+                    oracle=None if self._oracle is None else self._oracle(row.name),
+                )
                 reason = None
                 if row.status is JobStatus.QUEUED and not held and pools:
                     reason = refusal(view, pools, self.speeds, max_gpus_per_job=MAX_JOB_GPUS)
@@ -432,11 +470,37 @@ class Controller:
         state = self.policy_state
 
         def decide(jobs: tuple[JobView, ...]) -> Decision:
-            return self.policy.decide(RoundInput(cluster, jobs), state)
+            round_input = RoundInput(cluster, jobs)
+            decision = self.policy.decide(round_input, state)
+            self._check_plan(round_input, decision.plan)
+            return decision
 
+        t0 = time.perf_counter()
         _, decision = self._isolate(views, decide, "the policy")
+        self._policy_s = time.perf_counter() - t0
         self.policy_state = decision.state
         return decision.plan
+
+    def _check_plan(self, round_input: RoundInput, plan: Plan) -> None:
+        """The policy's plan holds (:meth:`~autoscaler.jobs.Plan.validate`: known nodes, none
+        over-allocated, a batch for every running job, within each job's GPU bounds, one GPU
+        type per job for a type-aware policy, interference avoidance when asked); a plan
+        that does not is never acted on (:class:`InvalidInputError`, isolated as a policy
+        failure)."""
+        bounds = {v.name: self.policy.gpu_bounds(v, round_input.cluster) for v in round_input.jobs}
+        plan.validate(
+            round_input,
+            max_gpus={name: high for name, (_, high) in bounds.items()},
+            single_type=bool(getattr(self.policy, "type_aware", False)),
+        )
+        for name, alloc in plan.allocations.items():
+            low = bounds[name][0]
+            if 0 < alloc.num_gpus < low:
+                raise InvalidInputError(
+                    f"{self.policy.name} gave {name} {alloc.num_gpus} GPUs, below its minimum "
+                    f"{low}",
+                    field="allocations",
+                )
 
     def _isolate(
         self, views: tuple[JobView, ...], call: Callable[[tuple[JobView, ...]], _T], what: str
@@ -616,8 +680,10 @@ class Controller:
         for job, payload in reports:
             gpu_type = type_of_job.get(job)  # None: from a run no longer placed
             if self.book.record(TrainerReport.from_json(payload), gpu_type) and gpu_type:
-                touched.add((job, gpu_type))
+                touched.update((job, key) for key in self.book.changed_keys(job, gpu_type))
+        t0 = time.perf_counter()
         self.book.refit()
+        self._fit_s = time.perf_counter() - t0
         self.store.upsert_models(
             [(job, t, self.book.profile_json(job, t)) for job, t in sorted(touched)]
         )
@@ -651,6 +717,8 @@ class Controller:
             self._round,
             interval_s=self.config.interval_s,
             restart_delay_s=self.config.restart_delay_s,
+            interference_avoidance=self.config.interference_avoidance
+            and bool(getattr(self.policy, "avoids_interference", False)),
         )
 
     def _options(self, unavailable: frozenset[str]) -> tuple[FleetOption, ...]:
@@ -746,7 +814,7 @@ class Controller:
         new_keys: list[str] = []
         for intent in actions.new_rows:
             o = self._offerings[intent.offering_key]
-            key = f"i-{uuid.uuid4().hex[:16]}"
+            key = self._new_key()
             new_keys.append(key)
             by_key[key] = store.add_instance(
                 instance_key=key,
@@ -764,19 +832,32 @@ class Controller:
         active = {j.name for j in jobs}
         for name in sorted({job for job, _ in assignments} - active):
             store.set_assignments(name, {})  # ended (completed, failed, cancelled): released
+        held: dict[str, dict[str, int]] = {}
+        for (job, key), gpus in assignments.items():
+            held.setdefault(job, {})[key] = gpus
+        planned = store.list_batches(sorted(active))
         for j in jobs:
             alloc = allocations.get(j.name, Allocation())
-            store.set_assignments(j.name, dict(alloc))
+            if dict(alloc) != held.get(j.name, {}):  # an unchanged one is not written again
+                store.set_assignments(j.name, dict(alloc))
             batch = batches.get(j.name)
+            old = planned.get(j.name)
             if batch is not None and alloc.num_gpus:
-                store.set_batch(
-                    j.name,
-                    global_batch_size=batch.batch_size,
-                    local_batch_size=batch.local_bsz,
-                    accum_steps=batch.accum_steps,
-                    gpus=alloc.num_gpus,
-                )
-            elif not alloc.num_gpus:
+                new = (batch.batch_size, batch.local_bsz, batch.accum_steps, alloc.num_gpus)
+                if old is None or new != (
+                    old.global_batch_size,
+                    old.local_batch_size,
+                    old.accum_steps,
+                    old.gpus,
+                ):
+                    store.set_batch(
+                        j.name,
+                        global_batch_size=batch.batch_size,
+                        local_batch_size=batch.local_bsz,
+                        accum_steps=batch.accum_steps,
+                        gpus=alloc.num_gpus,
+                    )
+            elif not alloc.num_gpus and old is not None:
                 store.clear_batch(j.name)
             want = JobStatus.RUNNING if alloc.num_gpus else JobStatus.QUEUED
             if j.status is not want:

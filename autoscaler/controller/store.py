@@ -1463,6 +1463,31 @@ class Store:
             out.update((r[0], max(0, int(r[1]) - 1)) for r in rows)
         return out
 
+    def usage(self, jobs: Iterable[str], now_s: float) -> dict[str, tuple[float, int]]:
+        """Each job's (GPU-seconds it has held, restarts) from the assignment history, to
+        ``now_s``: the attained service a policy weighs, and :meth:`restart_counts`. Jobs
+        never placed are left out."""
+        out: dict[str, tuple[float, int]] = {}
+        names = list(dict.fromkeys(jobs))
+        for i in range(0, len(names), 500):
+            chunk = names[i : i + 500]
+            marks = ", ".join("?" * len(chunk))
+            rows = self._read(
+                "SELECT job_name, total(gpus * (coalesce(to_s, ?) - from_s)), "
+                "count(DISTINCT from_s) FROM assignment_history "
+                f"WHERE job_name IN ({marks}) GROUP BY job_name",
+                [now_s, *chunk],
+            )
+            out.update((r[0], (max(0.0, float(r[1])), max(0, int(r[2]) - 1))) for r in rows)
+        return out
+
+    def set_durable(self, durable: bool) -> None:
+        """Whether each commit waits for the disk (``synchronous=FULL``, the default) or not
+        (``OFF``: a crash of the machine may lose the last commits, never corrupt the file).
+        Only for a store nobody needs after a power cut: the simulator's, thrown away at the
+        end of its run."""
+        self._live().execute(f"PRAGMA synchronous={'FULL' if durable else 'OFF'}")
+
     @staticmethod
     def _batch(conn: sqlite3.Connection, job_name: str) -> JobBatch | None:
         row = conn.execute(

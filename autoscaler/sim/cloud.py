@@ -43,6 +43,7 @@ from autoscaler.costs import CostLedger, CostRecord
 from autoscaler.errors import AutoscalerError, InvalidInputError
 from autoscaler.jobs import ClusterView, JobView, NodeView, OfferingRef
 from autoscaler.sim.cluster import NodeGroup
+from autoscaler.fleet import FleetStrategy, FleetView
 from autoscaler.sizing import FleetOption
 
 __all__ = [
@@ -108,28 +109,6 @@ class CloudOffering:
             self.intra_gbytes_per_s,
             self.network_gbps,
         )
-
-
-@dataclass(frozen=True)
-class FleetView:
-    """What a fleet strategy sees each round: the time, the active jobs as the policy sees
-    them, the ready nodes, the instances held per offering key (pending included), and one
-    :class:`~autoscaler.sizing.FleetOption` per offering at the prices in effect."""
-
-    now_s: float
-    jobs: tuple[JobView, ...]
-    cluster: ClusterView
-    held: Mapping[str, int]
-    options: tuple[FleetOption, ...]
-
-
-class FleetStrategy(Protocol):
-    """Decides the fleet: instance counts per offering key (missing keys: 0)."""
-
-    @property
-    def name(self) -> str: ...
-
-    def propose(self, view: FleetView) -> Mapping[str, int]: ...
 
 
 @dataclass(frozen=True)

@@ -71,12 +71,25 @@ from autoscaler.jobs import (
     fixed_batch_choice,
 )
 from autoscaler.policy.base import Policy
-from autoscaler.sim.cloud import CloudFleet, FleetView
+from autoscaler.fleet import FleetView
+from autoscaler.sim.cloud import CloudFleet
 from autoscaler.sim.cluster import NodeGroup, TypeSpeed
 from autoscaler.sim.config import SimConfig
 from autoscaler.sim.results import JobResult, RoundStats, SimResult
 from autoscaler.traces import AppTrace, load_app
-from trainer.report import remaining_progress
+from autoscaler.controller.errors import RoundError
+from autoscaler.controller.jobs import JobSubmission
+from autoscaler.controller.store import JobStatus
+from autoscaler.sim.world import World, WorldConfig, fixed_offering
+from autoscaler.strategies import FixedFleet
+from trainer.report import (
+    BatchConfig,
+    GradientStats,
+    JobHints,
+    ProfileEntry,
+    TrainerReport,
+    remaining_progress,
+)
 
 __all__ = ["SimulationError", "Simulator", "isolated_jct_s", "simulate"]
 
@@ -113,6 +126,11 @@ class _Job:
     checkpoint_progress: float = 0.0
     since_checkpoint_s: float = 0.0
     preemptions: int = 0
+    # What its trainer reports: the launch it runs (its start time) and the configurations
+    # profiled in that launch (a new launch reports from zero, as a real trainer does).
+    launch_s: float = 0.0
+    profiles: dict[tuple[int, int, int, int], ProfileEntry] = field(default_factory=dict)
+    ran: bool = False  # ran this round: it reports at the round's end
 
     @property
     def restarts(self) -> int:
@@ -202,6 +220,10 @@ class Simulator:
         self._state = policy.initial_state()
         self.avoid = bool(self.config.interference_avoidance and policy.avoids_interference)
         self.fleet: CloudFleet | None = None
+        self.world: World | None = None
+        self._submitted = 0  # jobs (in submission order) handed to the world's store
+        if self.config.cloud is None:
+            self.world = self._fixed_world()
         if self.config.cloud is not None:
             cloud = self.config.cloud
             cheapest = min(o.price.price_at(0.0) for o in cloud.offerings)
@@ -217,13 +239,95 @@ class Simulator:
 
     # ---- main loop -------------------------------------------------------------------------
 
+    def _fixed_world(self) -> World:
+        """The product's controller over a static fleet: one on-demand offering per node
+        group, held at the group's count by :class:`~autoscaler.strategies.FixedFleet`."""
+        offerings, counts = [], {}
+        self._group_of_type: dict[str, NodeGroup] = {}
+        for i, group in enumerate(self.config.cluster_spec.groups):
+            itype = group.instance_type
+            if itype in self._group_of_type:
+                itype = f"{itype}.g{i}"
+            o = fixed_offering(itype, group.gpu_type, group.gpus_per_node)
+            offerings.append(o)
+            counts[o.key] = counts.get(o.key, 0) + group.count
+            self._group_of_type[itype] = group
+        cfg = self.config
+        world = World(
+            offerings,
+            FixedFleet("fixed", counts),
+            self.policy,
+            WorldConfig(
+                interval_s=cfg.interval_s,
+                restart_delay_s=cfg.restart_delay_s,
+                interference_avoidance=cfg.interference_avoidance,
+                refit_tolerance=cfg.refit_tolerance,
+            ),
+            oracle=self._oracle_of if self.policy.uses_oracle else None,
+        )
+        self._by_name = {job.spec.name: job for job in self.jobs}
+        total = sum(counts.values())
+        world.warm_up(lambda: len(world.instance_types()) >= total and self._fleet_up(world))
+        return world
+
+    @staticmethod
+    def _fleet_up(world: World) -> bool:
+        allocs = world.store.list_instances()
+        return all(r.status.value == "running" and r.provider_instance_id for r in allocs)
+
+    def _oracle_of(self, name: str) -> Oracle | None:
+        """Ground truth for an oracle baseline (the Pollux paper's Optimus+Oracle): a
+        simulator's hook; a real cluster has none."""
+        job = self._by_name.get(name)
+        return None if job is None else self._oracle(job)
+
+    def _walk_to(self, t_s: float) -> None:
+        """World mode: the clock moves to ``t_s``, each job submitted on the way added to the
+        store at its own submission time, as the API adds it."""
+        world = self.world
+        assert world is not None
+        while self._submitted < len(self.jobs):
+            job = self.jobs[self._submitted]
+            if job.spec.submit_time_s > t_s:
+                break
+            world.advance_to(job.spec.submit_time_s)
+            world.submit(self._submission(job))
+            self._submitted += 1
+        world.advance_to(t_s)
+
+    def _submission(self, job: _Job) -> JobSubmission:
+        """The job as its user submits it: the application's batch limits, its own GPUs and
+        batch size (what a fixed-batch policy gives it), whether it adapts."""
+        app = job.app
+        return JobSubmission(
+            name=job.spec.name,
+            init_batch_size=app.init_batch_size,
+            max_batch_size=app.max_batch_size,
+            max_local_bsz=app.max_local_bsz,
+            min_local_bsz=app.min_local_bsz,
+            application=job.spec.application,
+            adaptive=job.spec.application not in self.config.fixed_applications,
+            requested_gpus=max(1, job.spec.num_replicas),
+            batch_size=max(1, job.spec.batch_size),
+            command=(f"{job.spec.application}.py",),
+        )
+
     def run(self) -> SimResult:
+        try:
+            return self._run()
+        finally:
+            if self.world is not None:
+                self.world.close()
+
+    def _run(self) -> SimResult:
         started = time.perf_counter()
         cfg = self.config
         pending = list(self.jobs)  # sorted by submission
         active: list[_Job] = []
         done = 0
         while pending or active:
+            if self.world is not None:
+                self._walk_to(self.now_s)
             while pending and pending[0].spec.submit_time_s <= self.now_s:
                 job = pending.pop(0)
                 active.append(job)
@@ -240,15 +344,23 @@ class Simulator:
                 skip = max(1, math.ceil(gap / cfg.interval_s - 1e-9))
                 self.now_s += skip * cfg.interval_s
                 self.round_index += skip
+                if self.world is not None:
+                    self._walk_to(self.now_s)
                 continue
             if self.now_s > cfg.max_time_s:
                 raise SimulationError(
                     f"{len(active) + len(pending)} jobs unfinished after {cfg.max_time_s:.0f} s "
                     f"under {self.policy.name}"
                 )
-            self._schedule(active)
+            if self.world is not None:
+                self._round(active)
+            else:
+                self._schedule(active)
             self._advance(active)
             finished = [job for job in active if job.completion_s is not None]
+            if self.world is not None:
+                self._walk_to(self.now_s + cfg.interval_s)
+                self._report(active)
             if finished:
                 done += len(finished)
                 for job in finished:
@@ -261,6 +373,100 @@ class Simulator:
         return self._result(time.perf_counter() - started)
 
     # ---- scheduling ------------------------------------------------------------------------
+
+    def _round(self, active: list[_Job]) -> None:
+        """World mode: the controller's round, then each job does what it was told: a new
+        set of GPUs is a relaunch (a planned stop checkpoints first), a new batch on the
+        same GPUs is applied without one (the trainer's contract)."""
+        world = self.world
+        assert world is not None
+        try:
+            report = world.run_round()
+        except RoundError as e:
+            raise SimulationError(f"round {self.round_index}: {e}") from e
+        if report.error is not None:
+            raise SimulationError(f"round {self.round_index}: {report.error}")
+        allocs, batches = world.plan()
+        self._group = {
+            key: self._group_of_type[itype] for key, itype in world.instance_types().items()
+        }
+        for job in active:
+            self._obey(job, allocs.get(job.spec.name, Allocation()), batches.get(job.spec.name))
+        self._check_ended(active)
+        used = sum(job.allocation.num_gpus for job in active)
+        self.rounds.append(RoundStats(self.now_s, len(active), used, report.policy_s, report.fit_s))
+
+    def _obey(self, job: _Job, alloc: Allocation, batch: BatchChoice | None) -> None:
+        gpus = alloc.num_gpus
+        if gpus and batch is None:
+            raise SimulationError(f"{job.spec.name} holds {gpus} GPUs without a planned batch")
+        if alloc != job.allocation:
+            if job.allocation.num_gpus:  # a planned stop writes a checkpoint
+                job.checkpoint_progress = job.progress
+                job.since_checkpoint_s = 0.0
+            job.allocation = alloc
+            job.profiles = {}
+            if gpus:
+                job.starts += 1
+                job.delay_left_s = self.config.restart_delay_s
+                job.launch_s = self.now_s
+            else:
+                job.delay_left_s = 0.0
+        job.batch = batch if gpus else None
+
+    def _check_ended(self, active: list[_Job]) -> None:
+        """A job the controller refused or failed can never finish: the run stops, saying
+        why (a simulated workload's jobs are all schedulable)."""
+        world = self.world
+        assert world is not None
+        names = {job.spec.name for job in active}
+        for row in world.store.list_jobs(statuses=(JobStatus.REFUSED, JobStatus.FAILED)):
+            if row.name in names:
+                raise SimulationError(
+                    f"{self.policy.name}: the controller {row.status.value} {row.name}: "
+                    f"{row.reason}"
+                )
+
+    def _report(self, active: list[_Job]) -> None:
+        """World mode, at the round's end: each job that ran sends its trainer's report (the
+        configurations of its launch with their true times, its gradient statistics, its
+        progress and declared length, whether it is done), and each finished job's
+        processes exit."""
+        world = self.world
+        assert world is not None
+        now = world.now_s
+        for job in active:
+            if not job.ran:
+                continue
+            job.ran = False
+            batch, alloc = job.batch, job.allocation
+            assert batch is not None and job.grad is not None
+            app = job.app
+            world.report(
+                TrainerReport(
+                    job_id=job.spec.name,
+                    attempt=job.starts,
+                    started_at_s=job.launch_s,
+                    sent_at_s=now,
+                    world_size=alloc.num_gpus,
+                    num_nodes=alloc.num_nodes,
+                    batch=BatchConfig(batch.batch_size, batch.accum_steps),
+                    step=0,
+                    skipped_steps=0,
+                    epoch=app.epoch_of(job.progress),
+                    epoch_position=0,
+                    progress=job.progress,
+                    gradient=GradientStats(
+                        app.init_batch_size, job.grad.grad_sqr, job.grad.grad_var, 1, False
+                    ),
+                    profiles=tuple(job.profiles.values()),
+                    hints=JobHints(app.init_batch_size, app.max_batch_size),
+                    target_progress=self._declared(job),
+                    done=job.completion_s is not None,
+                )
+            )
+            if job.completion_s is not None:
+                world.exited(job.spec.name)
 
     def _cluster(self) -> ClusterView:
         cfg = self.config
@@ -587,6 +793,21 @@ class Simulator:
         and its first gradient statistics."""
         if job.grad is None:
             self._report_grad(job, batch.batch_size)
+        if self.world is not None:
+            job.ran = True
+            config = (sum(placement), len(placement), batch.local_bsz, batch.accum_steps)
+            if config not in job.profiles:
+                job.profiles[config] = ProfileEntry(
+                    num_nodes=len(placement),
+                    num_replicas=sum(placement),
+                    local_batch_size=batch.local_bsz,
+                    accum_steps=batch.accum_steps,
+                    steps=1,
+                    step_s=t_iter,
+                    compute_s=max(0.0, t_iter - sync),
+                    sync_s=min(sync, t_iter),
+                )
+            return
         job.max_profiled_gpus = max(job.max_profiled_gpus, sum(placement))
         job.max_profiled_nodes = max(job.max_profiled_nodes, len(placement))
         if not self.policy.uses_model:

@@ -332,14 +332,16 @@ def test_the_policy_learns_lengths_only_through_the_declared_channel() -> None:
         assert all(j.jct_s > 0 for j in res.jobs)
         seen[lengths] = [v for r in policy.inputs for v in r.jobs]
     assert all(v.remaining_progress is None for v in seen["none"])
-    declared = seen["declared"]
+    # A job's length reaches the controller with its trainer's first report.
+    declared = [v for v in seen["declared"] if v.max_profiled_gpus]
     assert declared and all(v.remaining_progress is not None for v in declared)
+    assert all(v.remaining_progress is None for v in seen["declared"] if not v.max_profiled_gpus)
     first: dict[str, JobView] = {}
     for v in declared:
         first.setdefault(v.name, v)
         assert 0 <= (v.remaining_progress or 0) <= load_app(v.application).target_progress
-    for v in first.values():  # before its first step, all of its declared length is left
+    for v in first.values():  # after its first report, all but what it ran is left
         target = load_app(v.application).target_progress
-        assert v.remaining_progress == remaining_progress(0.0, target) == target
+        assert 0 < (v.remaining_progress or 0) < remaining_progress(0.0, target) == target
     with pytest.raises(InvalidInputError):
         SimConfig(lengths="oracle")
