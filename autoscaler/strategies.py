@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from autoscaler.errors import InvalidInputError
+from autoscaler.fleet import FleetView
 from autoscaler.gputypes import SpeedTable, default_speed_table
 from autoscaler.jobs import ClusterView, JobView
-from autoscaler.fleet import FleetView
 from autoscaler.sizing import (
     FleetOption,
     JobDemand,

@@ -68,6 +68,7 @@ from autoscaler.controller.reconcile import (
 )
 from autoscaler.controller.store import InstanceRow, JobRow, JobStatus, Store
 from autoscaler.errors import InvalidInputError
+from autoscaler.fleet import FleetStrategy, FleetView
 from autoscaler.gputypes import default_speed_table
 from autoscaler.jobs import (
     Allocation,
@@ -83,7 +84,6 @@ from autoscaler.jobs import (
 from autoscaler.policy import make_policy
 from autoscaler.policy.base import Decision, Policy
 from autoscaler.pricing import band_hazard_per_hour, instance_cost_usd, load_hazard_model
-from autoscaler.fleet import FleetStrategy, FleetView
 from autoscaler.sizing import FleetOption, SizingConfig
 from autoscaler.strategies import FixedFleet, GoodputSizing
 from coadapt_common.clock import Clock

@@ -41,9 +41,9 @@ from typing import Protocol
 
 from autoscaler.costs import CostLedger, CostRecord
 from autoscaler.errors import AutoscalerError, InvalidInputError
-from autoscaler.jobs import ClusterView, JobView, NodeView, OfferingRef
-from autoscaler.sim.cluster import NodeGroup
 from autoscaler.fleet import FleetStrategy, FleetView
+from autoscaler.jobs import NodeView, OfferingRef
+from autoscaler.sim.cluster import NodeGroup
 from autoscaler.sizing import FleetOption
 
 __all__ = [

@@ -51,8 +51,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autoscaler.controller.errors import RoundError
+from autoscaler.controller.jobs import JobSubmission
+from autoscaler.controller.store import JobStatus
 from autoscaler.errors import AutoscalerError, InvalidInputError
 from autoscaler.fitting import ModelBook
+from autoscaler.fleet import FleetView
 from autoscaler.goodput import (
     BatchLimits,
     GoodputModel,
@@ -71,17 +75,13 @@ from autoscaler.jobs import (
     fixed_batch_choice,
 )
 from autoscaler.policy.base import Policy
-from autoscaler.fleet import FleetView
 from autoscaler.sim.cloud import CloudFleet
 from autoscaler.sim.cluster import NodeGroup, TypeSpeed
 from autoscaler.sim.config import SimConfig
 from autoscaler.sim.results import JobResult, RoundStats, SimResult
-from autoscaler.traces import AppTrace, load_app
-from autoscaler.controller.errors import RoundError
-from autoscaler.controller.jobs import JobSubmission
-from autoscaler.controller.store import JobStatus
 from autoscaler.sim.world import World, WorldConfig, fixed_offering
 from autoscaler.strategies import FixedFleet
+from autoscaler.traces import AppTrace, load_app
 from trainer.report import (
     BatchConfig,
     GradientStats,
