@@ -87,7 +87,7 @@ from autoscaler.pricing import band_hazard_per_hour, instance_cost_usd, load_haz
 from autoscaler.sizing import FleetOption, SizingConfig
 from autoscaler.strategies import FixedFleet, GoodputSizing
 from coadapt_common.clock import Clock
-from providers.base import Instance, LaunchRequest, Offering, Provider
+from providers.base import Instance, InstanceState, LaunchRequest, Offering, Provider
 from providers.capacity import UnavailableOfferings
 from providers.errors import InsufficientCapacityError, ProviderError, QuotaExceededError
 from trainer.report import TrainerReport
@@ -272,13 +272,15 @@ class Controller:
         self._read_reports(assignments, gpu_type_of)
         t1 = time.perf_counter()
 
-        listed = {i.instance_id for i in observed}
+        # Ready: running in the store and in the cloud's listing (booted, not pending), and
+        # not noticed of an interruption.
+        booted = {i.instance_id for i in observed if i.state is InstanceState.RUNNING}
         noticed = {n.instance_id for n in notices}
         ready = [
             r
             for r in rows
             if r.status is InstanceStatus.RUNNING
-            and r.provider_instance_id in listed
+            and r.provider_instance_id in booted
             and r.provider_instance_id not in noticed
         ]
         unavailable = self.unavailable.unavailable()
@@ -318,7 +320,8 @@ class Controller:
             _with_allocation(v, {k: g for k, g in v.allocation.items() if k in on_nodes})
             for v in views
         )
-        plan = self._decide(cluster, views) if views else Plan({}, {})
+        # No job, or no node to put one on (every instance booting): nothing to decide.
+        plan = self._decide(cluster, views) if views and cluster.nodes else Plan({}, {})
         for name, reason in sorted(plan.refused.items()):
             row = next((j for j in jobs if j.name == name), None)
             if row is not None:  # the policy can never run it: it waits for the user

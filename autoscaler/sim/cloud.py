@@ -93,6 +93,7 @@ class CloudOffering:
     hazard_per_hour: float = 0.0
     intra_gbytes_per_s: float = 16.0
     network_gbps: float = 50.0
+    region: str = ""
 
     @property
     def key(self) -> str:

@@ -55,31 +55,24 @@ from autoscaler.controller.errors import RoundError
 from autoscaler.controller.jobs import JobSubmission
 from autoscaler.controller.store import JobStatus
 from autoscaler.errors import AutoscalerError, InvalidInputError
-from autoscaler.fitting import ModelBook
-from autoscaler.fleet import FleetView
 from autoscaler.goodput import (
     BatchLimits,
     GoodputModel,
     GradParams,
-    ProfileSample,
 )
 from autoscaler.gputypes import SpeedTable, default_speed_table
 from autoscaler.jobs import (
     Allocation,
     BatchChoice,
-    ClusterView,
     JobSpec,
-    JobView,
     Oracle,
-    RoundInput,
     fixed_batch_choice,
 )
 from autoscaler.policy.base import Policy
-from autoscaler.sim.cloud import CloudFleet
 from autoscaler.sim.cluster import NodeGroup, TypeSpeed
 from autoscaler.sim.config import SimConfig
 from autoscaler.sim.results import JobResult, RoundStats, SimResult
-from autoscaler.sim.world import World, WorldConfig, fixed_offering
+from autoscaler.sim.world import CloudWorld, World, WorldConfig, fixed_offering, pool_key
 from autoscaler.strategies import FixedFleet
 from autoscaler.traces import AppTrace, load_app
 from trainer.report import (
@@ -88,7 +81,6 @@ from trainer.report import (
     JobHints,
     ProfileEntry,
     TrainerReport,
-    remaining_progress,
 )
 
 __all__ = ["SimulationError", "Simulator", "isolated_jct_s", "simulate"]
@@ -131,6 +123,7 @@ class _Job:
     launch_s: float = 0.0
     profiles: dict[tuple[int, int, int, int], ProfileEntry] = field(default_factory=dict)
     ran: bool = False  # ran this round: it reports at the round's end
+    last_run: tuple[BatchChoice, Allocation] | None = None  # what it last ran on
 
     @property
     def restarts(self) -> int:
@@ -204,9 +197,6 @@ class Simulator:
         self.nodes = spec_cluster.nodes()
         self._group = spec_cluster.group_of()
         self._type_speed: dict[tuple[str, NodeGroup], TypeSpeed] = {}
-        self.type_aware = bool(getattr(policy, "type_aware", False))
-        self.fit_wall_s = 0.0  # wall time of online model fitting so far
-        self.book = ModelBook(self.config.refit_tolerance)
         order = sorted(range(len(jobs)), key=lambda i: (jobs[i].submit_time_s, i))
         self.jobs: list[_Job] = []
         root = self.config.traces_root
@@ -217,14 +207,14 @@ class Simulator:
         self.now_s = 0.0
         self.round_index = 0
         self.rounds: list[RoundStats] = []
-        self._state = policy.initial_state()
-        self.avoid = bool(self.config.interference_avoidance and policy.avoids_interference)
-        self.fleet: CloudFleet | None = None
-        self.world: World | None = None
+        self._by_name = {job.spec.name: job for job in self.jobs}
         self._submitted = 0  # jobs (in submission order) handed to the world's store
+        self.cloud: CloudWorld | None = None
+        self._group_of_key: dict[str, NodeGroup] = {}  # offering key -> its node group
+        self._iid: dict[str, str] = {}  # instance key -> cloud instance id
         if self.config.cloud is None:
-            self.world = self._fixed_world()
-        if self.config.cloud is not None:
+            self.world: World = self._fixed_world()
+        else:
             cloud = self.config.cloud
             cheapest = min(o.price.price_at(0.0) for o in cloud.offerings)
             if cloud.budget_usd_per_hour is not None and cloud.budget_usd_per_hour < cheapest:
@@ -233,7 +223,9 @@ class Simulator:
                     f"offering's price {cheapest:.4f} $/h: nothing could be launched",
                     field="budget_usd_per_hour",
                 )
-            self.fleet = CloudFleet(cloud)
+            self._group_of_key = {pool_key(o): o.group for o in cloud.offerings}
+            self.cloud = CloudWorld(cloud, policy, self._world_config(), oracle=self._oracle_hook())
+            self.world = self.cloud
             self.nodes = ()
             self._group = {}
 
@@ -252,23 +244,30 @@ class Simulator:
             offerings.append(o)
             counts[o.key] = counts.get(o.key, 0) + group.count
             self._group_of_type[itype] = group
-        cfg = self.config
+        for o in offerings:
+            self._group_of_key[o.key] = self._group_of_type[o.instance_type]
         world = World(
             offerings,
             FixedFleet("fixed", counts),
             self.policy,
-            WorldConfig(
-                interval_s=cfg.interval_s,
-                restart_delay_s=cfg.restart_delay_s,
-                interference_avoidance=cfg.interference_avoidance,
-                refit_tolerance=cfg.refit_tolerance,
-            ),
-            oracle=self._oracle_of if self.policy.uses_oracle else None,
+            self._world_config(),
+            oracle=self._oracle_hook(),
         )
-        self._by_name = {job.spec.name: job for job in self.jobs}
         total = sum(counts.values())
         world.warm_up(lambda: len(world.instance_types()) >= total and self._fleet_up(world))
         return world
+
+    def _world_config(self) -> WorldConfig:
+        cfg = self.config
+        return WorldConfig(
+            interval_s=cfg.interval_s,
+            restart_delay_s=cfg.restart_delay_s,
+            interference_avoidance=cfg.interference_avoidance,
+            refit_tolerance=cfg.refit_tolerance,
+        )
+
+    def _oracle_hook(self) -> Callable[[str], Oracle | None] | None:
+        return self._oracle_of if self.policy.uses_oracle else None
 
     @staticmethod
     def _fleet_up(world: World) -> bool:
@@ -285,13 +284,14 @@ class Simulator:
         """World mode: the clock moves to ``t_s``, each job submitted on the way added to the
         store at its own submission time, as the API adds it."""
         world = self.world
-        assert world is not None
         while self._submitted < len(self.jobs):
             job = self.jobs[self._submitted]
             if job.spec.submit_time_s > t_s:
                 break
             world.advance_to(job.spec.submit_time_s)
             world.submit(self._submission(job))
+            if self.cloud is not None:
+                self.cloud.ledger.job_event(job.spec.name, job.spec.submit_time_s, "submitted")
             self._submitted += 1
         world.advance_to(t_s)
 
@@ -316,8 +316,7 @@ class Simulator:
         try:
             return self._run()
         finally:
-            if self.world is not None:
-                self.world.close()
+            self.world.close()
 
     def _run(self) -> SimResult:
         started = time.perf_counter()
@@ -326,15 +325,12 @@ class Simulator:
         active: list[_Job] = []
         done = 0
         while pending or active:
-            if self.world is not None:
-                self._walk_to(self.now_s)
+            self._walk_to(self.now_s)
             while pending and pending[0].spec.submit_time_s <= self.now_s:
-                job = pending.pop(0)
-                active.append(job)
-                if self.fleet is not None:
-                    self.fleet.ledger.job_event(job.spec.name, job.spec.submit_time_s, "submitted")
-            if not active and self.fleet is not None and self.fleet.instances:
-                self._fleet_round([])  # the fleet is billed while it waits: size it anyway
+                active.append(pending.pop(0))
+            if not active and self.cloud is not None and self.cloud.live:
+                self._round([])  # the fleet is billed while it waits: the controller sizes it
+                self._walk_to(self.now_s + cfg.interval_s)
                 self.now_s += cfg.interval_s
                 self.round_index += 1
                 continue
@@ -344,27 +340,20 @@ class Simulator:
                 skip = max(1, math.ceil(gap / cfg.interval_s - 1e-9))
                 self.now_s += skip * cfg.interval_s
                 self.round_index += skip
-                if self.world is not None:
-                    self._walk_to(self.now_s)
+                self._walk_to(self.now_s)
                 continue
             if self.now_s > cfg.max_time_s:
                 raise SimulationError(
                     f"{len(active) + len(pending)} jobs unfinished after {cfg.max_time_s:.0f} s "
                     f"under {self.policy.name}"
                 )
-            if self.world is not None:
-                self._round(active)
-            else:
-                self._schedule(active)
+            self._round(active)
+            self._walk_to(self.now_s + cfg.interval_s)  # the world's events of the round
             self._advance(active)
             finished = [job for job in active if job.completion_s is not None]
-            if self.world is not None:
-                self._walk_to(self.now_s + cfg.interval_s)
-                self._report(active)
+            self._report(active)
             if finished:
                 done += len(finished)
-                for job in finished:
-                    self.book.drop(job.index)
                 active = [job for job in active if job.completion_s is None]
             self.now_s += cfg.interval_s
             self.round_index += 1
@@ -379,7 +368,6 @@ class Simulator:
         set of GPUs is a relaunch (a planned stop checkpoints first), a new batch on the
         same GPUs is applied without one (the trainer's contract)."""
         world = self.world
-        assert world is not None
         try:
             report = world.run_round()
         except RoundError as e:
@@ -387,9 +375,8 @@ class Simulator:
         if report.error is not None:
             raise SimulationError(f"round {self.round_index}: {report.error}")
         allocs, batches = world.plan()
-        self._group = {
-            key: self._group_of_type[itype] for key, itype in world.instance_types().items()
-        }
+        self._group = {key: self._group_of_key[okey] for key, okey in world.offering_keys().items()}
+        self._iid = world.instance_ids()
         for job in active:
             self._obey(job, allocs.get(job.spec.name, Allocation()), batches.get(job.spec.name))
         self._check_ended(active)
@@ -404,8 +391,15 @@ class Simulator:
             if job.allocation.num_gpus:  # a planned stop writes a checkpoint
                 job.checkpoint_progress = job.progress
                 job.since_checkpoint_s = 0.0
+            moved_off = self._noticed(job.allocation)
             job.allocation = alloc
             job.profiles = {}
+            if moved_off:  # the controller moved it off an instance the cloud takes back
+                job.preemptions += 1
+                assert self.cloud is not None
+                self.cloud.ledger.job_event(job.spec.name, self.now_s, "preemption")
+            elif gpus and self.cloud is not None and job.starts:
+                self.cloud.ledger.job_event(job.spec.name, self.now_s, "restart")
             if gpus:
                 job.starts += 1
                 job.delay_left_s = self.config.restart_delay_s
@@ -414,11 +408,16 @@ class Simulator:
                 job.delay_left_s = 0.0
         job.batch = batch if gpus else None
 
+    def _noticed(self, alloc: Allocation) -> bool:
+        """Whether any node of ``alloc`` has a preemption notice."""
+        if self.cloud is None or not alloc:
+            return False
+        return any(self.cloud.noticed(self._iid.get(n, "")) for n in alloc)
+
     def _check_ended(self, active: list[_Job]) -> None:
         """A job the controller refused or failed can never finish: the run stops, saying
         why (a simulated workload's jobs are all schedulable)."""
         world = self.world
-        assert world is not None
         names = {job.spec.name for job in active}
         for row in world.store.list_jobs(statuses=(JobStatus.REFUSED, JobStatus.FAILED)):
             if row.name in names:
@@ -433,14 +432,13 @@ class Simulator:
         progress and declared length, whether it is done), and each finished job's
         processes exit."""
         world = self.world
-        assert world is not None
         now = world.now_s
         for job in active:
             if not job.ran:
                 continue
             job.ran = False
-            batch, alloc = job.batch, job.allocation
-            assert batch is not None and job.grad is not None
+            assert job.last_run is not None and job.grad is not None
+            batch, alloc = job.last_run
             app = job.app
             world.report(
                 TrainerReport(
@@ -468,180 +466,11 @@ class Simulator:
             if job.completion_s is not None:
                 world.exited(job.spec.name)
 
-    def _cluster(self) -> ClusterView:
-        cfg = self.config
-        return ClusterView(
-            nodes=self.nodes,
-            now_s=self.now_s,
-            round_index=self.round_index,
-            interval_s=cfg.interval_s,
-            restart_delay_s=cfg.restart_delay_s,
-            interference_avoidance=self.avoid,
-        )
-
-    def _fleet_round(self, active: list[_Job]) -> tuple[JobView, ...] | None:
-        """Cloud mode, before the policy: nodes join and leave, the strategy sizes the fleet,
-        the fleet is reconciled (see :mod:`autoscaler.sim.cloud`). Returns the jobs' views
-        the strategy saw, still current unless a release stopped a job (then ``None``)."""
-        fleet, cfg = self.fleet, self.config
-        assert fleet is not None and cfg.cloud is not None
-        gone = fleet.begin_round(self.now_s, cfg.interval_s)
-        for job in active:
-            hit = {n: gone[n] for n in job.allocation if n in gone}
-            if hit:
-                self._preempted(job, hit)
-        self.nodes = fleet.nodes(self.now_s)
-        views = tuple(self._view(job) for job in active)
-        view = FleetView(
-            self.now_s, views, self._cluster(), fleet.held(), fleet.options(self.now_s)
-        )
-        target = cfg.cloud.strategy.propose(view)
-        used: dict[str, int] = {}
-        for job in active:
-            for node_id, gpus in job.allocation.items():
-                used[node_id] = used.get(node_id, 0) + gpus
-        released = fleet.reconcile(self.now_s, target, used)
-        stopped = self._stop_on(active, released)
-        self.nodes = fleet.nodes(self.now_s)
-        self._group = {node.node_id: fleet.group_of(node.node_id) for node in self.nodes}
-        return None if stopped else views
-
-    def _stop_on(self, active: list[_Job], node_ids: set[str]) -> bool:
-        """Jobs on released ``node_ids`` stop, writing a checkpoint first; whether any did."""
-        stopped = False
-        for job in active:
-            if any(n in node_ids for n in job.allocation):
-                stopped = True
-                self._stop(job)
-        return stopped
-
-    @staticmethod
-    def _stop(job: _Job) -> None:
-        """``job`` stops where it is, its progress checkpointed."""
-        job.checkpoint_progress = job.progress
-        job.since_checkpoint_s = 0.0
-        job.allocation = Allocation()
-        job.batch = None
-        job.delay_left_s = 0.0
-
-    def _preempted(self, job: _Job, hit: dict[str, float]) -> None:
-        """``job`` lost the nodes in ``hit`` (node id -> preemption time): it stops, and falls
-        back to its last checkpoint unless every notice left time to write one."""
-        fleet = self.fleet
-        assert fleet is not None
-        job.preemptions += 1
-        fleet.ledger.job_event(job.spec.name, min(hit.values()), "preemption")
-        if not all(fleet.notice_suffices(n) for n in hit):
-            job.progress = job.checkpoint_progress
-        self._stop(job)
-
-    def _schedule(self, active: list[_Job]) -> None:
-        cfg = self.config
-        t0 = time.perf_counter()
-        self.book.refit()
-        fit_s = time.perf_counter() - t0
-        self.fit_wall_s += fit_s
-        views = self._fleet_round(active) if self.fleet is not None else None
-        cluster = self._cluster()
-        if not cluster.nodes:  # cloud mode, nothing ready yet: every job waits
-            for job in active:
-                job.allocation, job.batch, job.delay_left_s = Allocation(), None, 0.0
-            self.rounds.append(RoundStats(self.now_s, len(active), 0, 0.0, fit_s))
-            return
-        if views is None:
-            views = tuple(self._view(job) for job in active)
-        round_input = RoundInput(cluster, views)
-        t0 = time.perf_counter()
-        decision = self.policy.decide(round_input, self._state)
-        wall_s = time.perf_counter() - t0
-        self._state = decision.state
-        plan = decision.plan
-        bounds = {view.name: self.policy.gpu_bounds(view, cluster) for view in views}
-        try:
-            plan.validate(
-                round_input,
-                max_gpus={k: v[1] for k, v in bounds.items()},
-                single_type=self.type_aware,
-            )
-        except InvalidInputError as e:
-            raise SimulationError(f"{self.policy.name} round {self.round_index}: {e}") from e
-        if plan.refused:
-            name, reason = sorted(plan.refused.items())[0]
-            raise SimulationError(f"{self.policy.name} cannot run {name}: {reason}")
-        for job in active:
-            alloc = plan.allocations[job.spec.name]
-            gpus = alloc.num_gpus
-            low = bounds[job.spec.name][0]
-            if 0 < gpus < low:
-                raise SimulationError(
-                    f"{self.policy.name} gave {job.spec.name} {gpus} GPUs, below its minimum {low}"
-                )
-            if alloc != job.allocation:
-                if job.allocation.num_gpus:  # a planned stop writes a checkpoint
-                    job.checkpoint_progress = job.progress
-                    job.since_checkpoint_s = 0.0
-                job.allocation = alloc
-                if gpus and self.fleet is not None and job.starts:
-                    self.fleet.ledger.job_event(job.spec.name, self.now_s, "restart")
-                if gpus:
-                    job.starts += 1
-                    job.delay_left_s = cfg.restart_delay_s
-                else:
-                    job.delay_left_s = 0.0
-            job.batch = plan.batches[job.spec.name] if gpus else None
-        used = sum(job.allocation.num_gpus for job in active)
-        self.rounds.append(RoundStats(self.now_s, len(active), used, wall_s, fit_s))
-
-    def _view(self, job: _Job) -> JobView:
-        model = self._model(job, None) if self.policy.uses_model else None
-        models: dict[str, GoodputModel] = {}
-        if self.type_aware and self.policy.uses_model:
-            for key in self.book.keys(job.index):
-                if key is not None:
-                    fitted = self._model(job, key)
-                    if fitted is not None:
-                        models[key] = fitted
-        oracle = self._oracle(job) if self.policy.uses_oracle else None
-        return JobView(
-            name=job.spec.name,
-            application=job.spec.application,
-            submit_time_s=job.spec.submit_time_s,
-            age_s=self.now_s - job.spec.submit_time_s,
-            attained_gpu_s=job.attained_gpu_s,
-            num_restarts=job.restarts,
-            allocation=job.allocation,
-            limits=job.limits,
-            requested_gpus=job.spec.num_replicas,
-            fixed_batch_size=job.spec.batch_size,
-            max_profiled_gpus=job.max_profiled_gpus,
-            max_profiled_nodes=job.max_profiled_nodes,
-            model=model,
-            models=models,
-            oracle=oracle,
-            adaptive=job.spec.application not in self.config.fixed_applications,
-            remaining_progress=remaining_progress(job.progress, self._declared(job)),
-        )
-
     def _declared(self, job: _Job) -> float | None:
         """The length the job's script declared (the workload's target), or ``None`` when
         the run lets no job declare (``SimConfig.lengths``): the one channel through which
         the policy learns how much work is left."""
         return job.app.target_progress if self.config.lengths == "declared" else None
-
-    def _model(self, job: _Job, gpu_type: str | None) -> GoodputModel | None:
-        """The job's goodput model from its ``gpu_type`` fit (``None``: pooled), rebuilt when
-        the fit or the gradient statistics changed."""
-        perf = self.book.perf(job.index, gpu_type)
-        if perf is None:
-            return None
-        model = job.models.get(gpu_type)
-        if model is None or model.perf != perf or model.grad != job.grad:
-            assert job.grad is not None
-            limits = job.limits
-            if gpu_type is not None:
-                limits = _limits(job.app, self._speed_of_type(job, gpu_type).max_local_bsz)
-            model = job.models[gpu_type] = GoodputModel(perf, job.grad, limits)
-        return model
 
     def _oracle(self, job: _Job) -> Oracle:
         app, cfg = job.app, self.config
@@ -664,8 +493,9 @@ class Simulator:
         slow = self._interfered(active) if cfg.interference > 0 else set()
         count = len(active)
         cut: dict[str, float] = {}
-        if self.fleet is not None:
-            cut = self.fleet.preemptions_in(self.now_s, self.now_s + cfg.interval_s)
+        if self.cloud is not None:
+            gone = self.cloud.preempted_in(self.now_s, self.now_s + cfg.interval_s)
+            cut = {key: gone[iid] for key, iid in self._iid.items() if iid in gone}
         for job in active:
             alive_s = cfg.interval_s
             if job.spec.submit_time_s > self.now_s:  # pragma: no cover - active => submitted
@@ -679,20 +509,22 @@ class Simulator:
             if job_done is not None:
                 alive_s = job_done
             job.sharers_s += count * alive_s
-            if self.fleet is not None:
+            if self.cloud is not None:
                 hit_nodes = {n: cut[n] for n in held if n in cut}
                 self._account(job, held, job_done if job_done is not None else run_s, hit_nodes)
 
     def _account(self, job: _Job, held: Allocation, ran_s: float, hit: dict[str, float]) -> None:
         """Cloud mode: the job's GPU time to the ledger, its checkpoints, its preemption."""
-        fleet, cloud = self.fleet, self.config.cloud
-        assert fleet is not None and cloud is not None
+        world, cloud = self.cloud, self.config.cloud
+        assert world is not None and cloud is not None
+        ledger = world.ledger
         for node_id, gpus in held.items():
             if ran_s > 0:
-                fleet.ledger.job_usage(job.spec.name, node_id, self.now_s, self.now_s + ran_s, gpus)
+                iid = self._iid[node_id]
+                ledger.job_usage(job.spec.name, iid, self.now_s, self.now_s + ran_s, gpus)
         if job.completion_s is not None:
-            fleet.ledger.job_event(job.spec.name, job.completion_s, "finished")
-            fleet.ledger.job_work(job.spec.name, job.progress * job.limits.init_batch_size)
+            ledger.job_event(job.spec.name, job.completion_s, "finished")
+            ledger.job_work(job.spec.name, job.progress * job.limits.init_batch_size)
             return
         if held.num_gpus:
             job.since_checkpoint_s += ran_s
@@ -701,6 +533,28 @@ class Simulator:
                 job.since_checkpoint_s = 0.0
         if hit:
             self._preempted(job, hit)
+
+    @staticmethod
+    def _stop(job: _Job) -> None:
+        """``job`` stops where it is, its progress checkpointed."""
+        job.checkpoint_progress = job.progress
+        job.since_checkpoint_s = 0.0
+        job.allocation = Allocation()
+        job.batch = None
+        job.delay_left_s = 0.0
+        job.profiles = {}
+
+    def _preempted(self, job: _Job, hit: dict[str, float]) -> None:
+        """``job`` lost the nodes in ``hit`` (node id -> preemption time): it stops, and falls
+        back to its last checkpoint unless every notice left time to write one (its trainer
+        checkpoints on the notice its agent forwards)."""
+        world = self.cloud
+        assert world is not None
+        job.preemptions += 1
+        world.ledger.job_event(job.spec.name, min(hit.values()), "preemption")
+        if not all(world.notice_suffices(self._iid[n]) for n in hit):
+            job.progress = job.checkpoint_progress
+        self._stop(job)
 
     def _interfered(self, active: list[_Job]) -> set[int]:
         """Indices of multi-node jobs on a node shared by two or more multi-node jobs."""
@@ -789,35 +643,25 @@ class Simulator:
         t_iter: float,
         sync: float,
     ) -> None:
-        """The trainer's report of a configuration it ran on ``gpu_type`` (first time only),
-        and its first gradient statistics."""
+        """What the job's trainer will report of the configuration it runs (its launch's
+        profile, first measurement kept), and its first gradient statistics."""
+        del gpu_type  # the controller knows it: the type of the instances it assigned
         if job.grad is None:
             self._report_grad(job, batch.batch_size)
-        if self.world is not None:
-            job.ran = True
-            config = (sum(placement), len(placement), batch.local_bsz, batch.accum_steps)
-            if config not in job.profiles:
-                job.profiles[config] = ProfileEntry(
-                    num_nodes=len(placement),
-                    num_replicas=sum(placement),
-                    local_batch_size=batch.local_bsz,
-                    accum_steps=batch.accum_steps,
-                    steps=1,
-                    step_s=t_iter,
-                    compute_s=max(0.0, t_iter - sync),
-                    sync_s=min(sync, t_iter),
-                )
-            return
-        job.max_profiled_gpus = max(job.max_profiled_gpus, sum(placement))
-        job.max_profiled_nodes = max(job.max_profiled_nodes, len(placement))
-        if not self.policy.uses_model:
-            return
-        sample = ProfileSample(
-            placement, batch.local_bsz, batch.accum_steps, t_iter, min(sync, t_iter)
-        )
-        keys: tuple[str | None, ...] = (None, gpu_type) if self.type_aware else (None,)
-        for fit_key in keys:
-            self.book.record(job.index, fit_key, sample)
+        job.ran = True
+        job.last_run = (batch, job.allocation)
+        config = (sum(placement), len(placement), batch.local_bsz, batch.accum_steps)
+        if config not in job.profiles:
+            job.profiles[config] = ProfileEntry(
+                num_nodes=len(placement),
+                num_replicas=sum(placement),
+                local_batch_size=batch.local_bsz,
+                accum_steps=batch.accum_steps,
+                steps=1,
+                step_s=t_iter,
+                compute_s=max(0.0, t_iter - sync),
+                sync_s=min(sync, t_iter),
+            )
 
     def _report_grad(self, job: _Job, batch_size: int) -> None:
         key = (job.app.epoch_of(job.progress), batch_size)
@@ -851,13 +695,13 @@ class Simulator:
                 )
             )
         cost, fleet = None, None
-        if self.fleet is not None:
-            cost = self.fleet.close(self.now_s)
+        if self.cloud is not None:
+            cost = self.cloud.close_bill(self.now_s)
             fleet = {
-                "launches": float(self.fleet.launches),
-                "preemptions": float(self.fleet.preemptions),
-                "capacity_errors": float(self.fleet.capacity_errors),
-                "peak_usd_per_hour": self.fleet.peak_usd_per_hour,
+                "launches": float(self.cloud.launches),
+                "preemptions": float(self.cloud.preemptions),
+                "capacity_errors": float(self.cloud.capacity_errors()),
+                "peak_usd_per_hour": self.cloud.peak_usd_per_hour,
             }
         return SimResult(
             workload=self.workload_name,

@@ -215,6 +215,7 @@ def _offerings(
                     hazard_per_hour=hazard_per_hour,
                     intra_gbytes_per_s=intra,
                     network_gbps=network,
+                    region=REGION,
                 )
             )
     if not out:

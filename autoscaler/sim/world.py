@@ -21,10 +21,12 @@ assignments and planned batch, from the store, as the node agent and the trainer
 
 from __future__ import annotations
 
+import heapq
+import math
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from autoscaler.controller.jobs import JobSubmission
@@ -32,15 +34,18 @@ from autoscaler.controller.lifecycle import InstanceStatus
 from autoscaler.controller.loop import Controller, ControllerConfig, RoundReport
 from autoscaler.controller.reconcile import ReconcileConfig
 from autoscaler.controller.store import JobBatch, Store
-from autoscaler.fleet import FleetStrategy
+from autoscaler.costs import CostLedger, CostRecord
+from autoscaler.errors import InvalidInputError
+from autoscaler.fleet import FleetStrategy, FleetView
 from autoscaler.jobs import Allocation, BatchChoice, Oracle
 from autoscaler.policy.base import Policy
+from autoscaler.sim.cloud import BudgetExceededError, CloudConfig, CloudOffering
 from coadapt_common.clock import FakeClock
 from providers.base import Market, Offering
 from providers.fake import FakeProvider
 from trainer.report import TrainerReport
 
-__all__ = ["CLUSTER_ID", "SIM_PROVIDER", "World", "WorldConfig"]
+__all__ = ["CLUSTER_ID", "SIM_PROVIDER", "CloudWorld", "World", "WorldConfig"]
 
 _AGENT_UP = (InstanceStatus.RUNNING, InstanceStatus.DRAINING)
 CLUSTER_ID = "sim"
@@ -76,6 +81,7 @@ class World:
         oracle: Callable[[str], Oracle | None] | None = None,
         boot_s: float = 0.0,
         capacity: Mapping[str, int | None] | None = None,
+        provider_name: str = SIM_PROVIDER,
     ) -> None:
         self.config = config
         self.clock = FakeClock(start_s=-config.warmup_rounds * config.interval_s)
@@ -84,7 +90,7 @@ class World:
             self.store = Store.create(self._dir / "store.db", CLUSTER_ID, self.clock)
             self.store.set_durable(False)
             self.provider = FakeProvider(
-                offerings, capacity, clock=self.clock, name=SIM_PROVIDER, boot_s=boot_s
+                offerings, capacity, clock=self.clock, name=provider_name, boot_s=boot_s
             )
             counter = iter(range(1, 1 << 62))
             self.controller = Controller(
@@ -164,6 +170,18 @@ class World:
         """Instance key -> its instance type, for every instance the store knows."""
         return {r.instance_key: r.instance_type for r in self.store.list_instances()}
 
+    def instance_ids(self) -> dict[str, str]:
+        """Instance key -> the cloud's instance id, for every instance that got one."""
+        return {
+            r.instance_key: r.provider_instance_id
+            for r in self.store.list_instances()
+            if r.provider_instance_id is not None
+        }
+
+    def offering_keys(self) -> dict[str, str]:
+        """Instance key -> its offering key."""
+        return {r.instance_key: r.offering_key for r in self.store.list_instances()}
+
     def warm_up(self, ready: Callable[[], bool]) -> None:
         """Rounds before time 0 until ``ready()`` (a fixed fleet is up) or the warm-up runs
         out; the clock ends at 0."""
@@ -206,3 +224,296 @@ def fixed_offering(instance_type: str, gpu_type: str, gpus: int) -> Offering:
         market=Market.ON_DEMAND,
         price_usd_per_hour=1.0 * gpus,
     )
+
+
+@dataclass
+class _Live:
+    """A cloud instance the world bills: its offering and the preemption it was noticed of."""
+
+    offering: CloudOffering
+    launched_at_s: float
+    deadline_s: float | None = None
+    notice_s: float = 0.0
+
+
+class CloudWorld(World):
+    """A world whose cloud comes and goes (the simulator's cloud mode): the
+    :class:`~autoscaler.sim.cloud.CloudConfig`'s offerings on a
+    :class:`~providers.fake.FakeProvider` with its provisioning delay, spot prices moved
+    along each offering's price series (the provider's catalogue, which the controller reads),
+    spot preemptions from each offering's model (a replayed availability trace: capacity set
+    on the pool and the newest instances above it preempted; or a hazard: one time per
+    instance), each announced ``notice_s`` ahead through the provider's interruption notices;
+    and the bill: a :class:`~autoscaler.costs.CostLedger` of every instance from its launch
+    to its end at the price in effect, per-second with the provider's minimum (what the cloud
+    charges, kept by the world, not by the controller)."""
+
+    def __init__(
+        self,
+        cloud: CloudConfig,
+        policy: Policy,
+        config: WorldConfig,
+        *,
+        oracle: Callable[[str], Oracle | None] | None = None,
+    ) -> None:
+        self.cloud = cloud
+        # The provider's pool key of each offering (``provider/zone/type/market``), and back.
+        self._pool = {o.key: _offering(o).key for o in cloud.offerings}
+        self._by_pool = {self._pool[o.key]: o for o in cloud.offerings}
+        provider_names = {o.ref.provider for o in cloud.offerings}
+        if len(provider_names) != 1:
+            raise InvalidInputError(
+                f"a simulated cloud has one provider, got {sorted(provider_names)}",
+                field="offerings",
+            )
+        offerings = [_offering(o) for o in cloud.offerings]
+        super().__init__(
+            offerings,
+            _RefKeyed(cloud.strategy, {v: k for k, v in self._pool.items()}),
+            policy,
+            replace(config, warmup_rounds=0),
+            oracle=oracle,
+            boot_s=cloud.provisioning_delay_s,
+            provider_name=provider_names.pop(),
+        )
+        self.ledger = CostLedger()
+        self.live: dict[str, _Live] = {}
+        self.ended_notice_s: dict[str, float] = {}
+        self._preempted_at: dict[str, float] = {}
+        self.launches = 0
+        self.preemptions = 0
+        self.peak_usd_per_hour = 0.0
+        self._prices = {o.key: o.price.price_at(0.0) for o in cloud.offerings}
+        self._events: list[tuple[float, int, str, str, int]] = []
+        self._serial = 0
+        self._looked_to_s = -math.inf
+        for o in cloud.offerings:
+            if o.preemption is not None:
+                cap = o.preemption.capacity_at(0.0)
+                if cap is not None:
+                    self.provider.set_capacity(self._pool[o.key], max(0, cap))
+
+    # ---- the world's own events, in time order ---------------------------------------------
+
+    def _push(self, t_s: float, kind: str, key: str, value: int = 0) -> None:
+        self._serial += 1
+        heapq.heappush(self._events, (t_s, self._serial, kind, key, value))
+
+    def advance_to(self, t_s: float) -> None:
+        """Move to ``t_s``, carrying out on the way every capacity change and preemption
+        notice due (and ending, in the bill, every instance whose notice ran out)."""
+        while self._events and self._events[0][0] <= t_s:
+            at, _, kind, key, value = heapq.heappop(self._events)
+            super().advance_to(at)
+            if kind == "capacity":
+                self.provider.set_capacity(self._pool[key], max(0, value))
+            elif kind == "squeeze":
+                notice_s = next(o.notice_s for o in self.cloud.offerings if o.key == key)
+                self._squeeze(key, value, deadline_s=at + notice_s)
+            elif kind == "notice":
+                self._notice(key, at + self._live_notice(key))
+        super().advance_to(t_s)
+        self._expire(self.clock.now_s())
+
+    def _live_notice(self, iid: str) -> float:
+        live = self.live.get(iid)
+        return 0.0 if live is None else live.offering.notice_s
+
+    def look_ahead(self, t0_s: float, t1_s: float) -> None:
+        """Schedule what the offerings' models say happens in ``[t0_s, t1_s)``: a capacity
+        change at ``t`` is set on the pool then, and instances above a lower capacity are
+        noticed ``notice_s`` before it."""
+        start = max(t0_s, self._looked_to_s)
+        if t1_s <= start:
+            return
+        for o in self.cloud.offerings:
+            if o.preemption is None:
+                continue
+            for t_s, cap in o.preemption.capacity_changes(start - 1e-9, t1_s - 1e-9):
+                if t_s < start:
+                    continue
+                self._push(t_s, "capacity", o.key, cap)
+                self._push(max(self.clock.now_s(), t_s - o.notice_s), "squeeze", o.key, cap)
+        self._looked_to_s = t1_s
+
+    def _squeeze(self, key: str, cap: int, *, deadline_s: float) -> None:
+        """The newest instances of offering ``key`` above ``cap`` (not noticed already) are
+        told they go at ``deadline_s``."""
+        mine = [
+            (live.launched_at_s, iid)
+            for iid, live in self.live.items()
+            if live.offering.key == key and live.deadline_s is None
+        ]
+        surplus = len(mine) - max(0, cap)
+        for _, iid in sorted(mine)[max(0, len(mine) - surplus) :] if surplus > 0 else []:
+            self._notice(iid, deadline_s)
+
+    def _notice(self, iid: str, deadline_s: float) -> None:
+        live = self.live.get(iid)
+        if live is None or live.deadline_s is not None:
+            return
+        now = self.clock.now_s()
+        deadline_s = max(deadline_s, now)
+        live.deadline_s = deadline_s
+        live.notice_s = deadline_s - now
+        self.provider.preempt(iid, notice_s=deadline_s - now)
+
+    def _expire(self, now_s: float) -> None:
+        for iid, live in list(self.live.items()):
+            if live.deadline_s is not None and live.deadline_s <= now_s:
+                self._end(iid, live.deadline_s, "preempted")
+
+    def _end(self, iid: str, t_s: float, reason: str) -> None:
+        live = self.live.pop(iid)
+        if live.deadline_s is not None:
+            self.ended_notice_s[iid] = live.notice_s
+        if reason == "preempted":
+            self.preemptions += 1
+            self._preempted_at[iid] = t_s
+        self.ledger.end(iid, max(t_s, live.launched_at_s), reason)
+
+    # ---- the round ---------------------------------------------------------------------------
+
+    def run_round(self) -> RoundReport:
+        """Prices in effect now into the catalogue (and the bill), the product's round, then
+        the bill follows what the round launched and released."""
+        now = self.clock.now_s()
+        self._set_prices(now)
+        self.look_ahead(now, now + self.config.interval_s + _NOTICE_HORIZON_S)
+        report = super().run_round()
+        self._observe(now)
+        return report
+
+    def _set_prices(self, now_s: float) -> None:
+        for o in self.cloud.offerings:
+            price = o.price.price_at(now_s)
+            if price == self._prices[o.key]:
+                continue
+            self._prices[o.key] = price
+            if o.ref.market == "spot":
+                self.provider.set_spot_price(o.ref.instance_type, o.ref.zone, price)
+            for iid, live in self.live.items():
+                if live.offering.key == o.key:
+                    self.ledger.price_change(iid, now_s, price)
+
+    def _observe(self, now_s: float) -> None:
+        listed = {i.instance_id: i for i in self.provider.list_instances(CLUSTER_ID)}
+        for iid in sorted(set(self.live) - set(listed)):
+            deadline = self.live[iid].deadline_s
+            if deadline is None:
+                self._end(iid, now_s, "released")
+            else:  # noticed, drained and released before its deadline: the notice ended it
+                self._end(iid, min(now_s, deadline), "preempted")
+        for iid, inst in sorted(listed.items()):
+            if iid in self.live:
+                continue
+            o = self._by_pool[inst.pool_key]
+            t = now_s if inst.launched_at_s is None else inst.launched_at_s
+            self.live[iid] = _Live(o, t)
+            self.launches += 1
+            self.ledger.launch(
+                iid,
+                offering_key=o.key,
+                provider=o.ref.provider,
+                instance_type=o.ref.instance_type,
+                gpu_type=o.gpu_type,
+                gpus=o.gpus,
+                zone=o.ref.zone,
+                market=o.ref.market,
+                t_s=t,
+                usd_per_hour=self._prices[o.key],
+                min_billed_s=self.cloud.min_billed_s,
+                ondemand_usd_per_hour=o.ondemand_usd_per_hour,
+            )
+            if o.preemption is not None:
+                t_p = o.preemption.preemption_time_s(iid, t)
+                if t_p is not None:
+                    self._push(max(now_s, t_p - o.notice_s), "notice", iid)
+        usd = sum(self._prices[live.offering.key] for live in self.live.values())
+        self.peak_usd_per_hour = max(self.peak_usd_per_hour, usd)
+        budget = self.cloud.budget_usd_per_hour
+        if budget is not None and usd > budget + 1e-9:
+            raise BudgetExceededError(
+                f"{self.cloud.strategy.name}: fleet at {usd:.4f} $/h exceeds the budget "
+                f"{budget:.4f} $/h at t={now_s:.0f} s"
+            )
+
+    # ---- what the jobs see -------------------------------------------------------------------
+
+    def preempted_in(self, t0_s: float, t1_s: float) -> dict[str, float]:
+        """Cloud instance id -> preemption time, for the instances preempted in
+        ``[t0_s, t1_s]``."""
+        return {iid: t for iid, t in self._preempted_at.items() if t0_s <= t <= t1_s}
+
+    def noticed(self, iid: str) -> bool:
+        """Whether instance ``iid`` got a preemption notice (live or ended)."""
+        live = self.live.get(iid)
+        return (live is not None and live.deadline_s is not None) or iid in self.ended_notice_s
+
+    def notice_suffices(self, iid: str) -> bool:
+        """Whether the notice of ``iid``'s preemption left time to write a checkpoint."""
+        notice = self.live[iid].notice_s if iid in self.live else self.ended_notice_s.get(iid, 0.0)
+        return notice >= self.cloud.checkpoint_write_s
+
+    def capacity_errors(self) -> int:
+        """Launches the cloud answered with a capacity error."""
+        return sum(
+            1
+            for r in self.store.list_instances()
+            if any(
+                h.status is InstanceStatus.ALLOCATION_FAILED and "capacity" in (h.reason or "")
+                for h in self.store.history(r.instance_key)
+            )
+        )
+
+    def close_bill(self, now_s: float) -> CostRecord:
+        """Every instance still live ends now; the closed bill."""
+        for iid in sorted(self.live):
+            self._end(iid, now_s, "end_of_run")
+        return self.ledger.close(now_s)
+
+
+_NOTICE_HORIZON_S = 600.0
+"""How far past a round the world looks for capacity drops (their notices come first)."""
+
+
+def pool_key(o: CloudOffering) -> str:
+    """The provider's pool key of a simulated offering (what the controller's rows carry)."""
+    return _offering(o).key
+
+
+def _offering(o: CloudOffering) -> Offering:
+    return Offering(
+        provider=o.ref.provider,
+        instance_type=o.ref.instance_type,
+        gpu_type=o.gpu_type,
+        gpus=o.gpus,
+        vcpus=8 * o.gpus,
+        memory_gib=32.0 * o.gpus,
+        region=o.region,
+        zone=o.ref.zone,
+        market=Market.SPOT if o.ref.market == "spot" else Market.ON_DEMAND,
+        price_usd_per_hour=o.price.price_at(0.0),
+    )
+
+
+@dataclass
+class _RefKeyed:
+    """A simulation's fleet strategy, configured with :class:`~autoscaler.jobs.OfferingRef`
+    keys (``provider/type/zone/market``), in front of a controller that speaks the
+    provider's pool keys (``provider/zone/type/market``): the view's keys are translated for
+    it and its counts back."""
+
+    inner: FleetStrategy
+    ref_of: Mapping[str, str]  # pool key -> ref key
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    def propose(self, view: FleetView) -> Mapping[str, int]:
+        back = {ref: pool for pool, ref in self.ref_of.items()}
+        options = tuple(replace(o, key=self.ref_of.get(o.key, o.key)) for o in view.options)
+        held = {self.ref_of.get(k, k): n for k, n in view.held.items()}
+        counts = self.inner.propose(replace(view, options=options, held=held))
+        return {back.get(k, k): n for k, n in counts.items()}

@@ -122,7 +122,9 @@ def test_trace_capacity_preempts_the_newest_instance_and_refuses_launches_above_
     assert r.fleet["preemptions"] == 1
     assert r.cost is not None
     preempted = [i for i in r.cost.instances if i.end_reason == "preempted"]
-    assert len(preempted) == 1 and preempted[0].ended_s == pytest.approx(1200.0)
+    # Noticed 120 s ahead of the drop at 1,200 s, drained, and released by the controller
+    # once no job was left on it (not later than the drop).
+    assert len(preempted) == 1 and 1200.0 - 120.0 <= preempted[0].ended_s <= 1200.0
     assert preempted[0].instance_id == max(i.instance_id for i in r.cost.instances[:2])
 
 
