@@ -8,6 +8,8 @@ cycles, ``benchmarks`` and ``tests`` too):
 2. ``coadapt_common`` (the shared kernel) imports none of our other packages.
 3. ``providers/local_agent.py`` imports none of our packages: it runs as a standalone script
    (the local instance agent) and keeps its own tiny atomic writer by design.
+3b. ``autoscaler.controller`` (the product) imports nothing from ``autoscaler.sim`` (the
+   simulator is the product under a simulated world, never the other way round).
 4. No import cycles among modules. Every import counts, including function-level (lazy) imports
    and imports between a package ``__init__`` and its modules; the one exemption is imports
    under ``if TYPE_CHECKING:``, which never run. ``from pkg import name`` is an edge to the
@@ -152,6 +154,8 @@ def layering_violations(modules: dict[str, Module]) -> list[str]:
                 out.append(f"{where}: the kernel {edge.source} imports {edge.target}")
             if edge.source in STANDALONE:
                 out.append(f"{where}: standalone script {edge.source} imports {edge.target}")
+            if _in(edge.source, "autoscaler.controller") and _in(edge.target, "autoscaler.sim"):
+                out.append(f"{where}: the controller {edge.source} imports {edge.target}")
     return out
 
 
@@ -391,6 +395,20 @@ def test_checker_flags_the_kernel_and_the_standalone_agent(tmp_path: Path) -> No
     problems = check(root)
     assert "coadapt_common/clock.py:2: the kernel coadapt_common.clock imports trainer" in problems
     assert any("standalone script providers.local_agent" in p for p in problems)
+
+
+def test_checker_flags_the_controller_importing_the_simulator(tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path,
+        {
+            **CLEAN,
+            "autoscaler/controller/__init__.py": "",
+            "autoscaler/controller/loop.py": "from autoscaler.sim.cloud import FleetView\n",
+            "autoscaler/sim/__init__.py": "",
+            "autoscaler/sim/cloud.py": "FleetView = 1\n",
+        },
+    )
+    assert any("the controller autoscaler.controller.loop imports" in p for p in check(root))
 
 
 def test_checker_reports_a_lazy_cycle_with_its_path(tmp_path: Path) -> None:
