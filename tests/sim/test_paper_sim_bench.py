@@ -142,3 +142,33 @@ def test_bad_option_is_one_line_exit_2(bad: str, capsys) -> None:
         main(["--option", bad])
     assert info.value.code == 2
     assert "--option" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+_MEASURED = ("wall_s", "elapsed_s", "peak_rss_mib", "policy_ms_p50", "policy_ms_max",
+             "fit_ms_p50", "fit_ms_max")  # fmt: skip
+
+
+def _without_wall_times(doc: object) -> object:
+    if isinstance(doc, dict):
+        return {k: _without_wall_times(v) for k, v in doc.items() if k not in _MEASURED}
+    if isinstance(doc, list):
+        return [_without_wall_times(v) for v in doc]
+    return doc
+
+
+def test_same_seed_same_json_byte_for_byte_but_wall_times(tmp_path: Path) -> None:
+    """Through the controller (its store, its fleet, its rounds) a run is still one run per
+    seed: the JSON of two runs is the same, byte for byte, once the measured wall times are
+    taken out; and the results record what the policies were allowed to know."""
+    folder = tmp_path / "workloads"
+    folder.mkdir()
+    (folder / "small-1.csv").write_text(WORKLOAD)
+    texts = []
+    for k in range(2):
+        out = tmp_path / f"run-{k}.json"
+        argv = ["--workloads", str(folder), "--policies", "pollux,coadapt", "--processes", "1"]
+        assert main([*argv, "--out", str(out)]) == 0
+        doc = json.loads(out.read_text())
+        assert doc["lengths"] == "declared"
+        texts.append(json.dumps(_without_wall_times(doc), sort_keys=True))
+    assert texts[0] == texts[1]
