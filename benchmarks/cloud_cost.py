@@ -19,7 +19,9 @@ Experiments (offerings, traces and strategies: :mod:`autoscaler.sim.experiments`
 - ``E3``: the same workloads with g4dn + p3 + p4d offerings: ``coadapt`` and its single-type
   variants ``coadapt-t4``, ``coadapt-v100``, ``coadapt-a100``.
 
-Writes ``{"experiment": str, "strategies": {"<name>": {"cost_usd", "mean_jct_s",
+Every figure comes from the product's controller (its round, store and fleet reconcile) under
+the simulated cloud (:mod:`autoscaler.sim.world`). Writes ``{"experiment": str, "lengths":
+"declared", "strategies": {"<name>": {"cost_usd", "mean_jct_s",
 "p99_jct_s", "preemptions", "instance_hours", "idle_usd", "per_application": {...},
 "per_workload": {...}}}, "ratios": {...}}`` (costs and instance-hours summed over workloads;
 ``mean_jct_s`` the mean over workloads of each workload's mean JCT, as in ``paper_sim.py``)
@@ -180,7 +182,9 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-    out: dict = {"experiment": args.experiment, "strategies": {}}
+    # What the policies and the sizing were allowed to know of job lengths: every job's
+    # script declares its length (SimConfig's default), as the controller reads it.
+    out: dict = {"experiment": args.experiment, "lengths": SimConfig().lengths, "strategies": {}}
     for s in names:
         mine = [r for r in rows if r["strategy"] == s]
         out["strategies"][s] = {

@@ -1,46 +1,46 @@
-"""The trace-driven cluster simulator.
+"""The trace-driven cluster simulator: the product's controller under a simulated world.
 
-Time advances in rounds of ``interval_s``. At the start of every round the policy sees the
-active jobs (submitted at or before the round's start and not finished) exactly as a controller
-would — allocation, attained service, restarts, and a goodput model **fitted online** from the
-job's own simulated profiles with :mod:`autoscaler.goodput` — and returns a plan; the simulator
-checks it, applies it, and replays each job for the round from its traces:
+Every decision is the product's. Each round of ``interval_s``, the
+:class:`~autoscaler.sim.world.World` runs :meth:`Controller.run_round
+<autoscaler.controller.loop.Controller.run_round>` unmodified (observe, decide, reconcile, act,
+over its store, a real SQLite file, its fleet strategy and the run's policy); then each job does
+what the controller told it, as its node agent and its trainer would (its assignments and
+planned batch, read back from the store): a new set of GPUs is a relaunch that costs
+``restart_delay_s`` without progress (a planned stop writes a checkpoint first; the first
+start pays the delay too), a new batch on the same GPUs is applied without one. The world
+replaces what is outside the product: the clock, the cloud
+(:class:`~providers.fake.FakeProvider`; a fixed cluster is a fleet the controller holds with
+:class:`~autoscaler.strategies.FixedFleet`, brought up before time 0; cloud mode is
+:class:`~autoscaler.sim.world.CloudWorld`), the agents (heartbeats, exits) and the trainers,
+which replay the traces:
 
-- its true iteration time at its placement and micro-batch comes from
+- a job's true iteration time at its placement and micro-batch comes from
   :meth:`~autoscaler.traces.AppTrace.step_time_s` (plus one compute time per extra accumulation
   step), slowed by ``interference`` when it spans nodes and shares a node with another
-  multi-node job;
+  multi-node job; on several GPU types (only type-unaware baselines do that) it runs at its
+  slowest type's pace;
 - its statistical progress, in initial-batch-size iterations, grows by the true AdaScale gain of
   its total batch at its current progress per iteration
   (:meth:`~autoscaler.traces.AppTrace.progress_curve`);
-- every change of a non-empty allocation first costs ``restart_delay_s`` without progress (the
-  first start is not counted as a restart, but pays the delay too);
+- at the end of each round it ran, its trainer sends the same
+  :class:`~trainer.report.TrainerReport` a real one sends, stored as the API stores it: the
+  configurations of its launch with their true times, its gradient statistics (the true ones
+  at its progress and batch), its progress, its declared length (``SimConfig.lengths``:
+  every script declares its length, or none does) and whether it is done;
 - it completes, at a fractional time, when its progress reaches the application's target (the
-  trainer's "done" rule, :func:`trainer.report.is_done`, its script having declared that
-  length).
+  trainer's "done" rule, :func:`trainer.report.is_done`); its processes then exit, which the
+  agent reports (:meth:`Controller.job_exited <autoscaler.controller.loop.Controller.job_exited>`).
 
-The policy learns a job's remaining work only through the declared channel, as the
-controller does (``SimConfig.lengths``: every job declares its length, or none does).
+So the policy learns what the controller learns, when it learns it: throughput models fitted
+online from the reports (the controller's :class:`~autoscaler.controller.jobs.JobBook`), the
+remaining work only from a declared length and only after the first report, attained service
+and restarts from the store's assignment history. The one exception is an oracle baseline
+(``optimus``, the Pollux paper's Optimus+Oracle), which is handed the true remaining iterations
+by a hook a real cluster does not have.
 
-What the policy is told about gradient statistics is what a trainer would report: the true
-statistics at the job's progress and batch size, refreshed when the job enters a new epoch or
-its batch size changes. Throughput models are fitted online by a
-:class:`~autoscaler.fitting.ModelBook` (the controller's code path too): a job's model is
-refitted only after it ran a configuration (placement, micro-batch, accumulation steps) not
-profiled before, and only if its current model mispredicted that configuration's iteration time
-by more than ``refit_tolerance``; all such refits of a round are done together, warm-started.
-
-**Clusters of several GPU types** (``SimConfig.cluster``, see :mod:`autoscaler.sim.cluster`):
-nodes have ids, a GPU type and an instance type; a job's true speed on a type comes from that
-type's trace files or is derived from the T4 traces (:class:`~autoscaler.sim.cluster.TypeSpeed`).
-A job placed across types (only type-unaware baselines do that) runs at its slowest type's pace.
-Type-unaware policies see one goodput model per job fitted from all its profiles; type-aware
-ones (``Policy.type_aware``) also get one model per GPU type the job has run on, each fitted from
-that type's profiles only.
-
-Results (per job: JCT, GPU-seconds, restarts, finish-time fairness; per round: policy wall time
-and, timed apart from it, the online model fitting) are in
-:class:`~autoscaler.sim.results.SimResult`.
+Results (per job: JCT, GPU-seconds, restarts, finish-time fairness; per round: the policy's
+wall time and, timed apart from it, the online model fitting, both measured inside the
+controller's round) are in :class:`~autoscaler.sim.results.SimResult`.
 """
 
 from __future__ import annotations
