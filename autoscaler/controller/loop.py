@@ -1021,6 +1021,7 @@ def record_job_exit(store: Store, name: str, *, failed: bool, max_retries: int) 
     store.update_job(name, job.version, status=status, retries=retries)
     if status is not JobStatus.QUEUED:
         store.set_assignments(name, {})
+        store.clear_batch(name)  # nothing more is planned for a job that ended
     return status
 
 
