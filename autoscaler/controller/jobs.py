@@ -29,7 +29,7 @@ from typing import Any, Final
 from autoscaler.errors import InvalidInputError
 from autoscaler.fitting import ModelBook
 from autoscaler.goodput import BatchLimits, GoodputModel, GradParams, PerfParams, ProfileSample
-from autoscaler.gputypes import KNOWN_GPU_TYPES
+from autoscaler.gputypes import KNOWN_GPU_TYPES, SpeedTable, default_speed_table, limits_on
 from autoscaler.jobs import Allocation, JobView, Oracle
 from trainer.report import TrainerReport, remaining_progress
 
@@ -424,12 +424,17 @@ class _Known:
 class JobBook:
     """Reports in, job views out (see the module docstring)."""
 
-    def __init__(self, refit_tolerance: float = 0.05, *, typed: bool = True) -> None:
+    def __init__(
+        self, refit_tolerance: float = 0.05, *, typed: bool = True, speeds: SpeedTable | None = None
+    ) -> None:
         """``typed``: also fit each job per GPU type (what a type-aware policy reads); the
         pooled fit over all its profiles (:attr:`~autoscaler.jobs.JobView.model`, what a
-        type-unaware policy reads, and the sizing's fallback) is always kept."""
+        type-unaware policy reads, and the sizing's fallback) is always kept. ``speeds``:
+        where a per-type model takes the micro-batch that type's memory holds
+        (:func:`~autoscaler.gputypes.limits_on`; default: the shipped table)."""
         self.models = ModelBook(refit_tolerance=refit_tolerance)
         self.typed = typed
+        self.speeds = speeds or default_speed_table()
         self._known: dict[str, _Known] = {}
 
     def record(self, report: TrainerReport, gpu_type: str | None) -> bool:
@@ -560,7 +565,10 @@ class JobBook:
                     continue
                 model = cache.get(key or POOLED_KEY)
                 if model is None or model.perf != perf or model.grad != known.grad:
-                    model = GoodputModel(perf, known.grad, spec.limits)
+                    limits = spec.limits
+                    if key is not None:
+                        limits = limits_on(limits, spec.application, key, self.speeds)
+                    model = GoodputModel(perf, known.grad, limits)
                     cache[key or POOLED_KEY] = model
                 if key is None:
                     pooled = model

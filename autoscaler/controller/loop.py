@@ -219,7 +219,9 @@ class Controller:
         # here (pass the provider the same object), and sizing routes around it.
         self.unavailable = unavailable or UnavailableOfferings(clock, config.unavailable_ttl_s)
         self.book = JobBook(
-            config.refit_tolerance, typed=bool(getattr(self.policy, "type_aware", False))
+            config.refit_tolerance,
+            typed=bool(getattr(self.policy, "type_aware", False)),
+            speeds=self.speeds,
         )
         self._new_key = instance_keys or (lambda: f"i-{uuid.uuid4().hex[:16]}")
         self._oracle = oracle if getattr(self.policy, "uses_oracle", False) else None
@@ -473,6 +475,8 @@ class Controller:
         state = self.policy_state
 
         def decide(jobs: tuple[JobView, ...]) -> Decision:
+            if not jobs:  # every job was failed: nothing left to decide
+                return Decision(Plan({}, {}), state)
             round_input = RoundInput(cluster, jobs)
             decision = self.policy.decide(round_input, state)
             self._check_plan(round_input, decision.plan)

@@ -60,7 +60,8 @@ class ByType:
     def decide(self, round_input: RoundInput, state: Any) -> Decision:
         self.seen.append(round_input)
         c = round_input.cluster
-        gpu_type = [t for r, t in self.schedule if c.round_index >= r][-1]
+        index = int(c.now_s // c.interval_s)  # rounds since time 0 (the controller's own
+        gpu_type = [t for r, t in self.schedule if index >= r][-1]  # count has warm-ups)
         node = next(n for n in c.nodes if n.gpu_type == gpu_type)
         allocs, batches = {}, {}
         for job in round_input.jobs:

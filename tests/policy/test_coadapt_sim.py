@@ -36,7 +36,7 @@ def test_a_job_no_pool_can_hold_fails_the_simulation_at_once(tmp_path: Path) -> 
     root = big_batch_traces(tmp_path / "traces")
     jobs = [JobSpec("wide", "cifar10", 0.0, 1, 4096)]
     small = SimConfig(num_nodes=1, gpus_per_node=4, traces_dir=str(root))
-    with pytest.raises(SimulationError, match=r"cannot run wide: needs at least 8 GPUs"):
+    with pytest.raises(SimulationError, match=r"refused wide: needs at least 8 GPUs"):
         simulate(jobs, make_policy("coadapt"), small)
     # On two such nodes it fits (as whole nodes) and completes.
     result = simulate(
