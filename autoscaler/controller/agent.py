@@ -47,7 +47,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Final
 
-from autoscaler.controller.api import ApiClient, ApiError
+from autoscaler.controller.client import ApiClient, ApiError
 from autoscaler.errors import InvalidInputError
 from coadapt_common.atomic import write_bytes_atomic, write_json_atomic
 from coadapt_common.clock import Clock
