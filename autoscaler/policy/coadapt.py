@@ -161,7 +161,12 @@ class CoadaptOptions:
     ``batch_rule``: ``"goodput"`` (the goodput-optimal configuration) or ``"linear"`` (the
     user's per-GPU batch, ``batch_size / num_replicas`` of the job spec, times the GPUs given:
     how throughput-driven elastic training scales, Or et al. MLSys'20; allocations are still
-    valued at the goodput-optimal configuration -- a baseline, not a mode to run).
+    valued at the goodput-optimal configuration -- a baseline, not a mode to run);
+    ``unknown_remaining``: when no job of the round declared its length, ``"attained"`` takes
+    each job's attained service (GPU-seconds held so far) in place of its remaining time in
+    the remaining-time weight, with exponent ``attained_weight`` (job lengths are heavy-tailed:
+    a job that has run less is more likely to end soon, the least-attained-service rule),
+    ``"mean"`` weighs every job alike.
     """
 
     power: float = 0.3
@@ -177,8 +182,15 @@ class CoadaptOptions:
     max_gpus_per_job: int = 4096
     solver: str = "lagrange"
     batch_rule: str = "goodput"
+    unknown_remaining: str = "attained"
+    attained_weight: float = -0.25
 
     def __post_init__(self) -> None:
+        if self.unknown_remaining not in ("attained", "mean"):
+            raise InvalidInputError(
+                f"unknown_remaining must be 'attained' or 'mean', got {self.unknown_remaining!r}",
+                field="unknown_remaining",
+            )
         if not math.isfinite(self.power) or self.power > 1:
             raise InvalidInputError("power must be finite and <= 1", field="power")
         if self.restart_rule not in _RESTART_RULES:
@@ -190,6 +202,8 @@ class CoadaptOptions:
             raise InvalidInputError("restart_horizon_s must be > 0", field="restart_horizon_s")
         if not math.isfinite(self.remaining_weight):
             raise InvalidInputError("remaining_weight must be finite", field="remaining_weight")
+        if not math.isfinite(self.attained_weight):
+            raise InvalidInputError("attained_weight must be finite", field="attained_weight")
         if self.exploration_factor < 1 or self.max_gpus_per_job < 1 or self.start_gpus < 1:
             raise InvalidInputError(
                 "exploration_factor, start_gpus and max_gpus_per_job must be >= 1",
@@ -894,7 +908,12 @@ class CoadaptPolicy:
         ]
         known = np.array([float(t) for t in times if t is not None])
         if known.size == 0:
-            return np.ones(len(jobs))
+            if self.options.unknown_remaining == "mean":
+                return np.ones(len(jobs))
+            # No length known: attained service stands in for the time left (see options).
+            served = np.maximum(np.array([j.attained_gpu_s for j in jobs], dtype=float), 60.0)
+            mean = float(np.exp(np.mean(np.log(served))))
+            return (served / mean) ** self.options.attained_weight
         known = np.maximum(known, 1.0)
         mean = float(np.exp(np.mean(np.log(known))))
         out = np.array([mean if t is None else max(float(t), 1.0) for t in times])

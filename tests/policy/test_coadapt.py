@@ -379,3 +379,21 @@ def test_linear_batch_rule_keeps_the_users_per_gpu_batch() -> None:
     assert plan.batches["a"].batch_size == 128 * gpus
     with pytest.raises(InvalidInputError, match="batch_rule"):
         CoadaptOptions(batch_rule="largest")
+
+
+def test_without_any_declared_length_the_least_served_job_gets_the_contested_gpu() -> None:
+    """No job declared its length: attained service stands in for the time left (a job that
+    has run less is more likely to end soon), so of two alike queued jobs contending for one
+    GPU the one served less starts, whatever their order; weighed alike ("mean") the other,
+    which the tie favours here, would."""
+    c = cluster(nodes=1, gpus=1)
+    m = model(0.0001)
+    served = view("b-served", nodes=1, model=m, profiled=1, attained=36000.0)
+    fresh = view("a-fresh", nodes=1, model=m, profiled=1, attained=600.0)
+    for ri in (round_input(c, served, fresh), round_input(c, fresh, served)):
+        got = CoadaptPolicy().decide(ri, CoadaptState()).plan.allocations
+        assert got["a-fresh"].num_gpus == 1 and got["b-served"].num_gpus == 0
+        alike = CoadaptPolicy(unknown_remaining="mean").decide(ri, CoadaptState()).plan
+        assert alike.allocations["b-served"].num_gpus == 1
+    with pytest.raises(InvalidInputError, match="unknown_remaining"):
+        CoadaptPolicy(unknown_remaining="oracle")
