@@ -1373,18 +1373,7 @@ class Store:
         """How many times each job (of ``jobs``) was placed again after its first start: the
         instants its assignments changed to a new placement, less the first (a change opens
         its spans at one instant). Jobs never placed are left out."""
-        out: dict[str, int] = {}
-        names = list(dict.fromkeys(jobs))
-        for i in range(0, len(names), 500):
-            chunk = names[i : i + 500]
-            marks = ", ".join("?" * len(chunk))
-            rows = self._read(
-                "SELECT job_name, count(DISTINCT from_s) FROM assignment_history "
-                f"WHERE job_name IN ({marks}) GROUP BY job_name",
-                chunk,
-            )
-            out.update((r[0], max(0, int(r[1]) - 1)) for r in rows)
-        return out
+        return {name: restarts for name, (_, restarts) in self.usage(jobs, 0.0).items()}
 
     def usage(self, jobs: Iterable[str], now_s: float) -> dict[str, tuple[float, int]]:
         """Each job's (GPU-seconds it has held, restarts) from the assignment history, to
