@@ -69,47 +69,43 @@ def register(app: typer.Typer) -> None:
     app.command("retry")(retry)
     app.command("down")(down)
     app.command("demo")(demo)
-    app.command(
-        "agent",
-        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-        add_help_option=False,
-    )(agent)
+    app.command("agent")(agent)
 
 
 def up(
     provider: Annotated[
-        str, typer.Option(help="where instances come from: local, aws or gcp")
+        str, typer.Option(help="Where instances come from: local, aws or gcp.")
     ] = "local",
     provider_config: Annotated[
         Path | None,
         typer.Option(
-            help="aws/gcp: the deployment's provider.json (terraform writes it on the "
-            "controller machine; see terraform/aws or terraform/gcp)"
+            help="For aws/gcp: the deployment's provider.json (terraform writes it on the "
+            "controller machine; see terraform/aws or terraform/gcp)."
         ),
     ] = None,
     cluster_id: Annotated[
-        str, typer.Option(help="the cluster's id (tags every instance it launches)")
+        str, typer.Option(help="The cluster's id (tags every instance it launches).")
     ] = "coadapt-local",
     state_dir: StateDir = None,
-    interval_s: Annotated[float, typer.Option(help="seconds between rounds")] = 10.0,
+    interval_s: Annotated[float, typer.Option(help="Seconds between rounds.")] = 10.0,
     host: Annotated[
-        str, typer.Option(help="API address to listen on (0.0.0.0 on a cloud controller)")
+        str, typer.Option(help="API address to listen on (0.0.0.0 on a cloud controller).")
     ] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="API port (0: any free one)")] = 0,
-    max_instances: Annotated[int, typer.Option(help="fleet size cap")] = 4,
+    port: Annotated[int, typer.Option(help="API port (0: any free one).")] = 0,
+    max_instances: Annotated[int, typer.Option(help="Fleet size cap.")] = 4,
     max_gpu_slots: Annotated[
-        int | None, typer.Option(help="local provider: GPU slots on this machine")
+        int | None, typer.Option(help="Local provider: GPU slots on this machine.")
     ] = None,
     max_gpus: Annotated[
         int | None,
-        typer.Option(help="fleet GPU cap (local default: --max-gpu-slots)"),
+        typer.Option(help="Fleet GPU cap (local default: --max-gpu-slots)."),
     ] = None,
     new_store: Annotated[
         bool,
         typer.Option(
             "--new-store",
-            help="start with a new, empty store although the state folder holds an earlier "
-            "cluster's files (an existing store is moved aside, not deleted)",
+            help="Start with a new, empty store although the state folder holds an earlier "
+            "cluster's files (an existing store is moved aside, not deleted).",
         ),
     ] = False,
 ) -> None:
@@ -124,7 +120,7 @@ def up(
 
     os.umask(0o077)  # what up and its agents write is private to this user
     if provider not in ("local", "aws", "gcp"):
-        fail(f"--provider {provider}: choose local, aws or gcp", 2)
+        fail(f"--provider {provider}: choose local, aws or gcp.", 2)
     if provider != "local" and provider_config is None:
         fail(f"--provider {provider} needs --provider-config (the deployment's provider.json)", 2)
     if interval_s <= 0 or max_instances < 1:
@@ -191,7 +187,7 @@ def up(
 
 
 def submit(
-    spec: Annotated[Path, typer.Argument(help="the job's YAML spec")],
+    spec: Annotated[Path, typer.Argument(help="The job's YAML spec.")],
     state_dir: StateDir = None,
     json_out: Json = False,
 ) -> None:
@@ -277,7 +273,9 @@ def _render_status(doc: dict[str, Any]) -> None:
 def status(
     state_dir: StateDir = None,
     json_out: Json = False,
-    watch: Annotated[bool, typer.Option("--watch", help="refresh every 2 s")] = False,
+    watch: Annotated[
+        bool, typer.Option("--watch", help="Refresh every 2 s (Ctrl-C stops).")
+    ] = False,
 ) -> None:
     """Jobs (status, GPUs, instances, progress) and the fleet (offering, $/h)."""
     from autoscaler.controller.api import ApiError
@@ -298,9 +296,14 @@ def status(
 
 
 def logs(
-    job: Annotated[str, typer.Argument(help="the job's name")],
+    job: Annotated[str, typer.Argument(help="The job's name.")],
     state_dir: StateDir = None,
-    follow: Annotated[bool, typer.Option("-f", "--follow", help="keep printing")] = False,
+    follow: Annotated[
+        bool,
+        typer.Option(
+            "-f", "--follow", help="Keep printing new lines; on a queued job, wait for it to start."
+        ),
+    ] = False,
     json_out: Json = False,
 ) -> None:
     """A job's logs (every instance it ran on)."""
@@ -322,7 +325,7 @@ def logs(
 
 
 def cancel(
-    job: Annotated[str, typer.Argument(help="the job's name")],
+    job: Annotated[str, typer.Argument(help="The job's name.")],
     state_dir: StateDir = None,
 ) -> None:
     """Cancel a job (its processes stop at the next round)."""
@@ -336,7 +339,7 @@ def cancel(
 
 
 def retry(
-    job: Annotated[str, typer.Argument(help="the job's name")],
+    job: Annotated[str, typer.Argument(help="The job's name.")],
     state_dir: StateDir = None,
 ) -> None:
     """Queue a refused or failed job again (once its cause is fixed: a larger fleet, a
@@ -352,7 +355,7 @@ def retry(
 
 def down(
     state_dir: StateDir = None,
-    timeout_s: Annotated[float, typer.Option(help="how long to wait")] = 300.0,
+    timeout_s: Annotated[float, typer.Option(help="Seconds to wait for the release.")] = 300.0,
 ) -> None:
     """Stop the running `coadapt up` and release every instance: it confirms none is left.
     It checks first that the process up.json names is that `coadapt up` (its pid, start
@@ -416,11 +419,100 @@ def down(
     typer.echo("coadapt: down")
 
 
-def agent(ctx: typer.Context) -> None:
-    """The node agent (started on each instance by `coadapt up`; see --help)."""
+def agent(
+    api: Annotated[str, typer.Option("--api", help="The controller API URL.")],
+    token_file: Annotated[
+        Path,
+        typer.Option(
+            "--token-file",
+            help='This agent\'s own credential (a 0600 JSON file {"agent": ...}); renewed '
+            "in place.",
+        ),
+    ],
+    work_dir: Annotated[
+        Path, typer.Option("--work-dir", help="Where this instance's jobs run (one folder each).")
+    ],
+    instance_key: Annotated[
+        str | None,
+        typer.Option(
+            "--instance-key", help="This instance's id in the store (or give --request-id)."
+        ),
+    ] = None,
+    request_id: Annotated[
+        str | None,
+        typer.Option(
+            "--request-id",
+            help="This instance's coadapt-request-id tag (a cloud node); needs --cluster-id.",
+        ),
+    ] = None,
+    cluster_id: Annotated[
+        str | None, typer.Option("--cluster-id", help="The cluster (with --request-id).")
+    ] = None,
+    logs_dir: Annotated[
+        Path | None,
+        typer.Option("--logs-dir", help="Where job logs go (default: inside --work-dir)."),
+    ] = None,
+    checkpoint_root: Annotated[
+        str | None,
+        typer.Option(
+            "--checkpoint-root",
+            help="Where jobs without their own location checkpoint: a folder, s3:// or gs://.",
+        ),
+    ] = None,
+    notice_dir: Annotated[
+        Path | None,
+        typer.Option("--notice-dir", help="The local provider's preemption-notice folder."),
+    ] = None,
+    notice_source: Annotated[
+        str | None,
+        typer.Option(
+            "--notice-source",
+            help="What says this instance is being reclaimed: local (the local provider's "
+            "notice file), aws (IMDSv2 spot instance-action), gcp (metadata: preempted) or "
+            "none; default: local with --notice-dir, else none.",
+        ),
+    ] = None,
+    metadata_url: Annotated[
+        str | None,
+        typer.Option("--metadata-url", help="The cloud metadata service's URL (tests)."),
+    ] = None,
+    interval_s: Annotated[
+        float, typer.Option("--interval-s", help="Seconds between two polls of the controller.")
+    ] = 2.0,
+    report_interval_s: Annotated[
+        float,
+        typer.Option("--report-interval-s", help="Seconds between two progress reports."),
+    ] = 30.0,
+    address: Annotated[
+        str, typer.Option("--address", help="The address peers reach this node at.")
+    ] = "127.0.0.1",
+) -> None:
+    """One instance's node agent (coadapt up starts one on each instance it launches).
+
+    It runs the jobs the controller places on this instance until SIGTERM or SIGINT; then
+    every job stops with a checkpoint and nothing is left running."""
     from autoscaler.controller.service import agent_main
 
-    raise typer.Exit(agent_main(list(ctx.args)))
+    if (instance_key is None) == (request_id is None):
+        fail("give exactly one of --instance-key and --request-id", 2)
+    argv = ["--api", api, "--token-file", str(token_file), "--work-dir", str(work_dir)]
+    named: dict[str, object | None] = {
+        "--instance-key": instance_key,
+        "--request-id": request_id,
+        "--cluster-id": cluster_id,
+        "--logs-dir": logs_dir,
+        "--checkpoint-root": checkpoint_root,
+        "--notice-dir": notice_dir,
+        "--notice-source": notice_source,
+        "--metadata-url": metadata_url,
+        "--interval-s": interval_s,
+        "--report-interval-s": report_interval_s,
+        "--address": address,
+    }
+    for flag, value in named.items():
+        if value is not None:
+            argv += [flag, str(value)]
+    raise typer.Exit(agent_main(argv))
 
 
 DEMO_JOBS = ("mlp-small", "mlp-medium", "mlp-wide")
@@ -429,9 +521,11 @@ ENDED_STATUSES = ("completed", "failed", "cancelled", "refused")
 
 def demo(
     state_dir: Annotated[
-        Path | None, typer.Option("--state-dir", help="keep the demo's state here")
+        Path | None, typer.Option("--state-dir", help="Keep the demo's state here.")
     ] = None,
-    timeout_s: Annotated[float, typer.Option(help="give up after this long")] = 300.0,
+    timeout_s: Annotated[
+        float, typer.Option(help="Seconds after which the demo gives up.")
+    ] = 300.0,
 ) -> None:
     """A local fleet with spot instances at simulated, moving spot prices, three small real
     PyTorch jobs from examples/jobs, a spot preemption injected mid-run, live status, and the

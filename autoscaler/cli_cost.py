@@ -20,6 +20,7 @@ import typer
 __all__ = ["ReportFormat", "cost_app"]
 
 cost_app = typer.Typer(
+    rich_markup_mode=None,  # plain help: option names whole at 80 columns
     name="cost",
     help="Cost reports: what a fleet cost, per job and per offering, and what spot saved.",
     no_args_is_help=True,
@@ -40,7 +41,7 @@ def _cost() -> None:
 
 
 def _fail(message: str) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
+    typer.echo(f"coadapt: {message}", err=True)
     raise typer.Exit(code=2)
 
 
@@ -71,7 +72,7 @@ def report(
         ReportFormat.TABLE,
         "--format",
         "-f",
-        help="table (terminal), csv (one file per table, in the --out folder), json (summary), "
+        help="Table (terminal), csv (one file per table, in the --out folder), json (summary), "
         "html (one self-contained page with plots).",
     ),
     out: Path | None = typer.Option(

@@ -153,7 +153,7 @@ def test_errors_exit_2_without_a_traceback(
     result = cost(make(tmp_path), *args)
     assert result.exit_code == 2, result.output
     assert words in result.stderr
-    assert result.stderr.startswith("error: ") and len(result.stderr.splitlines()) == 1
+    assert result.stderr.startswith("coadapt: ") and len(result.stderr.splitlines()) == 1
     assert "Traceback" not in result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
 
