@@ -25,11 +25,13 @@ import typer
 from autoscaler.cli_common import (
     Json,
     StateDir,
+    api_failure,
     deployed_client,
     fail,
     recorded_deployment,
     resolve_state_dir,
 )
+from autoscaler.cli_tables import Column, render_table
 
 
 def _client(state_dir: Path | None) -> Any:
@@ -203,7 +205,7 @@ def submit(
     try:
         job = _client(state_dir).submit_job(submission)
     except ApiError as e:
-        fail(str(e))
+        fail(api_failure(e, state_dir))
     if parsed.not_acted_on:
         typer.echo(
             f"coadapt: note: {', '.join(parsed.not_acted_on)} kept with the spec; the "
@@ -221,15 +223,48 @@ def _status_doc(client: Any) -> dict[str, Any]:
     return {"jobs": jobs, "instances": instances}
 
 
-def _render_status(doc: dict[str, Any]) -> None:
+JOB_COLUMNS = (
+    Column("job"),
+    Column("status"),
+    Column("GPUs", numeric=True),
+    Column("batch", numeric=True, drop_rank=2),
+    Column("progress", numeric=True),
+    Column("restarts", numeric=True, drop_rank=1),
+    Column("retries", numeric=True, drop_rank=3),
+)
+INSTANCE_COLUMNS = (
+    Column("instance"),
+    Column("status"),
+    Column("offering", drop_rank=1),
+    Column("GPUs"),
+    Column("$/h", numeric=True),
+)
+SHOWN_REASONS = ("failed", "refused")  # ended with a cause: always said
+"""Job statuses whose reason ``coadapt status`` prints under the table (a queued or running
+job's reason is said when it failed before: ``last failure``)."""
+
+
+def job_cause(job: dict[str, Any]) -> str | None:
+    """The one line ``coadapt status`` prints for a job under its table: why it failed or was
+    refused, or (queued or running again after a failure) its last failure; None when there
+    is nothing to say (a completed job, a cancelled one, one that never failed)."""
+    reason = job.get("reason")
+    if not reason:
+        return None
+    if job["status"] in SHOWN_REASONS:
+        return f"{job['name']} ({job['status']}): {reason}"
+    if job["status"] in ("queued", "running") and job.get("retries", 0) > 0:
+        return f"{job['name']} ({job['status']}, retry {job['retries']}): last failure: {reason}"
+    return None
+
+
+def _render_status(doc: dict[str, Any], *, wide: bool = False) -> None:
+    """The jobs and the live instances as two tables fitted to the terminal (``wide``: every
+    column), and under the jobs one line per failed or refused job with its cause."""
     from rich.console import Console
-    from rich.table import Table
 
     console = Console()
-    jobs = Table(title="jobs")
-    for col in ("job", "status", "GPUs", "batch", "progress", "restarts", "retries"):
-        jobs.add_column(col)
-    reasons = []
+    rows = []
     for j in doc["jobs"]:
         gpus = sum(j.get("assignment", {}).values())
         progress, target = j.get("progress"), j.get("target_progress")
@@ -241,33 +276,34 @@ def _render_status(doc: dict[str, Any]) -> None:
             batch = f"{j['batch_size']}"
             if j.get("accumulation_steps", 1) > 1:
                 batch += f" ({j['local_batch_size']}x{j['accumulation_steps']})"
-        jobs.add_row(
-            j["name"],
-            j["status"],
-            str(gpus),
-            batch,
-            shown,
-            str(j.get("restarts", 0)),
-            str(j.get("retries", 0)),
+        rows.append(
+            [
+                j["name"],
+                j["status"],
+                str(gpus),
+                batch,
+                shown,
+                str(j.get("restarts", 0)),
+                str(j.get("retries", 0)),
+            ]
         )
-        if j.get("reason"):
-            reasons.append(f"{j['name']} ({j['status']}): {j['reason']}")
-    fleet = Table(title="instances")
-    for col in ("instance", "status", "offering", "GPUs", "$/h"):
-        fleet.add_column(col)
+    render_table(console, JOB_COLUMNS, rows, title="jobs", wide=wide)
+    for j in doc["jobs"]:
+        line = job_cause(j)
+        if line is not None:
+            console.print(line, markup=False, highlight=False)
     live = [i for i in doc["instances"] if i["status"] not in ("terminated", "allocation_failed")]
-    for i in live:
-        fleet.add_row(
+    fleet = [
+        [
             i["instance_key"],
             i["status"],
             i["offering_key"],
             f"{i['gpus']} x {i['gpu_type']}",
             f"{i['price_usd_per_hour']:.4f}",
-        )
-    console.print(jobs)
-    for line in reasons:
-        console.print(line, markup=False, highlight=False)
-    console.print(fleet)
+        ]
+        for i in live
+    ]
+    render_table(console, INSTANCE_COLUMNS, fleet, title="instances", wide=wide)
 
 
 def status(
@@ -276,8 +312,12 @@ def status(
     watch: Annotated[
         bool, typer.Option("--watch", help="Refresh every 2 s (Ctrl-C stops).")
     ] = False,
+    wide: Annotated[
+        bool, typer.Option("--wide", help="Show every column, however wide the terminal.")
+    ] = False,
 ) -> None:
-    """Jobs (status, GPUs, instances, progress) and the fleet (offering, $/h)."""
+    """Jobs (status, GPUs, batch, progress, and why a job failed or was refused) and the
+    fleet (offering, $/h)."""
     from autoscaler.controller.api import ApiError
 
     client = _client(state_dir)
@@ -285,14 +325,81 @@ def status(
         try:
             doc = _status_doc(client)
         except ApiError as e:
-            fail(str(e))
+            fail(api_failure(e, state_dir))
         if json_out:
             typer.echo(json.dumps(doc))
         else:
-            _render_status(doc)
+            _render_status(doc, wide=wide)
         if not watch:
             return
         time.sleep(2.0)
+
+
+ENDED = ("completed", "failed", "cancelled", "refused")
+FOLLOW_POLL_S = 1.0  # how often logs -f looks for new lines and the job's status
+
+
+class _LogSource:
+    """Where ``coadapt logs`` reads a job's logs and status: the state folder itself when the
+    cluster's store is there (a local cluster, up or not), else the deployment's API."""
+
+    def __init__(self, state_dir: Path | None, job: str) -> None:
+        from autoscaler.controller.api import JOB_NAME_PATTERN
+
+        self.state = resolve_state_dir(state_dir)
+        self.job = job
+        self.store: Any = None
+        self.client: Any = None
+        if not JOB_NAME_PATTERN.fullmatch(job):
+            fail(
+                f"{job!r} is not a job name; coadapt status --state-dir {self.state} lists them", 2
+            )
+        if (self.state / "store.db").is_file():
+            from autoscaler.controller.errors import StoreError
+            from autoscaler.controller.store import Store
+            from coadapt_common.clock import SystemClock
+
+            try:
+                self.store = Store.open(self.state / "store.db", SystemClock())
+            except StoreError as e:
+                fail(f"{e}; the job logs are in {self.state / 'logs' / job}")
+        else:
+            self.client = _client(state_dir)
+        self.status()  # an unknown job fails here, before anything is printed
+
+    def status(self) -> tuple[str, str | None]:
+        """The job's status and reason now."""
+        from autoscaler.controller.api import ApiError
+        from autoscaler.controller.errors import StoreError, UnknownRowError
+
+        try:
+            if self.store is not None:
+                row = self.store.get_job(self.job)
+                return row.status.value, row.reason
+            info = self.client.get_job(self.job)
+            return info.status.value, info.reason
+        except ApiError as e:
+            fail(api_failure(e, self.state))
+        except StoreError as e:
+            if not isinstance(e, UnknownRowError):
+                fail(f"{e}; the job logs are in {self.state / 'logs' / self.job}")
+            fail(f"no job {self.job!r} in {self.state}; coadapt status --state-dir "
+                 f"{self.state} lists the jobs")  # fmt: skip
+
+    def chunk(self, offset: int) -> Any:
+        """The logs from byte ``offset`` (a :class:`~autoscaler.controller.api.LogChunk`)."""
+        from autoscaler.controller.api import ApiError, read_job_logs
+
+        if self.store is not None:
+            return read_job_logs(self.state / "logs", self.job, offset)
+        try:
+            return self.client.job_logs(self.job, offset)
+        except ApiError as e:
+            fail(api_failure(e, self.state))
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
 
 
 def logs(
@@ -301,27 +408,70 @@ def logs(
     follow: Annotated[
         bool,
         typer.Option(
-            "-f", "--follow", help="Keep printing new lines; on a queued job, wait for it to start."
+            "-f",
+            "--follow",
+            help="Keep printing new lines until the job ends (a queued job is waited for; "
+            "Ctrl-C stops).",
         ),
     ] = False,
+    timeout_s: Annotated[
+        float | None,
+        typer.Option(
+            "--timeout-s", help="With --follow: stop after this many seconds (default: none)."
+        ),
+    ] = None,
     json_out: Json = False,
 ) -> None:
-    """A job's logs (every instance it ran on)."""
-    from autoscaler.controller.api import ApiError
-
-    client = _client(state_dir)
+    """A job's logs (every instance it ran on), read from the state folder whether or not
+    the cluster is up (a deployed cluster's through its controller)."""
+    if timeout_s is not None and not timeout_s > 0:
+        fail(f"--timeout-s {timeout_s}: give a number of seconds > 0, or leave it out", 2)
+    source = _LogSource(state_dir, job)
     try:
         if json_out:
-            typer.echo(json.dumps(client.job_logs(job).to_dict()))
+            typer.echo(json.dumps(source.chunk(0).to_dict()))
             return
+        offset = _print_logs(source, 0)
         if not follow:
-            sys.stdout.write(client.job_logs(job).text)
             return
-        for chunk in client.follow_logs(job):
-            sys.stdout.write(chunk.text)
-            sys.stdout.flush()
-    except ApiError as e:
-        fail(str(e))
+        _follow(source, offset, timeout_s)
+    finally:
+        source.close()
+
+
+def _print_logs(source: _LogSource, offset: int) -> int:
+    """Print everything from ``offset`` that is there now; the offset after it."""
+    while True:
+        chunk = source.chunk(offset)
+        sys.stdout.write(chunk.text)
+        sys.stdout.flush()
+        if not chunk.more or chunk.next_offset == offset:
+            return int(chunk.next_offset)
+        offset = chunk.next_offset
+
+
+def _follow(source: _LogSource, offset: int, timeout_s: float | None) -> None:
+    """Print new lines until the job ends (then its status on stderr: exit status 0 when it
+    completed, 1 otherwise) or ``timeout_s`` passes; a queued job is waited for."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    told_queued = False
+    while True:
+        status, reason = source.status()
+        offset = _print_logs(source, offset)  # after the status: nothing written before it ends
+        if status in ENDED:
+            if status == "completed":
+                return
+            fail(f"job {source.job} {status}" + (f": {reason}" if reason else ""))
+        if status == "queued" and not told_queued:
+            typer.echo(
+                f"coadapt: {source.job} is queued; waiting for it to start (Ctrl-C stops)",
+                err=True,
+            )
+            told_queued = True
+        if deadline is not None and time.monotonic() >= deadline:
+            fail(f"job {source.job} still {status} after {timeout_s:g} s; run coadapt logs -f "
+                 "again to go on following")  # fmt: skip
+        time.sleep(FOLLOW_POLL_S)
 
 
 def cancel(
@@ -334,7 +484,7 @@ def cancel(
     try:
         info = _client(state_dir).cancel_job(job)
     except ApiError as e:
-        fail(str(e))
+        fail(api_failure(e, state_dir))
     typer.echo(f"{info.name}: {info.status}")
 
 
@@ -349,7 +499,7 @@ def retry(
     try:
         info = _client(state_dir).retry_job(job)
     except ApiError as e:
-        fail(str(e))
+        fail(api_failure(e, state_dir))
     typer.echo(f"{info.name}: {info.status}")
 
 
@@ -362,6 +512,7 @@ def down(
     time and command line) and that this state folder's user token is the cluster's."""
     from autoscaler.controller.api import ApiClient, ApiError, load_tokens
     from autoscaler.controller.errors import ControllerError
+    from autoscaler.controller.service import up_is_stale
     from autoscaler.errors import InvalidInputError
     from coadapt_common.procfs import process_start_time, read_proc_strings
 
@@ -385,11 +536,18 @@ def down(
         return started is not None and process_start_time(pid) == started and live == cmdline
 
     if not same_process():
+        if up_is_stale(up_file):  # killed, crashed, rebooted: the next up takes over
+            fail(
+                f"the coadapt up that ran this cluster (pid {pid}) is gone (killed or "
+                "crashed); nothing was stopped and its instances keep running: coadapt up "
+                f"--state-dir {state} takes them back, then coadapt down --state-dir {state} "
+                "releases them"
+            )
         fail(
-            f"{up_file} names pid {pid}, which is not the coadapt up that wrote it (gone, or "
-            "its start time or command line differ): nothing was stopped. If no coadapt up "
-            f"runs for {state}, remove {up_file}; its instances keep running until an up "
-            "takes them back"
+            f"{up_file} names pid {pid}, which is not the coadapt up that wrote it (its "
+            "command line differs): nothing was stopped. If no coadapt up runs for "
+            f"{state}, remove {up_file}; its instances keep running until an up takes them "
+            "back"
         )
     try:
         token = load_tokens(state / "tokens.json").user

@@ -32,6 +32,32 @@ def fail(message: str, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
+def api_failure(e: Any, state: Path | None = None) -> str:
+    """What a refused or failed API call means for the user, in the one error style
+    (``<what>; <how to fix>``) and without the HTTP status: ``e`` is an
+    :class:`~autoscaler.controller.api.ApiError`, ``state`` the state folder used."""
+    where = f" --state-dir {state}" if state is not None else ""
+    status = int(getattr(e, "status", 0) or 0)
+    message = str(getattr(e, "message", e)).rstrip(".")
+    if status == 0:
+        return (
+            f"cannot reach the cluster's controller ({message}); is coadapt up running? "
+            f"(coadapt up{where} starts it)"
+        )
+    if status in (401, 403):
+        return (
+            f"the controller refused this state folder's token ({message}); use the state "
+            "folder of the coadapt up that runs the cluster"
+        )
+    if status == 404:
+        return f"{message}; coadapt status{where} lists the jobs"
+    if status == 409:
+        return f"{message}; coadapt status{where} shows where it stands"
+    if status in (400, 413, 422):
+        return f"the controller refused the request: {message}; correct it and try again"
+    return f"the controller failed ({message}); see the output of coadapt up, then try again"
+
+
 class CoadaptGroup(TyperGroup):
     """The ``coadapt`` command group: as Typer's, but a usage error (an unknown option, a bad
     value, a missing argument) is told in the one error style, ``coadapt: <command>: <what>;

@@ -195,7 +195,8 @@ def destroy(
         }
     except (ApiError, OSError) as e:
         fail(
-            f"cannot reach the controller at {url} ({e}); refusing to destroy: instances it "
+            f"cannot reach the controller at {url} ({getattr(e, 'message', e)}); refusing to "
+            "destroy: instances it "
             "launched would keep running (and billing) without it"
         )
     if not confirmed or listing["instances"]:

@@ -1,0 +1,152 @@
+"""Failures as a user meets them on a real local cluster (`coadapt up` in its own process,
+the other commands from others, at 80 columns): a failed job's cause in `status` (one line)
+and `status --json`; `logs -f` on a queued job waits for it and follows it to its end; once
+`coadapt up` was killed (SIGKILL), `status` says in one line that the controller cannot be
+reached, `logs` still reads the state folder, and `down` says how to take the fleet back
+(not "remove up.json"). No traceback anywhere."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+COADAPT = [sys.executable, "-m", "autoscaler.cli"]
+ENV = {**os.environ, "COLUMNS": "80", "TERM": "dumb"}
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs Linux /proc"),
+]
+
+FAILING_SCRIPT = """\
+import sys
+print("loading the dataset", flush=True)
+raise RuntimeError("the dataset at /nowhere/data is missing")
+"""
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*COADAPT, *args], cwd=ROOT, capture_output=True, text=True, timeout=120, env=ENV
+    )
+
+
+def _clean(out: subprocess.CompletedProcess[str]) -> None:
+    text = out.stdout + out.stderr
+    assert "Traceback" not in text and "╭" not in text, text
+    assert not re.search(r"coadapt: [45]\d\d\b", text), text
+
+
+def _status(state: Path) -> dict:
+    out = _run("status", "--json", "--state-dir", str(state))
+    assert out.returncode == 0, out.stderr
+    return {j["name"]: j for j in json.loads(out.stdout)["jobs"]}
+
+
+def _up(state: Path) -> subprocess.Popen[str]:
+    argv = ["up", "--state-dir", str(state), "--interval-s", "1", "--max-gpu-slots", "2"]
+    up = subprocess.Popen(
+        [*COADAPT, *argv],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=ENV,
+    )
+    deadline = time.monotonic() + 60
+    while _up_pid(state) != up.pid and time.monotonic() < deadline:
+        assert up.poll() is None, up.stdout.read() if up.stdout else ""
+        time.sleep(0.1)
+    assert _up_pid(state) == up.pid, "coadapt up did not come up"
+    return up
+
+
+def _up_pid(state: Path) -> int | None:
+    """The pid in the state folder's up.json (None: none, or being written)."""
+    try:
+        return int(json.loads((state / "up.json").read_text())["pid"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def test_failed_job_cause_logs_follow_and_down_after_a_killed_up(tmp_path: Path) -> None:
+    state = tmp_path / "cluster"
+    script = tmp_path / "load_data.py"
+    script.write_text(FAILING_SCRIPT)
+    spec = tmp_path / "broken.yaml"
+    spec.write_text(
+        f"name: broken\ncommand: [{script}]\ngpus: {{min: 1, max: 1}}\n"
+        "batch_size: {initial: 32, max: 32}\nlocal_batch_size: {max: 32}\n"
+    )
+    up = _up(state)
+    again: subprocess.Popen[str] | None = None
+    try:
+        assert (
+            _run("submit", "examples/jobs/mlp-small.yaml", "--state-dir", str(state)).returncode
+            == 0
+        )
+        # a fresh cluster has no instance yet: mlp-small is queued while logs -f starts
+        follow = subprocess.Popen(
+            [*COADAPT, "logs", "-f", "mlp-small", "--state-dir", str(state), "--timeout-s", "150"],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=ENV,
+        )
+        assert _run("submit", str(spec), "--state-dir", str(state)).returncode == 0
+        out, err = follow.communicate(timeout=180)
+        assert follow.returncode == 0, out + err
+        assert "mlp-small is queued; waiting for it to start" in err
+        assert "verdict: done" in out  # followed from the queue to the end
+        deadline = time.monotonic() + 150
+        jobs = _status(state)
+        while jobs["broken"]["status"] != "failed" and time.monotonic() < deadline:
+            time.sleep(1)
+            jobs = _status(state)
+        broken = jobs["broken"]
+        assert broken["status"] == "failed", broken
+        assert "RuntimeError: the dataset at /nowhere/data is missing" in broken["reason"]
+        table = _run("status", "--state-dir", str(state))
+        _clean(table)
+        (line,) = [x for x in table.stdout.splitlines() if x.startswith("broken (failed): ")]
+        assert "exit status" in line and "RuntimeError: the dataset" in table.stdout
+        assert max(len(x) for x in table.stdout.splitlines()) <= 80
+
+        up.send_signal(signal.SIGKILL)
+        up.wait(timeout=30)
+        gone = _run("status", "--state-dir", str(state))
+        _clean(gone)
+        assert gone.returncode == 1
+        (message,) = gone.stderr.splitlines()
+        assert message.startswith("coadapt: cannot reach the cluster's controller")
+        assert f"coadapt up --state-dir {state}" in message
+        logs = _run("logs", "mlp-small", "--state-dir", str(state))
+        assert logs.returncode == 0 and "verdict: done" in logs.stdout, logs.stderr
+        failed_logs = _run("logs", "broken", "--state-dir", str(state))
+        assert "RuntimeError: the dataset at /nowhere/data is missing" in failed_logs.stdout
+        down = _run("down", "--state-dir", str(state))
+        _clean(down)
+        assert down.returncode == 1
+        (message,) = down.stderr.splitlines()
+        assert "remove" not in message and "up.json" not in message, message
+        assert f"coadapt up --state-dir {state} takes them back" in message
+        # ... as it says: up takes the fleet back, down releases it
+        again = _up(state)
+        released = _run("down", "--state-dir", str(state))
+        assert released.returncode == 0, released.stderr
+        assert again.wait(timeout=120) == 0
+    finally:
+        for process in (up, again):
+            if process is not None and process.poll() is None:
+                process.terminate()
+                process.wait(timeout=120)
