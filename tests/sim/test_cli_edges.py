@@ -3,13 +3,14 @@ before any simulation runs (so no run's results are lost); and a table that stay
 
 from __future__ import annotations
 
-import os
+import sys
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from autoscaler.cli import app
+from tests.conftest import Unprivileged
 from tests.sim.conftest import SMALL, write_workload
 
 runner = CliRunner()
@@ -55,20 +56,24 @@ def test_out_in_a_missing_folder_fails_before_running(workload: Path, tmp_path: 
     out = tmp_path / "nope" / "r.json"
     result = runner.invoke(app, ["simulate", str(workload), "--out", str(out)])
     assert result.exit_code == 2
-    assert error_lines(result.output) == [f"coadapt: --out {out}: folder {out.parent} does not exist"]
+    assert error_lines(result.output) == [
+        f"coadapt: --out {out}: folder {out.parent} does not exist"
+    ]
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere")
-def test_out_in_a_read_only_folder_fails_before_running(workload: Path, tmp_path: Path) -> None:
-    folder = tmp_path / "ro"
-    folder.mkdir()
-    folder.chmod(0o500)
-    try:
-        result = runner.invoke(app, ["simulate", str(workload), "--out", str(folder / "r.json")])
-    finally:
-        folder.chmod(0o700)
-    assert result.exit_code == 2
-    assert error_lines(result.output) == [f"coadapt: --out {folder / 'r.json'}: not writable"]
+def test_out_in_a_read_only_folder_fails_before_running(unprivileged: Unprivileged) -> None:
+    """Run by a user the folder's mode binds (nobody when the suite runs as root: root writes
+    anywhere), as the console script."""
+    workload = write_workload(unprivileged.folder / "w.csv", SMALL[:2])
+    workload.chmod(0o644)
+    folder = unprivileged.read_only_folder("ro")
+    out = unprivileged.run(
+        [sys.executable, "-m", "autoscaler.cli", "simulate", str(workload), "--out",
+         str(folder / "r.json")]
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert error_lines(out.stderr) == [f"coadapt: --out {folder / 'r.json'}: not writable"]
+    assert list(folder.iterdir()) == []
 
 
 def test_empty_folder_is_an_error(tmp_path: Path) -> None:
@@ -82,7 +87,9 @@ def test_empty_folder_is_an_error(tmp_path: Path) -> None:
 def test_missing_workload_is_an_error(tmp_path: Path) -> None:
     result = runner.invoke(app, ["simulate", str(tmp_path / "none.csv")])
     assert result.exit_code == 2
-    assert error_lines(result.output) == [f"coadapt: {tmp_path / 'none.csv'}: no such file or folder"]
+    assert error_lines(result.output) == [
+        f"coadapt: {tmp_path / 'none.csv'}: no such file or folder"
+    ]
 
 
 def test_binary_workload_is_one_line(tmp_path: Path) -> None:
