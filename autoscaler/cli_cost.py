@@ -88,6 +88,9 @@ def report(
         help="Report a cluster's fleet from its controller store (the folder `coadapt up` "
         "uses) instead of a FILE.",
     ),
+    wide: bool = typer.Option(
+        False, "--wide", help="Table: show every column, however wide the terminal."
+    ),
 ) -> None:
     """Report what a run cost: totals, per job (GPU-hours, USD, goodput per USD, JCT), per
     offering and market (instance-hours, USD, savings vs on-demand), and over time.
@@ -114,7 +117,7 @@ def report(
         assert file is not None
         reports = _file_reports(file)
         source_name = file.name
-    _write_reports(reports, fmt, out, source_name)
+    _write_reports(reports, fmt, out, source_name, wide=wide)
 
 
 def _store_report(state_dir: Path) -> tuple[str | None, Any]:
@@ -157,13 +160,18 @@ def _file_reports(file: Path) -> list[tuple[str | None, Any]]:
 
 
 def _write_reports(
-    reports: list[tuple[str | None, Any]], fmt: ReportFormat, out: Path | None, source: str
+    reports: list[tuple[str | None, Any]],
+    fmt: ReportFormat,
+    out: Path | None,
+    source: str,
+    *,
+    wide: bool = False,
 ) -> None:
     from coadapt_common.atomic import write_text_atomic
 
     try:
         if fmt is ReportFormat.TABLE:
-            text = _render_tables(reports, plain=out is not None)
+            text = _render_tables(reports, plain=out is not None, wide=wide)
             if out is None:
                 return
             write_text_atomic(out, text)
@@ -198,8 +206,9 @@ def _write_reports(
     typer.echo(f"report written to {out}", err=True)
 
 
-def _render_tables(reports: list, *, plain: bool) -> str:
-    """Print the tables (``plain``: into a string, no colour, 120 columns, returned)."""
+def _render_tables(reports: list, *, plain: bool, wide: bool = False) -> str:
+    """Print the tables (``plain``: into a string, no colour, 120 columns, returned;
+    ``wide``: every column)."""
     import io
 
     from rich.console import Console
@@ -209,5 +218,5 @@ def _render_tables(reports: list, *, plain: bool) -> str:
     buffer = io.StringIO()
     console = Console(file=buffer, width=120, no_color=True) if plain else Console()
     for label, record in reports:
-        print_report(console, record, label=label)
+        print_report(console, record, label=label, wide=wide)
     return buffer.getvalue()
