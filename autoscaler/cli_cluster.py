@@ -112,9 +112,9 @@ def up(
     ] = False,
 ) -> None:
     """Run the controller (API, rounds, fleet) in the foreground. Ctrl-C or SIGTERM stops it
-    and leaves the fleet and its jobs running (the next `coadapt up` takes them back, at the
-    same address); `coadapt down` releases every instance and stops it. On aws/gcp it runs
-    on the controller machine a deployment made (`coadapt deploy`), reading that
+    and leaves the fleet and its jobs running (the next coadapt up takes them back, at the
+    same address); coadapt down releases every instance and stops it. On aws/gcp it runs
+    on the controller machine a deployment made (coadapt deploy), reading that
     deployment's provider config."""
     from autoscaler.controller.credentials import TokenFileError
     from autoscaler.controller.service import ServiceError, UpConfig, run_up, up_is_stale
@@ -433,6 +433,10 @@ def logs(
             return
         offset = _print_logs(source, 0)
         if not follow:
+            if offset == 0:  # nothing written yet: say why
+                status, reason = source.status()
+                why = f" ({reason})" if reason and status in SHOWN_REASONS else ""
+                typer.echo(f"coadapt: {job} is {status}{why}; no logs yet", err=True)
             return
         _follow(source, offset, timeout_s)
     finally:
@@ -507,8 +511,8 @@ def down(
     state_dir: StateDir = None,
     timeout_s: Annotated[float, typer.Option(help="Seconds to wait for the release.")] = 300.0,
 ) -> None:
-    """Stop the running `coadapt up` and release every instance: it confirms none is left.
-    It checks first that the process up.json names is that `coadapt up` (its pid, start
+    """Stop the running coadapt up and release every instance: it confirms none is left.
+    It checks first that the process up.json names is that coadapt up (its pid, start
     time and command line) and that this state folder's user token is the cluster's."""
     from autoscaler.controller.api import ApiClient, ApiError, load_tokens
     from autoscaler.controller.errors import ControllerError

@@ -85,7 +85,7 @@ def report(
     state_dir: Path | None = typer.Option(
         None,
         "--state-dir",
-        help="Report a cluster's fleet from its controller store (the folder `coadapt up` "
+        help="Report a cluster's fleet from its controller store (the folder coadapt up "
         "uses) instead of a FILE.",
     ),
     wide: bool = typer.Option(

@@ -69,7 +69,7 @@ def deploy(
     ] = None,
     outputs_file: Annotated[
         Path | None,
-        typer.Option(help="Record this `terraform output -json` file instead of running."),
+        typer.Option(help="Record this 'terraform output -json' file instead of running."),
     ] = None,
 ) -> None:
     """Create (or update) a cluster on AWS or GCP with the terraform module in terraform/:

@@ -17,7 +17,7 @@ import typer
 
 from autoscaler.cli import app
 
-MARKUP = re.compile(r":(class|func|mod|meth|data|attr):|``")
+MARKUP = re.compile(r":(class|func|mod|meth|data|attr):|`")
 
 
 def _coadapt(

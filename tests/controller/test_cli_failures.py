@@ -121,6 +121,13 @@ def test_failed_job_cause_logs_follow_and_down_after_a_killed_up(tmp_path: Path)
         (line,) = [x for x in table.stdout.splitlines() if x.startswith("broken (failed): ")]
         assert "exit status" in line and "RuntimeError: the dataset" in table.stdout
         assert max(len(x) for x in table.stdout.splitlines()) <= 80
+        ended = _run("cancel", "broken", "--state-dir", str(state))  # the API answers 409
+        _clean(ended)
+        assert ended.returncode == 1
+        assert ended.stderr.startswith("coadapt: job 'broken' already ended (failed); ")
+        unknown = _run("logs", "nosuch", "--state-dir", str(state))
+        _clean(unknown)
+        assert unknown.returncode == 1 and unknown.stderr.startswith("coadapt: no job 'nosuch'")
 
         up.send_signal(signal.SIGKILL)
         up.wait(timeout=30)
