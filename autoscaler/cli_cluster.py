@@ -290,8 +290,8 @@ def _render_status(doc: dict[str, Any], *, wide: bool = False) -> None:
     render_table(console, JOB_COLUMNS, rows, title="jobs", wide=wide)
     for j in doc["jobs"]:
         line = job_cause(j)
-        if line is not None:
-            console.print(line, markup=False, highlight=False)
+        if line is not None:  # one line whatever its length (the terminal wraps it)
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
     live = [i for i in doc["instances"] if i["status"] not in ("terminated", "allocation_failed")]
     fleet = [
         [

@@ -191,3 +191,35 @@ def test_a_spec_lists_all_its_errors(tmp_path: Path) -> None:
     assert f"{spec}:1 [name]: must be a DNS label" in text
     assert f"{spec}:3 [gpus.min]: must be >= 1, got 0" in text
     assert f"{spec}:6 [colour]: unknown field" in text
+
+
+def _job(name: str, status: str, retries: int = 0, reason: str | None = None) -> dict[str, Any]:
+    return {"name": name, "status": status, "retries": retries, "reason": reason}
+
+
+def test_status_says_why_a_job_failed_or_was_refused_in_one_line_each(capsys) -> None:
+    """``coadapt status`` as it renders a store's jobs at 80 columns: a failed or refused job's
+    reason on one line under the table, a retried job's last failure, nothing for the rest."""
+    from autoscaler.cli_cluster import _render_status
+
+    cause = "exit status 1: RuntimeError: the dataset at /nowhere/data is missing"
+    jobs = [
+        _job("broken", "failed", 4, cause),
+        _job("huge", "refused", 0, "gpus.min 64 exceeds the fleet's 4 GPUs"),
+        _job("again", "queued", 1, cause),
+        _job("done", "completed", 1, cause),
+        _job("fine", "running"),
+    ]
+    os.environ["COLUMNS"] = "80"
+    try:
+        _render_status({"jobs": jobs, "instances": []})
+    finally:
+        del os.environ["COLUMNS"]
+    lines = capsys.readouterr().out.splitlines()
+    said = [x for x in lines if re.match(r"\w+ \(", x)]
+    assert said == [
+        f"broken (failed): {cause}",
+        "huge (refused): gpus.min 64 exceeds the fleet's 4 GPUs",
+        f"again (queued, retry 1): last failure: {cause}",
+    ]
+    assert max(len(x) for x in lines if x not in said) <= 80  # the tables
