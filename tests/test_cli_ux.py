@@ -223,3 +223,22 @@ def test_status_says_why_a_job_failed_or_was_refused_in_one_line_each(capsys) ->
         f"again (queued, retry 1): last failure: {cause}",
     ]
     assert max(len(x) for x in lines if x not in said) <= 80  # the tables
+
+
+def test_agent_takes_the_options_a_cloud_node_starts_it_with(tmp_path: Path) -> None:
+    """The AWS node's command line (terraform/aws/templates/node-user-data.sh.tftpl) reaches
+    the agent: here it stops at the missing token file, in one line."""
+    tokens = tmp_path / "agent-token.json"
+    out = _coadapt(
+        "agent", "--api", "http://127.0.0.1:9", "--token-file", str(tokens),
+        "--cluster-id", "c1", "--request-id", "c1-i-0123", "--work-dir", str(tmp_path / "w"),
+        "--logs-dir", str(tmp_path / "logs"), "--checkpoint-root", "",
+        "--address", "127.0.0.1", "--notice-source", "aws",
+    )  # fmt: skip
+    _no_traceback(out)
+    assert out.returncode == 2, out.stderr
+    (line,) = out.stderr.splitlines()
+    assert line.startswith("coadapt: ") and str(tokens) in line, line
+    both = _coadapt("agent", "--api", "x", "--token-file", str(tokens), "--work-dir", "w")
+    assert both.returncode == 2
+    assert both.stderr.startswith("coadapt: give exactly one of --instance-key and --request-id")
