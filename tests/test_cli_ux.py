@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import typer
+from typer.testing import CliRunner
 
 from autoscaler.cli import app
 
@@ -63,9 +64,10 @@ def test_every_option_is_explained_in_one_style(path: list[str], command: Any) -
         assert text, f"coadapt {' '.join(path)} {param.name}: no help"
         assert text[0].isupper() and text.rstrip().endswith("."), f"{param.name}: {text!r}"
         assert not MARKUP.search(text), f"{param.name}: {text!r}"
-    shown = _coadapt(*path, "--help")
-    assert shown.returncode == 0, shown.stderr
-    _no_traceback(shown)
+    # in this process (the console script's own run: the simulate and agent tests below)
+    shown = CliRunner().invoke(app, [*path, "--help"], prog_name="coadapt", env={"COLUMNS": "80"})
+    assert shown.exit_code == 0, shown.output
+    assert "Traceback" not in shown.output
     assert "<bool>" not in shown.stdout and not MARKUP.search(shown.stdout), shown.stdout
     assert shown.stdout.startswith(f"Usage: coadapt {' '.join(path)}".rstrip())
     assert max(len(line) for line in shown.stdout.splitlines()) <= 80
