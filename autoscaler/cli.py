@@ -11,6 +11,7 @@ import typer
 
 from autoscaler import __version__
 from autoscaler.cli_cluster import register as register_cluster_commands
+from autoscaler.cli_common import CoadaptGroup
 from autoscaler.cli_cost import cost_app
 from autoscaler.cli_deploy import register as register_deploy_commands
 from autoscaler.cli_prices import prices_app
@@ -21,9 +22,11 @@ if TYPE_CHECKING:
     from autoscaler.sim.cluster import ClusterSpec
 
 app = typer.Typer(
+    rich_markup_mode=None,  # plain help: option names whole at 80 columns
+    cls=CoadaptGroup,  # usage errors in the one error style
     name="coadapt",
     help=(
-        "coadapt: goodput-driven autoscaling of elastic PyTorch training on spot GPU fleets.\n\n"
+        "Coadapt: goodput-driven autoscaling of elastic PyTorch training on spot GPU fleets.\n\n"
         "Decides every job's GPUs, placement, batch size and learning-rate scaling each round "
         "(Pollux); replays workloads on a simulated cluster (simulate)."
     ),
@@ -96,7 +99,8 @@ def simulate(
     suite: str | None = typer.Option(
         None,
         "--suite",
-        help="'paper': the paper's eight workloads under coadapt and the paper's three policies.",
+        help="The suite: 'paper' runs the paper's eight workloads under coadapt and the "
+        "paper's three policies.",
     ),
     load: str | None = typer.Option(
         None, "--load", help="Load of the paper suite: 1.0 (default) or 0.5; needs --suite."
@@ -190,7 +194,7 @@ def simulate(
             if bar.live.is_started:
                 bar.stop()
     except CoadaptError as e:
-        typer.echo(f"error: {e}", err=True)  # plain text: names file, line and field verbatim
+        typer.echo(f"coadapt: {e}", err=True)  # plain text: names file, line and field verbatim
         raise typer.Exit(code=2) from None
     from autoscaler.sim.runner import compare_with_paper
 
@@ -243,7 +247,7 @@ def _load_cluster(path: Path, files: list, traces: Path | None) -> ClusterSpec:
 
 def _usage_error(message: str) -> NoReturn:
     """Bad input: one line on stderr, exit status 2."""
-    typer.echo(f"error: {message}", err=True)
+    typer.echo(f"coadapt: {message}", err=True)
     raise typer.Exit(code=2)
 
 

@@ -25,11 +25,13 @@ import typer
 from autoscaler.cli_common import (
     Json,
     StateDir,
+    api_failure,
     deployed_client,
     fail,
     recorded_deployment,
     resolve_state_dir,
 )
+from autoscaler.cli_tables import Column, render_table
 
 
 def _client(state_dir: Path | None) -> Any:
@@ -69,54 +71,50 @@ def register(app: typer.Typer) -> None:
     app.command("retry")(retry)
     app.command("down")(down)
     app.command("demo")(demo)
-    app.command(
-        "agent",
-        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-        add_help_option=False,
-    )(agent)
+    app.command("agent")(agent)
 
 
 def up(
     provider: Annotated[
-        str, typer.Option(help="where instances come from: local, aws or gcp")
+        str, typer.Option(help="Where instances come from: local, aws or gcp.")
     ] = "local",
     provider_config: Annotated[
         Path | None,
         typer.Option(
-            help="aws/gcp: the deployment's provider.json (terraform writes it on the "
-            "controller machine; see terraform/aws or terraform/gcp)"
+            help="For aws/gcp: the deployment's provider.json (terraform writes it on the "
+            "controller machine; see terraform/aws or terraform/gcp)."
         ),
     ] = None,
     cluster_id: Annotated[
-        str, typer.Option(help="the cluster's id (tags every instance it launches)")
+        str, typer.Option(help="The cluster's id (tags every instance it launches).")
     ] = "coadapt-local",
     state_dir: StateDir = None,
-    interval_s: Annotated[float, typer.Option(help="seconds between rounds")] = 10.0,
+    interval_s: Annotated[float, typer.Option(help="Seconds between rounds.")] = 10.0,
     host: Annotated[
-        str, typer.Option(help="API address to listen on (0.0.0.0 on a cloud controller)")
+        str, typer.Option(help="API address to listen on (0.0.0.0 on a cloud controller).")
     ] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="API port (0: any free one)")] = 0,
-    max_instances: Annotated[int, typer.Option(help="fleet size cap")] = 4,
+    port: Annotated[int, typer.Option(help="API port (0: any free one).")] = 0,
+    max_instances: Annotated[int, typer.Option(help="Fleet size cap.")] = 4,
     max_gpu_slots: Annotated[
-        int | None, typer.Option(help="local provider: GPU slots on this machine")
+        int | None, typer.Option(help="Local provider: GPU slots on this machine.")
     ] = None,
     max_gpus: Annotated[
         int | None,
-        typer.Option(help="fleet GPU cap (local default: --max-gpu-slots)"),
+        typer.Option(help="Fleet GPU cap (local default: --max-gpu-slots)."),
     ] = None,
     new_store: Annotated[
         bool,
         typer.Option(
             "--new-store",
-            help="start with a new, empty store although the state folder holds an earlier "
-            "cluster's files (an existing store is moved aside, not deleted)",
+            help="Start with a new, empty store although the state folder holds an earlier "
+            "cluster's files (an existing store is moved aside, not deleted).",
         ),
     ] = False,
 ) -> None:
     """Run the controller (API, rounds, fleet) in the foreground. Ctrl-C or SIGTERM stops it
-    and leaves the fleet and its jobs running (the next `coadapt up` takes them back, at the
-    same address); `coadapt down` releases every instance and stops it. On aws/gcp it runs
-    on the controller machine a deployment made (`coadapt deploy`), reading that
+    and leaves the fleet and its jobs running (the next coadapt up takes them back, at the
+    same address); coadapt down releases every instance and stops it. On aws/gcp it runs
+    on the controller machine a deployment made (coadapt deploy), reading that
     deployment's provider config."""
     from autoscaler.controller.credentials import TokenFileError
     from autoscaler.controller.service import ServiceError, UpConfig, run_up, up_is_stale
@@ -124,7 +122,7 @@ def up(
 
     os.umask(0o077)  # what up and its agents write is private to this user
     if provider not in ("local", "aws", "gcp"):
-        fail(f"--provider {provider}: choose local, aws or gcp", 2)
+        fail(f"--provider {provider}: choose local, aws or gcp.", 2)
     if provider != "local" and provider_config is None:
         fail(f"--provider {provider} needs --provider-config (the deployment's provider.json)", 2)
     if interval_s <= 0 or max_instances < 1:
@@ -191,7 +189,7 @@ def up(
 
 
 def submit(
-    spec: Annotated[Path, typer.Argument(help="the job's YAML spec")],
+    spec: Annotated[Path, typer.Argument(help="The job's YAML spec.")],
     state_dir: StateDir = None,
     json_out: Json = False,
 ) -> None:
@@ -207,7 +205,7 @@ def submit(
     try:
         job = _client(state_dir).submit_job(submission)
     except ApiError as e:
-        fail(str(e))
+        fail(api_failure(e, state_dir))
     if parsed.not_acted_on:
         typer.echo(
             f"coadapt: note: {', '.join(parsed.not_acted_on)} kept with the spec; the "
@@ -225,15 +223,48 @@ def _status_doc(client: Any) -> dict[str, Any]:
     return {"jobs": jobs, "instances": instances}
 
 
-def _render_status(doc: dict[str, Any]) -> None:
+JOB_COLUMNS = (
+    Column("job"),
+    Column("status"),
+    Column("GPUs", numeric=True),
+    Column("batch", numeric=True, drop_rank=2),
+    Column("progress", numeric=True),
+    Column("restarts", numeric=True, drop_rank=1),
+    Column("retries", numeric=True, drop_rank=3),
+)
+INSTANCE_COLUMNS = (
+    Column("instance"),
+    Column("status"),
+    Column("offering", drop_rank=1),
+    Column("GPUs"),
+    Column("$/h", numeric=True),
+)
+SHOWN_REASONS = ("failed", "refused")  # ended with a cause: always said
+"""Job statuses whose reason ``coadapt status`` prints under the table (a queued or running
+job's reason is said when it failed before: ``last failure``)."""
+
+
+def job_cause(job: dict[str, Any]) -> str | None:
+    """The one line ``coadapt status`` prints for a job under its table: why it failed or was
+    refused, or (queued or running again after a failure) its last failure; None when there
+    is nothing to say (a completed job, a cancelled one, one that never failed)."""
+    reason = job.get("reason")
+    if not reason:
+        return None
+    if job["status"] in SHOWN_REASONS:
+        return f"{job['name']} ({job['status']}): {reason}"
+    if job["status"] in ("queued", "running") and job.get("retries", 0) > 0:
+        return f"{job['name']} ({job['status']}, retry {job['retries']}): last failure: {reason}"
+    return None
+
+
+def _render_status(doc: dict[str, Any], *, wide: bool = False) -> None:
+    """The jobs and the live instances as two tables fitted to the terminal (``wide``: every
+    column), and under the jobs one line per failed or refused job with its cause."""
     from rich.console import Console
-    from rich.table import Table
 
     console = Console()
-    jobs = Table(title="jobs")
-    for col in ("job", "status", "GPUs", "batch", "progress", "restarts", "retries"):
-        jobs.add_column(col)
-    reasons = []
+    rows = []
     for j in doc["jobs"]:
         gpus = sum(j.get("assignment", {}).values())
         progress, target = j.get("progress"), j.get("target_progress")
@@ -245,41 +276,48 @@ def _render_status(doc: dict[str, Any]) -> None:
             batch = f"{j['batch_size']}"
             if j.get("accumulation_steps", 1) > 1:
                 batch += f" ({j['local_batch_size']}x{j['accumulation_steps']})"
-        jobs.add_row(
-            j["name"],
-            j["status"],
-            str(gpus),
-            batch,
-            shown,
-            str(j.get("restarts", 0)),
-            str(j.get("retries", 0)),
+        rows.append(
+            [
+                j["name"],
+                j["status"],
+                str(gpus),
+                batch,
+                shown,
+                str(j.get("restarts", 0)),
+                str(j.get("retries", 0)),
+            ]
         )
-        if j.get("reason"):
-            reasons.append(f"{j['name']} ({j['status']}): {j['reason']}")
-    fleet = Table(title="instances")
-    for col in ("instance", "status", "offering", "GPUs", "$/h"):
-        fleet.add_column(col)
+    render_table(console, JOB_COLUMNS, rows, title="jobs", wide=wide)
+    for j in doc["jobs"]:
+        line = job_cause(j)
+        if line is not None:  # one line whatever its length (the terminal wraps it)
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
     live = [i for i in doc["instances"] if i["status"] not in ("terminated", "allocation_failed")]
-    for i in live:
-        fleet.add_row(
+    fleet = [
+        [
             i["instance_key"],
             i["status"],
             i["offering_key"],
             f"{i['gpus']} x {i['gpu_type']}",
             f"{i['price_usd_per_hour']:.4f}",
-        )
-    console.print(jobs)
-    for line in reasons:
-        console.print(line, markup=False, highlight=False)
-    console.print(fleet)
+        ]
+        for i in live
+    ]
+    render_table(console, INSTANCE_COLUMNS, fleet, title="instances", wide=wide)
 
 
 def status(
     state_dir: StateDir = None,
     json_out: Json = False,
-    watch: Annotated[bool, typer.Option("--watch", help="refresh every 2 s")] = False,
+    watch: Annotated[
+        bool, typer.Option("--watch", help="Refresh every 2 s (Ctrl-C stops).")
+    ] = False,
+    wide: Annotated[
+        bool, typer.Option("--wide", help="Show every column, however wide the terminal.")
+    ] = False,
 ) -> None:
-    """Jobs (status, GPUs, instances, progress) and the fleet (offering, $/h)."""
+    """Jobs (status, GPUs, batch, progress, and why a job failed or was refused) and the
+    fleet (offering, $/h)."""
     from autoscaler.controller.api import ApiError
 
     client = _client(state_dir)
@@ -287,42 +325,161 @@ def status(
         try:
             doc = _status_doc(client)
         except ApiError as e:
-            fail(str(e))
+            fail(api_failure(e, state_dir))
         if json_out:
             typer.echo(json.dumps(doc))
         else:
-            _render_status(doc)
+            _render_status(doc, wide=wide)
         if not watch:
             return
         time.sleep(2.0)
 
 
+ENDED = ("completed", "failed", "cancelled", "refused")
+FOLLOW_POLL_S = 1.0  # how often logs -f looks for new lines and the job's status
+
+
+class _LogSource:
+    """Where ``coadapt logs`` reads a job's logs and status: the state folder itself when the
+    cluster's store is there (a local cluster, up or not), else the deployment's API."""
+
+    def __init__(self, state_dir: Path | None, job: str) -> None:
+        from autoscaler.controller.api import JOB_NAME_PATTERN
+
+        self.state = resolve_state_dir(state_dir)
+        self.job = job
+        self.store: Any = None
+        self.client: Any = None
+        if not JOB_NAME_PATTERN.fullmatch(job):
+            fail(
+                f"{job!r} is not a job name; coadapt status --state-dir {self.state} lists them", 2
+            )
+        if (self.state / "store.db").is_file():
+            from autoscaler.controller.errors import StoreError
+            from autoscaler.controller.store import Store
+            from coadapt_common.clock import SystemClock
+
+            try:
+                self.store = Store.open(self.state / "store.db", SystemClock())
+            except StoreError as e:
+                fail(f"{e}; the job logs are in {self.state / 'logs' / job}")
+        else:
+            self.client = _client(state_dir)
+        self.status()  # an unknown job fails here, before anything is printed
+
+    def status(self) -> tuple[str, str | None]:
+        """The job's status and reason now."""
+        from autoscaler.controller.api import ApiError
+        from autoscaler.controller.errors import StoreError, UnknownRowError
+
+        try:
+            if self.store is not None:
+                row = self.store.get_job(self.job)
+                return row.status.value, row.reason
+            info = self.client.get_job(self.job)
+            return info.status.value, info.reason
+        except ApiError as e:
+            fail(api_failure(e, self.state))
+        except StoreError as e:
+            if not isinstance(e, UnknownRowError):
+                fail(f"{e}; the job logs are in {self.state / 'logs' / self.job}")
+            fail(f"no job {self.job!r} in {self.state}; coadapt status --state-dir "
+                 f"{self.state} lists the jobs")  # fmt: skip
+
+    def chunk(self, offset: int) -> Any:
+        """The logs from byte ``offset`` (a :class:`~autoscaler.controller.api.LogChunk`)."""
+        from autoscaler.controller.api import ApiError, read_job_logs
+
+        if self.store is not None:
+            return read_job_logs(self.state / "logs", self.job, offset)
+        try:
+            return self.client.job_logs(self.job, offset)
+        except ApiError as e:
+            fail(api_failure(e, self.state))
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+
+
 def logs(
-    job: Annotated[str, typer.Argument(help="the job's name")],
+    job: Annotated[str, typer.Argument(help="The job's name.")],
     state_dir: StateDir = None,
-    follow: Annotated[bool, typer.Option("-f", "--follow", help="keep printing")] = False,
+    follow: Annotated[
+        bool,
+        typer.Option(
+            "-f",
+            "--follow",
+            help="Keep printing new lines until the job ends (a queued job is waited for; "
+            "Ctrl-C stops).",
+        ),
+    ] = False,
+    timeout_s: Annotated[
+        float | None,
+        typer.Option(
+            "--timeout-s", help="With --follow: stop after this many seconds (default: none)."
+        ),
+    ] = None,
     json_out: Json = False,
 ) -> None:
-    """A job's logs (every instance it ran on)."""
-    from autoscaler.controller.api import ApiError
-
-    client = _client(state_dir)
+    """A job's logs (every instance it ran on), read from the state folder whether or not
+    the cluster is up (a deployed cluster's through its controller)."""
+    if timeout_s is not None and not timeout_s > 0:
+        fail(f"--timeout-s {timeout_s}: give a number of seconds > 0, or leave it out", 2)
+    source = _LogSource(state_dir, job)
     try:
         if json_out:
-            typer.echo(json.dumps(client.job_logs(job).to_dict()))
+            typer.echo(json.dumps(source.chunk(0).to_dict()))
             return
+        offset = _print_logs(source, 0)
         if not follow:
-            sys.stdout.write(client.job_logs(job).text)
+            if offset == 0:  # nothing written yet: say why
+                status, reason = source.status()
+                why = f" ({reason})" if reason and status in SHOWN_REASONS else ""
+                typer.echo(f"coadapt: {job} is {status}{why}; no logs yet", err=True)
             return
-        for chunk in client.follow_logs(job):
-            sys.stdout.write(chunk.text)
-            sys.stdout.flush()
-    except ApiError as e:
-        fail(str(e))
+        _follow(source, offset, timeout_s)
+    finally:
+        source.close()
+
+
+def _print_logs(source: _LogSource, offset: int) -> int:
+    """Print everything from ``offset`` that is there now; the offset after it."""
+    while True:
+        chunk = source.chunk(offset)
+        sys.stdout.write(chunk.text)
+        sys.stdout.flush()
+        if not chunk.more or chunk.next_offset == offset:
+            return int(chunk.next_offset)
+        offset = chunk.next_offset
+
+
+def _follow(source: _LogSource, offset: int, timeout_s: float | None) -> None:
+    """Print new lines until the job ends (then its status on stderr: exit status 0 when it
+    completed, 1 otherwise) or ``timeout_s`` passes; a queued job is waited for."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    told_queued = False
+    while True:
+        status, reason = source.status()
+        offset = _print_logs(source, offset)  # after the status: nothing written before it ends
+        if status in ENDED:
+            if status == "completed":
+                return
+            fail(f"job {source.job} {status}" + (f": {reason}" if reason else ""))
+        if status == "queued" and not told_queued:
+            typer.echo(
+                f"coadapt: {source.job} is queued; waiting for it to start (Ctrl-C stops)",
+                err=True,
+            )
+            told_queued = True
+        if deadline is not None and time.monotonic() >= deadline:
+            fail(f"job {source.job} still {status} after {timeout_s:g} s; run coadapt logs -f "
+                 "again to go on following")  # fmt: skip
+        time.sleep(FOLLOW_POLL_S)
 
 
 def cancel(
-    job: Annotated[str, typer.Argument(help="the job's name")],
+    job: Annotated[str, typer.Argument(help="The job's name.")],
     state_dir: StateDir = None,
 ) -> None:
     """Cancel a job (its processes stop at the next round)."""
@@ -331,12 +488,12 @@ def cancel(
     try:
         info = _client(state_dir).cancel_job(job)
     except ApiError as e:
-        fail(str(e))
+        fail(api_failure(e, state_dir))
     typer.echo(f"{info.name}: {info.status}")
 
 
 def retry(
-    job: Annotated[str, typer.Argument(help="the job's name")],
+    job: Annotated[str, typer.Argument(help="The job's name.")],
     state_dir: StateDir = None,
 ) -> None:
     """Queue a refused or failed job again (once its cause is fixed: a larger fleet, a
@@ -346,19 +503,20 @@ def retry(
     try:
         info = _client(state_dir).retry_job(job)
     except ApiError as e:
-        fail(str(e))
+        fail(api_failure(e, state_dir))
     typer.echo(f"{info.name}: {info.status}")
 
 
 def down(
     state_dir: StateDir = None,
-    timeout_s: Annotated[float, typer.Option(help="how long to wait")] = 300.0,
+    timeout_s: Annotated[float, typer.Option(help="Seconds to wait for the release.")] = 300.0,
 ) -> None:
-    """Stop the running `coadapt up` and release every instance: it confirms none is left.
-    It checks first that the process up.json names is that `coadapt up` (its pid, start
+    """Stop the running coadapt up and release every instance: it confirms none is left.
+    It checks first that the process up.json names is that coadapt up (its pid, start
     time and command line) and that this state folder's user token is the cluster's."""
     from autoscaler.controller.api import ApiClient, ApiError, load_tokens
     from autoscaler.controller.errors import ControllerError
+    from autoscaler.controller.service import up_is_stale
     from autoscaler.errors import InvalidInputError
     from coadapt_common.procfs import process_start_time, read_proc_strings
 
@@ -382,11 +540,18 @@ def down(
         return started is not None and process_start_time(pid) == started and live == cmdline
 
     if not same_process():
+        if up_is_stale(up_file):  # killed, crashed, rebooted: the next up takes over
+            fail(
+                f"the coadapt up that ran this cluster (pid {pid}) is gone (killed or "
+                "crashed); nothing was stopped and its instances keep running: coadapt up "
+                f"--state-dir {state} takes them back, then coadapt down --state-dir {state} "
+                "releases them"
+            )
         fail(
-            f"{up_file} names pid {pid}, which is not the coadapt up that wrote it (gone, or "
-            "its start time or command line differ): nothing was stopped. If no coadapt up "
-            f"runs for {state}, remove {up_file}; its instances keep running until an up "
-            "takes them back"
+            f"{up_file} names pid {pid}, which is not the coadapt up that wrote it (its "
+            "command line differs): nothing was stopped. If no coadapt up runs for "
+            f"{state}, remove {up_file}; its instances keep running until an up takes them "
+            "back"
         )
     try:
         token = load_tokens(state / "tokens.json").user
@@ -416,11 +581,100 @@ def down(
     typer.echo("coadapt: down")
 
 
-def agent(ctx: typer.Context) -> None:
-    """The node agent (started on each instance by `coadapt up`; see --help)."""
+def agent(
+    api: Annotated[str, typer.Option("--api", help="The controller API URL.")],
+    token_file: Annotated[
+        Path,
+        typer.Option(
+            "--token-file",
+            help='This agent\'s own credential (a 0600 JSON file {"agent": ...}); renewed '
+            "in place.",
+        ),
+    ],
+    work_dir: Annotated[
+        Path, typer.Option("--work-dir", help="Where this instance's jobs run (one folder each).")
+    ],
+    instance_key: Annotated[
+        str | None,
+        typer.Option(
+            "--instance-key", help="This instance's id in the store (or give --request-id)."
+        ),
+    ] = None,
+    request_id: Annotated[
+        str | None,
+        typer.Option(
+            "--request-id",
+            help="This instance's coadapt-request-id tag (a cloud node); needs --cluster-id.",
+        ),
+    ] = None,
+    cluster_id: Annotated[
+        str | None, typer.Option("--cluster-id", help="The cluster (with --request-id).")
+    ] = None,
+    logs_dir: Annotated[
+        Path | None,
+        typer.Option("--logs-dir", help="Where job logs go (default: inside --work-dir)."),
+    ] = None,
+    checkpoint_root: Annotated[
+        str | None,
+        typer.Option(
+            "--checkpoint-root",
+            help="Where jobs without their own location checkpoint: a folder, s3:// or gs://.",
+        ),
+    ] = None,
+    notice_dir: Annotated[
+        Path | None,
+        typer.Option("--notice-dir", help="The local provider's preemption-notice folder."),
+    ] = None,
+    notice_source: Annotated[
+        str | None,
+        typer.Option(
+            "--notice-source",
+            help="What says this instance is being reclaimed: local (the local provider's "
+            "notice file), aws (IMDSv2 spot instance-action), gcp (metadata: preempted) or "
+            "none; default: local with --notice-dir, else none.",
+        ),
+    ] = None,
+    metadata_url: Annotated[
+        str | None,
+        typer.Option("--metadata-url", help="The cloud metadata service's URL (tests)."),
+    ] = None,
+    interval_s: Annotated[
+        float, typer.Option("--interval-s", help="Seconds between two polls of the controller.")
+    ] = 2.0,
+    report_interval_s: Annotated[
+        float,
+        typer.Option("--report-interval-s", help="Seconds between two progress reports."),
+    ] = 30.0,
+    address: Annotated[
+        str, typer.Option("--address", help="The address peers reach this node at.")
+    ] = "127.0.0.1",
+) -> None:
+    """One instance's node agent (coadapt up starts one on each instance it launches).
+
+    It runs the jobs the controller places on this instance until SIGTERM or SIGINT; then
+    every job stops with a checkpoint and nothing is left running."""
     from autoscaler.controller.service import agent_main
 
-    raise typer.Exit(agent_main(list(ctx.args)))
+    if (instance_key is None) == (request_id is None):
+        fail("give exactly one of --instance-key and --request-id", 2)
+    argv = ["--api", api, "--token-file", str(token_file), "--work-dir", str(work_dir)]
+    named: dict[str, object | None] = {
+        "--instance-key": instance_key,
+        "--request-id": request_id,
+        "--cluster-id": cluster_id,
+        "--logs-dir": logs_dir,
+        "--checkpoint-root": checkpoint_root,
+        "--notice-dir": notice_dir,
+        "--notice-source": notice_source,
+        "--metadata-url": metadata_url,
+        "--interval-s": interval_s,
+        "--report-interval-s": report_interval_s,
+        "--address": address,
+    }
+    for flag, value in named.items():
+        if value is not None:
+            argv += [flag, str(value)]
+    raise typer.Exit(agent_main(argv))
 
 
 DEMO_JOBS = ("mlp-small", "mlp-medium", "mlp-wide")
@@ -429,9 +683,11 @@ ENDED_STATUSES = ("completed", "failed", "cancelled", "refused")
 
 def demo(
     state_dir: Annotated[
-        Path | None, typer.Option("--state-dir", help="keep the demo's state here")
+        Path | None, typer.Option("--state-dir", help="Keep the demo's state here.")
     ] = None,
-    timeout_s: Annotated[float, typer.Option(help="give up after this long")] = 300.0,
+    timeout_s: Annotated[
+        float, typer.Option(help="Seconds after which the demo gives up.")
+    ] = 300.0,
 ) -> None:
     """A local fleet with spot instances at simulated, moving spot prices, three small real
     PyTorch jobs from examples/jobs, a spot preemption injected mid-run, live status, and the

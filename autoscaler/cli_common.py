@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
+from typer.core import TyperGroup
 
-STATE_HELP = "the cluster's state folder (default: $COADAPT_HOME/cluster or ~/.coadapt/cluster)"
+STATE_HELP = "The cluster's state folder (default: $COADAPT_HOME/cluster or ~/.coadapt/cluster)."
 
 
 def default_state_dir() -> Path:
@@ -19,12 +22,77 @@ def default_state_dir() -> Path:
 
 
 StateDir = Annotated[Path | None, typer.Option("--state-dir", help=STATE_HELP)]
-Json = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
+Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
+    """The one error style: ``coadapt: <what>; <how to fix>`` on stderr, one line, exit
+    status ``code`` (2: bad input, 1: the action failed)."""
     typer.echo(f"coadapt: {message}", err=True)
     raise typer.Exit(code)
+
+
+def api_failure(e: Any, state: Path | None = None) -> str:
+    """What a refused or failed API call means for the user, in the one error style
+    (``<what>; <how to fix>``) and without the HTTP status: ``e`` is an
+    :class:`~autoscaler.controller.api.ApiError`, ``state`` the state folder used."""
+    where = f" --state-dir {state}" if state is not None else ""
+    status = int(getattr(e, "status", 0) or 0)
+    message = str(getattr(e, "message", e)).rstrip(".")
+    if status == 0:
+        return (
+            f"cannot reach the cluster's controller ({message}); is coadapt up running? "
+            f"(coadapt up{where} starts it)"
+        )
+    if status in (401, 403):
+        return (
+            f"the controller refused this state folder's token ({message}); use the state "
+            "folder of the coadapt up that runs the cluster"
+        )
+    if status == 404:
+        return f"{message}; coadapt status{where} lists the jobs"
+    if status == 409:
+        return f"{message}; coadapt status{where} shows where it stands"
+    if status in (400, 413, 422):
+        return f"the controller refused the request: {message}; correct it and try again"
+    return f"the controller failed ({message}); see the output of coadapt up, then try again"
+
+
+class CoadaptGroup(TyperGroup):
+    """The ``coadapt`` command group: as Typer's, but a usage error (an unknown option, a bad
+    value, a missing argument) is told in the one error style, ``coadapt: <command>: <what>;
+    see coadapt <command> --help``, exit status 2, instead of click's usage block."""
+
+    def main(  # type: ignore[override]
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        from typer._click.exceptions import ClickException, UsageError
+
+        try:
+            rv = super().main(args, prog_name, complete_var, False, **extra)
+        except UsageError as e:
+            where = e.ctx.command_path if e.ctx is not None else "coadapt"
+            what = e.format_message().rstrip(".").replace("Value error, ", "")
+            what = what[:1].lower() + what[1:]
+            command = where.partition(" ")[2]
+            if command:
+                what = f"{command}: {what}"
+            typer.echo(f"coadapt: {what}; see {where} --help", err=True)
+            sys.exit(e.exit_code)
+        except ClickException as e:
+            typer.echo(f"coadapt: {e.format_message()}", err=True)
+            sys.exit(e.exit_code)
+        except typer.Abort:
+            typer.echo("coadapt: stopped", err=True)
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
 
 
 def resolve_state_dir(state_dir: Path | None) -> Path:

@@ -20,6 +20,7 @@ import typer
 __all__ = ["ReportFormat", "cost_app"]
 
 cost_app = typer.Typer(
+    rich_markup_mode=None,  # plain help: option names whole at 80 columns
     name="cost",
     help="Cost reports: what a fleet cost, per job and per offering, and what spot saved.",
     no_args_is_help=True,
@@ -40,7 +41,7 @@ def _cost() -> None:
 
 
 def _fail(message: str) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
+    typer.echo(f"coadapt: {message}", err=True)
     raise typer.Exit(code=2)
 
 
@@ -71,7 +72,7 @@ def report(
         ReportFormat.TABLE,
         "--format",
         "-f",
-        help="table (terminal), csv (one file per table, in the --out folder), json (summary), "
+        help="Table (terminal), csv (one file per table, in the --out folder), json (summary), "
         "html (one self-contained page with plots).",
     ),
     out: Path | None = typer.Option(
@@ -84,8 +85,11 @@ def report(
     state_dir: Path | None = typer.Option(
         None,
         "--state-dir",
-        help="Report a cluster's fleet from its controller store (the folder `coadapt up` "
+        help="Report a cluster's fleet from its controller store (the folder coadapt up "
         "uses) instead of a FILE.",
+    ),
+    wide: bool = typer.Option(
+        False, "--wide", help="Table: show every column, however wide the terminal."
     ),
 ) -> None:
     """Report what a run cost: totals, per job (GPU-hours, USD, goodput per USD, JCT), per
@@ -113,7 +117,7 @@ def report(
         assert file is not None
         reports = _file_reports(file)
         source_name = file.name
-    _write_reports(reports, fmt, out, source_name)
+    _write_reports(reports, fmt, out, source_name, wide=wide)
 
 
 def _store_report(state_dir: Path) -> tuple[str | None, Any]:
@@ -156,13 +160,18 @@ def _file_reports(file: Path) -> list[tuple[str | None, Any]]:
 
 
 def _write_reports(
-    reports: list[tuple[str | None, Any]], fmt: ReportFormat, out: Path | None, source: str
+    reports: list[tuple[str | None, Any]],
+    fmt: ReportFormat,
+    out: Path | None,
+    source: str,
+    *,
+    wide: bool = False,
 ) -> None:
     from coadapt_common.atomic import write_text_atomic
 
     try:
         if fmt is ReportFormat.TABLE:
-            text = _render_tables(reports, plain=out is not None)
+            text = _render_tables(reports, plain=out is not None, wide=wide)
             if out is None:
                 return
             write_text_atomic(out, text)
@@ -197,8 +206,9 @@ def _write_reports(
     typer.echo(f"report written to {out}", err=True)
 
 
-def _render_tables(reports: list, *, plain: bool) -> str:
-    """Print the tables (``plain``: into a string, no colour, 120 columns, returned)."""
+def _render_tables(reports: list, *, plain: bool, wide: bool = False) -> str:
+    """Print the tables (``plain``: into a string, no colour, 120 columns, returned;
+    ``wide``: every column)."""
     import io
 
     from rich.console import Console
@@ -208,5 +218,5 @@ def _render_tables(reports: list, *, plain: bool) -> str:
     buffer = io.StringIO()
     console = Console(file=buffer, width=120, no_color=True) if plain else Console()
     for label, record in reports:
-        print_report(console, record, label=label)
+        print_report(console, record, label=label, wide=wide)
     return buffer.getvalue()

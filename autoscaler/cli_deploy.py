@@ -55,21 +55,21 @@ def _print_commands(workdir: Path, commands: Sequence[Sequence[str]], then: str)
 
 
 def deploy(
-    cloud: Annotated[str, typer.Argument(help="aws or gcp")],
+    cloud: Annotated[str, typer.Argument(help="The cloud: aws or gcp.")],
     var_file: Annotated[
-        Path | None, typer.Option(help="variables: a .json object or an HCL .tfvars file")
+        Path | None, typer.Option(help="Variables: a .json object or an HCL .tfvars file.")
     ] = None,
     var: Annotated[
         list[str] | None,
-        typer.Option(help="NAME=VALUE (JSON values allowed), after --var-file; repeatable"),
+        typer.Option(help="NAME=VALUE (JSON values allowed), after --var-file; repeatable."),
     ] = None,
     state_dir: Annotated[Path | None, typer.Option("--state-dir", help=STATE_HELP)] = None,
     module_dir: Annotated[
-        Path | None, typer.Option(help="the terraform module (default: terraform/<cloud>)")
+        Path | None, typer.Option(help="The terraform module (default: terraform/<cloud>).")
     ] = None,
     outputs_file: Annotated[
         Path | None,
-        typer.Option(help="record this `terraform output -json` file instead of running"),
+        typer.Option(help="Record this 'terraform output -json' file instead of running."),
     ] = None,
 ) -> None:
     """Create (or update) a cluster on AWS or GCP with the terraform module in terraform/:
@@ -160,10 +160,10 @@ def destroy(
     controller_url: Annotated[
         str | None,
         typer.Option(
-            help="reach the controller here (a tunnel) instead of the deployment's address"
+            help="Reach the controller here (a tunnel) instead of the deployment's address."
         ),
     ] = None,
-    timeout_s: Annotated[float, typer.Option(help="how long to wait for the release")] = 600.0,
+    timeout_s: Annotated[float, typer.Option(help="How long to wait for the release.")] = 600.0,
 ) -> None:
     """Release every instance through the controller, confirm that none is left, then run
     terraform destroy. Refuses (and names them) while instances remain, or when the
@@ -195,7 +195,8 @@ def destroy(
         }
     except (ApiError, OSError) as e:
         fail(
-            f"cannot reach the controller at {url} ({e}); refusing to destroy: instances it "
+            f"cannot reach the controller at {url} ({getattr(e, 'message', e)}); refusing to "
+            "destroy: instances it "
             "launched would keep running (and billing) without it"
         )
     if not confirmed or listing["instances"]:

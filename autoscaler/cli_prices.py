@@ -33,6 +33,9 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 
+from autoscaler.cli_common import fail
+from autoscaler.cli_tables import Column, render_table
+
 if TYPE_CHECKING:
     from autoscaler.pricing import MarketOffering, PricedOffering
 
@@ -72,6 +75,7 @@ _GCP_REFUSAL = (
 )
 
 prices_app = typer.Typer(
+    rich_markup_mode=None,  # plain help: option names whole at 80 columns
     name="prices",
     help="GPU prices: list the shipped catalogue (on-demand and spot), refresh AWS prices.",
     no_args_is_help=True,
@@ -91,7 +95,7 @@ class ProviderChoice(StrEnum):
 
 
 def _usage_error(message: str) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
+    typer.echo(f"coadapt: {message}", err=True)
     raise typer.Exit(code=2)
 
 
@@ -100,10 +104,14 @@ def _usage_error(message: str) -> NoReturn:
 
 @prices_app.command("list")
 def list_prices(
-    provider: ProviderChoice | None = typer.Option(None, "--provider", help="aws or gcp."),
+    provider: ProviderChoice | None = typer.Option(
+        None, "--provider", help="The cloud: aws or gcp."
+    ),
     gpu: str | None = typer.Option(None, "--gpu", help="GPU type, e.g. T4, A100, H100."),
     region: str | None = typer.Option(None, "--region", help="Region, e.g. us-east-1."),
-    market: MarketChoice = typer.Option(MarketChoice.ALL, "--market", help="spot, on-demand, all."),
+    market: MarketChoice = typer.Option(
+        MarketChoice.ALL, "--market", help="The market: spot, on-demand or all."
+    ),
     max_usd_per_gpu_hour: float | None = typer.Option(
         None, "--max-usd-per-gpu-hour", help="Only offerings at most this price per GPU-hour."
     ),
@@ -115,6 +123,9 @@ def list_prices(
         "of 'prices refresh'.",
     ),
     json_output: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    wide: bool = typer.Option(
+        False, "--wide", help="Show every column, however wide the terminal."
+    ),
 ) -> None:
     """List priced GPU offerings, cheapest GPU-hour first, with each price's date and source."""
     from autoscaler.pricing import load_catalog
@@ -136,12 +147,21 @@ def list_prices(
         entries = [e for e in entries if e.usd_per_gpu_hour <= max_usd_per_gpu_hour]
     entries.sort(key=lambda e: (e.usd_per_gpu_hour, e.usd_per_hour, e.key))
     total = len(entries)
+    if total == 0:
+        _no_match(
+            book,
+            None if provider is None else provider.value,
+            gpu,
+            region,
+            market.value,
+            max_usd_per_gpu_hour,
+        )
     if limit is not None:
         entries = entries[:limit]
     if json_output:
         typer.echo(json.dumps([_entry_json(e) for e in entries], indent=2))
         return
-    _print_table(entries, total)
+    _print_table(entries, total, wide=wide)
 
 
 def _entry_json(entry: MarketOffering) -> dict[str, Any]:
@@ -165,38 +185,75 @@ def _entry_json(entry: MarketOffering) -> dict[str, Any]:
     }
 
 
-def _print_table(entries: Sequence[MarketOffering], total: int) -> None:
-    from rich.console import Console
-    from rich.table import Table
+PRICE_COLUMNS = (  # drop_rank: the order in which a narrow terminal leaves columns out
+    Column("$/GPU-h", numeric=True),
+    Column("$/h", numeric=True, drop_rank=6),
+    Column("market"),
+    Column("provider", drop_rank=3),
+    Column("instance"),
+    Column("GPUs", drop_rank=5),
+    Column("region", drop_rank=4),
+    Column("zone"),
+    Column("Gbps", numeric=True, drop_rank=2),
+    Column("price date", drop_rank=1),
+    Column("source", drop_rank=0),
+)
 
-    table = Table(
-        title="GPU offerings, cheapest GPU-hour first",
-        caption=f"{len(entries)} of {total} shown. USD per hour, Linux. Dates are those of the "
-        "source snapshot (~: inferred), not of today.",
-    )
-    for name in ("$/GPU-h", "$/h"):
-        table.add_column(name, justify="right")
-    for name in ("market", "provider", "instance type", "GPUs", "region", "zone"):
-        table.add_column(name)
-    table.add_column("Gbps", justify="right")
-    table.add_column("price date")
-    table.add_column("source")
-    for e in entries:
-        o = e.offering
-        table.add_row(
+
+def _print_table(entries: Sequence[MarketOffering], total: int, *, wide: bool) -> None:
+    """The offerings at the terminal's width: $/GPU-hour, market, instance and zone always,
+    whole; the other columns while they fit (``wide``: all of them)."""
+    from rich.console import Console
+
+    rows = [
+        [
             f"{e.usd_per_gpu_hour:.4f}",
             f"{e.usd_per_hour:.4f}",
             e.market,
-            o.provider,
-            o.instance_type,
-            f"{o.gpus}x {o.gpu_type}",
-            o.region,
-            o.zone,
-            "" if o.network_gbps is None else f"{o.network_gbps:g}",
-            o.price_date,
-            o.price_source,
-        )
-    Console().print(table)
+            e.offering.provider,
+            e.offering.instance_type,
+            f"{e.offering.gpus}x {e.offering.gpu_type}",
+            e.offering.region,
+            e.offering.zone,
+            "" if e.offering.network_gbps is None else f"{e.offering.network_gbps:g}",
+            e.offering.price_date,
+            e.offering.price_source,
+        ]
+        for e in entries
+    ]
+    render_table(
+        Console(),
+        PRICE_COLUMNS,
+        rows,
+        title="GPU offerings, cheapest GPU-hour first",
+        caption=f"{len(entries)} of {total} shown. USD per hour, Linux. Dates are those of the "
+        "source snapshot (~: inferred), not of today.",
+        wide=wide,
+    )
+
+
+def _no_match(
+    book: Any,
+    provider: str | None,
+    gpu: str | None,
+    region: str | None,
+    market: str,
+    max_usd: float | None,
+) -> NoReturn:
+    """Nothing matched the filters: say which filter matched nothing and what it could be."""
+    given = (("provider", provider), ("gpu", gpu), ("region", region))
+    asked = [f"--{k} {v}" for k, v in given if v is not None]
+    asked += [] if market == "all" else [f"--market {market}"]
+    asked += [] if max_usd is None else [f"--max-usd-per-gpu-hour {max_usd:g}"]
+    every = list(book.filter())
+    hints = []
+    if gpu is not None and not any(o.gpu_type.lower() == gpu.lower() for o in every):
+        types = sorted({o.gpu_type for o in every})
+        hints.append(f"--gpu takes one of {', '.join(types)}")
+    if region is not None and not any(o.region == region for o in every):
+        hints.append("--region takes a region such as us-east-1 or us-central1")
+    fix = "; ".join(hints) or "loosen a filter"
+    fail(f"no offering matches {' '.join(asked) or 'the filters'}; {fix}")
 
 
 # ---------------------------------------------------------------------------------- refresh
@@ -365,7 +422,9 @@ def _csv_text(rows: Sequence[Mapping[str, str]], columns: Sequence[str]) -> str:
 
 @prices_app.command("refresh")
 def refresh(
-    provider: ProviderChoice = typer.Option(..., "--provider", help="aws (gcp: not supported)."),
+    provider: ProviderChoice = typer.Option(
+        ..., "--provider", help="The cloud: aws (gcp: not supported)."
+    ),
     region: str = typer.Option("us-east-1", "--region", help="AWS region to price."),
     out: Path | None = typer.Option(
         None, "--out", "-o", help="Write the catalogue CSV here (default: standard output)."
@@ -417,7 +476,10 @@ def refresh(
             now=now,
         )
     except (BotoCoreError, ClientError) as e:
-        typer.echo(f"error: AWS call failed: {e}", err=True)
+        typer.echo(
+            f"coadapt: an AWS call failed: {e}; check the credentials, --region and --endpoint-url",
+            err=True,
+        )
         raise typer.Exit(code=1) from None
     text = _csv_text(rows, CATALOG_COLUMNS)
     with_spot = sum(1 for r in rows if r["spot_usd_per_hour"])

@@ -33,6 +33,7 @@ WHICH = ("user", "agent-key", "all")
 def register(app: typer.Typer) -> None:
     """Add ``coadapt tokens`` to the ``coadapt`` app."""
     tokens_app = typer.Typer(
+        rich_markup_mode=None,  # plain help: option names whole at 80 columns
         help="The cluster's secrets: the users' token and the agent key.",
         no_args_is_help=True,
     )
@@ -41,20 +42,20 @@ def register(app: typer.Typer) -> None:
 
 
 def rotate(
-    which: Annotated[str, typer.Argument(help="what to replace: user, agent-key or all")],
+    which: Annotated[str, typer.Argument(help="What to replace: user, agent-key or all.")],
     state_dir: StateDir = None,
     grace_s: Annotated[
         float,
         typer.Option(
-            help="agent-key: seconds the previous key's credentials stay valid while agents "
-            "and trainers renew (at most 7 days)"
+            help="With agent-key: seconds the previous key's credentials stay valid while agents "
+            "and trainers renew (at most 7 days)."
         ),
     ] = 600.0,
     force: Annotated[
         bool,
         typer.Option(
-            help="agent-key: rotate again although the previous key is still honoured (whoever "
-            "has not renewed yet is refused)"
+            help="With agent-key: rotate again although the previous key is still honoured "
+            "(whoever has not renewed yet is refused)."
         ),
     ] = False,
 ) -> None:

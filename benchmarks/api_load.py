@@ -15,10 +15,11 @@ first page of the job list (``GET /v1/jobs``, what the dashboard and ``status`` 
 hostile clients). Every request's latency is recorded; an error is any request that raised. At
 the end every submitted job must be listed by the API (``lost_jobs`` counts those that are not).
 The server process's threads are sampled every 0.2 s (``server_threads_max``), and the largest
-job-list answer is kept (``list_bytes_max``).
+job-list answer is kept (``list_bytes_max``, and ``list_jobs_max``, the most jobs one answer
+listed: at most a page, 100, however many jobs there are).
 
 Writes ``{"requests", "errors", "p50_ms", "p99_ms", "lost_jobs", "clients", "seconds", "jobs",
-"half_open", "server_threads_max", "list_bytes_max", "server_cpu_ms_per_request",
+"half_open", "server_threads_max", "list_bytes_max", "list_jobs_max", "server_cpu_ms_per_request",
 "client_cpu_ms_per_request", "target", "cpus", "load_before", "load_after"}`` (``load_*``: the
 1-minute load average of this machine; the CPU figures tell what the machine had to give
 whatever else ran on it: in-process, both are this process's).
@@ -139,6 +140,7 @@ def run(clients: int, seconds: float, *, half_open: int = 0, in_process: bool = 
     errors: list[str] = []
     submitted: list[str] = []
     list_bytes = [0]
+    list_jobs = [0]
     lock = threading.Lock()
     try:
         with target as (url, token, pid):
@@ -170,9 +172,10 @@ def run(clients: int, seconds: float, *, half_open: int = 0, in_process: bool = 
 
             def first_page(api: ApiClient) -> None:
                 _, raw = api._request("GET", "/v1/jobs", query={"limit": "100"})
-                json.loads(raw)
+                listed = len(json.loads(raw)["jobs"])
                 with lock:
                     list_bytes[0] = max(list_bytes[0], len(raw))
+                    list_jobs[0] = max(list_jobs[0], listed)
 
             def client(i: int) -> None:
                 api = ApiClient(url, token, timeout_s=60.0)
@@ -217,6 +220,7 @@ def run(clients: int, seconds: float, *, half_open: int = 0, in_process: bool = 
         "server_cpu_ms_per_request": 1000.0 * server_cpu_s / max(1, len(latencies)),
         "client_cpu_ms_per_request": 1000.0 * client_cpu_s / max(1, len(latencies)),
         "list_bytes_max": list_bytes[0],
+        "list_jobs_max": list_jobs[0],
         "cpus": os.cpu_count(),
         "load_before": load_before,
         "load_after": os.getloadavg()[0],

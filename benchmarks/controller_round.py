@@ -14,7 +14,9 @@ instance heartbeat, the clock a minute later.
 
 Prints a table of the measured rounds split into observe / decide / reconcile / act, and
 writes ``{"round_s_median", "round_s_p95", "rss_mib", "store_mib", "phases_s_median":
-{...}, "jobs", "instances", "rounds"}``.
+{...}, "jobs", "instances", "rounds", "fleet_gpus", "assigned_gpus", "placed_jobs"}``: after
+the last round, the GPUs of the running instances, those the jobs hold, and the jobs placed
+(the rounds measured are rounds that keep a fleet busy, not empty ones).
 """
 
 from __future__ import annotations
@@ -157,8 +159,13 @@ def run(jobs: int, instances: int, rounds: int) -> dict:
         )
         CLOCK.advance(60.0)
         _agents(store, rng, apps)
-    running = len(store.list_instances(statuses=(InstanceStatus.RUNNING,)))
+    live = store.list_instances(statuses=(InstanceStatus.RUNNING,))
+    running = len(live)
     active = len(store.list_jobs(statuses=(JobStatus.QUEUED, JobStatus.RUNNING)))
+    on_live = {r.instance_key for r in live}
+    held = store.list_assignments()
+    assigned_gpus = sum(g for (_, key), g in held.items() if key in on_live)
+    placed_jobs = len({job for (job, key) in held if key in on_live})
     store_mib = sum(p.stat().st_size for p in tmp.iterdir()) / 2**20
     store.close()
     shutil.rmtree(tmp, ignore_errors=True)
@@ -167,6 +174,9 @@ def run(jobs: int, instances: int, rounds: int) -> dict:
         "instances": running,
         "rounds": rounds,
         "warmup_rounds": warmup,
+        "fleet_gpus": sum(r.gpus for r in live),
+        "assigned_gpus": assigned_gpus,
+        "placed_jobs": placed_jobs,
         "round_s_median": statistics.median(walls),
         "round_s_p95": float(np.percentile(walls, 95)),
         "phases_s_median": {k: statistics.median(v) for k, v in phases.items()},

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -61,3 +67,87 @@ def _gcp_adapter_calls_stay_declared():
         f"the GCP adapter called {undeclared}, which providers/gcp/permissions.py does not "
         "declare (and the terraform controller role does not grant)"
     )
+
+
+UNPRIVILEGED_ID = 65534  # nobody: who permission tests run as when the suite runs as root
+
+
+class Unprivileged:
+    """Runs commands as a user whom file modes bind: the suite's own user when it is not
+    root, else ``nobody`` (uid/gid 65534; root writes anywhere, so a permission test run as
+    root would prove nothing and skip). ``folder`` is a fresh folder that user owns."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.as_nobody = os.geteuid() == 0
+
+    def read_only_folder(self, name: str) -> Path:
+        """A folder in ``folder`` that user may read but not write (mode 0500, theirs)."""
+        path = self.folder / name
+        path.mkdir()
+        if self.as_nobody:
+            os.chown(path, UNPRIVILEGED_ID, UNPRIVILEGED_ID)
+        path.chmod(0o500)
+        return path
+
+    def run(self, argv: list[str], timeout_s: float = 120.0) -> subprocess.CompletedProcess[str]:
+        """``argv`` in ``folder`` as that user (its output as text). ``sys.executable`` as
+        ``argv[0]`` runs this Python with this suite's packages, through an interpreter of the
+        same version that user can run (this one may live in root's home)."""
+        env = {**os.environ, "HOME": str(self.folder), "PYTHONDONTWRITEBYTECODE": "1"}
+        who: dict[str, Any] = {}
+        if self.as_nobody:  # set in the child before exec (no preexec_fn: threads are safe)
+            who = {"user": UNPRIVILEGED_ID, "group": UNPRIVILEGED_ID, "extra_groups": []}
+            if argv[:1] == [sys.executable]:
+                argv = [_python_for(who), *argv[1:]]
+                ours = [p for p in sys.path if p.startswith((sys.prefix, str(ROOT)))]
+                env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *ours])
+        return subprocess.run(
+            argv,
+            cwd=self.folder,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+            **who,
+        )
+
+
+def _python_for(who: dict[str, Any]) -> str:
+    """A Python of this version that ``who`` can run (skips the test when there is none)."""
+    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    candidates = [sys.executable, shutil.which(f"python{version}"), f"/usr/bin/python{version}"]
+    for candidate in dict.fromkeys(c for c in candidates if c):
+        try:
+            probe = subprocess.run(
+                [
+                    candidate,
+                    "-c",
+                    f"import sys; sys.exit(sys.version[:{len(version)}] != '{version}')",
+                ],
+                capture_output=True,
+                timeout=30,
+                check=False,
+                **who,
+            )
+        except OSError:
+            continue
+        if probe.returncode == 0:
+            return candidate
+    pytest.skip(f"no Python {version} that uid {UNPRIVILEGED_ID} may run")
+
+
+@pytest.fixture
+def unprivileged() -> Iterator[Unprivileged]:
+    """See :class:`Unprivileged`; the folder is removed afterwards."""
+    folder = Path(tempfile.mkdtemp(prefix="coadapt-unprivileged-"))
+    try:
+        if os.geteuid() == 0:
+            os.chown(folder, UNPRIVILEGED_ID, UNPRIVILEGED_ID)
+        yield Unprivileged(folder)
+    finally:
+        for path in (folder, *folder.rglob("*")):
+            if path.is_dir() and not path.is_symlink():
+                path.chmod(0o700)
+        shutil.rmtree(folder)

@@ -6,11 +6,13 @@ import json
 import math
 import os
 import stat
+import sys
 from pathlib import Path
 
 import pytest
 
 from coadapt_common.atomic import write_bytes_atomic, write_json_atomic, write_text_atomic
+from tests.conftest import UNPRIVILEGED_ID, Unprivileged
 
 
 def test_writes_sorted_json_with_umask_permissions(tmp_path: Path) -> None:
@@ -44,21 +46,36 @@ def test_bytes_write_is_durable_and_hides_its_temporary(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["blob.bin", "note.txt"]
 
 
+WRITE_INTO_READ_ONLY = """\
+import sys
+from pathlib import Path
+from coadapt_common.atomic import write_bytes_atomic
+target = Path(sys.argv[1])
+try:
+    write_bytes_atomic(target, b"new")
+except OSError as e:
+    print("refused:", type(e).__name__)
+else:
+    print("written")
+"""
+
+
 def test_bytes_write_into_an_unwritable_folder_raises_and_leaves_the_old_file(
-    tmp_path: Path,
+    unprivileged: Unprivileged,
 ) -> None:
-    target = tmp_path / "ro" / "blob.bin"
+    """Run by a user the folder's mode binds (nobody when the suite runs as root)."""
+    folder = unprivileged.folder / "ro"
+    target = folder / "blob.bin"
     write_bytes_atomic(target, b"old")
-    target.parent.chmod(0o500)
-    try:
-        if os.access(target.parent, os.W_OK):
-            pytest.skip("running as a user who can write anywhere (root)")
-        with pytest.raises(OSError):
-            write_bytes_atomic(target, b"new")
-    finally:
-        target.parent.chmod(0o700)
+    target.chmod(0o644)
+    if unprivileged.as_nobody:
+        os.chown(folder, UNPRIVILEGED_ID, UNPRIVILEGED_ID)
+    folder.chmod(0o500)
+    out = unprivileged.run([sys.executable, "-c", WRITE_INTO_READ_ONLY, str(target)])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "refused: PermissionError"
     assert target.read_bytes() == b"old"
-    assert [p.name for p in target.parent.iterdir()] == ["blob.bin"]
+    assert [p.name for p in folder.iterdir()] == ["blob.bin"]  # no temporary left
 
 
 def test_a_secret_gets_exactly_its_mode_and_never_replaces_when_asked(tmp_path: Path) -> None:

@@ -37,6 +37,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -160,6 +161,43 @@ def exit_outcome(returncode: int) -> Outcome:
     if returncode == STOPPED_EXIT:
         return Outcome.STOPPED
     return Outcome.FAILED
+
+
+MAX_CAUSE_CHARS: Final = 300
+"""The longest failure cause an agent reports (the store keeps reasons on one line)."""
+_CAUSE_TAIL_BYTES: Final = 16 * 1024  # how much of a log's end is read for the cause
+_EXCEPTION_LINE: Final = re.compile(
+    r"^(\[[^\]]*\]:?\s*)?([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Failure|Warning))(:.*)?$"
+)
+
+
+def failure_cause(log: Path, returncode: int) -> str:
+    """Why a launcher failed, in one line for ``coadapt status``: its exit status (or the
+    signal that ended it) and the last Python exception line of its log (the last line
+    written, when none looks like one), cut to :data:`MAX_CAUSE_CHARS`. The launcher's own
+    ``ChildFailedError`` summary is skipped: the worker's exception is the cause."""
+    if returncode < 0:
+        try:
+            how = f"ended by {signal.Signals(-returncode).name}"
+        except ValueError:
+            how = f"ended by signal {-returncode}"
+    else:
+        how = f"exit status {returncode}"
+    try:
+        with open(log, "rb") as handle:
+            handle.seek(max(0, handle.seek(0, os.SEEK_END) - _CAUSE_TAIL_BYTES))
+            tail = handle.read().decode("utf-8", "replace")
+    except OSError:
+        return how
+    lines = [" ".join(x.split()) for x in tail.splitlines() if x.strip()]
+    raised = [
+        m.group(0)[len(m.group(1) or "") :]
+        for m in map(_EXCEPTION_LINE.match, lines)
+        if m is not None and "ChildFailedError" not in m.group(2)
+    ]
+    last = raised[-1] if raised else (lines[-1] if lines else "")
+    cause = f"{how}: {last}" if last else how
+    return cause if len(cause) <= MAX_CAUSE_CHARS else cause[: MAX_CAUSE_CHARS - 3] + "..."
 
 
 def launch_argv(
@@ -486,9 +524,12 @@ class AgentRunner:
             if self.on_credential is not None:
                 self.on_credential(beat.credential)
             log.info("agent %s: credential renewed", self.instance_key)
-        for job, outcome, _ in self.supervisor.poll():
-            if outcome is not Outcome.STOPPED:
-                self.client.job_exited(self.instance_key, job, failed=outcome is Outcome.FAILED)
+        for job, outcome, code in self.supervisor.poll():
+            if outcome is Outcome.FAILED:
+                cause = failure_cause(self.supervisor.log_path(job), code)
+                self.client.job_exited(self.instance_key, job, failed=True, cause=cause)
+            elif outcome is Outcome.DONE:
+                self.client.job_exited(self.instance_key, job, failed=False)
         if not self.noticed and self.notice is not None:
             try:
                 self.noticed = bool(self.notice())

@@ -44,7 +44,9 @@ endpoint                                      role    answer
                                                       carries its job's ``report_token`` and the
                                                       planned ``batch`` to launch with
 ``POST /v1/agents/{key}/jobs/{name}/exit``    agent   ``{"job", "status", "counted"}`` (body
-                                              of key  ``{"failed": bool}``)
+                                              of key  ``{"failed": bool, "cause": str}``; the
+                                                      cause of a failure becomes the job's
+                                                      ``reason``)
 ``POST /v1/jobs/{job_id}/reports``            report  a :class:`~trainer.report.ReportReply`
                                               of job
 ============================================  ======  =============================================
@@ -231,6 +233,7 @@ __all__ = [
     "load_token",
     "load_tokens",
     "make_app",
+    "read_job_logs",
     "rendezvous_endpoint",
     "serve",
 ]
@@ -591,10 +594,7 @@ class ApiApp:
         instance = request.args.get("instance")
         if not JOB_NAME_PATTERN.fullmatch(name):
             raise ApiError(400, f"job {name!r} has no log folder (not a safe folder name)")
-        files = _log_files(self._logs_dir / name)
-        if instance is not None:
-            files = [f for f in files if f[0] == instance]
-        return _json(_read_logs(name, files, offset).to_dict())
+        return _json(read_job_logs(self._logs_dir, name, offset, instance=instance).to_dict())
 
     def _list_instances(self, request: Request) -> Response:
         rows = self._store().list_instances()
@@ -729,9 +729,13 @@ class ApiApp:
         )
 
     def _job_exit(self, request: Request, instance_key: str, name: str) -> Response:
-        failed = self._body(request).get("failed")
+        body = self._body(request)
+        failed = body.get("failed")
         if not isinstance(failed, bool):
             raise ApiError(400, "failed must be true or false", "failed")
+        cause = body.get("cause")
+        if cause is not None and not (isinstance(cause, str) and cause.strip()):
+            raise ApiError(400, "cause must be a non-empty string", "cause")
         store = self._store()
         store.get_instance(instance_key)
         with self._exit_lock:  # the nodes of one run report at once: one of them counts
@@ -745,6 +749,10 @@ class ApiApp:
                     "the controller stopped are not reported",
                 )
             status = JobStatus(self._on_job_exit(name, failed=failed))
+            if failed and cause is not None:  # why it failed last: coadapt status shows it
+                with contextlib.suppress(StaleVersionError):  # changed meanwhile: it moved on
+                    after = store.get_job(name)
+                    store.update_job(name, after.version, reason=_printable(cause))
         _log.info("job %s exited on %s (failed=%s): now %s", name, instance_key, failed, status)
         return _json({"job": name, "status": status.value, "counted": True})
 
@@ -982,6 +990,28 @@ def _submission(data: Mapping[str, Any]) -> JobSubmission:
     a job's fields that ``coadapt submit`` runs too (ranges in
     :data:`~autoscaler.controller.jobs.BOUNDS_DOC`)."""
     return JobSubmission.from_mapping(data)
+
+
+def _printable(text: str) -> str:
+    """``text`` with every non-printable character (a control character, an escape) shown as
+    ``?``: what an agent reports is shown on users' terminals."""
+    return "".join(c if c.isprintable() else "?" for c in " ".join(text.split()))
+
+
+def read_job_logs(
+    logs_dir: Path, job: str, offset: int = 0, *, instance: str | None = None
+) -> LogChunk:
+    """Job ``job``'s logs under ``logs_dir`` (``<logs_dir>/<job>/<instance>.log``, what the
+    agents write) from byte ``offset``, as ``GET /v1/jobs/{job}/logs`` answers them (only
+    ``instance``'s file when given): the API and ``coadapt logs`` on the cluster's machine,
+    whether or not the cluster is up. ``job`` must be a job name (:data:`JOB_NAME_PATTERN`:
+    a safe folder name); ``ValueError`` otherwise."""
+    if not JOB_NAME_PATTERN.fullmatch(job):
+        raise ValueError(f"{job!r} is not a job name")
+    files = _log_files(Path(logs_dir) / job)
+    if instance is not None:
+        files = [f for f in files if f[0] == instance]
+    return _read_logs(job, files, offset)
 
 
 def _log_files(folder: Path) -> list[tuple[str, Path, int]]:

@@ -444,9 +444,16 @@ class ApiClient:
         data = self._call("GET", f"/v1/agents/{_seg(instance_key)}/assignments")
         return self._parse(lambda d: [dict(a) for a in d["assignments"]], data)
 
-    def job_exited(self, instance_key: str, name: str, *, failed: bool) -> JobExitReply:
+    def job_exited(
+        self, instance_key: str, name: str, *, failed: bool, cause: str | None = None
+    ) -> JobExitReply:
+        """Tell the controller ``name``'s processes ended on their own on this instance
+        (``cause``: why they failed, one line, kept as the job's reason)."""
         path = f"/v1/agents/{_seg(instance_key)}/jobs/{_seg(name)}/exit"
-        data = self._call("POST", path, {"failed": failed})
+        body: dict[str, Any] = {"failed": failed}
+        if cause is not None:
+            body["cause"] = cause
+        data = self._call("POST", path, body)
         return self._parse(
             lambda d: JobExitReply(str(d["job"]), JobStatus(d["status"]), bool(d["counted"])),
             data,

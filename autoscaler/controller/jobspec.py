@@ -132,7 +132,9 @@ class JobSpecError(InvalidInputError):
     """A job spec is malformed. ``path``: the file; ``line``: 1-based (``None`` only when the
     file cannot be read); ``field``: the spec's field path (``gpus.min``, ``command[2]``,
     ``spec`` for the document as a whole; ``None`` only when the file cannot be read);
-    ``reason``: the message without the location."""
+    ``reason``: the message without the location. A spec with several problems raises one
+    error naming the first, whose ``problems`` has them all (its message lists them, one a
+    line)."""
 
     def __init__(
         self, reason: str, *, path: str, line: int | None, field: str | None = None
@@ -144,6 +146,21 @@ class JobSpecError(InvalidInputError):
         self.path = path
         self.line = line
         self.reason = reason
+        self.problems: tuple[JobSpecError, ...] = (self,)
+
+    @classmethod
+    def several(cls, problems: Sequence[JobSpecError]) -> JobSpecError:
+        """One error for every problem of a spec: the first's ``path``, ``line``, ``field``
+        and ``reason``, a message with one problem a line (a count, then each), and every
+        problem in ``problems``, in the order of the file."""
+        ordered = sorted(problems, key=lambda p: p.line or 0)
+        first = ordered[0]
+        out = cls(first.reason, path=first.path, line=first.line, field=first.field)
+        if len(ordered) > 1:
+            lines = "\n".join(f"  {p}" for p in ordered)
+            out.args = (f"{first.path}: {len(ordered)} problems:\n{lines}",)
+        out.problems = tuple(ordered)
+        return out
 
 
 class Optimizer(enum.StrEnum):
@@ -308,7 +325,19 @@ def parse_job_spec(text: str, path: str = "<string>") -> JobSpec:
             line=deepest,
             field=ROOT_FIELD,
         )
-    return _Reader(path).spec(root)
+    reader = _Reader(path)
+    try:
+        spec = reader.spec(root)
+    except _Stop:
+        spec = None
+    if reader.problems or spec is None:
+        raise JobSpecError.several(reader.problems)
+    return spec
+
+
+class _Stop(Exception):
+    """A field could not be read (its problem is recorded): the reader goes on with the
+    next field."""
 
 
 def _flow_depth_exceeded(text: str) -> int | None:
@@ -450,9 +479,26 @@ class _Reader:
         self.value_lines: dict[str, int] = {}  # field -> line of its value
         self.key_lines: dict[str, int] = {}  # field -> line of its key (ROOT_FIELD: the mapping)
         self._construct = yaml.constructor.SafeConstructor()
+        self.problems: list[JobSpecError] = []  # every problem found, in the order found
+        self.failed: set[str] = set()  # fields that could not be read
+
+    def note(self, line: int, field: str, reason: str) -> None:
+        """Record a problem and go on reading."""
+        self.problems.append(JobSpecError(reason, path=self.path, line=line, field=field))
 
     def fail(self, line: int, field: str, reason: str) -> NoReturn:
-        raise JobSpecError(reason, path=self.path, line=line, field=field)
+        """Record a problem; the field being read is given up (:class:`_Stop`)."""
+        self.note(line, field, reason)
+        raise _Stop
+
+    def read(self, field: str, reader: Callable[..., Any], *args: Any) -> Any:
+        """``reader(*args)``, or :data:`_UNREAD` when it failed (``field`` is then not checked
+        further: no second message about a value that could not be read)."""
+        try:
+            return reader(*args)
+        except _Stop:
+            self.failed.add(field)
+            return _UNREAD
 
     def line_of(self, field: str) -> int:
         """The line of ``field``'s value, else of the key of the nearest enclosing field
@@ -475,31 +521,36 @@ class _Reader:
         self.key_lines[ROOT_FIELD] = _line(root)
         top = self.mapping(root, ROOT_FIELD, _TOP)
         values: dict[str, Any] = {
-            "name": self.string(self.required(top, "name"), "name"),
-            "command": self.command(self.required(top, "command")),
+            "name": self.read("name", lambda: self.string(self.required(top, "name"), "name")),
+            "command": self.read("command", lambda: self.command(self.required(top, "command"))),
         }
-        gpus = self.mapping(top["gpus"], "gpus", ("min", "max")) if "gpus" in top else {}
-        if "gpus.min" in gpus:
-            values["min_gpus"] = self.integer(gpus["gpus.min"], "gpus.min")
-        if "gpus.max" in gpus:
-            values["max_gpus"] = self.integer(gpus["gpus.max"], "gpus.max")
-        batch = self.mapping(self.required(top, "batch_size"), "batch_size", ("initial", "max"))
-        values["init_batch_size"] = self.integer(
-            self.required(batch, "batch_size.initial"), "batch_size.initial"
+        gpus = {}
+        if "gpus" in top:
+            gpus = self.read("gpus", lambda: self.mapping(top["gpus"], "gpus", ("min", "max")))
+        batch = self.read(
+            "batch_size",
+            lambda: self.mapping(
+                self.required(top, "batch_size"), "batch_size", ("initial", "max")
+            ),
         )
-        values["max_batch_size"] = self.integer(
-            self.required(batch, "batch_size.max"), "batch_size.max"
+        local = self.read(
+            "local_batch_size",
+            lambda: self.mapping(
+                self.required(top, "local_batch_size"), "local_batch_size", ("max", "min")
+            ),
         )
-        local = self.mapping(
-            self.required(top, "local_batch_size"), "local_batch_size", ("max", "min")
-        )
-        values["max_local_bsz"] = self.integer(
-            self.required(local, "local_batch_size.max"), "local_batch_size.max"
-        )
-        if "local_batch_size.min" in local:
-            values["min_local_bsz"] = self.integer(
-                local["local_batch_size.min"], "local_batch_size.min"
-            )
+        fields_: list[tuple[str, Any, str, bool]] = [  # attribute, mapping, field path, required
+            ("min_gpus", gpus, "gpus.min", False),
+            ("max_gpus", gpus, "gpus.max", False),
+            ("init_batch_size", batch, "batch_size.initial", True),
+            ("max_batch_size", batch, "batch_size.max", True),
+            ("max_local_bsz", local, "local_batch_size.max", True),
+            ("min_local_bsz", local, "local_batch_size.min", False),
+        ]
+        for attribute, entries, path, required in fields_:
+            if entries is _UNREAD or (not required and path not in entries):
+                continue
+            values[attribute] = self.read(path, self.required_integer, entries, path)
         readers: dict[str, Callable[[Any, str], object]] = {
             "max_accum_steps": self.integer,
             "optimizer": self.optimizer,
@@ -514,11 +565,13 @@ class _Reader:
         }
         for key, read in readers.items():
             if key in top:
-                values[_ATTRIBUTES.get(key, key)] = read(top[key], key)
-        problem = _first_problem(values)
-        if problem is not None:
-            field, reason = problem
-            self.fail(self.line_of(field), field, reason)
+                values[_ATTRIBUTES.get(key, key)] = self.read(key, read, top[key], key)
+        values = {k: v for k, v in values.items() if v is not _UNREAD}
+        for field, reason in all_problems(values):
+            if not any(_related(field, unread) for unread in self.failed):
+                self.note(self.line_of(field), field, reason)
+        if self.problems:
+            raise _Stop
         return JobSpec(**values)
 
     # -- collections ---------------------------------------------------------------------
@@ -544,10 +597,12 @@ class _Reader:
             key = key_node.value
             path = key if field == ROOT_FIELD else f"{field}.{key}"
             if key in first:
-                self.fail(line, path, f"duplicate key (first at line {first[key]})")
+                self.note(line, path, f"duplicate key (first at line {first[key]})")
+                continue
             if key not in known:
                 hint = _suggest(key, known) or f"; known: {', '.join(known)}"
-                self.fail(line, path, f"unknown field{hint}")
+                self.note(line, path, f"unknown field{hint}")
+                continue
             first[key] = line
             self.key_lines[path] = line
             if not _is_null(value_node):
@@ -561,6 +616,9 @@ class _Reader:
         if field not in entries:
             self.fail(self.key_lines[_parent(field)], field, "required field missing")
         return entries[field]
+
+    def required_integer(self, entries: Mapping[str, Any], field: str) -> int:
+        return self.integer(self.required(entries, field), field)
 
     def string_list(self, node: Any, field: str) -> tuple[str, ...]:
         return tuple(self.string(item, path) for path, item in self.items(node, field, "strings"))
@@ -629,6 +687,21 @@ class _Reader:
             return Optimizer(value)
         except ValueError:
             self.fail(_line(node), field, _one_of(value, _OPTIMIZERS))
+
+
+_UNREAD: Final = object()
+"""What :meth:`_Reader.read` gives for a field it could not read."""
+
+
+def _related(field: str, other: str) -> bool:
+    """Whether ``field`` is ``other``, inside it or holds it (``gpus.min`` and ``gpus``)."""
+    if field == other:
+        return True
+    return any(
+        a.startswith(b) and a[len(b)] in ".["
+        for a, b in ((field, other), (other, field))
+        if len(a) > len(b)
+    )
 
 
 # Top-level spec keys whose JobSpec attribute has another name.

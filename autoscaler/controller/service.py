@@ -626,8 +626,12 @@ def _checkpoint_root(value: str | None) -> str | None:
 def agent_main(argv: list[str] | None = None) -> int:
     """``coadapt agent``: one instance's agent (see :class:`~autoscaler.controller.agent.
     AgentRunner`) until SIGTERM/SIGINT, then every job stops with a checkpoint and nothing is
-    left running."""
-    p = argparse.ArgumentParser(prog="coadapt agent", description=agent_main.__doc__)
+    left running. Users meet it as ``coadapt agent --help`` (:func:`autoscaler.cli_cluster.
+    agent`, which explains every option); this parser is the launcher's own entry."""
+    p = argparse.ArgumentParser(
+        prog="coadapt agent",
+        description="One instance's node agent (see coadapt agent --help).",
+    )
     p.add_argument("--api", required=True, help="the controller API URL")
     p.add_argument(
         "--token-file",

@@ -52,7 +52,7 @@ def rich_table(table: ReportTable, *, label: str | None = None, width: int | Non
     if shown < len(table.columns):
         hidden = len(table.columns) - shown
         what = "column" if hidden == 1 else "columns"
-        caption = f"{hidden} more {what} in a wider terminal, or with --format csv or html"
+        caption = f"{hidden} more {what} in a wider terminal, or with --wide, --format csv or html"
     out = Table(
         title=title,
         caption=caption,
@@ -72,12 +72,21 @@ def rich_table(table: ReportTable, *, label: str | None = None, width: int | Non
     return out
 
 
-def print_report(console: Console, record: CostRecord, *, label: str | None = None) -> None:
-    """Print the three tables of ``record`` to ``console``, fitted to its width (a table
-    without rows says so)."""
+def print_report(
+    console: Console, record: CostRecord, *, label: str | None = None, wide: bool = False
+) -> None:
+    """Print the three tables of ``record`` to ``console``, fitted to its width (``wide``:
+    every column, on lines as long as they need; a table without rows says so)."""
+    from rich.console import Console as RichConsole
+
     for table in report_tables(record):
         if table.rows:
-            console.print(rich_table(table, label=label, width=console.width))
+            out = console
+            if wide:
+                needed = sum(_widths(table)) + _GAP * (len(table.columns) - 1) + 2
+                if needed > console.width:
+                    out = RichConsole(file=console.file, width=needed, no_color=console.no_color)
+            out.print(rich_table(table, label=label, width=None if wide else console.width))
         else:
             what = table.title if label is None else f"{table.title}: {label}"
             console.print(f"{what}: none")

@@ -367,3 +367,35 @@ def test_the_local_notice_source_is_the_notice_file(tmp_path: Path) -> None:
     assert notice_source("none", clock=FakeClock()) is None
     with pytest.raises(ValueError, match="unknown notice source"):
         notice_source("azure", clock=FakeClock())
+
+
+TORCHRUN_TAIL = """\
+[rank0]: Traceback (most recent call last):
+[rank0]:   File "/work/load_data.py", line 3, in <module>
+[rank0]:     raise RuntimeError("the dataset at /nowhere/data is missing")
+[rank0]: RuntimeError: the dataset at /nowhere/data is missing
+E1205 13:01:02 torch/distributed/elastic/multiprocessing/api.py:869] failed (exitcode: 1)
+Traceback (most recent call last):
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+load_data.py FAILED
+------------------------------------------------------------
+Root Cause (first observed failure):
+  exitcode  : 1 (pid: 4242)
+============================================================
+"""
+
+
+def test_failure_cause_is_the_worker_exception_not_the_launcher_summary(tmp_path: Path) -> None:
+    from autoscaler.controller.agent import MAX_CAUSE_CHARS, failure_cause
+
+    log = tmp_path / "job.log"
+    log.write_text("x" * 40_000 + "\n" + TORCHRUN_TAIL)
+    assert failure_cause(log, 1) == (
+        "exit status 1: RuntimeError: the dataset at /nowhere/data is missing"
+    )
+    log.write_text("step 1\nout of memory, giving up\n")
+    assert failure_cause(log, -9) == "ended by SIGKILL: out of memory, giving up"
+    assert failure_cause(tmp_path / "none.log", 3) == "exit status 3"
+    log.write_text("ValueError: " + "v" * 1000 + "\n")
+    assert len(failure_cause(log, 1)) == MAX_CAUSE_CHARS

@@ -1,4 +1,5 @@
-"""``benchmarks/controller_round.py``: the documented JSON, on a small fleet."""
+"""``benchmarks/controller_round.py``: the documented JSON, on a small fleet, and the rounds it
+times are real ones: they keep the fleet it holds busy with the jobs it has."""
 
 from __future__ import annotations
 
@@ -17,3 +18,6 @@ def test_writes_the_documented_json(tmp_path: Path) -> None:
         assert doc[key] > 0
     assert doc["round_s_p95"] >= doc["round_s_median"]
     assert set(doc["phases_s_median"]) == {"observe", "decide", "reconcile", "act"}
+    # 30 jobs for 8 instances: every GPU paid for holds a job (no round left the fleet idle)
+    assert doc["fleet_gpus"] >= 8 and doc["assigned_gpus"] == doc["fleet_gpus"], doc
+    assert 8 <= doc["placed_jobs"] <= min(30, doc["assigned_gpus"]), doc

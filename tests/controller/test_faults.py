@@ -87,10 +87,19 @@ def test_a_deleted_store_stops_the_round_before_any_cloud_call(tmp_path: Path) -
 
 
 def test_a_corrupted_store_touches_no_instance(tmp_path: Path) -> None:
+    """After the damage a controller is started as ``coadapt up`` starts one (the service's
+    own store opening): on the damaged store it cannot start; on the new store the refusal
+    points to (``--new-store``) it runs a round, which refuses the fleet it has never seen.
+    Neither launches, terminates or changes an instance, and the damaged file is kept."""
+    from autoscaler.controller.service import ServiceError, _open_store
+
     store, cloud, clock, ctl = _world(tmp_path)
+    ctl.run_round()
+    clock.advance(60.0)
     ctl.run_round()
     store.close()
     before = sorted(i.instance_id for i in cloud.list_instances(CLUSTER))
+    assert before
     path = tmp_path / "store.db"
     data = bytearray(path.read_bytes())
     data[100:4096] = b"\xff" * (4096 - 100)  # the header page's b-tree, overwritten
@@ -98,8 +107,16 @@ def test_a_corrupted_store_touches_no_instance(tmp_path: Path) -> None:
     calls = len(cloud.calls)
     with pytest.raises(StoreError, match=str(path)):
         Store.open(path, clock)
-    assert len(cloud.calls) == calls
+    with pytest.raises(ServiceError, match="--new-store"):
+        _open_store(tmp_path, CLUSTER, clock, new_store=False)
+    fresh = _open_store(tmp_path, CLUSTER, clock, new_store=True)
+    restarted = Controller(fresh, cloud.restarted(), clock, ControllerConfig(CLUSTER))
+    with pytest.raises(UnknownFleetError, match="never seen"):
+        restarted.run_round()
+    mutating = [c.op for c in cloud.calls[calls:] if c.op not in ("list", "interruptions")]
+    assert mutating == [], mutating
     assert sorted(i.instance_id for i in cloud.list_instances(CLUSTER)) == before
+    assert [p.name for p in tmp_path.glob("store.db.*.aside")], "the damaged store is kept"
 
 
 def test_a_new_store_facing_an_existing_fleet_refuses_to_touch_it(tmp_path: Path) -> None:

@@ -573,7 +573,8 @@ def test_errors_name_the_file_line_and_field(text: str, line: int, field: str, w
     e = info.value
     assert (e.path, e.line, e.field) == ("job.yaml", line, field), str(e)
     assert words in e.reason
-    assert str(e) == f"job.yaml:{line} [{field}]: {e.reason}"
+    assert str(e.problems[0]) == f"job.yaml:{line} [{field}]: {e.reason}"
+    assert f"job.yaml:{line} [{field}]: {e.reason}" in str(e)
 
 
 def test_the_message_reads_as_documented() -> None:

@@ -95,14 +95,34 @@ def test_failures_are_retried_then_the_job_fails(tmp_path: Path) -> None:
     assert ctl.job_exited("job-0", failed=False) is JobStatus.FAILED  # late report: no change
 
 
+def _gpus(store: Store, job: str) -> int:
+    return sum(g for (name, _), g in store.list_assignments().items() if name == job)
+
+
 def test_rescales_and_preemptions_never_count_as_failures(tmp_path: Path) -> None:
+    """The job is rescaled (its GPU count changes while it runs), then preempted and placed
+    again: each is a restart, none a retry, and the job still completes."""
     store, cloud, clock = _setup(tmp_path, jobs=1)
     ctl = Controller(store, cloud, clock, CONFIG)
     _rounds(ctl, store, clock, 2)
+    first = _gpus(store, "job-0")
+    assert first >= 1
+    sizes = [first]
+    for _ in range(4):  # profiled on its first GPUs, it scales out within a few rounds
+        _rounds(ctl, store, clock, 1)
+        sizes.append(_gpus(store, "job-0"))
+    assert any(0 < n != first for n in sizes), f"no rescale happened: GPUs by round {sizes}"
+    assert store.get_job("job-0").status is JobStatus.RUNNING
+    restarts_after_rescale = store.restart_counts(["job-0"])["job-0"]
+    assert restarts_after_rescale >= 1
+    assert store.get_job("job-0").retries == 0
     for inst in cloud.list_instances(CLUSTER):
         cloud.preempt(inst.instance_id, notice_s=0.0)
     _rounds(ctl, store, clock, 3)
-    assert store.get_job("job-0").retries == 0
+    assert _gpus(store, "job-0") >= 1, "placed again after the preemption"
+    assert store.restart_counts(["job-0"])["job-0"] > restarts_after_rescale
+    job = store.get_job("job-0")
+    assert job.retries == 0 and job.status is JobStatus.RUNNING and job.reason is None
     assert ctl.job_exited("job-0", failed=False) is JobStatus.COMPLETED
 
 

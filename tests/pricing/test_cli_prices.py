@@ -50,8 +50,8 @@ def test_list_json_filters_and_sorts() -> None:
 def test_list_table_shows_date_and_source() -> None:
     result = runner.invoke(
         app,
-        ["prices", "list", "--gpu", "T4", "--region", "us-central1", "--limit", "5"],
-        env={"COLUMNS": "240"},
+        ["prices", "list", "--gpu", "T4", "--region", "us-central1", "--limit", "5", "--wide"],
+        env={"COLUMNS": "80"},
     )
     assert result.exit_code == 0, result.output
     out = result.stdout

@@ -153,7 +153,7 @@ def test_errors_exit_2_without_a_traceback(
     result = cost(make(tmp_path), *args)
     assert result.exit_code == 2, result.output
     assert words in result.stderr
-    assert result.stderr.startswith("error: ") and len(result.stderr.splitlines()) == 1
+    assert result.stderr.startswith("coadapt: ") and len(result.stderr.splitlines()) == 1
     assert "Traceback" not in result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
 
@@ -169,3 +169,21 @@ def test_cost_is_listed_in_the_main_help() -> None:
     assert result.exit_code == 0 and "cost" in result.stdout
     result = runner.invoke(app, ["cost", "--help"])
     assert result.exit_code == 0 and "report" in result.stdout
+
+
+def test_table_at_80_columns_says_how_to_see_all_and_wide_shows_them(record_file: Path) -> None:
+    from autoscaler.report.rows import report_tables
+    from tests.report.conftest import build_record
+
+    narrow = runner.invoke(app, ["cost", "report", str(record_file)], env={"COLUMNS": "80"})
+    assert narrow.exit_code == 0, narrow.output
+    assert max(len(line) for line in narrow.stdout.splitlines()) <= 80
+    assert "…" not in narrow.stdout
+    assert "more columns in a wider terminal, or with --wide" in " ".join(narrow.stdout.split())
+    wide = runner.invoke(app, ["cost", "report", str(record_file), "--wide"], env={"COLUMNS": "80"})
+    assert wide.exit_code == 0, wide.output
+    assert "more column" not in wide.stdout and "…" not in wide.stdout
+    words = set(wide.stdout.split())
+    for table in report_tables(build_record()):
+        for column in table.columns:
+            assert set(column.header.split()) <= words, column.header

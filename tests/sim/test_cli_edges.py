@@ -3,13 +3,14 @@ before any simulation runs (so no run's results are lost); and a table that stay
 
 from __future__ import annotations
 
-import os
+import sys
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from autoscaler.cli import app
+from tests.conftest import Unprivileged
 from tests.sim.conftest import SMALL, write_workload
 
 runner = CliRunner()
@@ -27,11 +28,11 @@ def workload(tmp_path: Path) -> Path:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--seed", "-1"], "error: --seed must be >= 0, got -1"),
-        (["--interval-s", "inf"], "error: --interval-s must be a finite number of seconds > 0"),
-        (["--interval-s", "nan"], "error: --interval-s must be a finite number of seconds > 0"),
-        (["--restart-delay-s", "inf"], "error: --restart-delay-s must be a finite number"),
-        (["--load", "0.5"], "error: --load applies only to --suite paper"),
+        (["--seed", "-1"], "coadapt: --seed must be >= 0, got -1"),
+        (["--interval-s", "inf"], "coadapt: --interval-s must be a finite number of seconds > 0"),
+        (["--interval-s", "nan"], "coadapt: --interval-s must be a finite number of seconds > 0"),
+        (["--restart-delay-s", "inf"], "coadapt: --restart-delay-s must be a finite number"),
+        (["--load", "0.5"], "coadapt: --load applies only to --suite paper"),
     ],
 )
 def test_bad_option_is_one_line(workload: Path, args: list[str], message: str) -> None:
@@ -46,7 +47,7 @@ def test_out_naming_a_folder_fails_before_running(workload: Path, tmp_path: Path
     folder.mkdir()
     result = runner.invoke(app, ["simulate", str(workload), "--out", str(folder)])
     assert result.exit_code == 2
-    assert error_lines(result.output) == [f"error: --out {folder}: is a folder; give a file name"]
+    assert error_lines(result.output) == [f"coadapt: --out {folder}: is a folder; give a file name"]
     assert "mean JCT" not in result.output  # rejected before the run, not after it
     assert list(folder.iterdir()) == []
 
@@ -55,20 +56,24 @@ def test_out_in_a_missing_folder_fails_before_running(workload: Path, tmp_path: 
     out = tmp_path / "nope" / "r.json"
     result = runner.invoke(app, ["simulate", str(workload), "--out", str(out)])
     assert result.exit_code == 2
-    assert error_lines(result.output) == [f"error: --out {out}: folder {out.parent} does not exist"]
+    assert error_lines(result.output) == [
+        f"coadapt: --out {out}: folder {out.parent} does not exist"
+    ]
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere")
-def test_out_in_a_read_only_folder_fails_before_running(workload: Path, tmp_path: Path) -> None:
-    folder = tmp_path / "ro"
-    folder.mkdir()
-    folder.chmod(0o500)
-    try:
-        result = runner.invoke(app, ["simulate", str(workload), "--out", str(folder / "r.json")])
-    finally:
-        folder.chmod(0o700)
-    assert result.exit_code == 2
-    assert error_lines(result.output) == [f"error: --out {folder / 'r.json'}: not writable"]
+def test_out_in_a_read_only_folder_fails_before_running(unprivileged: Unprivileged) -> None:
+    """Run by a user the folder's mode binds (nobody when the suite runs as root: root writes
+    anywhere), as the console script."""
+    workload = write_workload(unprivileged.folder / "w.csv", SMALL[:2])
+    workload.chmod(0o644)
+    folder = unprivileged.read_only_folder("ro")
+    out = unprivileged.run(
+        [sys.executable, "-m", "autoscaler.cli", "simulate", str(workload), "--out",
+         str(folder / "r.json")]
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert error_lines(out.stderr) == [f"coadapt: --out {folder / 'r.json'}: not writable"]
+    assert list(folder.iterdir()) == []
 
 
 def test_empty_folder_is_an_error(tmp_path: Path) -> None:
@@ -76,13 +81,15 @@ def test_empty_folder_is_an_error(tmp_path: Path) -> None:
     empty.mkdir()
     result = runner.invoke(app, ["simulate", str(empty)])
     assert result.exit_code == 2
-    assert error_lines(result.output) == [f"error: {empty}: folder holds no *.csv workload file"]
+    assert error_lines(result.output) == [f"coadapt: {empty}: folder holds no *.csv workload file"]
 
 
 def test_missing_workload_is_an_error(tmp_path: Path) -> None:
     result = runner.invoke(app, ["simulate", str(tmp_path / "none.csv")])
     assert result.exit_code == 2
-    assert error_lines(result.output) == [f"error: {tmp_path / 'none.csv'}: no such file or folder"]
+    assert error_lines(result.output) == [
+        f"coadapt: {tmp_path / 'none.csv'}: no such file or folder"
+    ]
 
 
 def test_binary_workload_is_one_line(tmp_path: Path) -> None:
@@ -91,7 +98,7 @@ def test_binary_workload_is_one_line(tmp_path: Path) -> None:
     result = runner.invoke(app, ["simulate", str(bad)])
     assert result.exit_code == 2
     lines = error_lines(result.output)
-    assert len(lines) == 1 and lines[0].startswith(f"error: {bad}: not a CSV text file")
+    assert len(lines) == 1 and lines[0].startswith(f"coadapt: {bad}: not a CSV text file")
     assert "Traceback" not in result.output
 
 
