@@ -78,8 +78,8 @@ product's controller; switch one ingredient with ``--option coadapt.KEY=VALUE``)
 0.976; ``attained_weight`` -0.5 gave 0.972 and -1 1.033 at 1.0x, chosen there). The ablations
 that follow were measured with the simulator before it ran the controller (where the defaults
 gave 0.898 / 0.869): ``remaining_weight=0`` 0.951 / 0.972; ``admit_first=False`` 0.934 /
-0.904 (and a worst finish-time-fairness ratio 14-16x pollux's); ``restart_rule='age'`` 0.940 / 0.924;
-``exploration_factor=2`` 1.026 / 0.912; ``power=-1`` 0.909 / 0.897; ``power=0.5`` 0.909 /
+0.904 (and a worst finish-time-fairness ratio 14-16x pollux's); ``restart_rule='age'`` 0.940 /
+0.924; ``exploration_factor=2`` 1.026 / 0.912; ``power=-1`` 0.909 / 0.897; ``power=0.5`` 0.909 /
 0.870; ``solver='milp'`` 0.914 / 0.874; ``explore_nodes=True`` 1.042 / 0.966. On the mixed
 64-GPU cluster (1.0x, against type-unaware pollux) ``explore_types=True`` gave 0.598 and off
 0.586, so both explorations are off by default. ``power``, ``restart_horizon_s`` and
