@@ -91,7 +91,9 @@ def report(
     """Report what a run cost: totals, per job (GPU-hours, USD, goodput per USD, JCT), per
     offering and market (instance-hours, USD, savings vs on-demand), and over time.
 
-    USD are rounded to the cent at report time (ROUND_HALF_UP). A job is charged its share of
+    USD are shown with the precision the amount needs: to the cent from a dollar up, three
+    significant digits below (a sub-cent run reads 0.0153, not 0.00); the total is also given
+    to the cent, as a bill shows it (ROUND_HALF_UP). A job is charged its share of
     its instances' GPUs times their price while it held them; what no job held (free GPUs,
     provisioning, minimum billing) is idle cost, so jobs + idle = total.
     """
