@@ -1,0 +1,111 @@
+"""The cluster's story (issue 28, item 2): an EventRecorder over a real store, watching a
+controller's rounds on the fake cloud, records one event per thing that matters, with its
+time and its reason; `coadapt events` reads them back from the store, cluster up or not."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from autoscaler.cli import app
+from autoscaler.controller.events import EventKind, EventRecorder, format_event
+from autoscaler.controller.jobs import JobSubmission
+from autoscaler.controller.lifecycle import InstanceStatus
+from autoscaler.controller.store import JobStatus
+from tests.controller.fakes import fake_controller
+
+
+def test_a_run_is_told_event_by_event_with_reasons(tmp_path: Path) -> None:
+    store, cloud, clock, ctl = fake_controller(tmp_path, "story", jobs=2, max_instances=4)
+    recorder = EventRecorder(store, clock)  # job-0 and job-1 were submitted before it
+    huge = JobSubmission("huge", 128, 8192, 128, 32, min_gpus=4000, command=("train.py",))
+    store.add_job(huge.name, huge.to_json())
+    seen = []
+    for r in range(6):
+        ctl.run_round()
+        seen += recorder.observe()
+        clock.advance(60.0)
+        if r == 1:
+            held = {key for (_job, key) in store.list_assignments()}
+            victim = next(
+                i for i in store.list_instances(statuses=(InstanceStatus.RUNNING,))
+                if i.instance_key in held
+            )  # fmt: skip
+            assert victim.provider_instance_id is not None
+            cloud.preempt(victim.provider_instance_id, notice_s=30.0)
+        if r == 3:
+            job = store.get_job("job-0")
+            store.update_job("job-0", job.version, status=JobStatus.COMPLETED)
+            ctl.job_exited("job-1", failed=True)
+    assert ctl.down().clean
+    seen += recorder.observe()
+    kinds = [e.kind for e in seen]
+    for kind in (
+        EventKind.SUBMIT,
+        EventKind.LAUNCH,
+        EventKind.READY,
+        EventKind.START,
+        EventKind.NOTICE,
+        EventKind.PREEMPTION,
+        EventKind.RELEASE,
+        EventKind.COMPLETION,
+        EventKind.FAILURE,
+        EventKind.REFUSAL,
+    ):
+        assert kind in kinds, (kind, [format_event(e) for e in seen])
+    by_kind = {e.kind: e for e in seen}
+    assert by_kind[EventKind.NOTICE].subject == victim.instance_key
+    assert by_kind[EventKind.PREEMPTION].subject == victim.instance_key
+    assert "needs at least 4000 GPUs" in by_kind[EventKind.REFUSAL].message
+    assert [e.subject for e in seen if e.kind is EventKind.SUBMIT] == ["huge"]
+    assert by_kind[EventKind.LAUNCH].message.endswith("wanted by the plan")
+    # only the noticed instance is a preemption; every other one that ran is a release
+    ran = {r.instance_key for r in store.list_instances() if r.provider_instance_id}
+    ended = {e.subject: e.kind for e in seen if e.kind in (EventKind.RELEASE, EventKind.PREEMPTION)}
+    assert set(ended) == ran
+    assert [k for k, v in ended.items() if v is EventKind.PREEMPTION] == [victim.instance_key]
+    # a job that ran on the noticed instance is told why it stopped or moved
+    moved = [
+        e for e in seen
+        if e.kind in (EventKind.STOP, EventKind.RESCALE) and "spot notice" in e.message
+    ]  # fmt: skip
+    assert moved, [format_event(e) for e in seen]
+    # what the recorder returned is what the store keeps, in order; each is one line
+    rows = store.events_after(0)
+    assert [(r.kind, r.subject, r.message) for r in rows] == [
+        (e.kind.value, e.subject, e.message) for e in seen
+    ]
+    assert all("\n" not in format_event(e) for e in seen)
+    store.close()
+    # a new recorder starts from the store as it is: nothing told twice
+    from autoscaler.controller.store import Store
+
+    with Store.open(tmp_path / "store.db", clock) as again:
+        assert EventRecorder(again, clock).observe() == ()
+
+
+def test_coadapt_events_reads_the_story_from_the_store(tmp_path: Path) -> None:
+    store, _cloud, clock, ctl = fake_controller(tmp_path, "told", jobs=1, max_instances=2)
+    recorder = EventRecorder(store, clock)
+    for _ in range(3):
+        ctl.run_round()
+        recorder.observe()
+        clock.advance(30.0)
+    count = len(store.events_after(0))
+    assert count >= 3
+    store.close()
+    runner = CliRunner()
+    text = runner.invoke(app, ["events", "--state-dir", str(tmp_path)])
+    assert text.exit_code == 0, text.output
+    lines = text.output.splitlines()
+    assert len(lines) == count
+    assert any(" launch " in line for line in lines) and any(" start " in line for line in lines)
+    last = runner.invoke(app, ["events", "--state-dir", str(tmp_path), "--last", "1", "--json"])
+    assert last.exit_code == 0, last.output
+    doc = json.loads(last.output)
+    assert set(doc) == {"seq", "at_s", "kind", "subject", "message"} and doc["seq"] == count
+    missing = runner.invoke(app, ["events", "--state-dir", str(tmp_path / "nowhere")])
+    assert missing.exit_code == 1 and "no cluster store" in missing.output
+    assert "Traceback" not in missing.output
