@@ -38,7 +38,8 @@ On-demand comparison (:func:`offering_costs`)
     savings are that equivalent minus what it actually cost.
 
 Rounding (:func:`usd_to_cents`)
-    Sums are accumulated in float (``math.fsum``); dollars are rounded to the cent only when a
+    Sums are accumulated in float (``math.fsum``); dollars are rounded (to the cent, or for an
+    amount under a dollar to the digits it needs: :func:`usd_for_display`) only when a
     figure is reported, with :mod:`decimal`: the float is first quantized to 1e-9 USD
     (``ROUND_HALF_EVEN``, dropping float accumulation noise far below a cent), then to 0.01 USD
     with ``ROUND_HALF_UP``. Each reported figure is rounded from its exact value; a column of
