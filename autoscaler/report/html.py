@@ -144,24 +144,26 @@ def plot_fleet_size(record: CostRecord) -> bytes:
 
 
 def plot_job_cost_vs_jct(record: CostRecord) -> bytes:
-    """PNG: one point per finished job, JCT (hours) against USD attributed; jobs that were
-    preempted at least once are drawn apart."""
+    """PNG: one point per finished job, JCT (minutes or hours, as :func:`_time_unit` picks for
+    the run) against USD attributed; jobs that were preempted at least once are drawn
+    apart."""
     jobs = [j for j in job_costs(record) if j.jct_s is not None]
+    unit_s, time_label = _time_unit(record)
     fig = _figure()
     ax = fig.add_subplot()
     if jobs:
         for hit, label, marker in ((False, "never preempted", "o"), (True, "preempted", "x")):
             group = [j for j in jobs if (j.preemptions > 0) == hit]
             if group:
-                xs = [(j.jct_s or 0.0) / _S_PER_HOUR for j in group]
+                xs = [(j.jct_s or 0.0) / unit_s for j in group]
                 ax.scatter(xs, [j.cost_usd for j in group], marker=marker, label=label)
         ax.legend(loc="upper left", fontsize="small")
-        top_h = max((j.jct_s or 0.0) for j in jobs) / _S_PER_HOUR
+        top_h = max((j.jct_s or 0.0) for j in jobs) / unit_s
         ax.set_xlim(0.0, max(top_h * 1.08, 1e-9))  # room for the last point
         ax.set_ylim(0.0, max(max(j.cost_usd for j in jobs) * 1.1, 1e-9))
     else:
         ax.text(0.5, 0.5, "no finished jobs", ha="center", va="center", transform=ax.transAxes)
-    ax.set_xlabel("JCT (h)")
+    ax.set_xlabel(time_label.replace("time", "JCT"))
     ax.set_ylabel("cost attributed (USD)")
     ax.set_title("Cost per job vs job completion time")
     return _png(fig)

@@ -4,6 +4,7 @@ status, logs, cancel and down from others (slow). `coadapt demo`: test_demo_stor
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -87,3 +88,8 @@ def test_up_submit_status_logs_cancel_down(tmp_path: Path) -> None:
             up.wait(timeout=120)
     output = up.stdout.read() if up.stdout else ""
     assert "no instance left" in output, output[-2000:]
+    # up tells the story as it goes: one timestamped line per event, with its reason
+    assert re.search(r"^\d\d:\d\d:\d\d launch +i-\w+: .*wanted by the plan", output, re.M), output
+    assert re.search(r"^\d\d:\d\d:\d\d completion +mlp-small: completed in", output, re.M)
+    assert re.search(r"^\d\d:\d\d:\d\d cancel +mlp-wide: cancelled", output, re.M)
+    assert "#token=<" not in output and "Traceback" not in output

@@ -109,3 +109,9 @@ def test_coadapt_events_reads_the_story_from_the_store(tmp_path: Path) -> None:
     missing = runner.invoke(app, ["events", "--state-dir", str(tmp_path / "nowhere")])
     assert missing.exit_code == 1 and "no cluster store" in missing.output
     assert "Traceback" not in missing.output
+
+
+def test_up_takes_quiet_or_verbose_not_both(tmp_path: Path) -> None:
+    out = CliRunner().invoke(app, ["up", "--state-dir", str(tmp_path), "--quiet", "--verbose"])
+    assert out.exit_code == 2 and "--quiet and --verbose: choose one" in out.output
+    assert not (tmp_path / "up.json").exists()

@@ -1,19 +1,24 @@
 """What a person sees (issue 28, item 3): the dashboard (served by a real API server over a
-controller's store) and the cluster's HTML cost report, opened in headless Chromium at
-1280x800 and at a 390x844 phone viewport. Each page is loaded (its DOM dumped and checked:
-the data is there, the dashboard's cost chart has a title, both axes with their units, tick
-labels and the line; the page fits the viewport's width) and screenshotted into a folder a
-person can open: ``$COADAPT_SCREENSHOTS``, else ``coadapt-reports/screenshots/`` in the
-checkout (git-ignored). Skipped only where no Chromium binary exists."""
+controller's store, at the address `coadapt dashboard` prints) and the cluster's HTML cost
+report, opened in headless Chromium at 1280x800 and at a 390x844 phone viewport. Each page is
+loaded (its DOM dumped and checked: the data is there, the dashboard's cost chart has a title,
+both axes with their units, tick labels and the line; the page fits the viewport's width) and
+screenshotted into a folder a person can open: ``$COADAPT_SCREENSHOTS``, else
+``coadapt-reports/screenshots/`` in the checkout (git-ignored). Skipped only where no Chromium
+binary exists."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import struct
 import subprocess
 from pathlib import Path
 
+from typer.testing import CliRunner
+
+from autoscaler.cli import app as app_cli
 from autoscaler.controller.api import ApiClient, generate_tokens, make_app, serve
 from autoscaler.controller.billing import cost_record_from_store
 from autoscaler.controller.lifecycle import InstanceStatus
@@ -115,7 +120,12 @@ def test_the_dashboard_and_the_cluster_report_in_chromium_at_desktop_and_phone_s
     server = serve(app)
     try:
         assert len(ApiClient(server.url, tokens.user).costs()["points"]) >= 3
-        url = f"{server.url}/dashboard#token={tokens.user}"
+        # the address as a user gets it: `coadapt dashboard` (the real token, no placeholder)
+        (tmp_path / "up.json").write_text(json.dumps({"url": server.url}))
+        printed = CliRunner().invoke(app_cli, ["dashboard", "--state-dir", str(tmp_path)])
+        assert printed.exit_code == 0, printed.output
+        url = printed.output.strip()
+        assert url == f"{server.url}/dashboard#token={tokens.user}" and "<" not in url
         for width, height in VIEWPORTS:
             dom = _chrome(url, tmp_path / f"profile-d{width}", (width, height), "--dump-dom")
             assert "job-1" in dom and "i-" in dom, dom[-2000:]
