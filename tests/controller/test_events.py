@@ -115,3 +115,69 @@ def test_up_takes_quiet_or_verbose_not_both(tmp_path: Path) -> None:
     out = CliRunner().invoke(app, ["up", "--state-dir", str(tmp_path), "--quiet", "--verbose"])
     assert out.exit_code == 2 and "--quiet and --verbose: choose one" in out.output
     assert not (tmp_path / "up.json").exists()
+
+
+def test_a_new_batch_for_the_same_placement_is_a_re_batch(tmp_path: Path) -> None:
+    """The policy keeps a job's GPUs but changes its batch: one ``re-batch`` event, naming
+    the batch before and after."""
+    store, _cloud, clock, ctl = fake_controller(tmp_path, "rebatch", jobs=1, max_instances=2)
+    for _ in range(2):
+        ctl.run_round()
+        clock.advance(30.0)
+    recorder = EventRecorder(store, clock)
+    batch = store.get_batch("job-0")
+    assert batch is not None
+    store.set_batch(
+        "job-0",
+        global_batch_size=batch.global_batch_size * 2,
+        local_batch_size=batch.local_batch_size,
+        accum_steps=batch.accum_steps * 2,
+        gpus=batch.gpus,
+    )
+    events = recorder.observe()
+    assert [e.kind for e in events] == [EventKind.REBATCH], events
+    before = f"batch {batch.global_batch_size} "
+    after = f"batch {batch.global_batch_size * 2} "
+    assert before in events[0].message and after in events[0].message
+    assert recorder.observe() == ()
+    store.close()
+
+
+def test_coadapt_events_follow_prints_new_events_and_stops_on_ctrl_c(tmp_path: Path) -> None:
+    """`coadapt events --follow` in its own process: the story so far, then each new event
+    as the store gets it; Ctrl-C (SIGINT) ends it with status 0 and no traceback."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from autoscaler.controller.store import Store
+    from coadapt_common.clock import FakeClock
+
+    clock = FakeClock()
+    store = Store.create(tmp_path / "store.db", "follow", clock)
+    store.add_events([(clock.now_s(), "submit", "job-a", "submitted")])
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "autoscaler.cli", "events", "--follow", "--state-dir",
+         str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert follow.stdout is not None
+        first = follow.stdout.readline()
+        assert " submit " in first and "job-a: submitted" in first
+        store.add_events([(clock.now_s(), "completion", "job-a", "completed in 60 s")])
+        deadline = time.monotonic() + 30
+        second = follow.stdout.readline()
+        assert time.monotonic() < deadline
+        assert " completion " in second and "job-a: completed in 60 s" in second
+        follow.send_signal(signal.SIGINT)
+        assert follow.wait(timeout=30) == 0
+        assert "Traceback" not in (follow.stderr.read() if follow.stderr else "")
+    finally:
+        if follow.poll() is None:
+            follow.kill()
+            follow.wait()
+        store.close()
