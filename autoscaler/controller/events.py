@@ -12,7 +12,9 @@ returns (``coadapt up`` prints them; ``coadapt events`` reads the same rows back
   is retried), ``refusal`` (with the policy's reason), ``cancel``;
 * placements, from the assignments: ``start``, ``resume`` (after a stop), ``stop``,
   ``rescale`` (GPUs and instances before and after, and why: the instance it left was
-  preempted or released, or the policy's goodput-per-dollar plan moved it);
+  preempted or released, or the policy's goodput-per-dollar plan moved it, with what the
+  job's fitted goodput model predicts for its GPUs before and after and what they cost per
+  hour);
 * batches, from the planned batch of each job: ``re-batch`` (a new batch size or split for
   the same placement).
 
@@ -27,11 +29,12 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
 
+from autoscaler.controller.errors import ControllerError
 from autoscaler.controller.lifecycle import InstanceStatus, StatusChange
 from autoscaler.controller.reconcile import NOTICE_REASON, VANISHED_REASON
 from autoscaler.controller.store import (
@@ -42,6 +45,8 @@ from autoscaler.controller.store import (
     JobStatus,
     Store,
 )
+from autoscaler.errors import InvalidInputError
+from autoscaler.jobs import JobView
 from coadapt_common.clock import Clock
 
 __all__ = ["WARNING_KINDS", "Event", "EventKind", "EventRecorder", "format_event"]
@@ -131,9 +136,20 @@ class EventRecorder:
     """Turns store changes into :class:`Event` s (see the module docstring). Not thread-safe:
     one recorder per store connection, called from the thread that runs the rounds."""
 
-    def __init__(self, store: Store, clock: Clock) -> None:
+    def __init__(
+        self,
+        store: Store,
+        clock: Clock,
+        *,
+        views: Callable[[], Sequence[JobView]] | None = None,
+    ) -> None:
+        """``views``: the jobs as the policy sees them now (``Controller.job_views``), read
+        only when a rescale is told, to say what the job's fitted goodput model predicts for
+        its GPUs before and after, and what they cost per hour."""
         self._store = store
         self._clock = clock
+        self._views = views
+        self._view_cache: dict[str, JobView] | None = None
         history = store.history_after(0)
         self._history_cursor = history[-1][0] if history else 0
         self._status: dict[str, InstanceStatus] = {
@@ -161,6 +177,7 @@ class EventRecorder:
         """The events since the last call (or since the recorder was made), oldest first;
         they are appended to the store's ``events`` table before they are returned."""
         now = self._clock.now_s()
+        self._view_cache = None
         events = self._instance_events()
         jobs = {j.name: j for j in self._store.list_jobs()}
         placements = self._read_placements()
@@ -348,23 +365,79 @@ class EventRecorder:
             gone = self._gone_reason(left)
             if gone is not None:
                 why = gone
+            elif _gpus(new) > _gpus(old):
+                why = "the policy gives it more GPUs: they pay for themselves in goodput per dollar"
+            elif _gpus(new) < _gpus(old):
+                why = "the policy takes GPUs back: more goodput per dollar across the jobs"
             else:
-                why = (
-                    "the policy gives it more GPUs: they pay for themselves in goodput per dollar"
-                    if _gpus(new) > _gpus(old)
-                    else "the policy moves it: fewer or other GPUs give more goodput per dollar "
-                    "across the jobs"
-                )
+                why = "the policy moves it to other GPUs: more goodput per dollar across the jobs"
             out.append(
                 Event(
                     now,
                     EventKind.RESCALE,
                     name,
-                    f"{_gpus(old)} -> {_n_gpus(new)} ({_where(new)}){batch_text}: {why}; "
+                    f"{_gpus(old)} -> {_n_gpus(new)} ({_where(new)}){batch_text}: {why}"
+                    f"{self._prediction(name, old, new, self._batches.get(name), batch)}; "
                     f"it restarts from its checkpoint{self._progress(name)}",
                 )
             )
         return out
+
+    def _prediction(
+        self,
+        name: str,
+        old: Mapping[str, int],
+        new: Mapping[str, int],
+        batch_old: JobBatch | None,
+        batch_new: JobBatch | None,
+    ) -> str:
+        """``; its model predicts a -> b samples/s of goodput for c -> d USD/h`` (the GPUs it
+        holds, at their instances' prices), or nothing when the job has no fitted model yet or
+        the views cannot be read."""
+        if self._views is None:
+            return ""
+        if self._view_cache is None:
+            try:
+                self._view_cache = {v.name: v for v in self._views()}
+            except (ControllerError, InvalidInputError):
+                self._view_cache = {}
+        view = self._view_cache.get(name)
+        if view is None:
+            return ""
+        rows = {r.instance_key: r for r in self._store.list_instances()}
+        types = [rows[k].gpu_type for k in sorted(new) if k in rows]
+        model = view.model  # a type-unaware policy's; else the model of the GPU type it gets
+        if model is None and view.models:
+            model = next((view.models[t] for t in types if t in view.models), None)
+            model = model or next(iter(view.models.values()))
+        if model is None:
+            return ""
+
+        def goodput(placement: Mapping[str, int], batch: JobBatch | None) -> float:
+            nodes, gpus = len(placement), _gpus(placement)
+            if batch is not None and batch.gpus == gpus:
+                return float(model.goodput(nodes, gpus, batch.local_batch_size, batch.accum_steps))
+            return float(model.optimize(nodes, gpus).goodput)
+
+        def usd_per_hour(placement: Mapping[str, int]) -> float:
+            total = 0.0
+            for key, n in placement.items():
+                row = rows.get(key)
+                if row is not None and row.gpus > 0:
+                    total += row.price_usd_per_hour * n / row.gpus
+            return total
+
+        try:
+            g0, g1 = goodput(old, batch_old), goodput(new, batch_new)
+        except (InvalidInputError, ValueError, ArithmeticError):
+            return ""
+        if not (math.isfinite(g0) and math.isfinite(g1)) or g0 <= 0 or g1 <= 0:
+            return ""
+        c0, c1 = usd_per_hour(old), usd_per_hour(new)
+        return (
+            f"; its model predicts {g0:.4g} -> {g1:.4g} samples/s of goodput for "
+            f"{c0:.3g} -> {c1:.3g} USD/h"
+        )
 
     def _progress(self, name: str) -> str:
         """`` (progress P of T)`` from the job's latest trainer report, or nothing."""

@@ -555,7 +555,7 @@ def run_up(
         user_data=user_data,
         unavailable=unavailable,
     )
-    recorder = EventRecorder(store, clock)
+    recorder = EventRecorder(store, clock, views=lambda: controller.job_views(clock.now_s()))
 
     def tell() -> None:
         """The events since the last call, recorded and passed on; a failure to record them

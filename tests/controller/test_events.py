@@ -5,6 +5,7 @@ time and its reason; `coadapt events` reads them back from the store, cluster up
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -181,3 +182,52 @@ def test_coadapt_events_follow_prints_new_events_and_stops_on_ctrl_c(tmp_path: P
             follow.kill()
             follow.wait()
         store.close()
+
+
+def test_a_rescale_says_what_the_jobs_model_predicts_and_what_it_costs(tmp_path: Path) -> None:
+    """Once a job's goodput model is fitted from its trainer's reports, a rescale names the
+    goodput its model predicts before and after and the USD per hour of the GPUs held."""
+    from emulators.reports import synthetic_report
+
+    store, _cloud, clock, ctl = fake_controller(tmp_path, "predict", jobs=1, max_instances=3)
+    for r in range(4):
+        ctl.run_round()
+        for (job, _key), gpus in store.list_assignments().items():
+            report = synthetic_report(
+                job, gpus=gpus, nodes=1, local_bsz=32, step_s=0.1, sync_s=0.0,
+                progress=10.0 * (r + 1), now_s=clock.now_s(), init_batch_size=128,
+                max_batch_size=1024,
+            )  # fmt: skip
+            store.add_report(job, report.to_json())
+        clock.advance(60.0)
+    ctl.run_round()  # reads the last reports: the model is fitted
+    views = {v.name: v for v in ctl.job_views(clock.now_s())}
+    assert views["job-0"].model is not None or views["job-0"].models
+    recorder = EventRecorder(store, clock, views=lambda: ctl.job_views(clock.now_s()))
+    held = {k: g for (_j, k), g in store.list_assignments(job="job-0").items()}
+    assert held
+    base = store.get_instance(sorted(held)[0])
+    extra = store.add_instance(
+        instance_key="i-extra",
+        request_id="predict-i-extra",
+        offering_key=base.offering_key,
+        provider=base.provider,
+        instance_type=base.instance_type,
+        zone=base.zone,
+        market=base.market.value,
+        gpu_type=base.gpu_type,
+        gpus=base.gpus,
+        price_usd_per_hour=base.price_usd_per_hour,
+    )
+    extra = store.transition("i-extra", extra.version, InstanceStatus.REQUESTED, reason="test")
+    store.transition("i-extra", extra.version, InstanceStatus.RUNNING, reason="test",
+                     provider_instance_id="p-extra")  # fmt: skip
+    recorder.observe()  # the new instance's launch and ready
+    store.set_assignments("job-0", {**held, "i-extra": base.gpus})
+    events = [e for e in recorder.observe() if e.kind is EventKind.RESCALE]
+    assert len(events) == 1, events
+    message = events[0].message
+    assert "the policy gives it more GPUs" in message
+    assert re.search(r"its model predicts [\d.e+]+ -> [\d.e+]+ samples/s of goodput for "
+                     r"[\d.e+-]+ -> [\d.e+-]+ USD/h", message), message  # fmt: skip
+    store.close()
