@@ -669,4 +669,8 @@ def _demo_cost_report(state: Path) -> None:
     """The cost report of the demo's store: what `coadapt cost report --state-dir` prints."""
     from autoscaler.cli_cost import _render_tables, _store_report
 
-    typer.echo(_render_tables([_store_report(state)], plain=not sys.stdout.isatty()), nl=False)
+    try:
+        report = _store_report(state)
+    except typer.Exit:  # said in one line already; the demo still says where its state is
+        return
+    typer.echo(_render_tables([report], plain=not sys.stdout.isatty()), nl=False)

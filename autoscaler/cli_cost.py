@@ -122,14 +122,19 @@ def _store_report(state_dir: Path) -> tuple[str | None, Any]:
     from autoscaler.controller.billing import cost_record_from_store
     from autoscaler.controller.errors import StoreError
     from autoscaler.controller.store import Store
+    from autoscaler.errors import InvalidInputError
     from coadapt_common.clock import SystemClock
 
     clock = SystemClock()
+    if not (state_dir / "store.db").exists():
+        _fail(f"--state-dir {state_dir}: no cluster store there (store.db)")
     try:
         with Store.open(state_dir / "store.db", clock) as store:
             return f"cluster {store.cluster_id}", cost_record_from_store(store, clock.now_s())
     except StoreError as e:
         _fail(str(e))
+    except InvalidInputError as e:  # a store whose history the ledger cannot take: one line
+        _fail(f"--state-dir {state_dir}: cannot build its cost record: {e}")
 
 
 def _file_reports(file: Path) -> list[tuple[str | None, Any]]:

@@ -19,6 +19,7 @@ from autoscaler.controller.lifecycle import InstanceStatus, StatusChange
 from autoscaler.controller.reconcile import NOTICE_REASON, VANISHED_REASON
 from autoscaler.controller.store import AssignmentSpan, CostRecordRow, JobStatus, Store
 from autoscaler.costs import CostLedger, CostRecord
+from autoscaler.errors import InvalidInputError
 from autoscaler.pricing import BILLING_INCREMENT_S, BILLING_MINIMUM_S
 
 __all__ = ["IDLE", "cost_record_from_store", "job_costs", "run_origin_s"]
@@ -88,6 +89,42 @@ def _preempted_at(history: Sequence[StatusChange]) -> float | None:
     return None
 
 
+ROUND_WRITE_TOLERANCE_S: Final = 1.0
+"""A round writes its assignment changes one job after another, milliseconds apart (a job
+moving onto GPUs another is leaving may be written a little before the other's release):
+assignment boundaries on one instance closer than this are taken as one moment."""
+
+
+def _snap_spans(spans: Sequence[AssignmentSpan]) -> list[AssignmentSpan]:
+    """``spans`` with, per instance, every boundary (start or end) moved to the earliest
+    boundary less than :data:`ROUND_WRITE_TOLERANCE_S` before it (chained: a run of close
+    boundaries becomes its first); spans that become empty are dropped, open ones stay open."""
+    times: dict[str, list[float]] = {}
+    for span in spans:
+        marks = times.setdefault(span.instance_key, [])
+        marks.append(span.from_s)
+        if span.to_s is not None:
+            marks.append(span.to_s)
+    snapped: dict[str, dict[float, float]] = {}
+    for key, marks in times.items():
+        table: dict[float, float] = {}
+        first = prev = None
+        for t in sorted(set(marks)):
+            if first is None or prev is None or t - prev >= ROUND_WRITE_TOLERANCE_S:
+                first = t
+            table[t] = first
+            prev = t
+        snapped[key] = table
+    out = []
+    for span in spans:
+        table = snapped[span.instance_key]
+        start = table[span.from_s]
+        end = None if span.to_s is None else table[span.to_s]
+        if end is None or end > start:
+            out.append(AssignmentSpan(span.job_name, span.instance_key, span.gpus, start, end))
+    return out
+
+
 def run_origin_s(store: Store) -> float | None:
     """The wall-clock start of a cluster's run (``None``: nothing happened yet): its first
     launch request or its first job submission, whichever came first."""
@@ -107,7 +144,8 @@ def cost_record_from_store(store: Store, now_s: float) -> CostRecord:
     * An instance the provider ended (:func:`_preempted_at`: a spot notice, or vanishing while
       running) ended ``preempted``; every other end is ``released`` or, still running,
       ``end_of_run``.
-    * Each job's GPU-time from the assignment history (clamped to the instance's life); a
+    * Each job's GPU-time from the assignment history (clamped to the instance's life, its
+      boundaries snapped within :data:`ROUND_WRITE_TOLERANCE_S`: :func:`_snap_spans`); a
       ``preemption`` event for each job that held GPUs on an instance when the provider ended
       it; a ``restart`` each time it was placed again after its first start; submission, and
       completion at the job's last update; its useful samples from its latest trainer report
@@ -165,8 +203,9 @@ def cost_record_from_store(store: Store, now_s: float) -> CostRecord:
         if at is not None:
             preempted[row.instance_key] = at
     jobs = store.list_jobs()
-    spans = store.assignment_history()
-    live = live or any(s.to_s is None for s in spans)
+    raw_spans = store.assignment_history()
+    spans = _snap_spans(raw_spans)
+    live = live or any(s.to_s is None for s in raw_spans)
     end_of = {key: (rel(now_s) if end is None else rel(end)) for key, (_, end) in life.items()}
     for job in jobs:
         ledger.job_event(job.name, rel(job.submitted_at_s), "submitted")
@@ -181,12 +220,21 @@ def cost_record_from_store(store: Store, now_s: float) -> CostRecord:
         t0 = max(rel(span.from_s), rel(start))
         t1 = min(rel(now_s) if span.to_s is None else rel(span.to_s), end_of[span.instance_key])
         if t1 > t0:
-            ledger.job_usage(span.job_name, span.instance_key, t0, t1, span.gpus)
+            # Past the snapping, a span that still finds its instance's GPUs taken is billed
+            # on the GPUs left (never more than the instance has): the rest stays idle cost.
+            for gpus in range(span.gpus, 0, -1):
+                try:
+                    ledger.job_usage(span.job_name, span.instance_key, t0, t1, gpus)
+                except InvalidInputError:
+                    continue
+                break
             last_use[span.job_name] = max(last_use.get(span.job_name, t1), t1)
-            placements.setdefault(span.job_name, set()).add(rel(span.from_s))
         hit = preempted.get(span.instance_key)
         if hit is not None and span.from_s <= hit and (span.to_s is None or span.to_s >= hit):
             middle.setdefault(span.job_name, set()).add((rel(hit), "preemption"))
+    for span in raw_spans:  # a placement opens all its spans at one instant (unsnapped)
+        if span.instance_key in life:
+            placements.setdefault(span.job_name, set()).add(rel(span.from_s))
     for name, starts in placements.items():
         for t in sorted(starts)[1:]:
             middle.setdefault(name, set()).add((t, "restart"))

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from autoscaler.controller.billing import IDLE, job_costs
+from autoscaler.controller.jobs import JobSubmission
 from autoscaler.controller.store import AssignmentSpan, CostRecordRow
 from tests.controller.fakes import fake_controller
 
@@ -203,3 +204,41 @@ def test_sub_cent_amounts_are_shown_with_the_digits_they_need() -> None:
     doc = summary_json(record)
     assert doc["summary"]["total_usd"] == 0.0153 and doc["summary"]["total_billed_usd"] == 0.02
     assert doc["jobs"][0]["cost_usd"] == 0.0153
+
+
+def test_a_round_that_moves_a_job_onto_gpus_another_is_leaving_is_billed(tmp_path) -> None:
+    """A round writes its assignments one job after another: job b is put on i-1's 2 GPUs a
+    few milliseconds before job a's release of them is written. The report takes that as one
+    moment (it raised "2 of its 2 are already in use" on the demo's store) and bills each
+    job its own GPU-time."""
+    from autoscaler.controller.billing import cost_record_from_store
+    from autoscaler.controller.lifecycle import InstanceStatus
+    from autoscaler.controller.store import Store
+    from autoscaler.costs import job_costs as record_job_costs
+    from coadapt_common.clock import FakeClock
+
+    clock = FakeClock()
+    store = Store.create(tmp_path / "store.db", "overlap", clock)
+    row = store.add_instance(
+        instance_key="i-1", request_id="overlap-i-1", offering_key="fake/z/t/spot",
+        provider="fake", instance_type="t", zone="z", market="spot", gpu_type="T4", gpus=2,
+        price_usd_per_hour=3.6,
+    )  # fmt: skip
+    row = store.transition("i-1", row.version, InstanceStatus.REQUESTED, reason="launch")
+    store.transition("i-1", row.version, InstanceStatus.RUNNING, reason="up",
+                     provider_instance_id="p-1")  # fmt: skip
+    for name in ("a", "b"):
+        store.add_job(name, JobSubmission(name, 64, 512, 64, command=("t.py",)).to_json())
+    store.set_assignments("a", {"i-1": 2})
+    clock.advance(100.0)
+    store.set_assignments("b", {"i-1": 2})  # written first ...
+    clock.advance(0.012)
+    store.set_assignments("a", {})  # ... the release it replaces, 12 ms later
+    clock.advance(100.0)
+    store.set_assignments("b", {})
+    record = cost_record_from_store(store, clock.now_s())
+    by_job = {j.job_id: j for j in record_job_costs(record)}
+    assert by_job["a"].gpu_hours == pytest.approx(2 * 100.0 / 3600, abs=1e-4)
+    assert by_job["b"].gpu_hours == pytest.approx(2 * 100.012 / 3600, abs=1e-4)
+    assert by_job["a"].restarts == 0 and by_job["b"].restarts == 0
+    store.close()
