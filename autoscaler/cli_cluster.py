@@ -71,6 +71,8 @@ def register(app: typer.Typer) -> None:
     app.command("retry")(retry)
     app.command("down")(down)
     app.command("demo")(demo)
+    app.command("events")(events)
+    app.command("dashboard")(dashboard)
     app.command("agent")(agent)
 
 
@@ -110,13 +112,30 @@ def up(
             "cluster's files (an existing store is moved aside, not deleted).",
         ),
     ] = False,
+    quiet: Annotated[
+        bool,
+        typer.Option(
+            "--quiet", "-q", help="print only warnings: notices, preemptions, failures, refusals"
+        ),
+    ] = False,
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose", "-v", help="also print the controller's own log (rounds, jobs) on stderr"
+        ),
+    ] = False,
 ) -> None:
     """Run the controller (API, rounds, fleet) in the foreground. Ctrl-C or SIGTERM stops it
     and leaves the fleet and its jobs running (the next coadapt up takes them back, at the
     same address); coadapt down releases every instance and stops it. On aws/gcp it runs
     on the controller machine a deployment made (coadapt deploy), reading that
-    deployment's provider config."""
+    deployment's provider config.
+
+    It prints one line per event that matters (launch, ready, notice, preemption, rescale,
+    re-batch, refusal, completion, release, ...), with its time and its reason; coadapt
+    events shows the same story from the store."""
     from autoscaler.controller.credentials import TokenFileError
+    from autoscaler.controller.events import Event, format_event
     from autoscaler.controller.service import ServiceError, UpConfig, run_up, up_is_stale
     from autoscaler.errors import InvalidInputError
 
@@ -137,6 +156,9 @@ def up(
         fail(f"--max-gpus {max_gpus}: give a count >= 1, or leave it out", 2)
     if not 0 <= port <= 65535:
         fail(f"--port {port}: give a port 1-65535, or 0 for the recorded one", 2)
+    if quiet and verbose:
+        fail("--quiet and --verbose: choose one", 2)
+    _configure_logging(verbose=verbose)
     state = resolve_state_dir(state_dir)
     if state.exists() and not state.is_dir():
         fail(f"--state-dir {state} is a file, not a folder; name a folder (created if missing)", 2)
@@ -165,12 +187,14 @@ def up(
 
     def ready(url: str) -> None:
         typer.echo(f"coadapt: up at {url} ({state})")
-        typer.echo(
-            f"coadapt: dashboard {url}/dashboard#token=<the user token in {state / 'tokens.json'}>"
-        )
+        typer.echo(f"coadapt: the dashboard's address: coadapt dashboard --state-dir {state}")
+
+    def told(event: Event) -> None:
+        if event.warning or not quiet:
+            typer.echo(format_event(event))
 
     try:
-        report = run_up(cfg, stop, on_ready=ready)
+        report = run_up(cfg, stop, on_ready=ready, on_event=told)
     except InvalidInputError as e:
         fail(str(e), 2)
     except TokenFileError as e:
@@ -581,6 +605,98 @@ def down(
     typer.echo("coadapt: down")
 
 
+def _configure_logging(*, verbose: bool) -> None:
+    """The controller's log on stderr, one line per record: warnings and errors, and with
+    ``verbose`` its informational records too."""
+    import logging
+
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
+    )
+
+
+def events(
+    state_dir: StateDir = None,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="keep printing new events until Ctrl-C")
+    ] = False,
+    last: Annotated[int, typer.Option(help="only the last N events (0: all)", min=0)] = 0,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="one JSON object per line instead of text")
+    ] = False,
+) -> None:
+    """The cluster's story from its store, whether or not it is up: launches, notices,
+    preemptions, rescales, re-batches, refusals, completions, releases, each with its time and
+    its reason (what coadapt up prints)."""
+    import dataclasses
+
+    from autoscaler.controller.errors import StoreError
+    from autoscaler.controller.events import format_event
+    from autoscaler.controller.store import Store
+    from coadapt_common.clock import SystemClock
+
+    state = resolve_state_dir(state_dir)
+    path = state / "store.db"
+    if not path.exists():
+        fail(f"no cluster store in {state} (coadapt up --state-dir {state} makes one)")
+
+    def show(rows: tuple[Any, ...]) -> None:
+        for row in rows:
+            if json_out:
+                typer.echo(json.dumps(dataclasses.asdict(row)))
+            else:
+                typer.echo(format_event(row))
+
+    try:
+        with Store.open(path, SystemClock()) as store:
+            rows = store.events_after(0)
+            while len(rows) == 10_000:  # read on past a page
+                rows = rows + store.events_after(rows[-1].seq)
+            cursor = rows[-1].seq if rows else 0
+            show(rows[-last:] if last else rows)
+            if not rows and not follow:
+                typer.echo(f"coadapt: no events yet in {state}", err=True)
+            while follow:
+                time.sleep(1.0)
+                new = store.events_after(cursor)
+                if new:
+                    cursor = new[-1].seq
+                    show(new)
+    except StoreError as e:
+        fail(str(e))
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None
+
+
+def dashboard(
+    state_dir: StateDir = None,
+    open_it: Annotated[
+        bool, typer.Option("--open", help="open it in a web browser as well")
+    ] = False,
+) -> None:
+    """Print the address of the cluster's dashboard, with the users' token in it (the part
+    after # never leaves the browser: it is not sent to the server or written to its logs).
+    The token is a secret: do not paste the address where others can read it."""
+    state = resolve_state_dir(state_dir)
+    up_file = state / "up.json"
+    if not up_file.exists():
+        fail(f"no cluster is up in {state} (start one with: coadapt up --state-dir {state})")
+    try:
+        url = str(json.loads(up_file.read_text())["url"])
+    except (ValueError, KeyError, TypeError, OSError) as e:
+        fail(f"{up_file}: unreadable ({e}); restart coadapt up")
+    address = f"{url.rstrip('/')}/dashboard#token={_users_token(state)}"
+    typer.echo(address)
+    if open_it:
+        import webbrowser
+
+        if not webbrowser.open(address):
+            typer.echo("coadapt: no web browser found here; open the address above", err=True)
+
+
 def agent(
     api: Annotated[str, typer.Option("--api", help="The controller API URL.")],
     token_file: Annotated[
@@ -690,9 +806,10 @@ def demo(
     ] = 300.0,
 ) -> None:
     """A local fleet with spot instances at simulated, moving spot prices, three small real
-    PyTorch jobs from examples/jobs, a spot preemption injected mid-run, live status, and the
-    cost report at the end."""
-    from autoscaler.controller.api import ApiClient
+    PyTorch jobs from examples/jobs, a spot preemption injected mid-run, the story as it
+    happens (each event with its time and its reason), and the cost report at the end."""
+    from autoscaler.controller.api import ApiClient, ApiError
+    from autoscaler.controller.events import Event, format_event
     from autoscaler.controller.jobspec import load_job_spec
     from autoscaler.controller.service import UpConfig, run_up
     from providers.local import LocalProvider
@@ -714,9 +831,23 @@ def demo(
         offerings_refresh_s=15.0,
         release_on_stop=True,  # the demo's fleet ends with it
     )
+
+    def say(text: str) -> None:
+        typer.echo(f"{time.strftime('%H:%M:%S')} {'demo':<10} {text}")
+
+    def told(event: Event) -> None:
+        typer.echo(format_event(event))
+
     thread = threading.Thread(
-        target=lambda: result.setdefault("down", run_up(cfg, stop, on_ready=ready.append)),
+        target=lambda: result.setdefault(
+            "down", run_up(cfg, stop, on_ready=ready.append, on_event=told)
+        ),
         daemon=True,
+    )
+    typer.echo(
+        "coadapt demo: a controller with a local fleet of simulated spot instances, three "
+        "small PyTorch jobs, and a spot preemption injected while they train. Each line below "
+        "is one event: its time, what happened and why."
     )
     thread.start()
     start = time.monotonic()
@@ -724,18 +855,26 @@ def demo(
         time.sleep(0.05)
     if not ready:
         fail("the controller did not start")
-    typer.echo(f"coadapt demo: controller up at {ready[0]} (state in {state})")
-    client = ApiClient(ready[0], _users_token(state), timeout_s=10.0)
+    say(f"controller up at {ready[0]}; its state is in {state}")
+    client = ApiClient(ready[0], _users_token(state), timeout_s=30.0)
+    doc: dict[str, Any] = {"jobs": [], "instances": []}
     try:
         for name in DEMO_JOBS:
-            client.submit_job(load_job_spec(examples / f"{name}.yaml").submission())
-            typer.echo(f"coadapt demo: submitted {name}")
-        preempted, shown, placed_at = None, 0.0, None
+            try:
+                client.submit_job(load_job_spec(examples / f"{name}.yaml").submission())
+            except ApiError as e:
+                fail(f"could not submit {name}: {e.message}; the fleet is released")
+        say(f"submitted {', '.join(DEMO_JOBS)}")
+        preempted, placed_at, slow = None, None, False
         while time.monotonic() - start < timeout_s:
-            doc = _status_doc(client)
-            if time.monotonic() - shown >= 10.0:
-                _render_status(doc)
-                shown = time.monotonic()
+            try:
+                doc = _status_doc(client)
+            except ApiError as e:  # a loaded machine: the API answers late; ask again
+                if not slow:
+                    say(f"the controller's API answers slowly ({e.message}); asking again")
+                slow = True
+                time.sleep(2.0)
+                continue
             jobs = {j["name"]: j for j in doc["jobs"]}
             target = jobs.get("mlp-medium", {})
             if target.get("assignment") and placed_at is None:
@@ -750,61 +889,54 @@ def demo(
             ):
                 victim = sorted(target["assignment"])[0]
                 row = next(i for i in doc["instances"] if i["instance_key"] == victim)
+                on_it = sorted(n for n, j in jobs.items() if victim in (j.get("assignment") or {}))
                 LocalProvider(state / "local").preempt(row["provider_instance_id"], notice_s=30.0)
                 preempted = victim
-                typer.echo(f"coadapt demo: spot preemption injected on {victim} (30 s notice)")
+                progress = target.get("progress")
+                done = "" if progress is None else f"; mlp-medium is at progress {progress:.0f}"
+                say(
+                    f"injecting a spot preemption: the cloud takes {victim} back in 30 s (it "
+                    f"runs {', '.join(on_it)}{done}); watch the jobs checkpoint, move and resume"
+                )
             if all(j["status"] in ENDED_STATUSES for j in jobs.values()):
-                _render_status(doc)
                 break
             time.sleep(2.0)
+        else:
+            say(f"stopping after --timeout-s {timeout_s:.0f} s: not every job finished")
     finally:
+        say("releasing the fleet")
         stop.set()
         thread.join(timeout=180)
-    _cost_table(state)
+    for j in doc["jobs"]:  # the last status read, in words (the instances are gone by now)
+        progress, target = j.get("progress"), j.get("target_progress")
+        shown = "no progress reported" if progress is None else f"progress {progress:.0f}"
+        if progress is not None and target:
+            shown += f" of {target:.0f}"
+        why = f" ({j['reason']})" if j.get("reason") else ""
+        counts = f"{j.get('restarts', 0)} restart(s), {j.get('retries', 0)} failure(s)"
+        typer.echo(f"coadapt demo: {j['name']}: {j['status']}{why}, {shown}, {counts}")
+    typer.echo("")
+    _demo_cost_report(state)
     down_report = result.get("down")
     if down_report is None or not down_report.clean:
         fail("instances were left after the demo")
-    typer.echo(f"coadapt demo: done in {time.monotonic() - start:.0f} s; no instance left")
+    size_mb = sum(f.stat().st_size for f in state.rglob("*") if f.is_file()) / 1e6
+    typer.echo(
+        f"coadapt demo: done in {time.monotonic() - start:.0f} s; no instance left.\n"
+        f"Its state ({size_mb:.0f} MB: store, logs, checkpoints) is in {state}:\n"
+        f"  coadapt events --state-dir {state}    (the story again)\n"
+        f"  coadapt logs mlp-medium --state-dir {state}\n"
+        f"  coadapt cost report --state-dir {state} --format html --out report.html\n"
+        f"  rm -r {state}    (when you are done with it)"
+    )
 
 
-def _cost_table(state: Path) -> None:
-    """The store's cost records by offering, and split by job (GPU-time held; the rest is
-    idle): what each instance cost, billed."""
-    from rich.console import Console
-    from rich.table import Table
+def _demo_cost_report(state: Path) -> None:
+    """The cost report of the demo's store: what `coadapt cost report --state-dir` prints."""
+    from autoscaler.cli_cost import _render_tables, _store_report
 
-    from autoscaler.controller.billing import job_costs
-    from autoscaler.controller.store import Store
-    from coadapt_common.clock import SystemClock
-
-    clock = SystemClock()
-    with Store.open(state / "store.db", clock) as store:
-        rows = {r.instance_key: r for r in store.list_instances()}
-        records = store.cost_records()
-        by_job = job_costs(
-            records,
-            store.assignment_history(),
-            {k: r.gpus for k, r in rows.items()},
-            clock.now_s(),
-        )
-        total = store.total_cost_usd()
-    by: dict[str, list[float]] = {}
-    for c in records:
-        acc = by.setdefault(rows[c.instance_key].offering_key, [0.0, 0.0, 0.0])
-        acc[0] += 1
-        acc[1] += (c.end_s - c.start_s) / 3600.0
-        acc[2] += c.usd
-    table = Table(title="cost report")
-    for col in ("offering", "instances", "hours", "USD"):
-        table.add_column(col)
-    for key, (n, hours, usd) in sorted(by.items()):
-        table.add_row(key, f"{n:.0f}", f"{hours:.4f}", f"{usd:.4f}")
-    table.add_row("total", "", "", f"{total:.4f}")
-    jobs = Table(title="cost by job (GPU-time held)")
-    jobs.add_column("job")
-    jobs.add_column("USD")
-    for name, usd in sorted(by_job.items()):
-        jobs.add_row(name, f"{usd:.4f}")
-    console = Console()
-    console.print(table)
-    console.print(jobs)
+    try:
+        report = _store_report(state)
+    except typer.Exit:  # said in one line already; the demo still says where its state is
+        return
+    typer.echo(_render_tables([report], plain=not sys.stdout.isatty()), nl=False)

@@ -95,7 +95,9 @@ def report(
     """Report what a run cost: totals, per job (GPU-hours, USD, goodput per USD, JCT), per
     offering and market (instance-hours, USD, savings vs on-demand), and over time.
 
-    USD are rounded to the cent at report time (ROUND_HALF_UP). A job is charged its share of
+    USD are shown with the precision the amount needs: to the cent from a dollar up, three
+    significant digits below (a sub-cent run reads 0.0153, not 0.00); the total is also given
+    to the cent, as a bill shows it (ROUND_HALF_UP). A job is charged its share of
     its instances' GPUs times their price while it held them; what no job held (free GPUs,
     provisioning, minimum billing) is idle cost, so jobs + idle = total.
     """
@@ -124,14 +126,19 @@ def _store_report(state_dir: Path) -> tuple[str | None, Any]:
     from autoscaler.controller.billing import cost_record_from_store
     from autoscaler.controller.errors import StoreError
     from autoscaler.controller.store import Store
+    from autoscaler.errors import InvalidInputError
     from coadapt_common.clock import SystemClock
 
     clock = SystemClock()
+    if not (state_dir / "store.db").exists():
+        _fail(f"--state-dir {state_dir}: no cluster store there (store.db)")
     try:
         with Store.open(state_dir / "store.db", clock) as store:
             return f"cluster {store.cluster_id}", cost_record_from_store(store, clock.now_s())
     except StoreError as e:
         _fail(str(e))
+    except InvalidInputError as e:  # a store whose history the ledger cannot take: one line
+        _fail(f"--state-dir {state_dir}: cannot build its cost record: {e}")
 
 
 def _file_reports(file: Path) -> list[tuple[str | None, Any]]:

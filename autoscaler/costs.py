@@ -38,7 +38,8 @@ On-demand comparison (:func:`offering_costs`)
     savings are that equivalent minus what it actually cost.
 
 Rounding (:func:`usd_to_cents`)
-    Sums are accumulated in float (``math.fsum``); dollars are rounded to the cent only when a
+    Sums are accumulated in float (``math.fsum``); dollars are rounded (to the cent, or for an
+    amount under a dollar to the digits it needs: :func:`usd_for_display`) only when a
     figure is reported, with :mod:`decimal`: the float is first quantized to 1e-9 USD
     (``ROUND_HALF_EVEN``, dropping float accumulation noise far below a cent), then to 0.01 USD
     with ``ROUND_HALF_UP``. Each reported figure is rounded from its exact value; a column of
@@ -97,6 +98,7 @@ __all__ = [
     "record_to_json",
     "summarize",
     "total_cost_usd",
+    "usd_for_display",
     "usd_to_cents",
 ]
 
@@ -692,6 +694,30 @@ def usd_to_cents(usd: float) -> Decimal:
     exact = Decimal(usd).quantize(_NANO_USD, rounding=ROUND_HALF_EVEN)
     cents = exact.quantize(_CENT, rounding=ROUND_HALF_UP)
     return cents if cents else Decimal("0.00")  # never "-0.00"
+
+
+USD_DISPLAY_DIGITS: Final = 3
+"""Significant digits :func:`usd_for_display` keeps for an amount under one dollar."""
+
+
+def usd_for_display(usd: float) -> Decimal:
+    """``usd`` with the precision the amount needs: to the cent from one dollar up (what a bill
+    shows, :func:`usd_to_cents`); under a dollar, :data:`USD_DISPLAY_DIGITS` significant
+    digits (at least 2 decimals, at most 9: ``0.0153``, ``0.000412``, ``0.512``), so a run that
+    cost a fraction of a cent does not read ``0.00``. Zero is ``0.00``."""
+    cents = usd_to_cents(usd)
+    exact = Decimal(usd).quantize(_NANO_USD, rounding=ROUND_HALF_EVEN)
+    if exact == 0 or abs(exact) >= 1:
+        return cents
+    exponent = abs(exact).adjusted()  # 0.0153 -> -2
+    decimals = min(9, max(2, USD_DISPLAY_DIGITS - 1 - exponent))
+    shown = exact.quantize(Decimal(1).scaleb(-decimals), rounding=ROUND_HALF_UP)
+    if shown == 0:
+        return Decimal("0.00")
+    text = format(shown, "f").rstrip("0")
+    if len(text.partition(".")[2]) < 2:
+        text = format(shown.quantize(_CENT), "f")
+    return Decimal(text)
 
 
 def _price_integral_usd(

@@ -51,6 +51,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +67,62 @@ logger = logging.getLogger("trainer.launch")
 
 #: Thread-pool sizes set to 1 for the preload server (see ``_start_preload``).
 _SINGLE_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+class StderrCopier:
+    """Copies torchrun's stderr (its workers write there too) to this launcher's, line by
+    line, in a daemon thread, except what torchrun prints when the stop this launcher
+    forwarded reaches it: its "death signal" warnings, and the traceback of the
+    ``SignalException`` it raises, are said in one line instead. Everything else (a worker's
+    own traceback included) is copied as it is. ``stopping()`` says whether this launcher has
+    asked for a stop."""
+
+    _DEATH_NOTES = (b"death signal, shutting down workers", b"closing signal SIGTERM")
+    _MAX_HELD_LINES = 400
+
+    def __init__(self, pipe: typing.IO[bytes], stopping: typing.Callable[[], bool]) -> None:
+        import threading
+
+        self._pipe = pipe
+        self._stopping = stopping
+        self._out = sys.stderr.buffer
+        self._thread = threading.Thread(target=self._copy, name="torchrun-stderr", daemon=True)
+        self._thread.start()
+
+    def _write(self, lines: Sequence[bytes]) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self._out.write(b"".join(lines))
+            self._out.flush()
+
+    def _copy(self) -> None:
+        held: list[bytes] | None = None  # a traceback being read
+        with contextlib.suppress(OSError, ValueError):
+            for line in iter(self._pipe.readline, b""):
+                if held is None:
+                    if line.startswith(b"Traceback (most recent call last):"):
+                        held = [line]
+                    elif not (self._stopping() and any(n in line for n in self._DEATH_NOTES)):
+                        self._write([line])
+                    continue
+                held.append(line)
+                if line[:1] in (b" ", b"\t") and len(held) < self._MAX_HELD_LINES:
+                    continue
+                if b"SignalException" in line and self._stopping():
+                    text = line.decode(errors="replace").strip().rsplit(":", 1)[-1].strip()
+                    logger.info(
+                        "torchrun stopped by signal %s (the stop this launcher forwarded; "
+                        "not a failure)",
+                        text or "?",
+                    )
+                else:
+                    self._write(held)
+                held = None
+        if held:
+            self._write(held)
+
+    def join(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for the copy to reach the end of the pipe."""
+        self._thread.join(timeout_s)
 
 
 class ExitCode(enum.IntEnum):
@@ -429,10 +486,12 @@ class Launcher:
         self.attempts += 1
         server = self._start_preload(run_dir, env) if self.config.preload else None
         try:
-            self._proc = subprocess.Popen(command, env=env)
+            self._proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE)
         except OSError as e:
             self._stop_preload(server)
             raise LaunchError(f"cannot start torchrun: {e}") from e
+        assert self._proc.stderr is not None
+        copier = StderrCopier(self._proc.stderr, lambda: self._signalled > 0)
         if self._signalled:  # a signal arrived while starting
             self._proc.send_signal(signal.SIGTERM)
         returncode = self._wait(self._proc)
@@ -440,6 +499,7 @@ class Launcher:
         self._proc = None
         leftovers = end_processes(rd.pids(), clock=self._clock)
         self._stop_preload(server)
+        copier.join(timeout_s=5.0)
         if leftovers:
             logger.warning("ended %d worker process(es) that outlived torchrun", len(leftovers))
         markers = rd.markers()

@@ -317,7 +317,10 @@ def run_client(argv: Sequence[str], *, connect_timeout_s: float = 10.0) -> int:
         return 1
     if "signal" in status:
         number = int(status["signal"])
-        signal.signal(number, signal.SIG_DFL)
+        # Die by the worker's signal, as torchrun expects. SIGKILL and SIGSTOP take no
+        # handler (setting one raised EINVAL: a traceback in the job's log on every kill).
+        with contextlib.suppress(OSError, ValueError):
+            signal.signal(number, signal.SIG_DFL)
         os.kill(os.getpid(), number)
         return 128 + number
     return int(status["exit"])

@@ -5,8 +5,16 @@ fragment never leaves the browser, so the token is in no server log). Its script
 token from the fragment and calls the API with it like any client (``GET /v1/jobs``, page
 after page, ``/v1/instances``, ``/v1/costs``, bearer authentication, user role), renders the
 jobs, the
-fleet and cost over time (an inline SVG line of the cumulative cost), and refreshes every
-``REFRESH_S`` seconds. Without a valid token it shows the API's refusal and nothing else.
+fleet and cost over time, and refreshes every ``REFRESH_S`` seconds. Without a valid token it
+shows the API's refusal and nothing else.
+
+The cost chart is an inline SVG: a title, an x axis of the time since the first cost point
+(minutes, or hours past two), a y axis of the cumulative cost in USD, both with round ticks
+and grid lines, and the line. The page scales to its viewport (the chart by its ``viewBox``,
+wide tables scroll sideways in their box): readable at 1280x800 and on a 390 px phone.
+After each refresh the page records on its ``<html>`` element whether it fits its
+viewport's width (``data-fits="yes"``; what the browser tests read). ``coadapt dashboard``
+prints the page's address with the token.
 """
 
 from __future__ import annotations
@@ -20,13 +28,28 @@ PAGE: Final = """<!doctype html>
 <head>
 <meta charset="utf-8">
 <title>coadapt</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
 <style>
-body { font: 14px system-ui, sans-serif; margin: 1.5em; color: #222; }
-table { border-collapse: collapse; margin: 0.5em 0 1.5em; }
-th, td { border-bottom: 1px solid #ddd; padding: 0.3em 0.8em; text-align: left; }
+body { font: 15px/1.4 system-ui, sans-serif; margin: 1em auto; padding: 0 1em; color: #222;
+       max-width: 1200px; }
+h1 { font-size: 1.5em; margin: 0.2em 0; }
+h2 { font-size: 1.15em; margin: 1em 0 0.3em; }
+.scroll { overflow-x: auto; -webkit-overflow-scrolling: touch; }
+table { border-collapse: collapse; margin: 0.3em 0 1em; }
+th, td { border-bottom: 1px solid #ddd; padding: 0.3em 0.7em; text-align: left;
+         white-space: nowrap; }
 th { background: #f4f4f4; }
 #error { color: #b00; font-weight: bold; }
-#updated { color: #777; }
+#updated { color: #777; font-size: 0.9em; }
+#cost-plot { width: 100%; max-width: 760px; height: auto; display: block; }
+#cost-plot text { font: 12px system-ui, sans-serif; fill: #333; }
+#cost-plot .title { font-size: 14px; font-weight: bold; }
+#cost-plot .axis { stroke: #333; stroke-width: 1; }
+#cost-plot .grid { stroke: #e4e4e4; stroke-width: 1; }
+@media (max-width: 600px) {  /* the chart is drawn smaller: its text stays readable */
+  #cost-plot text { font-size: 19px; }
+  #cost-plot .title { font-size: 21px; }
+}
 </style>
 </head>
 <body>
@@ -34,14 +57,16 @@ th { background: #f4f4f4; }
 <p id="error"></p>
 <p id="updated"></p>
 <h2>Jobs</h2>
-<table id="jobs"><thead><tr><th>job</th><th>status</th><th>GPUs</th><th>instances</th>
-<th>progress</th><th>retries</th></tr></thead><tbody></tbody></table>
+<div class="scroll"><table id="jobs"><thead><tr><th>job</th><th>status</th><th>GPUs</th>
+<th>instances</th><th>progress</th><th>retries</th></tr></thead><tbody></tbody></table></div>
 <h2>Fleet</h2>
-<table id="fleet"><thead><tr><th>instance</th><th>status</th><th>offering</th><th>GPUs</th>
-<th>$/h</th></tr></thead><tbody></tbody></table>
+<div class="scroll"><table id="fleet"><thead><tr><th>instance</th><th>status</th>
+<th>offering</th><th>GPUs</th><th>$/h</th></tr></thead><tbody></tbody></table></div>
 <h2>Cost</h2>
 <p id="cost"></p>
-<svg id="cost-plot" width="640" height="160" role="img" aria-label="cumulative cost"></svg>
+<svg id="cost-plot" viewBox="0 0 640 280" preserveAspectRatio="xMidYMid meet" role="img"
+     aria-labelledby="cost-plot-title"><title id="cost-plot-title">cumulative cost (USD) over
+time</title></svg>
 <script>
 "use strict";
 const token = new URLSearchParams(location.hash.slice(1)).get("token") || "";
@@ -65,21 +90,64 @@ async function get(path) {
   if (!answer.ok) { throw new Error(answer.status + ": " + (data.error || "refused")); }
   return data;
 }
+const SVG_NS = "http://www.w3.org/2000/svg";
+function svgEl(svg, name, attrs, text) {
+  const el = document.createElementNS(SVG_NS, name);
+  for (const [k, v] of Object.entries(attrs)) { el.setAttribute(k, String(v)); }
+  if (text !== undefined) { el.textContent = text; }
+  svg.appendChild(el);
+  return el;
+}
+function niceStep(span, count) {
+  const raw = Math.max(span, 1e-12) / count;
+  const mag = Math.pow(10, Math.floor(Math.log10(raw)));
+  const f = raw / mag;
+  return (f <= 1 ? 1 : f <= 2 ? 2 : f <= 5 ? 5 : 10) * mag;
+}
+function decimals(step) { return Math.max(0, -Math.floor(Math.log10(step) + 1e-9)); }
 function plot(points) {
   const svg = document.getElementById("cost-plot");
-  svg.replaceChildren();
-  if (points.length < 2) { return; }
-  const t0 = points[0][0], t1 = points[points.length - 1][0] || t0 + 1;
-  const top = Math.max(...points.map((p) => p[1])) || 1;
-  const xy = points.map((p) => [
-    10 + 620 * (p[0] - t0) / Math.max(t1 - t0, 1e-9), 150 - 140 * p[1] / top,
-  ]);
-  const line = document.createElementNS("http://www.w3.org/2000/svg", "polyline");
-  line.setAttribute("points", xy.map((p) => p.join(",")).join(" "));
-  line.setAttribute("fill", "none");
-  line.setAttribute("stroke", "#2a6");
-  line.setAttribute("stroke-width", "2");
-  svg.appendChild(line);
+  const title = document.getElementById("cost-plot-title");
+  svg.replaceChildren(title);
+  const W = 640, H = 280, L = 70, R = 18, T = 36, B = 50;
+  svg_text(svg, W / 2, 20, "Cumulative cost (USD) over time", "title");
+  const t0 = points.length ? points[0][0] : 0;
+  const spanS = points.length ? Math.max(points[points.length - 1][0] - t0, 1) : 600;
+  const hours = spanS >= 7200;
+  const unit = hours ? 3600 : 60;
+  const xMax = spanS / unit;
+  const yMaxData = points.length ? Math.max(...points.map((p) => p[1])) : 0;
+  const yStep = niceStep(yMaxData > 0 ? yMaxData : 0.01, 4);
+  const yTop = Math.max(yStep, Math.ceil(yMaxData / yStep - 1e-9) * yStep);
+  const xStep = niceStep(xMax, 6);
+  const x = (v) => L + (W - L - R) * v / xMax;
+  const y = (v) => H - B - (H - B - T) * v / yTop;
+  for (let v = 0; v <= yTop + yStep / 1e6; v += yStep) {
+    svgEl(svg, "line", { x1: L, x2: W - R, y1: y(v), y2: y(v), class: "grid" });
+    svgEl(svg, "line", { x1: L - 5, x2: L, y1: y(v), y2: y(v), class: "axis tick y-tick" });
+    svg_text(svg, L - 8, y(v) + 4, v.toFixed(decimals(yStep)), "tick-label y-label", "end");
+  }
+  for (let v = 0; v <= xMax + xStep / 1e6; v += xStep) {
+    svgEl(svg, "line", { x1: x(v), x2: x(v), y1: H - B, y2: H - B + 5, class: "axis tick x-tick" });
+    svg_text(svg, x(v), H - B + 19, v.toFixed(decimals(xStep)), "tick-label x-label", "middle");
+  }
+  svgEl(svg, "line", { x1: L, x2: W - R, y1: H - B, y2: H - B, class: "axis x-axis" });
+  svgEl(svg, "line", { x1: L, x2: L, y1: T, y2: H - B, class: "axis y-axis" });
+  svg_text(svg, (L + W - R) / 2, H - 10,
+    "time since the first cost (" + (hours ? "hours" : "minutes") + ")", "axis-title", "middle");
+  const yTitle = svg_text(svg, 16, (T + H - B) / 2, "cost (USD)", "axis-title", "middle");
+  yTitle.setAttribute("transform", "rotate(-90 16 " + (T + H - B) / 2 + ")");
+  if (points.length < 2) {
+    svg_text(svg, (L + W - R) / 2, (T + H - B) / 2, "no cost yet", "empty", "middle");
+    return;
+  }
+  svgEl(svg, "polyline", {
+    points: points.map((p) => x((p[0] - t0) / unit) + "," + y(p[1])).join(" "),
+    fill: "none", stroke: "#2a6", "stroke-width": 2.5, class: "cost-line",
+  });
+}
+function svg_text(svg, px, py, text, cls, anchor) {
+  return svgEl(svg, "text", { x: px, y: py, class: cls, "text-anchor": anchor || "middle" }, text);
 }
 async function allJobs() {
   const jobs = [];
@@ -110,6 +178,9 @@ async function refresh() {
     plot(cost.points);
     document.getElementById("error").textContent = "";
     document.getElementById("updated").textContent = "updated " + new Date().toISOString();
+    // Whether the page fits its viewport's width (wide tables scroll in their own box).
+    document.documentElement.dataset.fits =
+      document.documentElement.scrollWidth <= window.innerWidth ? "yes" : "no";
   } catch (e) {
     document.getElementById("error").textContent = e.message;
   }

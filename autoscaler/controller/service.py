@@ -95,6 +95,7 @@ from autoscaler.controller.errors import (
     StoreUnwritableError,
     UnknownFleetError,
 )
+from autoscaler.controller.events import Event, EventRecorder
 from autoscaler.controller.loop import (
     Controller,
     ControllerConfig,
@@ -422,9 +423,13 @@ def run_up(
     *,
     clock: Clock | None = None,
     on_ready: Callable[[str], None] | None = None,
+    on_event: Callable[[Event], None] | None = None,
 ) -> UpReport:
     """Run the controller service until ``stop`` is set or ``coadapt down`` asks it to stop
     (see the module docstring); returns whether it released the fleet and what is left.
+    After each round and after a release, what happened is recorded in the store's events
+    (:class:`~autoscaler.controller.events.EventRecorder`) and each event is passed to
+    ``on_event``.
     Raises :class:`ServiceError` (one line) when it cannot start, when the store fails, and
     when a round refuses the fleet it finds: the fleet is left as it is."""
     from providers.local import LocalProvider
@@ -550,6 +555,21 @@ def run_up(
         user_data=user_data,
         unavailable=unavailable,
     )
+    recorder = EventRecorder(store, clock, views=lambda: controller.job_views(clock.now_s()))
+
+    def tell() -> None:
+        """The events since the last call, recorded and passed on; a failure to record them
+        is said once and never stops the service (the store's own errors surface in the
+        next round)."""
+        try:
+            events = recorder.observe()
+        except (ControllerError, InvalidInputError) as e:
+            log.warning("could not record the cluster's events: %s", e)
+            return
+        if on_event is not None:
+            for event in events:
+                on_event(event)
+
     write_json_atomic(state / "up.json", {"url": server.url, **identity})
     if on_ready is not None:
         on_ready(server.url)
@@ -577,10 +597,12 @@ def run_up(
                 raise ServiceError(" ".join(str(e).split())) from e
             except StoreError as e:
                 raise ServiceError(describe_store_error(e)) from e
+            tell()
             if secrets is not None:
                 secrets.sync(store)
             stop.wait(cfg.interval_s)
         result = _leave(controller, store, release=release.is_set())
+        tell()
         if secrets is not None and result.released:
             secrets.sync(store)  # withdraw the credentials of the nodes now gone
     finally:

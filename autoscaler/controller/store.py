@@ -60,6 +60,8 @@ Schema versions
       planned batch, what the API answers its trainer).
     * v5: an index of the jobs in submission order (a page of the job list reads only its
       rows).
+    * v6: ``events``, the cluster's story (:mod:`autoscaler.controller.events`): launches,
+      notices, rescales, completions, ... one row each, in order.
 
 Opening
     :meth:`Store.open` touches nothing but the file (and SQLite's ``-wal``/``-shm`` files
@@ -111,6 +113,7 @@ __all__ = [
     "AssignmentRow",
     "AssignmentSpan",
     "CostRecordRow",
+    "EventRow",
     "InstanceRow",
     "JobBatch",
     "JobRow",
@@ -298,6 +301,19 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
         "jobs listed a page at a time: an index in submission order",
         ("CREATE INDEX jobs_by_submission ON jobs (submitted_at_s, name)",),
     ),
+    Migration(
+        6,
+        "the cluster's story: one row per event that matters (launch, notice, rescale, ...)",
+        (
+            """CREATE TABLE events (
+                seq INTEGER PRIMARY KEY AUTOINCREMENT,
+                at_s REAL NOT NULL,
+                kind TEXT NOT NULL,
+                subject TEXT NOT NULL,
+                message TEXT NOT NULL
+            )""",
+        ),
+    ),
 )
 
 SCHEMA_VERSION: Final = len(MIGRATIONS)
@@ -347,6 +363,19 @@ def _reference_schema(version: int) -> tuple[tuple[str, str, str, str], ...]:
 
 
 # ---- rows ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EventRow:
+    """One event of the cluster's story (:mod:`autoscaler.controller.events`): at ``at_s``
+    (Unix time), of ``kind``, about ``subject`` (a job or an instance), said in ``message``
+    (one line, at most :data:`MAX_EVENT_CHARS` characters). ``seq`` orders events."""
+
+    seq: int
+    at_s: float
+    kind: str
+    subject: str
+    message: str
 
 
 @dataclass(frozen=True)
@@ -423,6 +452,10 @@ _JOB_COLUMNS: Final = (
     "name, spec_json, status, retries, submitted_at_s, updated_at_s, version, reason"
 )
 _BATCH_COLUMNS: Final = "job_name, global_batch_size, local_batch_size, accum_steps, gpus, at_s"
+MAX_EVENT_CHARS: Final = 500
+"""An event's ``message`` is cut to this many characters (and to its first line)."""
+MAX_EVENTS_READ: Final = 10_000
+"""The most events one :meth:`Store.events_after` call returns."""
 MAX_REASON_CHARS: Final = 500
 """A job's ``reason`` is cut to this many characters."""
 _INSTANCE_FIELDS: Final = frozenset({"provider_instance_id", "last_heartbeat_s"})
@@ -1587,6 +1620,55 @@ class Store:
             (offering_key,),
         )
         return tuple(PricePoint(r[0], r[1], r[2], Market(r[3])) for r in rows)
+
+    # ---- v6: events ------------------------------------------------------------------------
+
+    def add_events(self, events: Sequence[tuple[float, str, str, str]]) -> int:
+        """Append ``(at_s, kind, subject, message)`` events in one transaction; returns the
+        ``seq`` of the last (0 when none). ``kind`` and ``subject`` are non-empty text; each
+        message is cut to its first line and :data:`MAX_EVENT_CHARS` characters."""
+        rows = []
+        for at_s, kind, subject, message in events:
+            text = " ".join(str(message).split("\n", 1)[0].split())[:MAX_EVENT_CHARS]
+            rows.append(
+                (
+                    _number(at_s, "at_s", minimum=None),
+                    _text(kind, "kind"),
+                    _text(subject, "subject"),
+                    text,
+                )
+            )
+        if not rows:
+            return 0
+        with self._write("add events") as conn:
+            conn.executemany(
+                "INSERT INTO events (at_s, kind, subject, message) VALUES (?, ?, ?, ?)", rows
+            )
+            last = conn.execute("SELECT max(seq) FROM events").fetchone()[0]
+        return int(last)
+
+    def events_after(self, cursor: int = 0, limit: int = MAX_EVENTS_READ) -> tuple[EventRow, ...]:
+        """Events with ``seq`` greater than ``cursor`` (0: from the first), oldest first, at
+        most ``limit`` (1..:data:`MAX_EVENTS_READ`)."""
+        cursor = _count(cursor, "cursor")
+        limit = min(_count(limit, "limit", minimum=1), MAX_EVENTS_READ)
+        rows = self._read(
+            "SELECT seq, at_s, kind, subject, message FROM events WHERE seq > ? "
+            "ORDER BY seq LIMIT ?",
+            (cursor, limit),
+        )
+        return tuple(EventRow(*r) for r in rows)
+
+    def history_after(self, cursor: int) -> tuple[tuple[int, str, StatusChange], ...]:
+        """Instance status changes recorded after history row ``cursor`` (0: all), oldest
+        first, as ``(seq, instance_key, change)``."""
+        cursor = _count(cursor, "cursor")
+        rows = self._read(
+            "SELECT seq, instance_key, status, at_s, reason FROM instance_history "
+            "WHERE seq > ? ORDER BY seq",
+            (cursor,),
+        )
+        return tuple((r[0], r[1], StatusChange(InstanceStatus(r[2]), r[3], r[4])) for r in rows)
 
     # ---- v2: cost records ------------------------------------------------------------------
 

@@ -9,6 +9,7 @@
 - :mod:`~autoscaler.report.source`: finding cost records in JSON files (a record, a simulation
   result holding one, or a list of results).
 
-Dollar figures are rounded to the cent only here, at report time, with
-:func:`autoscaler.costs.usd_to_cents`.
+Dollar figures are rounded only here, at report time, with the precision the amount needs
+(:func:`autoscaler.costs.usd_for_display`); the total is also given to the cent
+(:func:`autoscaler.costs.usd_to_cents`).
 """

@@ -25,6 +25,7 @@ from autoscaler.costs import (
     job_costs,
     offering_costs,
     summarize,
+    usd_for_display,
     usd_to_cents,
 )
 from autoscaler.report.rows import report_tables
@@ -33,7 +34,10 @@ from coadapt_common.atomic import write_text_atomic
 __all__ = ["SUMMARY_VERSION", "csv_files", "summary_json", "write_csv_files"]
 
 SUMMARY_VERSION = 1
-ROUNDING_NOTE = "USD rounded to the cent, ROUND_HALF_UP (after 1e-9 USD, ROUND_HALF_EVEN)"
+ROUNDING_NOTE = (
+    "USD to the cent from one dollar up, 3 significant digits below (ROUND_HALF_UP, after 1e-9 "
+    "USD, ROUND_HALF_EVEN); total_billed_usd to the cent"
+)
 
 
 def _csv(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -77,8 +81,13 @@ def write_csv_files(folder: str | Path, record: CostRecord) -> list[Path]:
 
 
 def _money(usd: float | None) -> float | None:
-    """USD to the cent, as a JSON number (``12.34``)."""
-    return None if usd is None else float(usd_to_cents(usd))
+    """USD with the precision the amount needs, as a JSON number (``12.34``, ``0.0153``)."""
+    return None if usd is None else float(usd_for_display(usd))
+
+
+def _cents(usd: float) -> float:
+    """USD to the cent, as a JSON number (what a bill shows)."""
+    return float(usd_to_cents(usd))
 
 
 def _hours(seconds: float | None) -> float | None:
@@ -95,6 +104,7 @@ def summary_json(record: CostRecord, *, label: str | None = None) -> dict[str, A
         "rounding": ROUNDING_NOTE,
         "summary": {
             "total_usd": _money(s.total_usd),
+            "total_billed_usd": _cents(s.total_usd),
             "attributed_usd": _money(s.attributed_usd),
             "idle_usd": _money(s.idle_usd),
             "min_billing_usd": _money(s.shortfall_usd),

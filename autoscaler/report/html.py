@@ -64,6 +64,7 @@ h1 { font-size: 1.6rem; } h2 { margin-top: 2.5rem; border-bottom: 1px solid #ccc
 figure { margin: 1rem 0; } figure img { max-width: 100%; height: auto; }
 figcaption { font-size: 0.85rem; color: #555; }
 table { border-collapse: collapse; margin: 0.5rem 0 1.5rem; font-size: 0.85rem; }
+.scroll { overflow-x: auto; max-width: 100%; }
 caption { text-align: left; font-weight: 600; padding: 0.3rem 0; }
 th, td { border: 1px solid #ddd; padding: 0.2rem 0.5rem; }
 th { background: #f4f4f4; } td.num, th.num { text-align: right;
@@ -87,13 +88,23 @@ def _png(fig: Figure) -> bytes:
     return buffer.getvalue()
 
 
+def _time_unit(record: CostRecord) -> tuple[float, str]:
+    """Seconds per unit of the time axes and its label: minutes for a run under two hours
+    (a 2-minute demo reads 0-2 min, not 0.00-0.03 h), hours otherwise."""
+    if record.closed_s < 2 * _S_PER_HOUR:
+        return 60.0, "time (min)"
+    return _S_PER_HOUR, "time (h)"
+
+
 def plot_cost_over_time(record: CostRecord) -> bytes:
-    """PNG: cumulative USD over time (hours), stacked by offering key (at most
-    :data:`MAX_STACKED_OFFERINGS` layers, the cheapest rest summed as "other")."""
+    """PNG: cumulative USD over time (minutes or hours, :func:`_time_unit`), stacked by
+    offering key (at most :data:`MAX_STACKED_OFFERINGS` layers, the cheapest rest summed as
+    "other")."""
     cumulative = cumulative_cost_by_offering(record)
     fig = _figure()
     ax = fig.add_subplot()
-    hours = [t / _S_PER_HOUR for t in cumulative.times_s]
+    unit_s, time_label = _time_unit(record)
+    hours = [t / unit_s for t in cumulative.times_s]
     layers = sorted(
         zip(cumulative.offerings, cumulative.usd, strict=True), key=lambda kv: -kv[1][-1]
     )
@@ -106,7 +117,7 @@ def plot_cost_over_time(record: CostRecord) -> bytes:
         ax.legend(loc="upper left", fontsize="x-small")
     else:
         ax.text(0.5, 0.5, "no instances", ha="center", va="center", transform=ax.transAxes)
-    ax.set_xlabel("time (h)")
+    ax.set_xlabel(time_label)
     ax.set_ylabel("cumulative cost (USD)")
     ax.set_title("Cost over time, by offering")
     ax.set_xlim(0.0, max(hours[-1], 1e-9))
@@ -115,14 +126,15 @@ def plot_cost_over_time(record: CostRecord) -> bytes:
 
 
 def plot_fleet_size(record: CostRecord) -> bytes:
-    """PNG: GPUs and instances held over time (hours), as steps."""
+    """PNG: GPUs and instances held over time (minutes or hours), as steps."""
     series = fleet_series(record)
     fig = _figure()
     ax = fig.add_subplot()
-    hours = [p.t_s / _S_PER_HOUR for p in series]
+    unit_s, time_label = _time_unit(record)
+    hours = [p.t_s / unit_s for p in series]
     ax.step(hours, [p.gpus for p in series], where="post", label="GPUs")
     ax.step(hours, [p.instances for p in series], where="post", label="instances")
-    ax.set_xlabel("time (h)")
+    ax.set_xlabel(time_label)
     ax.set_ylabel("fleet size")
     ax.set_title("Fleet size over time")
     ax.set_xlim(0.0, max(hours[-1], 1e-9))
@@ -132,24 +144,26 @@ def plot_fleet_size(record: CostRecord) -> bytes:
 
 
 def plot_job_cost_vs_jct(record: CostRecord) -> bytes:
-    """PNG: one point per finished job, JCT (hours) against USD attributed; jobs that were
-    preempted at least once are drawn apart."""
+    """PNG: one point per finished job, JCT (minutes or hours, as :func:`_time_unit` picks for
+    the run) against USD attributed; jobs that were preempted at least once are drawn
+    apart."""
     jobs = [j for j in job_costs(record) if j.jct_s is not None]
+    unit_s, time_label = _time_unit(record)
     fig = _figure()
     ax = fig.add_subplot()
     if jobs:
         for hit, label, marker in ((False, "never preempted", "o"), (True, "preempted", "x")):
             group = [j for j in jobs if (j.preemptions > 0) == hit]
             if group:
-                xs = [(j.jct_s or 0.0) / _S_PER_HOUR for j in group]
+                xs = [(j.jct_s or 0.0) / unit_s for j in group]
                 ax.scatter(xs, [j.cost_usd for j in group], marker=marker, label=label)
         ax.legend(loc="upper left", fontsize="small")
-        top_h = max((j.jct_s or 0.0) for j in jobs) / _S_PER_HOUR
+        top_h = max((j.jct_s or 0.0) for j in jobs) / unit_s
         ax.set_xlim(0.0, max(top_h * 1.08, 1e-9))  # room for the last point
         ax.set_ylim(0.0, max(max(j.cost_usd for j in jobs) * 1.1, 1e-9))
     else:
         ax.text(0.5, 0.5, "no finished jobs", ha="center", va="center", transform=ax.transAxes)
-    ax.set_xlabel("JCT (h)")
+    ax.set_xlabel(time_label.replace("time", "JCT"))
     ax.set_ylabel("cost attributed (USD)")
     ax.set_title("Cost per job vs job completion time")
     return _png(fig)
@@ -181,8 +195,9 @@ def _table(table: ReportTable) -> str:
         for row in table.rows
     )
     return (
-        f'<table data-table="{table.name}"><caption>{html.escape(table.title)}</caption>'
-        f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+        f'<div class="scroll"><table data-table="{table.name}">'
+        f"<caption>{html.escape(table.title)}</caption>"
+        f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
     )
 
 
@@ -280,8 +295,8 @@ def _overview(reports: Sequence[tuple[str | None, CostRecord]]) -> str:
         )
     )
     return (
-        '<table data-table="overview"><caption>Runs compared</caption>'
-        f"<thead><tr><th>run</th>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+        '<div class="scroll"><table data-table="overview"><caption>Runs compared</caption>'
+        f"<thead><tr><th>run</th>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
     )
 
 
@@ -291,9 +306,11 @@ def render_html(
     """The page for ``reports`` ((label, record) pairs, in order); see the module docstring."""
     body = [f"<h1>{html.escape(title)}</h1>"]
     body.append(
-        '<p class="note">USD rounded to the cent (ROUND_HALF_UP) from exact sums; a job is '
-        "charged its share of its instances' GPUs times their price while it held them; what "
-        "no job held (free GPUs, provisioning, minimum billing) is idle cost.</p>"
+        '<p class="note">USD from exact sums, to the cent from one dollar up and to three '
+        "significant digits below (ROUND_HALF_UP; the summary also gives the total to the "
+        "cent, as billed); a job is charged its share of its instances' GPUs times their "
+        "price while it held them; what no job held (free GPUs, provisioning, minimum "
+        "billing) is idle cost.</p>"
     )
     if len(reports) > 1:
         body.append(_overview(reports))

@@ -1,8 +1,10 @@
 """The cost report's tables as rows of formatted cells, shared by the terminal, CSV and HTML.
 
 Every table is a :class:`ReportTable`: a file-friendly ``name``, a ``title``, its columns and
-rows of strings. Formatting rules, the same in every output: USD rounded to the cent with
-:func:`~autoscaler.costs.usd_to_cents` (``12.34``), hours to 3 decimals, percentages to 1, counts
+rows of strings. Formatting rules, the same in every output: USD with the precision the amount
+needs, :func:`~autoscaler.costs.usd_for_display` (to the cent from a dollar up, ``12.34``; three
+significant digits below, ``0.0153``), and the total once more to the cent as a bill shows it
+(:func:`~autoscaler.costs.usd_to_cents`); hours to 3 decimals, percentages to 1, counts
 as integers, samples per USD to 4 significant digits; an unknown value is an empty cell.
 """
 
@@ -18,12 +20,14 @@ from autoscaler.costs import (
     job_costs,
     offering_costs,
     summarize,
+    usd_for_display,
     usd_to_cents,
 )
 
 __all__ = [
     "Column",
     "ReportTable",
+    "fmt_cents",
     "fmt_count",
     "fmt_hours",
     "fmt_percent",
@@ -58,6 +62,12 @@ class ReportTable:
 
 
 def fmt_usd(usd: float | None) -> str:
+    """USD with the precision the amount needs (:func:`~autoscaler.costs.usd_for_display`)."""
+    return "" if usd is None else str(usd_for_display(usd))
+
+
+def fmt_cents(usd: float | None) -> str:
+    """USD to the cent, as a bill shows it (:func:`~autoscaler.costs.usd_to_cents`)."""
     return "" if usd is None else str(usd_to_cents(usd))
 
 
@@ -85,6 +95,7 @@ def summary_rows(summary: CostSummary) -> tuple[tuple[str, str], ...]:
     idle_share = summary.idle_usd / summary.total_usd if summary.total_usd > 0 else None
     return (
         ("total cost (USD)", fmt_usd(summary.total_usd)),
+        ("total billed, to the cent (USD)", fmt_cents(summary.total_usd)),
         ("attributed to jobs (USD)", fmt_usd(summary.attributed_usd)),
         ("idle (USD)", fmt_usd(summary.idle_usd)),
         ("idle share of cost (%)", fmt_percent(idle_share)),

@@ -668,6 +668,10 @@ SEED: dict[int, list[str]] = {
         "INSERT INTO job_batches VALUES ('j1', 256, 32, 2, 4, 19.0)",
     ],
     5: [],  # an index only
+    6: [
+        "INSERT INTO events (at_s, kind, subject, message) VALUES "
+        "(23.0, 'launch', 'i-1', 'requested')",
+    ],
 }
 
 
@@ -717,6 +721,11 @@ def check_seeded_rows(store: Store, version: int) -> None:
         assert spans == [("j1", "i-1", 2, 15.0, 18.0)]
     else:  # the held assignment, from the last plan on
         assert spans == [("j1", "i-1", 4, 20.0, None)]
+    events = [(e.at_s, e.kind, e.subject, e.message) for e in store.events_after(0)]
+    if version >= 6:
+        assert events == [(23.0, "launch", "i-1", "requested")]
+    else:  # no story before v6
+        assert events == []
     if version >= 4:
         assert job.reason == "a reason"
         assert store.get_batch("j1") == JobBatch("j1", 256, 32, 2, 4, 19.0)

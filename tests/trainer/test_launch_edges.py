@@ -152,3 +152,50 @@ def test_preload_server_forks_single_threaded(cluster: Cluster, tmp_path: Path) 
     text = launch.text()
     assert rc == 0, text[-3000:]
     assert "native threads" not in text, text[-3000:]
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(p) for p in text.split()]
+
+
+def _is_torchrun(pid: int) -> bool:
+    try:
+        return b"torch.distributed.run" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_a_stop_while_the_workers_start_is_one_line_not_a_traceback(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Issue 28, item 2: a rescale or a cancel that lands while the workers are still
+    importing (torchrun has spawned them, none has registered) is forwarded to torchrun, which
+    raises torch's SignalException: its 30-line traceback and its "death signal" warnings
+    become one line in the job's log, and the job is STOPPED (exit 75), not failed."""
+    launch = cluster.launch(
+        "early", ["--checkpoint-uri", str(tmp_path / "ckpt"), str(EXAMPLE), "--epochs", "4"]
+    )
+    deadline = time.monotonic() + 120
+    spawned = False
+    while time.monotonic() < deadline and launch.proc.poll() is None:
+        torchrun = [p for p in _children(launch.proc.pid) if _is_torchrun(p)]
+        if torchrun and _children(torchrun[0]) and not RunDir(launch.run_dir).pids():
+            spawned = True  # torchrun's handlers are set (it spawns after setting them)
+            launch.terminate()
+            break
+        time.sleep(0.01)
+    assert spawned, launch.text()[-3000:]
+    rc = launch.wait(120)
+    text = launch.text()
+    assert rc == 75, text[-3000:]
+    assert "verdict: stopped" in text
+    assert "Traceback" not in text and "SignalException" not in text, text[-4000:]
+    assert "death signal" not in text
+    stops = [line for line in text.splitlines() if "torchrun stopped by signal" in line]
+    killed = "exited with -15" in text  # the signal beat torchrun's handler: nothing to hide
+    assert len(stops) == 1 or killed, text[-3000:]

@@ -193,6 +193,23 @@ def test_preload_forks_workers_that_behave_like_the_script(
     assert process_start_time(worker) is None
 
 
+def test_a_worker_killed_by_sigkill_ends_its_client_the_same_way_without_a_traceback(
+    preload_server: str, tmp_path: Path
+) -> None:
+    """A stop that has to kill (a second signal, a down) SIGKILLs the forked worker: its
+    client dies by SIGKILL too, as torchrun expects, and prints no traceback into the job's
+    log (it raised EINVAL setting a handler for SIGKILL)."""
+    script = tmp_path / "k.py"
+    script.write_text("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), SOCKET_ENV: preload_server}
+    client = subprocess.run(
+        [sys.executable, "-m", "trainer.preload", "run", str(script)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert client.returncode == -signal.SIGKILL, client.stderr
+    assert "Traceback" not in client.stderr and "Invalid argument" not in client.stderr
+
+
 def test_preload_client_falls_back_without_a_server(tmp_path: Path) -> None:
     script = tmp_path / "w.py"
     script.write_text(SCRIPT)
