@@ -309,7 +309,9 @@ class Controller:
                 used_gpus=used,
                 unavailable=unavailable,
                 issued=frozenset(self._issued),
-                terminal_request_ids=self.store.terminal_request_ids(),
+                terminal_request_ids=self.store.terminal_request_ids(
+                    among=[i.request_id for i in observed]
+                ),
             ),
             self.config.reconcile,
         )

@@ -1032,12 +1032,24 @@ class Store:
         sql += " ORDER BY instance_key"
         return tuple(_instance_row(r) for r in self._read(sql, params))
 
-    def terminal_request_ids(self) -> frozenset[str]:
-        """Request ids of rows in a terminal status: an instance listed under one is a leak."""
-        rows = self._read(
-            "SELECT request_id FROM instances WHERE status = ?", (InstanceStatus.TERMINATED.value,)
-        )
-        return frozenset(r[0] for r in rows)
+    def terminal_request_ids(self, among: Iterable[str] | None = None) -> frozenset[str]:
+        """Request ids of rows in a terminal status: an instance listed under one is a leak
+        (of ``among`` only, when given: the ids the cloud lists, so that a round reads what
+        it needs, not the whole history of the fleet)."""
+        sql = "SELECT request_id FROM instances WHERE status = ?"
+        if among is None:
+            rows = self._read(sql, (InstanceStatus.TERMINATED.value,))
+            return frozenset(r[0] for r in rows)
+        out: set[str] = set()
+        ids = sorted(set(among))
+        for i in range(0, len(ids), 500):  # SQLite's bound on parameters
+            chunk = ids[i : i + 500]
+            marks = ", ".join("?" * len(chunk))
+            rows = self._read(
+                f"{sql} AND request_id IN ({marks})", (InstanceStatus.TERMINATED.value, *chunk)
+            )
+            out.update(r[0] for r in rows)
+        return frozenset(out)
 
     def transition(
         self,

@@ -48,6 +48,7 @@ from trainer.report import TrainerReport
 __all__ = ["CLUSTER_ID", "SIM_PROVIDER", "CloudWorld", "World", "WorldConfig"]
 
 _AGENT_UP = (InstanceStatus.RUNNING, InstanceStatus.DRAINING)
+_NOT_ENDED = tuple(s for s in InstanceStatus if s is not InstanceStatus.TERMINATED)
 CLUSTER_ID = "sim"
 SIM_PROVIDER = "sim"
 
@@ -85,6 +86,9 @@ class World:
     ) -> None:
         self.config = config
         self.clock = FakeClock(start_s=-config.warmup_rounds * config.interval_s)
+        self._iid_of: dict[str, str] = {}
+        self._offering_of: dict[str, str] = {}
+        self._rows_stale = True  # the store's rows changed since they were read
         self._dir = Path(tempfile.mkdtemp(prefix="coadapt-sim-"))
         try:
             self.store = Store.create(self._dir / "store.db", CLUSTER_ID, self.clock)
@@ -155,6 +159,7 @@ class World:
     def run_round(self) -> RoundReport:
         """The product's round, after the agents' heartbeats."""
         self.heartbeat()
+        self._rows_stale = True
         return self.controller.run_round()
 
     def plan(self) -> tuple[dict[str, Allocation], dict[str, BatchChoice]]:
@@ -172,15 +177,24 @@ class World:
 
     def instance_ids(self) -> dict[str, str]:
         """Instance key -> the cloud's instance id, for every instance that got one."""
-        return {
-            r.instance_key: r.provider_instance_id
-            for r in self.store.list_instances()
-            if r.provider_instance_id is not None
-        }
+        self._refresh_rows()
+        return dict(self._iid_of)
 
     def offering_keys(self) -> dict[str, str]:
-        """Instance key -> its offering key."""
-        return {r.instance_key: r.offering_key for r in self.store.list_instances()}
+        """Instance key -> its offering key, for every instance the store has had."""
+        self._refresh_rows()
+        return dict(self._offering_of)
+
+    def _refresh_rows(self) -> None:
+        """Read the live rows into the world's memory of every row (a row's offering never
+        changes and its cloud id is set once: ended rows need no reading again)."""
+        if not self._rows_stale:
+            return
+        self._rows_stale = False
+        for r in self.store.list_instances(statuses=_NOT_ENDED):
+            self._offering_of[r.instance_key] = r.offering_key
+            if r.provider_instance_id is not None:
+                self._iid_of[r.instance_key] = r.provider_instance_id
 
     def warm_up(self, ready: Callable[[], bool]) -> None:
         """Rounds before time 0 until ``ready()`` (a fixed fleet is up) or the warm-up runs
