@@ -115,13 +115,13 @@ def up(
     quiet: Annotated[
         bool,
         typer.Option(
-            "--quiet", "-q", help="print only warnings: notices, preemptions, failures, refusals"
+            "--quiet", "-q", help="Print only warnings: notices, preemptions, failures, refusals."
         ),
     ] = False,
     verbose: Annotated[
         bool,
         typer.Option(
-            "--verbose", "-v", help="also print the controller's own log (rounds, jobs) on stderr"
+            "--verbose", "-v", help="Also print the controller's own log (rounds, jobs) on stderr."
         ),
     ] = False,
 ) -> None:
@@ -621,11 +621,11 @@ def _configure_logging(*, verbose: bool) -> None:
 def events(
     state_dir: StateDir = None,
     follow: Annotated[
-        bool, typer.Option("--follow", "-f", help="keep printing new events until Ctrl-C")
+        bool, typer.Option("--follow", "-f", help="Keep printing new events until Ctrl-C.")
     ] = False,
-    last: Annotated[int, typer.Option(help="only the last N events (0: all)", min=0)] = 0,
+    last: Annotated[int, typer.Option(help="Only the last N events (0: all).", min=0)] = 0,
     json_out: Annotated[
-        bool, typer.Option("--json", help="one JSON object per line instead of text")
+        bool, typer.Option("--json", help="One JSON object per line instead of text.")
     ] = False,
 ) -> None:
     """The cluster's story from its store, whether or not it is up: launches, notices,
@@ -674,7 +674,7 @@ def events(
 def dashboard(
     state_dir: StateDir = None,
     open_it: Annotated[
-        bool, typer.Option("--open", help="open it in a web browser as well")
+        bool, typer.Option("--open", help="Open it in a web browser as well.")
     ] = False,
 ) -> None:
     """Print the address of the cluster's dashboard, with the users' token in it (the part
@@ -933,10 +933,10 @@ def demo(
 
 def _demo_cost_report(state: Path) -> None:
     """The cost report of the demo's store: what `coadapt cost report --state-dir` prints."""
-    from autoscaler.cli_cost import _render_tables, _store_report
+    from autoscaler.cli_cost import render_tables, store_report
 
     try:
-        report = _store_report(state)
+        report = store_report(state)
     except typer.Exit:  # said in one line already; the demo still says where its state is
         return
-    typer.echo(_render_tables([report], plain=not sys.stdout.isatty()), nl=False)
+    typer.echo(render_tables([report], plain=not sys.stdout.isatty()), nl=False)

@@ -113,7 +113,7 @@ def report(
         if fmt is not ReportFormat.CSV and out.is_dir():
             _fail(f"--out {out}: is a folder; give a file name")
     if state_dir is not None:
-        reports = [_store_report(state_dir)]
+        reports = [store_report(state_dir)]
         source_name = str(state_dir)
     else:
         assert file is not None
@@ -122,7 +122,7 @@ def report(
     _write_reports(reports, fmt, out, source_name, wide=wide)
 
 
-def _store_report(state_dir: Path) -> tuple[str | None, Any]:
+def store_report(state_dir: Path) -> tuple[str | None, Any]:
     from autoscaler.controller.billing import cost_record_from_store
     from autoscaler.controller.errors import StoreError
     from autoscaler.controller.store import Store
@@ -178,7 +178,7 @@ def _write_reports(
 
     try:
         if fmt is ReportFormat.TABLE:
-            text = _render_tables(reports, plain=out is not None, wide=wide)
+            text = render_tables(reports, plain=out is not None, wide=wide)
             if out is None:
                 return
             write_text_atomic(out, text)
@@ -213,7 +213,7 @@ def _write_reports(
     typer.echo(f"report written to {out}", err=True)
 
 
-def _render_tables(reports: list, *, plain: bool, wide: bool = False) -> str:
+def render_tables(reports: list, *, plain: bool, wide: bool = False) -> str:
     """Print the tables (``plain``: into a string, no colour, 120 columns, returned;
     ``wide``: every column)."""
     import io

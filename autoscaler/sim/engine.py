@@ -75,6 +75,7 @@ from autoscaler.sim.results import JobResult, RoundStats, SimResult
 from autoscaler.sim.world import CloudWorld, World, WorldConfig, fixed_offering, pool_key
 from autoscaler.strategies import FixedFleet
 from autoscaler.traces import AppTrace, load_app
+from providers.base import Offering
 from trainer.report import (
     BatchConfig,
     GradientStats,
@@ -234,7 +235,8 @@ class Simulator:
     def _fixed_world(self) -> World:
         """The product's controller over a static fleet: one on-demand offering per node
         group, held at the group's count by :class:`~autoscaler.strategies.FixedFleet`."""
-        offerings, counts = [], {}
+        offerings: list[Offering] = []
+        counts: dict[str, int] = {}
         self._group_of_type: dict[str, NodeGroup] = {}
         for i, group in enumerate(self.config.cluster_spec.groups):
             itype = group.instance_type
