@@ -326,14 +326,13 @@ class Controller:
         )
         # No job, or no node to put one on (every instance booting): nothing to decide.
         plan = self._decide(cluster, views) if views and cluster.nodes else Plan({}, {})
-        for name, reason in sorted(plan.refused.items()):
-            row = next((j for j in jobs if j.name == name), None)
-            if row is not None:  # the policy can never run it: it waits for the user
-                self._end_job(row, JobStatus.REFUSED, reason)
-        allocations = {k: a for k, a in plan.allocations.items() if k not in plan.refused}
+        # A job the policy refuses on the nodes of this round is not refused for good: the
+        # fleet may grow. It waits; a job no fleet this controller may build could hold was
+        # refused at admission (_admit), with the same rule.
+        allocations = {**plan.allocations}
         for name, alloc in pinned.items():
             allocations[name] = alloc
-        decided = ({v.name for v in views} - set(plan.refused)) | set(pinned)
+        decided = {v.name for v in views} | set(pinned)
         jobs = [j for j in jobs if j.name in decided]  # a job failed while deciding is gone
         t4 = time.perf_counter()
 
