@@ -650,6 +650,8 @@ def events(
             else:
                 typer.echo(format_event(row))
 
+    if follow:  # Ctrl-C ends it, also when started where SIGINT is ignored (a shell's &)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with Store.open(path, SystemClock()) as store:
             rows = store.events_after(0)
