@@ -478,9 +478,9 @@ class JobBook:
         known.max_nodes = max(known.max_nodes, sample.num_nodes)
         return self.models.profile_size(job, key) != before or before == self.models.max_samples
 
-    def changed_keys(self, job: str, gpu_type: str) -> tuple[str, ...]:
-        """The store keys (:data:`POOLED_KEY` for the pooled fit) a new sample of ``job`` on
-        ``gpu_type`` touches."""
+    def changed_keys(self, gpu_type: str) -> tuple[str, ...]:
+        """The store keys (:data:`POOLED_KEY` for the pooled fit) a new sample on ``gpu_type``
+        touches."""
         return (gpu_type, POOLED_KEY) if self.typed else (POOLED_KEY,)
 
     def profile_json(self, job: str, gpu_type: str) -> str:

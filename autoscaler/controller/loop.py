@@ -218,11 +218,8 @@ class Controller:
         # One unavailable-offerings memory: the provider's own walk skips what is marked
         # here (pass the provider the same object), and sizing routes around it.
         self.unavailable = unavailable or UnavailableOfferings(clock, config.unavailable_ttl_s)
-        self.book = JobBook(
-            config.refit_tolerance,
-            typed=bool(getattr(self.policy, "type_aware", False)),
-            speeds=self.speeds,
-        )
+        self._type_aware = bool(getattr(self.policy, "type_aware", False))
+        self.book = JobBook(config.refit_tolerance, typed=self._type_aware, speeds=self.speeds)
         self._new_key = instance_keys or (lambda: f"i-{uuid.uuid4().hex[:16]}")
         self._oracle = oracle if getattr(self.policy, "uses_oracle", False) else None
         self._fit_s = 0.0
@@ -499,7 +496,7 @@ class Controller:
         plan.validate(
             round_input,
             max_gpus={name: high for name, (_, high) in bounds.items()},
-            single_type=bool(getattr(self.policy, "type_aware", False)),
+            single_type=self._type_aware,
         )
         for name, alloc in plan.allocations.items():
             low = bounds[name][0]
@@ -688,7 +685,7 @@ class Controller:
         for job, payload in reports:
             gpu_type = type_of_job.get(job)  # None: from a run no longer placed
             if self.book.record(TrainerReport.from_json(payload), gpu_type) and gpu_type:
-                touched.update((job, key) for key in self.book.changed_keys(job, gpu_type))
+                touched.update((job, key) for key in self.book.changed_keys(gpu_type))
         t0 = time.perf_counter()
         self.book.refit()
         self._fit_s = time.perf_counter() - t0

@@ -57,7 +57,6 @@ from autoscaler.controller.store import JobStatus
 from autoscaler.errors import AutoscalerError, InvalidInputError
 from autoscaler.goodput import (
     BatchLimits,
-    GoodputModel,
     GradParams,
 )
 from autoscaler.gputypes import SpeedTable, default_speed_table
@@ -106,13 +105,8 @@ class _Job:
     starts: int = 0
     attained_gpu_s: float = 0.0
     completion_s: float | None = None
-    # Goodput models built from the model book's fits, by fit key (``None``: all profiles
-    # pooled, what type-unaware policies see; ``"<gpu type>"``: that type's profiles only).
-    models: dict[str | None, GoodputModel] = field(default_factory=dict)
     grad: GradParams | None = None
     grad_key: tuple[int, int] | None = None
-    max_profiled_gpus: int = 0
-    max_profiled_nodes: int = 0
     sharers_s: float = 0.0  # integral of (active jobs) dt over the job's life
     oracle_times: tuple[float, ...] | None = None
     # Cloud mode: progress at the last checkpoint, running seconds since, preemptions.
@@ -194,9 +188,7 @@ class Simulator:
         self.workload_name = workload_name
         self.on_round = on_round
         self.speeds: SpeedTable = default_speed_table()
-        spec_cluster = self.config.cluster_spec
-        self.nodes = spec_cluster.nodes()
-        self._group = spec_cluster.group_of()
+        self._group: dict[str, NodeGroup] = {}  # instance key -> its node group (true speeds)
         self._type_speed: dict[tuple[str, NodeGroup], TypeSpeed] = {}
         order = sorted(range(len(jobs)), key=lambda i: (jobs[i].submit_time_s, i))
         self.jobs: list[_Job] = []
@@ -227,8 +219,6 @@ class Simulator:
             self._group_of_key = {pool_key(o): o.group for o in cloud.offerings}
             self.cloud = CloudWorld(cloud, policy, self._world_config(), oracle=self._oracle_hook())
             self.world = self.cloud
-            self.nodes = ()
-            self._group = {}
 
     # ---- main loop -------------------------------------------------------------------------
 
@@ -237,17 +227,16 @@ class Simulator:
         group, held at the group's count by :class:`~autoscaler.strategies.FixedFleet`."""
         offerings: list[Offering] = []
         counts: dict[str, int] = {}
-        self._group_of_type: dict[str, NodeGroup] = {}
+        types: set[str] = set()
         for i, group in enumerate(self.config.cluster_spec.groups):
             itype = group.instance_type
-            if itype in self._group_of_type:
+            if itype in types:
                 itype = f"{itype}.g{i}"
+            types.add(itype)
             o = fixed_offering(itype, group.gpu_type, group.gpus_per_node)
             offerings.append(o)
             counts[o.key] = counts.get(o.key, 0) + group.count
-            self._group_of_type[itype] = group
-        for o in offerings:
-            self._group_of_key[o.key] = self._group_of_type[o.instance_type]
+            self._group_of_key[o.key] = group
         world = World(
             offerings,
             FixedFleet("fixed", counts),
@@ -256,7 +245,7 @@ class Simulator:
             oracle=self._oracle_hook(),
         )
         total = sum(counts.values())
-        world.warm_up(lambda: len(world.instance_types()) >= total and self._fleet_up(world))
+        world.warm_up(lambda: world.running_instances() >= total)
         return world
 
     def _world_config(self) -> WorldConfig:
@@ -270,11 +259,6 @@ class Simulator:
 
     def _oracle_hook(self) -> Callable[[str], Oracle | None] | None:
         return self._oracle_of if self.policy.uses_oracle else None
-
-    @staticmethod
-    def _fleet_up(world: World) -> bool:
-        allocs = world.store.list_instances()
-        return all(r.status.value == "running" and r.provider_instance_id for r in allocs)
 
     def _oracle_of(self, name: str) -> Oracle | None:
         """Ground truth for an oracle baseline (the Pollux paper's Optimus+Oracle): a

@@ -171,9 +171,10 @@ class World:
         batches = {name: _choice(b) for name, b in self.store.list_batches().items()}
         return {job: Allocation(a) for job, a in alloc.items()}, batches
 
-    def instance_types(self) -> dict[str, str]:
-        """Instance key -> its instance type, for every instance the store knows."""
-        return {r.instance_key: r.instance_type for r in self.store.list_instances()}
+    def running_instances(self) -> int:
+        """Instances running in the store with a cloud id (a fixed fleet is up when all are)."""
+        rows = self.store.list_instances(statuses=(InstanceStatus.RUNNING,))
+        return sum(1 for r in rows if r.provider_instance_id is not None)
 
     def instance_ids(self) -> dict[str, str]:
         """Instance key -> the cloud's instance id, for every instance that got one."""
