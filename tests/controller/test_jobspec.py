@@ -852,3 +852,30 @@ def test_random_documents_give_a_spec_or_a_located_error(
     except JobSpecError as e:
         assert e.line is not None and 1 <= e.line <= text.count("\n") + 1
         assert e.field
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"requested_gpus": 0}, "requested_gpus"),
+        ({"requested_gpus": 4097}, "requested_gpus"),
+        ({"min_gpus": 2, "requested_gpus": 1}, "requested_gpus"),
+        ({"max_gpus": 4, "requested_gpus": 5}, "requested_gpus"),
+        ({"requested_gpus": True}, "requested_gpus"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"batch_size": (1 << 24) + 1}, "batch_size"),
+        ({"batch_size": "64"}, "batch_size"),
+    ],
+)
+def test_the_users_own_gpus_and_batch_are_bounded(extra: dict, field: str) -> None:
+    """``requested_gpus`` and ``batch_size`` (what a fixed-batch policy gives a job) are
+    refused past their bounds, with the field named; at their bounds they pass."""
+    from autoscaler.controller.jobs import JobSubmission, submission_problems
+
+    base = {"name": "j", "init_batch_size": 64, "max_batch_size": 256, "max_local_bsz": 64}
+    base["command"] = ["train.py"]
+    assert field in [f for f, _ in submission_problems({**base, **extra})]
+    with pytest.raises(InvalidInputError):
+        JobSubmission(**{**base, **extra})
+    ok = JobSubmission(**{**base, "requested_gpus": 4096, "batch_size": 1 << 24})
+    assert ok.requested_gpus == 4096 and ok.batch_size == 1 << 24
