@@ -1203,12 +1203,17 @@ class ApiServer:
         """The worker threads running now (bounded by :attr:`ServerLimits.threads`)."""
         return len(self._server.task_dispatcher.threads)
 
-    def shutdown(self) -> None:
+    def shutdown(self, grace_s: float = 3.0) -> None:
         """Stop accepting requests, close every connection and the socket, and wait for the
-        serving thread and the workers (a request in progress gets a few seconds to finish).
-        Calling it twice is fine."""
+        serving thread and the workers. A request in progress, or an answer not yet sent (the
+        202 of the ``/v1/service/down`` that stops the service), gets up to ``grace_s``
+        seconds to go out first; idle and half-open connections do not delay it. Calling it
+        twice is fine."""
         if self._thread.is_alive():
             server = self._server
+            deadline = time.monotonic() + max(0.0, grace_s)
+            while self._answering() and time.monotonic() < deadline:
+                time.sleep(0.02)
             server.trigger.pull_trigger(lambda: close_all(server._map))
             self._thread.join(timeout=10.0)
         self._server.task_dispatcher.shutdown(timeout=5)
@@ -1216,6 +1221,21 @@ class ApiServer:
         if sock is not None:  # closed by the loop already, unless it never ran
             with contextlib.suppress(OSError):
                 sock.close()
+
+    def _answering(self) -> bool:
+        """Whether a connection has a request in progress or bytes still to send."""
+        server = self._server
+        for _ in range(3):  # the serving thread may change the map while we read it
+            try:
+                channels = [ch for ch in list(server._map.values()) if ch is not server]
+                break
+            except RuntimeError:
+                continue
+        else:
+            return True
+        return any(
+            getattr(ch, "requests", None) or getattr(ch, "total_outbufs_len", 0) for ch in channels
+        )
 
     def __enter__(self) -> ApiServer:
         return self

@@ -22,6 +22,7 @@ from autoscaler.controller.api import (
     ApiServer,
     ApiTokens,
     ServerLimits,
+    ServiceControl,
     generate_tokens,
     make_app,
     serve,
@@ -97,9 +98,11 @@ def test_a_thousand_half_open_requests_hold_no_thread_and_block_no_one(
     app: ApiApp, tokens: ApiTokens
 ) -> None:
     _room_for_sockets(4 * HALF_OPEN)
-    limits = ServerLimits(threads=4, idle_timeout_s=2, request_timeout_s=60.0)
+    # A request stuck behind the stalled ones would wait for their idle time-out (6 s); an
+    # answer well inside it (3 s, room for a loaded machine) shows that none blocks it.
+    limits = ServerLimits(threads=4, idle_timeout_s=6, request_timeout_s=60.0)
     with running(app, limits) as server:
-        client = ApiClient(server.url, tokens.user, timeout_s=5)
+        client = ApiClient(server.url, tokens.user, timeout_s=10)
         client.submit_job(
             {"name": "first", "init_batch_size": 8, "max_batch_size": 8, "max_local_bsz": 8,
              "command": ["train.py"]}
@@ -113,12 +116,12 @@ def test_a_thousand_half_open_requests_hold_no_thread_and_block_no_one(
             jobs = client.list_jobs()
             answered_s = time.monotonic() - t0
             assert [j.name for j in jobs] == ["first"]
-            assert answered_s < 1.0, f"a normal request took {answered_s:.2f} s"
+            assert answered_s < 3.0, f"a normal request took {answered_s:.2f} s"
             threads = native_thread_count()
             assert threads is not None and threads <= threads_before + 2, (threads_before, threads)
             assert server.worker_threads == 4
             # Stalled for the idle time-out: the server closes them all.
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + 15
             open_ = list(stalled)
             while open_ and time.monotonic() < deadline:
                 time.sleep(0.2)
@@ -225,3 +228,38 @@ def test_the_event_loop_waits_while_workers_answer(
             t.join()
     assert done[0] >= 40
     assert wakeups[0] / done[0] < 20, (wakeups[0], done[0])
+
+
+def test_the_answer_to_down_goes_out_before_the_server_closes(
+    tmp_path: Path, tokens: ApiTokens
+) -> None:
+    """``coadapt down`` asks the service to stop; the service's loop wakes and shuts the server
+    down while the 202 is still on its way (seen on a loaded machine: the client got a closed
+    connection and said nothing was stopped). The answer goes out first."""
+    clock = FakeClock()
+    Store.create(tmp_path / "store.db", "c1", clock).close()
+    holder: list[ApiServer] = []
+    stopper: list[threading.Thread] = []
+
+    def request_down() -> None:
+        stopper.append(threading.Thread(target=holder[0].shutdown))
+        stopper[0].start()
+        time.sleep(0.5)  # the shutdown runs while this request is still being answered
+
+    service = ServiceControl({"pid": 1, "started": "1", "cmdline": ["x"]}, request_down)
+    app = make_app(
+        tmp_path / "store.db", tokens, clock, logs_dir=tmp_path, on_job_exit=_exit,
+        service=service,
+    )  # fmt: skip
+    try:
+        server = serve(app, limits=ServerLimits(threads=2))
+        holder.append(server)
+        answer = ApiClient(server.url, tokens.user, timeout_s=10).service_down()
+        assert answer["pid"] == 1
+        stopper[0].join(timeout=20)
+        assert not stopper[0].is_alive()
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", server.port), timeout=2).close()
+    finally:
+        server.shutdown()
+        app.close()
