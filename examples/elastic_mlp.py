@@ -133,6 +133,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # Test and benchmark hooks.
     p.add_argument("--log-dir", default=None)
     p.add_argument("--step-delay-s", type=float, default=0.0)
+    p.add_argument(
+        "--sample-delay-s",
+        type=float,
+        default=0.0,
+        help="sleep this long per sample of each micro-batch: an accelerator's per-sample "
+        "work, which a second replica halves, without using the host's CPU",
+    )
     p.add_argument("--inject-nonfinite-step", type=int, default=-1)
     p.add_argument("--batch-schedule", default="", help='e.g. "1:32x2": config from epoch 1')
     p.add_argument("--initial-params", default=None, help="rank 0 saves the initial model here")
@@ -205,6 +212,8 @@ def main(argv: list[str] | None = None) -> None:
                 loss.backward()
                 if args.step_delay_s:
                     time.sleep(args.step_delay_s)
+                if args.sample_delay_s:
+                    time.sleep(args.sample_delay_s * len(ids))
                 optimizer.step()
                 optimizer.zero_grad()
                 if scheduler is not None:

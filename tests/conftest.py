@@ -25,6 +25,14 @@ except ImportError:  # pragma: no cover - hypothesis is a dev dependency
     pass
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Files that hold a slow test run first, each file's tests kept together and in order:
+    with workers (``-n``, files dealt out whole by ``--dist loadfile``) the long files start at
+    once and the short ones fill in around them, and a module's fixtures are built once."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow_files)
+
+
 @pytest.fixture(scope="session")
 def project_root() -> Path:
     return ROOT

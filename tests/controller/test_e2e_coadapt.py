@@ -44,11 +44,13 @@ pytestmark = [
     pytest.mark.skipif(not PROC_ROOT.is_dir(), reason="needs Linux /proc"),
 ]
 
-# About a minute and a half of compute on one slot on a quiet machine, most of it per-sample
-# work (a wide MLP): what the goodput model fits from one GPU predicts a second one nearly
-# doubles it, and when that fit exists (~15 s in) the job has the time left that a rescale
-# needs to be worth its restart (10 s on this provider): more than ~40 s on one GPU.
-ELASTIC_SAMPLES, ELASTIC_EPOCHS = 8192, 60
+# About a minute and a half of work on one slot, nearly all of it per-sample (a sleep per
+# sample, as an accelerator's work: a second replica halves it, and the host's CPU stays free
+# for the rest of the suite): what the goodput model fits from one GPU predicts a second one
+# nearly doubles it, and when that fit exists (~15 s in) the job has the time left that a
+# rescale needs to be worth its restart (10 s on this provider): more than ~40 s on one GPU.
+ELASTIC_SAMPLES, ELASTIC_EPOCHS = 2048, 60
+ELASTIC_SAMPLE_DELAY_S = 90.0 / (ELASTIC_SAMPLES * ELASTIC_EPOCHS)
 
 
 def _spec(folder: Path, name: str, text: str) -> Path:
@@ -77,7 +79,8 @@ local_batch_size: {{max: 512}}
             "elastic",
             f"""name: elastic
 command: [{script}, --epochs, {ELASTIC_EPOCHS}, --num-samples, {ELASTIC_SAMPLES},
-  --initial-batch-size, 64, --dim, 64, --hidden, 1024, --log-dir, {logs / "elastic"}]
+  --initial-batch-size, 64, --dim, 16, --hidden, 32,
+  --sample-delay-s, {ELASTIC_SAMPLE_DELAY_S:.6f}, --log-dir, {logs / "elastic"}]
 gpus: {{min: 1, max: 2}}
 batch_size: {{initial: 64, max: 64}}
 local_batch_size: {{max: 64}}
