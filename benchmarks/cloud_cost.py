@@ -56,6 +56,7 @@ from autoscaler.sim.experiments import (
     SPOT_FAMILIES,
     build_run,
     e1_workload,
+    experiment_menu,
     load_traces,
 )
 from autoscaler.sim.floor_inputs import floor_problem
@@ -93,10 +94,12 @@ def _one(task: tuple) -> dict:
     application = {job.name: job.application for job in result.jobs}
     for cost in job_costs(result.cost):
         per_app[application[cost.job_id]]["cost_usd"] += cost.cost_usd
-    # The least any fleet on the run's offerings could have paid for the same work
-    # (autoscaler/floor.py): (a) with no time limit, (b) every job by its finish time here.
+    # The least any fleet on the experiment's whole menu (every strategy's offerings) could
+    # have paid for the same work (autoscaler/floor.py): (a) with no time limit, (b) every
+    # job by its finish time here.
     t_floor = time.perf_counter()
-    floor = cost_floor(floor_problem(jobs, result))
+    menu = experiment_menu(experiment, traces=traces, spot_prices=prices, seed=seed)
+    floor = cost_floor(floor_problem(jobs, result, offerings=menu))
     for app, f in floor.by_application().items():
         per_app[app].update(f)
     return {

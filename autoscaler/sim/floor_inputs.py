@@ -7,17 +7,22 @@ into a :class:`~autoscaler.floor.FloorProblem`:
 - **work**: each job's target progress (what the simulator's "done" rule waits for), split
   into ``segments`` ordered segments of whole epochs;
 - **goodput**: per offering and GPU count ``g``, per segment, an upper envelope of the
-  progress per second the simulator credits the job: the best, over every micro-batch the
-  type holds (``min_local_bsz`` .. its ``max_local_bsz``; a grid whose gaps are bounded, see
-  :func:`goodput_envelope`) and every number of accumulation steps (total batch up to
-  ``max_batch_size``, or one micro-batch per GPU), of the true AdaScale progress per real
-  iteration at the best point of the segment (the simulator's progress curve, cell by cell)
-  over the true iteration time (no interference), on ``g`` GPUs packed onto the fewest
-  instances of the offering or spread over one or two more. ``g`` runs up to the most GPUs a
-  policy gives a job (``max_batch_size // min_local_bsz``, or the job's own request if
-  larger). **Not covered**: placements spread wider than that (the controller packs; a wider
+  progress per second the simulator credits the job: the best, over every integer
+  micro-batch the type holds (``min_local_bsz`` .. its ``max_local_bsz``) and every number of
+  accumulation steps (total batch up to ``max_batch_size``, or one micro-batch per GPU), of
+  the true AdaScale progress per real iteration at the best point of the segment (the
+  simulator's progress curve, cell by cell: within a cell progress grows linearly in
+  iterations, so no point of the segment does better) over the true iteration time (the
+  engine's rule, no interference, no restart), on ``g`` GPUs packed onto the fewest
+  instances of the offering or spread evenly over one or two more. Exact over those
+  configurations (no sampling). ``g`` runs up to the most GPUs a policy gives a job
+  (``max_batch_size // min_local_bsz``, or the job's own request if larger) and the most
+  the offering ever has (its spot capacity). **Not covered**: other placements (spread
+  wider, uneven, or over instances of several types: the controller packs, and a wider
   spread only adds cross-instance sync in the traces, but the interpolated trace model does
-  not guarantee it), and a job spanning GPU types (it runs at its slowest type's pace);
+  not guarantee it; ``tests/sim/test_floor_run.py`` checks every rate a real run credits
+  against the envelope). A job spanning GPU types runs at its slowest type's pace, which
+  the program covers by time-sharing its configurations on each type;
 - **prices**: each offering's price as the bill saw it: sampled at every round's start (the
   world sets prices then) over the run;
 - **capacity**: a spot offering's replayed availability trace (instances over time); an
@@ -51,7 +56,6 @@ DEFAULT_SEGMENTS = 8
 """Segments of work per job (more: a tighter floor, a larger program)."""
 
 _M_CHUNK = 256
-_GRID_STEP = 0.1
 
 
 def _segment_cells(app: AppTrace, segments: int) -> list[tuple[int, int]]:
@@ -97,13 +101,15 @@ def _placements(g: int, per_node: int) -> list[tuple[int, ...]]:
     return [even_placement(n, g) for n in range(fewest, min(g, fewest + 2) + 1)]
 
 
-def _grid(lo: int, hi: int) -> np.ndarray:
-    """Integers from ``lo`` to ``hi``: every one up to 16 values, else a geometric grid
-    (ratio at most ``1 + _GRID_STEP``) with both ends."""
-    if hi - lo < 16:
-        return np.arange(lo, hi + 1)
-    n = math.ceil(math.log(hi / lo) / math.log(1 + _GRID_STEP)) + 1
-    return np.unique(np.round(np.geomspace(lo, hi, n)).astype(int))
+def _pairs(lo: int, hi: int, cap: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every ``(micro-batch b, accumulation steps a)`` with ``lo <= b <= hi``, ``a >= 1`` and
+    ``b * a <= cap`` (``cap >= lo``), as two flat integer arrays."""
+    bs = np.arange(lo, hi + 1)
+    counts = cap // bs
+    b = np.repeat(bs, counts)
+    first = np.cumsum(counts) - counts  # index where each b's run starts
+    a = np.arange(len(b)) - np.repeat(first, counts) + 1
+    return b, a
 
 
 def goodput_envelope(
@@ -117,33 +123,28 @@ def goodput_envelope(
     """(work per segment, ``{g: best progress per second in each segment}``) of ``app`` on
     ``group``'s instances, for ``g`` = 1 .. ``max_gpus`` (see the module docstring).
 
-    Micro-batches and accumulation steps are taken on grids (:func:`_grid`); between two
-    points ``b0 < b1`` (and ``a0 < a1``) a configuration is bounded by the iteration time at
-    ``b0`` and ``a0`` (the trace model's times do not fall as the micro-batch or the steps
-    grow) and the best progress per iteration at any total batch up to ``g * b1 * a1``: so
-    the grids lose no configuration between their points (the bound is looser, by up to the
-    grid's ratio, never tighter)."""
+    Exact over its configurations: every integer micro-batch ``b`` from ``min_local_bsz`` to
+    the type's ``max_local_bsz`` and every number of accumulation steps ``a`` with total batch
+    ``g * b * a`` up to ``max(max_batch_size, g * min_local_bsz)``, each at the simulator's
+    own true iteration time (:meth:`~autoscaler.sim.cluster.TypeSpeed.step_times_s`, the
+    engine's accumulation rule) and the best progress per iteration its total batch makes in
+    the segment (:func:`_progress_rate`); the best over the placements of :func:`_placements`."""
     speed = _type_speed(app.name, group, traces_root)
-    top_local = max(app.min_local_bsz, speed.max_local_bsz)
-    max_batch = max(app.max_batch_size, max_gpus * top_local)
+    lo = app.min_local_bsz
+    top_local = max(lo, speed.max_local_bsz)
+    max_batch = max(app.max_batch_size, max_gpus * lo)
     work, rate = _progress_rate(app.name, traces_root, segments, max_batch)
-    best_upto = np.maximum.accumulate(rate, axis=1)  # best at any total batch <= M
-    grid = _grid(app.min_local_bsz, top_local)
-    upper = np.append(grid[1:], grid[-1])  # the next grid point: the interval's end
     out: dict[int, tuple[float, ...]] = {}
     for g in range(1, max_gpus + 1):
-        cap = max(app.max_batch_size, g * app.min_local_bsz)
+        per_gpu = max(app.max_batch_size, g * lo) // g  # b * a at most
+        b, a = _pairs(lo, min(top_local, per_gpu), per_gpu)
+        bs = np.arange(lo, min(top_local, per_gpu) + 1)
         best = np.zeros(len(work))
         for placement in _placements(g, group.gpus_per_node):
-            times = np.array([speed.step_time_s(placement, float(b)) for b in grid])
-            step, sync = times[:, 0], times[:, 1]
-            for i, b in enumerate(grid):
-                accum = _grid(1, max(1, cap // (g * int(b))))
-                a_up = np.append(accum[1:], accum[-1])
-                ms = np.minimum(g * int(upper[i]) * a_up, max_batch)
-                t = step[i] + (accum - 1) * (step[i] - sync[i])
-                r = (best_upto[:, ms] / t[None, :]).max(axis=1)
-                best = np.maximum(best, r)
+            step, sync = speed.step_times_s(placement, bs.astype(float))
+            i = b - lo
+            t = step[i] + (a - 1) * (step[i] - sync[i])
+            best = np.maximum(best, (rate[:, g * b * a] / t[None, :]).max(axis=1))
         out[g] = tuple(float(v) for v in best)
     return work, out
 
@@ -200,25 +201,42 @@ def _capacity_series(o: CloudOffering, end_s: float) -> StepSeries | None:
     return StepSeries(tuple(times), tuple(values))
 
 
+def _most_gpus(o: CloudOffering, end_s: float) -> int | None:
+    """The most GPUs ``o`` ever offers in ``[0, end_s]`` (its replayed spot capacity);
+    ``None``: no limit (on demand, or a hazard model)."""
+    series = _capacity_series(o, end_s)
+    return None if series is None else int(max(series.values)) * o.gpus
+
+
 def floor_problem(
-    specs: Sequence[JobSpec], result: SimResult, *, segments: int = DEFAULT_SEGMENTS
+    specs: Sequence[JobSpec],
+    result: SimResult,
+    *,
+    segments: int = DEFAULT_SEGMENTS,
+    offerings: Sequence[CloudOffering] | None = None,
 ) -> FloorProblem:
     """The floor's inputs of a cloud run (see the module docstring): ``specs`` the run's jobs
-    (as given to the :class:`~autoscaler.sim.engine.Simulator`), ``result`` its result."""
+    (as given to the :class:`~autoscaler.sim.engine.Simulator`), ``result`` its result.
+    ``offerings``: the menu the floor may buy from (default: the run's own; give the
+    experiment's whole menu for the least *any* fleet could have paid). A job's GPU counts on
+    an offering go up to the most GPUs a policy gives it (``max_batch_size //
+    min_local_bsz``, or its own request if larger) and the most the offering ever has."""
     cloud = result.config.cloud
     if cloud is None:
         raise ValueError("the cost floor needs a cloud run (SimConfig.cloud)")
+    menu = tuple(cloud.offerings if offerings is None else offerings)
     root = None if result.config.traces_root is None else str(result.config.traces_root)
     end_s = max(j.completion_time_s for j in result.jobs)
-    offerings = tuple(
+    floor_offerings = tuple(
         FloorOffering(
             key=o.key,
             gpus_per_instance=o.gpus,
             price_usd_per_hour=_price_series(o, end_s, result.config.interval_s),
             capacity=_capacity_series(o, end_s),
         )
-        for o in cloud.offerings
+        for o in menu
     )
+    most = {o.key: _most_gpus(o, end_s) for o in menu}
     spec_of = {s.name: s for s in specs}
     jobs = []
     for job in result.jobs:
@@ -227,9 +245,10 @@ def floor_problem(
         max_gpus = max(1, app.max_batch_size // app.min_local_bsz, spec.num_replicas)
         configs = []
         work: tuple[float, ...] = ()
-        for o in cloud.offerings:
+        for o in menu:
+            cap = max_gpus if most[o.key] is None else min(max_gpus, most[o.key] or 0)
             work, env = _envelope_cached(job.application, o.group, max_gpus, segments, root)
-            configs += [FloorConfig(o.key, g, rates) for g, rates in env.items()]
+            configs += [FloorConfig(o.key, g, rates) for g, rates in env.items() if g <= cap]
         jobs.append(
             FloorJob(
                 job_id=job.name,
@@ -240,4 +259,4 @@ def floor_problem(
                 finish_by_s=job.completion_time_s,
             )
         )
-    return FloorProblem(tuple(jobs), offerings)
+    return FloorProblem(tuple(jobs), floor_offerings)
