@@ -41,9 +41,7 @@ class _Observed(Simulator):
 
 def _run(experiment: str, strategy: str, jobs):
     run = build_run(experiment, strategy)
-    sim = _Observed(
-        jobs, make_policy(run.policy, **run.policy_options), SimConfig(cloud=run.cloud)
-    )
+    sim = _Observed(jobs, make_policy(run.policy, **run.policy_options), SimConfig(cloud=run.cloud))
     return sim, sim.run()
 
 
