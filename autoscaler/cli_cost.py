@@ -163,7 +163,7 @@ def _file_reports(file: Path) -> list[tuple[str | None, Any]]:
         _fail(f"{file}: {e}")
     for label in found.skipped:
         typer.echo(f"note: {label}: no cost record (skipped)", err=True)
-    return [(r.label, r.record) for r in found.records]
+    return [(r.label, r.record, r.floor) for r in found.records]
 
 
 def _write_reports(
@@ -185,7 +185,10 @@ def _write_reports(
         elif fmt is ReportFormat.JSON:
             from autoscaler.report.export import summary_json
 
-            summaries = [summary_json(rec, label=label) for label, rec in reports]
+            summaries = [
+                summary_json(rec, label=label, floor=rest[0] if rest else None)
+                for label, rec, *rest in reports
+            ]
             body = summaries[0] if len(summaries) == 1 else summaries
             text = json.dumps(body, indent=1, allow_nan=False) + "\n"
             if out is None:
@@ -199,15 +202,16 @@ def _write_reports(
             if len(reports) == 1:
                 write_csv_files(out, reports[0][1])
             else:
-                for slug, (_, rec) in zip(
-                    _unique_slugs([label for label, _ in reports]), reports, strict=True
+                for slug, (_, rec, *_rest) in zip(
+                    _unique_slugs([label for label, *_ in reports]), reports, strict=True
                 ):
                     write_csv_files(out / slug, rec)
         else:
             from autoscaler.report.html import write_html
 
             assert out is not None
-            write_html(out, reports, title=f"coadapt cost report: {source}")
+            pairs = [(label, rec) for label, rec, *_ in reports]
+            write_html(out, pairs, title=f"coadapt cost report: {source}")
     except OSError as e:
         _fail(f"--out {out}: cannot write: {e.strerror or e}")
     typer.echo(f"report written to {out}", err=True)
@@ -215,15 +219,18 @@ def _write_reports(
 
 def render_tables(reports: list, *, plain: bool, wide: bool = False) -> str:
     """Print the tables (``plain``: into a string, no colour, 120 columns, returned;
-    ``wide``: every column)."""
+    ``wide``: every column). Each report is ``(label, record)`` or ``(label, record, floor)``
+    (a simulated run's :class:`~autoscaler.report.source.RunFloor`, or ``None``)."""
     import io
 
     from rich.console import Console
 
-    from autoscaler.report.tables import print_report
+    from autoscaler.report.tables import print_floor, print_report
 
     buffer = io.StringIO()
     console = Console(file=buffer, width=120, no_color=True) if plain else Console()
-    for label, record in reports:
+    for label, record, *rest in reports:
         print_report(console, record, label=label, wide=wide)
+        if rest and rest[0] is not None:
+            print_floor(console, rest[0], label=label)
     return buffer.getvalue()

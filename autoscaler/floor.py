@@ -71,6 +71,7 @@ __all__ = [
     "FloorResult",
     "StepSeries",
     "cost_floor",
+    "floor_summary",
 ]
 
 MAX_VARIABLES = 3_000_000
@@ -409,9 +410,12 @@ def cost_floor(problem: FloorProblem, *, slot_s: float = 300.0) -> FloorResult:
     sums = np.bincount(np.asarray(owner), weights=spent, minlength=len(problem.jobs))
     for ji, job in enumerate(problem.jobs):
         by_job[job.job_id] = float(sums[ji])
+    no_limit_usd = float(sum(no_limit.values()))
     return FloorResult(
-        no_limit_usd=float(sum(no_limit.values())),
-        at_deadline_usd=float(res.fun),
+        no_limit_usd=no_limit_usd,
+        # (b) >= (a) exactly (see the module docstring); HiGHS's optimum can fall below (a)
+        # by its tolerance when the deadlines bind nothing.
+        at_deadline_usd=max(float(res.fun), no_limit_usd),
         no_limit_by_job=no_limit,
         at_deadline_by_job=by_job,
         application_of={j.job_id: j.application for j in problem.jobs},
@@ -419,3 +423,39 @@ def cost_floor(problem: FloorProblem, *, slot_s: float = 300.0) -> FloorResult:
         slot_s=slot_s,
         variables=n_vars,
     )
+
+
+def floor_summary(
+    floor: FloorResult,
+    cost_usd: float,
+    cost_by_job: Mapping[str, float],
+    *,
+    offerings: Sequence[str] = (),
+) -> dict[str, object]:
+    """A run's floors next to its bill, JSON-ready: ``floor_usd`` (a), ``floor_at_jct_usd``
+    (b), ``cost_usd``, ``cost_over_floor`` (cost / (b); ``None`` when (b) is zero), the
+    ``slot_s`` of (b), the ``offerings`` the floor could buy from, and ``per_application``:
+    the same per application, its cost the USD attributed to its jobs (``cost_by_job``; the
+    run's idle cost is in no application)."""
+    per_app: dict[str, dict[str, float | None]] = {}
+    for app, f in floor.by_application().items():
+        jobs = [j for j, a in floor.application_of.items() if a == app]
+        cost = float(sum(cost_by_job.get(j, 0.0) for j in jobs))
+        per_app[app] = {
+            **f,
+            "cost_usd": cost,
+            "cost_over_floor": _ratio(cost, f["floor_at_jct_usd"]),
+        }
+    return {
+        "floor_usd": floor.no_limit_usd,
+        "floor_at_jct_usd": floor.at_deadline_usd,
+        "cost_usd": float(cost_usd),
+        "cost_over_floor": _ratio(cost_usd, floor.at_deadline_usd),
+        "slot_s": floor.slot_s,
+        "offerings": list(offerings),
+        "per_application": per_app,
+    }
+
+
+def _ratio(cost_usd: float, floor_usd: float) -> float | None:
+    return float(cost_usd) / floor_usd if floor_usd > 0 else None

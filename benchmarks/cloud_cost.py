@@ -22,14 +22,21 @@ Experiments (offerings, traces and strategies: :mod:`autoscaler.sim.experiments`
 Every figure comes from the product's controller (its round, store and fleet reconcile) under
 the simulated cloud (:mod:`autoscaler.sim.world`). Writes ``{"experiment": str, "lengths":
 "declared", "strategies": {"<name>": {"cost_usd", "mean_jct_s",
-"p99_jct_s", "preemptions", "instance_hours", "idle_usd", "per_application": {...},
-"per_workload": {...}}}, "ratios": {...}}`` (costs and instance-hours summed over workloads;
+"p99_jct_s", "preemptions", "instance_hours", "idle_usd", "floor_usd", "floor_at_jct_usd",
+"cost_over_floor", "per_application": {...}, "per_workload": {...}}}, "ratios": {...}}``
+(costs, floors and instance-hours summed over workloads;
 ``mean_jct_s`` the mean over workloads of each workload's mean JCT, as in ``paper_sim.py``)
 and prints the ratios the acceptance criteria name. ``idle_usd`` is what no job held (free
 GPUs, provisioning, minimum billing); ``per_application`` splits the rest by application:
 ``cost_usd`` attributed to its jobs' GPUs, and ``jct_share_s``, its jobs' JCTs over all jobs,
 so that the applications' costs plus ``idle_usd`` make ``cost_usd`` and their shares make
-``mean_jct_s``. ``--workloads N`` runs only the first N workloads and ``--strategies A,B``
+``mean_jct_s``. ``floor_usd`` and ``floor_at_jct_usd`` are the run's cost floors
+(:mod:`autoscaler.floor`): the least any fleet buying from the experiment's whole menu (every
+strategy's offerings, :func:`~autoscaler.sim.experiments.experiment_menu`) could have paid for
+the same work, (a) with no time limit and (b) every job finishing by its time in this run;
+``cost_over_floor`` is ``cost_usd`` over (b), also per application (its attributed USD over
+its jobs' share of (b)); ``per_workload`` adds the seconds each floor took
+(``floor_wall_s``). ``--workloads N`` runs only the first N workloads and ``--strategies A,B``
 only those strategies (a quick look; ratios whose strategies did not run are left out).
 """
 
@@ -219,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
                     "mean_jct_s": r["mean_jct_s"],
                     "floor_usd": r["floor_usd"],
                     "floor_at_jct_usd": r["floor_at_jct_usd"],
+                    "floor_slot_s": r["floor_slot_s"],
+                    "floor_wall_s": r["floor_wall_s"],
                 }
                 for r in mine
             },

@@ -42,7 +42,16 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from autoscaler.floor import FloorConfig, FloorJob, FloorOffering, FloorProblem, StepSeries
+from autoscaler.costs import job_costs, summarize
+from autoscaler.floor import (
+    FloorConfig,
+    FloorJob,
+    FloorOffering,
+    FloorProblem,
+    StepSeries,
+    cost_floor,
+    floor_summary,
+)
 from autoscaler.gputypes import default_speed_table
 from autoscaler.jobs import JobSpec
 from autoscaler.sim.cloud import CloudOffering
@@ -50,7 +59,7 @@ from autoscaler.sim.cluster import NodeGroup, TypeSpeed
 from autoscaler.sim.results import SimResult
 from autoscaler.traces import AppTrace, even_placement, load_app
 
-__all__ = ["DEFAULT_SEGMENTS", "floor_problem", "goodput_envelope"]
+__all__ = ["DEFAULT_SEGMENTS", "floor_problem", "goodput_envelope", "run_floor"]
 
 DEFAULT_SEGMENTS = 8
 """Segments of work per job (more: a tighter floor, a larger program)."""
@@ -260,3 +269,22 @@ def floor_problem(
             )
         )
     return FloorProblem(tuple(jobs), floor_offerings)
+
+
+def run_floor(
+    specs: Sequence[JobSpec],
+    result: SimResult,
+    *,
+    offerings: Sequence[CloudOffering] | None = None,
+) -> dict[str, object]:
+    """The floors of a cloud run next to its bill (:func:`~autoscaler.floor.floor_summary`):
+    what :attr:`SimResult.floor <autoscaler.sim.results.SimResult.floor>` and the results
+    JSON carry, and ``coadapt cost report`` shows. ``offerings``: as in
+    :func:`floor_problem`."""
+    if result.cost is None:
+        raise ValueError("the cost floor needs a cloud run (SimConfig.cloud)")
+    problem = floor_problem(specs, result, offerings=offerings)
+    floor = cost_floor(problem)
+    by_job = {c.job_id: c.cost_usd for c in job_costs(result.cost)}
+    keys = [o.key for o in problem.offerings]
+    return floor_summary(floor, summarize(result.cost).total_usd, by_job, offerings=keys)

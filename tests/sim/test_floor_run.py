@@ -98,3 +98,42 @@ def test_the_floor_buys_from_the_whole_menu_not_the_strategys():
     assert {o.key for o in own.offerings} == {"aws/g4dn.12xlarge/use1-az1/on-demand"}
     assert len(whole.offerings) == 6
     assert cost_floor(whole).no_limit_usd < cost_floor(own).no_limit_usd
+
+
+def test_simulate_floor_reaches_the_cost_report(tmp_path):
+    """``coadapt simulate --fleet ... --floor`` keeps the floors in its results JSON and
+    ``coadapt cost report`` shows them (table and JSON); a malformed floor is refused."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from autoscaler.cli import app
+
+    wl = tmp_path / "w.csv"
+    wl.write_text("name,time,application,num_replicas,batch_size\nncf-0,0,ncf,1,256\n")
+    out = tmp_path / "r.json"
+    res = CliRunner().invoke(
+        app, ["simulate", str(wl), "--fleet", "coadapt", "--floor", "--out", str(out)]
+    )
+    assert res.exit_code == 0, res.output
+    assert "cost floor $" in res.output
+    payload = json.loads(out.read_text())
+    floor = payload["runs"][0]["floor"]
+    assert 0 < floor["floor_usd"] <= floor["floor_at_jct_usd"] <= floor["cost_usd"]
+    assert floor["cost_over_floor"] == pytest.approx(floor["cost_usd"] / floor["floor_at_jct_usd"])
+    assert set(floor["per_application"]) == {"ncf"}
+    assert len(floor["offerings"]) == 6  # E2's whole menu
+
+    table = CliRunner().invoke(app, ["cost", "report", str(out), "--wide"])
+    assert table.exit_code == 0, table.output
+    assert "Cost floor" in table.output and "ncf" in table.output
+    summary = json.loads(CliRunner().invoke(app, ["cost", "report", str(out), "-f", "json"]).output)
+    assert summary["floor"]["floor_at_jct_usd"] == pytest.approx(
+        floor["floor_at_jct_usd"], abs=0.006
+    )
+    assert summary["floor"]["per_application"]["ncf"]["cost_over_floor"] > 1
+
+    payload["runs"][0]["floor"]["floor_usd"] = -1.0
+    out.write_text(json.dumps(payload))
+    bad = CliRunner().invoke(app, ["cost", "report", str(out)])
+    assert bad.exit_code != 0 and "floor.floor_usd" in bad.output
