@@ -141,7 +141,7 @@ def store_report(state_dir: Path) -> tuple[str | None, Any]:
         _fail(f"--state-dir {state_dir}: cannot build its cost record: {e}")
 
 
-def _file_reports(file: Path) -> list[tuple[str | None, Any]]:
+def _file_reports(file: Path) -> list[tuple[Any, ...]]:
     from autoscaler.errors import InvalidInputError
     from autoscaler.report.source import find_cost_records
 
@@ -167,7 +167,7 @@ def _file_reports(file: Path) -> list[tuple[str | None, Any]]:
 
 
 def _write_reports(
-    reports: list[tuple[str | None, Any]],
+    reports: list[tuple[Any, ...]],
     fmt: ReportFormat,
     out: Path | None,
     source: str,
@@ -186,8 +186,7 @@ def _write_reports(
             from autoscaler.report.export import summary_json
 
             summaries = [
-                summary_json(rec, label=label, floor=rest[0] if rest else None)
-                for label, rec, *rest in reports
+                summary_json(r[1], label=r[0], floor=r[2] if len(r) > 2 else None) for r in reports
             ]
             body = summaries[0] if len(summaries) == 1 else summaries
             text = json.dumps(body, indent=1, allow_nan=False) + "\n"
@@ -202,15 +201,13 @@ def _write_reports(
             if len(reports) == 1:
                 write_csv_files(out, reports[0][1])
             else:
-                for slug, (_, rec, *_rest) in zip(
-                    _unique_slugs([label for label, *_ in reports]), reports, strict=True
-                ):
-                    write_csv_files(out / slug, rec)
+                for slug, r in zip(_unique_slugs([r[0] for r in reports]), reports, strict=True):
+                    write_csv_files(out / slug, r[1])
         else:
             from autoscaler.report.html import write_html
 
             assert out is not None
-            pairs = [(label, rec) for label, rec, *_ in reports]
+            pairs = [(r[0], r[1]) for r in reports]
             write_html(out, pairs, title=f"coadapt cost report: {source}")
     except OSError as e:
         _fail(f"--out {out}: cannot write: {e.strerror or e}")

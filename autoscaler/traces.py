@@ -602,7 +602,8 @@ class AppTrace:
         exact = self._configs.get((num_nodes, num_gpus))
         if exact is not None:
             return exact.at_many(local_bsz) if many else exact.at(local_bsz)
-        step = sync = 0.0
+        step: Any = 0.0
+        sync: Any = 0.0
         for w, key in self._config_weights(num_nodes, num_gpus):
             curve = self._configs[key]
             s, y = curve.at_many(local_bsz) if many else curve.at(local_bsz)
