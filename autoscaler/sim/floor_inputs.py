@@ -21,8 +21,11 @@ into a :class:`~autoscaler.floor.FloorProblem`:
   wider, uneven, or over instances of several types: the controller packs, and a wider
   spread only adds cross-instance sync in the traces, but the interpolated trace model does
   not guarantee it; ``tests/sim/test_floor_run.py`` checks every rate a real run credits
-  against the envelope). A job spanning GPU types runs at its slowest type's pace, which
-  the program covers by time-sharing its configurations on each type;
+  against the envelope). A job spanning GPU types runs at its slowest type's pace, at most
+  the goodput of its placement on either type: the program matches it, at no more cost, by
+  time-sharing the two types' configurations (where the envelope covers that placement);
+- **offerings**: the run's own, or (``offerings=``) a whole menu, e.g. every offering of the
+  run's experiment (:func:`~autoscaler.sim.experiments.experiment_menu`);
 - **prices**: each offering's price as the bill saw it: sampled at every round's start (the
   world sets prices then) over the run;
 - **capacity**: a spot offering's replayed availability trace (instances over time); an
