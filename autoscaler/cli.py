@@ -118,6 +118,14 @@ def simulate(
     budget_usd_per_hour: float | None = typer.Option(
         None, "--budget-usd-per-hour", help="Cloud mode: cap on the fleet's price, USD/hour."
     ),
+    floor: bool = typer.Option(
+        False,
+        "--floor",
+        help="Cloud mode: also compute each run's cost floor, the least any fleet on the "
+        "experiment's offerings could have paid for the same work, (a) with no time limit and "
+        "(b) every job by its finish time here; printed, and kept in --out for 'coadapt cost "
+        "report'. Seconds per run.",
+    ),
     processes: int = typer.Option(2, "--processes", "-j", min=1, help="Parallel workers."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Write the results JSON here."),
     timing: bool = typer.Option(False, "--timing", help="Include policy wall times in --out."),
@@ -193,6 +201,8 @@ def simulate(
         finally:
             if bar.live.is_started:
                 bar.stop()
+        if floor and fleet is not None:
+            results = _with_floors(specs, results, fleet)
     except CoadaptError as e:
         typer.echo(f"coadapt: {e}", err=True)  # plain text: names file, line and field verbatim
         raise typer.Exit(code=2) from None
@@ -211,9 +221,40 @@ def simulate(
                     f"{s.instance_hours:.1f} instance-hours, {s.preemptions} preemptions, "
                     f"peak {s.peak_instances} instances"
                 )
+            if r.floor is not None:
+                over = r.floor["cost_over_floor"]
+                console.print(
+                    f"{r.workload}: cost floor ${r.floor['floor_usd']:.2f} (no time limit), "
+                    f"${r.floor['floor_at_jct_usd']:.2f} (every job by its JCT here); "
+                    f"cost / floor {'-' if over is None else f'{over:.2f}'}"
+                )
     if out is not None:
         write_results_json(out, results, include_timing=timing)
         console.print(f"results written to {out}")
+
+
+def _experiment_of(fleet: str) -> str:
+    from autoscaler.sim.experiments import EXPERIMENTS
+
+    return "E2" if fleet in EXPERIMENTS["E2"] else "E3" if fleet in EXPERIMENTS["E3"] else "E1"
+
+
+def _with_floors(specs: list, results: list, fleet: str) -> list:
+    """``results`` (of ``specs``, in order) each with its cost floor over the whole menu of
+    ``fleet``'s experiment (:func:`autoscaler.sim.floor_inputs.run_floor`)."""
+    from dataclasses import replace
+
+    from autoscaler.sim.experiments import experiment_menu
+    from autoscaler.sim.floor_inputs import run_floor
+    from autoscaler.sim.workload import load_workload
+
+    menu = experiment_menu(_experiment_of(fleet))
+    return [
+        replace(r, floor=run_floor(load_workload(spec.workload).jobs, r, offerings=menu))
+        if r.cost is not None
+        else r
+        for spec, r in zip(specs, results, strict=True)
+    ]
 
 
 def _fleet_spec(workload: str, fleet: str, budget: float | None, config: Any) -> Any:
@@ -224,9 +265,7 @@ def _fleet_spec(workload: str, fleet: str, budget: float | None, config: Any) ->
     from autoscaler.sim.runner import RunSpec
     from autoscaler.sizing import SizingConfig
 
-    experiment = (
-        "E2" if fleet in EXPERIMENTS["E2"] else "E3" if fleet in EXPERIMENTS["E3"] else "E1"
-    )
+    experiment = _experiment_of(fleet)
     if fleet not in EXPERIMENTS[experiment]:
         names = sorted({n for names in EXPERIMENTS.values() for n in names})
         raise typer.BadParameter(f"unknown strategy {fleet!r}; one of {', '.join(names)}")

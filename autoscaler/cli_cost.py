@@ -141,7 +141,7 @@ def store_report(state_dir: Path) -> tuple[str | None, Any]:
         _fail(f"--state-dir {state_dir}: cannot build its cost record: {e}")
 
 
-def _file_reports(file: Path) -> list[tuple[str | None, Any]]:
+def _file_reports(file: Path) -> list[tuple[Any, ...]]:
     from autoscaler.errors import InvalidInputError
     from autoscaler.report.source import find_cost_records
 
@@ -163,11 +163,11 @@ def _file_reports(file: Path) -> list[tuple[str | None, Any]]:
         _fail(f"{file}: {e}")
     for label in found.skipped:
         typer.echo(f"note: {label}: no cost record (skipped)", err=True)
-    return [(r.label, r.record) for r in found.records]
+    return [(r.label, r.record, r.floor) for r in found.records]
 
 
 def _write_reports(
-    reports: list[tuple[str | None, Any]],
+    reports: list[tuple[Any, ...]],
     fmt: ReportFormat,
     out: Path | None,
     source: str,
@@ -185,7 +185,9 @@ def _write_reports(
         elif fmt is ReportFormat.JSON:
             from autoscaler.report.export import summary_json
 
-            summaries = [summary_json(rec, label=label) for label, rec in reports]
+            summaries = [
+                summary_json(r[1], label=r[0], floor=r[2] if len(r) > 2 else None) for r in reports
+            ]
             body = summaries[0] if len(summaries) == 1 else summaries
             text = json.dumps(body, indent=1, allow_nan=False) + "\n"
             if out is None:
@@ -199,15 +201,14 @@ def _write_reports(
             if len(reports) == 1:
                 write_csv_files(out, reports[0][1])
             else:
-                for slug, (_, rec) in zip(
-                    _unique_slugs([label for label, _ in reports]), reports, strict=True
-                ):
-                    write_csv_files(out / slug, rec)
+                for slug, r in zip(_unique_slugs([r[0] for r in reports]), reports, strict=True):
+                    write_csv_files(out / slug, r[1])
         else:
             from autoscaler.report.html import write_html
 
             assert out is not None
-            write_html(out, reports, title=f"coadapt cost report: {source}")
+            pairs = [(r[0], r[1]) for r in reports]
+            write_html(out, pairs, title=f"coadapt cost report: {source}")
     except OSError as e:
         _fail(f"--out {out}: cannot write: {e.strerror or e}")
     typer.echo(f"report written to {out}", err=True)
@@ -215,15 +216,18 @@ def _write_reports(
 
 def render_tables(reports: list, *, plain: bool, wide: bool = False) -> str:
     """Print the tables (``plain``: into a string, no colour, 120 columns, returned;
-    ``wide``: every column)."""
+    ``wide``: every column). Each report is ``(label, record)`` or ``(label, record, floor)``
+    (a simulated run's :class:`~autoscaler.report.source.RunFloor`, or ``None``)."""
     import io
 
     from rich.console import Console
 
-    from autoscaler.report.tables import print_report
+    from autoscaler.report.tables import print_floor, print_report
 
     buffer = io.StringIO()
     console = Console(file=buffer, width=120, no_color=True) if plain else Console()
-    for label, record in reports:
+    for label, record, *rest in reports:
         print_report(console, record, label=label, wide=wide)
+        if rest and rest[0] is not None:
+            print_floor(console, rest[0], label=label)
     return buffer.getvalue()

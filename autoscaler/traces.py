@@ -30,6 +30,7 @@ import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -343,6 +344,21 @@ class _BszCurve:
         sync = float(np.interp(local_bsz, b, self.sync_time_s))
         return step, min(sync, step)
 
+    def at_many(self, local_bsz: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`at` of each of ``local_bsz`` (float array), the same numbers."""
+        b = self.local_bsz
+        x = np.asarray(local_bsz, dtype=float)
+        step = np.interp(x, b, self.step_time_s)
+        sync = np.minimum(np.interp(x, b, self.sync_time_s), step)
+        high = x >= b[-1]
+        top_sync = float(self.sync_time_s[-1])
+        top_compute = float(self.step_time_s[-1]) - top_sync
+        step[high] = top_sync + top_compute * x[high] / float(b[-1])
+        sync[high] = top_sync
+        low = x <= b[0]
+        step[low], sync[low] = self.step_time_s[0], self.sync_time_s[0]
+        return step, sync
+
 
 def _curves_by_key(
     rows: Sequence[ThroughputRow], key_fn: object
@@ -437,6 +453,7 @@ class AppTrace:
         default_factory=dict, repr=False
     )
     _curve_cache: dict[float, ProgressCurve] = field(default_factory=dict, repr=False)
+    _weight_cache: dict[tuple[int, int], tuple] = field(default_factory=dict, repr=False)
 
     # ---- construction ----------------------------------------------------------------------
 
@@ -557,35 +574,79 @@ class AppTrace:
         self._step_cache[cache_key] = result  # type: ignore[index]
         return result
 
-    def _interpolate_config(self, num_nodes: int, num_gpus: int, local_bsz: float):
+    def step_times_s(
+        self, placement: Sequence[int], local_bsz: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`step_time_s` at each per-GPU batch of ``local_bsz`` (an array, all > 0):
+        ``(step_time_s, sync_time_s)`` arrays, the same numbers, without the cache."""
+        key = tuple(sorted((int(g) for g in placement if g), reverse=True))
+        x = np.asarray(local_bsz, dtype=float)
+        if not key or min(key) < 0:
+            raise InvalidInputError(f"invalid placement {tuple(placement)}", field="placement")
+        if x.size and not float(x.min()) > 0:
+            raise InvalidInputError("local_bsz must be > 0", field="local_bsz")
+        curve = self._exact.get(key)
+        if curve is not None:
+            return curve.at_many(x)
+        return self._interpolate_config(len(key), sum(key), x)
+
+    def _interpolate_config(self, num_nodes: int, num_gpus: int, local_bsz: Any):
+        """:meth:`step_time_s` off the measured placements; ``local_bsz`` a float or an
+        array (then arrays back)."""
+        many = isinstance(local_bsz, np.ndarray)
         max_nodes = int(self._config_points[:, 0].max())
         if num_nodes > max_nodes:
             # Beyond the largest measured cluster: keep GPUs per node, cap the node count.
             num_gpus = max(max_nodes, round(num_gpus * max_nodes / num_nodes))
             num_nodes = max_nodes
-        query = np.array([num_nodes, num_gpus], dtype=float)
         exact = self._configs.get((num_nodes, num_gpus))
         if exact is not None:
-            return exact.at(local_bsz)
+            return exact.at_many(local_bsz) if many else exact.at(local_bsz)
+        step: Any = 0.0
+        sync: Any = 0.0
+        for w, key in self._config_weights(num_nodes, num_gpus):
+            curve = self._configs[key]
+            s, y = curve.at_many(local_bsz) if many else curve.at(local_bsz)
+            if w is None:  # outside the measured hull: the nearest configuration's times
+                return s, y
+            step = step + w * s
+            sync = sync + w * y
+        if many:
+            return step, np.minimum(sync, step)
+        return step, min(sync, step)
+
+    def _config_weights(
+        self, num_nodes: int, num_gpus: int
+    ) -> tuple[tuple[float | None, tuple[int, ...]], ...]:
+        """The measured configurations ``(num_nodes, num_gpus)`` is interpolated from, with
+        their barycentric weights (one with weight ``None``: the nearest, outside the hull);
+        memoised (a Delaunay point location costs milliseconds)."""
+        hit = self._weight_cache.get((num_nodes, num_gpus))
+        if hit is not None:
+            return hit
+        query = np.array([num_nodes, num_gpus], dtype=float)
         simplex = -1
         tri = self._triangulation
         if tri is not None:
-            simplex = int(tri.find_simplex(query))  # type: ignore[attr-defined]
+            # One point as a (1, 2) array: a bare (2,) one costs tens of milliseconds.
+            simplex = int(tri.find_simplex(query[None, :])[0])  # type: ignore[attr-defined]
+        out: tuple[tuple[float | None, tuple[int, ...]], ...]
         if simplex < 0:
             nearest = np.argmin(((self._config_points - query) ** 2).sum(axis=1))
-            key = tuple(int(v) for v in self._config_points[nearest])
-            return self._configs[key].at(local_bsz)
-        transform = tri.transform[simplex]  # type: ignore[attr-defined]
-        bary = transform[:2] @ (query - transform[2])
-        weights = np.append(bary, 1.0 - bary.sum())
-        vertices = tri.simplices[simplex]  # type: ignore[attr-defined]
-        step = sync = 0.0
-        for w, v in zip(weights, vertices, strict=True):
-            key = tuple(int(x) for x in self._config_points[v])
-            s, y = self._configs[key].at(local_bsz)
-            step += float(w) * s
-            sync += float(w) * y
-        return step, min(sync, step)
+            out = ((None, tuple(int(v) for v in self._config_points[nearest])),)
+        else:
+            transform = tri.transform[simplex]  # type: ignore[attr-defined]
+            bary = transform[:2] @ (query - transform[2])
+            weights = np.append(bary, 1.0 - bary.sum())
+            vertices = tri.simplices[simplex]  # type: ignore[attr-defined]
+            out = tuple(
+                (float(w), tuple(int(x) for x in self._config_points[v]))
+                for w, v in zip(weights, vertices, strict=True)
+            )
+        if len(self._weight_cache) > 100_000:
+            self._weight_cache.clear()
+        self._weight_cache[(num_nodes, num_gpus)] = out
+        return out
 
     # ---- statistical efficiency ------------------------------------------------------------
 
@@ -605,9 +666,10 @@ class AppTrace:
         Vectorised: ``progress`` and ``batch_size`` broadcast; returns float arrays (0-d for
         scalars).
         """
-        p, m = np.broadcast_arrays(np.asarray(progress, float), np.asarray(batch_size, float))
+        p0, m0 = np.asarray(progress, float), np.asarray(batch_size, float)
+        shape = np.broadcast_shapes(p0.shape, m0.shape)
         bsz = self._val_bsz
-        m = np.clip(m, bsz[0], bsz[-1])
+        m = np.clip(m0, bsz[0], bsz[-1])
         hi = np.clip(np.searchsorted(bsz, m, side="left"), 1, max(len(bsz) - 1, 1))
         lo = hi - 1
         if len(bsz) == 1:
@@ -615,14 +677,20 @@ class AppTrace:
             frac = np.zeros(m.shape)
         else:
             frac = (m - bsz[lo]) / (bsz[hi] - bsz[lo])
-        sqr_at = np.empty((len(bsz), *p.shape))
-        var_at = np.empty((len(bsz), *p.shape))
+        # (1 - frac) * at[lo] + frac * at[hi], summed over the validated sizes in order (the
+        # other terms are exact zeros), each size's statistics interpolated on the progress
+        # array before broadcasting: the same numbers as indexing, at a fraction of the cost.
+        sqr = np.zeros(shape)
+        var = np.zeros(shape)
         for i, v in enumerate(self.validation.values()):
-            sqr_at[i] = np.interp(p, self._val_anchor[i], v.grad_sqr)
-            var_at[i] = np.interp(p, self._val_anchor[i], v.grad_var)
-        idx = np.indices(p.shape)
-        sqr = (1 - frac) * sqr_at[(lo, *idx)] + frac * sqr_at[(hi, *idx)]
-        var = (1 - frac) * var_at[(lo, *idx)] + frac * var_at[(hi, *idx)]
+            s_i = np.interp(p0, self._val_anchor[i], v.grad_sqr)
+            v_i = np.interp(p0, self._val_anchor[i], v.grad_var)
+            w_lo = np.where(lo == i, 1 - frac, 0.0)
+            w_hi = np.where(hi == i, frac, 0.0)
+            sqr = sqr + w_lo * s_i
+            var = var + w_lo * v_i
+            sqr = sqr + w_hi * s_i
+            var = var + w_hi * v_i
         return sqr, var
 
     def gain(self, progress: float | np.ndarray, batch_size: float | np.ndarray) -> np.ndarray:

@@ -22,14 +22,21 @@ Experiments (offerings, traces and strategies: :mod:`autoscaler.sim.experiments`
 Every figure comes from the product's controller (its round, store and fleet reconcile) under
 the simulated cloud (:mod:`autoscaler.sim.world`). Writes ``{"experiment": str, "lengths":
 "declared", "strategies": {"<name>": {"cost_usd", "mean_jct_s",
-"p99_jct_s", "preemptions", "instance_hours", "idle_usd", "per_application": {...},
-"per_workload": {...}}}, "ratios": {...}}`` (costs and instance-hours summed over workloads;
+"p99_jct_s", "preemptions", "instance_hours", "idle_usd", "floor_usd", "floor_at_jct_usd",
+"cost_over_floor", "per_application": {...}, "per_workload": {...}}}, "ratios": {...}}``
+(costs, floors and instance-hours summed over workloads;
 ``mean_jct_s`` the mean over workloads of each workload's mean JCT, as in ``paper_sim.py``)
 and prints the ratios the acceptance criteria name. ``idle_usd`` is what no job held (free
 GPUs, provisioning, minimum billing); ``per_application`` splits the rest by application:
 ``cost_usd`` attributed to its jobs' GPUs, and ``jct_share_s``, its jobs' JCTs over all jobs,
 so that the applications' costs plus ``idle_usd`` make ``cost_usd`` and their shares make
-``mean_jct_s``. ``--workloads N`` runs only the first N workloads and ``--strategies A,B``
+``mean_jct_s``. ``floor_usd`` and ``floor_at_jct_usd`` are the run's cost floors
+(:mod:`autoscaler.floor`): the least any fleet buying from the experiment's whole menu (every
+strategy's offerings, :func:`~autoscaler.sim.experiments.experiment_menu`) could have paid for
+the same work, (a) with no time limit and (b) every job finishing by its time in this run;
+``cost_over_floor`` is ``cost_usd`` over (b), also per application (its attributed USD over
+its jobs' share of (b)); ``per_workload`` adds the seconds each floor took
+(``floor_wall_s``). ``--workloads N`` runs only the first N workloads and ``--strategies A,B``
 only those strategies (a quick look; ratios whose strategies did not run are left out).
 """
 
@@ -47,6 +54,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import numpy as np
 
 from autoscaler.costs import job_costs, summarize
+from autoscaler.floor import cost_floor
 from autoscaler.policy import make_policy
 from autoscaler.sim.config import SimConfig
 from autoscaler.sim.engine import Simulator
@@ -55,8 +63,10 @@ from autoscaler.sim.experiments import (
     SPOT_FAMILIES,
     build_run,
     e1_workload,
+    experiment_menu,
     load_traces,
 )
+from autoscaler.sim.floor_inputs import floor_problem
 from autoscaler.sim.runner import paper_workloads
 from autoscaler.sim.workload import load_workload
 from autoscaler.sizing import SizingConfig
@@ -91,6 +101,14 @@ def _one(task: tuple) -> dict:
     application = {job.name: job.application for job in result.jobs}
     for cost in job_costs(result.cost):
         per_app[application[cost.job_id]]["cost_usd"] += cost.cost_usd
+    # The least any fleet on the experiment's whole menu (every strategy's offerings) could
+    # have paid for the same work (autoscaler/floor.py): (a) with no time limit, (b) every
+    # job by its finish time here.
+    t_floor = time.perf_counter()
+    menu = experiment_menu(experiment, traces=traces, spot_prices=prices, seed=seed)
+    floor = cost_floor(floor_problem(jobs, result, offerings=menu))
+    for app, f in floor.by_application().items():
+        per_app[app].update(f)
     return {
         "strategy": strategy,
         "workload": Path(str(workload)).stem,
@@ -102,6 +120,10 @@ def _one(task: tuple) -> dict:
         "jcts_s": [float(x) for x in result.jcts_s],
         "preemptions": int(result.fleet["preemptions"]),
         "peak_usd_per_hour": result.fleet["peak_usd_per_hour"],
+        "floor_usd": floor.no_limit_usd,
+        "floor_at_jct_usd": floor.at_deadline_usd,
+        "floor_slot_s": floor.slot_s,
+        "floor_wall_s": time.perf_counter() - t_floor,
         "wall_s": time.perf_counter() - t0,
     }
 
@@ -195,12 +217,23 @@ def main(argv: list[str] | None = None) -> int:
             "instance_hours": sum(r["instance_hours"] for r in mine),
             "peak_usd_per_hour": max(r["peak_usd_per_hour"] for r in mine),
             "idle_usd": sum(r["idle_usd"] for r in mine),
+            "floor_usd": sum(r["floor_usd"] for r in mine),
+            "floor_at_jct_usd": sum(r["floor_at_jct_usd"] for r in mine),
             "per_application": _per_application(mine),
             "per_workload": {
-                r["workload"]: {"cost_usd": r["cost_usd"], "mean_jct_s": r["mean_jct_s"]}
+                r["workload"]: {
+                    "cost_usd": r["cost_usd"],
+                    "mean_jct_s": r["mean_jct_s"],
+                    "floor_usd": r["floor_usd"],
+                    "floor_at_jct_usd": r["floor_at_jct_usd"],
+                    "floor_slot_s": r["floor_slot_s"],
+                    "floor_wall_s": r["floor_wall_s"],
+                }
                 for r in mine
             },
         }
+        mine_out = out["strategies"][s]
+        mine_out["cost_over_floor"] = _over(mine_out["cost_usd"], mine_out["floor_at_jct_usd"])
     out["ratios"] = _ratios(args.experiment, out["strategies"])
     out["elapsed_s"] = time.perf_counter() - started
     write_json_atomic(args.out, out)
@@ -217,20 +250,39 @@ def main(argv: list[str] | None = None) -> int:
             for app, a in sorted(v["per_application"].items())
         )
         print(f"  {s:22s} idle {v['idle_usd']:8.0f}  {parts}")
+    print("cost floor (USD): (a) no time limit, (b) every job by its JCT here; cost / (b):")
+    for s, v in out["strategies"].items():
+        print(
+            f"  {s:22s} floor {v['floor_usd']:10.2f}  at JCT {v['floor_at_jct_usd']:10.2f}  "
+            f"cost / floor {v['cost_over_floor']:.3f}"
+        )
     for k, v in out["ratios"].items():
         print(f"{k}: cost {v['cost']:.3f}, mean JCT {v['mean_jct']:.3f}")
     return 0
 
 
+def _over(cost_usd: float, floor_usd: float) -> float | None:
+    """``cost / floor``; ``None`` where the floor is zero (no work)."""
+    return cost_usd / floor_usd if floor_usd > 0 else None
+
+
 def _per_application(rows: list[dict]) -> dict[str, dict[str, float]]:
     """Per application over the workloads of ``rows``: USD attributed to its jobs (summed,
     as ``cost_usd`` is) and its share of the mean JCT (averaged, as ``mean_jct_s`` is)."""
-    out: dict[str, dict[str, float]] = {}
+    out: dict[str, dict[str, float | None]] = {}
     for r in rows:
         for app, a in r["per_application"].items():
-            mine = out.setdefault(app, {"cost_usd": 0.0, "jct_share_s": 0.0})
-            mine["cost_usd"] += a["cost_usd"]
-            mine["jct_share_s"] += a["jct_share_s"] / len(rows)
+            mine = out.setdefault(
+                app,
+                {"cost_usd": 0.0, "jct_share_s": 0.0, "floor_usd": 0.0, "floor_at_jct_usd": 0.0},
+            )
+            for key in ("cost_usd", "floor_usd", "floor_at_jct_usd"):
+                mine[key] = float(mine[key] or 0.0) + a.get(key, 0.0)
+            mine["jct_share_s"] = float(mine["jct_share_s"] or 0.0) + a["jct_share_s"] / len(rows)
+    for mine in out.values():
+        mine["cost_over_floor"] = _over(
+            float(mine["cost_usd"] or 0.0), float(mine["floor_at_jct_usd"] or 0.0)
+        )
     return out
 
 

@@ -146,6 +146,41 @@ def test_step_time_is_finite_positive_and_sync_bounded(
     assert 0 <= sync <= step
 
 
+@settings(max_examples=100, deadline=None)
+@given(
+    name=st.sampled_from(APPLICATIONS),
+    placement=st.lists(st.integers(1, 8), min_size=1, max_size=24),
+    gpu_type=st.sampled_from(["T4", "V100", "A100"]),
+)
+def test_vectorised_step_times_are_the_scalar_ones(
+    name: str, placement: list[int], gpu_type: str
+) -> None:
+    """``step_times_s`` (the cost floor's envelope uses it) gives exactly the numbers of
+    ``step_time_s`` at every batch: below, inside and above the measured range, on the
+    reference traces and on the derived or measured speeds of other GPU types."""
+    from autoscaler.gputypes import default_speed_table
+    from autoscaler.sim.cluster import DEFAULT_INSTANCE, INTERCONNECTS, NodeGroup, TypeSpeed
+
+    app = load_app(name)
+    link = INTERCONNECTS[DEFAULT_INSTANCE[gpu_type]]
+    group = NodeGroup(gpu_type, 8, 1, DEFAULT_INSTANCE[gpu_type],
+                      link.intra_gbytes_per_s, link.network_gbps)  # fmt: skip
+    bsz = np.unique(
+        np.concatenate(
+            [
+                np.linspace(0.5, 2.5 * app.max_local_bsz, 37),
+                np.arange(app.min_local_bsz, app.min_local_bsz + 4),
+                [float(r.local_bsz) for r in app.rows],
+            ]
+        )
+    )
+    for speed in (app, TypeSpeed(app, group, default_speed_table())):
+        step, sync = speed.step_times_s(placement, bsz)
+        scalar = [speed.step_time_s(placement, float(b)) for b in bsz]
+        assert step.tolist() == [s for s, _ in scalar]
+        assert sync.tolist() == [y for _, y in scalar]
+
+
 def test_step_time_rejects_bad_queries() -> None:
     app = load_app("bert")
     with pytest.raises(InvalidInputError):

@@ -29,6 +29,7 @@ from autoscaler.costs import (
     usd_to_cents,
 )
 from autoscaler.report.rows import report_tables
+from autoscaler.report.source import RunFloor
 from coadapt_common.atomic import write_text_atomic
 
 __all__ = ["SUMMARY_VERSION", "csv_files", "summary_json", "write_csv_files"]
@@ -94,10 +95,36 @@ def _hours(seconds: float | None) -> float | None:
     return None if seconds is None else seconds / 3600.0
 
 
-def summary_json(record: CostRecord, *, label: str | None = None) -> dict[str, Any]:
+def summary_json(
+    record: CostRecord, *, label: str | None = None, floor: RunFloor | None = None
+) -> dict[str, Any]:
     """The report as JSON-ready data: ``version``, ``label``, the rounding rule, ``summary``,
-    ``jobs`` and ``offerings``, with USD to the cent (numbers) and times in hours."""
+    ``jobs`` and ``offerings``, with USD to the cent (numbers) and times in hours; with a
+    simulated run's ``floor``, also ``floor``: ``floor_usd`` (a), ``floor_at_jct_usd`` (b),
+    ``cost_usd``, ``cost_over_floor`` (cost / (b)) and the same ``per_application``."""
     s = summarize(record)
+    out = _summary_json(record, s, label)
+    if floor is not None:
+
+        def amounts(a: float, b: float, cost: float) -> dict[str, Any]:
+            return {
+                "floor_usd": _money(a),
+                "floor_at_jct_usd": _money(b),
+                "cost_usd": _money(cost),
+                "cost_over_floor": RunFloor.ratio(cost, b),
+            }
+
+        out["floor"] = {
+            **amounts(floor.floor_usd, floor.floor_at_jct_usd, floor.cost_usd),
+            "per_application": {
+                app: amounts(a["floor_usd"], a["floor_at_jct_usd"], a["cost_usd"])
+                for app, a in sorted(floor.per_application.items())
+            },
+        }
+    return out
+
+
+def _summary_json(record: CostRecord, s: Any, label: str | None) -> dict[str, Any]:
     return {
         "version": SUMMARY_VERSION,
         "label": label,

@@ -40,6 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from autoscaler.errors import InvalidInputError, TraceFormatError
 from autoscaler.gputypes import KNOWN_GPU_TYPES, REFERENCE_GPU_TYPE, SpeedTable
 from autoscaler.interconnects import (
@@ -281,6 +283,29 @@ class TypeSpeed:
             sync = ref_sync * self.intra_factor if key[0] > 1 else ref_sync
         else:
             ref_step, ref_sync = self.base.step_time_s(key, local_bsz)
+            sync = ref_sync * self.inter_factor
+        compute = (ref_step - ref_sync) / self.ratio
+        return compute + sync, sync
+
+    def step_times_s(
+        self, placement: Sequence[int], local_bsz: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`step_time_s` at each per-GPU batch of ``local_bsz`` (an array, all > 0):
+        ``(step_time_s, sync_time_s)`` arrays, the same numbers."""
+        if self.measured is not None:
+            return self.measured.step_times_s(placement, local_bsz)
+        if self.identity:
+            return self.base.step_times_s(placement, local_bsz)
+        key = sorted((int(g) for g in placement if g), reverse=True)
+        if not key:
+            raise InvalidInputError(f"invalid placement {tuple(placement)}", field="placement")
+        if len(key) == 1:
+            ref_step, ref_sync = self.base.step_times_s(
+                (min(key[0], REFERENCE_GPUS_PER_NODE),), local_bsz
+            )
+            sync = ref_sync * self.intra_factor if key[0] > 1 else ref_sync
+        else:
+            ref_step, ref_sync = self.base.step_times_s(key, local_bsz)
             sync = ref_sync * self.inter_factor
         compute = (ref_step - ref_sync) / self.ratio
         return compute + sync, sync

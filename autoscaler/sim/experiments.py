@@ -77,6 +77,7 @@ __all__ = [
     "TracePreemption",
     "build_run",
     "e1_workload",
+    "experiment_menu",
 ]
 
 REGION = "us-east-1"
@@ -231,6 +232,33 @@ def load_traces(paths: Mapping[str, str | Path] | None = None) -> dict[str, Avai
     }
     chosen.update(paths or {})
     return {family: load_availability_trace(path) for family, path in chosen.items()}
+
+
+def experiment_menu(
+    experiment: str,
+    *,
+    catalog: Catalog | None = None,
+    traces: Mapping[str, AvailabilityTrace] | None = None,
+    spot_prices: str = "constant",
+    seed: int = 0,
+) -> tuple[CloudOffering, ...]:
+    """Every offering of ``experiment`` (each instance type, spot and on demand), priced and
+    preempted as :func:`build_run` gives them to any strategy: what the cost floor may buy
+    from (the least *any* fleet could have paid)."""
+    if experiment not in EXPERIMENTS:
+        raise InvalidInputError(f"unknown experiment {experiment!r}", field="experiment")
+    if spot_prices not in ("constant", "stochastic"):
+        raise InvalidInputError(f"unknown spot price model {spot_prices!r}", field="spot_prices")
+    return _offerings(
+        experiment,
+        catalog or load_catalog(),
+        markets=["spot", "on-demand"],
+        gpu_types=None,
+        traces=load_traces() if traces is None else traces,
+        hazard=load_hazard_model(seed=seed),
+        spot_prices=spot_prices,
+        seed=seed,
+    )
 
 
 def build_run(

@@ -84,6 +84,9 @@ class SimResult:
     # capacity errors, peak $/h); ``None`` on a fixed cluster.
     cost: CostRecord | None = None
     fleet: Mapping[str, float] | None = None
+    # Cloud mode, when computed: the run's cost floors next to its bill
+    # (:func:`autoscaler.sim.floor_inputs.run_floor`).
+    floor: Mapping[str, Any] | None = None
 
     @property
     def jcts_s(self) -> np.ndarray:
@@ -148,6 +151,8 @@ def results_payload(results: Sequence[SimResult], *, include_timing: bool = Fals
         if res.cost is not None:
             run["cost_record"] = record_to_json(res.cost)
             run["fleet"] = dict(res.fleet or {})
+        if res.floor is not None:
+            run["floor"] = dict(res.floor)
         if include_timing:
             run["timing"] = {**res.timing(), "wall_s": res.wall_s}
             run["policy_wall_s"] = [r.policy_wall_s for r in res.rounds]

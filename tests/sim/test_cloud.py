@@ -257,7 +257,15 @@ def test_cloud_cost_benchmark_splits_cost_into_applications_and_idle(tmp_path, c
     total = sum(a["cost_usd"] for a in apps.values()) + v["idle_usd"]
     assert round(total, 2) == pytest.approx(v["cost_usd"], abs=0.011)
     assert sum(a["jct_share_s"] for a in apps.values()) == pytest.approx(v["mean_jct_s"])
-    assert "where the money went" in capsys.readouterr().out
+    # The cost floors: (a) <= (b) <= cost, per strategy, workload and (summed) application.
+    assert 0 < v["floor_usd"] <= v["floor_at_jct_usd"] <= v["cost_usd"]
+    assert v["cost_over_floor"] == pytest.approx(v["cost_usd"] / v["floor_at_jct_usd"])
+    (w,) = v["per_workload"].values()
+    assert w["floor_usd"] == v["floor_usd"] and w["floor_wall_s"] > 0
+    assert sum(a["floor_at_jct_usd"] for a in apps.values()) == pytest.approx(v["floor_at_jct_usd"])
+    assert all(0 < a["floor_usd"] <= a["floor_at_jct_usd"] * (1 + 1e-6) for a in apps.values())
+    printed = capsys.readouterr().out
+    assert "where the money went" in printed and "cost floor (USD)" in printed
     with pytest.raises(SystemExit) as info:
         main(["--experiment", "E3", "--strategies", "coadapt-k80", "--out", str(out)])
     assert info.value.code == 2
