@@ -207,8 +207,7 @@ def _write_reports(
             from autoscaler.report.html import write_html
 
             assert out is not None
-            pairs = [(r[0], r[1]) for r in reports]
-            write_html(out, pairs, title=f"coadapt cost report: {source}")
+            write_html(out, reports, title=f"coadapt cost report: {source}")
     except OSError as e:
         _fail(f"--out {out}: cannot write: {e.strerror or e}")
     typer.echo(f"report written to {out}", err=True)

@@ -26,17 +26,23 @@ from autoscaler.costs import (
     summarize,
 )
 from autoscaler.report.rows import (
+    FLOOR_CAPTION,
     ReportTable,
+    floor_table,
     fmt_hours,
     fmt_percent,
     fmt_rate,
     fmt_usd,
     report_tables,
 )
+from autoscaler.report.source import RunFloor
 from coadapt_common.atomic import write_text_atomic
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
+
+Report = tuple[str | None, CostRecord] | tuple[str | None, CostRecord, RunFloor | None]
+"""One run of a report: its label, its cost record and, for a simulated run, its floors."""
 
 __all__ = [
     "MAX_STACKED_OFFERINGS",
@@ -225,7 +231,7 @@ def _cards(s: CostSummary) -> str:
     )
 
 
-def _section(n: int, label: str | None, record: CostRecord) -> str:
+def _section(n: int, label: str | None, record: CostRecord, floor: RunFloor | None = None) -> str:
     summary = summarize(record)
     heading = label or "Run"
     parts = [f'<section id="run-{n}" data-label="{html.escape(heading)}">']
@@ -260,14 +266,17 @@ def _section(n: int, label: str | None, record: CostRecord) -> str:
             "job-cost-vs-jct",
         )
     )
+    if floor is not None:
+        parts.append(_table(floor_table(floor)))
+        parts.append(f'<p class="note">{html.escape(FLOOR_CAPTION)}.</p>')
     parts.extend(_table(t) for t in report_tables(record))
     parts.append("</section>")
     return "\n".join(parts)
 
 
-def _overview(reports: Sequence[tuple[str | None, CostRecord]]) -> str:
+def _overview(reports: Sequence[Report]) -> str:
     rows = []
-    for n, (label, record) in enumerate(reports, start=1):
+    for n, (label, record, *_) in enumerate(reports, start=1):
         s = summarize(record)
         cells = (
             fmt_usd(s.total_usd),
@@ -300,10 +309,9 @@ def _overview(reports: Sequence[tuple[str | None, CostRecord]]) -> str:
     )
 
 
-def render_html(
-    reports: Sequence[tuple[str | None, CostRecord]], *, title: str = "coadapt cost report"
-) -> str:
-    """The page for ``reports`` ((label, record) pairs, in order); see the module docstring."""
+def render_html(reports: Sequence[Report], *, title: str = "coadapt cost report") -> str:
+    """The page for ``reports`` (``(label, record)`` or ``(label, record, floor)``: a simulated
+    run's floors, shown as a table, or ``None``; in order); see the module docstring."""
     body = [f"<h1>{html.escape(title)}</h1>"]
     body.append(
         '<p class="note">USD from exact sums, to the cent from one dollar up and to three '
@@ -314,7 +322,10 @@ def render_html(
     )
     if len(reports) > 1:
         body.append(_overview(reports))
-    body.extend(_section(n, label, rec) for n, (label, rec) in enumerate(reports, start=1))
+    body.extend(
+        _section(n, report[0], report[1], report[2] if len(report) > 2 else None)
+        for n, report in enumerate(reports, start=1)
+    )
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
@@ -326,7 +337,7 @@ def render_html(
 
 def write_html(
     path: str | Path,
-    reports: Sequence[tuple[str | None, CostRecord]],
+    reports: Sequence[Report],
     *,
     title: str = "coadapt cost report",
 ) -> None:

@@ -11,6 +11,7 @@ as integers, samples per USD to 4 significant digits; an unknown value is an emp
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from autoscaler.costs import (
     CostRecord,
@@ -24,9 +25,14 @@ from autoscaler.costs import (
     usd_to_cents,
 )
 
+if TYPE_CHECKING:
+    from autoscaler.report.source import RunFloor
+
 __all__ = [
+    "FLOOR_CAPTION",
     "Column",
     "ReportTable",
+    "floor_table",
     "fmt_cents",
     "fmt_count",
     "fmt_hours",
@@ -206,4 +212,42 @@ def report_tables(record: CostRecord) -> tuple[ReportTable, ReportTable, ReportT
         summary_table(summarize(record)),
         jobs_table(job_costs(record)),
         offerings_table(offering_costs(record)),
+    )
+
+
+FLOOR_CAPTION = (
+    "floor (a): no time limit; (b): every job by its finish time in the run; "
+    "an application's cost: USD attributed to its jobs"
+)
+
+
+def floor_table(floor: RunFloor) -> ReportTable:
+    """A simulated run's cost floors (:mod:`autoscaler.floor`): (a) no time limit, (b) every
+    job by its finish time in the run, the cost and cost / floor, for the run and per
+    application (an application's cost: the USD attributed to its jobs)."""
+
+    def over(cost: float, usd: float) -> str:
+        r = cost / usd if usd > 0 else None
+        return "" if r is None else f"{r:.2f}"
+
+    rows = [("run", floor.floor_usd, floor.floor_at_jct_usd, floor.cost_usd)]
+    rows += [
+        (app, a["floor_usd"], a["floor_at_jct_usd"], a["cost_usd"])
+        for app, a in sorted(floor.per_application.items())
+    ]
+    return ReportTable(
+        name="floor",
+        title="Cost floor",
+        columns=(
+            Column("run or application", numeric=False),
+            Column("floor (a) USD"),
+            Column("floor (b) USD"),
+            Column("cost USD"),
+            Column("cost / (a)"),
+            Column("cost / (b)"),
+        ),
+        rows=tuple(
+            (name, fmt_usd(a), fmt_usd(b), fmt_usd(cost), over(cost, a), over(cost, b))
+            for name, a, b, cost in rows
+        ),
     )

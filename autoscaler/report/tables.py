@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from autoscaler.report.rows import ReportTable, fmt_usd, report_tables
+from autoscaler.report.rows import FLOOR_CAPTION, ReportTable, floor_table, report_tables
 from autoscaler.report.source import RunFloor
 
 if TYPE_CHECKING:
@@ -94,34 +94,8 @@ def print_report(
 
 
 def print_floor(console: Console, floor: RunFloor, *, label: str | None = None) -> None:
-    """The run's cost floors (a simulated run's, :mod:`autoscaler.floor`): (a) no time limit,
-    (b) every job by its finish time in the run, and cost / floor, in total and per
-    application (an application's cost: the USD attributed to its jobs)."""
-    from rich import box
-    from rich.table import Table
-
-    def over(cost: float, usd: float) -> str:
-        r = RunFloor.ratio(cost, usd)
-        return "-" if r is None else f"{r:.2f}"
-
-    title = "Cost floor" if label is None else f"Cost floor: {label}"
-    out = Table(
-        title=title,
-        title_justify="left",
-        caption="floor (a): no time limit; (b): every job by its finish time in the run; "
-        "an application's cost: USD attributed to its jobs",
-        caption_justify="left",
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-    )
-    out.add_column("", justify="left", overflow="fold", min_width=12)
-    for header in ("floor (a) USD", "floor (b) USD", "cost USD", "cost / (a)", "cost / (b)"):
-        out.add_column(header.replace(" ", "\n", 1), justify="right", no_wrap=True)
-    rows = [("run", floor.floor_usd, floor.floor_at_jct_usd, floor.cost_usd)]
-    rows += [
-        (app, a["floor_usd"], a["floor_at_jct_usd"], a["cost_usd"])
-        for app, a in sorted(floor.per_application.items())
-    ]
-    for name, a, b, cost in rows:
-        out.add_row(name, fmt_usd(a), fmt_usd(b), fmt_usd(cost), over(cost, a), over(cost, b))
-    console.print(out)
+    """The run's cost floors (:func:`~autoscaler.report.rows.floor_table`) and what (a) and
+    (b) mean."""
+    table = rich_table(floor_table(floor), label=label, width=console.width)
+    table.caption = FLOOR_CAPTION if table.caption is None else f"{FLOOR_CAPTION}; {table.caption}"
+    console.print(table)

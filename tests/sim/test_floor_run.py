@@ -132,6 +132,13 @@ def test_simulate_floor_reaches_the_cost_report(tmp_path):
         floor["floor_at_jct_usd"], abs=0.006
     )
     assert summary["floor"]["per_application"]["ncf"]["cost_over_floor"] > 1
+    page = tmp_path / "r.html"
+    html = CliRunner().invoke(app, ["cost", "report", str(out), "-f", "html", "-o", str(page)])
+    assert html.exit_code == 0, html.output
+    text = page.read_text()
+    assert 'data-table="floor"' in text and "floor (b) USD" in text
+    ratio = floor["cost_usd"] / floor["floor_at_jct_usd"]
+    assert f"<td class=num>{ratio:.2f}</td>" in text
 
     payload["runs"][0]["floor"]["floor_usd"] = -1.0
     out.write_text(json.dumps(payload))
