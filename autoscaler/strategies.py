@@ -18,6 +18,9 @@ run with, not part of the strategy.
 - :class:`PerJobCheapest` -- how SkyPilot-style managed jobs behave (``cheapest-spot``):
   every active job gets its own instances of the cheapest offering (by price for the GPUs it
   asked for) that has capacity, released when it finishes.
+- :class:`UniformProgress` -- Can't Be Late's uniform-progress rule (``uniform-progress``):
+  the same per-job instances, on spot while the job is ahead of the uniform rate to its
+  deadline, else on demand.
 """
 
 from __future__ import annotations
@@ -29,9 +32,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from autoscaler.deadlines import assess, time_left_s, uniform_progress_ahead
 from autoscaler.errors import InvalidInputError
 from autoscaler.fleet import FleetView
-from autoscaler.gputypes import SpeedTable, default_speed_table
+from autoscaler.gputypes import REFERENCE_GPU_TYPE, SpeedTable, default_speed_table, estimate_model
 from autoscaler.jobs import ClusterView, JobView
 from autoscaler.sizing import (
     FleetOption,
@@ -43,7 +47,14 @@ from autoscaler.sizing import (
     size_fleet,
 )
 
-__all__ = ["FixedFleet", "GoodputSizing", "PerJobCheapest", "UtilityBand", "demands_of"]
+__all__ = [
+    "FixedFleet",
+    "GoodputSizing",
+    "PerJobCheapest",
+    "UniformProgress",
+    "UtilityBand",
+    "demands_of",
+]
 
 
 def _job_type(job: JobView, cluster: ClusterView) -> str | None:
@@ -60,13 +71,17 @@ def demands_of(
     max_gpus: int = 64,
     optimistic: bool = True,
     cache: dict[str, tuple[tuple, JobDemand]] | None = None,
+    start_s: float = 180.0,
+    margin_s: float = 420.0,
 ) -> list[JobDemand]:
     """Every active job's value curves over the instance kinds on offer, up to
     ``growth_factor`` x the most GPUs it has run on (the policy's exploration cap; 1 before
     any run) and at most ``max_gpus``, with a running job's remaining time
     (``JobDemand.remaining_s``, from the trainer's progress; recomputed every round). With a
     ``cache`` (by job name), a job's curves are rebuilt only when what they depend on changed
-    (its models, caps, type, profile)."""
+    (its models, caps, type, profile). A job with a deadline, a known remaining work and a
+    model gets its ``deadline_gpus`` and ``urgent`` (:func:`autoscaler.deadlines.assess` on its
+    goodput curves, starting a kind costing ``start_s``, with ``margin_s`` to spare)."""
     kinds = tuple(sorted({o.kind for o in view.options}))
     out: list[JobDemand | None] = []
     missing: list[tuple[int, JobView, int, str | None, tuple]] = []
@@ -116,10 +131,52 @@ def demands_of(
         for name in [n for n in cache if n not in live]:
             del cache[name]
     return [
-        _bounded(job, dataclasses.replace(d, remaining_s=_remaining_s(job, d.gpu_type)))
+        _bounded(
+            job,
+            _with_deadline(
+                job,
+                dataclasses.replace(d, remaining_s=_remaining_s(job, d.gpu_type)),
+                speeds,
+                start_s=start_s,
+                margin_s=margin_s,
+                value=value,
+            ),
+        )
         for job, d in zip(view.jobs, out, strict=True)
         if d is not None
     ]
+
+
+def _with_deadline(
+    job: JobView,
+    demand: JobDemand,
+    speeds: SpeedTable,
+    *,
+    start_s: float,
+    margin_s: float,
+    value: ValueKind,
+) -> JobDemand:
+    """``demand`` with what the job's deadline asks (see :func:`demands_of`)."""
+    left = time_left_s(job)
+    work = job.remaining_work
+    models = job.models or ({REFERENCE_GPU_TYPE: job.model} if job.model is not None else {})
+    if left is None or work is None or not models or value != "goodput":
+        return demand
+    ref = models.get(REFERENCE_GPU_TYPE) or estimate_model(models, REFERENCE_GPU_TYPE, speeds).model
+    base = float(np.ravel(ref.optimize(1, 1).goodput)[0])
+    if not base > 0:
+        return demand
+    goodput = {
+        kind: [v * base for v in curve]
+        for kind, curve in demand.curves.items()
+        if job.allows_type(kind[0])
+    }
+    running = None
+    if demand.gpu_type is not None:
+        running = next((k for k in goodput if k[0] == demand.gpu_type), None)
+    need = assess(work, left, goodput, start_s=start_s, margin_s=margin_s, running_kind=running)
+    gpus = {k: min(len(demand.curves[k]), max(g, demand.min_gpus)) for k, g in need.gpus.items()}
+    return dataclasses.replace(demand, deadline_gpus=gpus, urgent=need.urgent)
 
 
 def _bounded(job: JobView, demand: JobDemand) -> JobDemand:
@@ -176,6 +233,8 @@ class GoodputSizing:
             growth_factor=self.growth_factor,
             optimistic=self.config.optimistic_nodes,
             cache=self._cache,
+            start_s=self.config.provisioning_delay_s + 60.0,
+            margin_s=self.config.preemption_loss_s + self.config.provisioning_delay_s,
         )
         return dict(size_fleet(demands, view.options, view.held, self.config, self.speeds).counts)
 
@@ -239,6 +298,63 @@ class PerJobCheapest:
             counts[option.key] = counts.get(option.key, 0) + n
             left[option.key] -= n
         return counts
+
+
+@dataclass
+class UniformProgress:
+    """Can't Be Late's uniform-progress rule (``uniform-progress``, the deadline baseline):
+    every active job on its own instances for the GPUs it asked for, as
+    :class:`PerJobCheapest` buys them, of the cheapest *spot* offering while the job is at or
+    ahead of the uniform rate to its deadline (:func:`autoscaler.deadlines.
+    uniform_progress_ahead`: the share of its declared length done against the share of the
+    time from submission to deadline gone; a job that has not reported yet counts as on
+    time), else of the cheapest *on-demand* one. A job whose time left, less ``margin_s``,
+    would no longer cover its remaining work at its requested GPUs (by its fitted model) is
+    put on demand too: near the deadline one preemption would be too many. A job without a
+    deadline is on spot; where spot has no capacity, on demand."""
+
+    name: str
+    margin_s: float = 420.0
+
+    def propose(self, view: FleetView) -> Mapping[str, int]:
+        counts: dict[str, int] = {}
+        left = {o.key: (math.inf if o.capacity is None else o.capacity) for o in view.options}
+        usable = [o for o in view.options if o.available]
+        for job in sorted(view.jobs, key=lambda j: (j.submit_time_s, j.name)):
+            gpus = max(1, job.requested_gpus, job.fewest_gpus)
+            if job.max_gpus is not None:
+                gpus = min(gpus, job.max_gpus)
+            allowed = [o for o in usable if job.allows_type(o.gpu_type)]
+            spot = [o for o in allowed if o.market == "spot"]
+            ondemand = [o for o in allowed if o.market != "spot"]
+            first, second = (spot, ondemand) if self.on_spot(job, gpus) else (ondemand, spot)
+            choice = _cheapest(first, gpus, left) or _cheapest(second, gpus, left)
+            if choice is None:
+                continue
+            option, n = choice
+            counts[option.key] = counts.get(option.key, 0) + n
+            left[option.key] -= n
+        return counts
+
+    def on_spot(self, job: JobView, gpus: int) -> bool:
+        """Whether the rule puts ``job`` (on ``gpus`` GPUs) on spot now."""
+        left = time_left_s(job)
+        if left is None:
+            return True
+        total, remaining = job.target_progress, job.remaining_progress
+        if total is None or remaining is None:
+            return left > self.margin_s
+        window = job.deadline_s - job.submit_time_s if job.deadline_s is not None else 0.0
+        if not uniform_progress_ahead(total - remaining, total, job.age_s, window):
+            return False
+        work = job.remaining_work
+        model = next(iter(job.models.values()), None) if job.models else job.model
+        if work is not None and model is not None:
+            nodes = max(1, job.num_nodes)
+            rate = float(np.ravel(model.optimize(nodes, gpus).goodput)[0])
+            if rate <= 0 or work / rate > left - self.margin_s:
+                return False
+        return True
 
 
 def _cheapest(

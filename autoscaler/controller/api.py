@@ -183,7 +183,7 @@ from autoscaler.controller.errors import (
     StoreError,
     UnknownRowError,
 )
-from autoscaler.controller.jobs import JOB_NAME_PATTERN, JobSubmission
+from autoscaler.controller.jobs import JOB_NAME_PATTERN, JobSubmission, submission_deadline
 from autoscaler.controller.lifecycle import InstanceStatus
 from autoscaler.controller.store import (
     JobBatch,
@@ -505,8 +505,9 @@ class ApiApp:
 
     def _submit_job(self, request: Request) -> Response:
         spec = _submission(self._body(request))
+        after, at = submission_deadline(spec, self._clock.now_s())
         store = self._store()
-        row = store.add_job(spec.name, spec.to_json())
+        row = store.add_job(spec.name, spec.to_json(), deadline_after_s=after, deadline_at_s=at)
         _log.info("job %s submitted", spec.name)
         # A job just added holds nothing yet: no assignment, report, batch or restart to read.
         return _json(

@@ -1,0 +1,160 @@
+"""Deadlines: what a job's deadline asks of the fleet and the policy (pure).
+
+A job may carry a deadline (:attr:`JobView.deadline_s <autoscaler.jobs.JobView.deadline_s>`,
+on the clock of its submission time). Once its script has declared its length (its first
+report), its remaining work is known (:attr:`JobView.remaining_work`, ``M0``-equivalent
+samples) and, with a goodput model, so is how fast it could finish. The rules here are shared
+by the fleet sizing (:func:`autoscaler.strategies.demands_of`), the ``coadapt`` policy and the
+controller's warning, so that they mean one thing everywhere:
+
+- :func:`required_rate` -- the goodput (samples per second) the job needs from now on to be
+  done ``margin_s`` before its deadline;
+- :func:`assess` -- given the job's goodput on each instance kind and GPU count: the fastest
+  it could be done (``fastest_s``), whether it can still make it at all (``feasible``),
+  whether its *slack* (time left minus the fastest time, start-up included) is below
+  ``margin_s`` (``urgent``: it can no longer afford a preemption, so it runs on demand), and
+  per kind the fewest GPUs that finish it ``margin_s`` early (``gpus``);
+- :func:`uniform_progress_ahead` -- Can't Be Late's uniform-progress rule (Wu et al.,
+  NSDI'24), the ``uniform-progress`` baseline: a job is *ahead* while the share of its work
+  done is at least the share of its time to the deadline gone, and then may run on spot.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import numpy as np
+
+from autoscaler.bounds import gpu_ceiling
+from autoscaler.gputypes import REFERENCE_GPU_TYPE, SpeedTable, estimate_model
+from autoscaler.jobs import JobView
+
+__all__ = [
+    "DeadlineNeed",
+    "assess",
+    "fastest_finish_s",
+    "required_rate",
+    "time_left_s",
+    "uniform_progress_ahead",
+]
+
+Kind = tuple[str, int]
+
+
+def time_left_s(job: JobView) -> float | None:
+    """Seconds from now (the job's submission time plus its age) to its deadline (negative
+    once it has passed); ``None`` without a deadline."""
+    if job.deadline_s is None:
+        return None
+    return job.deadline_s - (job.submit_time_s + job.age_s)
+
+
+def required_rate(job: JobView, margin_s: float) -> float | None:
+    """Goodput (``M0``-equivalent samples per second) the job needs from now on to be done
+    ``margin_s`` before its deadline (``inf`` when that moment has passed); ``None`` without a
+    deadline or a known remaining work."""
+    left = time_left_s(job)
+    work = job.remaining_work
+    if left is None or work is None:
+        return None
+    usable = left - margin_s
+    return math.inf if usable <= 0 else work / usable
+
+
+@dataclass(frozen=True)
+class DeadlineNeed:
+    """What a deadline asks (see :func:`assess`): ``time_left_s`` to the deadline,
+    ``fastest_s`` the fastest the job could be done from now (start-up included; ``inf`` if it
+    cannot run on any kind), ``feasible`` whether that is before the deadline, ``urgent``
+    whether the slack is below the margin, ``gpus`` per instance kind the fewest GPUs that
+    finish it ``margin_s`` before the deadline (the most useful count where none does)."""
+
+    time_left_s: float
+    fastest_s: float
+    feasible: bool
+    urgent: bool
+    gpus: Mapping[Kind, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "gpus", MappingProxyType(dict(self.gpus)))
+
+
+def assess(
+    work: float,
+    time_left: float,
+    goodput: Mapping[Kind, Sequence[float]],
+    *,
+    start_s: float,
+    margin_s: float,
+    running_kind: Kind | None = None,
+    restart_s: float = 0.0,
+) -> DeadlineNeed:
+    """The :class:`DeadlineNeed` of a job with ``work`` left (samples) and ``time_left``
+    seconds to its deadline, whose goodput on ``g`` GPUs of each kind is
+    ``goodput[kind][g - 1]`` (samples per second). Starting on a kind costs ``start_s``
+    (provisioning and the job's start), or ``restart_s`` on the kind it runs on
+    (``running_kind``). ``urgent`` when ``time_left - fastest_s < margin_s``."""
+    if not (work >= 0 and math.isfinite(work)):
+        raise ValueError(f"work must be finite and >= 0, got {work}")
+    fastest = math.inf
+    gpus: dict[Kind, int] = {}
+    for kind, curve in goodput.items():
+        if not curve:
+            continue
+        top = max(curve)
+        if top <= 0:
+            continue
+        overhead = restart_s if kind == running_kind else start_s
+        fastest = min(fastest, overhead + work / top)
+        target = time_left - overhead - margin_s
+        need = int(max(range(len(curve)), key=lambda i: (curve[i], -i))) + 1  # the fastest
+        if target > 0:
+            for g, rate in enumerate(curve, start=1):
+                if rate > 0 and work / rate <= target:
+                    need = g
+                    break
+        gpus[kind] = need
+    return DeadlineNeed(
+        time_left,
+        fastest,
+        feasible=fastest <= time_left,
+        urgent=time_left - fastest < margin_s,
+        gpus=gpus,
+    )
+
+
+def fastest_finish_s(
+    job: JobView, kinds: Iterable[Kind], speeds: SpeedTable, *, most_gpus: int = 256
+) -> float | None:
+    """The fewest seconds the job's remaining work could take from now on any instance kind
+    ``(gpu_type, gpus_per_instance)`` it may use, on up to its GPU ceiling (and
+    ``most_gpus``), by its fitted models (another type's estimated by the ratio rule); no
+    start-up counted. ``None`` when its remaining work or its model is unknown."""
+    work = job.remaining_work
+    models = job.models or ({REFERENCE_GPU_TYPE: job.model} if job.model is not None else {})
+    if work is None or not models:
+        return None
+    top = max(1, min(gpu_ceiling(job), most_gpus))
+    g = np.arange(1, top + 1)
+    best = 0.0
+    for gpu_type, per in sorted(set(kinds)):
+        if not job.allows_type(gpu_type):
+            continue
+        model = models.get(gpu_type) or estimate_model(models, gpu_type, speeds).model
+        goodput = np.asarray(model.optimize(-(-g // per), g).goodput, dtype=float)
+        best = max(best, float(np.max(goodput)))
+    return None if best <= 0 else work / best
+
+
+def uniform_progress_ahead(
+    done: float, total: float, since_submit_s: float, window_s: float
+) -> bool:
+    """Can't Be Late's rule: with ``done`` of ``total`` work done, ``since_submit_s`` into a
+    ``window_s`` from submission to deadline, whether the job is at or ahead of the uniform
+    rate (``done / total >= since_submit_s / window_s``)."""
+    if total <= 0 or window_s <= 0:
+        return False
+    return done / total >= min(1.0, max(0.0, since_submit_s / window_s))
