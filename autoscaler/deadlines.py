@@ -29,13 +29,16 @@ from types import MappingProxyType
 import numpy as np
 
 from autoscaler.bounds import gpu_ceiling
-from autoscaler.gputypes import REFERENCE_GPU_TYPE, SpeedTable, estimate_model
+from autoscaler.goodput import optimistic_internode
+from autoscaler.gputypes import REFERENCE_GPU_TYPE, SpeedTable, estimate_model, limits_on
 from autoscaler.jobs import JobView
 
 __all__ = [
     "DeadlineNeed",
     "assess",
     "fastest_finish_s",
+    "goodput_bound",
+    "goodput_curves",
     "required_rate",
     "time_left_s",
     "uniform_progress_ahead",
@@ -126,26 +129,74 @@ def assess(
     )
 
 
-def fastest_finish_s(
-    job: JobView, kinds: Iterable[Kind], speeds: SpeedTable, *, most_gpus: int = 256
-) -> float | None:
-    """The fewest seconds the job's remaining work could take from now on any instance kind
-    ``(gpu_type, gpus_per_instance)`` it may use, on up to its GPU ceiling (and
-    ``most_gpus``), by its fitted models (another type's estimated by the ratio rule); no
-    start-up counted. ``None`` when its remaining work or its model is unknown."""
-    work = job.remaining_work
+def goodput_curves(
+    job: JobView,
+    kinds: Iterable[Kind],
+    speeds: SpeedTable,
+    *,
+    most_gpus: int = 64,
+    optimistic: bool = True,
+) -> dict[Kind, list[float]]:
+    """The job's goodput (samples per second) on ``g = 1 ..`` GPUs of each instance kind
+    ``(gpu_type, gpus_per_instance)`` it may use, packed onto the fewest instances, up to its
+    GPU ceiling (:func:`~autoscaler.bounds.gpu_ceiling`) and ``most_gpus``: by its fitted
+    model there, or the ratio rule's estimate from its other types (at its fixed batch if
+    it does not adapt). Empty when it has no model yet. Not capped by the policy's
+    exploration: what a deadline could still be met with, not what the job has shown; with
+    ``optimistic``, a shape on more instances than the job has run on is valued at the better
+    of its fit and its fit with the inter-node sync taken as the intra-node one
+    (:func:`~autoscaler.goodput.optimistic_internode`, as the sizing's ``optimistic_nodes``):
+    a fit from one instance knows nothing of the network, and a deadline judged on its
+    worst guess buys on demand for nothing."""
     models = job.models or ({REFERENCE_GPU_TYPE: job.model} if job.model is not None else {})
-    if work is None or not models:
-        return None
+    if not models:
+        return {}
     top = max(1, min(gpu_ceiling(job), most_gpus))
     g = np.arange(1, top + 1)
-    best = 0.0
+    fixed = None if job.adaptive else job.fixed_batch_size
+    out: dict[Kind, list[float]] = {}
     for gpu_type, per in sorted(set(kinds)):
         if not job.allows_type(gpu_type):
             continue
-        model = models.get(gpu_type) or estimate_model(models, gpu_type, speeds).model
-        goodput = np.asarray(model.optimize(-(-g // per), g).goodput, dtype=float)
-        best = max(best, float(np.max(goodput)))
+        model = (
+            models.get(gpu_type)
+            or estimate_model(
+                models,
+                gpu_type,
+                speeds,
+                limits=limits_on(job.limits, job.application, gpu_type, speeds),
+            ).model
+        )
+        nodes = -(-g // per)
+        goodput = np.ravel(model.optimize(nodes, g, fixed_batch_size=fixed).goodput)
+        unseen = nodes > max(1, job.max_profiled_nodes)
+        if optimistic and unseen.any():
+            hopeful = optimistic_internode(model).optimize(nodes, g, fixed_batch_size=fixed)
+            goodput = np.where(unseen, np.maximum(goodput, np.ravel(hopeful.goodput)), goodput)
+        out[(gpu_type, per)] = [float(x) for x in goodput]
+    return out
+
+
+def goodput_bound(job: JobView, kinds: Iterable[Kind], speeds: SpeedTable, most_gpus: int) -> float:
+    """An upper bound of the job's goodput on up to ``most_gpus`` GPUs (and its ceiling) of
+    any kind it may use, by its models: that many times its best goodput on one GPU (per
+    GPU, throughput falls and statistical efficiency falls with the batch, so no allocation
+    beats perfect scaling of one GPU's best). 0 without a model."""
+    curves = goodput_curves(job, kinds, speeds, most_gpus=1, optimistic=False)
+    best = max((c[0] for c in curves.values() if c), default=0.0)
+    return max(1, min(gpu_ceiling(job), most_gpus)) * best
+
+
+def fastest_finish_s(
+    job: JobView, kinds: Iterable[Kind], speeds: SpeedTable, *, most_gpus: int = 64
+) -> float | None:
+    """A lower bound of the seconds the job's remaining work takes from now on any instance
+    kind it may use, on up to ``most_gpus`` GPUs (:func:`goodput_bound`); no start-up
+    counted. ``None`` when its remaining work or its model is unknown."""
+    work = job.remaining_work
+    if work is None:
+        return None
+    best = goodput_bound(job, kinds, speeds, most_gpus)
     return None if best <= 0 else work / best
 
 

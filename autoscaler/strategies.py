@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from autoscaler.deadlines import assess, time_left_s, uniform_progress_ahead
+from autoscaler.deadlines import assess, goodput_curves, time_left_s, uniform_progress_ahead
 from autoscaler.errors import InvalidInputError
 from autoscaler.fleet import FleetView
-from autoscaler.gputypes import REFERENCE_GPU_TYPE, SpeedTable, default_speed_table, estimate_model
+from autoscaler.gputypes import SpeedTable, default_speed_table
 from autoscaler.jobs import ClusterView, JobView
 from autoscaler.sizing import (
     FleetOption,
@@ -73,6 +73,7 @@ def demands_of(
     cache: dict[str, tuple[tuple, JobDemand]] | None = None,
     start_s: float = 180.0,
     margin_s: float = 420.0,
+    deadline_cache: dict[str, tuple[tuple, dict]] | None = None,
 ) -> list[JobDemand]:
     """Every active job's value curves over the instance kinds on offer, up to
     ``growth_factor`` x the most GPUs it has run on (the policy's exploration cap; 1 before
@@ -126,10 +127,11 @@ def demands_of(
             out[slot] = demand
             if cache is not None:
                 cache[job.name] = (key, demand)
-    if cache is not None and len(cache) > 4 * max(1, len(view.jobs)):
-        live = {job.name for job in view.jobs}
-        for name in [n for n in cache if n not in live]:
-            del cache[name]
+    for memo in (cache, deadline_cache):
+        if memo is not None and len(memo) > 4 * max(1, len(view.jobs)):
+            live = {job.name for job in view.jobs}
+            for name in [n for n in memo if n not in live]:
+                del memo[name]
     return [
         _bounded(
             job,
@@ -137,9 +139,12 @@ def demands_of(
                 job,
                 dataclasses.replace(d, remaining_s=_remaining_s(job, d.gpu_type)),
                 speeds,
+                kinds=kinds,
                 start_s=start_s,
                 margin_s=margin_s,
                 value=value,
+                max_gpus=max_gpus,
+                cache=deadline_cache,
             ),
         )
         for job, d in zip(view.jobs, out, strict=True)
@@ -152,30 +157,39 @@ def _with_deadline(
     demand: JobDemand,
     speeds: SpeedTable,
     *,
+    kinds: tuple[tuple[str, int], ...],
     start_s: float,
     margin_s: float,
     value: ValueKind,
+    max_gpus: int,
+    cache: dict[str, tuple[tuple, dict]] | None,
 ) -> JobDemand:
-    """``demand`` with what the job's deadline asks (see :func:`demands_of`)."""
+    """``demand`` with what the job's deadline asks (see :func:`demands_of`): judged on its
+    goodput up to its ceiling (:func:`autoscaler.deadlines.goodput_curves`, memoised in
+    ``cache`` while its models are the same), the GPUs bought for it within its curves."""
     left = time_left_s(job)
     work = job.remaining_work
-    models = job.models or ({REFERENCE_GPU_TYPE: job.model} if job.model is not None else {})
-    if left is None or work is None or not models or value != "goodput":
+    if left is None or work is None or value != "goodput":
         return demand
-    ref = models.get(REFERENCE_GPU_TYPE) or estimate_model(models, REFERENCE_GPU_TYPE, speeds).model
-    base = float(np.ravel(ref.optimize(1, 1).goodput)[0])
-    if not base > 0:
+    key = (kinds, max_gpus, job.model, tuple(sorted(job.models.items())), job.gpu_types)
+    hit = cache.get(job.name) if cache is not None else None
+    if hit is not None and hit[0] == key:
+        goodput = hit[1]
+    else:
+        goodput = goodput_curves(job, kinds, speeds, most_gpus=max_gpus)
+        if cache is not None:
+            cache[job.name] = (key, goodput)
+    if not goodput:
         return demand
-    goodput = {
-        kind: [v * base for v in curve]
-        for kind, curve in demand.curves.items()
-        if job.allows_type(kind[0])
-    }
     running = None
     if demand.gpu_type is not None:
         running = next((k for k in goodput if k[0] == demand.gpu_type), None)
     need = assess(work, left, goodput, start_s=start_s, margin_s=margin_s, running_kind=running)
-    gpus = {k: min(len(demand.curves[k]), max(g, demand.min_gpus)) for k, g in need.gpus.items()}
+    gpus = {
+        k: min(len(demand.curves[k]), max(g, demand.min_gpus))
+        for k, g in need.gpus.items()
+        if demand.curves.get(k)
+    }
     return dataclasses.replace(demand, deadline_gpus=gpus, urgent=need.urgent)
 
 
@@ -217,13 +231,17 @@ class FixedFleet:
 
 @dataclass
 class GoodputSizing:
-    """:func:`~autoscaler.sizing.size_fleet` every round (see the module docstring)."""
+    """:func:`~autoscaler.sizing.size_fleet` every round (see the module docstring). A job
+    whose deadline is urgent (:func:`demands_of`) is sized as urgent from the second round in
+    a row that finds it so."""
 
     name: str
     config: SizingConfig = field(default_factory=SizingConfig)
     speeds: SpeedTable = field(default_factory=default_speed_table)
     growth_factor: int = 5
     _cache: dict[str, tuple[tuple, JobDemand]] = field(default_factory=dict, repr=False)
+    _deadline_cache: dict[str, tuple[tuple, dict]] = field(default_factory=dict, repr=False)
+    _urgent: set[str] = field(default_factory=set, repr=False)
 
     def propose(self, view: FleetView) -> Mapping[str, int]:
         demands = demands_of(
@@ -235,7 +253,16 @@ class GoodputSizing:
             cache=self._cache,
             start_s=self.config.provisioning_delay_s + 60.0,
             margin_s=self.config.preemption_loss_s + self.config.provisioning_delay_s,
+            deadline_cache=self._deadline_cache,
         )
+        # A job turns urgent (on demand) only when two rounds in a row say so: one
+        # round's fit, early in a job's life, can be far off.
+        urgent = {d.name for d in demands if d.urgent}
+        demands = [
+            d if not d.urgent or d.name in self._urgent else dataclasses.replace(d, urgent=False)
+            for d in demands
+        ]
+        self._urgent = urgent
         return dict(size_fleet(demands, view.options, view.held, self.config, self.speeds).counts)
 
 
