@@ -476,6 +476,12 @@ class EventRecorder:
                     continue
             at = job.updated_at_s
             reason = job.reason or "no reason given"
+            if (
+                job.reason
+                and job.reason.startswith(DEADLINE_REASON)
+                and (old is None or old.reason != job.reason)
+            ):
+                out.append(Event(at, EventKind.DEADLINE, name, job.reason))
             if (old is None or old.status is not job.status) and job.status in _ENDED:
                 if job.status is JobStatus.COMPLETED:
                     jct = job.updated_at_s - job.submitted_at_s
@@ -486,13 +492,6 @@ class EventRecorder:
                     out.append(Event(at, EventKind.REFUSAL, name, f"refused: {reason}"))
                 else:
                     out.append(Event(at, EventKind.CANCEL, name, "cancelled"))
-            elif (
-                job.status not in _ENDED
-                and job.reason
-                and job.reason.startswith(DEADLINE_REASON)
-                and (old is None or old.reason != job.reason)
-            ):
-                out.append(Event(at, EventKind.DEADLINE, name, job.reason))
             elif old is not None and job.retries > old.retries and job.status not in _ENDED:
                 out.append(
                     Event(

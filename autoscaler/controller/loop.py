@@ -405,7 +405,7 @@ class Controller:
                     deadline_s=row.deadline_s,
                 )
                 if view.deadline_s is not None:
-                    self._check_deadline(row, view, options)
+                    row = self._check_deadline(row, view, options)
                 reason = None
                 if row.status is JobStatus.QUEUED and not held and pools:
                     reason = refusal(view, pools, self.speeds, max_gpus_per_job=MAX_JOB_GPUS)
@@ -435,25 +435,29 @@ class Controller:
                 )
         return tuple(out)
 
-    def _check_deadline(self, row: JobRow, view: JobView, options: Sequence[FleetOption]) -> None:
+    def _check_deadline(self, row: JobRow, view: JobView, options: Sequence[FleetOption]) -> JobRow:
         """Once it is certain that ``view``'s job cannot meet its deadline -- even at once,
         on the fastest configuration any offering gives it (its fitted model, its remaining
         work), it would finish late -- its ``reason`` says so with the estimate (a
-        ``deadline`` event tells it, :mod:`autoscaler.controller.events`). Said once."""
+        ``deadline`` event tells it, :mod:`autoscaler.controller.events`). Said once. The
+        job's row as it is now."""
         if row.reason and row.reason.startswith(DEADLINE_REASON):
-            return
+            return row
         fastest = fastest_finish_s(view, {o.kind for o in options}, self.speeds)
         left = time_left_s(view)
         if fastest is None or left is None or fastest <= left:
-            return
-        late = fastest - left
+            return row
+        when = f"{left:.0f} s to its deadline" if left >= 0 else f"its deadline {-left:.0f} s ago"
         message = (
-            f"{DEADLINE_REASON}: {view.remaining_work:.0f} samples left need at least "
-            f"{fastest:.0f} s at its fastest, {late:.0f} s past its deadline"
+            f"{DEADLINE_REASON}: {view.remaining_work:.0f} samples left take at least "
+            f"{fastest:.0f} s on any offering (its fitted model), {when}"
         )
-        with contextlib.suppress(StaleVersionError):
-            self.store.update_job(row.name, row.version, reason=message)
+        try:
+            row = self.store.update_job(row.name, row.version, reason=message)
+        except StaleVersionError:
+            return row
         _log.warning("job %s: %s", row.name, message)
+        return row
 
     def _possible_pools(
         self, ready: Sequence[InstanceRow], options: Sequence[FleetOption]
