@@ -94,39 +94,37 @@ def assess(
     margin_s: float,
     running_kind: Kind | None = None,
     restart_s: float = 0.0,
+    tight_s: float = 60.0,
 ) -> DeadlineNeed:
     """The :class:`DeadlineNeed` of a job with ``work`` left (samples) and ``time_left``
     seconds to its deadline, whose goodput on ``g`` GPUs of each kind is
     ``goodput[kind][g - 1]`` (samples per second). Starting on a kind costs ``start_s``
     (provisioning and the job's start), or ``restart_s`` on the kind it runs on
-    (``running_kind``). ``urgent`` when ``time_left - fastest_s < margin_s``."""
+    (``running_kind``). ``urgent`` when ``time_left - fastest_s < margin_s``: on demand, it
+    needs no margin for a preemption, and its ``gpus`` are the fewest done ``tight_s``
+    early (else the fastest); otherwise the fewest done ``margin_s`` early (else
+    ``tight_s``, else the fastest)."""
     if not (work >= 0 and math.isfinite(work)):
         raise ValueError(f"work must be finite and >= 0, got {work}")
     fastest = math.inf
-    gpus: dict[Kind, int] = {}
-    for kind, curve in goodput.items():
-        if not curve:
-            continue
-        top = max(curve)
-        if top <= 0:
-            continue
+    usable = {k: c for k, c in goodput.items() if c and max(c) > 0}
+    for kind, curve in usable.items():
         overhead = restart_s if kind == running_kind else start_s
-        fastest = min(fastest, overhead + work / top)
-        target = time_left - overhead - margin_s
+        fastest = min(fastest, overhead + work / max(curve))
+    urgent = time_left - fastest < margin_s
+    margins = (tight_s,) if urgent else (margin_s, tight_s)
+    gpus: dict[Kind, int] = {}
+    for kind, curve in usable.items():
+        overhead = restart_s if kind == running_kind else start_s
         need = int(max(range(len(curve)), key=lambda i: (curve[i], -i))) + 1  # the fastest
-        if target > 0:
-            for g, rate in enumerate(curve, start=1):
-                if rate > 0 and work / rate <= target:
-                    need = g
-                    break
+        for margin in margins:
+            target = time_left - overhead - margin
+            fits = [g for g, rate in enumerate(curve, 1) if rate > 0 and work / rate <= target]
+            if fits:
+                need = fits[0]
+                break
         gpus[kind] = need
-    return DeadlineNeed(
-        time_left,
-        fastest,
-        feasible=fastest <= time_left,
-        urgent=time_left - fastest < margin_s,
-        gpus=gpus,
-    )
+    return DeadlineNeed(time_left, fastest, feasible=fastest <= time_left, urgent=urgent, gpus=gpus)
 
 
 def goodput_curves(

@@ -175,7 +175,10 @@ def test_assess_finds_the_fewest_gpus_that_finish_with_the_margin() -> None:
     assert need.feasible and not need.urgent
     tight = assess(1000.0, 520.0, curves, start_s=100.0, margin_s=300.0)
     assert tight.feasible and tight.urgent  # 300 s fastest, 220 s slack < 300 s
-    assert tight.gpus == {kind: 4, other: 2}  # none finishes with the margin: the fastest
+    # On demand no preemption is feared: the fewest done a round (60 s) early.
+    assert tight.gpus == {kind: 4, other: 1}  # 1000/3.4 = 294 s, 1000/3 = 333 s <= 360 s
+    tighter = assess(1000.0, 400.0, curves, start_s=100.0, margin_s=300.0)
+    assert tighter.urgent and tighter.gpus == {kind: 4, other: 2}  # none in time: the fastest
     late = assess(1000.0, 250.0, curves, start_s=100.0, margin_s=0.0)
     assert not late.feasible and late.urgent
     running = assess(1000.0, 250.0, curves, start_s=100.0, margin_s=0.0, running_kind=other)

@@ -67,7 +67,7 @@ with HiGHS (:func:`scipy.optimize.milp`); it is the reference the fast solver is
 against (``benchmarks/policy_scale.py``, and ``tests/policy/test_coadapt.py``).
 
 **Deadlines.** A job with a deadline whose remaining work is known needs the goodput
-:func:`autoscaler.deadlines.required_rate` gives (to be done ``deadline_margin_s`` early):
+:func:`autoscaler.deadlines.required_rate` gives (to be done a restart and a round early):
 its candidates below that rate leave its menu (if none meets it, only its fastest stay), and
 it is admitted before jobs without such a need. Placing a round that has deadline jobs, an
 *urgent* one (:func:`autoscaler.deadlines.assess`: its slack below the margin) takes
@@ -814,8 +814,9 @@ class CoadaptPolicy:
         ok = goods > 0
         if any(jobs[j].fewest_gpus > 1 or jobs[j].gpu_types is not None for j in order):
             ok &= self._within_bounds(jobs, pools, order, sizes, extra, shape[:, 0])
+        margin = cluster.restart_delay_s + cluster.interval_s
         for j in order:
-            rate = required_rate(jobs[j], self.options.deadline_margin_s)
+            rate = required_rate(jobs[j], margin)
             if rate is None:
                 continue
             mine = ok & (job_idx == j)
