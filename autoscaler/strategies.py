@@ -167,7 +167,8 @@ def _with_deadline(
     """``demand`` with what the job's deadline asks (see :func:`demands_of`): judged on its
     goodput up to its ceiling (:func:`autoscaler.deadlines.goodput_curves`, memoised in
     ``cache`` while its models are the same), the GPUs bought for it within its curves;
-    nothing for a job that is not urgent and, where it runs, is done ``margin_s`` early."""
+    for a job that is not urgent and, where it runs, is done ``margin_s`` early, only the
+    GPUs that finish it a round early (what the policy keeps for it)."""
     left = time_left_s(job)
     work = job.remaining_work
     if left is None or work is None or value != "goodput":
@@ -187,8 +188,11 @@ def _with_deadline(
         running = next((k for k in goodput if k[0] == demand.gpu_type), None)
     need = assess(work, left, goodput, start_s=start_s, margin_s=margin_s, running_kind=running)
     on_track = demand.remaining_s is not None and demand.remaining_s <= left - margin_s
-    if on_track and not need.urgent:  # it makes it where it runs: the growth decides
-        return demand
+    if on_track and not need.urgent:
+        # It makes it where it runs: it keeps only what the policy will keep for it (its
+        # rate with a round to spare), the growth decides the rest.
+        need = assess(work, left, goodput, start_s=start_s, margin_s=60.0, running_kind=running)
+        need = dataclasses.replace(need, urgent=False)
     gpus = {
         k: min(len(demand.curves[k]), max(g, demand.min_gpus))
         for k, g in need.gpus.items()

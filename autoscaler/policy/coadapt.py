@@ -68,9 +68,9 @@ against (``benchmarks/policy_scale.py``, and ``tests/policy/test_coadapt.py``).
 
 **Deadlines.** A job with a deadline whose remaining work is known needs the goodput
 :func:`autoscaler.deadlines.required_rate` gives (to be done a restart and a round early):
-its candidates below that rate leave its menu (if none meets it, only its fastest stay), and
-it is admitted before jobs without such a need. Placing a round that has deadline jobs, an
-*urgent* one (:func:`autoscaler.deadlines.assess`: its slack below the margin) takes
+its candidates below that rate leave its menu (if none meets it, only its fastest stay); it,
+and a waiting job with a deadline, are admitted before other jobs. Placing a round that has
+deadline jobs, an *urgent* one (:func:`autoscaler.deadlines.assess`: its slack below the margin) takes
 on-demand nodes first, every other job spot nodes first.
 
 **Placement.** Kept allocations stay on their nodes. Then whole-node jobs take fully free nodes
@@ -900,7 +900,11 @@ class CoadaptPolicy:
         if opt.admit_first and values.size:
             spread = float(np.max(values) - min(float(np.min(values)), float(np.min(empty))))
             empty = np.full(len(jobs), float(np.min(values)) - 10.0 * max(spread, 1.0))
-        needy = [required_rate(job, opt.deadline_margin_s) is not None for job in jobs]
+        needy = [
+            job.deadline_s is not None
+            and (required_rate(job, opt.deadline_margin_s) is not None or not job.allocation)
+            for job in jobs
+        ]
         if any(needy) and values.size:  # deadline jobs are admitted first
             spread = float(np.max(values) - min(float(np.min(values)), float(np.min(empty))))
             floor = min(float(np.min(values)), float(np.min(empty))) - 10.0 * max(spread, 1.0)
