@@ -70,8 +70,8 @@ against (``benchmarks/policy_scale.py``, and ``tests/policy/test_coadapt.py``).
 :func:`autoscaler.deadlines.required_rate` gives (to be done a restart and a round early):
 its candidates below that rate leave its menu (if none meets it, only its fastest stay); it,
 and a waiting job with a deadline, are admitted before other jobs. Placing a round that has
-deadline jobs, an *urgent* one (:func:`autoscaler.deadlines.assess`: its slack below the margin) takes
-on-demand nodes first, every other job spot nodes first.
+deadline jobs, an *urgent* one (:func:`autoscaler.deadlines.assess`: its slack below the
+margin) takes on-demand nodes first, every other job spot nodes first.
 
 **Placement.** Kept allocations stay on their nodes. Then whole-node jobs take fully free nodes
 (lowest index first) and one-node jobs, largest first, the fullest node where they fit
