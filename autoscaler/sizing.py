@@ -765,8 +765,16 @@ def _grow(
     last_eff = math.inf
     limited_by = "no_demand" if not demands else "efficiency"
     total = gpus = 0
+    spare: dict[str, int] = {}  # GPUs of the instances bought for deadlines not yet given
+    by_key = {o.key: o for o in usable}
     for j, d in enumerate(demands):  # deadlines first: the GPUs each one needs
         if not d.deadline_gpus:
+            continue
+        shared = _deadline_share(d, by_key, spare)
+        if shared is not None:  # what an instance bought for another deadline has left
+            o, g = shared
+            spare[o.key] -= g
+            alloc.give(j, o.kind, g, -g)
             continue
         pick = _deadline_pick(d, usable, held, counts, config, total, gpus, price)
         if pick is None:
@@ -776,6 +784,7 @@ def _grow(
         price += n * o.usd_per_hour
         total += n
         gpus += n * o.gpus
+        spare[o.key] = spare.get(o.key, 0) + n * o.gpus - g
         alloc.give(j, o.kind, g, n * o.gpus - g)
     while total < config.max_instances:
         best: tuple[float, float, str] | None = None
@@ -839,6 +848,25 @@ def _grow(
     if total >= config.max_instances and demands:
         limited_by = "max_instances"
     return _Growth(alloc, counts, price, last_eff, limited_by)
+
+
+def _deadline_share(
+    d: JobDemand, by_key: Mapping[str, FleetOption], spare: Mapping[str, int]
+) -> tuple[FleetOption, int] | None:
+    """An offering whose instances, bought for other deadlines, have the GPUs ``d`` needs
+    left (of its type, on demand if it is urgent), the cheapest; ``(offering, GPUs)``."""
+    best: tuple[float, str, FleetOption, int] | None = None
+    for key, left in spare.items():
+        o = by_key[key]
+        need = d.deadline_gpus.get(o.kind)
+        if need is None or need > left or (d.urgent and o.market == "spot"):
+            continue
+        if d.gpu_type is not None and o.gpu_type != d.gpu_type:
+            continue
+        rank = (o.usd_per_hour / o.gpus, key)
+        if best is None or rank < best[:2]:
+            best = (rank[0], rank[1], o, need)
+    return None if best is None else (best[2], best[3])
 
 
 def _deadline_pick(

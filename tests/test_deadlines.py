@@ -29,8 +29,9 @@ from autoscaler.deadlines import (
 from autoscaler.errors import InvalidInputError
 from autoscaler.fleet import FleetView
 from autoscaler.goodput import BatchLimits, GoodputModel, GradParams, PerfParams
+from autoscaler.gputypes import default_speed_table
 from autoscaler.jobs import Allocation, ClusterView, JobView
-from autoscaler.sizing import FleetOption, SizingConfig
+from autoscaler.sizing import FleetOption, JobDemand, SizingConfig, size_fleet
 from autoscaler.strategies import GoodputSizing, UniformProgress, demands_of
 
 SPEC = "name: j\ncommand: train.py\nbatch_size: {initial: 8, max: 8}\nlocal_batch_size: {max: 8}\n"
@@ -297,3 +298,27 @@ def test_the_sizing_buys_a_deadline_job_its_gpus_on_spot_with_slack_and_on_deman
 def _gpus(counts: Mapping[str, int]) -> int:
     per = {o.key: o.gpus for o in (SPOT1, OD1, SPOT4, OD4)}
     return sum(per[k] * n for k, n in counts.items())
+
+
+def test_deadline_jobs_share_the_instances_bought_for_them() -> None:
+    v100 = FleetOption("aws/p3.16xlarge/z/spot", "V100", 8, "spot", 7.3)
+    v100_od = FleetOption("aws/p3.16xlarge/z/on-demand", "V100", 8, "on-demand", 24.48)
+    curve = tuple(float(g) for g in range(1, 9))
+
+    def demand(name: str, gpus: int, urgent: bool = False) -> JobDemand:
+        return JobDemand(
+            name, {("V100", 8): curve}, deadline_gpus={("V100", 8): gpus}, urgent=urgent
+        )
+
+    config = SizingConfig(min_efficiency=10.0)  # no growth beyond the deadlines' needs
+    speeds = default_speed_table()
+    two = size_fleet([demand("a", 3), demand("b", 3)], [v100, v100_od], {}, config, speeds)
+    assert dict(two.counts) == {v100.key: 1}  # 3 + 3 GPUs on one instance
+    assert dict(two.gpus_by_job) == {"a": 3, "b": 3}
+    big = size_fleet([demand("a", 5), demand("b", 5)], [v100, v100_od], {}, config, speeds)
+    assert dict(big.counts) == {v100.key: 2}
+    # An urgent job does not take what a spot instance has left: it gets on-demand.
+    mixed = size_fleet(
+        [demand("a", 3), demand("b", 3, urgent=True)], [v100, v100_od], {}, config, speeds
+    )
+    assert dict(mixed.counts) == {v100.key: 1, v100_od.key: 1}
