@@ -36,7 +36,7 @@ from autoscaler.deadlines import assess, goodput_curves, time_left_s, uniform_pr
 from autoscaler.errors import InvalidInputError
 from autoscaler.fleet import FleetView
 from autoscaler.gputypes import SpeedTable, default_speed_table
-from autoscaler.jobs import ClusterView, JobView
+from autoscaler.jobs import Allocation, ClusterView, JobView
 from autoscaler.sizing import (
     FleetOption,
     JobDemand,
@@ -72,8 +72,9 @@ def demands_of(
     optimistic: bool = True,
     cache: dict[str, tuple[tuple, JobDemand]] | None = None,
     start_s: float = 180.0,
-    margin_s: float = 420.0,
+    margin_s: float = 300.0,
     deadline_cache: dict[str, tuple[tuple, dict]] | None = None,
+    observed: Mapping[str, float] | None = None,
 ) -> list[JobDemand]:
     """Every active job's value curves over the instance kinds on offer, up to
     ``growth_factor`` x the most GPUs it has run on (the policy's exploration cap; 1 before
@@ -82,7 +83,9 @@ def demands_of(
     ``cache`` (by job name), a job's curves are rebuilt only when what they depend on changed
     (its models, caps, type, profile). A job with a deadline, a known remaining work and a
     model gets its ``deadline_gpus`` and ``urgent`` (:func:`autoscaler.deadlines.assess` on its
-    goodput curves, starting a kind costing ``start_s``, with ``margin_s`` to spare)."""
+    goodput curves, starting a kind costing ``start_s``, with ``margin_s`` to spare; its
+    curves calibrated by ``observed[name]``, the goodput it was measured to make where it
+    runs, where given)."""
     kinds = tuple(sorted({o.kind for o in view.options}))
     out: list[JobDemand | None] = []
     missing: list[tuple[int, JobView, int, str | None, tuple]] = []
@@ -145,6 +148,7 @@ def demands_of(
                 value=value,
                 max_gpus=max_gpus,
                 cache=deadline_cache,
+                observed=None if observed is None else observed.get(job.name),
             ),
         )
         for job, d in zip(view.jobs, out, strict=True)
@@ -163,12 +167,17 @@ def _with_deadline(
     value: ValueKind,
     max_gpus: int,
     cache: dict[str, tuple[tuple, dict]] | None,
+    observed: float | None = None,
 ) -> JobDemand:
     """``demand`` with what the job's deadline asks (see :func:`demands_of`): judged on its
     goodput up to its ceiling (:func:`autoscaler.deadlines.goodput_curves`, memoised in
     ``cache`` while its models are the same), the GPUs bought for it within its curves;
     for a job that is not urgent and, where it runs, is done ``margin_s`` early, only the
-    GPUs that finish it a round early (what the policy keeps for it)."""
+    GPUs that finish it a round early (what the policy keeps for it). With ``observed``
+    (samples per second measured at its allocation), every curve is scaled by the measured
+    over the modelled goodput there (within [1/2, 4]): an early fit can be far off, and a
+    deadline judged on it alone buys on demand for nothing; without a measure, the job is
+    urgent only if it would be at twice its modelled goodput."""
     left = time_left_s(job)
     work = job.remaining_work
     if left is None or work is None or value != "goodput":
@@ -186,7 +195,21 @@ def _with_deadline(
     running = None
     if demand.gpu_type is not None:
         running = next((k for k in goodput if k[0] == demand.gpu_type), None)
+    calibrated = False
+    if observed is not None and running is not None and 0 < job.num_gpus <= len(goodput[running]):
+        modelled = goodput[running][job.num_gpus - 1]
+        if modelled > 0 and observed > 0:
+            factor = min(4.0, max(0.5, observed / modelled))
+            goodput = {k: [v * factor for v in c] for k, c in goodput.items()}
+            calibrated = True
     need = assess(work, left, goodput, start_s=start_s, margin_s=margin_s, running_kind=running)
+    if need.urgent and not calibrated:
+        # An uncalibrated fit is trusted for urgency only within a factor of 2.
+        hopeful = {k: [2.0 * v for v in c] for k, c in goodput.items()}
+        urgent = assess(
+            work, left, hopeful, start_s=start_s, margin_s=margin_s, running_kind=running
+        )
+        need = dataclasses.replace(need, urgent=urgent.urgent)
     on_track = demand.remaining_s is not None and demand.remaining_s <= left - margin_s
     if on_track and not need.urgent:
         # It makes it where it runs: it keeps only what the policy will keep for it (its
@@ -250,6 +273,7 @@ class GoodputSizing:
     _cache: dict[str, tuple[tuple, JobDemand]] = field(default_factory=dict, repr=False)
     _deadline_cache: dict[str, tuple[tuple, dict]] = field(default_factory=dict, repr=False)
     _urgent: set[str] = field(default_factory=set, repr=False)
+    _seen: dict[str, tuple[float, float, Allocation]] = field(default_factory=dict, repr=False)
 
     def propose(self, view: FleetView) -> Mapping[str, int]:
         demands = demands_of(
@@ -260,8 +284,9 @@ class GoodputSizing:
             optimistic=self.config.optimistic_nodes,
             cache=self._cache,
             start_s=self.config.provisioning_delay_s + 60.0,
-            margin_s=self.config.preemption_loss_s + self.config.provisioning_delay_s,
+            margin_s=self.config.preemption_loss_s,
             deadline_cache=self._deadline_cache,
+            observed=self._observe(view),
         )
         # A job turns urgent (on demand) only when two rounds in a row say so: one
         # round's fit, early in a job's life, can be far off.
@@ -272,6 +297,27 @@ class GoodputSizing:
         ]
         self._urgent = urgent
         return dict(size_fleet(demands, view.options, view.held, self.config, self.speeds).counts)
+
+    def _observe(self, view: FleetView) -> dict[str, float]:
+        """Per deadline job that kept its allocation since the last round, the goodput it
+        made meanwhile (its remaining work's drop over the time)."""
+        out: dict[str, float] = {}
+        seen: dict[str, tuple[float, float, Allocation]] = {}
+        for job in view.jobs:
+            work = job.remaining_work
+            if job.deadline_s is None or work is None or not job.allocation:
+                continue
+            seen[job.name] = (view.now_s, work, job.allocation)
+            last = self._seen.get(job.name)
+            if (
+                last is not None
+                and last[2] == job.allocation
+                and view.now_s > last[0]
+                and last[1] > work
+            ):
+                out[job.name] = (last[1] - work) / (view.now_s - last[0])
+        self._seen = seen
+        return out
 
 
 @dataclass
@@ -349,7 +395,7 @@ class UniformProgress:
     deadline is on spot; where spot has no capacity, on demand."""
 
     name: str
-    margin_s: float = 420.0
+    margin_s: float = 300.0
 
     def propose(self, view: FleetView) -> Mapping[str, int]:
         counts: dict[str, int] = {}

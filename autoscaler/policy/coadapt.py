@@ -196,7 +196,7 @@ class CoadaptOptions:
     batch_rule: str = "goodput"
     unknown_remaining: str = "attained"
     attained_weight: float = -0.25
-    deadline_margin_s: float = 420.0
+    deadline_margin_s: float = 300.0
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.deadline_margin_s) and self.deadline_margin_s >= 0):
