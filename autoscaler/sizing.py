@@ -765,15 +765,15 @@ def _grow(
     last_eff = math.inf
     limited_by = "no_demand" if not demands else "efficiency"
     total = gpus = 0
-    spare: dict[str, int] = {}  # GPUs of the instances bought for deadlines not yet given
+    unused: dict[str, int] = {}  # GPUs of the instances bought for deadlines not yet given
     by_key = {o.key: o for o in usable}
     for j, d in enumerate(demands):  # deadlines first: the GPUs each one needs
         if not d.deadline_gpus:
             continue
-        shared = _deadline_share(d, by_key, spare)
+        shared = _deadline_share(d, by_key, unused)
         if shared is not None:  # what an instance bought for another deadline has left
             o, g = shared
-            spare[o.key] -= g
+            unused[o.key] -= g
             alloc.give(j, o.kind, g, -g)
             continue
         pick = _deadline_pick(d, usable, held, counts, config, total, gpus, price)
@@ -784,7 +784,7 @@ def _grow(
         price += n * o.usd_per_hour
         total += n
         gpus += n * o.gpus
-        spare[o.key] = spare.get(o.key, 0) + n * o.gpus - g
+        unused[o.key] = unused.get(o.key, 0) + n * o.gpus - g
         alloc.give(j, o.kind, g, n * o.gpus - g)
     while total < config.max_instances:
         best: tuple[float, float, str] | None = None
