@@ -854,12 +854,13 @@ def _deadline_share(
     d: JobDemand, by_key: Mapping[str, FleetOption], spare: Mapping[str, int]
 ) -> tuple[FleetOption, int] | None:
     """An offering whose instances, bought for other deadlines, have the GPUs ``d`` needs
-    left (of its type, on demand if it is urgent), the cheapest; ``(offering, GPUs)``."""
+    left (of its type, on spot, or on demand if it is urgent), the cheapest;
+    ``(offering, GPUs)``."""
     best: tuple[float, str, FleetOption, int] | None = None
     for key, left in spare.items():
         o = by_key[key]
         need = d.deadline_gpus.get(o.kind)
-        if need is None or need > left or (d.urgent and o.market == "spot"):
+        if need is None or need > left or (o.market == "spot") == d.urgent:
             continue
         if d.gpu_type is not None and o.gpu_type != d.gpu_type:
             continue
@@ -880,15 +881,16 @@ def _deadline_pick(
     price: float,
 ) -> tuple[FleetOption, int, int] | None:
     """The cheapest way to give a deadline job its GPUs (:attr:`JobDemand.deadline_gpus`):
-    ``(offering, instances, GPUs)`` of the kind it runs on (any kind if it waits), on demand
-    only if it is ``urgent``, spot prices over their preemption factor; within capacity, the
-    budget and the caps. ``None`` if nothing fits."""
+    ``(offering, instances, GPUs)`` of the kind it runs on (any kind if it waits), on spot
+    (prices over their preemption factor) or, if it is ``urgent``, on demand; within
+    capacity, the budget and the caps. ``None`` if nothing fits: a job not urgent that spot
+    cannot serve is left to the growth (on demand comes when its slack runs out)."""
     best: tuple[float, str, FleetOption, int, int] | None = None
     for o in usable:
         need = d.deadline_gpus.get(o.kind)
         if need is None or (d.gpu_type is not None and o.gpu_type != d.gpu_type):
             continue
-        if d.urgent and o.market == "spot":
+        if (o.market == "spot") == d.urgent:  # spot while the slack allows, else on demand
             continue
         n = -(-need // o.gpus)
         have = counts.get(o.key, 0)
