@@ -162,6 +162,7 @@ class JobSpec:
 
     ``num_replicas`` and ``batch_size`` are the user's own settings (the paper's "TunedJobs"):
     fixed-size baselines run the job with exactly these; Pollux ignores them and adapts both.
+    ``deadline_after_s``: the job's deadline, seconds after its submission (``None``: none).
     """
 
     name: str
@@ -169,6 +170,7 @@ class JobSpec:
     submit_time_s: float
     num_replicas: int
     batch_size: int
+    deadline_after_s: float | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -184,6 +186,12 @@ class JobSpec:
         if self.batch_size < 1:
             raise InvalidInputError(
                 f"batch_size must be >= 1, got {self.batch_size}", field="batch_size"
+            )
+        if self.deadline_after_s is not None and not (
+            math.isfinite(self.deadline_after_s) and self.deadline_after_s > 0
+        ):
+            raise InvalidInputError(
+                f"deadline_after_s must be > 0, got {self.deadline_after_s}", field="deadline"
             )
 
 
@@ -276,6 +284,10 @@ class JobView:
         gpu_limit: the most GPUs the user allows (``gpus.max``; ``None``: no cap);
             :attr:`max_gpus` combines it with the fixed size of a non-adaptive job.
         gpu_types: the GPU types the job may run on (``None``: any).
+        target_progress: the length the job's script declared, in the unit of
+            ``remaining_progress`` (``None``: not declared, or not reported yet).
+        deadline_s: when the job must be done, on the clock of ``submit_time_s`` (``None``:
+            no deadline); :mod:`autoscaler.deadlines` reads it.
     """
 
     name: str
@@ -298,6 +310,8 @@ class JobView:
     min_gpus: int = 1
     gpu_limit: int | None = None
     gpu_types: frozenset[str] | None = None
+    target_progress: float | None = None
+    deadline_s: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.min_gpus, bool) or not isinstance(self.min_gpus, int):

@@ -180,16 +180,22 @@ class JobDemand:
     ``min_gpus`` it needs to run at all; ``gpu_type`` the type it runs on now (``None``: not
     running), which the sizing keeps it on; ``remaining_s`` the seconds it has left at the
     allocation it runs on now (``None``: not running, or its training length is unknown),
-    which bounds what an instance still to be provisioned is worth to it."""
+    which bounds what an instance still to be provisioned is worth to it. A job with a
+    deadline it needs GPUs for has ``deadline_gpus``: per kind, the fewest GPUs that finish it
+    in time (:func:`autoscaler.deadlines.assess`), bought for it before any growth, on demand
+    only if ``urgent``."""
 
     name: str
     curves: Mapping[tuple[str, int], tuple[float, ...]]
     min_gpus: int = 1
     gpu_type: str | None = None
     remaining_s: float | None = None
+    deadline_gpus: Mapping[tuple[str, int], int] = field(default_factory=dict)
+    urgent: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "curves", MappingProxyType(dict(self.curves)))
+        object.__setattr__(self, "deadline_gpus", MappingProxyType(dict(self.deadline_gpus)))
         if self.min_gpus < 1:
             raise InvalidInputError(f"{self.name}: min_gpus must be >= 1", field="min_gpus")
         if self.remaining_s is not None and not self.remaining_s >= 0:
@@ -435,6 +441,18 @@ class _Allocation:
         self.min_gpus = np.array([d.min_gpus for d in demands], dtype=np.int64)
         self.free: dict[tuple[str, int], int] = {}  # GPUs bought but not handed out, per kind
         self._tables: dict[tuple[tuple[str, int], bool], np.ndarray] = {}
+
+    def give(self, j: int, kind: tuple[str, int], gpus: int, spare: int) -> None:
+        """Job ``j`` holds ``gpus`` GPUs of ``kind`` (a deadline's reservation, made before
+        any growth); ``spare`` more GPUs of the kind are free."""
+        kind_id = self._kind_ids.setdefault(kind, len(self._kind_ids))
+        self.gpus = self.gpus.copy()
+        self.gpus[j] = gpus
+        self.kind[j] = kind
+        self._kind_of[j] = kind_id
+        self.free[kind] = self.free.get(kind, 0) + spare
+        self._waiting.clear()
+        self._fills.clear()
 
     def waiting_minimums(self, kind: tuple[str, int]) -> set[int]:
         """Minimum GPUs of the jobs not yet given any that could run on ``kind``."""
@@ -747,6 +765,27 @@ def _grow(
     last_eff = math.inf
     limited_by = "no_demand" if not demands else "efficiency"
     total = gpus = 0
+    unused: dict[str, int] = {}  # GPUs of the instances bought for deadlines not yet given
+    by_key = {o.key: o for o in usable}
+    for j, d in enumerate(demands):  # deadlines first: the GPUs each one needs
+        if not d.deadline_gpus:
+            continue
+        shared = _deadline_share(d, by_key, unused)
+        if shared is not None:  # what an instance bought for another deadline has left
+            o, g = shared
+            unused[o.key] -= g
+            alloc.give(j, o.kind, g, -g)
+            continue
+        pick = _deadline_pick(d, usable, held, counts, config, total, gpus, price)
+        if pick is None:
+            continue
+        o, n, g = pick
+        counts[o.key] = counts.get(o.key, 0) + n
+        price += n * o.usd_per_hour
+        total += n
+        gpus += n * o.gpus
+        unused[o.key] = unused.get(o.key, 0) + n * o.gpus - g
+        alloc.give(j, o.kind, g, n * o.gpus - g)
     while total < config.max_instances:
         best: tuple[float, float, str] | None = None
         best_option: FleetOption | None = None
@@ -809,6 +848,67 @@ def _grow(
     if total >= config.max_instances and demands:
         limited_by = "max_instances"
     return _Growth(alloc, counts, price, last_eff, limited_by)
+
+
+def _deadline_share(
+    d: JobDemand, by_key: Mapping[str, FleetOption], spare: Mapping[str, int]
+) -> tuple[FleetOption, int] | None:
+    """An offering whose instances, bought for other deadlines, have the GPUs ``d`` needs
+    left (of its type, on spot, or on demand if it is urgent), the cheapest;
+    ``(offering, GPUs)``."""
+    best: tuple[float, str, FleetOption, int] | None = None
+    for key, left in spare.items():
+        o = by_key[key]
+        need = d.deadline_gpus.get(o.kind)
+        if need is None or need > left or (o.market == "spot") == d.urgent:
+            continue
+        if d.gpu_type is not None and o.gpu_type != d.gpu_type:
+            continue
+        rank = (o.usd_per_hour / o.gpus, key)
+        if best is None or rank < best[:2]:
+            best = (rank[0], rank[1], o, need)
+    return None if best is None else (best[2], best[3])
+
+
+def _deadline_pick(
+    d: JobDemand,
+    usable: Sequence[FleetOption],
+    held: Mapping[str, int],
+    counts: Mapping[str, int],
+    config: SizingConfig,
+    total: int,
+    gpus: int,
+    price: float,
+) -> tuple[FleetOption, int, int] | None:
+    """The cheapest way to give a deadline job its GPUs (:attr:`JobDemand.deadline_gpus`):
+    ``(offering, instances, GPUs)`` of the kind it runs on (any kind if it waits), on spot
+    (prices over their preemption factor) or, if it is ``urgent``, on demand; within
+    capacity, the budget and the caps. ``None`` if nothing fits: a job not urgent that spot
+    cannot serve is left to the growth (on demand comes when its slack runs out)."""
+    best: tuple[float, str, FleetOption, int, int] | None = None
+    for o in usable:
+        need = d.deadline_gpus.get(o.kind)
+        if need is None or (d.gpu_type is not None and o.gpu_type != d.gpu_type):
+            continue
+        if (o.market == "spot") == d.urgent:  # spot while the slack allows, else on demand
+            continue
+        n = -(-need // o.gpus)
+        have = counts.get(o.key, 0)
+        if have + n > held.get(o.key, 0) and (
+            not o.available or (o.capacity is not None and have + n > o.capacity)
+        ):
+            continue
+        if total + n > config.max_instances:
+            continue
+        if config.max_gpus is not None and gpus + n * o.gpus > config.max_gpus:
+            continue
+        budget = config.budget_usd_per_hour
+        if budget is not None and price + n * o.usd_per_hour > budget + 1e-9:
+            continue
+        cost = n * o.usd_per_hour / _preemption_factor_or_tiny(o, config)
+        if best is None or (cost, o.key) < best[:2]:
+            best = (cost, o.key, o, n, need)
+    return None if best is None else (best[2], best[3], best[4])
 
 
 def _delay_factors(demands: Sequence[JobDemand], config: SizingConfig) -> np.ndarray:

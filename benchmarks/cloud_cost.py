@@ -1,9 +1,9 @@
 """Fleet strategies side by side on priced, preemptible cloud offerings (cost vs JCT).
 
-    python benchmarks/cloud_cost.py --experiment E1|E2|E3 [--spot-trace [FAMILY=]FILE]
+    python benchmarks/cloud_cost.py --experiment E1|E2|E3|E4 [--spot-trace [FAMILY=]FILE]
         [--spot-prices constant|stochastic] [--seed N] [--workloads N]
         [--strategies A,B] [--budget USD_PER_HOUR] [--min-efficiency X] [--optimistic-nodes]
-        [-j 2] --out FILE
+        [--deadline-factor K] [-j 2] --out FILE
 
 ``--spot-trace g4dn=FILE`` replaces one family's availability trace (``g4dn`` or ``p3``; either
 Bamboo format: the event list or the counts over time); a bare ``--spot-trace FILE`` replaces
@@ -17,7 +17,13 @@ Experiments (offerings, traces and strategies: :mod:`autoscaler.sim.experiments`
   spot traces: ``static-ondemand``, ``pollux-autoscale``, ``throughput-autoscale``,
   ``cheapest-spot``, ``coadapt``;
 - ``E3``: the same workloads with g4dn + p3 + p4d offerings: ``coadapt`` and its single-type
-  variants ``coadapt-t4``, ``coadapt-v100``, ``coadapt-a100``.
+  variants ``coadapt-t4``, ``coadapt-v100``, ``coadapt-a100``;
+- ``E4`` (deadlines): E2's workloads and offerings, each job with a deadline ``K`` x its JCT
+  alone on its requested GPUs on demand (``--deadline-factor K``, default 2;
+  :func:`autoscaler.sim.experiments.with_deadlines`): ``ondemand-only``, ``cheapest-spot``,
+  ``uniform-progress``, ``coadapt``; each strategy adds ``deadlines_met`` (the fraction of
+  jobs done by their deadline), ``deadline_jobs`` (how many had one) and
+  ``deadline_misses`` (``workload/job`` of each miss).
 
 Every figure comes from the product's controller (its round, store and fleet reconcile) under
 the simulated cloud (:mod:`autoscaler.sim.world`). Writes ``{"experiment": str, "lengths":
@@ -65,6 +71,7 @@ from autoscaler.sim.experiments import (
     e1_workload,
     experiment_menu,
     load_traces,
+    with_deadlines,
 )
 from autoscaler.sim.floor_inputs import floor_problem
 from autoscaler.sim.runner import paper_workloads
@@ -74,7 +81,10 @@ from coadapt_common.atomic import write_json_atomic
 
 
 def _one(task: tuple) -> dict:
-    experiment, strategy, workload, traces_files, budget, min_eff, optimistic, prices, seed = task
+    experiment, strategy, workload, traces_files, budget, min_eff, optimistic, prices, seed = task[
+        :9
+    ]
+    deadline_factor = task[9] if len(task) > 9 else None
     traces = load_traces(traces_files) if traces_files else None
     sizing = SizingConfig(
         budget_usd_per_hour=budget, min_efficiency=min_eff, optimistic_nodes=optimistic
@@ -83,6 +93,8 @@ def _one(task: tuple) -> dict:
         experiment, strategy, traces=traces, sizing=sizing, spot_prices=prices, seed=seed
     )
     jobs = e1_workload() if workload == "E1" else load_workload(workload).jobs
+    if experiment == "E4":
+        jobs = with_deadlines(jobs, deadline_factor or 2.0)
     t0 = time.perf_counter()
     result = Simulator(
         jobs,
@@ -125,6 +137,8 @@ def _one(task: tuple) -> dict:
         "floor_slot_s": floor.slot_s,
         "floor_wall_s": time.perf_counter() - t_floor,
         "wall_s": time.perf_counter() - t0,
+        "deadline_misses": [j.name for j in result.jobs if j.deadline_met is False],
+        "deadline_jobs": sum(1 for j in result.jobs if j.deadline_s is not None),
     }
 
 
@@ -148,6 +162,12 @@ def main(argv: list[str] | None = None) -> int:
         help="spot prices: the catalogue's, constant, or a seeded walk around them",
     )
     ap.add_argument("--seed", type=int, default=0, help="seed of spot prices and hazards")
+    ap.add_argument(
+        "--deadline-factor",
+        type=float,
+        default=2.0,
+        help="E4: each job's deadline, this x its JCT alone on its requested GPUs on demand",
+    )
     ap.add_argument("-j", "--jobs", type=int, default=2)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
@@ -188,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             args.optimistic_nodes,
             args.spot_prices,
             args.seed,
+            args.deadline_factor,
         )
         for s in names
         for w in workloads
@@ -207,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     # What the policies and the sizing were allowed to know of job lengths: every job's
     # script declares its length (SimConfig's default), as the controller reads it.
     out: dict = {"experiment": args.experiment, "lengths": SimConfig().lengths, "strategies": {}}
+    if args.experiment == "E4":
+        out["deadline_factor"] = args.deadline_factor
     for s in names:
         mine = [r for r in rows if r["strategy"] == s]
         out["strategies"][s] = {
@@ -234,6 +257,14 @@ def main(argv: list[str] | None = None) -> int:
         }
         mine_out = out["strategies"][s]
         mine_out["cost_over_floor"] = _over(mine_out["cost_usd"], mine_out["floor_at_jct_usd"])
+        if args.experiment == "E4":
+            count = sum(r["deadline_jobs"] for r in mine)
+            misses = [f"{r['workload']}/{n}" for r in mine for n in r["deadline_misses"]]
+            out["strategies"][s].update(
+                deadlines_met=1.0 - len(misses) / max(1, count),
+                deadline_jobs=count,
+                deadline_misses=misses,
+            )
     out["ratios"] = _ratios(args.experiment, out["strategies"])
     out["elapsed_s"] = time.perf_counter() - started
     write_json_atomic(args.out, out)
@@ -258,6 +289,12 @@ def main(argv: list[str] | None = None) -> int:
         )
     for k, v in out["ratios"].items():
         print(f"{k}: cost {v['cost']:.3f}, mean JCT {v['mean_jct']:.3f}")
+    for s, v in out["strategies"].items():
+        if "deadlines_met" in v:
+            print(
+                f"{s:22s} deadlines met {v['deadlines_met']:.3f} of {v['deadline_jobs']}"
+                f"  missed: {', '.join(v['deadline_misses']) or 'none'}"
+            )
     return 0
 
 
@@ -302,6 +339,7 @@ _RATIOS: dict[str, tuple[tuple[str, str], ...]] = {
         ("coadapt", "throughput-autoscale"),
     ),
     "E3": tuple(("coadapt", v) for v in ("coadapt-t4", "coadapt-v100", "coadapt-a100")),
+    "E4": (("coadapt", "uniform-progress"), ("coadapt", "ondemand-only")),
 }
 
 

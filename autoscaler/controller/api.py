@@ -75,10 +75,14 @@ Decisions made here, and why:
 * **A job's fields** are checked by one function, the one ``coadapt submit`` runs on a YAML
   spec (:func:`~autoscaler.controller.jobs.submission_problems`; ranges in
   :data:`~autoscaler.controller.jobs.BOUNDS_DOC`): the API and the CLI refuse the same jobs,
-  and a refusal names the field. A name is a DNS label (a URL path segment, a folder under the
-  logs directory and a rendezvous id: ``..`` can never name a folder); a submission must name a
-  ``command`` whose first word is the training script (never an option the launcher would
-  read); every number is bounded.
+  and a refusal names the field. A ``deadline`` is fixed as a time at submission
+  (:func:`~autoscaler.controller.jobs.submission_deadline`): one in the past, or sooner than
+  any job could be done (an instance's provisioning and a start, estimated), is refused
+  with that estimate; one that later becomes certain to be missed is said in the job's
+  ``reason`` (and a ``deadline`` event). A name is a DNS label (a URL path segment, a
+  folder under the logs directory and a rendezvous id: ``..`` can never name a folder); a
+  submission must name a ``command`` whose first word is the training script (never an
+  option the launcher would read); every number is bounded.
 * **Assignments** list only ``running`` jobs: a cancelled or ended job disappears at once (its
   agent stops it), and a job queued for a retry is started again only when the next round
   places it. ``nodes`` is every instance of the job with its GPUs, in rank order (by instance
@@ -183,7 +187,7 @@ from autoscaler.controller.errors import (
     StoreError,
     UnknownRowError,
 )
-from autoscaler.controller.jobs import JOB_NAME_PATTERN, JobSubmission
+from autoscaler.controller.jobs import JOB_NAME_PATTERN, JobSubmission, submission_deadline
 from autoscaler.controller.lifecycle import InstanceStatus
 from autoscaler.controller.store import (
     JobBatch,
@@ -505,8 +509,9 @@ class ApiApp:
 
     def _submit_job(self, request: Request) -> Response:
         spec = _submission(self._body(request))
+        after, at = submission_deadline(spec, self._clock.now_s())
         store = self._store()
-        row = store.add_job(spec.name, spec.to_json())
+        row = store.add_job(spec.name, spec.to_json(), deadline_after_s=after, deadline_at_s=at)
         _log.info("job %s submitted", spec.name)
         # A job just added holds nothing yet: no assignment, report, batch or restart to read.
         return _json(

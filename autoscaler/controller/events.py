@@ -9,7 +9,9 @@ returns (``coadapt up`` prints them; ``coadapt events`` reads the same rows back
   spot interruption notice), ``drain``, ``preemption`` (the provider ended it: after a notice,
   or it vanished while running), ``release`` (with what it cost), ``termination-failed``;
 * jobs, from their rows: ``submit``, ``completion``, ``failure`` (with the cause, also when it
-  is retried), ``refusal`` (with the policy's reason), ``cancel``;
+  is retried), ``refusal`` (with the policy's reason), ``cancel``, ``deadline`` (the
+  controller found that an active job can no longer meet its deadline, with its estimate:
+  the job's ``reason`` says so);
 * placements, from the assignments: ``start``, ``resume`` (after a stop), ``stop``,
   ``rescale`` (GPUs and instances before and after, and why: the instance it left was
   preempted or released, or the policy's goodput-per-dollar plan moved it, with what the
@@ -73,6 +75,7 @@ class EventKind(StrEnum):
     FAILURE = "failure"
     REFUSAL = "refusal"
     CANCEL = "cancel"
+    DEADLINE = "deadline"
 
 
 WARNING_KINDS: Final = frozenset(
@@ -83,9 +86,14 @@ WARNING_KINDS: Final = frozenset(
         EventKind.TERMINATION_FAILED,
         EventKind.FAILURE,
         EventKind.REFUSAL,
+        EventKind.DEADLINE,
     }
 )
 """Events a user should see even with ``coadapt up --quiet``."""
+
+DEADLINE_REASON: Final = "cannot meet its deadline"
+"""How the reason of an active job that can no longer meet its deadline starts (the
+controller's round sets it; a ``deadline`` event tells it)."""
 
 _PREEMPTIBLE: Final = frozenset({InstanceStatus.RUNNING, InstanceStatus.DRAINING})
 _ENDED: Final = frozenset(
@@ -468,6 +476,12 @@ class EventRecorder:
                     continue
             at = job.updated_at_s
             reason = job.reason or "no reason given"
+            if (
+                job.reason
+                and job.reason.startswith(DEADLINE_REASON)
+                and (old is None or old.reason != job.reason)
+            ):
+                out.append(Event(at, EventKind.DEADLINE, name, job.reason))
             if (old is None or old.status is not job.status) and job.status in _ENDED:
                 if job.status is JobStatus.COMPLETED:
                     jct = job.updated_at_s - job.submitted_at_s

@@ -37,8 +37,11 @@ __all__ = [
     "BOUNDS_DOC",
     "GENERIC_APPLICATION",
     "JOB_NAME_PATTERN",
+    "MAX_DEADLINE_S",
     "JobBook",
     "JobSubmission",
+    "parse_deadline",
+    "submission_deadline",
     "submission_problems",
 ]
 
@@ -65,6 +68,9 @@ MAX_COMMAND_CHARS: Final = 32768
 MAX_TEXT_CHARS: Final = 1024
 """The longest ``application`` or ``checkpoint_uri``."""
 MAX_GPU_TYPES: Final = 32
+MAX_DEADLINE_S: Final = 366 * 86400.0
+"""The furthest deadline a job may have: a year (and a day) after its submission."""
+_DURATION: Final = re.compile(r"(?:(\d{1,6})d)?(?:(\d{1,6})h)?(?:(\d{1,7})m)?(?:(\d{1,9})s)?")
 JOB_NAME_PATTERN: Final = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 """A job name: a DNS label (1-63 of ``a-z 0-9 -``, starting and ending with a letter or a
 digit). It is a URL path segment, a folder name and a rendezvous id: nothing else is safe."""
@@ -90,6 +96,9 @@ BOUNDS_DOC: Final = "\n".join(
         f"gpu_types: 1-{MAX_GPU_TYPES} distinct known GPU types, or null (any)",
         f"application: 1-{MAX_TEXT_CHARS} printable characters",
         "adaptive: true or false",
+        f"deadline: seconds after submission in (0, {MAX_DEADLINE_S:.0f}], a duration such as "
+        "'90m' or '2h30m' (d, h, m, s), or an ISO 8601 time with its zone "
+        "('2026-12-05T18:00:00Z'), not in the past; or null (none)",
         "checkpoint_uri: a path, file://, s3://BUCKET[/PREFIX] or gs://BUCKET[/PREFIX] "
         f"(1-{MAX_TEXT_CHARS} printable characters), or null",
     )
@@ -186,7 +195,95 @@ def submission_problems(values: Mapping[str, Any]) -> list[tuple[str, str]]:
         reason = _checkpoint_problem(v["checkpoint_uri"])
         if reason is not None:
             out.append(("checkpoint_uri", reason))
+    if v.get("deadline") is not None:
+        try:
+            parse_deadline(v["deadline"])
+        except InvalidInputError as e:
+            out.append(("deadline", str(e)))
     return out
+
+
+def parse_deadline(value: object) -> tuple[float | None, float | None]:
+    """A spec's ``deadline`` as ``(after_s, at_s)``: seconds after submission (a number, or a
+    duration string ``[Nd][Nh][Nm][Ns]``), or a Unix time (an ISO 8601 time with its zone);
+    the other is ``None``, both for ``None``. Raises :class:`InvalidInputError` for anything
+    else, a duration of 0 or over :data:`MAX_DEADLINE_S`, or a time without a zone. Whether
+    a time is in the past is the submitting side's check (it knows the time)."""
+    if value is None:
+        return None, None
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise InvalidInputError(
+            f"must be seconds, a duration ('2h') or a time, got {_show(value)}", field="deadline"
+        )
+    if isinstance(value, str):
+        text = value.strip()
+        match = _DURATION.fullmatch(text) if len(text) <= 40 else None
+        if match is not None and any(match.groups()):
+            d, h, m, sec = (int(g or 0) for g in match.groups())
+            value = float(d * 86400 + h * 3600 + m * 60 + sec)
+        else:
+            return None, _deadline_time(text)
+    after = float(value)
+    if not (math.isfinite(after) and 0 < after <= MAX_DEADLINE_S):
+        raise InvalidInputError(
+            f"must be a duration in (0, {MAX_DEADLINE_S:.0f}] seconds, got {_show(value)}",
+            field="deadline",
+        )
+    return after, None
+
+
+EARLIEST_DONE_S: Final = 180.0
+"""The soonest after its submission any job is estimated to be done, for the check at
+submission (its length is not known before its first report): a GPU instance's
+provisioning (the simulator's 2 minutes) and a round to start it."""
+
+
+def submission_deadline(spec: JobSubmission, now_s: float) -> tuple[float | None, float | None]:
+    """The ``(deadline_after_s, deadline_at_s)`` the store keeps for ``spec`` submitted at
+    ``now_s`` (:meth:`Store.add_job <autoscaler.controller.store.Store.add_job>`). Refuses,
+    with :class:`InvalidInputError` on ``deadline`` giving the estimate, a deadline that is
+    past or sooner than :data:`EARLIEST_DONE_S` (no job could meet it), or further than
+    :data:`MAX_DEADLINE_S`. The API and the
+    simulator's world both submit through it."""
+    after, at = parse_deadline(spec.deadline)
+    left = after if at is None else at - now_s
+    if left is not None and left > MAX_DEADLINE_S:
+        raise InvalidInputError(
+            f"job {spec.name}: deadline is {left:.0f} s after submission, more than "
+            f"{MAX_DEADLINE_S:.0f}",
+            field="deadline",
+        )
+    if left is not None and left < EARLIEST_DONE_S:
+        when = "is in the past" if left <= 0 else f"is {left:.0f} s after submission"
+        raise InvalidInputError(
+            f"job {spec.name}: deadline {when}; no job can be done sooner than an estimated "
+            f"{EARLIEST_DONE_S:.0f} s (an instance's provisioning and its start), so it cannot "
+            "be met even on demand",
+            field="deadline",
+        )
+    return after, at
+
+
+def _deadline_time(text: str) -> float:
+    """An ISO 8601 time with its zone as a Unix time (see :func:`parse_deadline`)."""
+    import datetime as _dt
+
+    try:
+        when = _dt.datetime.fromisoformat(text) if 10 <= len(text) <= 40 else None
+    except ValueError:
+        when = None
+    if when is None:
+        raise InvalidInputError(
+            "must be seconds, a duration such as '90m' or '2h30m' (d, h, m, s) or an ISO 8601 "
+            f"time with its zone ('2026-12-05T18:00:00Z'), got {_show(text)}",
+            field="deadline",
+        )
+    if when.tzinfo is None:
+        raise InvalidInputError(
+            f"a deadline time needs its zone (add 'Z' for UTC), got {_show(text)}",
+            field="deadline",
+        )
+    return when.timestamp()
 
 
 def _show(value: object) -> str:
@@ -329,7 +426,9 @@ class JobSubmission:
     does not adapt keeps (``None``: ``min_gpus`` and ``init_batch_size``): a non-adaptive job
     trains at ``batch_size`` on ``min_gpus`` to ``requested_gpus`` GPUs (the Pollux paper's
     fixed-batch jobs; give ``min_gpus`` alone for exactly that many).
-    Every policy and the fleet sizing honour these bounds."""
+    ``deadline``: when the job must be done (:func:`parse_deadline`: seconds or a duration
+    after submission, or a time; ``None``: no deadline), fixed as a time at submission (the
+    store's ``deadline_s``). Every policy and the fleet sizing honour these bounds."""
 
     name: str
     init_batch_size: int
@@ -346,6 +445,7 @@ class JobSubmission:
     checkpoint_uri: str | None = None
     requested_gpus: int | None = None
     batch_size: int | None = None
+    deadline: float | str | None = None
 
     def __post_init__(self) -> None:
         for name in ("command", "gpu_types"):
@@ -551,9 +651,11 @@ class JobBook:
         attained_gpu_s: float = 0.0,
         num_restarts: int = 0,
         oracle: Oracle | None = None,
+        deadline_s: float | None = None,
     ) -> JobView:
         """The job as the policy sees it now (``attained_gpu_s`` and ``num_restarts`` from
-        the store's assignment history; ``oracle`` only where an observer has one)."""
+        the store's assignment history; ``oracle`` only where an observer has one;
+        ``deadline_s`` the store's, the same clock as ``submitted_at_s``)."""
         known = self._known.get(spec.name, _Known())
         models: dict[str, GoodputModel] = {}
         pooled: GoodputModel | None = None
@@ -593,6 +695,8 @@ class JobBook:
             models=models,
             adaptive=spec.adaptive,
             remaining_progress=remaining_progress(known.progress, known.target_progress),
+            target_progress=known.target_progress,
+            deadline_s=deadline_s,
             **spec.view_bounds(),
         )
 

@@ -41,6 +41,10 @@ field                     value                                                d
 ``adaptive``              bool: false keeps the batch at                       true
                           ``batch_size.initial`` and the GPUs at exactly
                           ``gpus.min`` (``gpus.max``, if given, must equal it)
+``deadline``              seconds after submission (a number in (0, one        none
+                          year]), a duration string (``90m``, ``2h30m``:
+                          d, h, m, s) or a quoted ISO 8601 time with its zone
+                          (``"2026-12-05T18:00:00Z"``), not in the past
 ========================  ===================================================  =============
 
 A field given as an empty value (``gpus:`` or ``null``) is the same as an absent one.
@@ -205,6 +209,7 @@ class JobSpec:
     budget_share: float | None = None
     application: str = GENERIC_APPLICATION
     adaptive: bool = True
+    deadline: float | str | None = None
 
     def __post_init__(self) -> None:
         for name in ("command", "gpu_types", "markets", "offerings"):
@@ -234,6 +239,7 @@ class JobSpec:
             adaptive=self.adaptive,
             command=self.command,
             checkpoint_uri=self.checkpoint_uri,
+            deadline=self.deadline,
         )
 
     @property
@@ -408,6 +414,7 @@ _TOP: Final = (
     "budget_share",
     "application",
     "adaptive",
+    "deadline",
 )
 
 # JobSpec attribute -> the spec's field path (what errors name).
@@ -562,6 +569,7 @@ class _Reader:
             "budget_share": self.number,
             "application": self.string,
             "adaptive": self.boolean,
+            "deadline": self.deadline,
         }
         for key, read in readers.items():
             if key in top:
@@ -680,6 +688,12 @@ class _Reader:
 
     def string(self, node: Any, field: str) -> str:
         return str(self.scalar(node, field, "a string", (_STR,)))
+
+    def deadline(self, node: Any, field: str) -> float | str:
+        value = self.scalar(
+            node, field, "seconds, a duration ('2h') or a quoted time", (_INT, _FLOAT, _STR)
+        )
+        return value if isinstance(value, str) else float(value)
 
     def optimizer(self, node: Any, field: str) -> Optimizer:
         value = self.string(node, field)

@@ -55,6 +55,7 @@ from typing import Final, TypeVar
 
 from autoscaler.bounds import PoolCapacity, refusal
 from autoscaler.controller.errors import RoundError, StaleVersionError, UnknownFleetError
+from autoscaler.controller.events import DEADLINE_REASON
 from autoscaler.controller.jobs import MAX_JOB_GPUS, JobBook, JobSubmission
 from autoscaler.controller.lifecycle import InstanceStatus, terminate_retries
 from autoscaler.controller.reconcile import (
@@ -67,6 +68,7 @@ from autoscaler.controller.reconcile import (
     reconcile,
 )
 from autoscaler.controller.store import InstanceRow, JobRow, JobStatus, Store
+from autoscaler.deadlines import fastest_finish_s, time_left_s
 from autoscaler.errors import InvalidInputError
 from autoscaler.fleet import FleetStrategy, FleetView
 from autoscaler.gputypes import default_speed_table
@@ -400,7 +402,10 @@ class Controller:
                     attained_gpu_s=attained,
                     num_restarts=restarts,
                     oracle=None if self._oracle is None else self._oracle(row.name),
+                    deadline_s=row.deadline_s,
                 )
+                if view.deadline_s is not None:
+                    row = self._check_deadline(row, view, options)
                 reason = None
                 if row.status is JobStatus.QUEUED and not held and pools:
                     reason = refusal(view, pools, self.speeds, max_gpus_per_job=MAX_JOB_GPUS)
@@ -425,8 +430,34 @@ class Controller:
             with contextlib.suppress(InvalidInputError):
                 spec = JobSubmission.from_json(row.spec_json)
                 held = Allocation(alloc.get(row.name, {}))
-                out.append(self.book.view(spec, row.submitted_at_s, now_s, held))
+                out.append(
+                    self.book.view(spec, row.submitted_at_s, now_s, held, deadline_s=row.deadline_s)
+                )
         return tuple(out)
+
+    def _check_deadline(self, row: JobRow, view: JobView, options: Sequence[FleetOption]) -> JobRow:
+        """Once it is certain that ``view``'s job cannot meet its deadline -- even at once,
+        on the fastest configuration any offering gives it (its fitted model, its remaining
+        work), it would finish late -- its ``reason`` says so with the estimate (a
+        ``deadline`` event tells it, :mod:`autoscaler.controller.events`). Said once. The
+        job's row as it is now."""
+        if row.reason and row.reason.startswith(DEADLINE_REASON):
+            return row
+        fastest = fastest_finish_s(view, {o.kind for o in options}, self.speeds)
+        left = time_left_s(view)
+        if fastest is None or left is None or fastest <= left:
+            return row
+        when = f"{left:.0f} s to its deadline" if left >= 0 else f"its deadline {-left:.0f} s ago"
+        message = (
+            f"{DEADLINE_REASON}: {view.remaining_work:.0f} samples left take at least "
+            f"{fastest:.0f} s on any offering (its fitted model), {when}"
+        )
+        try:
+            row = self.store.update_job(row.name, row.version, reason=message)
+        except StaleVersionError:
+            return row
+        _log.warning("job %s: %s", row.name, message)
+        return row
 
     def _possible_pools(
         self, ready: Sequence[InstanceRow], options: Sequence[FleetOption]

@@ -28,7 +28,8 @@ class JobStatus(StrEnum):
 class JobRow:
     """A job. ``spec_json`` is its submitted spec (a JSON object); ``retries`` counts its
     failures only (rescaling and preemption never count); ``reason``: why it was refused or
-    why it failed last, in one line (``None``: nothing to say)."""
+    why it failed last, in one line (``None``: nothing to say); ``deadline_s``: when it must
+    be done, the clock's time (``None``: no deadline)."""
 
     name: str
     spec_json: str
@@ -38,6 +39,7 @@ class JobRow:
     updated_at_s: float
     version: int
     reason: str | None = None
+    deadline_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,8 @@ Schema versions
       rows).
     * v6: ``events``, the cluster's story (:mod:`autoscaler.controller.events`): launches,
       notices, rescales, completions, ... one row each, in order.
+    * v7: ``jobs.deadline_s``, a job's deadline (the clock's time; ``NULL``: none), resolved
+      once at submission from the spec's ``deadline`` (a duration or a time).
 
 Opening
     :meth:`Store.open` touches nothing but the file (and SQLite's ``-wal``/``-shm`` files
@@ -314,6 +316,11 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             )""",
         ),
     ),
+    Migration(
+        7,
+        "deadlines: when a job must be done (the clock's time), fixed at submission",
+        ("ALTER TABLE jobs ADD COLUMN deadline_s REAL",),
+    ),
 )
 
 SCHEMA_VERSION: Final = len(MIGRATIONS)
@@ -449,7 +456,7 @@ _INSTANCE_COLUMNS: Final = (
     "created_at_s, updated_at_s, version"
 )
 _JOB_COLUMNS: Final = (
-    "name, spec_json, status, retries, submitted_at_s, updated_at_s, version, reason"
+    "name, spec_json, status, retries, submitted_at_s, updated_at_s, version, reason, deadline_s"
 )
 _BATCH_COLUMNS: Final = "job_name, global_batch_size, local_batch_size, accum_steps, gpus, at_s"
 MAX_EVENT_CHARS: Final = 500
@@ -490,7 +497,7 @@ _JOB_STATUSES: Final = {s.value: s for s in JobStatus}
 
 def _job_row(r: sqlite3.Row) -> JobRow:
     """A row of ``SELECT {_JOB_COLUMNS}`` (by position: a job list reads hundreds a page)."""
-    name, spec_json, status, retries, submitted_at_s, updated_at_s, version, reason = r
+    name, spec_json, status, retries, submitted_at_s, updated_at_s, version, reason, deadline = r
     return JobRow(
         name,
         spec_json,
@@ -500,6 +507,7 @@ def _job_row(r: sqlite3.Row) -> JobRow:
         updated_at_s,
         version,
         reason,
+        deadline,
     )
 
 
@@ -842,18 +850,33 @@ class Store:
 
     # ---- jobs ------------------------------------------------------------------------------
 
-    def add_job(self, name: str, spec_json: str, *, status: JobStatus = JobStatus.QUEUED) -> JobRow:
-        """Add a job (version 1); :class:`DuplicateRowError` if the name is taken."""
+    def add_job(
+        self,
+        name: str,
+        spec_json: str,
+        *,
+        status: JobStatus = JobStatus.QUEUED,
+        deadline_after_s: float | None = None,
+        deadline_at_s: float | None = None,
+    ) -> JobRow:
+        """Add a job (version 1); :class:`DuplicateRowError` if the name is taken. Its
+        deadline (``deadline_s``) is ``deadline_at_s`` if given, else ``deadline_after_s``
+        after its submission time (the clock's now), else none."""
         name = _text(name, "name")
         spec_json = _json_object(spec_json, "spec_json")
         status = _enum(JobStatus, status, "status")
         now = self._now()
+        deadline: float | None = None
+        if deadline_at_s is not None:
+            deadline = _number(deadline_at_s, "deadline_at_s", minimum=None)
+        elif deadline_after_s is not None:
+            deadline = now + _number(deadline_after_s, "deadline_after_s")
         with self._write("add a job") as conn:
             try:
                 conn.execute(
                     "INSERT INTO jobs (name, spec_json, status, retries, submitted_at_s, "
-                    "updated_at_s, version) VALUES (?, ?, ?, 0, ?, ?, 1)",
-                    (name, spec_json, status.value, now, now),
+                    "updated_at_s, version, deadline_s) VALUES (?, ?, ?, 0, ?, ?, 1, ?)",
+                    (name, spec_json, status.value, now, now, deadline),
                 )
             except sqlite3.IntegrityError as e:
                 raise DuplicateRowError("jobs", name) from e

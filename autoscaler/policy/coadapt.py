@@ -66,6 +66,13 @@ decision reports its gap (``CoadaptState.gap``). ``"milp"`` solves the same prob
 with HiGHS (:func:`scipy.optimize.milp`); it is the reference the fast solver is measured
 against (``benchmarks/policy_scale.py``, and ``tests/policy/test_coadapt.py``).
 
+**Deadlines.** A job with a deadline whose remaining work is known needs the goodput
+:func:`autoscaler.deadlines.required_rate` gives (to be done a restart and a round early):
+its candidates below that rate leave its menu (if none meets it, only its fastest stay); it,
+and a waiting job with a deadline, are admitted before other jobs. Placing a round that has
+deadline jobs, an *urgent* one (:func:`autoscaler.deadlines.assess`: its slack below the
+margin) takes on-demand nodes first, every other job spot nodes first.
+
 **Placement.** Kept allocations stay on their nodes. Then whole-node jobs take fully free nodes
 (lowest index first) and one-node jobs, largest first, the fullest node where they fit
 (best fit). A choice that does not fit after all (fragmentation) is lowered to the largest menu
@@ -101,6 +108,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from autoscaler.bounds import PoolCapacity, refusal
+from autoscaler.deadlines import required_rate, time_left_s
 from autoscaler.errors import InvalidInputError
 from autoscaler.goodput import (
     BatchConfig,
@@ -169,7 +177,8 @@ class CoadaptOptions:
     each job's attained service (GPU-seconds held so far) in place of its remaining time in
     the remaining-time weight, with exponent ``attained_weight`` (job lengths are heavy-tailed:
     a job that has run less is more likely to end soon, the least-attained-service rule),
-    ``"mean"`` weighs every job alike.
+    ``"mean"`` weighs every job alike. ``deadline_margin_s``: how early a job with a deadline
+    is planned to be done (see Deadlines in the module docstring).
     """
 
     power: float = 0.3
@@ -187,8 +196,11 @@ class CoadaptOptions:
     batch_rule: str = "goodput"
     unknown_remaining: str = "attained"
     attained_weight: float = -0.25
+    deadline_margin_s: float = 300.0
 
     def __post_init__(self) -> None:
+        if not (math.isfinite(self.deadline_margin_s) and self.deadline_margin_s >= 0):
+            raise InvalidInputError("deadline_margin_s must be >= 0", field="deadline_margin_s")
         if self.unknown_remaining not in ("attained", "mean"):
             raise InvalidInputError(
                 f"unknown_remaining must be 'attained' or 'mean', got {self.unknown_remaining!r}",
@@ -802,6 +814,18 @@ class CoadaptPolicy:
         ok = goods > 0
         if any(jobs[j].fewest_gpus > 1 or jobs[j].gpu_types is not None for j in order):
             ok &= self._within_bounds(jobs, pools, order, sizes, extra, shape[:, 0])
+        margin = cluster.restart_delay_s + cluster.interval_s
+        for j in order:
+            rate = required_rate(jobs[j], margin)
+            if rate is None:
+                continue
+            mine = ok & (job_idx == j)
+            if not mine.any():
+                continue
+            enough = mine & (goods >= rate)
+            if not enough.any():  # no candidate meets it: only the fastest stay
+                enough = mine & (goods >= 0.98 * float(np.max(goods[mine])))
+            ok &= ~mine | enough
         pick = np.flatnonzero(ok)
         if extra:  # appended after every table: group them with their jobs
             pick = pick[np.argsort(job_idx[pick], kind="stable")]
@@ -876,6 +900,15 @@ class CoadaptPolicy:
         if opt.admit_first and values.size:
             spread = float(np.max(values) - min(float(np.min(values)), float(np.min(empty))))
             empty = np.full(len(jobs), float(np.min(values)) - 10.0 * max(spread, 1.0))
+        needy = [
+            job.deadline_s is not None
+            and (required_rate(job, opt.deadline_margin_s) is not None or not job.allocation)
+            for job in jobs
+        ]
+        if any(needy) and values.size:  # deadline jobs are admitted first
+            spread = float(np.max(values) - min(float(np.min(values)), float(np.min(empty))))
+            floor = min(float(np.min(values)), float(np.min(empty))) - 10.0 * max(spread, 1.0)
+            empty = np.where(needy, floor, empty)
         return values, empty
 
     def _speedups(
@@ -953,6 +986,12 @@ class CoadaptPolicy:
         free = np.array(cluster.gpus_per_node, dtype=np.int64)
         allocations: dict[str, Allocation] = {}
         todo: list[tuple[int, int]] = []  # (job, candidate)
+        urgent = self._urgent(jobs, menu)
+        spot = np.array(
+            [n.offering is not None and n.offering.market == "spot" for n in cluster.nodes],
+            dtype=bool,
+        )
+        deadlines = any(job.deadline_s is not None for job in jobs)
         for j, job in enumerate(jobs):
             c = int(choice[j])
             if c < 0:
@@ -965,8 +1004,16 @@ class CoadaptPolicy:
                     free[i] -= g
             else:
                 todo.append((j, c))
-        # Whole-node jobs first, then one-node jobs largest first (best fit).
-        todo.sort(key=lambda t: (-int(menu.nodes[t[1]]), -int(menu.gpus[t[1]]), t[0]))
+        # Whole-node jobs first, then one-node jobs largest first (best fit); urgent deadline
+        # jobs before all.
+        todo.sort(
+            key=lambda t: (
+                not urgent[t[0]],
+                -int(menu.nodes[t[1]]),
+                -int(menu.gpus[t[1]]),
+                t[0],
+            )
+        )
         bounds = (
             np.searchsorted(menu.job, [j for j, _ in todo]),
             np.searchsorted(menu.job, [j for j, _ in todo], side="right"),
@@ -983,6 +1030,14 @@ class CoadaptPolicy:
             options = options[np.argsort(-menu.gpus[options], kind="stable")]
             placed = Allocation()
             choice[j] = -1
+            if deadlines:  # urgent jobs on demand first, the others on spot first
+                first = ~spot if urgent[j] else spot
+                nodes = np.asarray(pool.nodes, dtype=np.int64)
+                pool = Pool(
+                    pool.gpu_type,
+                    pool.gpus_per_node,
+                    tuple(int(i) for i in nodes[np.argsort(~first[nodes], kind="stable")]),
+                )
             for o in options:
                 row = _fit(pool, int(menu.gpus[o]), int(menu.nodes[o]), free)
                 if row is not None:
@@ -993,6 +1048,19 @@ class CoadaptPolicy:
                     break
             allocations[jobs[j].name] = placed
         return allocations
+
+    def _urgent(self, jobs: Sequence[JobView], menu: _Menu) -> list[bool]:
+        """Per job, whether its slack (time left less its remaining work at its fastest
+        candidate) is below ``deadline_margin_s``."""
+        out = [False] * len(jobs)
+        for j, job in enumerate(jobs):
+            left, work = time_left_s(job), job.remaining_work
+            if left is None or work is None:
+                continue
+            rows = menu.goodput[menu.job == j]
+            top = float(np.max(rows)) if rows.size else 0.0
+            out[j] = top <= 0 or left - work / top < self.options.deadline_margin_s
+        return out
 
     def _batch(
         self, job: JobView, gpus: int, gpu_type: str, best: tuple[int, int, int]

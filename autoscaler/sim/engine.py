@@ -283,7 +283,8 @@ class Simulator:
 
     def _submission(self, job: _Job) -> JobSubmission:
         """The job as its user submits it: the application's batch limits, its own GPUs and
-        batch size (what a fixed-batch policy gives it), whether it adapts."""
+        batch size (what a fixed-batch policy gives it), whether it adapts, its deadline (a
+        duration after submission)."""
         app = job.app
         return JobSubmission(
             name=job.spec.name,
@@ -296,6 +297,7 @@ class Simulator:
             requested_gpus=max(1, job.spec.num_replicas),
             batch_size=max(1, job.spec.batch_size),
             command=(f"{job.spec.application}.py",),
+            deadline=job.spec.deadline_after_s,
         )
 
     def run(self) -> SimResult:
@@ -678,6 +680,11 @@ class Simulator:
                     restarts=job.restarts,
                     avg_jobs=sharers,
                     ftf_ratio=jct / iso,
+                    deadline_s=(
+                        None
+                        if job.spec.deadline_after_s is None
+                        else job.spec.submit_time_s + job.spec.deadline_after_s
+                    ),
                 )
             )
         cost, fleet = None, None

@@ -33,7 +33,14 @@ name                      fleet                                          policy
 ``coadapt-ondemand``      goodput-per-dollar sizing, on demand only      coadapt
 ``coadapt``               goodput-per-dollar sizing, spot + on demand    coadapt
 ``coadapt-t4`` ...        ``coadapt`` restricted to one GPU type         coadapt
+``ondemand-only``         per job, cheapest on-demand offering that      tiresias
+                          fits
+``uniform-progress``      per job, cheapest spot while ahead of the      tiresias
+                          uniform rate to its deadline, else on demand
 ========================  ============================================  ========
+
+E4 (deadlines) offers E2's instance types; its jobs carry deadlines (``JobSpec.
+deadline_after_s``, set by ``benchmarks/cloud_cost.py --deadline-factor``).
 
 ``throughput-autoscale`` is Or et al.'s throughput-driven elastic training: the fleet sized by
 throughput gain (statistical efficiency ignored), and jobs that keep their per-GPU batch, so
@@ -46,6 +53,7 @@ on the same menu (the paper's baseline knows one instance type).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,7 +75,13 @@ from autoscaler.pricing import (
 from autoscaler.sim.cloud import CloudConfig, CloudOffering, FleetStrategy, PreemptionModel
 from autoscaler.sim.cluster import INTERCONNECTS
 from autoscaler.sizing import SizingConfig
-from autoscaler.strategies import FixedFleet, GoodputSizing, PerJobCheapest, UtilityBand
+from autoscaler.strategies import (
+    FixedFleet,
+    GoodputSizing,
+    PerJobCheapest,
+    UniformProgress,
+    UtilityBand,
+)
 
 __all__ = [
     "EXPERIMENTS",
@@ -78,6 +92,7 @@ __all__ = [
     "build_run",
     "e1_workload",
     "experiment_menu",
+    "with_deadlines",
 ]
 
 REGION = "us-east-1"
@@ -100,12 +115,14 @@ EXPERIMENTS: Mapping[str, tuple[str, ...]] = {
         "coadapt",
     ),
     "E3": ("coadapt", "coadapt-t4", "coadapt-v100", "coadapt-a100"),
+    "E4": ("ondemand-only", "cheapest-spot", "uniform-progress", "coadapt"),
 }
 
 _INSTANCES: Mapping[str, tuple[str, ...]] = {
     "E1": ("g4dn.xlarge", "g4dn.12xlarge", "p3.16xlarge"),
     "E2": ("g4dn.xlarge", "g4dn.12xlarge", "p3.16xlarge"),
     "E3": ("g4dn.xlarge", "g4dn.12xlarge", "p3.16xlarge", "p4d.24xlarge"),
+    "E4": ("g4dn.xlarge", "g4dn.12xlarge", "p3.16xlarge"),
 }
 _TRACE_OF: Mapping[str, str] = {"g4dn": "g4dn-trace.csv", "p3": "p3-trace.csv"}
 #: Instance families whose spot capacity replays an availability trace.
@@ -164,6 +181,32 @@ def e1_workload() -> tuple[JobSpec, ...]:
     """The paper's cloud experiment: one ImageNet job (the traces' own batch size and GPUs of
     an ImageNet job of workload-1), alone."""
     return (JobSpec("imagenet-0", "imagenet", 0.0, 32, 6400),)
+
+
+def with_deadlines(
+    jobs: Sequence[JobSpec],
+    factor: float,
+    *,
+    provisioning_delay_s: float = 120.0,
+    restart_delay_s: float = 30.0,
+    interval_s: float = 60.0,
+    gpus_per_node: int = 4,
+) -> tuple[JobSpec, ...]:
+    """E4's jobs: each with a deadline ``factor`` x its JCT alone on its requested GPUs on
+    demand -- :func:`~autoscaler.sim.engine.isolated_jct_s` on T4s (its cheapest on-demand
+    fit, g4dn) ``gpus_per_node`` to an instance, plus what getting them takes: the
+    instance's provisioning, the job's start, and the two rounds that see the job and then
+    its instance."""
+    from autoscaler.sim.engine import isolated_jct_s  # the engine imports the sim's world
+
+    if not (math.isfinite(factor) and factor > 0):
+        raise InvalidInputError(f"deadline factor must be > 0, got {factor}", field="factor")
+    out = []
+    for spec in jobs:
+        alone = isolated_jct_s(spec, max(1, spec.num_replicas), gpus_per_node)
+        reference = alone + provisioning_delay_s + restart_delay_s + 2 * interval_s
+        out.append(dataclasses.replace(spec, deadline_after_s=factor * reference))
+    return tuple(out)
 
 
 def _offerings(
@@ -328,6 +371,14 @@ def build_run(
         plan = GoodputSizing(strategy, dataclasses.replace(sizing, value="throughput"))
         policy = "coadapt"
         policy_options = {"batch_rule": "linear"}
+    elif strategy == "ondemand-only":
+        offerings = offer(["on-demand"])
+        plan = PerJobCheapest(strategy)
+        policy = "tiresias"
+    elif strategy == "uniform-progress":
+        offerings = offer(["spot", "on-demand"])
+        plan = UniformProgress(strategy)
+        policy = "tiresias"
     elif strategy == "cheapest-spot":
         offerings = offer(["spot"])
         plan = PerJobCheapest(strategy)

@@ -45,6 +45,8 @@ class JobResult:
     (restart delays included); ``restarts`` = allocation changes after the first start;
     ``avg_jobs`` = jobs present on average during its life; ``ftf_ratio`` = ``jct_s`` over its
     JCT alone on ``1 / avg_jobs`` of the cluster (finish-time fairness; < 1 is better than fair).
+    ``deadline_s``: its deadline (simulated time; ``None``: none, and then left out of the
+    JSON); :attr:`deadline_met` whether it completed by then.
     """
 
     name: str
@@ -56,6 +58,14 @@ class JobResult:
     restarts: int
     avg_jobs: float
     ftf_ratio: float
+    deadline_s: float | None = None
+
+    @property
+    def deadline_met(self) -> bool | None:
+        """Whether it completed by its deadline (``None``: it had none)."""
+        if self.deadline_s is None:
+            return None
+        return self.completion_time_s <= self.deadline_s + 1e-6
 
 
 @dataclass(frozen=True)
@@ -133,6 +143,15 @@ class SimResult:
         }
 
 
+def _job_json(job: JobResult) -> dict[str, Any]:
+    out = asdict(job)
+    if job.deadline_s is None:
+        del out["deadline_s"]
+    else:
+        out["deadline_met"] = job.deadline_met
+    return out
+
+
 def results_payload(results: Sequence[SimResult], *, include_timing: bool = False) -> dict:
     """The JSON-ready form of one or more results (see the module docstring)."""
     runs = []
@@ -142,7 +161,7 @@ def results_payload(results: Sequence[SimResult], *, include_timing: bool = Fals
             "policy": res.policy,
             "config": _config_json(res.config),
             "summary": res.summary(),
-            "jobs": [asdict(job) for job in res.jobs],
+            "jobs": [_job_json(job) for job in res.jobs],
             "rounds": [
                 {"time_s": r.time_s, "active_jobs": r.active_jobs, "used_gpus": r.used_gpus}
                 for r in res.rounds

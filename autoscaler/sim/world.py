@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from autoscaler.controller.jobs import JobSubmission
+from autoscaler.controller.jobs import JobSubmission, submission_deadline
 from autoscaler.controller.lifecycle import InstanceStatus
 from autoscaler.controller.loop import Controller, ControllerConfig, RoundReport
 from autoscaler.controller.reconcile import ReconcileConfig
@@ -136,8 +136,10 @@ class World:
     # ---- the agents' side ------------------------------------------------------------------
 
     def submit(self, spec: JobSubmission) -> None:
-        """A job submitted now, as the API adds it."""
-        self.store.add_job(spec.name, spec.to_json())
+        """A job submitted now, as the API adds it (its deadline checked and fixed as the
+        API does: :func:`~autoscaler.controller.jobs.submission_deadline`)."""
+        after, at = submission_deadline(spec, self.now_s)
+        self.store.add_job(spec.name, spec.to_json(), deadline_after_s=after, deadline_at_s=at)
 
     def report(self, report: TrainerReport) -> None:
         """A trainer's report, stored as the API stores it."""

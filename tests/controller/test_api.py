@@ -5,6 +5,7 @@ request changes nothing), tokens kept out of logs, body limits, and concurrent s
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import http.client
 import json
 import logging
@@ -297,6 +298,29 @@ def test_submit_answers_201_with_the_job_and_stores_it(
     assert body["spec"]["command"] == ["train.py", "--epochs", "3"]
     stored = JobSubmission.from_json(store.get_job("bert").spec_json)
     assert stored == JobSubmission.from_json(json.dumps(spec("bert")))
+
+
+def test_a_deadline_is_fixed_at_submission_and_an_impossible_one_refused(
+    server: ApiServer, tokens: ApiTokens, store: Store
+) -> None:
+    status, body = call(server, "POST", "/v1/jobs", spec("a", deadline="2h"), token=tokens.user)
+    assert status == 201 and body["spec"]["deadline"] == "2h"
+    assert store.get_job("a").deadline_s == START_S + 7200.0
+    at = datetime.datetime.fromtimestamp(START_S + 600.0, datetime.UTC).isoformat()
+    assert call(server, "POST", "/v1/jobs", spec("b", deadline=at), token=tokens.user)[0] == 201
+    assert store.get_job("b").deadline_s == START_S + 600.0
+    past = datetime.datetime.fromtimestamp(START_S - 1.0, datetime.UTC).isoformat()
+    for bad, words in ((past, "is in the past"), (60, "is 60 s after submission")):
+        answer = call(server, "POST", "/v1/jobs", spec("c", deadline=bad), token=tokens.user)
+        message = assert_error(answer, 400, "deadline")
+        assert words in message and "estimated 180 s" in message
+    message = assert_error(
+        call(server, "POST", "/v1/jobs", spec("c", deadline="soon"), token=tokens.user),
+        400,
+        "deadline",
+    )
+    assert "a duration such as" in message
+    assert [j.name for j in store.list_jobs()] == ["a", "b"]
 
 
 def test_client_submit_get_list_cancel(user: ApiClient, store: Store) -> None:

@@ -7,6 +7,7 @@ import ast
 import contextlib
 import functools
 import json
+import math
 import os
 import random
 import signal
@@ -672,6 +673,7 @@ SEED: dict[int, list[str]] = {
         "INSERT INTO events (at_s, kind, subject, message) VALUES "
         "(23.0, 'launch', 'i-1', 'requested')",
     ],
+    7: ["UPDATE jobs SET deadline_s = 3610.0 WHERE name = 'j1'"],
 }
 
 
@@ -726,6 +728,8 @@ def check_seeded_rows(store: Store, version: int) -> None:
         assert events == [(23.0, "launch", "i-1", "requested")]
     else:  # no story before v6
         assert events == []
+    # A job of a store before v7 has no deadline (the column reads NULL).
+    assert job.deadline_s == (3610.0 if version >= 7 else None)
     if version >= 4:
         assert job.reason == "a reason"
         assert store.get_batch("j1") == JobBatch("j1", 256, 32, 2, 4, 19.0)
@@ -1133,3 +1137,17 @@ def test_a_jobs_planned_batch_and_reason(tmp_path: Path, clock: FakeClock) -> No
         assert len(refused.reason) == 500
         cleared = s.update_job("j1", refused.version, status=JobStatus.QUEUED, reason=None)
         assert cleared.reason is None
+
+
+def test_a_deadline_is_fixed_at_submission(tmp_path: Path, clock: FakeClock) -> None:
+    with Store.create(tmp_path / "s.db", "c1", clock) as s:
+        now = clock.now_s()
+        assert s.add_job("a", "{}").deadline_s is None
+        assert s.add_job("b", "{}", deadline_after_s=600.0).deadline_s == now + 600.0
+        assert s.add_job("c", "{}", deadline_at_s=now + 50.0).deadline_s == now + 50.0
+        clock.advance(100.0)
+        assert s.get_job("b").deadline_s == now + 600.0  # fixed, not moving with the clock
+        with pytest.raises(InvalidInputError):
+            s.add_job("d", "{}", deadline_after_s=-1.0)
+        with pytest.raises(InvalidInputError):
+            s.add_job("e", "{}", deadline_at_s=math.inf)
