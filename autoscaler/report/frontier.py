@@ -2,7 +2,8 @@
 html`` on the JSON of ``benchmarks/cloud_cost.py --frontier``).
 
 The page holds one plot, cost (USD) against mean JCT (s), one line per fleet through its points
-(each marker labelled with its knob, ``min_efficiency``), and, where the input carries it, each
+(each marker labelled with its knob, ``min_efficiency``; the JCT axis logarithmic when the
+points span more than :data:`LOG_X_ABOVE` times), and, where the input carries it, each
 fleet's floor ``floor_at_jct_usd`` (what the cheapest fleet could pay at that mean JCT) as a
 dotted line of the same colour; then a table of the points and, where the input has them, the
 frontier checks (:func:`autoscaler.frontier.check_frontiers`). The plot is inline SVG drawn by
@@ -37,6 +38,10 @@ __all__ = [
 
 MAX_FLEETS = 32
 """Fleets a frontier file may hold."""
+
+LOG_X_ABOVE = 4.0
+"""The mean-JCT axis is logarithmic when the slowest point is more than this many times the
+fastest."""
 
 
 @dataclass(frozen=True)
@@ -151,10 +156,15 @@ def plot_frontiers_svg(frontiers: Frontiers) -> str:
                     label=f"{name} floor",
                 )
                 fl.set_gid(series_id("floor", name))
-        ax.set_xlabel("mean JCT (s)")
+        jcts = [p.mean_jct_s for pts in frontiers.points.values() for p in pts]
+        wide = min(jcts) > 0 and max(jcts) / min(jcts) > LOG_X_ABOVE
+        if wide:  # fleets an order of magnitude apart: the close ones stay readable
+            ax.set_xscale("log")
+        ax.set_xlabel("mean JCT (s, log scale)" if wide else "mean JCT (s)")
         ax.set_ylabel("cost (USD)")
         ax.set_title("Cost against mean JCT, one line per fleet (labels: min_efficiency)")
-        ax.set_xlim(left=0.0)
+        if not wide:
+            ax.set_xlim(left=0.0)
         ax.set_ylim(bottom=0.0)
         ax.grid(True, alpha=0.3)
         ax.legend(loc="upper right", fontsize="small")

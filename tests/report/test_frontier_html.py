@@ -110,6 +110,11 @@ def test_plot_has_title_axes_legend_and_one_line_per_fleet() -> None:
     assert svg.count(">0.15<") == 3 and svg.count(">0.3<") == 1
     # No floors in the input: no floor lines.
     assert "floor-" not in plot_frontiers_svg(frontiers_from_json(_payload()))
+    # Points ten times apart in JCT: a log axis, said in its label.
+    wide = _payload()
+    wide["frontier"]["coadapt-t4"] = [{"knob": 0.15, "cost_usd": 840.0, "mean_jct_s": 3240.0}]
+    svg = plot_frontiers_svg(frontiers_from_json(wide))
+    assert ">mean JCT (s, log scale)<" in svg and ">mean JCT (s)<" not in svg
 
 
 def test_page_has_points_and_checks_tables() -> None:
