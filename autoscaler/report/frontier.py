@@ -213,14 +213,20 @@ def _checks_table(checks: Mapping[str, Any]) -> str:
     '-' (the file is input, not trusted to be complete)."""
     ref = html.escape(str(checks.get("reference", "?")))
     rows = []
-    dominance = checks.get("dominance")
-    reach = checks.get("reach") if isinstance(checks.get("reach"), Mapping) else {}
-    cheapest = checks.get("cheapest") if isinstance(checks.get("cheapest"), Mapping) else {}
-    for name, dom in dominance.items() if isinstance(dominance, Mapping) else ():
+
+    def part(key: str) -> Mapping[str, Any]:
+        found = checks.get(key)
+        return found if isinstance(found, Mapping) else {}
+
+    reach, cheapest = part("reach"), part("cheapest")
+    for name, dom in part("dominance").items():
         if not isinstance(dom, Mapping):
             continue
         ratios = []
-        for p in dom.get("points") or ():
+        points = dom.get("points")
+        for p in points if isinstance(points, list) else ():
+            if not isinstance(p, Mapping):
+                continue
             jct, ratio = (_number(p.get(k)) for k in ("mean_jct_s", "cost_ratio"))
             if jct is not None and ratio is not None:
                 ratios.append(f"{jct:,.0f} s: {ratio:.3f}")

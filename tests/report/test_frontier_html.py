@@ -127,6 +127,11 @@ def test_page_has_points_and_checks_tables() -> None:
     # All-A100 reaches 370 s, coadapt 382 s: reach fails against it, shown as such.
     a100_row = re.search(r"<tr><td>coadapt-a100</td>(.*?)</tr>", checks.group(0)).group(1)
     assert a100_row.count('class="fail"') >= 1
+    # Checks are input too: malformed parts are left out, not a crash.
+    bad = _payload()
+    bad["frontier_checks"] = {"dominance": {"a": {"points": [1, {"mean_jct_s": "x"}]}, "b": 3}}
+    page = render_frontier_html(frontiers_from_json(bad))
+    assert "<tr><td>a</td><td><span" in page and "<tr><td>b</td>" not in page
 
 
 def test_cli_cost_report_writes_the_frontier_page(tmp_path: Path) -> None:
