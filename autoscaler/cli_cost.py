@@ -3,8 +3,10 @@
 ``coadapt cost report FILE [--format table|csv|json|html] [--out PATH]``. FILE is JSON holding a
 cost record (:func:`autoscaler.costs.record_to_json`) at top level, under ``"cost_record"`` of a
 simulation result, or in each of a list of results (each reported, labelled by its policy,
-strategy and workload). Bad input — a missing file, invalid JSON, no cost record, a malformed
-one — is one line on stderr and exit status 2; files are written atomically.
+strategy and workload); or the cost-time frontiers of ``benchmarks/cloud_cost.py --frontier``
+(``--format html`` only: :mod:`autoscaler.report.frontier`). Bad input — a missing file,
+invalid JSON, no cost record, a malformed one — is one line on stderr and exit status 2; files
+are written atomically.
 """
 
 from __future__ import annotations
@@ -117,6 +119,8 @@ def report(
         source_name = str(state_dir)
     else:
         assert file is not None
+        if _frontier_report(file, fmt, out):
+            return
         reports = _file_reports(file)
         source_name = file.name
     _write_reports(reports, fmt, out, source_name, wide=wide)
@@ -139,6 +143,37 @@ def store_report(state_dir: Path) -> tuple[str | None, Any]:
         _fail(str(e))
     except InvalidInputError as e:  # a store whose history the ledger cannot take: one line
         _fail(f"--state-dir {state_dir}: cannot build its cost record: {e}")
+
+
+def _frontier_report(file: Path, fmt: ReportFormat, out: Path | None) -> bool:
+    """Write the frontier page if ``file`` holds cost-time frontiers (then True); False for
+    any other file, left to :func:`_file_reports` (which reports what is wrong with it)."""
+    from autoscaler.errors import InvalidInputError
+    from autoscaler.report.frontier import (
+        frontiers_from_json,
+        is_frontier_payload,
+        write_frontier_html,
+    )
+
+    try:
+        payload = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    if not is_frontier_payload(payload):
+        return False
+    if fmt is not ReportFormat.HTML:
+        _fail(f"{file}: holds cost-time frontiers (cloud_cost.py --frontier): use --format html")
+    try:
+        frontiers = frontiers_from_json(payload)
+    except InvalidInputError as e:
+        _fail(f"{file}: {e}")
+    assert out is not None
+    try:
+        write_frontier_html(out, frontiers, title=f"coadapt cost-time frontiers: {file.name}")
+    except OSError as e:
+        _fail(f"--out {out}: cannot write: {e.strerror or e}")
+    typer.echo(f"report written to {out}", err=True)
+    return True
 
 
 def _file_reports(file: Path) -> list[tuple[Any, ...]]:

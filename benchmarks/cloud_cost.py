@@ -3,7 +3,7 @@
     python benchmarks/cloud_cost.py --experiment E1|E2|E3|E4 [--spot-trace [FAMILY=]FILE]
         [--spot-prices constant|stochastic] [--seed N] [--workloads N]
         [--strategies A,B] [--budget USD_PER_HOUR] [--min-efficiency X] [--optimistic-nodes]
-        [--deadline-factor K] [-j 2] --out FILE
+        [--deadline-factor K] [--frontier [X,Y,...]] [-j 2] --out FILE
 
 ``--spot-trace g4dn=FILE`` replaces one family's availability trace (``g4dn`` or ``p3``; either
 Bamboo format: the event list or the counts over time); a bare ``--spot-trace FILE`` replaces
@@ -44,6 +44,15 @@ the same work, (a) with no time limit and (b) every job finishing by its time in
 its jobs' share of (b)); ``per_workload`` adds the seconds each floor took
 (``floor_wall_s``). ``--workloads N`` runs only the first N workloads and ``--strategies A,B``
 only those strategies (a quick look; ratios whose strategies did not run are left out).
+
+``--frontier [X,Y,...]`` (default knobs 0.15,0.3,0.5,0.7,0.85) runs every chosen strategy at
+every ``--min-efficiency`` knob instead, and writes ``{"experiment", "lengths", "knobs",
+"frontier": {"<strategy>": [{"knob", "cost_usd", "mean_jct_s", "p99_jct_s", "preemptions",
+"per_workload"}, ...]}, "frontier_checks": ...}``: each strategy's cost-time points, and, when
+``coadapt`` ran beside another strategy, :func:`autoscaler.frontier.check_frontiers` of
+``coadapt`` against the others (E3's acceptance on frontiers: at every other fleet's point
+within coadapt's mean-JCT range coadapt's frontier costs less; it reaches a lower mean JCT; its
+cheapest point is no dearer), printed too. ``coadapt cost report FILE --format html`` plots it.
 """
 
 from __future__ import annotations
@@ -61,6 +70,7 @@ import numpy as np
 
 from autoscaler.costs import job_costs, summarize
 from autoscaler.floor import cost_floor
+from autoscaler.frontier import check_frontiers, points_from_json
 from autoscaler.policy import make_policy
 from autoscaler.sim.config import SimConfig
 from autoscaler.sim.engine import Simulator
@@ -168,9 +178,26 @@ def main(argv: list[str] | None = None) -> int:
         default=2.0,
         help="E4: each job's deadline, this x its JCT alone on its requested GPUs on demand",
     )
+    ap.add_argument(
+        "--frontier",
+        nargs="?",
+        const=FRONTIER_KNOBS,
+        default=None,
+        metavar="X,Y,...",
+        help=f"run every strategy at each --min-efficiency knob (default {FRONTIER_KNOBS}) "
+        "and write each one's (cost, mean JCT) frontier",
+    )
     ap.add_argument("-j", "--jobs", type=int, default=2)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
+    knobs: list[float] = []
+    if args.frontier is not None:
+        try:
+            knobs = sorted({float(x) for x in args.frontier.split(",") if x.strip()})
+        except ValueError:
+            ap.error(f"--frontier wants comma-separated numbers, got {args.frontier!r}")
+        if not knobs or len(knobs) > 20 or not all(0 <= k < 10 for k in knobs):
+            ap.error(f"--frontier wants 1 to 20 knobs in [0, 10), got {args.frontier!r}")
     traces: dict[str, str] = {}
     for item in args.spot_trace:
         family, sep, path = item.partition("=")
@@ -197,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"--strategies: {args.experiment} has {', '.join(names)}; got {args.strategies!r}"
             )
         names = tuple(n for n in names if n in wanted)
+    if knobs:
+        return _frontier(args, names, workloads, knobs, traces or None)
     tasks = [
         (
             args.experiment,
@@ -301,6 +330,115 @@ def main(argv: list[str] | None = None) -> int:
 def _over(cost_usd: float, floor_usd: float) -> float | None:
     """``cost / floor``; ``None`` where the floor is zero (no work)."""
     return cost_usd / floor_usd if floor_usd > 0 else None
+
+
+#: The knobs ``--frontier`` runs without a list.
+FRONTIER_KNOBS = "0.15,0.3,0.5,0.7,0.85"
+#: The fleet whose frontier the others' are checked against.
+FRONTIER_REFERENCE = "coadapt"
+
+
+def _frontier(
+    args: argparse.Namespace,
+    names: tuple[str, ...],
+    workloads: list[str],
+    knobs: list[float],
+    traces: dict[str, str] | None,
+) -> int:
+    """``--frontier``: every strategy at every knob (see the module docstring)."""
+    tasks = [
+        (
+            args.experiment,
+            s,
+            w,
+            traces,
+            args.budget,
+            k,
+            args.optimistic_nodes,
+            args.spot_prices,
+            args.seed,
+            args.deadline_factor,
+        )
+        for s in names
+        for k in knobs
+        for w in workloads
+    ]
+    started = time.perf_counter()
+    rows = []
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        for task, row in zip(tasks, pool.map(_one, tasks), strict=True):
+            row["knob"] = task[5]
+            rows.append(row)
+            print(
+                f"  {row['strategy']:16s} knob {row['knob']:5.2f} {row['workload']:12s} "
+                f"${row['cost_usd']:10.2f} mean JCT {row['mean_jct_s']:8.0f} s  "
+                f"({row['wall_s']:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
+    frontier: dict[str, list[dict]] = {}
+    for s in names:
+        points = []
+        for k in knobs:
+            mine = [r for r in rows if r["strategy"] == s and r["knob"] == k]
+            point = {
+                "knob": k,
+                "cost_usd": round(sum(r["cost_usd"] for r in mine), 2),
+                "mean_jct_s": float(np.mean([r["mean_jct_s"] for r in mine])),
+                "p99_jct_s": float(np.percentile([j for r in mine for j in r["jcts_s"]], 99)),
+                "preemptions": sum(r["preemptions"] for r in mine),
+                "per_workload": {
+                    r["workload"]: {"cost_usd": r["cost_usd"], "mean_jct_s": r["mean_jct_s"]}
+                    for r in mine
+                },
+            }
+            # Floors, where the run computes them (USD summed over workloads as cost is).
+            for key in sorted({key for r in mine for key in r if key.startswith("floor")}):
+                values = [r.get(key) for r in mine]
+                if all(isinstance(v, int | float) for v in values):
+                    point[key] = float(sum(values))  # type: ignore[arg-type]
+            points.append(point)
+        frontier[s] = points
+    out: dict = {
+        "experiment": args.experiment,
+        "lengths": SimConfig().lengths,
+        "knobs": knobs,
+        "frontier": frontier,
+    }
+    if FRONTIER_REFERENCE in frontier and len(frontier) > 1:
+        parsed = {s: points_from_json(p, f"frontier.{s}") for s, p in frontier.items()}
+        out["frontier_checks"] = check_frontiers(parsed, FRONTIER_REFERENCE)
+    out["elapsed_s"] = time.perf_counter() - started
+    write_json_atomic(args.out, out)
+    for s, points in frontier.items():
+        for p in points:
+            print(
+                f"{s:16s} knob {p['knob']:5.2f}  cost ${p['cost_usd']:10.2f}  "
+                f"mean JCT {p['mean_jct_s']:8.0f} s"
+            )
+    if "frontier_checks" in out:
+        _print_checks(out["frontier_checks"])
+    return 0
+
+
+def _print_checks(checks: dict) -> None:
+    ref = checks["reference"]
+    lo, hi = checks["range_s"]
+    print(f"frontier checks, {ref} (mean JCT {lo:.0f}-{hi:.0f} s) against each fleet:")
+    for name, dom in checks["dominance"].items():
+        ratios = ", ".join(
+            f"{p['mean_jct_s']:.0f} s {p['cost_ratio']:.3f}{'' if p['holds'] else ' FAIL'}"
+            for p in dom["points"]
+        )
+        reach, cheap = checks["reach"][name], checks["cheapest"][name]
+        print(
+            f"  vs {name}: dominance {'holds' if dom['holds'] else 'FAILS'} "
+            f"[{ratios or 'no point in range'}]; reach {reach['reference_min_jct_s']:.0f} s vs "
+            f"{reach['min_jct_s']:.0f} s {'holds' if reach['holds'] else 'FAILS'}; cheapest "
+            f"${cheap['reference_min_cost_usd']:.2f} vs ${cheap['min_cost_usd']:.2f} "
+            f"{'holds' if cheap['holds'] else 'FAILS'}"
+        )
+    print("  all hold" if checks["holds"]["all"] else f"  holds: {checks['holds']}")
 
 
 def _per_application(rows: list[dict]) -> dict[str, dict[str, float]]:

@@ -15,6 +15,11 @@ profile, and never fewer than the fewest it can run on; within its batch limits,
 for a job opted out of adaptation, its requested GPUs). A job that no pool can ever hold is
 refused (``Plan.refused``, with the reason). Its current
 allocation is on the menu too, whatever its shape, as the only choice that needs no restart.
+A running job whose allocation is kept may leave its GPU type only for a candidate whose goodput,
+discounted by the restart factor, exceeds its current goodput: it is never moved to a slower type
+to make room for others (on a fleet sized to the jobs that trade demoted jobs from A100 to a V100
+instance the sizing was releasing and back again as instances came and went:
+``benchmarks/cloud_cost.py`` E3).
 Powers of two pack into nodes of a power-of-two size without loss, and whole-node jobs never
 share a node, so interference is avoided by construction and a menu choice that fits a pool's
 capacity fits its nodes, up to the fragmentation left by jobs kept in place (see Placement).
@@ -826,6 +831,10 @@ class CoadaptPolicy:
             if not enough.any():  # no candidate meets it: only the fastest stay
                 enough = mine & (goods >= 0.98 * float(np.max(goods[mine])))
             ok &= ~mine | enough
+        if len({pool.gpu_type for pool in pools}) > 1 and is_cur.any():
+            ok &= self._no_slower_type(
+                jobs, cluster, pools, job_idx, pool_idx, goods * boost, is_cur
+            )
         pick = np.flatnonzero(ok)
         if extra:  # appended after every table: group them with their jobs
             pick = pick[np.argsort(job_idx[pick], kind="stable")]
@@ -839,6 +848,34 @@ class CoadaptPolicy:
             optimistic=(goods * boost)[pick],
             batch=batches[pick].astype(np.int64).reshape(-1, 3),
         )
+
+    def _no_slower_type(
+        self,
+        jobs: Sequence[JobView],
+        cluster: ClusterView,
+        pools: Sequence[Pool],
+        job_idx: np.ndarray,
+        pool_idx: np.ndarray,
+        goodput: np.ndarray,
+        is_cur: np.ndarray,
+    ) -> np.ndarray:
+        """Which menu rows a running job may take (see Menu in the module docstring): on its
+        current GPU type any; on another type only those whose goodput, discounted by the
+        restart, exceeds its current allocation's. A job never trades its type for a slower
+        one to make room for others: the room would be the fleet's to buy, and the job would
+        straddle the fleet's types (found in ``benchmarks/cloud_cost.py`` E3, where jobs
+        moved from A100 to V100 and back as instances came and went)."""
+        type_ids = {t: i for i, t in enumerate(sorted({pool.gpu_type for pool in pools}))}
+        row_type = np.array([type_ids[pool.gpu_type] for pool in pools], dtype=np.int64)[pool_idx]
+        cur_type = np.full(len(jobs), -1, dtype=np.int64)
+        cur_good = np.zeros(len(jobs))
+        cur_type[job_idx[is_cur]] = row_type[is_cur]
+        cur_good[job_idx[is_cur]] = goodput[is_cur]
+        factor = np.ones(len(goodput))
+        if self.options.restart_penalty:
+            factor = self._restart_factor(jobs, cluster, job_idx, goodput)
+        other = (cur_type[job_idx] >= 0) & (row_type != cur_type[job_idx])
+        return ~other | (goodput * factor > cur_good[job_idx])
 
     def _within_bounds(
         self,
@@ -926,7 +963,8 @@ class CoadaptPolicy:
         scale = cluster.num_nodes / cluster.total_gpus
         speedup = good / fair_goodput[job_idx] * scale
         if self.options.restart_penalty:
-            speedup = speedup * np.where(current, 1.0, self._restart_factor(jobs, cluster, menu))
+            factor = self._restart_factor(jobs, cluster, job_idx, menu.goodput)
+            speedup = speedup * np.where(current, 1.0, factor)
         return speedup
 
     def _remaining_s(self, job: JobView, goodput: np.ndarray | float) -> np.ndarray | None:
@@ -956,17 +994,22 @@ class CoadaptPolicy:
         return (out / mean) ** beta
 
     def _restart_factor(
-        self, jobs: Sequence[JobView], cluster: ClusterView, menu: _Menu
+        self,
+        jobs: Sequence[JobView],
+        cluster: ClusterView,
+        job_idx: np.ndarray,
+        goodput: np.ndarray,
     ) -> np.ndarray:
+        """The restart factor ``rho`` of candidates of jobs ``job_idx`` at ``goodput``."""
         delay = cluster.restart_delay_s
-        job_idx = np.asarray(menu.job, dtype=np.int64)
+        job_idx = np.asarray(job_idx, dtype=np.int64)
         if self.options.restart_rule == "age":
             age = np.array([j.age_s for j in jobs])
             restarts = np.array([j.num_restarts for j in jobs])
             per_job = np.maximum(age - restarts * delay, 0.0) / (age + delay)
             return per_job[job_idx]
         work = np.array([math.inf if j.remaining_work is None else j.remaining_work for j in jobs])
-        good = np.maximum(np.asarray(menu.goodput, dtype=float), 1e-12)
+        good = np.maximum(np.asarray(goodput, dtype=float), 1e-12)
         horizon = np.minimum(work[job_idx] / good, self.options.restart_horizon_s)
         horizon = np.maximum(horizon, 1e-9)
         return np.maximum(horizon - delay, 0.0) / horizon
@@ -1257,12 +1300,18 @@ class _Greedy:
     def solve(self, start: np.ndarray | None = None) -> tuple[np.ndarray, float, float]:
         # (1) A first plan: from ``start`` (a feasible choice, e.g. everyone where they are)
         # when at least half the jobs have one there, else from every job's best candidate
-        # with GPUs free of charge; improved by the local moves.
+        # with GPUs free of charge (or from ``start`` if that plan is worth less); improved by
+        # the local moves.
         if start is not None and np.count_nonzero(start >= 0) * 2 >= self.num_jobs:
             choice = self.plan(None, start.copy())
         else:
             choice = self.plan(np.zeros(len(self.capacity)))
         objective = _objective(choice, self.value, self.empty)
+        if start is not None and _objective(start, self.value, self.empty) > objective:
+            # The free-of-charge plan fell below leaving everyone where they are: improve
+            # that instead (it never loses to doing nothing).
+            choice = self.plan(None, start.copy())
+            objective = _objective(choice, self.value, self.empty)
         # (2) Prices from the dual, and a plan from the jobs' best candidates at those prices;
         # the better plan is the answer (the dual value bounds both).
         bound, prices = self.dual(objective)

@@ -254,6 +254,26 @@ def test_admit_first_starts_queued_jobs_before_growing_running_ones() -> None:
     assert all(got[f"q{i}"] == 1 for i in range(3)) and got["run"] == 1
 
 
+def test_a_running_job_never_trades_its_type_for_a_slower_one() -> None:
+    nodes = (NodeView("a100-0", "A100", 8), NodeView("a100-1", "A100", 8))
+    c = ClusterView((*nodes, NodeView("v100-0", "V100", 8)), now_s=600.0, round_index=10)
+    # A job that scales poorly holds both A100 nodes; a newcomer that scales well would gain
+    # more from them than the runner loses on 8 V100s (the objective's trade, found in
+    # cloud_cost.py E3): the runner keeps its type, the newcomer takes the V100s.
+    on_a100 = Allocation({"a100-0": 8, "a100-1": 8})
+    big = view("big", model=model(0.05), profiled=16)
+    big = JobView(**{**big.__dict__, "allocation": on_a100, "remaining_progress": 1e7})
+    new = view("new", model=model(0.001), profiled=4, age=60.0)
+    new = JobView(**{**new.__dict__, "remaining_progress": 1e7})
+    plan = CoadaptPolicy().decide(round_input(c, big, new), CoadaptState()).plan
+    assert plan.allocations["big"] == on_a100
+    assert c.gpu_types_of(plan.allocations["new"]) == ("V100",)
+    # A move to another type that gains goodput after the restart is still taken.
+    slow = JobView(**{**big.__dict__, "allocation": Allocation({"v100-0": 8})})
+    plan = CoadaptPolicy().decide(round_input(c, slow), CoadaptState()).plan
+    assert c.gpu_types_of(plan.allocations["big"]) == ("A100",)
+
+
 # ---- refusals ----------------------------------------------------------------------------
 
 
