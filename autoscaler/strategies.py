@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -364,21 +364,7 @@ class PerJobCheapest:
     name: str
 
     def propose(self, view: FleetView) -> Mapping[str, int]:
-        counts: dict[str, int] = {}
-        left = {o.key: (math.inf if o.capacity is None else o.capacity) for o in view.options}
-        usable = [o for o in view.options if o.available]
-        for job in sorted(view.jobs, key=lambda j: (j.submit_time_s, j.name)):
-            gpus = max(1, job.requested_gpus, job.fewest_gpus)
-            if job.max_gpus is not None:
-                gpus = min(gpus, job.max_gpus)
-            allowed = [o for o in usable if job.allows_type(o.gpu_type)]
-            choice = _cheapest(allowed, gpus, left)
-            if choice is None:
-                continue
-            option, n = choice
-            counts[option.key] = counts.get(option.key, 0) + n
-            left[option.key] -= n
-        return counts
+        return _per_job(view, lambda job, gpus, allowed, left: _cheapest(allowed, gpus, left))
 
 
 @dataclass
@@ -398,24 +384,15 @@ class UniformProgress:
     margin_s: float = 300.0
 
     def propose(self, view: FleetView) -> Mapping[str, int]:
-        counts: dict[str, int] = {}
-        left = {o.key: (math.inf if o.capacity is None else o.capacity) for o in view.options}
-        usable = [o for o in view.options if o.available]
-        for job in sorted(view.jobs, key=lambda j: (j.submit_time_s, j.name)):
-            gpus = max(1, job.requested_gpus, job.fewest_gpus)
-            if job.max_gpus is not None:
-                gpus = min(gpus, job.max_gpus)
-            allowed = [o for o in usable if job.allows_type(o.gpu_type)]
+        def pick(
+            job: JobView, gpus: int, allowed: list[FleetOption], left: Mapping[str, float]
+        ) -> tuple[FleetOption, int] | None:
             spot = [o for o in allowed if o.market == "spot"]
             ondemand = [o for o in allowed if o.market != "spot"]
             first, second = (spot, ondemand) if self.on_spot(job, gpus) else (ondemand, spot)
-            choice = _cheapest(first, gpus, left) or _cheapest(second, gpus, left)
-            if choice is None:
-                continue
-            option, n = choice
-            counts[option.key] = counts.get(option.key, 0) + n
-            left[option.key] -= n
-        return counts
+            return _cheapest(first, gpus, left) or _cheapest(second, gpus, left)
+
+        return _per_job(view, pick)
 
     def on_spot(self, job: JobView, gpus: int) -> bool:
         """Whether the rule puts ``job`` (on ``gpus`` GPUs) on spot now."""
@@ -436,6 +413,32 @@ class UniformProgress:
             if rate <= 0 or work / rate > left - self.margin_s:
                 return False
         return True
+
+
+_Pick = Callable[
+    [JobView, int, list[FleetOption], Mapping[str, float]], "tuple[FleetOption, int] | None"
+]
+
+
+def _per_job(view: FleetView, pick: _Pick) -> dict[str, int]:
+    """Every active job, oldest first, on its own instances for the GPUs it asked for (within
+    its bounds): ``pick(job, gpus, allowed, left)`` chooses the offering and instance count
+    among the available ones the job allows, ``left`` the capacity each offering has left."""
+    counts: dict[str, int] = {}
+    left = {o.key: (math.inf if o.capacity is None else o.capacity) for o in view.options}
+    usable = [o for o in view.options if o.available]
+    for job in sorted(view.jobs, key=lambda j: (j.submit_time_s, j.name)):
+        gpus = max(1, job.requested_gpus, job.fewest_gpus)
+        if job.max_gpus is not None:
+            gpus = min(gpus, job.max_gpus)
+        allowed = [o for o in usable if job.allows_type(o.gpu_type)]
+        choice = pick(job, gpus, allowed, left)
+        if choice is None:
+            continue
+        option, n = choice
+        counts[option.key] = counts.get(option.key, 0) + n
+        left[option.key] -= n
+    return counts
 
 
 def _cheapest(

@@ -24,6 +24,7 @@ from typing import Any
 
 from autoscaler.errors import InvalidInputError
 from autoscaler.frontier import FrontierPoint, points_from_json
+from autoscaler.report.html import html_page
 from coadapt_common.atomic import write_text_atomic
 
 __all__ = [
@@ -270,13 +271,7 @@ def render_frontier_html(
             "points) costs less.</p>"
         )
         body.append(_checks_table(frontiers.checks))
-    return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{html.escape(title)}</title><style>{_CSS}</style></head>\n<body>\n"
-        + "\n".join(body)
-        + "\n</body></html>\n"
-    )
+    return html_page(title, body, css=_CSS)
 
 
 def write_frontier_html(

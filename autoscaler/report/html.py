@@ -46,6 +46,7 @@ Report = tuple[str | None, CostRecord] | tuple[str | None, CostRecord, RunFloor 
 
 __all__ = [
     "MAX_STACKED_OFFERINGS",
+    "html_page",
     "plot_cost_over_time",
     "plot_fleet_size",
     "plot_job_cost_vs_jct",
@@ -326,12 +327,16 @@ def render_html(reports: Sequence[Report], *, title: str = "coadapt cost report"
         _section(n, report[0], report[1], report[2] if len(report) > 2 else None)
         for n, report in enumerate(reports, start=1)
     )
+    return html_page(title, body)
+
+
+def html_page(title: str, body: Sequence[str], *, css: str | None = None) -> str:
+    """A whole page: ``title``, the report's style sheet (or ``css``), ``body``'s parts."""
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{html.escape(title)}</title><style>{_CSS}</style></head>\n<body>\n"
-        + "\n".join(body)
-        + "\n</body></html>\n"
+        f"<title>{html.escape(title)}</title><style>{_CSS if css is None else css}</style>"
+        "</head>\n<body>\n" + "\n".join(body) + "\n</body></html>\n"
     )
 
 
