@@ -3,7 +3,7 @@
     python benchmarks/cloud_cost.py --experiment E1|E2|E3|E4 [--spot-trace [FAMILY=]FILE]
         [--spot-prices constant|stochastic] [--seed N] [--workloads N]
         [--strategies A,B] [--budget USD_PER_HOUR] [--min-efficiency X] [--optimistic-nodes]
-        [--deadline-factor K] [--frontier [X,Y,...]] [-j 2] --out FILE
+        [--deadline-factor K] [--frontier [X,Y,...]] [--no-floor] [-j 2] --out FILE
 
 ``--spot-trace g4dn=FILE`` replaces one family's availability trace (``g4dn`` or ``p3``; either
 Bamboo format: the event list or the counts over time); a bare ``--spot-trace FILE`` replaces
@@ -42,8 +42,9 @@ strategy's offerings, :func:`~autoscaler.sim.experiments.experiment_menu`) could
 the same work, (a) with no time limit and (b) every job finishing by its time in this run;
 ``cost_over_floor`` is ``cost_usd`` over (b), also per application (its attributed USD over
 its jobs' share of (b)); ``per_workload`` adds the seconds each floor took
-(``floor_wall_s``). ``--workloads N`` runs only the first N workloads and ``--strategies A,B``
-only those strategies (a quick look; ratios whose strategies did not run are left out).
+(``floor_wall_s``); ``--no-floor`` skips them (null: a quicker look). ``--workloads N`` runs
+only the first N workloads and ``--strategies A,B`` only those strategies (a quick look; ratios
+whose strategies did not run are left out).
 
 ``--frontier [X,Y,...]`` (default knobs 0.15,0.3,0.5,0.7,0.85) runs every chosen strategy at
 every ``--min-efficiency`` knob instead, and writes ``{"experiment", "lengths", "knobs",
@@ -61,6 +62,7 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -95,6 +97,7 @@ def _one(task: tuple) -> dict:
         :9
     ]
     deadline_factor = task[9] if len(task) > 9 else None
+    with_floor = bool(task[10]) if len(task) > 10 else True
     traces = load_traces(traces_files) if traces_files else None
     sizing = SizingConfig(
         budget_usd_per_hour=budget, min_efficiency=min_eff, optimistic_nodes=optimistic
@@ -127,10 +130,12 @@ def _one(task: tuple) -> dict:
     # have paid for the same work (autoscaler/floor.py): (a) with no time limit, (b) every
     # job by its finish time here.
     t_floor = time.perf_counter()
-    menu = experiment_menu(experiment, traces=traces, spot_prices=prices, seed=seed)
-    floor = cost_floor(floor_problem(jobs, result, offerings=menu))
-    for app, f in floor.by_application().items():
-        per_app[app].update(f)
+    floor = None
+    if with_floor:
+        menu = experiment_menu(experiment, traces=traces, spot_prices=prices, seed=seed)
+        floor = cost_floor(floor_problem(jobs, result, offerings=menu))
+        for app, f in floor.by_application().items():
+            per_app[app].update(f)
     return {
         "strategy": strategy,
         "workload": Path(str(workload)).stem,
@@ -142,10 +147,10 @@ def _one(task: tuple) -> dict:
         "jcts_s": [float(x) for x in result.jcts_s],
         "preemptions": int(result.fleet["preemptions"]),
         "peak_usd_per_hour": result.fleet["peak_usd_per_hour"],
-        "floor_usd": floor.no_limit_usd,
-        "floor_at_jct_usd": floor.at_deadline_usd,
-        "floor_slot_s": floor.slot_s,
-        "floor_wall_s": time.perf_counter() - t_floor,
+        "floor_usd": None if floor is None else floor.no_limit_usd,
+        "floor_at_jct_usd": None if floor is None else floor.at_deadline_usd,
+        "floor_slot_s": None if floor is None else floor.slot_s,
+        "floor_wall_s": None if floor is None else time.perf_counter() - t_floor,
         "wall_s": time.perf_counter() - t0,
         "deadline_misses": [j.name for j in result.jobs if j.deadline_met is False],
         "deadline_jobs": sum(1 for j in result.jobs if j.deadline_s is not None),
@@ -177,6 +182,11 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=2.0,
         help="E4: each job's deadline, this x its JCT alone on its requested GPUs on demand",
+    )
+    ap.add_argument(
+        "--no-floor",
+        action="store_true",
+        help="skip the cost floors (their keys are null): quicker, for a look at costs and JCTs",
     )
     ap.add_argument(
         "--frontier",
@@ -238,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             args.spot_prices,
             args.seed,
             args.deadline_factor,
+            not args.no_floor,
         )
         for s in names
         for w in workloads
@@ -269,8 +280,8 @@ def main(argv: list[str] | None = None) -> int:
             "instance_hours": sum(r["instance_hours"] for r in mine),
             "peak_usd_per_hour": max(r["peak_usd_per_hour"] for r in mine),
             "idle_usd": sum(r["idle_usd"] for r in mine),
-            "floor_usd": sum(r["floor_usd"] for r in mine),
-            "floor_at_jct_usd": sum(r["floor_at_jct_usd"] for r in mine),
+            "floor_usd": _sum_or_none(r["floor_usd"] for r in mine),
+            "floor_at_jct_usd": _sum_or_none(r["floor_at_jct_usd"] for r in mine),
             "per_application": _per_application(mine),
             "per_workload": {
                 r["workload"]: {
@@ -285,7 +296,11 @@ def main(argv: list[str] | None = None) -> int:
             },
         }
         mine_out = out["strategies"][s]
-        mine_out["cost_over_floor"] = _over(mine_out["cost_usd"], mine_out["floor_at_jct_usd"])
+        mine_out["cost_over_floor"] = (
+            None
+            if mine_out["floor_at_jct_usd"] is None
+            else _over(mine_out["cost_usd"], mine_out["floor_at_jct_usd"])
+        )
         if args.experiment == "E4":
             count = sum(r["deadline_jobs"] for r in mine)
             misses = [f"{r['workload']}/{n}" for r in mine for n in r["deadline_misses"]]
@@ -310,8 +325,10 @@ def main(argv: list[str] | None = None) -> int:
             for app, a in sorted(v["per_application"].items())
         )
         print(f"  {s:22s} idle {v['idle_usd']:8.0f}  {parts}")
-    print("cost floor (USD): (a) no time limit, (b) every job by its JCT here; cost / (b):")
-    for s, v in out["strategies"].items():
+    floors = {s: v for s, v in out["strategies"].items() if v["cost_over_floor"] is not None}
+    if floors:
+        print("cost floor (USD): (a) no time limit, (b) every job by its JCT here; cost / (b):")
+    for s, v in floors.items():
         print(
             f"  {s:22s} floor {v['floor_usd']:10.2f}  at JCT {v['floor_at_jct_usd']:10.2f}  "
             f"cost / floor {v['cost_over_floor']:.3f}"
@@ -325,6 +342,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"  missed: {', '.join(v['deadline_misses']) or 'none'}"
             )
     return 0
+
+
+def _sum_or_none(values: Iterable[float | None]) -> float | None:
+    """The sum, or ``None`` where a value is missing (a run without its floor)."""
+    items = list(values)
+    if any(v is None for v in items):
+        return None
+    return float(sum(v for v in items if v is not None))
 
 
 def _over(cost_usd: float, floor_usd: float) -> float | None:
@@ -358,6 +383,7 @@ def _frontier(
             args.spot_prices,
             args.seed,
             args.deadline_factor,
+            not args.no_floor,
         )
         for s in names
         for k in knobs
@@ -454,10 +480,13 @@ def _per_application(rows: list[dict]) -> dict[str, dict[str, float]]:
             for key in ("cost_usd", "floor_usd", "floor_at_jct_usd"):
                 mine[key] = float(mine[key] or 0.0) + a.get(key, 0.0)
             mine["jct_share_s"] = float(mine["jct_share_s"] or 0.0) + a["jct_share_s"] / len(rows)
+    floored = all("floor_usd" in a for r in rows for a in r["per_application"].values())
     for mine in out.values():
         mine["cost_over_floor"] = _over(
             float(mine["cost_usd"] or 0.0), float(mine["floor_at_jct_usd"] or 0.0)
         )
+        if not floored:  # a run without floors (--no-floor): none, not zero
+            mine.update(floor_usd=None, floor_at_jct_usd=None, cost_over_floor=None)
     return out
 
 

@@ -130,9 +130,13 @@ def test_the_e4_benchmark_reports_deadlines(tmp_path, capsys) -> None:
 
     out = tmp_path / "e4.json"
     argv = ["--experiment", "E4", "--workloads", "1", "--deadline-factor", "2", "-j", "1"]
+    argv += ["--no-floor"]  # the floors have their own tests (tests/sim/test_floor_run.py)
     assert main([*argv, "--strategies", "ondemand-only,coadapt", "--out", str(out)]) == 0
     got = json.loads(out.read_text())
     assert got["deadline_factor"] == 2.0
+    for v in got["strategies"].values():  # skipped, so null, not zero
+        assert v["floor_usd"] is None and v["cost_over_floor"] is None
+        assert all(a["floor_usd"] is None for a in v["per_application"].values())
     for name in ("ondemand-only", "coadapt"):
         v = got["strategies"][name]
         assert v["deadline_jobs"] > 0
