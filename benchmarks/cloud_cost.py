@@ -237,21 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     if knobs:
         return _frontier(args, names, workloads, knobs, traces or None)
     tasks = [
-        (
-            args.experiment,
-            s,
-            w,
-            traces or None,
-            args.budget,
-            args.min_efficiency,
-            args.optimistic_nodes,
-            args.spot_prices,
-            args.seed,
-            args.deadline_factor,
-            not args.no_floor,
-        )
-        for s in names
-        for w in workloads
+        _task(args, s, w, traces or None, args.min_efficiency) for s in names for w in workloads
     ]
     started = time.perf_counter()
     rows = []
@@ -344,6 +330,29 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _task(
+    args: argparse.Namespace,
+    strategy: str,
+    workload: str,
+    traces: dict[str, str] | None,
+    min_efficiency: float,
+) -> tuple:
+    """The arguments of one :func:`_one` run (a tuple: it crosses to a worker process)."""
+    return (
+        args.experiment,
+        strategy,
+        workload,
+        traces,
+        args.budget,
+        min_efficiency,
+        args.optimistic_nodes,
+        args.spot_prices,
+        args.seed,
+        args.deadline_factor,
+        not args.no_floor,
+    )
+
+
 def _sum_or_none(values: Iterable[float | None]) -> float | None:
     """The sum, or ``None`` where a value is missing (a run without its floor)."""
     items = list(values)
@@ -371,24 +380,7 @@ def _frontier(
     traces: dict[str, str] | None,
 ) -> int:
     """``--frontier``: every strategy at every knob (see the module docstring)."""
-    tasks = [
-        (
-            args.experiment,
-            s,
-            w,
-            traces,
-            args.budget,
-            k,
-            args.optimistic_nodes,
-            args.spot_prices,
-            args.seed,
-            args.deadline_factor,
-            not args.no_floor,
-        )
-        for s in names
-        for k in knobs
-        for w in workloads
-    ]
+    tasks = [_task(args, s, w, traces, k) for s in names for k in knobs for w in workloads]
     started = time.perf_counter()
     rows = []
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
