@@ -11,7 +11,6 @@ as integers, samples per USD to 4 significant digits; an unknown value is an emp
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from autoscaler.costs import (
     CostRecord,
@@ -24,9 +23,7 @@ from autoscaler.costs import (
     usd_for_display,
     usd_to_cents,
 )
-
-if TYPE_CHECKING:
-    from autoscaler.report.source import RunFloor
+from autoscaler.report.source import RunFloor
 
 __all__ = [
     "FLOOR_CAPTION",
@@ -227,7 +224,7 @@ def floor_table(floor: RunFloor) -> ReportTable:
     application (an application's cost: the USD attributed to its jobs)."""
 
     def over(cost: float, usd: float) -> str:
-        r = cost / usd if usd > 0 else None
+        r = RunFloor.ratio(cost, usd)
         return "" if r is None else f"{r:.2f}"
 
     rows = [("run", floor.floor_usd, floor.floor_at_jct_usd, floor.cost_usd)]
