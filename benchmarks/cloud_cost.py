@@ -3,7 +3,8 @@
     python benchmarks/cloud_cost.py --experiment E1|E2|E3|E4 [--spot-trace [FAMILY=]FILE]
         [--spot-prices constant|stochastic] [--seed N] [--workloads N]
         [--strategies A,B] [--budget USD_PER_HOUR] [--min-efficiency X] [--optimistic-nodes]
-        [--deadline-factor K] [--frontier [X,Y,...]] [--no-floor] [-j 2] --out FILE
+        [--deadline-factor K] [--frontier [X,Y,...]] [--no-floor] [--max-jobs N] [-j 2]
+        --out FILE
 
 ``--spot-trace g4dn=FILE`` replaces one family's availability trace (``g4dn`` or ``p3``; either
 Bamboo format: the event list or the counts over time); a bare ``--spot-trace FILE`` replaces
@@ -43,7 +44,7 @@ the same work, (a) with no time limit and (b) every job finishing by its time in
 ``cost_over_floor`` is ``cost_usd`` over (b), also per application (its attributed USD over
 its jobs' share of (b)); ``per_workload`` adds the seconds each floor took
 (``floor_wall_s``); ``--no-floor`` skips them (null: a quicker look). ``--workloads N`` runs
-only the first N workloads and ``--strategies A,B`` only those strategies (a quick look; ratios
+only the first N workloads, ``--max-jobs N`` only each one's first N jobs and ``--strategies A,B`` only those strategies (a quick look; ratios
 whose strategies did not run are left out).
 
 ``--frontier [X,Y,...]`` (default knobs 0.15,0.3,0.5,0.7,0.85) runs every chosen strategy at
@@ -98,6 +99,7 @@ def _one(task: tuple) -> dict:
     ]
     deadline_factor = task[9] if len(task) > 9 else None
     with_floor = bool(task[10]) if len(task) > 10 else True
+    max_jobs = task[11] if len(task) > 11 else None
     traces = load_traces(traces_files) if traces_files else None
     sizing = SizingConfig(
         budget_usd_per_hour=budget, min_efficiency=min_eff, optimistic_nodes=optimistic
@@ -106,6 +108,8 @@ def _one(task: tuple) -> dict:
         experiment, strategy, traces=traces, sizing=sizing, spot_prices=prices, seed=seed
     )
     jobs = e1_workload() if workload == "E1" else load_workload(workload).jobs
+    if max_jobs is not None:
+        jobs = jobs[:max_jobs]
     if experiment == "E4":
         jobs = with_deadlines(jobs, deadline_factor or 2.0)
     t0 = time.perf_counter()
@@ -162,6 +166,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--experiment", required=True, choices=sorted(EXPERIMENTS))
     ap.add_argument("--spot-trace", action="append", default=[], metavar="[FAMILY=]FILE")
     ap.add_argument("--workloads", type=int, default=8)
+    ap.add_argument(
+        "--max-jobs",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="run only each workload's first N jobs (in submission order): a quick look",
+    )
     ap.add_argument("--strategies", default=None, help="comma-separated subset to run")
     ap.add_argument("--budget", type=float, default=None, help="fleet budget, USD per hour")
     ap.add_argument("--min-efficiency", type=float, default=SizingConfig().min_efficiency)
@@ -330,6 +341,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def _task(
     args: argparse.Namespace,
     strategy: str,
@@ -350,6 +372,7 @@ def _task(
         args.seed,
         args.deadline_factor,
         not args.no_floor,
+        args.max_jobs,
     )
 
 

@@ -41,3 +41,14 @@ def test_mypy_is_clean() -> None:
         [_tool("mypy"), *TYPED_PACKAGES], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_ci_runs_exactly_the_readmes_test_command() -> None:
+    """``.ci/run`` runs the README's test command, the first bash block after "Run the tests",
+    verbatim (and so on the same workers and with the same install)."""
+    readme = (ROOT / "README.md").read_text()
+    after = readme.split("**Run the tests**", 1)[1]
+    block = after.split("```bash\n", 1)[1].split("```", 1)[0].strip()
+    assert "\n" not in block and block.startswith("python3 -m venv .venv")
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert any(line.startswith(block + " ") or line == block for line in ci), block

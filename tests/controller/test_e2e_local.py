@@ -76,6 +76,12 @@ def test_two_jobs_and_a_spot_preemption_on_the_local_fleet(
         medium = load_job_spec(ROOT / "examples/jobs/mlp-medium.yaml").submission()
         command = list(medium.command)  # more epochs than the example: time to rescale first
         command[command.index("--epochs") + 1] = "6"
+        # Per sample, a sleep as an accelerator's work would be: the job lasts long enough for
+        # the notice to land while it trains however loaded the host is (its training was
+        # done before the notice was read on a loaded machine), and a narrower MLP spares CPU.
+        command[command.index("--hidden") + 1] = "64"
+        command[command.index("--num-samples") + 1] = "16384"
+        command += ["--sample-delay-s", "0.0002"]
         medium = dataclasses.replace(medium, command=tuple(command))
         user.submit_job(small)
         user.submit_job(medium)

@@ -247,7 +247,7 @@ def test_cloud_cost_benchmark_splits_cost_into_applications_and_idle(tmp_path, c
     from benchmarks.cloud_cost import main
 
     out = tmp_path / "e3.json"
-    argv = ["--experiment", "E3", "--strategies", "coadapt-v100", "--workloads", "1"]
+    argv = ["--experiment", "E3", "--strategies", "coadapt-v100", "--workloads", "1", "--max-jobs", "40"]
     assert main([*argv, "-j", "1", "--out", str(out)]) == 0
     got = json.loads(out.read_text())
     v = got["strategies"]["coadapt-v100"]
@@ -269,6 +269,12 @@ def test_cloud_cost_benchmark_splits_cost_into_applications_and_idle(tmp_path, c
     with pytest.raises(SystemExit) as info:
         main(["--experiment", "E3", "--strategies", "coadapt-k80", "--out", str(out)])
     assert info.value.code == 2
+    capsys.readouterr()
+    for bad in ("0", "-3", "many"):
+        with pytest.raises(SystemExit) as info:
+            main(["--experiment", "E3", "--max-jobs", bad, "--out", str(out)])
+        assert info.value.code == 2
+        assert "--max-jobs" in capsys.readouterr().err
 
 
 def test_the_sizing_learns_how_long_a_running_job_has_left():

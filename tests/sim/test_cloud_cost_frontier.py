@@ -30,6 +30,7 @@ def test_frontier_runs_each_strategy_at_each_knob_and_checks_them(tmp_path, caps
 
     out = tmp_path / "frontier.json"
     argv = ["--experiment", "E3", "--strategies", "coadapt,coadapt-v100", "--workloads", "1"]
+    argv += ["--max-jobs", "40"]
     argv += ["--no-floor"]  # the floors have their own tests (tests/sim/test_floor_run.py)
     assert main([*argv, "--frontier", "0.7,0.15", "-j", "2", "--out", str(out)]) == 0
     got = json.loads(out.read_text())

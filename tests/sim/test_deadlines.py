@@ -129,7 +129,8 @@ def test_the_e4_benchmark_reports_deadlines(tmp_path, capsys) -> None:
     from benchmarks.cloud_cost import main
 
     out = tmp_path / "e4.json"
-    argv = ["--experiment", "E4", "--workloads", "1", "--deadline-factor", "2", "-j", "1"]
+    argv = ["--experiment", "E4", "--workloads", "1", "--max-jobs", "40", "--deadline-factor", "2"]
+    argv += ["-j", "1"]
     argv += ["--no-floor"]  # the floors have their own tests (tests/sim/test_floor_run.py)
     assert main([*argv, "--strategies", "ondemand-only,coadapt", "--out", str(out)]) == 0
     got = json.loads(out.read_text())
@@ -139,7 +140,7 @@ def test_the_e4_benchmark_reports_deadlines(tmp_path, capsys) -> None:
         assert all(a["floor_usd"] is None for a in v["per_application"].values())
     for name in ("ondemand-only", "coadapt"):
         v = got["strategies"][name]
-        assert v["deadline_jobs"] > 0
+        assert v["deadline_jobs"] == 40  # --max-jobs: the workload's first 40 jobs only
         assert 0.0 <= v["deadlines_met"] <= 1.0
         assert len(v["deadline_misses"]) == round((1 - v["deadlines_met"]) * v["deadline_jobs"])
     assert got["strategies"]["ondemand-only"]["deadlines_met"] == 1.0
