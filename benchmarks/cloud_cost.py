@@ -44,8 +44,9 @@ the same work, (a) with no time limit and (b) every job finishing by its time in
 ``cost_over_floor`` is ``cost_usd`` over (b), also per application (its attributed USD over
 its jobs' share of (b)); ``per_workload`` adds the seconds each floor took
 (``floor_wall_s``); ``--no-floor`` skips them (null: a quicker look). ``--workloads N`` runs
-only the first N workloads, ``--max-jobs N`` only each one's first N jobs and ``--strategies A,B`` only those strategies (a quick look; ratios
-whose strategies did not run are left out).
+only the first N workloads, ``--max-jobs N`` only each one's first N jobs (in submission
+order) and ``--strategies A,B`` only those strategies (a quick look; ratios whose strategies
+did not run are left out).
 
 ``--frontier [X,Y,...]`` (default knobs 0.15,0.3,0.5,0.7,0.85) runs every chosen strategy at
 every ``--min-efficiency`` knob instead, and writes ``{"experiment", "lengths", "knobs",
