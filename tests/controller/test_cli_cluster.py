@@ -54,10 +54,16 @@ def test_up_submit_status_logs_cancel_down(tmp_path: Path) -> None:
             "submitted mlp-small"
             in _run("submit", "examples/jobs/mlp-small.yaml", "--state-dir", str(state)).stdout
         )
-        # mlp-wide, long enough to be cancelled while it runs (2 GPUs: after mlp-small)
+        # mlp-wide, long enough to be cancelled while it runs (2 GPUs: after mlp-small). Its
+        # per-sample work is a sleep, as an accelerator's would be, and its MLP narrow: two
+        # processes training a 1024-wide MLP until the cancel were most of this test's CPU.
         wide = tmp_path / "mlp-wide.yaml"
         text = (ROOT / "examples/jobs/mlp-wide.yaml").read_text()
-        wide.write_text(text.replace("--epochs 2", "--epochs 12"))
+        text = text.replace("--epochs 2", "--epochs 12").replace("--hidden 1024", "--hidden 64")
+        assert "--hidden 64" in text and "--epochs 12" in text
+        wide.write_text(
+            text.replace("--initial-batch-size", "--sample-delay-s 0.001 --initial-batch-size")
+        )
         _run("submit", str(wide), "--state-dir", str(state))
         deadline = time.monotonic() + 180
         doc: dict = {}
