@@ -113,9 +113,8 @@ TRANSITIONS: Final[Mapping[InstanceStatus, Mapping[InstanceStatus, str]]] = Mapp
             {
                 _S.DRAINING: "the plan releases it (cost) or a spot notice: its jobs "
                 "checkpoint and stop",
-                _S.TERMINATING: "it goes without draining: the plan releases it and no job "
-                "runs on it, its agent stopped heartbeating, or it was preempted with no time "
-                "to drain",
+                _S.TERMINATING: "it must go without draining: its agent stopped heartbeating, "
+                "or it was preempted with no time to drain",
                 _S.TERMINATED: "vanished from the cloud's listing: preempted without notice, "
                 "or terminated outside coadapt",
             }

@@ -34,12 +34,9 @@ Act (what to change):
   compared with the target; a shortfall creates new rows (``queued``, each with its own
   request id), at most ``max(min_launches_per_offering, launch_growth x held)`` per offering
   per round and ``max_in_flight`` queued or requested in all; a surplus drains running
-  instances, those running the fewest GPUs of jobs first. A surplus instance that runs no
-  job is terminated at once, without a drain (it disrupts no one, and an idle instance is
-  pure cost); one that
-  runs jobs is drained at most ``disruption_budget`` per round, and none while instances are
-  launching (replacements come up before a job is stopped for cost). Queued rows of an
-  offering marked unavailable fail without a call.
+  instances, those running the fewest GPUs of jobs first, at most ``disruption_budget`` per
+  round, and none while instances are launching (replacements come up before anything is
+  drained for cost). Queued rows of an offering marked unavailable fail without a call.
 
 Requested rows with no listed instance are (re)launched once per controller process: after a
 restart the launch is re-issued with the same request id, which the provider's launch rule
@@ -391,13 +388,10 @@ def _size(b: _Builder, rows: list[RowView]) -> list[LaunchIntent]:
             # Fewest job GPUs first, then the newest (least sunk provisioning).
             ready.sort(key=lambda r: (inp.used_gpus.get(r.key, 0), -(r.started_s or 0.0), r.key))
             surplus.extend(ready[: len(have) - want])
-    surplus.sort(key=lambda r: (inp.used_gpus.get(r.key, 0), r.key))
-    empty = [r for r in surplus if inp.used_gpus.get(r.key, 0) == 0]
-    for row in empty:  # stops no job: nothing to drain, no budget, no wait for launches
-        b.stop(row, "fleet target lowered (cost): no job on it")
     if launching or new_rows:
-        return new_rows  # replacements first: no job stopped while instances are launching
-    for row in surplus[len(empty) :][: cfg.disruption_budget]:
+        return new_rows  # replacements first: no cost drain while instances are launching
+    surplus.sort(key=lambda r: (inp.used_gpus.get(r.key, 0), r.key))
+    for row in surplus[: cfg.disruption_budget]:
         b.move(row, InstanceStatus.DRAINING, "fleet target lowered (cost)")
         b.drained.append(row.key)
     return new_rows
