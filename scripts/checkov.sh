@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -x .venv-checkov/bin/checkov ]; then
   python3 -m venv .venv-checkov
-  .venv-checkov/bin/pip install -q --no-compile 'checkov==3.3.30'
+  .venv-checkov/bin/pip install -q 'checkov==3.3.30'
 fi
 export BC_SKIP_MAPPING=TRUE CHECKOV_RUN_SCA_PACKAGE_SCAN_V2=false
 for module in terraform/aws terraform/gcp; do
