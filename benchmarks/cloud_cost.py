@@ -66,6 +66,7 @@ import sys
 import time
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -94,25 +95,41 @@ from autoscaler.sizing import SizingConfig
 from coadapt_common.atomic import write_json_atomic
 
 
-def _one(task: tuple) -> dict:
-    experiment, strategy, workload, traces_files, budget, min_eff, optimistic, prices, seed = task[
-        :9
-    ]
-    deadline_factor = task[9] if len(task) > 9 else None
-    with_floor = bool(task[10]) if len(task) > 10 else True
-    max_jobs = task[11] if len(task) > 11 else None
+@dataclass(frozen=True)
+class _Run:
+    """One :func:`_one` run's arguments (picklable: it crosses to a worker process)."""
+
+    experiment: str
+    strategy: str
+    workload: str
+    traces: dict[str, str] | None
+    budget_usd_per_hour: float | None
+    min_efficiency: float
+    optimistic_nodes: bool
+    spot_prices: str
+    seed: int
+    deadline_factor: float
+    with_floor: bool
+    max_jobs: int | None
+
+
+def _one(task: _Run) -> dict:
+    experiment, strategy, workload = task.experiment, task.strategy, task.workload
+    prices, seed, traces_files = task.spot_prices, task.seed, task.traces
     traces = load_traces(traces_files) if traces_files else None
     sizing = SizingConfig(
-        budget_usd_per_hour=budget, min_efficiency=min_eff, optimistic_nodes=optimistic
+        budget_usd_per_hour=task.budget_usd_per_hour,
+        min_efficiency=task.min_efficiency,
+        optimistic_nodes=task.optimistic_nodes,
     )
     run = build_run(
         experiment, strategy, traces=traces, sizing=sizing, spot_prices=prices, seed=seed
     )
     jobs = e1_workload() if workload == "E1" else load_workload(workload).jobs
-    if max_jobs is not None:
-        jobs = jobs[:max_jobs]
+    if task.max_jobs is not None:
+        jobs = jobs[: task.max_jobs]
     if experiment == "E4":
-        jobs = with_deadlines(jobs, deadline_factor or 2.0)
+        jobs = with_deadlines(jobs, task.deadline_factor or 2.0)
     t0 = time.perf_counter()
     result = Simulator(
         jobs,
@@ -136,7 +153,7 @@ def _one(task: tuple) -> dict:
     # job by its finish time here.
     t_floor = time.perf_counter()
     floor = None
-    if with_floor:
+    if task.with_floor:
         menu = experiment_menu(experiment, traces=traces, spot_prices=prices, seed=seed)
         floor = cost_floor(floor_problem(jobs, result, offerings=menu))
         for app, f in floor.by_application().items():
@@ -359,21 +376,21 @@ def _task(
     workload: str,
     traces: dict[str, str] | None,
     min_efficiency: float,
-) -> tuple:
-    """The arguments of one :func:`_one` run (a tuple: it crosses to a worker process)."""
-    return (
-        args.experiment,
-        strategy,
-        workload,
-        traces,
-        args.budget,
-        min_efficiency,
-        args.optimistic_nodes,
-        args.spot_prices,
-        args.seed,
-        args.deadline_factor,
-        not args.no_floor,
-        args.max_jobs,
+) -> _Run:
+    """The arguments of one :func:`_one` run."""
+    return _Run(
+        experiment=args.experiment,
+        strategy=strategy,
+        workload=workload,
+        traces=traces,
+        budget_usd_per_hour=args.budget,
+        min_efficiency=min_efficiency,
+        optimistic_nodes=args.optimistic_nodes,
+        spot_prices=args.spot_prices,
+        seed=args.seed,
+        deadline_factor=args.deadline_factor,
+        with_floor=not args.no_floor,
+        max_jobs=args.max_jobs,
     )
 
 
@@ -409,7 +426,7 @@ def _frontier(
     rows = []
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         for task, row in zip(tasks, pool.map(_one, tasks), strict=True):
-            row["knob"] = task[5]
+            row["knob"] = task.min_efficiency
             rows.append(row)
             print(
                 f"  {row['strategy']:16s} knob {row['knob']:5.2f} {row['workload']:12s} "
