@@ -61,6 +61,7 @@ cheapest point is no dearer), printed too. ``coadapt cost report FILE --format h
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -129,7 +130,7 @@ def _one(task: _Run) -> dict:
     if task.max_jobs is not None:
         jobs = jobs[: task.max_jobs]
     if experiment == "E4":
-        jobs = with_deadlines(jobs, task.deadline_factor or 2.0)
+        jobs = with_deadlines(jobs, task.deadline_factor)
     t0 = time.perf_counter()
     result = Simulator(
         jobs,
@@ -183,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--experiment", required=True, choices=sorted(EXPERIMENTS))
     ap.add_argument("--spot-trace", action="append", default=[], metavar="[FAMILY=]FILE")
-    ap.add_argument("--workloads", type=int, default=8)
+    ap.add_argument("--workloads", type=_positive_int, default=8)
     ap.add_argument(
         "--max-jobs",
         type=_positive_int,
@@ -208,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="seed of spot prices and hazards")
     ap.add_argument(
         "--deadline-factor",
-        type=float,
+        type=_positive_float,
         default=2.0,
         help="E4: each job's deadline, this x its JCT alone on its requested GPUs on demand",
     )
@@ -367,6 +368,17 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    """An argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
     return value
 
 

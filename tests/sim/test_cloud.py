@@ -271,11 +271,15 @@ def test_cloud_cost_benchmark_splits_cost_into_applications_and_idle(tmp_path, c
         main(["--experiment", "E3", "--strategies", "coadapt-k80", "--out", str(out)])
     assert info.value.code == 2
     capsys.readouterr()
-    for bad in ("0", "-3", "many"):
+    for flag, bad in [
+        *(("--max-jobs", b) for b in ("0", "-3", "many")),
+        *(("--workloads", b) for b in ("0", "-1")),  # -1 sliced away the last workload
+        *(("--deadline-factor", b) for b in ("0", "-2", "nan", "inf", "soon")),
+    ]:
         with pytest.raises(SystemExit) as info:
-            main(["--experiment", "E3", "--max-jobs", bad, "--out", str(out)])
+            main(["--experiment", "E4", flag, bad, "--out", str(out)])
         assert info.value.code == 2
-        assert "--max-jobs" in capsys.readouterr().err
+        assert flag in capsys.readouterr().err
 
 
 def test_the_sizing_learns_how_long_a_running_job_has_left():
