@@ -60,10 +60,9 @@ def test_up_submit_status_logs_cancel_down(tmp_path: Path) -> None:
         wide = tmp_path / "mlp-wide.yaml"
         text = (ROOT / "examples/jobs/mlp-wide.yaml").read_text()
         text = text.replace("--epochs 2", "--epochs 12").replace("--hidden 1024", "--hidden 64")
-        assert "--hidden 64" in text and "--epochs 12" in text
-        wide.write_text(
-            text.replace("--initial-batch-size", "--sample-delay-s 0.001 --initial-batch-size")
-        )
+        text = text.replace("--initial-batch-size", "--sample-delay-s 0.001 --initial-batch-size")
+        assert all(a in text for a in ("--hidden 64", "--epochs 12", "--sample-delay-s 0.001"))
+        wide.write_text(text)
         _run("submit", str(wide), "--state-dir", str(state))
         deadline = time.monotonic() + 180
         doc: dict = {}
