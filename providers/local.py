@@ -28,6 +28,10 @@ Rules it keeps, beyond ``providers.base``:
 * **Capacity.** At most ``max_gpu_slots`` live GPU slots on this machine (all clusters sharing
   ``state_dir``) and optionally at most N live instances per pool; a launch that runs out gets
   ``InsufficientCapacityError`` for that pool, which is then marked unavailable.
+* **Shared cores.** The instances share this machine's cores: an agent's environment sets
+  ``OMP_NUM_THREADS`` to the cores over the slot budget (at least 1; :attr:`threads_per_slot`)
+  unless the caller's environment sets it, so a full local fleet does not oversubscribe them
+  (each worker taking every core halved the demo's speed on 2 cores).
 * **Preemption.** ``preempt(instance_id, notice_s)`` queues a notice (and writes the agent's
   ``spot-notice.json``); once the injected ``clock`` passes the deadline the next provider call
   stops the instance. An agent that dies on its own yields a ``TERMINATED`` notice.
@@ -379,6 +383,12 @@ class LocalProvider:
     def max_gpu_slots(self) -> int:
         """The machine-wide slot budget (given, or ``2 * os.cpu_count()``)."""
         return self._max_gpu_slots
+
+    @property
+    def threads_per_slot(self) -> int:
+        """Threads each worker of a local instance gets (its agent's ``OMP_NUM_THREADS``,
+        unless already set): this machine's cores split over the slot budget, at least 1."""
+        return max(1, (os.cpu_count() or 1) // self._max_gpu_slots)
 
     def set_pool_capacity(self, pool_key: str, instances: int | None) -> None:
         """At most ``instances`` live instances in ``pool_key`` (None: slot budget only)."""
@@ -736,6 +746,10 @@ class LocalProvider:
         self._write(rec)  # intent before action
         env = dict(os.environ)
         env[INSTANCE_ENV] = iid
+        # Every instance shares this machine's cores: each worker gets its share of them (one
+        # thread per worker unless the cores outnumber the slot budget), not every core, which
+        # a full local fleet would oversubscribe. A thread count the user set is kept.
+        env.setdefault("OMP_NUM_THREADS", str(self.threads_per_slot))
         try:
             with open(agent_dir / "agent.log", "ab") as logfile:
                 proc = subprocess.Popen(

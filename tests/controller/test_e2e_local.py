@@ -81,7 +81,7 @@ def test_two_jobs_and_a_spot_preemption_on_the_local_fleet(
         # done before the notice was read on a loaded machine), and a narrower MLP spares CPU.
         command[command.index("--hidden") + 1] = "64"
         command[command.index("--num-samples") + 1] = "16384"
-        command += ["--sample-delay-s", "0.0002"]
+        command += ["--sample-delay-s", "0.0005"]
         medium = dataclasses.replace(medium, command=tuple(command))
         user.submit_job(small)
         user.submit_job(medium)

@@ -164,6 +164,29 @@ def test_terminate_stops_the_workload_in_the_group(local: LocalProvider, state_d
     assert not pid_running(workload)
 
 
+@pytest.mark.parametrize("preset", [None, "3"])
+def test_workers_get_their_share_of_the_cores_unless_the_user_chose(
+    state_dir: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, preset: str | None
+) -> None:
+    if preset is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", preset)
+    cores = os.cpu_count() or 1
+    local = LocalProvider(state_dir, clock=clock, max_gpu_slots=cores * 4, heartbeat_s=0.2)
+    assert local.threads_per_slot == 1
+    assert LocalProvider(state_dir, clock=clock, max_gpu_slots=1).threads_per_slot == cores
+    (inst,) = local.launch(
+        req("r1", user_data="echo $OMP_NUM_THREADS > threads; exec sleep 300")
+    ).instances
+    told = state_dir / "agents" / inst.instance_id / "threads"
+    try:
+        wait_until(lambda: told.exists() and told.read_text().strip() != "")
+        assert told.read_text().strip() == (preset or "1")
+    finally:
+        local.terminate(CLUSTER, [inst.instance_id], "t1")
+
+
 def test_the_agent_alone_stops_its_workload_on_sigterm(
     local: LocalProvider, state_dir: Path
 ) -> None:
