@@ -1,11 +1,13 @@
 """Chaos soak: a real local cluster while a seeded schedule kills and restarts its parts.
 
     python benchmarks/chaos.py [--minutes 10] [--seed 0] [--max-events 40] [--schedule E,E..]
-                               [--out FILE]
+                               [--hidden N] [--sample-delay-s S] [--out FILE]
 
 ``coadapt up`` (local provider, its own process, loopback only) runs the three example jobs
 (``examples/jobs/*.yaml``: ``examples/elastic_mlp.py`` under the launcher, their epochs
-multiplied by ``--epochs-scale``, a checkpoint every ``--checkpoint-every-steps`` steps); a job
+multiplied by ``--epochs-scale``, a checkpoint every ``--checkpoint-every-steps`` steps;
+``--hidden`` and ``--sample-delay-s`` make them narrow, their per-sample work mostly a sleep, as
+an accelerator's would be, so that the soak loads the control plane and not the host); a job
 that completes is submitted again under a new name, so three run for the whole soak. Every
 ``--event-every-s`` (with jitter) one event from a seeded schedule:
 
@@ -58,6 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from autoscaler.controller.api import ApiClient, ApiError, load_tokens
 from autoscaler.controller.jobs import JobSubmission
 from autoscaler.controller.jobspec import load_job_spec
+from benchmarks.argtypes import nonnegative_float, positive_int
 from coadapt_common.atomic import write_json_atomic
 from coadapt_common.procfs import PROC_ROOT, is_running, read_proc_strings, read_stat
 
@@ -133,6 +136,13 @@ class Soak:
         i = command.index("--epochs")
         command[i + 1] = str(int(command[i + 1]) * self.args.epochs_scale)
         command += ["--checkpoint-every-steps", str(self.args.checkpoint_every_steps)]
+        if self.args.hidden is not None:
+            if "--hidden" in command:
+                command[command.index("--hidden") + 1] = str(self.args.hidden)
+            else:
+                command += ["--hidden", str(self.args.hidden)]
+        if self.args.sample_delay_s:
+            command += ["--sample-delay-s", repr(self.args.sample_delay_s)]
         return replace(spec, command=tuple(command))
 
     def start_up(self) -> None:
@@ -420,6 +430,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--first-event-s", type=float, default=40.0)
     p.add_argument("--epochs-scale", type=int, default=8)
     p.add_argument("--checkpoint-every-steps", type=int, default=50)
+    p.add_argument(
+        "--hidden",
+        type=positive_int,
+        default=None,
+        help="every job's MLP this wide (default: each example's own width)",
+    )
+    p.add_argument(
+        "--sample-delay-s",
+        type=nonnegative_float,
+        default=0.0,
+        help="every job also sleeps this long per sample, an accelerator's work that leaves "
+        "the host's cores free (with a narrow --hidden: the soak then loads the control "
+        "plane, not the CPU; the test's setting)",
+    )
     p.add_argument(
         "--schedule",
         default="",

@@ -61,7 +61,6 @@ cheapest point is no dearer), printed too. ``coadapt cost report FILE --format h
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import time
@@ -71,6 +70,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script
 
 import numpy as np
 
@@ -93,6 +93,7 @@ from autoscaler.sim.floor_inputs import floor_problem
 from autoscaler.sim.runner import paper_workloads
 from autoscaler.sim.workload import load_workload
 from autoscaler.sizing import SizingConfig
+from benchmarks.argtypes import positive_float, positive_int
 from coadapt_common.atomic import write_json_atomic
 
 
@@ -184,10 +185,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--experiment", required=True, choices=sorted(EXPERIMENTS))
     ap.add_argument("--spot-trace", action="append", default=[], metavar="[FAMILY=]FILE")
-    ap.add_argument("--workloads", type=_positive_int, default=8)
+    ap.add_argument("--workloads", type=positive_int, default=8)
     ap.add_argument(
         "--max-jobs",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         metavar="N",
         help="run only each workload's first N jobs (in submission order): a quick look",
@@ -209,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="seed of spot prices and hazards")
     ap.add_argument(
         "--deadline-factor",
-        type=_positive_float,
+        type=positive_float,
         default=2.0,
         help="E4: each job's deadline, this x its JCT alone on its requested GPUs on demand",
     )
@@ -358,28 +359,6 @@ def main(argv: list[str] | None = None) -> int:
                 f"  missed: {', '.join(v['deadline_misses']) or 'none'}"
             )
     return 0
-
-
-def _positive_int(text: str) -> int:
-    """An argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    """An argparse type: a finite number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
-    return value
 
 
 def _task(

@@ -1,7 +1,12 @@
 """``benchmarks/chaos.py``, short: the local cluster with its three real jobs while the
 controller is SIGKILLed and SIGTERMed and restarted, an agent is killed and a spot notice
 lands. Nothing leaks, no launcher runs twice, no healthy job is relaunched because the
-controller restarted, and no launch loses more than one checkpoint interval."""
+controller restarted, and no launch loses more than one checkpoint interval.
+
+The jobs are narrow MLPs whose per-sample work is mostly a sleep (``--hidden 64
+--sample-delay-s 0.0005``): the soak loads the control plane, not the host's two cores (with
+the examples' own widths it kept 1.4 cores busy for its two minutes: 176 CPU-s alone on this
+2-core machine, 118 CPU-s so). A bad value of either option is refused when the soak starts."""
 
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ def test_a_short_soak_loses_nothing(tmp_path: Path) -> None:
     code = main(
         ["--minutes", "2", "--schedule", schedule, "--max-events", "4", "--first-event-s", "25",
          "--event-every-s", "15", "--epochs-scale", "2", "--checkpoint-every-steps", "20",
-         "--out", str(out)]
+         "--hidden", "64", "--sample-delay-s", "0.0005", "--out", str(out)]
     )  # fmt: skip
     assert code == 0
     doc = json.loads(out.read_text())
@@ -36,3 +41,15 @@ def test_a_short_soak_loses_nothing(tmp_path: Path) -> None:
     assert doc["duplicate_launchers"] == 0
     assert doc["relaunches_after_controller_restart"] == 0, doc["events"]
     assert doc["progress_lost_steps_max"] <= doc["checkpoint_every_steps"], doc
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--hidden", "0"], ["--hidden", "wide"], ["--sample-delay-s", "-1"],
+     ["--sample-delay-s", "nan"], ["--sample-delay-s", "inf"]],
+)  # fmt: skip
+def test_bad_job_options_are_refused_before_anything_starts(argv: list[str], capsys) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+    assert f"argument {argv[0]}: " in capsys.readouterr().err
