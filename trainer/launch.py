@@ -263,6 +263,7 @@ def torchrun_command(
         rdzv_conf += ",last_call_timeout=1"
     return [
         python,
+        *(["-m", "trainer.preload", "run"] if config.preload else []),  # forked, torch imported
         "-m",
         "torch.distributed.run",
         f"--nnodes={config.nnodes}",

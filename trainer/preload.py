@@ -7,9 +7,11 @@ pays them again, after torchrun's agent has paid its own ``import torch``. With 
 * the launcher starts ``python -m trainer.preload serve SOCKET`` *at the same time* as torchrun;
   it binds a Unix socket first, then imports torch, torch.distributed, torch._dynamo and
   trainer.api (plus any ``--preload-module``), then serves;
-* torchrun's worker command is ``python -m trainer.preload run SCRIPT ARGS`` — a client that
-  imports only the standard library. It connects, sends its argv, environment and working
-  directory, and passes its stdin/stdout/stderr (``SCM_RIGHTS``);
+* torchrun itself runs as ``python -m trainer.preload run -m torch.distributed.run ...``, so its
+  agent does not import torch a second time at each launch (restarts and rescales included),
+  and its worker command is ``python -m trainer.preload run SCRIPT ARGS``. Either is
+  a client that imports only the standard library. It connects, sends its argv, environment and
+  working directory, and passes its stdin/stdout/stderr (``SCM_RIGHTS``);
 * the server forks; the child adopts that environment, working directory and stdio, reseeds
   Python's and NumPy's global RNGs (as a fresh process would), resets signal handlers and runs the
   script as ``__main__``. The server tells the client the child's pid and later its exit status;
@@ -215,8 +217,13 @@ def _become_worker(request: dict[str, Any], fds: list[int]) -> int:
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
     argv = list(request["argv"])
-    sys.argv = argv
-    sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+    module = argv[1] if len(argv) >= 2 and argv[0] == "-m" else None
+    if module is not None:  # ``-m MODULE ARGS``, as ``python -m`` runs it (torchrun itself)
+        sys.argv = argv[1:]  # run_module puts the module's file in argv[0]
+        sys.path[0] = os.getcwd()
+    else:
+        sys.argv = argv
+        sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
     random.seed()
     numpy = sys.modules.get("numpy")
     if numpy is not None:
@@ -226,7 +233,10 @@ def _become_worker(request: dict[str, Any], fds: list[int]) -> int:
     if threads and threads.isdigit() and torch is not None:
         torch.set_num_threads(int(threads))
     try:
-        runpy.run_path(argv[0], run_name="__main__")
+        if module is not None:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(argv[0], run_name="__main__")
     except SystemExit as e:
         if e.code is None:
             return 0
@@ -354,7 +364,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         os._exit(code)
     if len(args) >= 2 and args[0] == "run":
         return run_client(args[1:])
-    print("usage: python -m trainer.preload serve SOCKET [MODULE...] | run SCRIPT [ARG...]")
+    print(
+        "usage: python -m trainer.preload serve SOCKET [MODULE...]"
+        " | run SCRIPT [ARG...] | run -m MODULE [ARG...]"
+    )
     return 2
 
 

@@ -154,19 +154,24 @@ def test_preload_server_forks_single_threaded(cluster: Cluster, tmp_path: Path) 
     assert "native threads" not in text, text[-3000:]
 
 
-def _children(pid: int) -> list[int]:
-    try:
-        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
-    except OSError:
-        return []
-    return [int(p) for p in text.split()]
-
-
-def _is_torchrun(pid: int) -> bool:
-    try:
-        return b"torch.distributed.run" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
+def _spawned_workers(run_dir: Path) -> list[int]:
+    """Worker processes torchrun has spawned for the launch in ``run_dir`` (preload clients
+    and, without preload, the scripts themselves: each carries the run folder in its
+    environment, and names the example script)."""
+    marker = f"COADAPT_RUN_DIR={run_dir}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        ours = marker in environ.split(b"\0") and str(EXAMPLE).encode() in cmdline
+        if ours and b"trainer.launch" not in cmdline and b"torch.distributed.run" not in cmdline:
+            found.append(int(entry.name))
+    return found
 
 
 @pytest.mark.slow
@@ -183,8 +188,7 @@ def test_a_stop_while_the_workers_start_is_one_line_not_a_traceback(
     deadline = time.monotonic() + 120
     spawned = False
     while time.monotonic() < deadline and launch.proc.poll() is None:
-        torchrun = [p for p in _children(launch.proc.pid) if _is_torchrun(p)]
-        if torchrun and _children(torchrun[0]) and not RunDir(launch.run_dir).pids():
+        if _spawned_workers(launch.run_dir) and not RunDir(launch.run_dir).pids():
             spawned = True  # torchrun's handlers are set (it spawns after setting them)
             launch.terminate()
             break

@@ -78,7 +78,8 @@ def test_torchrun_command_and_environment() -> None:
     )  # fmt: skip
     assert config.elastic and config.preload
     command = torchrun_command(config, "h:29400", python="py")
-    assert command[:3] == ["py", "-m", "torch.distributed.run"]
+    # torchrun is forked by the preload server too (torch already imported there)
+    assert command[:6] == ["py", "-m", "trainer.preload", "run", "-m", "torch.distributed.run"]
     assert "--nnodes=1:4" in command and "--max-restarts=0" in command
     assert "--rdzv-endpoint=h:29400" in command and "--rdzv-id=j" in command
     assert any("last_call_timeout=1" in c for c in command)
@@ -91,6 +92,7 @@ def test_torchrun_command_and_environment() -> None:
     assert str(ROOT) in env["PYTHONPATH"].split(os.pathsep)
     plain = LaunchConfig(script="t.py", preload=False)
     assert torchrun_command(plain, "h:1")[-1] == "t.py" and not plain.elastic
+    assert torchrun_command(plain, "h:1", python="py")[:3] == ["py", "-m", "torch.distributed.run"]
     with pytest.raises(TrainerConfigError):
         LaunchConfig(script="t.py", nnodes="1:x")
     with pytest.raises(TrainerConfigError):
