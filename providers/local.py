@@ -31,7 +31,7 @@ Rules it keeps, beyond ``providers.base``:
 * **Shared cores.** The instances share this machine's cores: an agent's environment sets
   ``OMP_NUM_THREADS`` to the cores over the slot budget (at least 1; :attr:`threads_per_slot`)
   unless the caller's environment sets it, so a full local fleet does not oversubscribe them
-  (each worker taking every core halved the demo's speed on 2 cores).
+  (the launcher's own default gives each worker every core, meant for a machine of its own).
 * **Preemption.** ``preempt(instance_id, notice_s)`` queues a notice (and writes the agent's
   ``spot-notice.json``); once the injected ``clock`` passes the deadline the next provider call
   stops the instance. An agent that dies on its own yields a ``TERMINATED`` notice.
@@ -746,9 +746,7 @@ class LocalProvider:
         self._write(rec)  # intent before action
         env = dict(os.environ)
         env[INSTANCE_ENV] = iid
-        # Every instance shares this machine's cores: each worker gets its share of them (one
-        # thread per worker unless the cores outnumber the slot budget), not every core, which
-        # a full local fleet would oversubscribe. A thread count the user set is kept.
+        # Shared cores (module docstring): a thread count the user set is kept.
         env.setdefault("OMP_NUM_THREADS", str(self.threads_per_slot))
         try:
             with open(agent_dir / "agent.log", "ab") as logfile:

@@ -6,10 +6,10 @@ controller restarted, and no launch loses more than one checkpoint interval.
 The jobs are narrow MLPs whose per-sample work is mostly a sleep (``--hidden 64
 --sample-delay-s 0.0005``), six times the examples' epochs, so that they train through every
 event without a relaunch for each completion: the soak loads the control plane, not the host's
-two cores (with the examples' own widths and twice their epochs it used 176 CPU-s alone on
-this 2-core machine; 78 CPU-s so). Every event found its target, and jobs ran through both
-controller restarts (the soak ends at its fourth event, within three minutes). A bad value of
-either option is refused when the soak starts."""
+two cores (with the examples' own widths and twice their epochs it kept them busy for its
+whole run). Every event found its target, and jobs ran through both controller restarts
+(the soak ends at its fourth event, within three minutes). A bad value of either option is
+refused when the soak starts."""
 
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from coadapt_common.procfs import PROC_ROOT, read_proc_strings
 from tests.trainer.harness import EXAMPLE, Cluster, base_env, max_step, wait_until
 from trainer.control import ExitKind, ExitMarker, RunDir
 from trainer.launch import Verdict, classify
@@ -160,16 +161,12 @@ def _spawned_workers(run_dir: Path) -> list[int]:
     environment, and names the example script)."""
     marker = f"COADAPT_RUN_DIR={run_dir}".encode()
     found = []
-    for entry in Path("/proc").iterdir():
+    for entry in PROC_ROOT.iterdir():
         if not entry.name.isdigit():
             continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-            environ = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        ours = marker in environ.split(b"\0") and str(EXAMPLE).encode() in cmdline
-        if ours and b"trainer.launch" not in cmdline and b"torch.distributed.run" not in cmdline:
+        cmdline = read_proc_strings(int(entry.name), "cmdline", settle=False)
+        ours = str(EXAMPLE).encode() in cmdline and b"torch.distributed.run" not in cmdline
+        if ours and marker in read_proc_strings(int(entry.name), "environ", settle=False):
             found.append(int(entry.name))
     return found
 
