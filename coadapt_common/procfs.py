@@ -19,6 +19,7 @@ __all__ = [
     "ProcStat",
     "has_procfs",
     "is_running",
+    "machine_busy_cpu_s",
     "native_thread_count",
     "process_cpu_s",
     "process_start_time",
@@ -125,3 +126,21 @@ def process_cpu_s(pid: int) -> float | None:
     if len(fields) < 13:
         return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+_BUSY_TICKS: Final = (0, 1, 2, 5, 6, 7)  # user nice system [idle iowait] irq softirq steal
+
+
+def machine_busy_cpu_s(stat: str | None = None) -> float | None:
+    """Busy CPU-seconds of all cores since boot (user, nice, system, irq, softirq and steal
+    time; not idle or iowait), from ``/proc/stat`` or its given text; ``None`` if unreadable."""
+    if stat is None:
+        try:
+            stat = (PROC_ROOT / "stat").read_text()
+        except OSError:
+            return None
+    fields = stat.splitlines()[0].split() if stat else []
+    if not fields or fields[0] != "cpu":
+        return None
+    ticks = [int(x) for x in fields[1:]]
+    return sum(ticks[i] for i in _BUSY_TICKS if i < len(ticks)) / os.sysconf("SC_CLK_TCK")
