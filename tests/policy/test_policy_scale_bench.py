@@ -18,9 +18,12 @@ def test_writes_the_documented_json(tmp_path: Path) -> None:
         row = doc[variant]["64"]
         coadapt = row["coadapt"]
         assert coadapt["jobs"] == 160 and coadapt["gpus"] == 64
-        for key in ("median_s", "p95_s", "round_with_refits_s", "peak_rss_mib", "gap"):
-            assert coadapt[key] >= 0
-        assert coadapt["p95_s"] >= coadapt["median_s"]
+        # Timed rounds take time; refits add to a round; the process holds numpy and scipy.
+        assert 0 < coadapt["median_s"] <= coadapt["p95_s"]
+        assert coadapt["round_with_refits_s"] > 0
+        assert coadapt["peak_rss_mib"] > 20
+        # The solver's value never exceeds its own upper bound.
+        assert coadapt["gap"] >= 0
         # 160 jobs for 64 GPUs: the decision fills the cluster, close to the optimum
         assert coadapt["running_jobs"] == 64, coadapt
         assert coadapt["gap"] < 0.01, coadapt

@@ -24,7 +24,9 @@ def check_schema(doc: dict[str, object], provider: str, instances: int) -> None:
         section = doc[key]
         assert isinstance(section, dict) and set(section) == {"launch", "list", "terminate"}
     assert all(isinstance(v, int) and v >= 1 for v in doc["calls"].values())  # type: ignore[union-attr]
-    assert all(v >= 0.0 for v in doc["wall_s"].values())  # type: ignore[union-attr]
+    # Each phase did real work (processes, sockets or dictionaries), so it took some time, and
+    # none hung: a few hundred instances of the fake or local cloud take well under a minute.
+    assert all(0.0 < v < 60.0 for v in doc["wall_s"].values())  # type: ignore[union-attr]
 
 
 def test_fake_calls_do_not_grow_with_instances(tmp_path: Path) -> None:

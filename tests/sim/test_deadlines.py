@@ -141,8 +141,9 @@ def test_the_e4_benchmark_reports_deadlines(tmp_path, capsys) -> None:
     for name in ("ondemand-only", "coadapt"):
         v = got["strategies"][name]
         assert v["deadline_jobs"] == 40  # --max-jobs: the workload's first 40 jobs only
-        assert 0.0 <= v["deadlines_met"] <= 1.0
         assert len(v["deadline_misses"]) == round((1 - v["deadlines_met"]) * v["deadline_jobs"])
     assert got["strategies"]["ondemand-only"]["deadlines_met"] == 1.0
+    # coadapt's target (the deadline issue): at least 99% met; these 40 jobs at k = 2 all are.
+    assert got["strategies"]["coadapt"]["deadlines_met"] >= 0.99
     assert "coadapt / ondemand-only" in got["ratios"]
     assert "deadlines met" in capsys.readouterr().out
