@@ -1,66 +1,65 @@
 """Fidelity: the simulator's results on real paper workloads, pinned (slow).
 
-Two guards, on workloads 1 and 5 at 0.5x load under every policy (about 30 s on 2 cores):
+Two guards, on workloads 1 and 5 at 0.5x load under every policy (the runs are defined once in
+``tests/sim/fidelity_runs.py``; about 90 CPU-s):
 
-- **regression**: each mean JCT within +-3% of the figures this tree produced when the test was
-  written (seed 0; the same on 16 x 4 T4 before and after allocations were keyed by node id;
-  pollux's re-pinned when its mutation changed from growing every job to growing each free
-  node (1039.6 / 990.5 s to 1052.0 / 967.4 s), and when online fitting moved to the batched,
-  warm-started ModelBook (a different optimiser of the same objective: 1057.2 / 1007.8 s), and
-  when the simulator began running the product's controller (pollux's to the figures below:
-  its models from the trainers' reports, placements as a report gives them; tiresias and
-  optimus unchanged) —
-  the simulation is deterministic per seed, so a real change of the simulator or of a policy
-  shows up here, not just a drift past a loose tolerance;
+- **regression, exact**: the simulation is deterministic per seed, so every run's whole summary
+  and every job's JCT must equal the record in ``tests/sim/fidelity_pinned.json``. Any change
+  of the simulator or of a policy shows up here, however small; after an intended one, re-pin
+  with ``python scripts/pin_fidelity.py`` and say in the commit why the figures moved. (The
+  record's mean JCTs are the figures the earlier +-3% pin held: pollux 1100.18 / 1022.24 s,
+  tiresias 1413.90 / 1391.23 s, optimus 1281.54 / 1298.23 s on workloads 1 / 5.)
 - **fidelity**: within +-5% of the Pollux artifact's published results for the same workloads,
-  and pollux ahead of both baselines.
+  and pollux ahead of both baselines (checked on the fresh run, not on the record).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from autoscaler.jobs import PAPER_POLICIES
-from autoscaler.sim.config import SimConfig
-from autoscaler.sim.runner import RunSpec, paper_reference, paper_workloads, run_many
+from autoscaler.sim.runner import paper_reference
+from tests.sim.fidelity_runs import LOAD, read_pinned, run_records
 
-PINNED_MEAN_JCT_S = {
-    ("workload-1", "pollux"): 1100.18,
-    ("workload-1", "tiresias"): 1413.90,
-    ("workload-1", "optimus"): 1281.54,
-    ("workload-5", "pollux"): 1022.24,
-    ("workload-5", "tiresias"): 1391.23,
-    ("workload-5", "optimus"): 1298.23,
-}
+PINNED = read_pinned()
 
 
 @pytest.fixture(scope="module")
-def means() -> dict[tuple[str, str], float]:
-    files = paper_workloads("0.5")
-    specs = [RunSpec(str(files[i]), p, SimConfig()) for i in (0, 4) for p in PAPER_POLICIES]
-    results = run_many(specs, processes=2)
-    for result in results:
-        assert len(result.jobs) == 80  # every job completed
-    return {(r.workload, r.policy): r.summary()["mean_jct_s"] for r in results}
+def records() -> dict[str, dict[str, Any]]:
+    got = run_records(processes=2)
+    for record in got.values():
+        assert record["summary"]["num_jobs"] == 80  # every job completed
+    return got
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("key", sorted(PINNED_MEAN_JCT_S))
-def test_mean_jct_within_3_percent_of_pinned(means, key: tuple[str, str]) -> None:
-    assert means[key] == pytest.approx(PINNED_MEAN_JCT_S[key], rel=0.03)
+@pytest.mark.parametrize("key", sorted(PINNED))
+def test_run_equals_its_pinned_record(records, key: str) -> None:
+    got, pinned = records[key], PINNED[key]
+    assert got["summary"] == pinned["summary"], key
+    assert got["jct_s"] == pinned["jct_s"], key
+
+
+def test_the_record_covers_every_run() -> None:
+    from autoscaler.jobs import PAPER_POLICIES
+
+    assert sorted(PINNED) == sorted(f"workload-{w}/{p}" for w in (1, 5) for p in PAPER_POLICIES)
+    assert all(len(r["jct_s"]) == 80 for r in PINNED.values())
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("key", sorted(PINNED_MEAN_JCT_S))
-def test_mean_jct_within_5_percent_of_published(means, key: tuple[str, str]) -> None:
-    workload, policy = key
-    published = paper_reference(policy, "0.5")["avgs"][workload]
-    assert means[key] == pytest.approx(published, rel=0.05)
+@pytest.mark.parametrize("key", sorted(PINNED))
+def test_mean_jct_within_5_percent_of_published(records, key: str) -> None:
+    workload, policy = key.split("/")
+    published = paper_reference(policy, LOAD)["avgs"][workload]
+    assert records[key]["summary"]["mean_jct_s"] == pytest.approx(published, rel=0.05)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("workload", ["workload-1", "workload-5"])
-def test_pollux_beats_both_baselines(means, workload: str) -> None:
-    pollux = means[(workload, "pollux")]
-    assert pollux < means[(workload, "tiresias")]
-    assert pollux < means[(workload, "optimus")]
+def test_pollux_beats_both_baselines(records, workload: str) -> None:
+    policies = ("pollux", "tiresias", "optimus")
+    mean = {p: records[f"{workload}/{p}"]["summary"]["mean_jct_s"] for p in policies}
+    assert mean["pollux"] < mean["tiresias"]
+    assert mean["pollux"] < mean["optimus"]
