@@ -68,7 +68,10 @@ Errors are JSON too: ``{"error": "<message>", "field": "<name>" | null}`` with 4
 ``field`` names it; malformed JSON), 401/403 (authentication), 404 (unknown job, instance or
 path), 405, 409 (a conflict: a duplicate name, a job that already ended, a row that changed),
 413 (a body over ``max_body_bytes``, refused from its ``Content-Length`` before it is read, or
-once the limit is passed for a body without one), 503 (the store is unusable) or 500.
+once the limit is passed for a body without one), 429 with ``Retry-After`` (one job's
+trainers or one instance's agent called more often than its limit allows, checked after
+authentication and before the body is read: :mod:`autoscaler.controller.ratelimit`), 503
+(the store is unusable) or 500.
 
 Decisions made here, and why:
 
@@ -174,6 +177,7 @@ from autoscaler.controller.credentials import (
     ApiCredentials,
     CredentialSource,
     InsecureTokenFileError,
+    Principal,
     Role,
     TokenFileError,
     generate_tokens,
@@ -189,6 +193,12 @@ from autoscaler.controller.errors import (
 )
 from autoscaler.controller.jobs import JOB_NAME_PATTERN, JobSubmission, submission_deadline
 from autoscaler.controller.lifecycle import InstanceStatus
+from autoscaler.controller.ratelimit import (
+    DEFAULT_REQUEST_LIMITS,
+    RateLimiter,
+    RequestLimits,
+    retry_after_s,
+)
 from autoscaler.controller.store import (
     JobBatch,
     JobRow,
@@ -315,8 +325,14 @@ class ApiApp:
         on_job_exit: JobExitHandler,
         max_body_bytes: int,
         service: ServiceControl | None = None,
+        limits: RequestLimits = DEFAULT_REQUEST_LIMITS,
     ) -> None:
         """Use :func:`make_app`."""
+        self.limits = limits
+        self._limiters = {
+            Role.REPORT: RateLimiter(limits.report, clock),
+            Role.AGENT: RateLimiter(limits.agent, clock),
+        }
         self._service_control = service
         # Checked when opened, kept open (and unused but by for_thread) until close(): while
         # it is open, its write-ahead log is the one every thread's store must find.
@@ -411,6 +427,9 @@ class ApiApp:
             endpoint, args = self._map.bind_to_environ(request.environ).match()
             _, _, role, handler = self._routes[endpoint]
             self._authorize(request, role, args)  # before the body is read
+            throttled = self._throttle(request.environ[_PRINCIPAL])
+            if throttled is not None:
+                return throttled
             return handler(request, **args)
         except ApiError as e:
             return _error(e.status, e.message, e.field)
@@ -465,6 +484,26 @@ class ApiApp:
                 403, f"this credential is for {what} {principal.subject!r}, not {named!r}"
             )
         request.environ[_PRINCIPAL] = principal
+
+    def _throttle(self, principal: Principal) -> Response | None:
+        """429 with ``Retry-After`` when ``principal`` (an agent's or a job's credential) has
+        used up its rate (:mod:`autoscaler.controller.ratelimit`); ``None``: go on."""
+        limiter = self._limiters.get(principal.role)
+        if limiter is None or principal.subject is None:
+            return None
+        wait_s = limiter.take(principal.subject)
+        if wait_s <= 0:
+            return None
+        after = retry_after_s(wait_s)
+        what = "job" if principal.role is Role.REPORT else "instance"
+        limit = limiter.limit
+        response = _error(
+            429,
+            f"too many requests for {what} {principal.subject!r} (at most "
+            f"{limit.per_s:g}/s, {limit.burst} at once): retry after {after} s",
+        )
+        response.headers["Retry-After"] = str(after)
+        return response
 
     def _body(self, request: Request, *, optional: bool = False) -> dict[str, Any]:
         """The body as a JSON object ({} for an empty ``optional`` one): 413 over the limit
@@ -799,6 +838,7 @@ def make_app(
     on_job_exit: JobExitHandler,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     service: ServiceControl | None = None,
+    limits: RequestLimits = DEFAULT_REQUEST_LIMITS,
 ) -> ApiApp:
     """The API over the store at ``store_path`` (opened, checked and migrated now, in the
     calling thread: :meth:`Store.open`'s errors), authenticating with ``credentials`` (fixed
@@ -807,7 +847,9 @@ def make_app(
     under ``logs_dir``; ``on_job_exit`` is told of jobs that exited (see the module
     docstring). ``max_body_bytes`` is the largest body accepted. ``service``: the process
     serving the API (``coadapt up``), which ``/v1/service`` names and ``/v1/service/down``
-    stops (without it both answer 404)."""
+    stops (without it both answer 404). ``limits``: how often one job's trainers and one
+    instance's agent may call (429 with ``Retry-After`` beyond it: see
+    :mod:`autoscaler.controller.ratelimit`)."""
     if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int):
         raise InvalidInputError("max_body_bytes must be an integer", field="max_body_bytes")
     if max_body_bytes < 1:
@@ -826,6 +868,7 @@ def make_app(
         on_job_exit=on_job_exit,
         max_body_bytes=max_body_bytes,
         service=service,
+        limits=limits,
     )
 
 

@@ -54,7 +54,9 @@ Schema versions
     * v1: ``meta`` (``schema_version``, ``cluster_id``), ``jobs``, ``instances``,
       ``instance_history``, ``assignments``, ``plans``.
     * v2: what a cost-aware controller adds: ``reports`` (trainer reports), ``models``
-      (goodput fits per job and GPU type), ``price_history``, ``cost_records``.
+      (goodput fits per job and GPU type), ``price_history``, ``cost_records``. Reports are
+      not all kept: once the controller has read them into its profiles, a job's older
+      reports beyond a bounded history are deleted (:meth:`Store.prune_reports`).
     * v3: ``assignment_history`` (who held which instance's GPUs when).
     * v4: ``jobs.reason`` (why a job was refused or failed) and ``job_batches`` (each job's
       planned batch, what the API answers its trainer).
@@ -1558,6 +1560,43 @@ class Store:
         )
         last = rows[-1][0] if rows else cursor
         return last, tuple((r[1], r[2]) for r in rows)
+
+    def prune_reports(self, jobs: Iterable[str], through_id: int, keep_per_job: int) -> int:
+        """Delete the reports of ``jobs`` up to ``through_id`` (those the controller has read:
+        what they taught is in its profiles and ``models``), except the newest
+        ``keep_per_job`` of each job, whatever their id: the latest report (progress, the
+        gradient statistics a restart reads) and a bounded history are always kept. Returns
+        how many were deleted. Report ids are never reused, so cursors stay valid."""
+        through_id = _count(through_id, "through_id")
+        keep_per_job = _count(keep_per_job, "keep_per_job", minimum=1)
+        names = sorted(set(jobs))
+        if not names:
+            return 0
+        deleted = 0
+        with self._write("prune reports") as conn:
+            for name in names:
+                # The id of the oldest report to keep (the keep_per_job-th newest).
+                row = conn.execute(
+                    "SELECT report_id FROM reports WHERE job_name = ? "
+                    "ORDER BY report_id DESC LIMIT 1 OFFSET ?",
+                    (name, keep_per_job - 1),
+                ).fetchone()
+                if row is None:
+                    continue  # no more than keep_per_job reports
+                cursor = conn.execute(
+                    "DELETE FROM reports WHERE job_name = ? AND report_id < ? AND report_id <= ?",
+                    (name, int(row[0]), through_id),
+                )
+                deleted += max(0, cursor.rowcount)
+        return deleted
+
+    def report_count(self, job_name: str | None = None) -> int:
+        """How many reports the store holds (of ``job_name`` only, when given)."""
+        if job_name is None:
+            rows = self._read("SELECT count(*) FROM reports")
+        else:
+            rows = self._read("SELECT count(*) FROM reports WHERE job_name = ?", (job_name,))
+        return int(rows[0][0])
 
     def last_report_id(self) -> int:
         """The id of the newest report (0: none): the cursor that skips every report so far."""
