@@ -6,6 +6,8 @@ for that instance only; the trainers of a job hold one good for that job's repor
 request must carry ``Authorization: Bearer <credential>``; a request without one, or with one
 that is not valid, gets 401; a valid one of another role, or of the right role for another
 instance or job, gets 403. Either way nothing is read beyond the headers and nothing changes.
+An agent credential is revoked (401) once its instance ended or failed to start
+(``terminated``, ``allocation_failed``): an instance key is never reused, so it stays so.
 
 ============================================  ======  =============================================
 endpoint                                      role    answer
@@ -192,7 +194,7 @@ from autoscaler.controller.errors import (
     UnknownRowError,
 )
 from autoscaler.controller.jobs import JOB_NAME_PATTERN, JobSubmission, submission_deadline
-from autoscaler.controller.lifecycle import InstanceStatus
+from autoscaler.controller.lifecycle import AGENT_REVOKED, InstanceStatus
 from autoscaler.controller.ratelimit import (
     DEFAULT_REQUEST_LIMITS,
     RateLimiter,
@@ -483,7 +485,23 @@ class ApiApp:
             raise ApiError(
                 403, f"this credential is for {what} {principal.subject!r}, not {named!r}"
             )
+        if role is Role.AGENT and principal.subject is not None:
+            self._check_not_revoked(principal.subject)
         request.environ[_PRINCIPAL] = principal
+
+    def _check_not_revoked(self, instance_key: str) -> None:
+        """401 when ``instance_key``'s agent credential is revoked: its instance ended or
+        failed to start (:data:`~autoscaler.controller.lifecycle.AGENT_REVOKED`). An
+        instance the store does not know is left to the endpoint (404)."""
+        try:
+            row = self._store().get_instance(instance_key)
+        except UnknownRowError:
+            return
+        if row.status in AGENT_REVOKED:
+            _unauthorized(
+                f"the credential of instance {instance_key!r} was revoked: the instance is "
+                f"{row.status.value}"
+            )
 
     def _throttle(self, principal: Principal) -> Response | None:
         """429 with ``Retry-After`` when ``principal`` (an agent's or a job's credential) has
