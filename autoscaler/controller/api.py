@@ -249,6 +249,7 @@ __all__ = [
     "load_token",
     "load_tokens",
     "make_app",
+    "printable",
     "read_job_logs",
     "rendezvous_endpoint",
     "serve",
@@ -393,8 +394,12 @@ class ApiApp:
             page.headers["Cache-Control"] = "no-store"
             page.headers["Content-Security-Policy"] = (
                 "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
-                "connect-src 'self'; img-src 'self'"
+                "connect-src 'self'; img-src 'self'; frame-ancestors 'none'; "
+                "base-uri 'none'; form-action 'none'"
             )
+            # No other page may frame it (clickjacking), in browsers old and new.
+            page.headers["X-Frame-Options"] = "DENY"
+            page.headers["Referrer-Policy"] = "no-referrer"
             return page(environ, start_response)
         return self._dispatch(request)(environ, start_response)
 
@@ -814,7 +819,7 @@ class ApiApp:
             if failed and cause is not None:  # why it failed last: coadapt status shows it
                 with contextlib.suppress(StaleVersionError):  # changed meanwhile: it moved on
                     after = store.get_job(name)
-                    store.update_job(name, after.version, reason=_printable(cause))
+                    store.update_job(name, after.version, reason=printable(cause))
         _log.info("job %s exited on %s (failed=%s): now %s", name, instance_key, failed, status)
         return _json({"job": name, "status": status.value, "counted": True})
 
@@ -1058,10 +1063,17 @@ def _submission(data: Mapping[str, Any]) -> JobSubmission:
     return JobSubmission.from_mapping(data)
 
 
-def _printable(text: str) -> str:
-    """``text`` with every non-printable character (a control character, an escape) shown as
-    ``?``: what an agent reports is shown on users' terminals."""
-    return "".join(c if c.isprintable() else "?" for c in " ".join(text.split()))
+def printable(text: str, *, lines: bool = False) -> str:
+    """``text`` as it may reach a user's terminal: every non-printable character (a control
+    character, an escape sequence's ESC or CSI, a bidirectional override) shown as ``?``, so
+    nothing it holds can change a terminal's title, clear its screen or colour a line. On one
+    line (runs of white space, line breaks included, become one space: what an agent reports
+    as a job's failure), or with ``lines`` its line breaks and tabs kept (``\r\n`` read as
+    ``\n``: a job's log, ``coadapt logs``)."""
+    if not lines:
+        return "".join(c if c.isprintable() else "?" for c in " ".join(text.split()))
+    text = text.replace("\r\n", "\n")
+    return "".join(c if c.isprintable() or c in "\n\t" else "?" for c in text)
 
 
 def read_job_logs(

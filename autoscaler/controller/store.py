@@ -609,6 +609,7 @@ class Store:
         self._identity = _file_identity(path)
         self._wal_identity = _file_identity(_wal_path(path))
         self._writer = _writer_lock(path)
+        self._read_only = False  # opened with open_read_only: no write is tried
 
     def ensure_present(self) -> None:
         """Raise :class:`StoreMissingError` if the file this store opened, or its
@@ -722,6 +723,63 @@ class Store:
             raise
         return cls(conn, p, clock, cluster_id, version)
 
+    @classmethod
+    def open_read_only(cls, path: str | Path, clock: Clock) -> Store:
+        """Open the existing store at ``path`` to read it only (the read commands: ``events``,
+        ``logs``, ``cost report``), whether or not a controller runs on it, also where its
+        folder or file may not be written: nothing is created, migrated or changed, and
+        every write raises :class:`StoreUnwritableError`.
+
+        SQLite's read-only mode still needs the write-ahead log's index (``-shm``) beside
+        the file; where it is missing and cannot be made (a read-only folder), and no
+        write-ahead log holds anything (a cluster that is not up), the file itself is read
+        as it is (SQLite's ``immutable``). The same refusals as :meth:`open`, and
+        :class:`StoreError` for a store of an older schema version (``coadapt up`` migrates
+        it; a read does not) or whose write-ahead log cannot be read."""
+        p = Path(path)
+        if not os.path.lexists(p):
+            raise StoreMissingError(f"no store at {p}", path=str(p))
+        if not p.is_file():
+            raise StoreCorruptError(f"{p} is not a regular file, so not a store", path=str(p))
+        conn = _connect(p, "ro")
+        try:
+            try:
+                version, cluster_id = _validate(conn, p)
+            except sqlite3.OperationalError as e:
+                code = getattr(e, "sqlite_errorcode", 0) & 0xFF
+                if code not in (sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN):
+                    raise
+                wal = _wal_path(p)
+                if wal.exists() and wal.stat().st_size > 0:
+                    raise StoreError(
+                        f"{p}: cannot read the store's write-ahead log {wal} ({e}); read it "
+                        "as a user who may write its folder, or once coadapt up has stopped",
+                        path=str(p),
+                    ) from e
+                conn.close()
+                conn = _connect(p, "ro&immutable=1")
+                version, cluster_id = _validate(conn, p)
+            conn.execute("PRAGMA query_only=ON")
+        except sqlite3.Error as e:
+            conn.close()
+            if _is_corruption(e):
+                raise StoreCorruptError(f"{p}: the database is damaged: {e}", path=str(p)) from e
+            raise StoreError(f"{p}: cannot read the store: {e}", path=str(p)) from e
+        except BaseException:
+            conn.close()
+            raise
+        if version < SCHEMA_VERSION:
+            conn.close()
+            raise StoreError(
+                f"{p}: the store is of schema version {version}, older than this coadapt's "
+                f"{SCHEMA_VERSION}; coadapt up --state-dir {p.parent} brings it up to date "
+                "(a read does not change it)",
+                path=str(p),
+            )
+        store = cls(conn, p, clock, cluster_id, version)
+        store._read_only = True
+        return store
+
     def for_thread(self) -> Store:
         """A new store object on this store's file, for the calling thread (a store is bound to
         the thread that made it), with the same clock. The file was checked when this store
@@ -791,6 +849,10 @@ class Store:
         """One write transaction: ``BEGIN IMMEDIATE`` ... ``COMMIT``, rolled back on any
         exception (which propagates; an ``sqlite3`` one as :class:`StoreError`)."""
         conn = self._live()
+        if self._read_only:
+            raise StoreUnwritableError(
+                f"{self._path}: {doing}: the store was opened read-only", path=str(self._path)
+            )
         with self._writer:
             try:
                 conn.execute("BEGIN IMMEDIATE")
@@ -1806,10 +1868,11 @@ def _file_identity(path: Path) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-def _connect(path: Path) -> sqlite3.Connection:
-    """A connection to the existing file ``path`` (``mode=rw``: SQLite never creates it).
-    Transactions are explicit (``isolation_level=None``: no implicit BEGIN)."""
-    uri = path.resolve().as_uri() + "?mode=rw"
+def _connect(path: Path, mode: str = "rw") -> sqlite3.Connection:
+    """A connection to the existing file ``path`` (``mode=rw``: SQLite never creates it;
+    ``ro``: it never writes). Transactions are explicit (``isolation_level=None``: no
+    implicit BEGIN)."""
+    uri = path.resolve().as_uri() + "?mode=" + mode
     try:
         conn = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=BUSY_TIMEOUT_S)
     except sqlite3.Error as e:
