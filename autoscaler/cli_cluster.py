@@ -239,6 +239,22 @@ def submit(
     typer.echo(json.dumps(job.to_dict()) if json_out else f"submitted {job.name}")
 
 
+def _stored_status(state: Path) -> dict[str, Any]:
+    """What :func:`_status_doc` answers, read from the store in ``state`` (opened read-only)."""
+    from autoscaler.controller.api import instance_to_dict, jobs_in_store
+    from autoscaler.controller.errors import StoreError
+    from autoscaler.controller.store import Store
+    from coadapt_common.clock import SystemClock
+
+    try:
+        with Store.open_read_only(state / "store.db", SystemClock()) as store:
+            jobs = [j.to_dict() for j in jobs_in_store(store)]
+            instances = [instance_to_dict(r) for r in store.list_instances()]
+    except StoreError as e:
+        fail(str(e))
+    return {"jobs": jobs, "instances": instances}
+
+
 def _status_doc(client: Any) -> dict[str, Any]:
     jobs = [j.to_dict() for j in client.list_jobs()]
     from autoscaler.controller.api import instance_to_dict
@@ -341,13 +357,21 @@ def status(
     ] = False,
 ) -> None:
     """Jobs (status, GPUs, batch, progress, and why a job failed or was refused) and the
-    fleet (offering, $/h)."""
+    fleet (offering, $/h); of a local cluster that is not up, as its store last recorded
+    them (read-only)."""
     from autoscaler.controller.api import ApiError
 
-    client = _client(state_dir)
+    state = resolve_state_dir(state_dir)
+    stored = (
+        not any((state / f).exists() for f in ("up.json", "deploy.json"))
+        and (state / "store.db").is_file()
+    )
+    client = None if stored else _client(state_dir)
+    if stored:
+        typer.echo(f"coadapt: no cluster is up in {state}; as its store last recorded it", err=True)
     while True:
         try:
-            doc = _status_doc(client)
+            doc = _status_doc(client) if client is not None else _stored_status(state)
         except ApiError as e:
             fail(api_failure(e, state_dir))
         if json_out:

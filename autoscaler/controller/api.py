@@ -246,6 +246,7 @@ __all__ = [
     "generate_tokens",
     "instance_from_dict",
     "instance_to_dict",
+    "jobs_in_store",
     "load_token",
     "load_tokens",
     "make_app",
@@ -587,25 +588,8 @@ class ApiApp:
         if limit < 1:
             raise ApiError(400, f"limit must be 1 to {MAX_JOBS_PAGE}", "limit")
         after = _cursor_arg(request)
-        store = self._store()
-        rows = store.list_jobs_page(after, limit)
-        names = [row.name for row in rows]
-        assigned: dict[str, dict[str, int]] = {}
-        for (job, key), gpus in store.assignments_of(names).items():
-            assigned.setdefault(job, {})[key] = gpus
-        reports = store.latest_reports(names)
-        batches = store.list_batches(names)
-        restarts = store.restart_counts(names)
-        jobs = ", ".join(
-            _job_json(
-                row,
-                tuple(sorted(assigned[row.name].items())) if row.name in assigned else (),
-                reports.get(row.name),
-                batches.get(row.name),
-                restarts.get(row.name, 0),
-            )
-            for row in rows
-        )
+        rows = self._store().list_jobs_page(after, limit)
+        jobs = ", ".join(_job_json(*parts) for parts in _job_parts(self._store(), rows))
         last = rows[-1] if len(rows) == limit else None
         cursor = None if last is None else _cursor(last.submitted_at_s, last.name)
         # What _json writes for {"jobs": [...], "next_cursor": ...}, the jobs' JSON reused.
@@ -971,6 +955,40 @@ def _int_arg(request: Request, name: str, default: int, *, maximum: int = MAX_QU
     if len(digits) > len(str(maximum)) or int(digits) > maximum:
         raise ApiError(400, f"{name} must be at most {maximum} ({len(digits)} digits given)", name)
     return int(digits)
+
+
+_JobParts = tuple[JobRow, tuple[tuple[str, int], ...], ReportRow | None, JobBatch | None, int]
+
+
+def _job_parts(store: Store, rows: tuple[JobRow, ...]) -> list[_JobParts]:
+    """What a job's answer is made of, for each of ``rows``: the row, its assignment
+    (``(instance_key, gpus)`` by key), latest report, planned batch and restarts."""
+    names = [row.name for row in rows]
+    assigned: dict[str, dict[str, int]] = {}
+    for (job, key), gpus in store.assignments_of(names).items():
+        assigned.setdefault(job, {})[key] = gpus
+    reports = store.latest_reports(names)
+    batches = store.list_batches(names)
+    restarts = store.restart_counts(names)
+    return [
+        (
+            row,
+            tuple(sorted(assigned[row.name].items())) if row.name in assigned else (),
+            reports.get(row.name),
+            batches.get(row.name),
+            restarts.get(row.name, 0),
+        )
+        for row in rows
+    ]
+
+
+def jobs_in_store(store: Store) -> tuple[JobInfo, ...]:
+    """Every job, in submission order, as ``GET /v1/jobs`` answers it, read from ``store``
+    (what ``coadapt status`` shows of a cluster that is not up)."""
+    return tuple(
+        _job_info(row, dict(assignment), report, batch, restarts)
+        for row, assignment, report, batch, restarts in _job_parts(store, store.list_jobs())
+    )
 
 
 @functools.lru_cache(maxsize=4096)

@@ -206,9 +206,10 @@ def test_a_write_ahead_log_deleted_under_up_ends_it_in_one_line(tmp_path: Path) 
 
 
 def test_read_commands_work_on_a_read_only_state_folder(unprivileged: Unprivileged) -> None:
-    """events, logs and cost report on a state folder its reader may not write (a stopped
-    cluster's, another user's copy): the audit found events failing there. They open the
-    store read-only: they work and leave the folder as it was."""
+    """events, logs, cost report and status (of a cluster that is not up) on a state folder
+    its reader may not write (a stopped cluster's, another user's copy): the audit found
+    events failing there. They open the store read-only: they work and leave the folder as
+    it was."""
     state = unprivileged.folder / "state"
     clock = SystemClock()
     with Store.create(state / "store.db", "coadapt-local", clock) as store:
@@ -232,6 +233,14 @@ def test_read_commands_work_on_a_read_only_state_folder(unprivileged: Unprivileg
     cost = unprivileged.run([*cli, "cost", "report", "--state-dir", str(state)])
     assert cost.returncode == 0, cost.stderr
     assert "coadapt-local" in cost.stdout
+    status = unprivileged.run([*cli, "status", "--state-dir", str(state), "--json"])
+    assert status.returncode == 0, status.stderr
+    assert "no cluster is up" in status.stderr and "as its store last recorded" in status.stderr
+    (job,) = json.loads(status.stdout)["jobs"]
+    assert (job["name"], job["status"], job["gpus"]) == ("bert", "queued", 0)
+    table = unprivileged.run([*cli, "status", "--state-dir", str(state)])
+    assert table.returncode == 0, table.stderr
+    assert "bert" in table.stdout and "queued" in table.stdout
     assert sorted(str(p.relative_to(state)) for p in state.rglob("*")) == before
 
 
