@@ -136,6 +136,7 @@ import functools
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import resource
@@ -337,6 +338,8 @@ class ApiApp:
             Role.REPORT: RateLimiter(limits.report, clock),
             Role.AGENT: RateLimiter(limits.agent, clock),
         }
+        self._throttle_warned: dict[tuple[Role, str], float] = {}  # monotonic s of the last
+        self._throttle_lock = threading.Lock()
         self._service_control = service
         # Checked when opened, kept open (and unused but by for_thread) until close(): while
         # it is open, its write-ahead log is the one every thread's store must find.
@@ -521,13 +524,26 @@ class ApiApp:
         after = retry_after_s(wait_s)
         what = "job" if principal.role is Role.REPORT else "instance"
         limit = limiter.limit
-        response = _error(
-            429,
+        message = (
             f"too many requests for {what} {principal.subject!r} (at most "
-            f"{limit.per_s:g}/s, {limit.burst} at once): retry after {after} s",
+            f"{limit.per_s:g}/s, {limit.burst} at once): retry after {after} s"
         )
+        self._warn_throttled((principal.role, principal.subject), message)
+        response = _error(429, message)
         response.headers["Retry-After"] = str(after)
         return response
+
+    def _warn_throttled(self, holder: tuple[Role, str], message: str) -> None:
+        """Log a refusal for its rate at WARNING, at most once a minute per holder (a flood
+        is seen by the operator, not logged request by request)."""
+        now = self._clock.monotonic_s()
+        with self._throttle_lock:
+            if now - self._throttle_warned.get(holder, -math.inf) < 60.0:
+                return
+            if len(self._throttle_warned) >= 10_000:
+                self._throttle_warned.clear()
+            self._throttle_warned[holder] = now
+        _log.warning("refused (429): %s", message)
 
     def _body(self, request: Request, *, optional: bool = False) -> dict[str, Any]:
         """The body as a JSON object ({} for an empty ``optional`` one): 413 over the limit

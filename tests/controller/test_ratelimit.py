@@ -131,8 +131,11 @@ def _post(
 
 
 def test_reports_beyond_the_limit_get_429_with_retry_after_per_job(
-    served: tuple[ApiServer, ApiCredentials, FakeClock], tmp_path: Path
+    served: tuple[ApiServer, ApiCredentials, FakeClock],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.WARNING, logger="autoscaler.controller.api")
     server, tokens, clock = served
     conn = http.client.HTTPConnection(urllib.parse.urlsplit(server.url).netloc, timeout=10)
     bert, gpt = tokens.report_credential("bert"), tokens.report_credential("gpt")
@@ -146,8 +149,12 @@ def test_reports_beyond_the_limit_get_429_with_retry_after_per_job(
     assert _post(conn, report_path("gpt"), gpt, json.loads(report("gpt").to_json()))[0] == 200
     clock.advance(1.0)  # what Retry-After said
     assert _post(conn, report_path("bert"), bert, body)[0] == 200
+    assert all(_post(conn, report_path("bert"), bert, body)[0] == 429 for _ in range(20))
     with Store.open(tmp_path / "store.db", clock) as store:
-        assert store.report_count("bert") == 4  # the refused one was not stored
+        assert store.report_count("bert") == 4  # the refused ones were not stored
+    # The operator sees the flood: one warning a minute per holder, not one per request.
+    warned = [r.getMessage() for r in caplog.records if "refused (429)" in r.getMessage()]
+    assert len(warned) == 1 and "job 'bert'" in warned[0]
 
 
 def test_agent_calls_beyond_the_limit_get_429_and_users_are_not_limited(
