@@ -105,7 +105,8 @@ CRASH_POINTS: Final = (
 )
 ACTIVE_JOBS: Final = (JobStatus.QUEUED, JobStatus.RUNNING)
 DEFAULT_REPORT_HISTORY: Final = 100
-"""Reports kept per job once read (at 5 s a report, the last ~8 minutes; at 30 s, 50)."""
+"""Reports kept per job once read (a report every 5 s: the last ~8 minutes; every 30 s: the
+last 50 minutes)."""
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
