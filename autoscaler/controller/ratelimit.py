@@ -2,12 +2,11 @@
 
 A job's report credential and an instance's agent credential are each held by one party the
 controller does not control (a user's training script; a node). Without a bound, one holder
-could post as fast as the server answers (an audit measured 199 reports/s from one job,
-~1.2 GB of stored reports an hour). So each holder (a role and its subject: the job or the
-instance) gets a bucket of ``burst`` requests, refilled at ``per_s``; a request that finds it
-empty is refused with 429 and ``Retry-After`` (whole seconds until a request would be
-admitted), before its body is read, and costs nothing. The users' token is not limited: its
-holder is the cluster's administrator.
+could post as fast as the server answers, every report stored. So each holder (a role and its
+subject: the job or the instance) gets a bucket of ``burst`` requests, refilled at ``per_s``;
+a request that finds it empty is refused with 429 and ``Retry-After`` (whole seconds until a
+request would be admitted), before its body is read, and costs nothing. The users' token is
+not limited: its holder is the cluster's administrator.
 
 The defaults are derived from what honest callers send (:meth:`RequestLimits.for_intervals`):
 
@@ -23,7 +22,8 @@ The defaults are derived from what honest callers send (:meth:`RequestLimits.for
 ``make_app`` without limits uses the trainer's own default interval
 (:data:`trainer.env.DEFAULT_REPORT_INTERVAL_S`, 30 s: 1/3 report/s per job) and the agent's
 default (2 s: 10 calls/s per instance); ``coadapt up`` derives them from the intervals it
-gives its agents (``--report-interval-s``, default 5 s: 2 reports/s per job).
+gives its agents (``UpConfig.report_interval_s``, default 5 s, handed to each agent as
+``--report-interval-s``: 2 reports/s per job).
 ``tests/controller/test_ratelimit.py`` shows 200 reports/s from one job throttled to that.
 
 Memory is bounded: only authenticated holders get a bucket (a credential is an HMAC the
