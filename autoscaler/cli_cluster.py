@@ -239,6 +239,22 @@ def submit(
     typer.echo(json.dumps(job.to_dict()) if json_out else f"submitted {job.name}")
 
 
+def _stored_status(state: Path) -> dict[str, Any]:
+    """What :func:`_status_doc` answers, read from the store in ``state`` (opened read-only)."""
+    from autoscaler.controller.api import instance_to_dict, jobs_in_store
+    from autoscaler.controller.errors import StoreError
+    from autoscaler.controller.store import Store
+    from coadapt_common.clock import SystemClock
+
+    try:
+        with Store.open_read_only(state / "store.db", SystemClock()) as store:
+            jobs = [j.to_dict() for j in jobs_in_store(store)]
+            instances = [instance_to_dict(r) for r in store.list_instances()]
+    except StoreError as e:
+        fail(str(e))
+    return {"jobs": jobs, "instances": instances}
+
+
 def _status_doc(client: Any) -> dict[str, Any]:
     jobs = [j.to_dict() for j in client.list_jobs()]
     from autoscaler.controller.api import instance_to_dict
@@ -341,13 +357,21 @@ def status(
     ] = False,
 ) -> None:
     """Jobs (status, GPUs, batch, progress, and why a job failed or was refused) and the
-    fleet (offering, $/h)."""
+    fleet (offering, $/h); of a local cluster that is not up, as its store last recorded
+    them (read-only)."""
     from autoscaler.controller.api import ApiError
 
-    client = _client(state_dir)
+    state = resolve_state_dir(state_dir)
+    stored = (
+        not any((state / f).exists() for f in ("up.json", "deploy.json"))
+        and (state / "store.db").is_file()
+    )
+    client = None if stored else _client(state_dir)
+    if stored:
+        typer.echo(f"coadapt: no cluster is up in {state}; as its store last recorded it", err=True)
     while True:
         try:
-            doc = _status_doc(client)
+            doc = _status_doc(client) if client is not None else _stored_status(state)
         except ApiError as e:
             fail(api_failure(e, state_dir))
         if json_out:
@@ -384,7 +408,7 @@ class _LogSource:
             from coadapt_common.clock import SystemClock
 
             try:
-                self.store = Store.open(self.state / "store.db", SystemClock())
+                self.store = Store.open_read_only(self.state / "store.db", SystemClock())
             except StoreError as e:
                 fail(f"{e}; the job logs are in {self.state / 'logs' / job}")
         else:
@@ -445,9 +469,19 @@ def logs(
         ),
     ] = None,
     json_out: Json = False,
+    raw: Annotated[
+        bool,
+        typer.Option(
+            "--raw",
+            help="Write the logs as the job wrote them, terminal escapes included (by "
+            "default every control character but line breaks and tabs is shown as ?).",
+        ),
+    ] = False,
 ) -> None:
     """A job's logs (every instance it ran on), read from the state folder whether or not
-    the cluster is up (a deployed cluster's through its controller)."""
+    the cluster is up (a deployed cluster's through its controller). What the job wrote
+    cannot drive your terminal: escapes (a title change, a screen clear, colours) are shown
+    as ?, unless --raw."""
     if timeout_s is not None and not timeout_s > 0:
         fail(f"--timeout-s {timeout_s}: give a number of seconds > 0, or leave it out", 2)
     source = _LogSource(state_dir, job)
@@ -455,37 +489,41 @@ def logs(
         if json_out:
             typer.echo(json.dumps(source.chunk(0).to_dict()))
             return
-        offset = _print_logs(source, 0)
+        offset = _print_logs(source, 0, raw)
         if not follow:
             if offset == 0:  # nothing written yet: say why
                 status, reason = source.status()
                 why = f" ({reason})" if reason and status in SHOWN_REASONS else ""
                 typer.echo(f"coadapt: {job} is {status}{why}; no logs yet", err=True)
             return
-        _follow(source, offset, timeout_s)
+        _follow(source, offset, timeout_s, raw)
     finally:
         source.close()
 
 
-def _print_logs(source: _LogSource, offset: int) -> int:
-    """Print everything from ``offset`` that is there now; the offset after it."""
+def _print_logs(source: _LogSource, offset: int, raw: bool = False) -> int:
+    """Print everything from ``offset`` that is there now (its control characters shown as
+    ``?`` unless ``raw``: :func:`~autoscaler.controller.api.printable`); the offset after it."""
+    from autoscaler.controller.api import printable
+
     while True:
         chunk = source.chunk(offset)
-        sys.stdout.write(chunk.text)
+        sys.stdout.write(chunk.text if raw else printable(chunk.text, lines=True))
         sys.stdout.flush()
         if not chunk.more or chunk.next_offset == offset:
             return int(chunk.next_offset)
         offset = chunk.next_offset
 
 
-def _follow(source: _LogSource, offset: int, timeout_s: float | None) -> None:
+def _follow(source: _LogSource, offset: int, timeout_s: float | None, raw: bool = False) -> None:
     """Print new lines until the job ends (then its status on stderr: exit status 0 when it
     completed, 1 otherwise) or ``timeout_s`` passes; a queued job is waited for."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     told_queued = False
     while True:
         status, reason = source.status()
-        offset = _print_logs(source, offset)  # after the status: nothing written before it ends
+        # after the status: nothing written before it ends
+        offset = _print_logs(source, offset, raw)
         if status in ENDED:
             if status == "completed":
                 return
@@ -653,7 +691,7 @@ def events(
     if follow:  # Ctrl-C ends it, also when started where SIGINT is ignored (a shell's &)
         signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        with Store.open(path, SystemClock()) as store:
+        with Store.open_read_only(path, SystemClock()) as store:
             rows = store.events_after(0)
             while len(rows) == 10_000:  # read on past a page
                 rows = rows + store.events_after(rows[-1].seq)

@@ -137,7 +137,7 @@ def store_report(state_dir: Path) -> tuple[str | None, Any]:
     if not (state_dir / "store.db").exists():
         _fail(f"--state-dir {state_dir}: no cluster store there (store.db)")
     try:
-        with Store.open(state_dir / "store.db", clock) as store:
+        with Store.open_read_only(state_dir / "store.db", clock) as store:
             return f"cluster {store.cluster_id}", cost_record_from_store(store, clock.now_s())
     except StoreError as e:
         _fail(str(e))

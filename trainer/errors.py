@@ -29,6 +29,14 @@ class ReportSchemaError(TrainerError, ValueError):
     """A report payload does not match the schema (wrong version, missing or mistyped field)."""
 
 
+class ReportThrottledError(TrainerError, OSError):
+    """The controller refused a report for now (HTTP 429): send none for ``retry_after_s``."""
+
+    def __init__(self, retry_after_s: float) -> None:
+        super().__init__(f"the controller asks for no report for {retry_after_s:g} s (429)")
+        self.retry_after_s = retry_after_s
+
+
 class CheckpointError(TrainerError):
     """Root of checkpoint errors."""
 

@@ -7,6 +7,12 @@ Delivery never raises into training: failures are logged (at most once a minute)
 report is attempted on schedule. The controller's :class:`~trainer.report.ReportReply` is handed
 to ``on_reply``. Torch-free.
 
+A controller that refuses a report with 429 (too many reports from this job: see
+``autoscaler.controller.ratelimit``) says in ``Retry-After`` how many seconds to wait; the
+reporter sends nothing until then (also no final report at exit; at most
+:data:`MAX_RETRY_AFTER_S` whatever the header says, one report interval when it cannot be
+read), then goes on on schedule.
+
 :class:`HttpSink` carries the job's report credential (good for this job's reports only) and
 never follows a redirect: a controller, or anything posing as one, that answers with a 3xx gets
 the credential no further (urllib's default opener would re-send it to the ``Location``).
@@ -26,10 +32,24 @@ from typing import Protocol
 
 from coadapt_common.clock import Clock, SystemClock
 from coadapt_common.http import credential_opener
-from trainer.errors import ReportSchemaError, TrainerConfigError
+from trainer.errors import ReportSchemaError, ReportThrottledError, TrainerConfigError
 from trainer.report import ReportReply, TrainerReport, report_path
 
 logger = logging.getLogger("trainer.reporter")
+
+MAX_RETRY_AFTER_S = 600.0
+"""The longest back-off a ``Retry-After`` may ask for (a longer one is cut to this)."""
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Seconds of a ``Retry-After`` header given in seconds (``None``: absent, or not a
+    number of seconds), within ``[0, MAX_RETRY_AFTER_S]``."""
+    if value is None:
+        return None
+    text = value.strip()
+    if not text.isascii() or not text.isdigit() or len(text) > 12:
+        return None
+    return min(float(int(text)), MAX_RETRY_AFTER_S)
 
 
 class ReportSink(Protocol):
@@ -82,8 +102,14 @@ class HttpSink:
         request = urllib.request.Request(
             self.url, data=report.to_json().encode(), method="POST", headers=headers
         )
-        with self._opener.open(request, timeout=self.timeout_s) as response:
-            return ReportReply.from_json(response.read())
+        try:
+            with self._opener.open(request, timeout=self.timeout_s) as response:
+                return ReportReply.from_json(response.read())
+        except urllib.error.HTTPError as e:
+            if e.code != 429:
+                raise
+            wait_s = parse_retry_after(e.headers.get("Retry-After") if e.headers else None)
+            raise ReportThrottledError(-1.0 if wait_s is None else wait_s) from None
 
 
 class FileSink:
@@ -125,8 +151,10 @@ class Reporter:
         self._thread: threading.Thread | None = None
         self._send_lock = threading.Lock()
         self._last_error_s = -1e18
+        self._quiet_until_s = -1e18  # monotonic: no report before (a 429's Retry-After)
         self.sent = 0
         self.failed = 0
+        self.throttled = 0
 
     def start(self) -> None:
         if self._thread is None:
@@ -136,7 +164,7 @@ class Reporter:
     def _run(self) -> None:
         next_s = self._clock.monotonic_s() + self._interval_s
         while not self._stopped:
-            wait_s = next_s - self._clock.monotonic_s()
+            wait_s = max(next_s, self._quiet_until_s) - self._clock.monotonic_s()
             if wait_s > 0:
                 self._wake.wait(wait_s)
                 continue
@@ -144,11 +172,24 @@ class Reporter:
             next_s = self._clock.monotonic_s() + self._interval_s
 
     def send_now(self) -> ReportReply | None:
-        """Build and deliver one report now (also used for the final report at exit)."""
+        """Build and deliver one report now (also used for the final report at exit); none
+        while the controller asked to wait (a 429's ``Retry-After``)."""
         with self._send_lock:
+            if self._clock.monotonic_s() < self._quiet_until_s:
+                self.throttled += 1
+                return None
             try:
                 report = self._build()
                 reply = self.sink.send(report)
+            except ReportThrottledError as e:
+                self.throttled += 1
+                wait_s = self._interval_s if e.retry_after_s < 0 else e.retry_after_s
+                now = self._clock.monotonic_s()
+                self._quiet_until_s = now + wait_s
+                if now - self._last_error_s >= 60.0:
+                    self._last_error_s = now
+                    logger.warning("the controller throttles reports: none for %g s", wait_s)
+                return None
             except (OSError, urllib.error.URLError, ReportSchemaError, ValueError) as e:
                 self.failed += 1
                 now = self._clock.monotonic_s()

@@ -6,6 +6,8 @@ for that instance only; the trainers of a job hold one good for that job's repor
 request must carry ``Authorization: Bearer <credential>``; a request without one, or with one
 that is not valid, gets 401; a valid one of another role, or of the right role for another
 instance or job, gets 403. Either way nothing is read beyond the headers and nothing changes.
+An agent credential is revoked (401) once its instance ended or failed to start
+(``terminated``, ``allocation_failed``): an instance key is never reused, so it stays so.
 
 ============================================  ======  =============================================
 endpoint                                      role    answer
@@ -68,7 +70,10 @@ Errors are JSON too: ``{"error": "<message>", "field": "<name>" | null}`` with 4
 ``field`` names it; malformed JSON), 401/403 (authentication), 404 (unknown job, instance or
 path), 405, 409 (a conflict: a duplicate name, a job that already ended, a row that changed),
 413 (a body over ``max_body_bytes``, refused from its ``Content-Length`` before it is read, or
-once the limit is passed for a body without one), 503 (the store is unusable) or 500.
+once the limit is passed for a body without one), 429 with ``Retry-After`` (one job's
+trainers or one instance's agent called more often than its limit allows, checked after
+authentication and before the body is read: :mod:`autoscaler.controller.ratelimit`), 503
+(the store is unusable) or 500.
 
 Decisions made here, and why:
 
@@ -131,6 +136,7 @@ import functools
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import resource
@@ -174,6 +180,7 @@ from autoscaler.controller.credentials import (
     ApiCredentials,
     CredentialSource,
     InsecureTokenFileError,
+    Principal,
     Role,
     TokenFileError,
     generate_tokens,
@@ -188,7 +195,13 @@ from autoscaler.controller.errors import (
     UnknownRowError,
 )
 from autoscaler.controller.jobs import JOB_NAME_PATTERN, JobSubmission, submission_deadline
-from autoscaler.controller.lifecycle import InstanceStatus
+from autoscaler.controller.lifecycle import AGENT_REVOKED, InstanceStatus
+from autoscaler.controller.ratelimit import (
+    DEFAULT_REQUEST_LIMITS,
+    RateLimiter,
+    RequestLimits,
+    retry_after_s,
+)
 from autoscaler.controller.store import (
     JobBatch,
     JobRow,
@@ -234,9 +247,11 @@ __all__ = [
     "generate_tokens",
     "instance_from_dict",
     "instance_to_dict",
+    "jobs_in_store",
     "load_token",
     "load_tokens",
     "make_app",
+    "printable",
     "read_job_logs",
     "rendezvous_endpoint",
     "serve",
@@ -315,8 +330,16 @@ class ApiApp:
         on_job_exit: JobExitHandler,
         max_body_bytes: int,
         service: ServiceControl | None = None,
+        limits: RequestLimits = DEFAULT_REQUEST_LIMITS,
     ) -> None:
         """Use :func:`make_app`."""
+        self.limits = limits
+        self._limiters = {
+            Role.REPORT: RateLimiter(limits.report, clock),
+            Role.AGENT: RateLimiter(limits.agent, clock),
+        }
+        self._throttle_warned: dict[tuple[Role, str], float] = {}  # monotonic s of the last
+        self._throttle_lock = threading.Lock()
         self._service_control = service
         # Checked when opened, kept open (and unused but by for_thread) until close(): while
         # it is open, its write-ahead log is the one every thread's store must find.
@@ -375,8 +398,12 @@ class ApiApp:
             page.headers["Cache-Control"] = "no-store"
             page.headers["Content-Security-Policy"] = (
                 "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
-                "connect-src 'self'; img-src 'self'"
+                "connect-src 'self'; img-src 'self'; frame-ancestors 'none'; "
+                "base-uri 'none'; form-action 'none'"
             )
+            # No other page may frame it (clickjacking), in browsers old and new.
+            page.headers["X-Frame-Options"] = "DENY"
+            page.headers["Referrer-Policy"] = "no-referrer"
             return page(environ, start_response)
         return self._dispatch(request)(environ, start_response)
 
@@ -411,6 +438,9 @@ class ApiApp:
             endpoint, args = self._map.bind_to_environ(request.environ).match()
             _, _, role, handler = self._routes[endpoint]
             self._authorize(request, role, args)  # before the body is read
+            throttled = self._throttle(request.environ[_PRINCIPAL])
+            if throttled is not None:
+                return throttled
             return handler(request, **args)
         except ApiError as e:
             return _error(e.status, e.message, e.field)
@@ -464,7 +494,56 @@ class ApiApp:
             raise ApiError(
                 403, f"this credential is for {what} {principal.subject!r}, not {named!r}"
             )
+        if role is Role.AGENT and principal.subject is not None:
+            self._check_not_revoked(principal.subject)
         request.environ[_PRINCIPAL] = principal
+
+    def _check_not_revoked(self, instance_key: str) -> None:
+        """401 when ``instance_key``'s agent credential is revoked: its instance ended or
+        failed to start (:data:`~autoscaler.controller.lifecycle.AGENT_REVOKED`). An
+        instance the store does not know is left to the endpoint (404)."""
+        try:
+            row = self._store().get_instance(instance_key)
+        except UnknownRowError:
+            return
+        if row.status in AGENT_REVOKED:
+            _unauthorized(
+                f"the credential of instance {instance_key!r} was revoked: the instance is "
+                f"{row.status.value}"
+            )
+
+    def _throttle(self, principal: Principal) -> Response | None:
+        """429 with ``Retry-After`` when ``principal`` (an agent's or a job's credential) has
+        used up its rate (:mod:`autoscaler.controller.ratelimit`); ``None``: go on."""
+        limiter = self._limiters.get(principal.role)
+        if limiter is None or principal.subject is None:
+            return None
+        wait_s = limiter.take(principal.subject)
+        if wait_s <= 0:
+            return None
+        after = retry_after_s(wait_s)
+        what = "job" if principal.role is Role.REPORT else "instance"
+        limit = limiter.limit
+        message = (
+            f"too many requests for {what} {principal.subject!r} (at most "
+            f"{limit.per_s:g}/s, {limit.burst} at once): retry after {after} s"
+        )
+        self._warn_throttled((principal.role, principal.subject), message)
+        response = _error(429, message)
+        response.headers["Retry-After"] = str(after)
+        return response
+
+    def _warn_throttled(self, holder: tuple[Role, str], message: str) -> None:
+        """Log a refusal for its rate at WARNING, at most once a minute per holder (a flood
+        is seen by the operator, not logged request by request)."""
+        now = self._clock.monotonic_s()
+        with self._throttle_lock:
+            if now - self._throttle_warned.get(holder, -math.inf) < 60.0:
+                return
+            if len(self._throttle_warned) >= 10_000:
+                self._throttle_warned.clear()
+            self._throttle_warned[holder] = now
+        _log.warning("refused (429): %s", message)
 
     def _body(self, request: Request, *, optional: bool = False) -> dict[str, Any]:
         """The body as a JSON object ({} for an empty ``optional`` one): 413 over the limit
@@ -525,25 +604,8 @@ class ApiApp:
         if limit < 1:
             raise ApiError(400, f"limit must be 1 to {MAX_JOBS_PAGE}", "limit")
         after = _cursor_arg(request)
-        store = self._store()
-        rows = store.list_jobs_page(after, limit)
-        names = [row.name for row in rows]
-        assigned: dict[str, dict[str, int]] = {}
-        for (job, key), gpus in store.assignments_of(names).items():
-            assigned.setdefault(job, {})[key] = gpus
-        reports = store.latest_reports(names)
-        batches = store.list_batches(names)
-        restarts = store.restart_counts(names)
-        jobs = ", ".join(
-            _job_json(
-                row,
-                tuple(sorted(assigned[row.name].items())) if row.name in assigned else (),
-                reports.get(row.name),
-                batches.get(row.name),
-                restarts.get(row.name, 0),
-            )
-            for row in rows
-        )
+        rows = self._store().list_jobs_page(after, limit)
+        jobs = ", ".join(_job_json(*parts) for parts in _job_parts(self._store(), rows))
         last = rows[-1] if len(rows) == limit else None
         cursor = None if last is None else _cursor(last.submitted_at_s, last.name)
         # What _json writes for {"jobs": [...], "next_cursor": ...}, the jobs' JSON reused.
@@ -757,7 +819,7 @@ class ApiApp:
             if failed and cause is not None:  # why it failed last: coadapt status shows it
                 with contextlib.suppress(StaleVersionError):  # changed meanwhile: it moved on
                     after = store.get_job(name)
-                    store.update_job(name, after.version, reason=_printable(cause))
+                    store.update_job(name, after.version, reason=printable(cause))
         _log.info("job %s exited on %s (failed=%s): now %s", name, instance_key, failed, status)
         return _json({"job": name, "status": status.value, "counted": True})
 
@@ -799,6 +861,7 @@ def make_app(
     on_job_exit: JobExitHandler,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     service: ServiceControl | None = None,
+    limits: RequestLimits = DEFAULT_REQUEST_LIMITS,
 ) -> ApiApp:
     """The API over the store at ``store_path`` (opened, checked and migrated now, in the
     calling thread: :meth:`Store.open`'s errors), authenticating with ``credentials`` (fixed
@@ -807,7 +870,9 @@ def make_app(
     under ``logs_dir``; ``on_job_exit`` is told of jobs that exited (see the module
     docstring). ``max_body_bytes`` is the largest body accepted. ``service``: the process
     serving the API (``coadapt up``), which ``/v1/service`` names and ``/v1/service/down``
-    stops (without it both answer 404)."""
+    stops (without it both answer 404). ``limits``: how often one job's trainers and one
+    instance's agent may call (429 with ``Retry-After`` beyond it: see
+    :mod:`autoscaler.controller.ratelimit`)."""
     if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int):
         raise InvalidInputError("max_body_bytes must be an integer", field="max_body_bytes")
     if max_body_bytes < 1:
@@ -826,6 +891,7 @@ def make_app(
         on_job_exit=on_job_exit,
         max_body_bytes=max_body_bytes,
         service=service,
+        limits=limits,
     )
 
 
@@ -905,6 +971,40 @@ def _int_arg(request: Request, name: str, default: int, *, maximum: int = MAX_QU
     if len(digits) > len(str(maximum)) or int(digits) > maximum:
         raise ApiError(400, f"{name} must be at most {maximum} ({len(digits)} digits given)", name)
     return int(digits)
+
+
+_JobParts = tuple[JobRow, tuple[tuple[str, int], ...], ReportRow | None, JobBatch | None, int]
+
+
+def _job_parts(store: Store, rows: tuple[JobRow, ...]) -> list[_JobParts]:
+    """What a job's answer is made of, for each of ``rows``: the row, its assignment
+    (``(instance_key, gpus)`` by key), latest report, planned batch and restarts."""
+    names = [row.name for row in rows]
+    assigned: dict[str, dict[str, int]] = {}
+    for (job, key), gpus in store.assignments_of(names).items():
+        assigned.setdefault(job, {})[key] = gpus
+    reports = store.latest_reports(names)
+    batches = store.list_batches(names)
+    restarts = store.restart_counts(names)
+    return [
+        (
+            row,
+            tuple(sorted(assigned[row.name].items())) if row.name in assigned else (),
+            reports.get(row.name),
+            batches.get(row.name),
+            restarts.get(row.name, 0),
+        )
+        for row in rows
+    ]
+
+
+def jobs_in_store(store: Store) -> tuple[JobInfo, ...]:
+    """Every job, in submission order, as ``GET /v1/jobs`` answers it, read from ``store``
+    (what ``coadapt status`` shows of a cluster that is not up)."""
+    return tuple(
+        _job_info(row, dict(assignment), report, batch, restarts)
+        for row, assignment, report, batch, restarts in _job_parts(store, store.list_jobs())
+    )
 
 
 @functools.lru_cache(maxsize=4096)
@@ -997,10 +1097,17 @@ def _submission(data: Mapping[str, Any]) -> JobSubmission:
     return JobSubmission.from_mapping(data)
 
 
-def _printable(text: str) -> str:
-    """``text`` with every non-printable character (a control character, an escape) shown as
-    ``?``: what an agent reports is shown on users' terminals."""
-    return "".join(c if c.isprintable() else "?" for c in " ".join(text.split()))
+def printable(text: str, *, lines: bool = False) -> str:
+    """``text`` as it may reach a user's terminal: every non-printable character (a control
+    character, an escape sequence's ESC or CSI, a bidirectional override) shown as ``?``, so
+    nothing it holds can change a terminal's title, clear its screen or colour a line. On one
+    line (runs of white space, line breaks included, become one space: what an agent reports
+    as a job's failure), or with ``lines`` its line breaks and tabs kept (``\r\n`` read as
+    ``\n``: a job's log, ``coadapt logs``)."""
+    if not lines:
+        return "".join(c if c.isprintable() else "?" for c in " ".join(text.split()))
+    text = text.replace("\r\n", "\n")
+    return "".join(c if c.isprintable() or c in "\n\t" else "?" for c in text)
 
 
 def read_job_logs(

@@ -2,11 +2,14 @@
 
 The page itself holds no data and no secret: open it as ``/dashboard#token=<user token>`` (the
 fragment never leaves the browser, so the token is in no server log). Its script reads the
-token from the fragment and calls the API with it like any client (``GET /v1/jobs``, page
-after page, ``/v1/instances``, ``/v1/costs``, bearer authentication, user role), renders the
-jobs, the
-fleet and cost over time, and refreshes every ``REFRESH_S`` seconds. Without a valid token it
-shows the API's refusal and nothing else.
+token from the fragment, then drops the fragment from the address and from the session
+history (``history.replaceState``: the token stays in the page's memory only, so a reload
+needs the address ``coadapt dashboard`` prints again; what the browser recorded of the address
+before the page ran, such as its own note of what was typed, is beyond a page's reach: a
+private window keeps nothing), and calls the API with it like any client (``GET /v1/jobs``,
+page after page, ``/v1/instances``, ``/v1/costs``, bearer authentication, user role), renders
+the jobs, the fleet and cost over time, and refreshes every ``REFRESH_S`` seconds. Without a
+valid token it shows the API's refusal and nothing else.
 
 The cost chart is an inline SVG: a title, an x axis of the time since the first cost point
 (minutes, or hours past two), a y axis of the cumulative cost in USD, both with round ticks
@@ -14,7 +17,9 @@ and grid lines, and the line. The page scales to its viewport (the chart by its 
 wide tables scroll sideways in their box): readable at 1280x800 and on a 390 px phone.
 After each refresh the page records on its ``<html>`` element whether it fits its
 viewport's width (``data-fits="yes"``; what the browser tests read). ``coadapt dashboard``
-prints the page's address with the token.
+prints the page's address with the token. The server sends the page with ``frame-ancestors
+'none'`` and ``X-Frame-Options: DENY``: no other page may frame it (``tests/controller/
+test_dashboard.py`` checks both in Chromium).
 """
 
 from __future__ import annotations
@@ -70,6 +75,8 @@ time</title></svg>
 <script>
 "use strict";
 const token = new URLSearchParams(location.hash.slice(1)).get("token") || "";
+// The token stays in this page's memory only: out of the address bar and the history.
+if (location.hash) { history.replaceState(null, "", location.pathname + location.search); }
 function cell(row, text) {
   const td = document.createElement("td");
   td.textContent = text;

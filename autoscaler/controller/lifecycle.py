@@ -58,6 +58,7 @@ from autoscaler.controller.errors import IllegalTransitionError
 from autoscaler.errors import InvalidInputError
 
 __all__ = [
+    "AGENT_REVOKED",
     "TERMINAL",
     "TIMEOUT_EDGES",
     "TRANSITIONS",
@@ -157,6 +158,11 @@ TRANSITIONS: Final[Mapping[InstanceStatus, Mapping[InstanceStatus, str]]] = Mapp
 
 TERMINAL: Final[frozenset[InstanceStatus]] = frozenset(s for s in _S if not TRANSITIONS[s])
 """Statuses with no way out: the row owns no cloud instance and never will again."""
+
+AGENT_REVOKED: Final[frozenset[InstanceStatus]] = TERMINAL | {_S.ALLOCATION_FAILED}
+"""Statuses in which the instance's agent credential is refused (the API answers 401): the
+instance ended, or its launch was given up on (an instance that fills late is terminated
+through its row, never adopted: its agent has nothing to ask for)."""
 
 
 def check_transition(

@@ -104,6 +104,9 @@ CRASH_POINTS: Final = (
     "after-terminate-call",  # the provider answered; not recorded yet
 )
 ACTIVE_JOBS: Final = (JobStatus.QUEUED, JobStatus.RUNNING)
+DEFAULT_REPORT_HISTORY: Final = 100
+"""Reports kept per job once read (a report every 5 s: the last ~8 minutes; every 30 s: the
+last 50 minutes)."""
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
@@ -123,7 +126,10 @@ class ControllerConfig:
     a capacity error is avoided for ``unavailable_ttl_s``, one that hit a quota for
     ``quota_ttl_s``. ``interference_avoidance`` asks a policy that supports it to keep at most
     one multi-node job on a node; a job's throughput fit is redone when a new configuration's
-    step time is mispredicted by more than ``refit_tolerance``."""
+    step time is mispredicted by more than ``refit_tolerance``. ``report_history``: how many
+    of each job's reports the store keeps once read (the newest; what they taught is in the
+    job's profiles and ``models``, so the model is the same whatever it is:
+    :meth:`Store.prune_reports`)."""
 
     cluster_id: str
     interval_s: float = 60.0
@@ -139,8 +145,17 @@ class ControllerConfig:
     offerings_refresh_s: float = 300.0
     interference_avoidance: bool = True
     refit_tolerance: float = 0.05
+    report_history: int = DEFAULT_REPORT_HISTORY
 
     def __post_init__(self) -> None:
+        if (
+            isinstance(self.report_history, bool)
+            or not isinstance(self.report_history, int)
+            or self.report_history < 1
+        ):
+            raise InvalidInputError(
+                "report_history must be an integer >= 1", field="report_history"
+            )
         if not self.offerings_refresh_s > 0:
             raise InvalidInputError("offerings_refresh_s must be > 0", field="offerings_refresh_s")
         band_hazard_per_hour(self.default_spot_band)  # InvalidInputError for an unknown band
@@ -713,6 +728,7 @@ class Controller:
                 type_of_job[job] = gpu_type_of[key]
         self._report_cursor, reports = self.store.reports_after(self._report_cursor)
         touched: set[tuple[str, str]] = set()
+        reporting = {job for job, _ in reports}
         for job, payload in reports:
             gpu_type = type_of_job.get(job)  # None: from a run no longer placed
             if self.book.record(TrainerReport.from_json(payload), gpu_type) and gpu_type:
@@ -723,6 +739,8 @@ class Controller:
         self.store.upsert_models(
             [(job, t, self.book.profile_json(job, t)) for job, t in sorted(touched)]
         )
+        # Read and learned (the profiles just written): only a bounded history stays.
+        self.store.prune_reports(reporting, self._report_cursor, self.config.report_history)
 
     def _cluster(
         self,

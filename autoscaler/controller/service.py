@@ -102,6 +102,7 @@ from autoscaler.controller.loop import (
     instance_key_from_request_id,
     record_job_exit,
 )
+from autoscaler.controller.ratelimit import RequestLimits
 from autoscaler.controller.reconcile import ReconcileConfig
 from autoscaler.controller.store import InstanceRow, JobStatus, Store
 from autoscaler.errors import InvalidInputError
@@ -142,7 +143,9 @@ class UpConfig:
     moved aside, never deleted). ``release_on_stop``: release the fleet whenever the service
     stops (the embedded demo), not only on ``coadapt down``. ``fixed_fleet``: hold these
     instances per offering key (``Offering.key``) whatever the jobs, a static cluster,
-    instead of sizing the fleet by goodput per dollar."""
+    instead of sizing the fleet by goodput per dollar. ``request_limits``: how often one
+    job's trainers and one instance's agent may call the API (``None``: derived from
+    ``report_interval_s`` and ``agent_interval_s``, :meth:`RequestLimits.for_intervals`)."""
 
     state_dir: Path
     cluster_id: str = "coadapt-local"
@@ -163,6 +166,7 @@ class UpConfig:
     new_store: bool = False
     release_on_stop: bool = False
     fixed_fleet: tuple[tuple[str, int], ...] = ()
+    request_limits: RequestLimits | None = None
 
 
 def _agent_user_data(cfg: UpConfig, url: str, tokens: TokenFile) -> Callable[[InstanceRow], str]:
@@ -534,6 +538,8 @@ def run_up(
         logs_dir=state / "logs",
         on_job_exit=on_job_exit,
         service=ServiceControl(identity, request_down),
+        limits=cfg.request_limits
+        or RequestLimits.for_intervals(cfg.report_interval_s, cfg.agent_interval_s),
     )
     try:
         server = _bind(app, cfg, state)

@@ -54,7 +54,9 @@ Schema versions
     * v1: ``meta`` (``schema_version``, ``cluster_id``), ``jobs``, ``instances``,
       ``instance_history``, ``assignments``, ``plans``.
     * v2: what a cost-aware controller adds: ``reports`` (trainer reports), ``models``
-      (goodput fits per job and GPU type), ``price_history``, ``cost_records``.
+      (goodput fits per job and GPU type), ``price_history``, ``cost_records``. Reports are
+      not all kept: once the controller has read them into its profiles, a job's older
+      reports beyond a bounded history are deleted (:meth:`Store.prune_reports`).
     * v3: ``assignment_history`` (who held which instance's GPUs when).
     * v4: ``jobs.reason`` (why a job was refused or failed) and ``job_batches`` (each job's
       planned batch, what the API answers its trainer).
@@ -607,6 +609,7 @@ class Store:
         self._identity = _file_identity(path)
         self._wal_identity = _file_identity(_wal_path(path))
         self._writer = _writer_lock(path)
+        self._read_only = False  # opened with open_read_only: no write is tried
 
     def ensure_present(self) -> None:
         """Raise :class:`StoreMissingError` if the file this store opened, or its
@@ -720,6 +723,63 @@ class Store:
             raise
         return cls(conn, p, clock, cluster_id, version)
 
+    @classmethod
+    def open_read_only(cls, path: str | Path, clock: Clock) -> Store:
+        """Open the existing store at ``path`` to read it only (the read commands: ``events``,
+        ``logs``, ``cost report``), whether or not a controller runs on it, also where its
+        folder or file may not be written: nothing is created, migrated or changed, and
+        every write raises :class:`StoreUnwritableError`.
+
+        SQLite's read-only mode still needs the write-ahead log's index (``-shm``) beside
+        the file; where it is missing and cannot be made (a read-only folder), and no
+        write-ahead log holds anything (a cluster that is not up), the file itself is read
+        as it is (SQLite's ``immutable``). The same refusals as :meth:`open`, and
+        :class:`StoreError` for a store of an older schema version (``coadapt up`` migrates
+        it; a read does not) or whose write-ahead log cannot be read."""
+        p = Path(path)
+        if not os.path.lexists(p):
+            raise StoreMissingError(f"no store at {p}", path=str(p))
+        if not p.is_file():
+            raise StoreCorruptError(f"{p} is not a regular file, so not a store", path=str(p))
+        conn = _connect(p, "ro")
+        try:
+            try:
+                version, cluster_id = _validate(conn, p)
+            except sqlite3.OperationalError as e:
+                code = getattr(e, "sqlite_errorcode", 0) & 0xFF
+                if code not in (sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN):
+                    raise
+                wal = _wal_path(p)
+                if wal.exists() and wal.stat().st_size > 0:
+                    raise StoreError(
+                        f"{p}: cannot read the store's write-ahead log {wal} ({e}); read it "
+                        "as a user who may write its folder, or once coadapt up has stopped",
+                        path=str(p),
+                    ) from e
+                conn.close()
+                conn = _connect(p, "ro&immutable=1")
+                version, cluster_id = _validate(conn, p)
+            conn.execute("PRAGMA query_only=ON")
+        except sqlite3.Error as e:
+            conn.close()
+            if _is_corruption(e):
+                raise StoreCorruptError(f"{p}: the database is damaged: {e}", path=str(p)) from e
+            raise StoreError(f"{p}: cannot read the store: {e}", path=str(p)) from e
+        except BaseException:
+            conn.close()
+            raise
+        if version < SCHEMA_VERSION:
+            conn.close()
+            raise StoreError(
+                f"{p}: the store is of schema version {version}, older than this coadapt's "
+                f"{SCHEMA_VERSION}; coadapt up --state-dir {p.parent} brings it up to date "
+                "(a read does not change it)",
+                path=str(p),
+            )
+        store = cls(conn, p, clock, cluster_id, version)
+        store._read_only = True
+        return store
+
     def for_thread(self) -> Store:
         """A new store object on this store's file, for the calling thread (a store is bound to
         the thread that made it), with the same clock. The file was checked when this store
@@ -789,6 +849,10 @@ class Store:
         """One write transaction: ``BEGIN IMMEDIATE`` ... ``COMMIT``, rolled back on any
         exception (which propagates; an ``sqlite3`` one as :class:`StoreError`)."""
         conn = self._live()
+        if self._read_only:
+            raise StoreUnwritableError(
+                f"{self._path}: {doing}: the store was opened read-only", path=str(self._path)
+            )
         with self._writer:
             try:
                 conn.execute("BEGIN IMMEDIATE")
@@ -1559,6 +1623,43 @@ class Store:
         last = rows[-1][0] if rows else cursor
         return last, tuple((r[1], r[2]) for r in rows)
 
+    def prune_reports(self, jobs: Iterable[str], through_id: int, keep_per_job: int) -> int:
+        """Delete the reports of ``jobs`` up to ``through_id`` (those the controller has read:
+        what they taught is in its profiles and ``models``), except the newest
+        ``keep_per_job`` of each job, whatever their id: the latest report (progress, the
+        gradient statistics a restart reads) and a bounded history are always kept. Returns
+        how many were deleted. Report ids are never reused, so cursors stay valid."""
+        through_id = _count(through_id, "through_id")
+        keep_per_job = _count(keep_per_job, "keep_per_job", minimum=1)
+        names = sorted(set(jobs))
+        if not names:
+            return 0
+        deleted = 0
+        with self._write("prune reports") as conn:
+            for name in names:
+                # The id of the oldest report to keep (the keep_per_job-th newest).
+                row = conn.execute(
+                    "SELECT report_id FROM reports WHERE job_name = ? "
+                    "ORDER BY report_id DESC LIMIT 1 OFFSET ?",
+                    (name, keep_per_job - 1),
+                ).fetchone()
+                if row is None:
+                    continue  # no more than keep_per_job reports
+                cursor = conn.execute(
+                    "DELETE FROM reports WHERE job_name = ? AND report_id < ? AND report_id <= ?",
+                    (name, int(row[0]), through_id),
+                )
+                deleted += max(0, cursor.rowcount)
+        return deleted
+
+    def report_count(self, job_name: str | None = None) -> int:
+        """How many reports the store holds (of ``job_name`` only, when given)."""
+        if job_name is None:
+            rows = self._read("SELECT count(*) FROM reports")
+        else:
+            rows = self._read("SELECT count(*) FROM reports WHERE job_name = ?", (job_name,))
+        return int(rows[0][0])
+
     def last_report_id(self) -> int:
         """The id of the newest report (0: none): the cursor that skips every report so far."""
         rows = self._read("SELECT coalesce(max(report_id), 0) FROM reports")
@@ -1767,10 +1868,11 @@ def _file_identity(path: Path) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-def _connect(path: Path) -> sqlite3.Connection:
-    """A connection to the existing file ``path`` (``mode=rw``: SQLite never creates it).
-    Transactions are explicit (``isolation_level=None``: no implicit BEGIN)."""
-    uri = path.resolve().as_uri() + "?mode=rw"
+def _connect(path: Path, mode: str = "rw") -> sqlite3.Connection:
+    """A connection to the existing file ``path`` (``mode=rw``: SQLite never creates it;
+    ``ro``: it never writes). Transactions are explicit (``isolation_level=None``: no
+    implicit BEGIN)."""
+    uri = path.resolve().as_uri() + "?mode=" + mode
     try:
         conn = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=BUSY_TIMEOUT_S)
     except sqlite3.Error as e:

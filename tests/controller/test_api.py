@@ -44,6 +44,7 @@ from autoscaler.controller.api import (
 from autoscaler.controller.errors import ControllerError, StoreMissingError
 from autoscaler.controller.jobs import JobSubmission
 from autoscaler.controller.lifecycle import InstanceStatus
+from autoscaler.controller.ratelimit import RateLimit, RequestLimits
 from autoscaler.controller.store import JobStatus, Store
 from coadapt_common.clock import FakeClock
 from providers.base import Market
@@ -58,6 +59,7 @@ from trainer.report import (
 )
 
 START_S = 1_700_000_000.0
+UNLIMITED = RequestLimits(RateLimit(1e9, 1_000_000), RateLimit(1e9, 1_000_000))
 
 
 def spec(name: str = "bert", **kw: Any) -> dict[str, Any]:
@@ -193,6 +195,9 @@ def start(
     exits: ExitRecorder,
     **kw: Any,
 ) -> tuple[ApiApp, ApiServer]:
+    # The fake clock never refills a rate limit: these tests call as often as they need
+    # (the limits have their own tests: test_ratelimit.py).
+    kw.setdefault("limits", UNLIMITED)
     app = make_app(store_path, tokens, clock, logs_dir=logs_dir, on_job_exit=exits, **kw)
     return app, serve(app, "127.0.0.1", 0)
 

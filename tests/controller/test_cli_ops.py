@@ -18,9 +18,11 @@ from typing import Any
 import pytest
 
 from autoscaler.controller.api import generate_tokens
+from autoscaler.controller.jobs import JobSubmission
 from autoscaler.controller.store import Store
 from coadapt_common.clock import SystemClock
 from coadapt_common.procfs import PROC_ROOT, is_running, process_start_time, read_stat
+from tests.conftest import UNPRIVILEGED_ID, Unprivileged
 
 ROOT = Path(__file__).resolve().parents[2]
 COADAPT = [sys.executable, "-m", "autoscaler.cli"]
@@ -198,3 +200,82 @@ def test_a_write_ahead_log_deleted_under_up_ends_it_in_one_line(tmp_path: Path) 
         if up.poll() is None:
             up.kill()
             up.wait()
+
+
+# ---- read commands read only -----------------------------------------------------------------
+
+
+def test_read_commands_work_on_a_read_only_state_folder(unprivileged: Unprivileged) -> None:
+    """events, logs, cost report and status (of a cluster that is not up) on a state folder
+    its reader may not write (a stopped cluster's, another user's copy): the audit found
+    events failing there. They open the store read-only: they work and leave the folder as
+    it was."""
+    state = unprivileged.folder / "state"
+    clock = SystemClock()
+    with Store.create(state / "store.db", "coadapt-local", clock) as store:
+        store.add_job("bert", JobSubmission("bert", 64, 512, 64, command=("t.py",)).to_json())
+        store.add_events([(clock.now_s(), "start", "bert", "placed on i-1 (2 GPUs)")])
+    (state / "logs" / "bert").mkdir(parents=True)
+    (state / "logs" / "bert" / "i-1.log").write_text("step 1 loss 0.5\n")
+    for path in (state, *state.rglob("*")):
+        if unprivileged.as_nobody:
+            os.chown(path, UNPRIVILEGED_ID, UNPRIVILEGED_ID)
+    for path in (*state.rglob("*"), state):  # the folder last: it stays searchable until then
+        path.chmod(0o500 if path.is_dir() else 0o400)
+    before = sorted(str(p.relative_to(state)) for p in state.rglob("*"))
+    cli = [sys.executable, "-m", "autoscaler.cli"]
+    events = unprivileged.run([*cli, "events", "--state-dir", str(state)])
+    assert events.returncode == 0, events.stderr
+    assert "placed on i-1 (2 GPUs)" in events.stdout
+    logs = unprivileged.run([*cli, "logs", "bert", "--state-dir", str(state)])
+    assert logs.returncode == 0, logs.stderr
+    assert logs.stdout == "step 1 loss 0.5\n"
+    cost = unprivileged.run([*cli, "cost", "report", "--state-dir", str(state)])
+    assert cost.returncode == 0, cost.stderr
+    assert "coadapt-local" in cost.stdout
+    status = unprivileged.run([*cli, "status", "--state-dir", str(state), "--json"])
+    assert status.returncode == 0, status.stderr
+    assert "no cluster is up" in status.stderr and "as its store last recorded" in status.stderr
+    (job,) = json.loads(status.stdout)["jobs"]
+    assert (job["name"], job["status"], job["gpus"]) == ("bert", "queued", 0)
+    table = unprivileged.run([*cli, "status", "--state-dir", str(state)])
+    assert table.returncode == 0, table.stderr
+    assert "bert" in table.stdout and "queued" in table.stdout
+    assert sorted(str(p.relative_to(state)) for p in state.rglob("*")) == before
+
+
+# ---- what a job writes cannot drive the reader's terminal -------------------------------------
+
+HOSTILE_LOG = (
+    "epoch 1 loss 0.5\n"
+    "\x1b]0;pwned\x07"  # set the terminal's title
+    "\x1b[2J\x1b[H"  # clear the screen, cursor home
+    "\x1b[32mcoadapt: job bert completed\x1b[0m\r\n"  # a fake, coloured line
+    "\x9b31mC1 CSI\tand a tab\n"  # the one-character CSI
+    "\u202eevil\rover\n"  # a bidirectional override, a bare carriage return
+)
+
+
+def test_logs_show_a_jobs_terminal_escapes_as_text_unless_raw(tmp_path: Path) -> None:
+    """The audit: `coadapt logs` wrote a job's escapes raw (title change, screen clear, fake
+    coloured lines) where status and events clean them. By the same rule
+    (api.printable), every control character but line breaks and tabs is shown as ?."""
+    state = tmp_path / "state"
+    with Store.create(state / "store.db", "coadapt-local", SystemClock()) as store:
+        store.add_job("bert", JobSubmission("bert", 64, 512, 64, command=("t.py",)).to_json())
+    (state / "logs" / "bert").mkdir(parents=True)
+    (state / "logs" / "bert" / "i-1.log").write_bytes(HOSTILE_LOG.encode())
+    shown = _run("logs", "bert", "--state-dir", str(state))
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout == (
+        "epoch 1 loss 0.5\n"
+        "?]0;pwned??[2J?[H?[32mcoadapt: job bert completed?[0m\n"
+        "?31mC1 CSI\tand a tab\n"
+        "?evil?over\n"
+    )
+    assert all(c.isprintable() or c in "\n\t" for c in shown.stdout)
+    raw = _run("logs", "bert", "--state-dir", str(state), "--raw")
+    assert raw.returncode == 0, raw.stderr
+    # (read as text: the pipe's line breaks, \r included, arrive as \n)
+    assert raw.stdout == HOSTILE_LOG.replace("\r\n", "\n").replace("\r", "\n")
+    assert "\x1b]0;pwned\x07" in raw.stdout

@@ -47,6 +47,7 @@ from autoscaler.controller.credentials import (
 )
 from autoscaler.controller.errors import ControllerError
 from autoscaler.controller.jobs import JobSubmission
+from autoscaler.controller.lifecycle import InstanceStatus
 from autoscaler.controller.store import JobStatus, Store
 from autoscaler.errors import InvalidInputError
 from coadapt_common.clock import FakeClock
@@ -159,6 +160,42 @@ def test_an_agent_credential_is_good_for_its_own_instance_only(
     b = ApiClient(server.url, creds.agent_credential("i-b"), timeout_s=10)
     (assigned,) = b.assignments("i-b")
     assert assigned["report_token"] == creds.report_credential("bert")
+
+
+@pytest.mark.parametrize("ended", [InstanceStatus.ALLOCATION_FAILED, InstanceStatus.TERMINATED])
+def test_an_instance_that_ended_or_failed_to_start_loses_its_agent_credential(
+    server: ApiServer, creds: ApiCredentials, store: Store, ended: InstanceStatus
+) -> None:
+    """The audit: an ``allocation_failed`` instance's credential still heartbeat (200). Once
+    the instance ended or its launch was given up on, every agent endpoint answers 401 and
+    nothing changes; the other instances' agents go on."""
+    add_instance(store, "i-a")
+    add_instance(store, "i-b")
+    a = creds.agent_credential("i-a")
+    agent_a = ApiClient(server.url, a, timeout_s=10)
+    assert agent_a.heartbeat("i-a").status == "running"
+    row = store.get_instance("i-a")
+    if ended is InstanceStatus.ALLOCATION_FAILED:  # a launch given up on before it ran
+        add_instance(store, "i-c", running=False)
+        row = store.transition("i-c", 1, InstanceStatus.REQUESTED, reason="launch")
+        store.transition("i-c", row.version, ended, reason="capacity")
+        key = "i-c"
+    else:
+        store.transition("i-a", row.version, ended, reason="vanished")
+        key = "i-a"
+    credential = creds.agent_credential(key)
+    before = snapshot(store.path)
+    for method, path, body in (
+        ("POST", f"/v1/agents/{key}/heartbeat", {}),
+        ("POST", "/v1/agents/register", {"instance_key": key}),
+        ("GET", f"/v1/agents/{key}/assignments", None),
+        ("POST", f"/v1/agents/{key}/jobs/bert/exit", {"failed": False}),
+    ):
+        message = assert_error(call(server, method, path, body, token=credential), 401)
+        assert "revoked" in message and ended.value in message
+    assert snapshot(store.path) == before
+    b = ApiClient(server.url, creds.agent_credential("i-b"), timeout_s=10)
+    assert b.heartbeat("i-b").status == "running"
 
 
 def test_a_report_credential_is_good_for_its_own_jobs_reports_only(

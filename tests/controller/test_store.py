@@ -33,6 +33,7 @@ from autoscaler.controller.errors import (
     StoreError,
     StoreExistsError,
     StoreMissingError,
+    StoreUnwritableError,
     UnknownRowError,
 )
 from autoscaler.controller.lifecycle import (
@@ -1151,3 +1152,42 @@ def test_a_deadline_is_fixed_at_submission(tmp_path: Path, clock: FakeClock) -> 
             s.add_job("d", "{}", deadline_after_s=-1.0)
         with pytest.raises(InvalidInputError):
             s.add_job("e", "{}", deadline_at_s=math.inf)
+
+
+# ---- read-only opens -------------------------------------------------------------------------
+
+
+def test_a_read_only_store_reads_what_a_live_writer_committed_and_writes_nothing(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    path = tmp_path / "store.db"
+    writer = Store.create(path, "c1", clock)
+    writer.add_job("j1", '{"name": "j1"}')
+    with Store.open_read_only(path, clock) as reader:
+        assert [j.name for j in reader.list_jobs()] == ["j1"]
+        writer.add_job("j2", '{"name": "j2"}')  # committed while the reader is open (WAL)
+        assert [j.name for j in reader.list_jobs()] == ["j1", "j2"]
+        with pytest.raises(StoreUnwritableError, match="opened read-only"):
+            reader.add_job("j3", "{}")
+        with pytest.raises(StoreUnwritableError):
+            reader.check_writable()
+    assert [j.name for j in writer.list_jobs()] == ["j1", "j2"]
+    writer.close()
+
+
+def test_a_read_only_open_neither_migrates_nor_opens_what_open_refuses(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    old = tmp_path / "v1.db"
+    build_store_at(old, 1)
+    with pytest.raises(StoreError, match="schema version 1, older") as refused:
+        Store.open_read_only(old, clock)
+    assert "coadapt up --state-dir" in str(refused.value)
+    conn = sqlite3.connect(old)
+    assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("1",)
+    conn.close()
+    with pytest.raises(StoreMissingError):
+        Store.open_read_only(tmp_path / "none.db", clock)
+    (tmp_path / "junk.db").write_bytes(b"not a database" * 512)
+    with pytest.raises(StoreCorruptError):
+        Store.open_read_only(tmp_path / "junk.db", clock)
