@@ -79,8 +79,9 @@ REMOVED_FIELDS: Final = {
         "a spec value could only disagree with it; delete this line"
     ),
     "weight": (
-        "weight was removed: no policy weighs jobs by a user's weight (their objectives weigh "
-        "each job by its remaining time); delete this line"
+        "weight was removed: it has no meaning every policy shares (a share of the power "
+        "mean in coadapt and pollux, a queue priority in tiresias, nothing in optimus' "
+        "greedy), so no policy read it; delete this line"
     ),
     "budget_share": (
         "budget_share was removed: the fleet has one budget (the sizing's "

@@ -78,8 +78,9 @@ type, market and offering it allows, or too few GPUs) is ``refused`` with the re
 **Removed fields.** ``optimizer``, ``weight`` and ``budget_share`` were accepted and ignored
 by earlier versions; a spec that names one is refused with a one-line reason
 (:data:`REMOVED_FIELDS`): the trainer takes its learning-rate scaling rule from the optimizer
-object the script gives it (a spec value could only disagree with it); no policy weighs jobs
-by a user's weight; the fleet has one budget for all jobs, which share its instances.
+object the script gives it (a spec value could only disagree with it); a weight has no
+meaning all four policies share (a power-mean share, a queue priority, nothing in a greedy),
+and none read it; the fleet has one budget for all jobs, which share its instances.
 
 **Errors.** Every problem raises :class:`JobSpecError` naming the file, the line (1-based: the
 offending key, or value; for a missing field, the key of the mapping that lacks it, or the

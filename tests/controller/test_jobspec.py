@@ -462,7 +462,11 @@ ERRORS = [
         BASE + "checkpoint: ''\n", 11, "checkpoint", "non-empty location", id="checkpoint empty"
     ),
     pytest.param(
-        BASE + "weight: 2\n", 11, "weight", "weight was removed: no policy", id="weight removed"
+        BASE + "weight: 2\n",
+        11,
+        "weight",
+        "weight was removed: it has no meaning",
+        id="weight removed",
     ),
     pytest.param(
         BASE + "gpu_types: [T4, a100]\n",

@@ -98,8 +98,7 @@ def test_an_on_demand_job_waits_on_an_all_spot_fleet(name: str) -> None:
     assert plan.allocations["other"]
     if name == "coadapt":
         assert plan.refused["od"] == (
-            "markets allows on-demand; the fleet can have only "
-            f"{SPOT_A.key}, {SPOT_B.key}"
+            f"markets allows on-demand; the fleet can have only {SPOT_A.key}, {SPOT_B.key}"
         )
 
 
