@@ -301,10 +301,17 @@ def pools_of(cluster: ClusterView, jobs: Sequence[JobView] = ()) -> tuple[Pool, 
     """The cluster's pools, sorted by key: one per GPU type and node size, split by which of
     the ``jobs`` that limit their markets or offerings allow each node (see Pools in the
     module docstring)."""
-    limited = [job for job in jobs if job.restricts_offerings]
+    # Jobs with the same limits allow the same nodes, and a node's offering decides: one
+    # judgement per (offering, distinct limits).
+    limited = list({(j.markets, j.offerings): j for j in jobs if j.restricts_offerings}.values())
+    judged: dict[OfferingRef | None, tuple[bool, ...]] = {}
     groups: dict[tuple[str, int, tuple[bool, ...]], list[int]] = {}
     for i, node in enumerate(cluster.nodes):
-        allowed = tuple(job.allows_offering(node.offering) for job in limited)
+        allowed = judged.get(node.offering)
+        if allowed is None:
+            allowed = judged[node.offering] = tuple(
+                job.allows_offering(node.offering) for job in limited
+            )
         groups.setdefault((node.gpu_type, node.gpus, allowed), []).append(i)
     parts: dict[tuple[str, int], int] = {}
     out = []

@@ -113,6 +113,12 @@ def test_pools_split_only_when_a_job_limits_its_offerings() -> None:
     od = dataclasses.replace(view("od"), markets=frozenset({"on-demand"}))
     pools = pools_of(cluster, [*free, od])
     assert [(p.key, p.nodes) for p in pools] == [("T4x4/0", (0, 2, 4, 5)), ("T4x4/1", (1, 3))]
+    twin = dataclasses.replace(od, name="od-2")  # the same limits: no further split
+    assert pools_of(cluster, [*free, od, twin]) == pools
+    zone_b = dataclasses.replace(view("zb"), offerings=frozenset({SPOT_B}))
+    pools = pools_of(cluster, [od, zone_b])
+    assert [p.nodes for p in pools] == [(0, 4), (1, 3), (2, 5)]
+    assert [p.offerings for p in pools] == [{SPOT_A}, {OD_A}, {SPOT_B}]
 
 
 def test_the_offering_rule_compares_parts_not_key_formats() -> None:
