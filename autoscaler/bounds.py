@@ -12,8 +12,13 @@ job's spec bounds mean the same thing everywhere:
   min_local_bsz``: one sample fewer per GPU is impossible);
 * :func:`refusal` -- why no pool can ever hold the job (``None`` if one can): a pool is GPUs
   of one type, ``capacity_gpus`` of them at most (the nodes of a fixed cluster, or what a
-  fleet may grow to); a job is refused when, on every pool of a type it allows, it needs more
-  GPUs than the pool or its ceiling allow. The reason names the spec field to change.
+  fleet may grow to), from some offerings; a job is refused when no pool is of a type and
+  from an offering it allows (:meth:`~autoscaler.jobs.JobView.allows_type`,
+  :meth:`~autoscaler.jobs.JobView.allows_offering`: ``gpu_types``, ``markets``,
+  ``offerings``), or when, on every pool it allows, it needs more GPUs than the pool or its
+  ceiling allow. The reason names the spec field to change. A pool that mixes offerings the
+  job allows with others counts whole (the controller's pools of what a fleet may grow to are
+  per type): a refusal is certain, a pass is not.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from autoscaler.gputypes import SpeedTable, limits_on
-from autoscaler.jobs import JobView
+from autoscaler.jobs import JobView, OfferingRef
 
 __all__ = ["PoolCapacity", "fewest_gpus_on", "gpu_ceiling", "refusal"]
 
@@ -30,11 +35,23 @@ __all__ = ["PoolCapacity", "fewest_gpus_on", "gpu_ceiling", "refusal"]
 @dataclass(frozen=True)
 class PoolCapacity:
     """GPUs of one type that one job could be given at most, in one pool: ``name`` says
-    which (for messages)."""
+    which (for messages); ``offerings``: those its GPUs may come from (``None`` in the set: a
+    node of no known offering; the set ``None``: not told, and a job's market and offering
+    limits are then not judged)."""
 
     name: str
     gpu_type: str
     capacity_gpus: int
+    offerings: frozenset[OfferingRef | None] | None = None
+
+    def allows(self, job: JobView) -> bool:
+        """Whether ``job`` may run on this pool's GPUs: their type, and some offering of
+        theirs (:meth:`~autoscaler.jobs.JobView.allows_offering`)."""
+        if not job.allows_type(self.gpu_type):
+            return False
+        if self.offerings is None or not job.restricts_offerings:
+            return True
+        return any(job.allows_offering(o) for o in self.offerings)
 
 
 def fewest_gpus_on(job: JobView, gpu_type: str, speeds: SpeedTable) -> int:
@@ -57,7 +74,9 @@ def refusal(
 ) -> str | None:
     """Why the job can never run on ``pools`` (``None`` if it can; see the module docstring).
     ``max_gpus_per_job`` is the policy's own cap."""
-    allowed = [p for p in pools if job.allows_type(p.gpu_type)]
+    allowed = [p for p in pools if p.allows(job)]
+    if not allowed and any(job.allows_type(p.gpu_type) for p in pools):
+        return _offering_refusal(job, pools)
     if not allowed:
         have = ", ".join(sorted({p.gpu_type for p in pools})) or "none"
         wanted = ", ".join(sorted(job.gpu_types or ()))
@@ -83,3 +102,23 @@ def refusal(
         f"needs at least {fewest} GPUs of one type ({floor}); the largest pool it may use "
         f"({largest.name}) holds {largest.capacity_gpus}"
     )
+
+
+def _offering_refusal(job: JobView, pools: Sequence[PoolCapacity]) -> str:
+    """The reason for a job whose markets or offerings exclude every pool of a type it
+    allows."""
+    have = sorted(
+        {
+            "(no offering)" if o is None else o.key
+            for p in pools
+            if job.allows_type(p.gpu_type)
+            for o in p.offerings or ()
+        }
+    )
+    shown = ", ".join(have[:8]) + (f" and {len(have) - 8} more" if len(have) > 8 else "")
+    limits = []
+    if job.markets is not None:
+        limits.append(f"markets allows {', '.join(sorted(job.markets))}")
+    if job.offerings is not None:
+        limits.append(f"offerings allows {', '.join(sorted(o.key for o in job.offerings))}")
+    return f"{'; '.join(limits)}; the fleet can have only {shown or 'none'}"

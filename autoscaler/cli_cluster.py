@@ -230,12 +230,6 @@ def submit(
         job = _client(state_dir).submit_job(submission)
     except ApiError as e:
         fail(api_failure(e, state_dir))
-    if parsed.not_acted_on:
-        typer.echo(
-            f"coadapt: note: {', '.join(parsed.not_acted_on)} kept with the spec; the "
-            "controller does not act on them yet",
-            err=True,
-        )
     typer.echo(json.dumps(job.to_dict()) if json_out else f"submitted {job.name}")
 
 

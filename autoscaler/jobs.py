@@ -32,6 +32,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
+from autoscaler.costs import MARKETS
 from autoscaler.errors import InvalidInputError
 
 if TYPE_CHECKING:  # imported for annotations only; keeps ``import autoscaler.jobs`` light
@@ -52,6 +53,7 @@ __all__ = [
     "RoundInput",
     "fixed_batch_choice",
     "num_nodes_of",
+    "offering_allowed",
     "placement_of",
 ]
 
@@ -284,6 +286,12 @@ class JobView:
         gpu_limit: the most GPUs the user allows (``gpus.max``; ``None``: no cap);
             :attr:`max_gpus` combines it with the fixed size of a non-adaptive job.
         gpu_types: the GPU types the job may run on (``None``: any).
+        markets: the markets (``spot``, ``on-demand``) the job may run on (``None``: any).
+        offerings: the offerings the job may run on (``None``: any); an
+            :class:`OfferingRef` compares by its four parts, whatever a key's format.
+            :meth:`allows_node` is the one rule that joins the three restrictions: every
+            policy places a job only on nodes it allows, and the fleet sizing buys for it only
+            offerings it allows (:meth:`allows_offering`).
         target_progress: the length the job's script declared, in the unit of
             ``remaining_progress`` (``None``: not declared, or not reported yet).
         deadline_s: when the job must be done, on the clock of ``submit_time_s`` (``None``:
@@ -312,6 +320,8 @@ class JobView:
     gpu_types: frozenset[str] | None = None
     target_progress: float | None = None
     deadline_s: float | None = None
+    markets: frozenset[str] | None = None
+    offerings: frozenset[OfferingRef] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.min_gpus, bool) or not isinstance(self.min_gpus, int):
@@ -326,6 +336,18 @@ class JobView:
             if not self.gpu_types:
                 raise InvalidInputError("gpu_types must not be empty", field="gpu_types")
             object.__setattr__(self, "gpu_types", frozenset(self.gpu_types))
+        for name in ("markets", "offerings"):
+            value = getattr(self, name)
+            if value is not None:
+                if not value:
+                    raise InvalidInputError(f"{name} must not be empty", field=name)
+                object.__setattr__(self, name, frozenset(value))
+        if self.markets is not None and not self.markets <= set(MARKETS):
+            raise InvalidInputError(f"unknown market in {sorted(self.markets)}", field="markets")
+        if self.offerings is not None and not all(
+            isinstance(o, OfferingRef) for o in self.offerings
+        ):
+            raise InvalidInputError("offerings must be OfferingRef values", field="offerings")
         if self.remaining_progress is not None and not (
             math.isfinite(self.remaining_progress) and self.remaining_progress >= 0
         ):
@@ -353,8 +375,34 @@ class JobView:
         return self.min_gpus
 
     def allows_type(self, gpu_type: str) -> bool:
-        """Whether the user lets the job run on ``gpu_type``."""
+        """Whether the user lets the job run on ``gpu_type`` (a necessary condition of
+        :meth:`allows_node`: a type-level filter may use it alone)."""
         return self.gpu_types is None or gpu_type in self.gpu_types
+
+    @property
+    def restricts_offerings(self) -> bool:
+        """Whether the user limits the job's markets or offerings."""
+        return self.markets is not None or self.offerings is not None
+
+    @property
+    def restricts_nodes(self) -> bool:
+        """Whether some node could be refused to the job (a GPU type, market or offering
+        limit): without one, :meth:`allows_node` is true of every node."""
+        return self.gpu_types is not None or self.restricts_offerings
+
+    def allows_offering(self, offering: OfferingRef | None, market: str | None = None) -> bool:
+        """Whether the user lets the job run on an instance of ``offering`` (``None``: a node
+        of no known offering). ``market`` is the market when ``offering`` is unknown (a
+        fleet option priced without its parts). A job that limits markets or offerings is
+        never placed where they cannot be checked."""
+        return offering_allowed(offering, market, self.markets, self.offerings)
+
+    def allows_node(self, node: NodeView) -> bool:
+        """Whether the user lets the job run on ``node``: its GPU type, market and offering
+        (:attr:`gpu_types`, :attr:`markets`, :attr:`offerings`). The one placement rule of
+        the user's limits: every policy, the fleet sizing and the refusals call it (or
+        :meth:`allows_offering`, its part for an offering not yet bought)."""
+        return self.allows_type(node.gpu_type) and self.allows_offering(node.offering)
 
     @property
     def remaining_work(self) -> float | None:
@@ -374,10 +422,29 @@ class JobView:
         return self.allocation.num_nodes
 
 
+def offering_allowed(
+    offering: OfferingRef | None,
+    market: str | None,
+    markets: frozenset[str] | None,
+    offerings: frozenset[OfferingRef] | None,
+) -> bool:
+    """The rule of :meth:`JobView.allows_offering`, for a job's ``markets`` and ``offerings``
+    (``None``: any) without its view (a benchmark's check of where a limited job ran)."""
+    if markets is None and offerings is None:
+        return True
+    if offering is not None:
+        market = offering.market
+    if markets is not None and market not in markets:
+        return False
+    return offerings is None or offering in offerings
+
+
 @dataclass(frozen=True)
 class OfferingRef:
     """Where a node came from: one pool of one provider (provider, instance type, zone,
-    market). ``key`` names the pool across the system (plans, sizing, ledgers)."""
+    market). ``key`` names the pool across the system (plans, sizing, ledgers), in the format
+    ``provider/instance_type/zone/market`` that a job spec's ``offerings`` use too
+    (:meth:`parse` reads it back)."""
 
     provider: str
     instance_type: str
@@ -387,6 +454,23 @@ class OfferingRef:
     @property
     def key(self) -> str:
         return f"{self.provider}/{self.instance_type}/{self.zone}/{self.market}"
+
+    @classmethod
+    def parse(cls, key: str) -> OfferingRef:
+        """The offering named by ``key`` (``provider/instance_type/zone/market``, the format
+        of :attr:`key`); :class:`InvalidInputError` for a key of another shape or market."""
+        parts = key.split("/") if isinstance(key, str) else []
+        if len(parts) != 4 or not all(parts):
+            raise InvalidInputError(
+                f"must be an offering key provider/instance_type/zone/market, got {key!r}",
+                field="offerings",
+            )
+        if parts[3] not in MARKETS:
+            raise InvalidInputError(
+                f"market must be one of {', '.join(MARKETS)}, got {parts[3]!r} (in {key!r})",
+                field="offerings",
+            )
+        return cls(*parts)
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,12 @@ larger shapes beyond it). Its *effective* value discounts
   a job that will be done before a new instance is ready gains nothing from it, and the fleet
   does not launch instances for growth that never comes.
 
+**The user's limits.** A job that limits its markets or offerings (``JobDemand.options``, from
+:meth:`~autoscaler.jobs.JobView.allows_offering`, the rule the policies place by) is handed
+GPUs only of offerings it allows: the GPUs of one kind are modelled apart for each set of jobs
+they are refused to, and a deadline's instances are bought for it only among its offerings. A
+fleet without such a job is sized exactly as before.
+
 The *efficiency* of a candidate is its effective value over its ideal: its GPUs times the
 type's generic speed (:meth:`~autoscaler.gputypes.SpeedTable.relative_speed`), i.e. the share
 of perfect scaling the added instance would achieve. Among the candidates whose efficiency is
@@ -68,7 +74,7 @@ from autoscaler.errors import InvalidInputError
 from autoscaler.goodput import GoodputModel, optimistic_internode
 from autoscaler.goodput_batch import JobArrays, optimize_many
 from autoscaler.gputypes import REFERENCE_GPU_TYPE, SpeedTable, estimate_model, limits_on
-from autoscaler.jobs import JobView
+from autoscaler.jobs import JobView, OfferingRef
 
 __all__ = [
     "FleetOption",
@@ -89,11 +95,13 @@ ValueKind = Literal["goodput", "throughput"]
 
 @dataclass(frozen=True)
 class FleetOption:
-    """One pool the fleet can buy from: ``key`` (an ``OfferingRef.key``), its GPU type and
-    GPUs per instance, the market, the price in effect (``usd_per_hour`` per instance), the
-    expected preemptions per instance-hour (0 on demand), how many more instances it can
-    give (``capacity``; ``None``: unlimited) and whether it may be used now (``available``:
-    false after a capacity error)."""
+    """One pool the fleet can buy from: ``key`` (the name the strategy counts it by), its GPU
+    type and GPUs per instance, the market, the price in effect (``usd_per_hour`` per
+    instance), the expected preemptions per instance-hour (0 on demand), how many more
+    instances it can give (``capacity``; ``None``: unlimited), whether it may be used now
+    (``available``: false after a capacity error) and the offering it is (``ref``: what a
+    job's ``offerings`` limit is judged on, whatever the key's format; ``None``: not told,
+    and a job that limits its offerings is not given its GPUs)."""
 
     key: str
     gpu_type: str
@@ -103,6 +111,7 @@ class FleetOption:
     hazard_per_hour: float = 0.0
     capacity: int | None = None
     available: bool = True
+    ref: OfferingRef | None = None
 
     def __post_init__(self) -> None:
         if self.gpus < 1:
@@ -120,6 +129,12 @@ class FleetOption:
     @property
     def kind(self) -> tuple[str, int]:
         return (self.gpu_type, self.gpus)
+
+    def allows(self, job: JobView) -> bool:
+        """Whether ``job`` may run on instances of this offering: its GPU type, market and
+        offering (:meth:`~autoscaler.jobs.JobView.allows_type`,
+        :meth:`~autoscaler.jobs.JobView.allows_offering`: the rule the policies place by)."""
+        return job.allows_type(self.gpu_type) and job.allows_offering(self.ref, self.market)
 
 
 @dataclass(frozen=True)
@@ -183,7 +198,8 @@ class JobDemand:
     which bounds what an instance still to be provisioned is worth to it. A job with a
     deadline it needs GPUs for has ``deadline_gpus``: per kind, the fewest GPUs that finish it
     in time (:func:`autoscaler.deadlines.assess`), bought for it before any growth, on demand
-    only if ``urgent``."""
+    only if ``urgent``. ``options``: the keys of the offerings it may be given GPUs of
+    (``None``: any; the user's market and offering limits)."""
 
     name: str
     curves: Mapping[tuple[str, int], tuple[float, ...]]
@@ -192,6 +208,11 @@ class JobDemand:
     remaining_s: float | None = None
     deadline_gpus: Mapping[tuple[str, int], int] = field(default_factory=dict)
     urgent: bool = False
+    options: frozenset[str] | None = None
+
+    def allows(self, option: FleetOption) -> bool:
+        """Whether the job may be given GPUs of ``option``."""
+        return self.options is None or option.key in self.options
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "curves", MappingProxyType(dict(self.curves)))
@@ -416,11 +437,27 @@ def _kernel(x: np.ndarray, power: float) -> np.ndarray:
     return np.power(np.asarray(x, dtype=float) + 1e-3, power)
 
 
+_Slot = tuple[str, int, frozenset[int]]
+"""GPUs of one instance kind (GPU type, GPUs per instance) refused to a set of jobs (by index:
+those whose market or offering limits exclude the offerings they come from; empty for all
+when no job limits them)."""
+
+
+def _slots(demands: Sequence[JobDemand], options: Sequence[FleetOption]) -> dict[str, _Slot]:
+    """Each option's :data:`_Slot` among ``demands``, by key."""
+    limited = [(j, d) for j, d in enumerate(demands) if d.options is not None]
+    return {
+        o.key: (o.gpu_type, o.gpus, frozenset(j for j, d in limited if not d.allows(o)))
+        for o in options
+    }
+
+
 class _Allocation:
-    """The modelled allocation of GPUs to jobs while the fleet grows: per instance kind, a
-    table ``U[j, g]`` of job ``j``'s kernel value on ``g`` GPUs of that kind (``-inf`` where
-    the job cannot run on it). GPUs of an instance not yet held are handed out on the same
-    table with each job's row times its ``delay[j]`` (the provisioning discount)."""
+    """The modelled allocation of GPUs to jobs while the fleet grows: per slot (instance
+    kind, and the jobs its GPUs are refused to: :data:`_Slot`), a table ``U[j, g]`` of job
+    ``j``'s kernel value on ``g`` GPUs of that kind (``-inf`` where the job cannot run on
+    it). GPUs of an instance not yet held are handed out on the same table with each job's
+    row times its ``delay[j]`` (the provisioning discount)."""
 
     memoise = True  # fill memo on (tests compare with it off)
 
@@ -431,18 +468,18 @@ class _Allocation:
         self.power = power
         self.delay = np.ones(len(demands)) if delay is None else np.asarray(delay, dtype=float)
         self.gpus = np.zeros(len(demands), dtype=np.int64)
-        self.kind: list[tuple[str, int] | None] = [None] * len(demands)
-        self._kind_ids: dict[tuple[str, int], int] = {}
+        self.kind: list[_Slot | None] = [None] * len(demands)
+        self._kind_ids: dict[_Slot, int] = {}
         self._kind_of = np.full(len(demands), -1, dtype=np.int64)  # self.kind as ids (-1: None)
-        self._waiting: dict[tuple[str, int], set[int]] = {}  # memo, cleared by each commit
+        self._waiting: dict[_Slot, set[int]] = {}  # memo, cleared by each commit
         self._fills: dict[
-            tuple[tuple[str, int], int, bool], tuple[float, int, np.ndarray, np.ndarray, int]
+            tuple[_Slot, int, bool], tuple[float, int, np.ndarray, np.ndarray, int]
         ] = {}
         self.min_gpus = np.array([d.min_gpus for d in demands], dtype=np.int64)
-        self.free: dict[tuple[str, int], int] = {}  # GPUs bought but not handed out, per kind
-        self._tables: dict[tuple[tuple[str, int], bool], np.ndarray] = {}
+        self.free: dict[_Slot, int] = {}  # GPUs bought but not handed out, per kind
+        self._tables: dict[tuple[_Slot, bool], np.ndarray] = {}
 
-    def give(self, j: int, kind: tuple[str, int], gpus: int, spare: int) -> None:
+    def give(self, j: int, kind: _Slot, gpus: int, spare: int) -> None:
         """Job ``j`` holds ``gpus`` GPUs of ``kind`` (a deadline's reservation, made before
         any growth); ``spare`` more GPUs of the kind are free."""
         kind_id = self._kind_ids.setdefault(kind, len(self._kind_ids))
@@ -454,7 +491,7 @@ class _Allocation:
         self._waiting.clear()
         self._fills.clear()
 
-    def waiting_minimums(self, kind: tuple[str, int]) -> set[int]:
+    def waiting_minimums(self, kind: _Slot) -> set[int]:
         """Minimum GPUs of the jobs not yet given any that could run on ``kind``."""
         memo = self._waiting.get(kind)
         if memo is None:
@@ -462,7 +499,7 @@ class _Allocation:
             memo = self._waiting[kind] = {int(m) for m in np.unique(self.min_gpus[waiting])}
         return memo
 
-    def _table(self, kind: tuple[str, int], new: bool = False) -> np.ndarray:
+    def _table(self, kind: _Slot, new: bool = False) -> np.ndarray:
         """The kind's table; ``new``: for the GPUs of an instance not yet held."""
         table = self._tables.get((kind, new))
         if table is None and new:
@@ -471,11 +508,14 @@ class _Allocation:
                 table = np.where(np.isfinite(base), base * self.delay[:, None], -np.inf)
             self._tables[(kind, new)] = table
         if table is None:
-            width = 1 + max((len(d.curves.get(kind, ())) for d in self.demands), default=0)
+            shape = kind[:2]
+            width = 1 + max((len(d.curves.get(shape, ())) for d in self.demands), default=0)
             table = np.full((len(self.demands), width + 1), -np.inf)
             for j, d in enumerate(self.demands):
-                curve = d.curves.get(kind)
+                curve = d.curves.get(shape)
                 if curve is None or (d.gpu_type is not None and d.gpu_type != kind[0]):
+                    continue
+                if j in kind[2]:  # its limits refuse it these GPUs
                     continue
                 table[j, 0] = _kernel(np.zeros(1), self.power)[0]
                 table[j, 1 : len(curve) + 1] = _kernel(_upper_hull(curve), self.power)
@@ -487,12 +527,10 @@ class _Allocation:
         for j, d in enumerate(self.demands):
             kind = self.kind[j]
             if kind is not None and self.gpus[j]:
-                total += d.curves[kind][int(self.gpus[j]) - 1]
+                total += d.curves[kind[:2]][int(self.gpus[j]) - 1]
         return total
 
-    def fill(
-        self, kind: tuple[str, int], gpus: int, commit: bool, new: bool = False
-    ) -> tuple[float, int]:
+    def fill(self, kind: _Slot, gpus: int, commit: bool, new: bool = False) -> tuple[float, int]:
         """Hand ``gpus`` more GPUs of ``kind`` (with those of that kind still free) to the
         jobs, each step to the job whose kernel value rises most per GPU (a waiting job's
         step is its minimum GPUs); the utility gained and the number of waiting jobs started.
@@ -527,7 +565,7 @@ class _Allocation:
         return gain, started
 
     def _fill(
-        self, kind: tuple[str, int], gpus: int, new: bool
+        self, kind: _Slot, gpus: int, new: bool
     ) -> tuple[float, int, np.ndarray, np.ndarray, int]:
         """The greedy of :meth:`fill` from the current allocation: (gain, jobs started, the
         jobs it gave GPUs to, their GPUs after it, GPUs of ``kind`` left free)."""
@@ -589,15 +627,23 @@ def size_fleet(
     types = sorted({o.gpu_type for o in usable})
     if len(types) < 2 or not demands:
         return first.proposal()
-    supply = _supply(usable, first.counts, config)
+    supplies: dict[frozenset[str] | None, dict[tuple[str, int], _KindSupply]] = {
+        None: _supply(usable, first.counts, config)
+    }
     repinned = []
     for j, d in enumerate(demands):
+        supply = supplies.get(d.options)
+        if supply is None:  # what the offerings the job allows supply
+            allowed = [o for o in usable if d.allows(o)]
+            supply = supplies[d.options] = _supply(allowed, first.counts, config)
         g = max(int(first.alloc.gpus[j]), d.min_gpus)
         rates: dict[str, float] = {}
+        held_kind = first.alloc.kind[j]
         for kind, curve in sorted(d.curves.items()):
             hull = _upper_hull(curve)
             n = min(g, len(hull))
-            own = min(n, int(first.alloc.gpus[j])) if first.alloc.kind[j] == kind else 0
+            mine = held_kind is not None and held_kind[:2] == kind
+            own = min(n, int(first.alloc.gpus[j])) if mine else 0
             price = supply[kind].price_per_gpu(own, n - own) if kind in supply else None
             if price is None:
                 continue
@@ -767,6 +813,7 @@ def _grow(
     total = gpus = 0
     unused: dict[str, int] = {}  # GPUs of the instances bought for deadlines not yet given
     by_key = {o.key: o for o in usable}
+    slot = _slots(demands, usable)
     for j, d in enumerate(demands):  # deadlines first: the GPUs each one needs
         if not d.deadline_gpus:
             continue
@@ -774,7 +821,7 @@ def _grow(
         if shared is not None:  # what an instance bought for another deadline has left
             o, g = shared
             unused[o.key] -= g
-            alloc.give(j, o.kind, g, -g)
+            alloc.give(j, slot[o.key], g, -g)
             continue
         pick = _deadline_pick(d, usable, held, counts, config, total, gpus, price)
         if pick is None:
@@ -785,7 +832,7 @@ def _grow(
         total += n
         gpus += n * o.gpus
         unused[o.key] = unused.get(o.key, 0) + n * o.gpus - g
-        alloc.give(j, o.kind, g, n * o.gpus - g)
+        alloc.give(j, slot[o.key], g, n * o.gpus - g)
     while total < config.max_instances:
         best: tuple[float, float, str] | None = None
         best_option: FleetOption | None = None
@@ -793,13 +840,13 @@ def _grow(
         blocked = ""
         best_size = 1
         best_new = False
-        gains: dict[tuple[tuple[str, int], int, bool], tuple[float, int]] = {}
+        gains: dict[tuple[_Slot, int, bool], tuple[float, int]] = {}
         for o in sorted(usable, key=lambda o: (o.usd_per_hour, o.key)):
             n = counts.get(o.key, 0)
             # One instance, or as many as it takes to start a waiting job that needs more.
-            spare = alloc.free.get(o.kind, 0)
+            spare = alloc.free.get(slot[o.key], 0)
             sizes = {1} | {
-                -(-(m - spare) // o.gpus) for m in alloc.waiting_minimums(o.kind) if m > spare
+                -(-(m - spare) // o.gpus) for m in alloc.waiting_minimums(slot[o.key]) if m > spare
             }
             for size in sorted(sizes):
                 is_held = n + size <= held.get(o.key, 0)
@@ -818,10 +865,10 @@ def _grow(
                 if budget is not None and price + size * o.usd_per_hour > budget + 1e-9:
                     blocked = "budget"
                     continue
-                fill_key = (o.kind, size, not is_held)
-                if fill_key not in gains:  # offerings of one kind differ only in price
+                fill_key = (slot[o.key], size, not is_held)
+                if fill_key not in gains:  # offerings of one slot differ only in price
                     gains[fill_key] = alloc.fill(
-                        o.kind, size * o.gpus, commit=False, new=not is_held
+                        slot[o.key], size * o.gpus, commit=False, new=not is_held
                     )
                 gain, started = gains[fill_key]
                 effective = gain * _preemption_factor(o, config)
@@ -839,7 +886,7 @@ def _grow(
             if demands and blocked:
                 limited_by = blocked
             break
-        alloc.fill(best_option.kind, best_size * best_option.gpus, commit=True, new=best_new)
+        alloc.fill(slot[best_option.key], best_size * best_option.gpus, commit=True, new=best_new)
         counts[best_option.key] = counts.get(best_option.key, 0) + best_size
         price += best_size * best_option.usd_per_hour
         last_eff = best_eff
@@ -860,7 +907,7 @@ def _deadline_share(
     for key, left in spare.items():
         o = by_key[key]
         need = d.deadline_gpus.get(o.kind)
-        if need is None or need > left or (o.market == "spot") == d.urgent:
+        if need is None or need > left or (o.market == "spot") == d.urgent or not d.allows(o):
             continue
         if d.gpu_type is not None and o.gpu_type != d.gpu_type:
             continue
@@ -889,6 +936,8 @@ def _deadline_pick(
     for o in usable:
         need = d.deadline_gpus.get(o.kind)
         if need is None or (d.gpu_type is not None and o.gpu_type != d.gpu_type):
+            continue
+        if not d.allows(o):
             continue
         if (o.market == "spot") == d.urgent:  # spot while the slack allows, else on demand
             continue
@@ -933,7 +982,7 @@ def modelled_value(demands: Sequence[JobDemand], option: FleetOption, count: int
     on ``count`` instances of ``option`` alone, GPUs handed out as :func:`size_fleet` does
     (with ``power = 1``)."""
     alloc = _Allocation(demands, 1.0)
-    alloc.fill(option.kind, count * option.gpus, commit=True)
+    alloc.fill(_slots(demands, [option])[option.key], count * option.gpus, commit=True)
     return alloc.value()
 
 

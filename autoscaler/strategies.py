@@ -136,24 +136,39 @@ def demands_of(
             for name in [n for n in memo if n not in live]:
                 del memo[name]
     return [
-        _bounded(
+        _limited(
             job,
-            _with_deadline(
+            _bounded(
                 job,
-                dataclasses.replace(d, remaining_s=_remaining_s(job, d.gpu_type)),
-                speeds,
-                kinds=kinds,
-                start_s=start_s,
-                margin_s=margin_s,
-                value=value,
-                max_gpus=max_gpus,
-                cache=deadline_cache,
-                observed=None if observed is None else observed.get(job.name),
+                _with_deadline(
+                    job,
+                    dataclasses.replace(d, remaining_s=_remaining_s(job, d.gpu_type)),
+                    speeds,
+                    kinds=kinds
+                    if not job.restricts_offerings
+                    else tuple(sorted({o.kind for o in view.options if o.allows(job)})),
+                    start_s=start_s,
+                    margin_s=margin_s,
+                    value=value,
+                    max_gpus=max_gpus,
+                    cache=deadline_cache,
+                    observed=None if observed is None else observed.get(job.name),
+                ),
             ),
+            view.options,
         )
         for job, d in zip(view.jobs, out, strict=True)
         if d is not None
     ]
+
+
+def _limited(job: JobView, demand: JobDemand, options: Sequence[FleetOption]) -> JobDemand:
+    """``demand`` with the offerings the job allows (:attr:`JobDemand.options`), when it
+    limits its markets or offerings."""
+    if not job.restricts_offerings:
+        return demand
+    allowed = frozenset(o.key for o in options if o.allows(job))
+    return dataclasses.replace(demand, options=allowed)
 
 
 def _with_deadline(
@@ -431,7 +446,7 @@ def _per_job(view: FleetView, pick: _Pick) -> dict[str, int]:
         gpus = max(1, job.requested_gpus, job.fewest_gpus)
         if job.max_gpus is not None:
             gpus = min(gpus, job.max_gpus)
-        allowed = [o for o in usable if job.allows_type(o.gpu_type)]
+        allowed = [o for o in usable if o.allows(job)]
         choice = pick(job, gpus, allowed, left)
         if choice is None:
             continue

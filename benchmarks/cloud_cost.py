@@ -4,7 +4,7 @@
         [--spot-prices constant|stochastic] [--seed N] [--workloads N]
         [--strategies A,B] [--budget USD_PER_HOUR] [--min-efficiency X] [--optimistic-nodes]
         [--deadline-factor K] [--frontier [X,Y,...]] [--no-floor] [--max-jobs N] [-j 2]
-        --out FILE
+        [--limit-jobs N [--limit-markets M,...] [--limit-offerings KEY,...]] --out FILE
 
 ``--spot-trace g4dn=FILE`` replaces one family's availability trace (``g4dn`` or ``p3``; either
 Bamboo format: the event list or the counts over time); a bare ``--spot-trace FILE`` replaces
@@ -48,6 +48,14 @@ only the first N workloads, ``--max-jobs N`` only each one's first N jobs (in su
 order) and ``--strategies A,B`` only those strategies (a quick look; ratios whose strategies
 did not run are left out).
 
+``--limit-jobs N`` gives each workload's first N jobs (in submission order) the job spec
+fields ``markets`` (``--limit-markets``, e.g. ``on-demand``) and ``offerings``
+(``--limit-offerings``, keys ``provider/instance_type/zone/market``, e.g.
+``aws/g4dn.12xlarge/use1-az1/on-demand``); each strategy then adds ``limited_jobs`` (their
+names, ``workload/job``), ``limited_gpu_s`` (the GPU-seconds they held) and
+``limited_outside_gpu_s`` (the GPU-seconds they held on instances their limits exclude, read
+from the run's cost ledger: 0 when the limits held).
+
 ``--frontier [X,Y,...]`` (default knobs 0.15,0.3,0.5,0.7,0.85) runs every chosen strategy at
 every ``--min-efficiency`` knob instead, and writes ``{"experiment", "lengths", "knobs",
 "frontier": {"<strategy>": [{"knob", "cost_usd", "mean_jct_s", "p99_jct_s", "preemptions",
@@ -74,9 +82,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a scri
 
 import numpy as np
 
-from autoscaler.costs import job_costs, summarize
+from autoscaler.costs import CostRecord, job_costs, summarize
 from autoscaler.floor import cost_floor
 from autoscaler.frontier import check_frontiers, points_from_json
+from autoscaler.jobs import OfferingRef, offering_allowed
 from autoscaler.policy import make_policy
 from autoscaler.sim.config import SimConfig
 from autoscaler.sim.engine import Simulator
@@ -113,6 +122,9 @@ class _Run:
     deadline_factor: float
     with_floor: bool
     max_jobs: int | None
+    limit_jobs: int = 0
+    limit_markets: tuple[str, ...] | None = None
+    limit_offerings: tuple[str, ...] | None = None
 
 
 def _one(task: _Run) -> dict:
@@ -132,12 +144,15 @@ def _one(task: _Run) -> dict:
         jobs = jobs[: task.max_jobs]
     if experiment == "E4":
         jobs = with_deadlines(jobs, task.deadline_factor)
+    limited = [j.name for j in jobs[: task.limit_jobs]]
+    config = SimConfig(
+        cloud=run.cloud,
+        job_markets=tuple((n, task.limit_markets) for n in limited if task.limit_markets),
+        job_offerings=tuple((n, task.limit_offerings) for n in limited if task.limit_offerings),
+    )
     t0 = time.perf_counter()
     result = Simulator(
-        jobs,
-        make_policy(run.policy, **run.policy_options),
-        SimConfig(cloud=run.cloud),
-        workload_name=str(workload),
+        jobs, make_policy(run.policy, **run.policy_options), config, workload_name=str(workload)
     ).run()
     assert result.cost is not None and result.fleet is not None
     totals = summarize(result.cost)
@@ -176,9 +191,48 @@ def _one(task: _Run) -> dict:
         "floor_slot_s": None if floor is None else floor.slot_s,
         "floor_wall_s": None if floor is None else time.perf_counter() - t_floor,
         "wall_s": time.perf_counter() - t0,
+        **_limited(task, limited, result.cost, Path(str(workload)).stem),
         "deadline_misses": [j.name for j in result.jobs if j.deadline_met is False],
         "deadline_jobs": sum(1 for j in result.jobs if j.deadline_s is not None),
     }
+
+
+def _limited(task: _Run, names: list[str], cost: CostRecord | None, workload: str) -> dict:
+    """``--limit-jobs``' figures of one run (none without it): the limited jobs, the
+    GPU-seconds they held, and those on instances their limits exclude."""
+    if not task.limit_jobs:
+        return {}
+    assert cost is not None
+    markets = None if task.limit_markets is None else frozenset(task.limit_markets)
+    offerings = (
+        None
+        if task.limit_offerings is None
+        else frozenset(OfferingRef.parse(k) for k in task.limit_offerings)
+    )
+    instances = {i.instance_id: i for i in cost.instances}
+    held = outside = 0.0
+    for job in cost.jobs:
+        if job.job_id not in names:
+            continue
+        for use in job.usages:
+            inst = instances[use.instance_id]
+            ref = OfferingRef(inst.provider, inst.instance_type, inst.zone, inst.market)
+            held += use.gpu_s
+            if not offering_allowed(ref, None, markets, offerings):
+                outside += use.gpu_s
+    return {
+        "limited_jobs": [f"{workload}/{n}" for n in names],
+        "limited_gpu_s": held,
+        "limited_outside_gpu_s": outside,
+    }
+
+
+def _names(text: str) -> tuple[str, ...]:
+    """A comma-separated list (argparse type)."""
+    items = tuple(x.strip() for x in text.split(",") if x.strip())
+    if not items:
+        raise argparse.ArgumentTypeError(f"wants a comma-separated list, got {text!r}")
+    return items
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -228,9 +282,21 @@ def main(argv: list[str] | None = None) -> int:
         help=f"run every strategy at each --min-efficiency knob (default {FRONTIER_KNOBS}) "
         "and write each one's (cost, mean JCT) frontier",
     )
+    ap.add_argument(
+        "--limit-jobs",
+        type=positive_int,
+        default=0,
+        metavar="N",
+        help="give each workload's first N jobs the spec fields --limit-markets and "
+        "--limit-offerings, and report where they ran",
+    )
+    ap.add_argument("--limit-markets", type=_names, default=None, metavar="M,...")
+    ap.add_argument("--limit-offerings", type=_names, default=None, metavar="KEY,...")
     ap.add_argument("-j", "--jobs", type=int, default=2)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
+    if args.limit_jobs and args.limit_markets is None and args.limit_offerings is None:
+        ap.error("--limit-jobs wants --limit-markets or --limit-offerings")
     knobs: list[float] = []
     if args.frontier is not None:
         try:
@@ -318,6 +384,12 @@ def main(argv: list[str] | None = None) -> int:
             if mine_out["floor_at_jct_usd"] is None
             else _over(mine_out["cost_usd"], mine_out["floor_at_jct_usd"])
         )
+        if args.limit_jobs:
+            out["strategies"][s].update(
+                limited_jobs=[n for r in mine for n in r["limited_jobs"]],
+                limited_gpu_s=sum(r["limited_gpu_s"] for r in mine),
+                limited_outside_gpu_s=sum(r["limited_outside_gpu_s"] for r in mine),
+            )
         if args.experiment == "E4":
             count = sum(r["deadline_jobs"] for r in mine)
             misses = [f"{r['workload']}/{n}" for r in mine for n in r["deadline_misses"]]
@@ -382,6 +454,9 @@ def _task(
         deadline_factor=args.deadline_factor,
         with_floor=not args.no_floor,
         max_jobs=args.max_jobs,
+        limit_jobs=args.limit_jobs,
+        limit_markets=args.limit_markets,
+        limit_offerings=args.limit_offerings,
     )
 
 

@@ -111,7 +111,7 @@ def test_each_job_goes_to_the_gpu_type_that_pays_for_it() -> None:
 def _grown(demands: list[JobDemand], instances: int, limited_by: str = "efficiency") -> _Growth:
     """A pass that bought ``instances`` of ``T4_OD`` and handed their GPUs out."""
     alloc = _Allocation(demands, 1.0)
-    alloc.fill(T4_OD.kind, instances * T4_OD.gpus, commit=True)
+    alloc.fill((*T4_OD.kind, frozenset()), instances * T4_OD.gpus, commit=True)
     price = instances * T4_OD.usd_per_hour
     return _Growth(alloc, {T4_OD.key: instances}, price, 1.0, limited_by)
 

@@ -21,16 +21,17 @@ import json
 import math
 import re
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, asdict, dataclass
 from pathlib import PurePosixPath
 from typing import Any, Final
 
+from autoscaler.costs import MARKETS
 from autoscaler.errors import InvalidInputError
 from autoscaler.fitting import ModelBook
 from autoscaler.goodput import BatchLimits, GoodputModel, GradParams, PerfParams, ProfileSample
 from autoscaler.gputypes import KNOWN_GPU_TYPES, SpeedTable, default_speed_table, limits_on
-from autoscaler.jobs import Allocation, JobView, Oracle
+from autoscaler.jobs import Allocation, JobView, OfferingRef, Oracle
 from trainer.report import TrainerReport, remaining_progress
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "GENERIC_APPLICATION",
     "JOB_NAME_PATTERN",
     "MAX_DEADLINE_S",
+    "REMOVED_FIELDS",
     "JobBook",
     "JobSubmission",
     "parse_deadline",
@@ -68,6 +70,27 @@ MAX_COMMAND_CHARS: Final = 32768
 MAX_TEXT_CHARS: Final = 1024
 """The longest ``application`` or ``checkpoint_uri``."""
 MAX_GPU_TYPES: Final = 32
+MAX_OFFERINGS: Final = 256
+"""The most offerings one job may name (``offerings``)."""
+REMOVED_FIELDS: Final = {
+    "optimizer": (
+        "optimizer was removed: the trainer takes its learning-rate scaling rule from the "
+        "optimizer object your script gives it (SGD: AdaScale; Adam, AdamW: square root), so "
+        "a spec value could only disagree with it; delete this line"
+    ),
+    "weight": (
+        "weight was removed: it has no meaning every policy shares (a share of the power "
+        "mean in coadapt and pollux, a queue priority in tiresias, nothing in optimus' "
+        "greedy), so no policy read it; delete this line"
+    ),
+    "budget_share": (
+        "budget_share was removed: the fleet has one budget (the sizing's "
+        "budget_usd_per_hour) for all jobs, which share its instances, so no job's share of "
+        "it could be kept; delete this line"
+    ),
+}
+"""Fields earlier versions accepted and ignored: a spec that names one is refused with this
+reason, by the YAML spec of ``coadapt submit`` and the API alike."""
 MAX_DEADLINE_S: Final = 366 * 86400.0
 """The furthest deadline a job may have: a year (and a day) after its submission."""
 _DURATION: Final = re.compile(r"(?:(\d{1,6})d)?(?:(\d{1,6})h)?(?:(\d{1,7})m)?(?:(\d{1,9})s)?")
@@ -94,6 +117,9 @@ BOUNDS_DOC: Final = "\n".join(
         f"requested_gpus: an integer in [min_gpus, max_gpus or {MAX_JOB_GPUS}], or null (min_gpus)",
         f"batch_size: an integer in [1, {MAX_BATCH_SIZE}], or null (init_batch_size)",
         f"gpu_types: 1-{MAX_GPU_TYPES} distinct known GPU types, or null (any)",
+        f"markets: 1-{len(MARKETS)} distinct of {', '.join(MARKETS)}, or null (any)",
+        f"offerings: 1-{MAX_OFFERINGS} distinct offering keys provider/instance_type/zone/market "
+        "(each market in markets when both are given), or null (any)",
         f"application: 1-{MAX_TEXT_CHARS} printable characters",
         "adaptive: true or false",
         f"deadline: seconds after submission in (0, {MAX_DEADLINE_S:.0f}], a duration such as "
@@ -191,6 +217,7 @@ def submission_problems(values: Mapping[str, Any]) -> list[tuple[str, str]]:
             )
         )
     out.extend(_gpu_type_problems(v.get("gpu_types")))
+    out.extend(_offering_problems(v.get("markets"), v.get("offerings")))
     if v.get("checkpoint_uri") is not None:
         reason = _checkpoint_problem(v["checkpoint_uri"])
         if reason is not None:
@@ -385,6 +412,57 @@ def _gpu_type_problems(types: object) -> list[tuple[str, str]]:
     return out
 
 
+def _offering_problems(markets: object, offerings: object) -> list[tuple[str, str]]:
+    """``markets`` and ``offerings``: non-empty lists of distinct markets, and of offering
+    keys in :meth:`OfferingRef.parse`'s format (``provider/instance_type/zone/market``, the
+    format of :attr:`OfferingRef.key`) whose market ``markets`` allows."""
+    out: list[tuple[str, str]] = []
+    allowed: Sequence[str] | None = None
+    for key, items, most in (
+        ("markets", markets, len(MARKETS)),
+        ("offerings", offerings, MAX_OFFERINGS),
+    ):
+        if items is None:
+            continue
+        if isinstance(items, str) or not isinstance(items, list | tuple) or not items:
+            out.append(
+                (key, f"must be a non-empty list (leave it out to allow any), got {_show(items)}")
+            )
+            continue
+        if len(items) > most:
+            out.append((key, f"lists {len(items)} items; at most {most}"))
+            continue
+        first: dict[str, int] = {}
+        good = True
+        for i, item in enumerate(items):
+            path = f"{key}[{i}]"
+            problem = None
+            if not isinstance(item, str) or not _is_text(item, 256):
+                problem = f"must be a string of 1-256 printable characters, got {_show(item)}"
+            elif item in first:
+                problem = f"{item!r} is listed twice (first as {key}[{first[item]}])"
+            elif key == "markets" and item not in MARKETS:
+                hint = difflib.get_close_matches(item.lower(), MARKETS, n=1)
+                more = f"; did you mean {hint[0]!r}?" if hint else ""
+                problem = f"must be one of {', '.join(MARKETS)}, got {_show(item)}{more}"
+            elif key == "offerings":
+                try:
+                    market = OfferingRef.parse(item).market
+                except InvalidInputError as e:
+                    problem = str(e)
+                else:
+                    if allowed is not None and market not in allowed:
+                        problem = f"its market {market!r} is not in markets ({', '.join(allowed)})"
+            if problem is not None:
+                out.append((path, problem))
+                good = False
+            else:
+                first[item] = i
+        if key == "markets" and good:
+            allowed = tuple(items)
+    return out
+
+
 def _checkpoint_problem(uri: object) -> str | None:
     if not _is_text(uri) or not str(uri).strip():
         return (
@@ -428,7 +506,11 @@ class JobSubmission:
     fixed-batch jobs; give ``min_gpus`` alone for exactly that many).
     ``deadline``: when the job must be done (:func:`parse_deadline`: seconds or a duration
     after submission, or a time; ``None``: no deadline), fixed as a time at submission (the
-    store's ``deadline_s``). Every policy and the fleet sizing honour these bounds."""
+    store's ``deadline_s``). ``markets`` and ``offerings``: the markets (``spot``,
+    ``on-demand``) and offerings (keys ``provider/instance_type/zone/market``, the format of
+    :attr:`~autoscaler.jobs.OfferingRef.key`, compared by their four parts) the job may run
+    on (``None``: any). Every policy and the fleet sizing honour these bounds
+    (:meth:`~autoscaler.jobs.JobView.allows_node`)."""
 
     name: str
     init_batch_size: int
@@ -446,9 +528,11 @@ class JobSubmission:
     requested_gpus: int | None = None
     batch_size: int | None = None
     deadline: float | str | None = None
+    markets: tuple[str, ...] | None = None
+    offerings: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
-        for name in ("command", "gpu_types"):
+        for name in ("command", "gpu_types", "markets", "offerings"):
             value = getattr(self, name)
             if isinstance(value, list):
                 object.__setattr__(self, name, tuple(value))
@@ -471,7 +555,13 @@ class JobSubmission:
         )
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        """The stored form: every field, except ``markets`` and ``offerings`` when not given
+        (so that a job that sets neither is stored as before they existed)."""
+        data = asdict(self)
+        for name in ("markets", "offerings"):
+            if data[name] is None:
+                del data[name]
+        return json.dumps(data, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> JobSubmission:
@@ -490,6 +580,9 @@ class JobSubmission:
         if not isinstance(data, Mapping):
             raise InvalidInputError("job spec must be a JSON object", field="spec")
         known = {f.name for f in dataclasses.fields(cls)}
+        removed = sorted(str(k) for k in data if k in REMOVED_FIELDS)
+        if removed:
+            raise InvalidInputError(REMOVED_FIELDS[removed[0]], field=removed[0])
         unknown = sorted(str(k) for k in data if k not in known)
         if unknown:
             raise InvalidInputError(f"unknown job spec field {_show(unknown[0])}", field=unknown[0])
@@ -507,6 +600,10 @@ class JobSubmission:
             "min_gpus": self.min_gpus,
             "gpu_limit": self.max_gpus,
             "gpu_types": None if self.gpu_types is None else frozenset(self.gpu_types),
+            "markets": None if self.markets is None else frozenset(self.markets),
+            "offerings": None
+            if self.offerings is None
+            else frozenset(OfferingRef.parse(key) for key in self.offerings),
         }
 
 

@@ -7,7 +7,7 @@ A spec is one YAML mapping::
     gpus: {min: 1, max: 2}
     batch_size: {initial: 64, max: 512}  # required
     local_batch_size: {max: 256}         # required
-    optimizer: sgd
+    markets: [on-demand]
 
 ========================  ===================================================  =============
 field                     value                                                default
@@ -25,17 +25,18 @@ field                     value                                                d
                           batch
 ``local_batch_size.min``  int in [1, 2^20], <= ``batch_size.max``              1
 ``max_accum_steps``       int in [1, 1024]                                     none (16)
-``optimizer``             ``sgd``, ``adam`` or ``adamw`` (:class:`Optimizer`)  none
 ``checkpoint``            a local path, ``file://``, ``s3://BUCKET[/PREFIX]``  none
                           or ``gs://BUCKET[/PREFIX]``
-``weight``                float in (0, 1e6]                                    1.0
 ``gpu_types``             non-empty list of distinct names of                  none (any)
-                          :data:`~autoscaler.gputypes.KNOWN_GPU_TYPES`
-``markets``               non-empty list of distinct ``spot``, ``on-demand``   none (any)
+                          :data:`~autoscaler.gputypes.KNOWN_GPU_TYPES`: the
+                          job runs only on GPUs of these types
+``markets``               non-empty list of distinct ``spot``, ``on-demand``:  none (any)
+                          the job runs only on instances of these markets
+                          (``[on-demand]``: never on spot)
 ``offerings``             non-empty list of distinct offering keys             none (any)
                           ``provider/instance_type/zone/market`` (market in
-                          ``markets`` when both are given)
-``budget_share``          float in (0, 1]                                      none
+                          ``markets`` when both are given): the job runs only
+                          on instances of these offerings
 ``application``           the model name for the speed table (a name it does   ``generic``
                           not know gets the generic speed ratios)
 ``adaptive``              bool: false keeps the batch at                       true
@@ -64,16 +65,22 @@ option), and a command that starts with an option (``-...``), a launcher
 body: ``coadapt submit`` and ``POST /v1/jobs`` refuse the same jobs (a spec's errors name its
 field paths, ``gpus.min``; the API's its field names, ``min_gpus``).
 
-**What the controller acts on.** :meth:`JobSpec.submission` gives the
-:class:`~autoscaler.controller.jobs.JobSubmission` the controller stores and schedules: name,
-command, batch sizes, local batch limits, ``max_accum_steps``, ``gpus.min``, ``gpus.max``,
-``gpu_types``, ``checkpoint``, application, adaptive. Every policy and the fleet sizing honour
-the GPU bounds and types (:mod:`autoscaler.bounds`); a job no fleet the controller may build
-could ever run is ``refused`` with the reason. ``optimizer``, ``weight``, ``markets``,
-``offerings`` and ``budget_share`` are validated and kept on :class:`JobSpec`, and **the
-controller does not act on them yet** (``coadapt submit`` says so for the last four): no
-fair-share weight, market or offering restriction or budget is applied, and the trainer picks
-its learning-rate scaling rule from the optimizer object it is given, not from this spec.
+**What the controller acts on: every field.** :meth:`JobSpec.submission` gives the
+:class:`~autoscaler.controller.jobs.JobSubmission` the controller stores and schedules, with
+every field of the spec. Every policy and the fleet sizing honour the GPU bounds, and place
+the job only on instances of a GPU type, market and offering it allows
+(:meth:`~autoscaler.jobs.JobView.allows_node`, one rule for all of them; offering keys are
+compared as :class:`~autoscaler.jobs.OfferingRef` parts, in the format
+``provider/instance_type/zone/market`` of :attr:`~autoscaler.jobs.OfferingRef.key`); a job no
+fleet the controller may build could ever run (:mod:`autoscaler.bounds`: no offering of a
+type, market and offering it allows, or too few GPUs) is ``refused`` with the reason.
+
+**Removed fields.** ``optimizer``, ``weight`` and ``budget_share`` were accepted and ignored
+by earlier versions; a spec that names one is refused with a one-line reason
+(:data:`REMOVED_FIELDS`): the trainer takes its learning-rate scaling rule from the optimizer
+object the script gives it (a spec value could only disagree with it); a weight has no
+meaning all four policies share (a power-mean share, a queue priority, nothing in a greedy),
+and none read it; the fleet has one budget for all jobs, which share its instances.
 
 **Errors.** Every problem raises :class:`JobSpecError` naming the file, the line (1-based: the
 offending key, or value; for a missing field, the key of the mapping that lacks it, or the
@@ -89,8 +96,6 @@ refused.
 from __future__ import annotations
 
 import difflib
-import enum
-import math
 import re
 import shlex
 from collections.abc import Callable, Mapping, Sequence
@@ -100,15 +105,19 @@ from typing import Any, Final, NoReturn
 
 import yaml
 
-from autoscaler.controller.jobs import GENERIC_APPLICATION, JobSubmission, submission_problems
-from autoscaler.costs import MARKETS
+from autoscaler.controller.jobs import (
+    GENERIC_APPLICATION,
+    REMOVED_FIELDS,
+    JobSubmission,
+    submission_problems,
+)
 from autoscaler.errors import InvalidInputError
 
 __all__ = [
+    "REMOVED_FIELDS",
     "ROOT_FIELD",
     "JobSpec",
     "JobSpecError",
-    "Optimizer",
     "load_job_spec",
     "parse_job_spec",
 ]
@@ -120,7 +129,6 @@ MAX_SPEC_BYTES: Final = 64 * 1024
 """The largest spec file read (checked before it is parsed)."""
 MAX_SPEC_DEPTH: Final = 16
 """The deepest nesting of mappings and lists a spec may have (checked while parsing)."""
-MAX_WEIGHT: Final = 1e6
 
 _STR: Final = "tag:yaml.org,2002:str"
 _INT: Final = "tag:yaml.org,2002:int"
@@ -167,24 +175,6 @@ class JobSpecError(InvalidInputError):
         return out
 
 
-class Optimizer(enum.StrEnum):
-    """The optimizer family of a job, which decides the trainer's learning-rate scaling rule."""
-
-    SGD = "sgd"
-    ADAM = "adam"
-    ADAMW = "adamw"
-
-    @property
-    def scaling_rule(self) -> str:
-        """The :class:`trainer.scaling.ScalingRule` value that ``trainer.scaling.default_rule``
-        picks for this family: ``adascale`` for SGD, ``sqrt`` for the Adam family. (A string:
-        importing ``trainer.scaling`` would import torch.)"""
-        return "adascale" if self is Optimizer.SGD else "sqrt"
-
-
-_OPTIMIZERS: Final = tuple(o.value for o in Optimizer)
-
-
 @dataclass(frozen=True)
 class JobSpec:
     """A validated job spec (the module docstring has the fields, their spec names and their
@@ -200,13 +190,10 @@ class JobSpec:
     min_gpus: int = 1
     max_gpus: int | None = None
     max_accum_steps: int | None = None
-    optimizer: Optimizer | None = None
     checkpoint_uri: str | None = None
-    weight: float = 1.0
     gpu_types: tuple[str, ...] | None = None
     markets: tuple[str, ...] | None = None
     offerings: tuple[str, ...] | None = None
-    budget_share: float | None = None
     application: str = GENERIC_APPLICATION
     adaptive: bool = True
     deadline: float | str | None = None
@@ -216,8 +203,6 @@ class JobSpec:
             value = getattr(self, name)
             if isinstance(value, list):
                 object.__setattr__(self, name, tuple(value))
-        if isinstance(self.optimizer, str) and self.optimizer in set(Optimizer):
-            object.__setattr__(self, "optimizer", Optimizer(self.optimizer))
         problem = _first_problem(self.__dict__)
         if problem is not None:
             field, reason = problem
@@ -234,6 +219,8 @@ class JobSpec:
             min_gpus=self.min_gpus,
             max_gpus=self.max_gpus,
             gpu_types=self.gpu_types,
+            markets=self.markets,
+            offerings=self.offerings,
             max_accum_steps=self.max_accum_steps,
             application=self.application,
             adaptive=self.adaptive,
@@ -241,17 +228,6 @@ class JobSpec:
             checkpoint_uri=self.checkpoint_uri,
             deadline=self.deadline,
         )
-
-    @property
-    def not_acted_on(self) -> tuple[str, ...]:
-        """The spec fields given that the controller keeps but does not act on yet."""
-        given = {
-            "weight": self.weight != 1.0,
-            "markets": self.markets is not None,
-            "offerings": self.offerings is not None,
-            "budget_share": self.budget_share is not None,
-        }
-        return tuple(name for name, set_ in given.items() if set_)
 
 
 def load_job_spec(path: str | Path) -> JobSpec:
@@ -405,13 +381,10 @@ _TOP: Final = (
     "batch_size",
     "local_batch_size",
     "max_accum_steps",
-    "optimizer",
     "checkpoint",
-    "weight",
     "gpu_types",
     "markets",
     "offerings",
-    "budget_share",
     "application",
     "adaptive",
     "deadline",
@@ -463,11 +436,6 @@ def _suggest(word: str, choices: Sequence[str]) -> str:
     by_lower = {str(c).lower(): str(c) for c in choices}
     close = difflib.get_close_matches(word.lower(), list(by_lower), n=1)
     return f"; did you mean {by_lower[close[0]]!r}?" if close else ""
-
-
-def _one_of(value: object, choices: Sequence[str]) -> str:
-    hint = _suggest(value, choices) if isinstance(value, str) else ""
-    return f"must be one of {', '.join(choices)}, got {value!r}{hint}"
 
 
 def _parent(field: str) -> str:
@@ -560,13 +528,10 @@ class _Reader:
             values[attribute] = self.read(path, self.required_integer, entries, path)
         readers: dict[str, Callable[[Any, str], object]] = {
             "max_accum_steps": self.integer,
-            "optimizer": self.optimizer,
             "checkpoint": self.string,
-            "weight": self.number,
             "gpu_types": self.string_list,
             "markets": self.string_list,
             "offerings": self.string_list,
-            "budget_share": self.number,
             "application": self.string,
             "adaptive": self.boolean,
             "deadline": self.deadline,
@@ -606,6 +571,9 @@ class _Reader:
             path = key if field == ROOT_FIELD else f"{field}.{key}"
             if key in first:
                 self.note(line, path, f"duplicate key (first at line {first[key]})")
+                continue
+            if field == ROOT_FIELD and key in REMOVED_FIELDS:
+                self.note(line, path, REMOVED_FIELDS[key])
                 continue
             if key not in known:
                 hint = _suggest(key, known) or f"; known: {', '.join(known)}"
@@ -695,13 +663,6 @@ class _Reader:
         )
         return value if isinstance(value, str) else float(value)
 
-    def optimizer(self, node: Any, field: str) -> Optimizer:
-        value = self.string(node, field)
-        try:
-            return Optimizer(value)
-        except ValueError:
-            self.fail(_line(node), field, _one_of(value, _OPTIMIZERS))
-
 
 _UNREAD: Final = object()
 """What :meth:`_Reader.read` gives for a field it could not read."""
@@ -727,9 +688,9 @@ _ATTRIBUTES: Final = {"checkpoint": "checkpoint_uri"}
 
 def _first_problem(values: Mapping[str, Any]) -> tuple[str, str] | None:
     """The first problem with JobSpec attribute values, as (spec field path, reason); ``None``
-    when they are valid. Absent keys take JobSpec's defaults. The fields a submission has are
-    checked by :func:`~autoscaler.controller.jobs.submission_problems` (the API's own check:
-    one rule for both), the spec's extras here."""
+    when they are valid. Absent keys take JobSpec's defaults. Every field is checked by
+    :func:`~autoscaler.controller.jobs.submission_problems` (the API's own check: one rule
+    for both)."""
     problems = all_problems(values)
     return problems[0] if problems else None
 
@@ -739,8 +700,7 @@ def all_problems(values: Mapping[str, Any]) -> list[tuple[str, str]]:
     defaults = {f.name: f.default for f in fields(JobSpec)}
     v = {**defaults, **values}
     shared = {f.name: v[f.name] for f in fields(JobSubmission) if f.name in v}
-    out = [(_spec_path(f), _spec_words(reason)) for f, reason in submission_problems(shared)]
-    return out + _extra_problems(v)
+    return [(_spec_path(f), _spec_words(reason)) for f, reason in submission_problems(shared)]
 
 
 def _spec_words(reason: str) -> str:
@@ -757,59 +717,3 @@ def _spec_path(field: str) -> str:
     """A submission field (``min_gpus``, ``command[2]``) as the spec's path (``gpus.min``)."""
     head, bracket, rest = field.partition("[")
     return _PATHS.get(head, head) + bracket + rest
-
-
-def _extra_problems(v: Mapping[str, Any]) -> list[tuple[str, str]]:
-    out: list[tuple[str, str]] = []
-    if v["optimizer"] is not None and not isinstance(v["optimizer"], Optimizer):
-        out.append(("optimizer", _one_of(v["optimizer"], _OPTIMIZERS)))
-    weight = v["weight"]
-    if not _is_real(weight) or not (math.isfinite(weight) and 0 < weight <= MAX_WEIGHT):
-        out.append(("weight", f"must be a number in (0, {MAX_WEIGHT:g}], got {weight!r}"))
-    share = v["budget_share"]
-    if share is not None and (not _is_real(share) or not 0 < share <= 1):
-        out.append(("budget_share", f"must be a number in (0, 1], got {share!r}"))
-    for key in ("markets", "offerings"):
-        problem = _list_problem(key, v[key], v["markets"])
-        if problem is not None:
-            out.append(problem)
-    return out
-
-
-def _list_problem(key: str, items: object, markets: Sequence[str] | None) -> tuple[str, str] | None:
-    """The first problem with ``markets`` or ``offerings`` (``None``: any)."""
-    if items is None:
-        return None
-    if not isinstance(items, Sequence) or isinstance(items, str) or not items:
-        return key, f"must be a non-empty list (leave it out to allow any), got {items!r}"
-    first: dict[str, int] = {}
-    for i, item in enumerate(items):
-        path = f"{key}[{i}]"
-        if not isinstance(item, str):
-            return path, f"must be a string, got {item!r}"
-        if item in first:
-            return path, f"{item!r} is listed twice (first as {key}[{first[item]}])"
-        first[item] = i
-        if key == "markets" and item not in MARKETS:
-            return path, _one_of(item, MARKETS)
-        if key == "offerings":
-            reason = _offering_problem(item, markets)
-            if reason is not None:
-                return path, reason
-    return None
-
-
-def _is_real(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _offering_problem(key: str, markets: Sequence[str] | None) -> str | None:
-    parts = key.split("/")
-    if len(parts) != 4 or not all(parts):
-        return f"must be an offering key provider/instance_type/zone/market, got {key!r}"
-    market = parts[3]
-    if market not in MARKETS:
-        return f"market {_one_of(market, MARKETS)} (in {key!r})"
-    if markets is not None and market not in markets:
-        return f"its market {market!r} is not in markets ({', '.join(markets)})"
-    return None

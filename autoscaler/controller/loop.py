@@ -458,7 +458,7 @@ class Controller:
         job's row as it is now."""
         if row.reason and row.reason.startswith(DEADLINE_REASON):
             return row
-        fastest = fastest_finish_s(view, {o.kind for o in options}, self.speeds)
+        fastest = fastest_finish_s(view, {o.kind for o in options if o.allows(view)}, self.speeds)
         left = time_left_s(view)
         if fastest is None or left is None or fastest <= left:
             return row
@@ -484,13 +484,19 @@ class Controller:
         if not self._offerings:
             return []
         most: dict[str, int] = {}
+        offerings: dict[str, set[OfferingRef | None]] = {}  # where each type's GPUs come from
         for r in ready:
             t = self._type(r.gpu_type)
             most[t] = most.get(t, 0) + r.gpus
+            offerings.setdefault(t, set()).add(
+                OfferingRef(r.provider, r.instance_type, r.zone, r.market)
+            )
         growable: dict[str, int] = {}
         sizing = self.config.sizing
         fixed = self.strategy.counts if isinstance(self.strategy, FixedFleet) else None
         for o in options:
+            if fixed is None or fixed.get(o.key, 0):
+                offerings.setdefault(o.gpu_type, set()).add(o.ref)
             if fixed is not None:  # a static cluster: what it holds, nothing more
                 cap = fixed.get(o.key, 0) * o.gpus
                 growable[o.gpu_type] = growable.get(o.gpu_type, 0) + cap
@@ -501,7 +507,10 @@ class Controller:
             growable[o.gpu_type] = max(growable.get(o.gpu_type, 0), cap)
         for t, cap in growable.items():
             most[t] = max(most.get(t, 0), cap)
-        return [PoolCapacity(t, t, cap) for t, cap in sorted(most.items())]
+        return [
+            PoolCapacity(t, t, cap, frozenset(offerings.get(t, ())))
+            for t, cap in sorted(most.items())
+        ]
 
     def _propose(self, view: FleetView) -> tuple[Mapping[str, int], tuple[JobView, ...]]:
         """The fleet strategy's target, with a job it fails on failed and left out (see
@@ -791,6 +800,9 @@ class Controller:
                     usd_per_hour=o.price_usd_per_hour,
                     hazard_per_hour=self._hazard(o) if spot else 0.0,
                     available=key not in unavailable,
+                    ref=OfferingRef(
+                        o.provider, o.instance_type, o.zone, "spot" if spot else "on-demand"
+                    ),
                 )
             )
         return tuple(out)

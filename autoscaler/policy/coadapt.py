@@ -5,7 +5,11 @@ configuration (the goodput-optimal one for the allocation, :mod:`autoscaler.good
 on one GPU type at a time.
 
 **Pools.** Nodes are grouped into *pools* of one GPU type and one node size (``T4x4``: nodes of 4
-T4s). A job's allocation lies in one pool.
+T4s). A job's allocation lies in one pool. When a job of the round limits its markets or
+offerings, the nodes of one type and size are split further by which of those jobs allow them
+(``T4x4/0``, ``T4x4/1``, ...): a pool is then wholly allowed or wholly refused to every job
+(:meth:`~autoscaler.jobs.JobView.allows_node`), and a job runs only on pools it allows. A round
+without such a job has exactly the pools above.
 
 **Menu.** Each job may take, in each pool, a *canonical* shape: ``k`` GPUs on one node with ``k`` a
 power of two up to the node size, or whole nodes (any count up to 15, then counts with four
@@ -135,6 +139,7 @@ from autoscaler.jobs import (
     BatchChoice,
     ClusterView,
     JobView,
+    OfferingRef,
     Plan,
     PolicyName,
     RoundInput,
@@ -243,15 +248,20 @@ class CoadaptOptions:
 @dataclass(frozen=True)
 class Pool:
     """Nodes of one GPU type and one node size; ``nodes`` are indices into
-    ``ClusterView.nodes``, in fleet order."""
+    ``ClusterView.nodes``, in fleet order. ``part`` numbers the pools of one type and size
+    that the round's market and offering limits split apart (-1: not split; see Pools in the
+    module docstring). ``offerings``: those its nodes came from (``None``: a node of none)."""
 
     gpu_type: str
     gpus_per_node: int
     nodes: tuple[int, ...]
+    part: int = -1
+    offerings: frozenset[OfferingRef | None] = field(default=frozenset(), compare=False)
 
     @property
     def key(self) -> str:
-        return f"{self.gpu_type}x{self.gpus_per_node}"
+        base = f"{self.gpu_type}x{self.gpus_per_node}"
+        return base if self.part < 0 else f"{base}/{self.part}"
 
     @property
     def capacity(self) -> int:
@@ -287,12 +297,29 @@ def _shape_rows(shapes: Sequence[tuple[int, int]]) -> np.ndarray:
     return np.asarray(shapes, dtype=np.int64).reshape(-1, 2)
 
 
-def pools_of(cluster: ClusterView) -> tuple[Pool, ...]:
-    """The cluster's pools, sorted by key."""
-    groups: dict[tuple[str, int], list[int]] = {}
+def pools_of(cluster: ClusterView, jobs: Sequence[JobView] = ()) -> tuple[Pool, ...]:
+    """The cluster's pools, sorted by key: one per GPU type and node size, split by which of
+    the ``jobs`` that limit their markets or offerings allow each node (see Pools in the
+    module docstring)."""
+    # Jobs with the same limits allow the same nodes, and a node's offering decides: one
+    # judgement per (offering, distinct limits).
+    limited = list({(j.markets, j.offerings): j for j in jobs if j.restricts_offerings}.values())
+    judged: dict[OfferingRef | None, tuple[bool, ...]] = {}
+    groups: dict[tuple[str, int, tuple[bool, ...]], list[int]] = {}
     for i, node in enumerate(cluster.nodes):
-        groups.setdefault((node.gpu_type, node.gpus), []).append(i)
-    return tuple(Pool(t, n, tuple(idx)) for (t, n), idx in sorted(groups.items()))
+        allowed = judged.get(node.offering)
+        if allowed is None:
+            allowed = judged[node.offering] = tuple(
+                job.allows_offering(node.offering) for job in limited
+            )
+        groups.setdefault((node.gpu_type, node.gpus, allowed), []).append(i)
+    parts: dict[tuple[str, int], int] = {}
+    out = []
+    for (t, n, _), idx in sorted(groups.items(), key=lambda g: (g[0][:2], g[1][0])):
+        part = parts[(t, n)] = parts.get((t, n), -1) + 1
+        offerings = frozenset(cluster.nodes[i].offering for i in idx)
+        out.append(Pool(t, n, tuple(idx), part if limited else -1, offerings))
+    return tuple(sorted(out, key=lambda p: (p.gpu_type, p.gpus_per_node, p.part)))
 
 
 @dataclass(frozen=True, eq=False)
@@ -404,7 +431,7 @@ class CoadaptPolicy:
         it has run on (``start_gpus`` before any profile, and never fewer than the fewest it can
         run on), within its batch limits, the cluster and, for a job opted out of adaptation,
         its requested GPUs."""
-        types = [t for t in cluster.gpu_types if job.allows_type(t)]
+        types = sorted({n.gpu_type for n in cluster.nodes if job.allows_node(n)})
         return 0, self._cap(job, types, cluster.total_gpus)
 
     def min_gpus(self, job: JobView, gpu_type: str) -> int:
@@ -422,7 +449,10 @@ class CoadaptPolicy:
         :func:`autoscaler.bounds.refusal`, the rule every policy and the controller share."""
         return refusal(
             job,
-            [PoolCapacity(pool.key, pool.gpu_type, pool.capacity) for pool in pools],
+            [
+                PoolCapacity(pool.key, pool.gpu_type, pool.capacity, pool.offerings)
+                for pool in pools
+            ],
             self.speeds,
             max_gpus_per_job=self.options.max_gpus_per_job,
         )
@@ -435,7 +465,7 @@ class CoadaptPolicy:
             return Decision(Plan({}, {}, cluster.fleet()), CoadaptState(builds=state.builds))
         opt = self.options
         jobs = sorted(round_input.jobs, key=lambda j: (j.submit_time_s, j.name))
-        pools = pools_of(cluster)
+        pools = pools_of(cluster, jobs)
         if not pools:  # no node yet (a fleet still being provisioned): everyone waits
             idle = {job.name: Allocation() for job in jobs}
             return Decision(Plan(idle, {}, cluster.fleet()), CoadaptState(builds=state.builds))
@@ -461,12 +491,14 @@ class CoadaptPolicy:
                 job.max_gpus,
                 job.fewest_gpus,
                 job.gpu_types,
+                job.markets,
+                job.offerings,
                 job.max_profiled_gpus,
             )
             known = bounds.get(key)
             if known is None:
                 reason = self.refusal(job, pools)
-                allowed = [t for t in types if job.allows_type(t)]
+                allowed = sorted({p.gpu_type for p in pools if _allows_pool(job, cluster, p)})
                 cap = 0 if reason is not None else self._cap(job, allowed, total_gpus)
                 known = bounds[key] = (reason, cap)
             if known[0] is None:
@@ -817,8 +849,8 @@ class CoadaptPolicy:
             boost = np.concatenate([boost, [e[6] for e in extra]])
             is_cur = np.concatenate([is_cur, np.ones(len(extra), dtype=bool)])
         ok = goods > 0
-        if any(jobs[j].fewest_gpus > 1 or jobs[j].gpu_types is not None for j in order):
-            ok &= self._within_bounds(jobs, pools, order, sizes, extra, shape[:, 0])
+        if any(jobs[j].fewest_gpus > 1 or jobs[j].restricts_nodes for j in order):
+            ok &= self._within_bounds(jobs, cluster, pools, order, sizes, extra, shape[:, 0])
         margin = cluster.restart_delay_s + cluster.interval_s
         for j in order:
             rate = required_rate(jobs[j], margin)
@@ -880,6 +912,7 @@ class CoadaptPolicy:
     def _within_bounds(
         self,
         jobs: Sequence[JobView],
+        cluster: ClusterView,
         pools: Sequence[Pool],
         order: Sequence[int],
         sizes: np.ndarray,
@@ -887,14 +920,15 @@ class CoadaptPolicy:
         gpus: np.ndarray,
     ) -> np.ndarray:
         """Which menu rows respect the user's bounds: at least the job's fewest GPUs on the
-        pool's type (:meth:`min_gpus`) and only the types it allows; a kept allocation outside
-        them is not kept either. Rows in :meth:`_menu`'s order (tables, then ``extra``)."""
+        pool's type (:meth:`min_gpus`) and only the pools it allows (their type, market and
+        offering: :func:`_allows_pool`); a kept allocation outside them is not kept either.
+        Rows in :meth:`_menu`'s order (tables, then ``extra``)."""
         floor = np.array(
             [self.min_gpus(jobs[j], pool.gpu_type) for j in order for pool in pools],
             dtype=np.int64,
         )
         allowed = np.array(
-            [jobs[j].allows_type(pool.gpu_type) for j in order for pool in pools], dtype=bool
+            [_allows_pool(jobs[j], cluster, pool) for j in order for pool in pools], dtype=bool
         )
         at = {j: i for i, j in enumerate(order)}
         rows = [at[e[0]] * len(pools) + e[1] for e in extra]
@@ -1076,10 +1110,9 @@ class CoadaptPolicy:
             if deadlines:  # urgent jobs on demand first, the others on spot first
                 first = ~spot if urgent[j] else spot
                 nodes = np.asarray(pool.nodes, dtype=np.int64)
-                pool = Pool(
-                    pool.gpu_type,
-                    pool.gpus_per_node,
-                    tuple(int(i) for i in nodes[np.argsort(~first[nodes], kind="stable")]),
+                pool = replace(
+                    pool,
+                    nodes=tuple(int(i) for i in nodes[np.argsort(~first[nodes], kind="stable")]),
                 )
             for o in options:
                 row = _fit(pool, int(menu.gpus[o]), int(menu.nodes[o]), free)
@@ -1122,6 +1155,12 @@ class CoadaptPolicy:
             return BatchChoice(*best)
         start = max(limits.init_batch_size, limits.min_local_bsz * gpus)
         return fixed_batch_choice(start, gpus, limits)
+
+
+def _allows_pool(job: JobView, cluster: ClusterView, pool: Pool) -> bool:
+    """Whether the job may run on ``pool``: on its nodes, which are all alike for the job's
+    limits (:func:`pools_of` splits them so; :meth:`~autoscaler.jobs.JobView.allows_node`)."""
+    return not job.restricts_nodes or job.allows_node(cluster.nodes[pool.nodes[0]])
 
 
 def _fit(pool: Pool, gpus: int, nodes: int, free: np.ndarray) -> dict[int, int] | None:

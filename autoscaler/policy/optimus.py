@@ -31,7 +31,7 @@ from autoscaler.jobs import (
     fixed_batch_choice,
 )
 from autoscaler.policy.base import Decision
-from autoscaler.policy.placement import allowed_nodes, pack_on
+from autoscaler.policy.placement import allowed_nodes, on_allowed, pack_on
 
 __all__ = ["OptimusPolicy"]
 
@@ -109,8 +109,7 @@ class OptimusPolicy:
         free = np.array(cluster.gpus_per_node, dtype=np.int64)
         allocations: dict[str, Allocation] = {}
         for job, g in zip(jobs, gpus, strict=True):
-            kept = all(job.view.allows_type(t) for t in cluster.gpu_types_of(job.view.allocation))
-            if g > 0 and job.view.num_gpus == g and kept:
+            if g > 0 and job.view.num_gpus == g and on_allowed(job.view, cluster):
                 allocations[job.view.name] = job.view.allocation
                 free -= np.asarray(cluster.dense(job.view.allocation), dtype=np.int64)
         order = sorted(range(len(jobs)), key=lambda i: gpus[i])

@@ -7,7 +7,7 @@ import numpy as np
 from autoscaler.errors import InvalidInputError
 from autoscaler.jobs import ClusterView, JobView
 
-__all__ = ["allowed_nodes", "pack", "pack_on"]
+__all__ = ["allowed_nodes", "on_allowed", "pack", "pack_on"]
 
 
 def pack(num_gpus: int, free: np.ndarray) -> tuple[int, ...]:
@@ -33,10 +33,23 @@ def pack(num_gpus: int, free: np.ndarray) -> tuple[int, ...]:
 
 
 def allowed_nodes(job: JobView, cluster: ClusterView) -> np.ndarray | None:
-    """A mask of the nodes whose GPU type the job allows (``None``: it allows every type)."""
-    if job.gpu_types is None:
+    """A mask of the nodes the job allows (:meth:`~autoscaler.jobs.JobView.allows_node`: GPU
+    type, market, offering; ``None``: it allows every node)."""
+    if not job.restricts_nodes:
         return None
-    return np.array([job.allows_type(n.gpu_type) for n in cluster.nodes], dtype=bool)
+    return np.array([job.allows_node(n) for n in cluster.nodes], dtype=bool)
+
+
+def on_allowed(job: JobView, cluster: ClusterView) -> bool:
+    """Whether every node the job holds now is one it allows (nodes that left are not
+    counted)."""
+    if not job.restricts_nodes:
+        return True
+    return all(
+        job.allows_node(cluster.nodes[i])
+        for i in (cluster.index_of(n) for n in job.allocation)
+        if i is not None
+    )
 
 
 def pack_on(num_gpus: int, free: np.ndarray, allowed: np.ndarray | None) -> tuple[int, ...] | None:

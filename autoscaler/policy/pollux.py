@@ -171,15 +171,15 @@ def _user_bounds(
     jobs: list[JobView], cluster: ClusterView
 ) -> tuple[np.ndarray | None, np.ndarray | None]:
     """The search's per-job GPU floor (``gpus.min``; exactly its GPUs for a job that does not
-    adapt) and its allowed nodes (``gpu_types``); ``None`` for either when no job sets it (the
-    search is then exactly the paper's)."""
+    adapt) and its allowed nodes (:meth:`~autoscaler.jobs.JobView.allows_node`: ``gpu_types``,
+    ``markets``, ``offerings``); ``None`` for either when no job sets it (the search is then
+    exactly the paper's)."""
     floor = np.array([j.fewest_gpus for j in jobs], dtype=np.float32)
-    types = np.array([n.gpu_type for n in cluster.nodes], dtype=object)
     allowed = None
-    if any(j.gpu_types is not None for j in jobs):
-        allowed = np.array([[j.allows_type(t) for t in types] for j in jobs], dtype=bool).reshape(
-            len(jobs), len(types)
-        )
+    if any(j.restricts_nodes for j in jobs):
+        allowed = np.array(
+            [[j.allows_node(n) for n in cluster.nodes] for j in jobs], dtype=bool
+        ).reshape(len(jobs), cluster.num_nodes)
     return (floor if (floor > 1).any() else None), allowed
 
 
@@ -405,7 +405,7 @@ class _Search:
     reset_prob: float
     zero_prob: float
     min_gpus: np.ndarray | None = None  # (jobs,) the user's floor; None: 1 for every job
-    allowed: np.ndarray | None = None  # (jobs, nodes) nodes of a type the job allows
+    allowed: np.ndarray | None = None  # (jobs, nodes) the nodes each job allows
 
     def __post_init__(self) -> None:
         num_jobs, num_nodes = self.base.shape
@@ -546,7 +546,7 @@ class _Search:
     def _repair(self, x: np.ndarray) -> np.ndarray:
         """Repairs ``x`` in place where it can; returns the repaired population."""
         num_jobs = x.shape[0]
-        # (0) The user's GPU types: a job holds nothing on a node of a type it does not allow.
+        # (0) The user's limits: a job holds nothing on a node it does not allow.
         if self._allowed is not None:
             x *= self._allowed
         # (1) Interference avoidance: on each node, only the first multi-node job stays.

@@ -29,7 +29,7 @@ from autoscaler.jobs import (
     fixed_batch_choice,
 )
 from autoscaler.policy.base import Decision
-from autoscaler.policy.placement import allowed_nodes, pack_on
+from autoscaler.policy.placement import allowed_nodes, on_allowed, pack_on
 
 __all__ = ["TiresiasPolicy", "TiresiasState"]
 
@@ -84,27 +84,31 @@ class TiresiasPolicy:
                 demoted.add(job.name)
         queue0 = [job.name for job in round_input.jobs if job.name not in demoted]
 
-        left = {t: 0 for t in cluster.gpu_types}  # GPUs not yet promised, by type
-        for node in cluster.nodes:
-            left[node.gpu_type] += node.gpus
+        # GPUs not yet promised, by node, the nodes taken by GPU type (in name order), then
+        # fleet order: a gang is promised from the nodes it allows, type by type.
+        order = sorted(range(cluster.num_nodes), key=lambda i: (cluster.nodes[i].gpu_type, i))
+        left = np.array([cluster.nodes[i].gpus for i in order], dtype=np.int64)
         running: list[str] = []
         for name in (*queue0, *queue1):
             job = jobs[name]
             gang = self.gang_size(job, cluster)
-            types = [t for t in sorted(left) if job.allows_type(t)]
-            if gang <= sum(left[t] for t in types):
+            mask = allowed_nodes(job, cluster)
+            room = left if mask is None else np.where(mask[order], left, 0)
+            if gang <= int(room.sum()):
                 running.append(name)
-                for t in types:  # promised from the types it allows, in name order
-                    take = min(gang, left[t])
-                    left[t] -= take
+                for k in np.flatnonzero(room):
+                    take = min(gang, int(room[k]))
+                    left[k] -= take
                     gang -= take
+                    if not gang:
+                        break
         run_set = set(running)
 
         free = np.array(cluster.gpus_per_node, dtype=np.int64)
         allocations: dict[str, Allocation] = {}
         for name in running:  # Running jobs that keep their GPUs.
             job = jobs[name]
-            if job.num_gpus == self.gang_size(job, cluster) and _on_allowed(job, cluster):
+            if job.num_gpus == self.gang_size(job, cluster) and on_allowed(job, cluster):
                 allocations[name] = job.allocation
                 free -= np.asarray(cluster.dense(job.allocation), dtype=np.int64)
         batches: dict[str, BatchChoice] = {}
@@ -124,8 +128,3 @@ class TiresiasPolicy:
                 allocations[name] = Allocation()
         plan = Plan(allocations, batches, cluster.fleet())
         return Decision(plan, TiresiasState(tuple(queue1)))
-
-
-def _on_allowed(job: JobView, cluster: ClusterView) -> bool:
-    """Whether every GPU the job holds is of a type it allows."""
-    return all(job.allows_type(t) for t in cluster.gpu_types_of(job.allocation))

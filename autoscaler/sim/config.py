@@ -45,7 +45,10 @@ class SimConfig:
     length, as a controller would: ``"declared"`` (every job's script declares its length, the
     workload's target; the policy gets the remaining work by the trainer's rule,
     :func:`trainer.report.remaining_progress`) or ``"none"`` (no job declares: no remaining
-    work is known). Jobs end at their true length either way.
+    work is known). Jobs end at their true length either way. ``job_markets`` and
+    ``job_offerings``: per job name, the ``markets`` and ``offerings`` its spec gives (the
+    controller's :class:`~autoscaler.controller.jobs.JobSubmission` fields; jobs not named
+    set neither).
     """
 
     num_nodes: int = 16
@@ -62,6 +65,8 @@ class SimConfig:
     traces_dir: str | None = None
     cloud: CloudConfig | None = None
     lengths: str = "declared"
+    job_markets: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    job_offerings: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def __post_init__(self) -> None:
         if self.lengths not in LENGTHS:

@@ -284,7 +284,7 @@ class Simulator:
     def _submission(self, job: _Job) -> JobSubmission:
         """The job as its user submits it: the application's batch limits, its own GPUs and
         batch size (what a fixed-batch policy gives it), whether it adapts, its deadline (a
-        duration after submission)."""
+        duration after submission), and the markets and offerings the config gives it."""
         app = job.app
         return JobSubmission(
             name=job.spec.name,
@@ -298,6 +298,8 @@ class Simulator:
             batch_size=max(1, job.spec.batch_size),
             command=(f"{job.spec.application}.py",),
             deadline=job.spec.deadline_after_s,
+            markets=dict(self.config.job_markets).get(job.spec.name),
+            offerings=dict(self.config.job_offerings).get(job.spec.name),
         )
 
     def run(self) -> SimResult:

@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from autoscaler.controller.agent import JobAssignment, launch_argv
 from autoscaler.controller.jobs import JobSubmission
 from autoscaler.controller.jobspec import (
+    REMOVED_FIELDS,
     JobSpec,
     JobSpecError,
-    Optimizer,
     load_job_spec,
     parse_job_spec,
 )
@@ -42,13 +42,10 @@ batch_size:
   max: 4096
 local_batch_size: {min: 32, max: 512}
 max_accum_steps: 8
-optimizer: adamw
 checkpoint: s3://ckpt-bucket/resnet-50-a
-weight: 2.5
 gpu_types: [T4, A100]
 markets: [spot, on-demand]
 offerings: [aws/g4dn.12xlarge/us-east-1a/spot, aws/p4d.24xlarge/us-east-1b/on-demand]
-budget_share: 0.25
 application: resnet50
 adaptive: true
 """
@@ -80,13 +77,10 @@ def test_full_spec_round_trips_into_a_submission() -> None:
         min_gpus=2,
         max_gpus=16,
         max_accum_steps=8,
-        optimizer=Optimizer.ADAMW,
         checkpoint_uri="s3://ckpt-bucket/resnet-50-a",
-        weight=2.5,
         gpu_types=("T4", "A100"),
         markets=("spot", "on-demand"),
         offerings=("aws/g4dn.12xlarge/us-east-1a/spot", "aws/p4d.24xlarge/us-east-1b/on-demand"),
-        budget_share=0.25,
         application="resnet50",
         adaptive=True,
     )
@@ -100,6 +94,8 @@ def test_full_spec_round_trips_into_a_submission() -> None:
         min_gpus=2,
         max_gpus=16,
         gpu_types=("T4", "A100"),
+        markets=("spot", "on-demand"),
+        offerings=("aws/g4dn.12xlarge/us-east-1a/spot", "aws/p4d.24xlarge/us-east-1b/on-demand"),
         max_accum_steps=8,
         application="resnet50",
         adaptive=True,
@@ -108,7 +104,6 @@ def test_full_spec_round_trips_into_a_submission() -> None:
     )
     assert submission.limits.max_accum_steps == 8
     assert JobSubmission.from_json(submission.to_json()) == submission
-    assert spec.not_acted_on == ("weight", "markets", "offerings", "budget_share")
 
 
 def test_defaults_of_a_minimal_spec() -> None:
@@ -123,20 +118,15 @@ def test_defaults_of_a_minimal_spec() -> None:
         None,
         None,
     )
-    assert (spec.optimizer, spec.checkpoint_uri, spec.weight, spec.budget_share) == (
-        None,
-        None,
-        1.0,
-        None,
-    )
+    assert spec.checkpoint_uri is None
     assert (spec.gpu_types, spec.markets, spec.offerings) == (None, None, None)
     assert (spec.application, spec.adaptive) == ("generic", True)
     assert spec.submission() == JobSubmission("j", 8, 8, 8, command=spec.command)
 
 
 def test_empty_values_mean_absent() -> None:
-    spec = parse_job_spec(BASE + "weight:\noptimizer: ~\n")
-    assert (spec.weight, spec.optimizer) == (1.0, None)
+    spec = parse_job_spec(BASE + "markets:\nofferings: ~\n")
+    assert (spec.markets, spec.offerings) == (None, None)
     spec = parse_job_spec(BASE.replace("  min: 2\n  max: 4\n", ""))
     assert (spec.min_gpus, spec.max_gpus) == (1, None)
 
@@ -150,7 +140,7 @@ def test_anchors_and_aliases_work() -> None:
 def test_example_specs_run_elastic_mlp_under_the_launcher(path: Path) -> None:
     """Each example loads; the argv the node agent builds from it is a valid launcher command
     for examples/elastic_mlp.py whose arguments the script accepts, with the script's initial
-    batch size and optimizer equal to the spec's."""
+    batch size equal to the spec's."""
     pytest.importorskip("torch")
     spec = load_job_spec(path)
     assert spec.name == path.stem
@@ -168,7 +158,6 @@ def test_example_specs_run_elastic_mlp_under_the_launcher(path: Path) -> None:
     launch.preflight(config, cwd=str(ROOT))
     args = _elastic_mlp().parse_args(list(config.script_args))
     assert args.initial_batch_size == spec.init_batch_size
-    assert spec.optimizer is not None and args.optimizer == spec.optimizer.value
     assert spec.submission().name == spec.name
 
 
@@ -176,19 +165,24 @@ def test_there_are_three_examples() -> None:
     assert [p.name for p in EXAMPLES] == ["mlp-medium.yaml", "mlp-small.yaml", "mlp-wide.yaml"]
 
 
-def test_optimizer_scaling_rules_are_the_trainers() -> None:
-    torch = pytest.importorskip("torch")
-    from trainer.scaling import ScalingRule, default_rule
-
-    param = [torch.nn.Parameter(torch.zeros(1))]
-    made = {
-        Optimizer.SGD: torch.optim.SGD(param, lr=0.1),
-        Optimizer.ADAM: torch.optim.Adam(param),
-        Optimizer.ADAMW: torch.optim.AdamW(param),
-    }
-    assert set(made) == set(Optimizer)
-    for optimizer, instance in made.items():
-        assert ScalingRule(optimizer.scaling_rule) is default_rule(instance)
+@pytest.mark.parametrize("field", ["optimizer", "weight", "budget_share"])
+@pytest.mark.parametrize("value", ["sgd", "2", "0.5", "", "[1, 2]"])
+def test_removed_fields_are_refused_with_one_line(field: str, value: str) -> None:
+    """A spec of an earlier version that names ``optimizer``, ``weight`` or ``budget_share``
+    (accepted and ignored then) is refused, whatever the value, with one line saying the
+    field was removed, why, and what to do; a JSON body naming one is refused too."""
+    with pytest.raises(JobSpecError) as info:
+        parse_job_spec(BASE + f"{field}: {value}\n", "old.yaml")
+    e = info.value
+    assert (e.line, e.field, len(e.problems)) == (11, field, 1)
+    assert str(e) == f"old.yaml:11 [{field}]: {REMOVED_FIELDS[field]}"
+    assert e.reason.startswith(f"{field} was removed: ") and "\n" not in str(e)
+    assert e.reason.endswith("delete this line")
+    with pytest.raises(InvalidInputError) as api:
+        JobSubmission.from_mapping(
+            {"name": "a", "init_batch_size": 8, "max_batch_size": 8, "max_local_bsz": 8, field: 1}
+        )
+    assert api.value.field == field
 
 
 def _elastic_mlp() -> Any:
@@ -219,7 +213,7 @@ ERRORS = [
         id="a list",
     ),
     pytest.param("job-a\n", 1, "spec", "got the string 'job-a'", id="a scalar"),
-    pytest.param(BASE + "weight: [1, 2\n", 12, "spec", "not valid YAML", id="bad YAML"),
+    pytest.param(BASE + "markets: [spot\n", 12, "spec", "not valid YAML", id="bad YAML"),
     pytest.param(
         BASE + "---\nname: b\n", 11, "spec", "expected a single document", id="two documents"
     ),
@@ -327,7 +321,7 @@ ERRORS = [
         id="list for mapping",
     ),
     pytest.param(
-        BASE + "weight: !env WEIGHT\n", 11, "weight", "of YAML type !env", id="custom tag"
+        BASE + "application: !env APP\n", 11, "application", "of YAML type !env", id="custom tag"
     ),
     pytest.param(
         BASE + "application: 2024-01-01\n", 11, "application", "!!timestamp", id="date for str"
@@ -451,12 +445,6 @@ ERRORS = [
         BASE + "max_accum_steps: 0\n", 11, "max_accum_steps", "must be >= 1, got 0", id="accum 0"
     ),
     pytest.param(
-        BASE + "optimizer: adma\n", 11, "optimizer", "did you mean 'adam'?", id="optimizer typo"
-    ),
-    pytest.param(
-        BASE + "optimizer: SGD\n", 11, "optimizer", "did you mean 'sgd'?", id="optimizer case"
-    ),
-    pytest.param(
         BASE + "checkpoint: http://host/x\n",
         11,
         "checkpoint",
@@ -474,21 +462,11 @@ ERRORS = [
         BASE + "checkpoint: ''\n", 11, "checkpoint", "non-empty location", id="checkpoint empty"
     ),
     pytest.param(
-        BASE + "weight: 0\n", 11, "weight", "must be a number in (0, 1e+06], got 0.0", id="weight 0"
-    ),
-    pytest.param(BASE + "weight: .nan\n", 11, "weight", "got nan", id="weight nan"),
-    pytest.param(
-        BASE + "weight: heavy\n",
+        BASE + "weight: 2\n",
         11,
         "weight",
-        "expected a number, got the string 'heavy'",
-        id="weight string",
-    ),
-    pytest.param(
-        BASE + "budget_share: 0\n", 11, "budget_share", "in (0, 1], got 0.0", id="budget 0"
-    ),
-    pytest.param(
-        BASE + "budget_share: 1.5\n", 11, "budget_share", "in (0, 1], got 1.5", id="budget 1.5"
+        "weight was removed: it has no meaning",
+        id="weight removed",
     ),
     pytest.param(
         BASE + "gpu_types: [T4, a100]\n",
@@ -702,10 +680,10 @@ def test_constructing_a_spec_checks_the_same_rules() -> None:
         JobSpec(**{**good.__dict__, "init_batch_size": True})
     assert info.value.field == "batch_size.initial"
     with pytest.raises(InvalidInputError) as info:
-        JobSpec(**{**good.__dict__, "optimizer": "lamb"})
-    assert info.value.field == "optimizer"
-    made = JobSpec(**{**good.__dict__, "optimizer": "adam", "command": ["t.py"]})
-    assert made.optimizer is Optimizer.ADAM
+        JobSpec(**{**good.__dict__, "markets": ["spot", "preemptible"]})
+    assert info.value.field == "markets[1]"
+    made = JobSpec(**{**good.__dict__, "markets": ["on-demand"], "command": ["t.py"]})
+    assert made.markets == ("on-demand",)
     assert made.command == ("t.py",)
 
 
@@ -754,14 +732,9 @@ def _specs(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, Any]]:
     offering = st.tuples(*[st.from_regex(r"[a-z0-9.-]{1,12}", fullmatch=True)] * 3).map("/".join)
     optional: dict[str, tuple[str, Any]] = {
         "max_accum_steps": ("max_accum_steps", st.integers(1, 64)),
-        "optimizer": ("optimizer", st.sampled_from(list(Optimizer))),
         "checkpoint": (
             "checkpoint_uri",
             st.sampled_from(["ckpt/j", "/abs/ckpt", "file:///tmp/c", "s3://b/p", "gs://b"]),
-        ),
-        "weight": (
-            "weight",
-            st.floats(min_value=0, max_value=1e6, exclude_min=True) | st.integers(1, 1000),
         ),
         "gpu_types": (
             "gpu_types",
@@ -776,7 +749,6 @@ def _specs(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, Any]]:
                 unique=True,
             ).map(tuple),
         ),
-        "budget_share": ("budget_share", st.floats(min_value=0, max_value=1, exclude_min=True)),
         "application": ("application", _WORDS.filter(lambda w: bool(w) and w.isprintable())),
         "adaptive": ("adaptive", st.booleans()),
     }
@@ -788,12 +760,8 @@ def _specs(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, Any]]:
         elif how == "given":
             want[attribute] = value
             data[key] = list(value) if isinstance(value, tuple) else value
-            if key == "optimizer":
-                data[key] = value.value
     if want.get("adaptive") is False and "max_gpus" in want:  # it runs on exactly gpus.min
         data["gpus"]["max"] = want["max_gpus"] = want.get("min_gpus", 1)
-    if "weight" in want:
-        want["weight"] = float(want["weight"])
     order = draw(st.permutations(list(data)))
     return {key: data[key] for key in order}, want
 
