@@ -76,6 +76,7 @@ class EventKind(StrEnum):
     REFUSAL = "refusal"
     CANCEL = "cancel"
     DEADLINE = "deadline"
+    DISK_FULL = "disk-full"
 
 
 WARNING_KINDS: Final = frozenset(
@@ -87,6 +88,7 @@ WARNING_KINDS: Final = frozenset(
         EventKind.FAILURE,
         EventKind.REFUSAL,
         EventKind.DEADLINE,
+        EventKind.DISK_FULL,
     }
 )
 """Events a user should see even with ``coadapt up --quiet``."""
