@@ -800,6 +800,28 @@ def agent(
     address: Annotated[
         str, typer.Option("--address", help="The address peers reach this node at.")
     ] = "127.0.0.1",
+    isolate_jobs: Annotated[
+        bool,
+        typer.Option(
+            "--isolate-jobs",
+            help="Run each job as its own unprivileged user, in a mount namespace that shows "
+            "it its own checkpoint folder: this agent's credential and folders are out of its "
+            "reach (needs root).",
+        ),
+    ] = False,
+    job_log_max_bytes: Annotated[
+        int | None,
+        typer.Option(
+            "--job-log-max-bytes", help="What each job's log keeps here (default 64 MiB)."
+        ),
+    ] = None,
+    min_free_bytes: Annotated[
+        int | None,
+        typer.Option(
+            "--min-free-bytes",
+            help="Start no job while the disk of its log or checkpoints has less free.",
+        ),
+    ] = None,
 ) -> None:
     """One instance's node agent (coadapt up starts one on each instance it launches).
 
@@ -822,10 +844,14 @@ def agent(
         "--interval-s": interval_s,
         "--report-interval-s": report_interval_s,
         "--address": address,
+        "--job-log-max-bytes": job_log_max_bytes,
+        "--min-free-bytes": min_free_bytes,
     }
     for flag, value in named.items():
         if value is not None:
             argv += [flag, str(value)]
+    if isolate_jobs:
+        argv.append("--isolate-jobs")
     raise typer.Exit(agent_main(argv))
 
 

@@ -236,6 +236,7 @@ class _Proc:
     pid: int
     stopping: bool = False
     space: Path | None = None  # an isolated job's own folder (Supervisor.isolate)
+    writer: subprocess.Popen[bytes] | None = None  # its log writer (coadapt_common.logcap)
 
 
 @dataclass
@@ -356,7 +357,10 @@ class Supervisor:
     def _record(self) -> None:
         write_json_atomic(
             self.work_dir / "processes.json",
-            {job: {"pid": p.pid} for job, p in sorted(self._procs.items())},
+            {
+                job: {"pid": p.pid, **({"space": str(p.space)} if p.space else {})}
+                for job, p in sorted(self._procs.items())
+            },
         )
 
     # ---- actions ---------------------------------------------------------------------------
@@ -412,7 +416,7 @@ class Supervisor:
         read_end, write_end = os.pipe()
         try:
             grow_pipe(write_end)
-            subprocess.Popen(
+            writer = subprocess.Popen(
                 logcap_argv(self.log_path(a.job), self.log_max_bytes),
                 stdin=read_end,
                 stdout=subprocess.DEVNULL,
@@ -433,7 +437,7 @@ class Supervisor:
         finally:
             os.close(read_end)
             os.close(write_end)
-        self._procs[a.job] = _Proc(a, popen, popen.pid, space=space)
+        self._procs[a.job] = _Proc(a, popen, popen.pid, space=space, writer=writer)
         self._record()
         return popen.pid
 
@@ -451,6 +455,7 @@ class Supervisor:
         )
         code = _end_group(proc.pid, proc.popen, self.stop_grace_s)
         self.sweep(job)
+        _drain(proc.writer)
         self._forget(job, proc.space)
         self._record()
         if code == 0:
@@ -486,6 +491,7 @@ class Supervisor:
                 continue
             del self._procs[job]
             self.sweep(job)
+            _drain(proc.writer)  # the log holds the launcher's last words before they are read
             self._forget(job, proc.space)
             ended.append((job, exit_outcome(code), code))
         if ended:
@@ -513,6 +519,17 @@ class Supervisor:
         while any(is_running(read_stat(p)) for p in ended) and time.monotonic() < deadline:
             time.sleep(0.01)
         return ended
+
+
+WRITER_DRAIN_S: Final = 5.0
+"""How long an agent waits for a job's log writer to write what the job's processes left in
+its pipe once they are gone (it then goes on: the writer finishes on its own)."""
+
+
+def _drain(writer: subprocess.Popen[bytes] | None) -> None:
+    if writer is not None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            writer.wait(timeout=WRITER_DRAIN_S)
 
 
 def _job_needs(a: JobAssignment) -> list[str]:

@@ -846,8 +846,6 @@ def agent_main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.job_log_max_bytes < MIN_LOG_MAX_BYTES or args.min_free_bytes < 0:
         p.error(f"--job-log-max-bytes must be >= {MIN_LOG_MAX_BYTES}, --min-free-bytes >= 0")
-    if args.isolate_jobs and os.geteuid() != 0:
-        p.error("--isolate-jobs needs root")
     os.umask(0o077)  # job logs and checkpoints are private to this user
     if args.request_id is not None:
         if not args.cluster_id:
@@ -860,6 +858,9 @@ def agent_main(argv: list[str] | None = None) -> int:
         token = load_token(args.token_file, "agent")
     except TokenFileError as e:
         print(f"coadapt: {e}", file=sys.stderr)
+        return 2
+    if args.isolate_jobs and os.geteuid() != 0:
+        print("coadapt: --isolate-jobs needs root (jobs get users of their own)", file=sys.stderr)
         return 2
     root = _checkpoint_root(args.checkpoint_root)
 
