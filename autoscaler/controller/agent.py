@@ -29,6 +29,13 @@ carries its job's report credential; the supervisor writes it to a 0600 file of 
 and gives the launcher the file's path in ``COADAPT_REPORT_TOKEN_FILE``: the trainer reads it
 before each report. A job's command follows the launcher's options after ``--``, so nothing
 in it is ever read as a launcher option (:func:`launch_argv`).
+
+A launcher's output goes through a pipe to a capped log writer of its own
+(:mod:`coadapt_common.logcap`), which writes :meth:`Supervisor.log_path`: not the agent, so an
+agent that dies does not cut a job's output. With ``isolate`` (an agent run as root) the
+launcher runs as the job's own unprivileged user (:mod:`coadapt_common.jobexec`): its
+checkpoint folder mounted for it, its home and report credential in a folder of its own, the
+agent's credential and folders out of its reach.
 """
 
 from __future__ import annotations
@@ -538,9 +545,9 @@ def _job_needs(a: JobAssignment) -> list[str]:
     trainer's code, the working folder and the job's script. Nothing else is shown: a file
     the job reads elsewhere must be open to other users."""
     cwd = Path.cwd()
-    wanted = [sys.base_prefix, sys.prefix, Path(trainer.__file__).resolve().parents[1], cwd]
-    wanted.append(cwd / a.command[0])
-    return [str(p) for p in wanted if Path(p).exists()]
+    code = Path(trainer.__file__).resolve().parents[1]
+    wanted = [Path(sys.base_prefix), Path(sys.prefix), code, cwd, cwd / a.command[0]]
+    return [str(p) for p in wanted if p.exists()]
 
 
 def _give(folder: Path, uid: int) -> None:

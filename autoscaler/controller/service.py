@@ -24,11 +24,19 @@ its user, whatever the umask)::
                     again, where the agents call
     up.json         the running service: its API URL, pid, start time and command line
                     (removed when it stops)
-    logs/<job>/     job logs, one file per instance (what ``GET /v1/jobs/{name}/logs`` reads)
-    checkpoints/    job checkpoints (a job without its own location writes here)
+    logs/<job>/     job logs, one file per instance (what ``GET /v1/jobs/{name}/logs`` reads),
+                    each capped by its writer (``--job-log-max-mib``: the latest output is
+                    kept, one rotated file beside it, and reads say how much was dropped)
+    checkpoints/    job checkpoints (a job without its own location writes here; an isolated
+                    job's folder is its own user's, mounted for it alone)
     agents/<key>/   each agent's working folder, with ``agent-token.json``: that agent's own
                     credential (0600), good for its instance only
     local/          the local provider's state (instances, agent processes)
+
+Jobs cannot read these secrets: run as root, ``up`` has each job run as its own
+unprivileged user (:func:`job_isolation`, :mod:`coadapt_common.jobexec`), and says in one line
+how its jobs run. Below ``--min-free-mib`` free on the state folder's disk ``up`` refuses to
+start, or ends in one line with a ``disk-full`` event, and agents start no job.
 
 Each launched instance starts :func:`agent_main` with the API URL, its own token file, its
 instance key and these folders (the launch's user data: a command line that carries paths,
@@ -324,7 +332,7 @@ def job_isolation(mode: str, *, euid: int) -> JobIsolation:
     exposed = (
         "jobs run as this service's user and can read its state folder (the users' token "
         "and the agents' credentials included)"
-    )
+    )  # said at the start of a line: 'coadapt: jobs run as ...'
     if mode == "none":
         return JobIsolation(False, f"{exposed}: --job-isolation none")
     if euid == 0:
@@ -663,9 +671,9 @@ def _run_up(
     else:
         user_data = None if cloud is None else _cloud_user_data(cloud, tokens)
     if isolation is not None:
-        log.info("jobs: %s", isolation.line)
+        log.info("%s", isolation.line)
         if on_note is not None:
-            on_note(f"jobs: {isolation.line}")
+            on_note(isolation.line)
     controller = Controller(
         store,
         provider,

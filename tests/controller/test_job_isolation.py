@@ -148,7 +148,7 @@ def test_a_job_gets_permission_errors_on_the_clusters_secrets(tmp_path: Path) ->
             up.terminate()
             up.wait(timeout=120)
     output = up.stdout.read() if up.stdout else ""
-    assert "coadapt: jobs: each job runs as its own unprivileged user" in output, output
+    assert "coadapt: each job runs as its own unprivileged user" in output, output
     found = dict(re.findall(r"^probe ([\w-]+): (.*)$", logs, re.M))
     assert found == {
         "tokens": "denied",
