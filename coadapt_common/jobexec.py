@@ -48,6 +48,7 @@ __all__ = [
     "job_uid",
     "jobexec_argv",
     "main",
+    "probe",
     "unreachable_by_others",
 ]
 
@@ -90,6 +91,24 @@ def jobexec_argv(
     for path in exposed:
         out += ["--expose", path]
     return [*out, "--", *argv]
+
+
+def probe(python: str = sys.executable, timeout_s: float = 60.0) -> str | None:
+    """Whether jobs can run isolated here: runs ``python`` as a job's user through this
+    module (a mount namespace, the interpreter shown behind closed parents). ``None``: they
+    can; else why not, in one line (not root, no mount namespaces in this container, ...)."""
+    import subprocess
+
+    exposed = [sys.base_prefix, sys.prefix]
+    argv = jobexec_argv([python, "-c", "pass"], JOB_UID_BASE, exposed=exposed, python=python)
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return str(e)
+    if out.returncode == 0:
+        return None
+    lines = out.stderr.strip().splitlines()
+    return lines[-1] if lines else f"exit status {out.returncode}"
 
 
 def closed_parent(path: str | Path) -> Path | None:

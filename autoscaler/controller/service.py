@@ -119,6 +119,7 @@ from coadapt_common.atomic import write_json_atomic
 from coadapt_common.clock import Clock, SystemClock
 from coadapt_common.diskspace import DEFAULT_MIN_FREE_BYTES, free_bytes, is_disk_full
 from coadapt_common.jobexec import JOB_UID_BASE
+from coadapt_common.jobexec import probe as probe_isolation
 from coadapt_common.logcap import DEFAULT_LOG_MAX_BYTES, MIN_LOG_MAX_BYTES
 from coadapt_common.procfs import process_start_time, read_proc_strings
 from providers.base import Provider
@@ -310,7 +311,9 @@ class JobIsolation:
     line: str
 
 
-def job_isolation(mode: str, *, euid: int) -> JobIsolation:
+def job_isolation(
+    mode: str, *, euid: int, probe: Callable[[], str | None] = probe_isolation
+) -> JobIsolation:
     """How the local provider's jobs are kept from the control plane's secrets (the state
     folder: ``tokens.json``, the agents' credentials, the store):
 
@@ -321,6 +324,8 @@ def job_isolation(mode: str, *, euid: int) -> JobIsolation:
       The Python it runs, the trainer's code, the working folder and its script are shown to
       it even behind a closed parent (``/root``: covered, only those shown); any other file
       it reads must be open to other users.
+      ``probe`` (:func:`coadapt_common.jobexec.probe`) first runs Python that way: where it
+      cannot (a container without mount namespaces), it is as below, with its reason.
     * otherwise jobs run as this user, who owns the state folder: they could read it. ``auto``
       says so; ``user`` refuses to start (run ``coadapt up`` as root to isolate jobs).
     * ``none``: jobs run as this user, said in one line."""
@@ -335,7 +340,8 @@ def job_isolation(mode: str, *, euid: int) -> JobIsolation:
     )  # said at the start of a line: 'coadapt: jobs run as ...'
     if mode == "none":
         return JobIsolation(False, f"{exposed}: --job-isolation none")
-    if euid == 0:
+    failed = probe() if euid == 0 else None
+    if euid == 0 and failed is None:
         return JobIsolation(
             True,
             "each job runs as its own unprivileged user (uid "
@@ -343,6 +349,8 @@ def job_isolation(mode: str, *, euid: int) -> JobIsolation:
             "credential: the state folder and its tokens are out of its reach",
         )
     why = "only root can run jobs as users of their own (coadapt up as root isolates them)"
+    if failed is not None:
+        why = f"running a job as a user of its own failed here: {failed}"
     if mode == "user":
         raise ServiceError(f"--job-isolation user: {why}")
     return JobIsolation(False, f"{exposed}: {why}")

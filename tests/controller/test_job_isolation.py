@@ -20,7 +20,13 @@ from pathlib import Path
 import pytest
 
 from autoscaler.controller.service import ServiceError, job_isolation
-from coadapt_common.jobexec import JOB_UID_BASE, JOB_UID_SPAN, job_uid, unreachable_by_others
+from coadapt_common.jobexec import (
+    JOB_UID_BASE,
+    JOB_UID_SPAN,
+    job_uid,
+    probe,
+    unreachable_by_others,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 COADAPT = [sys.executable, "-m", "autoscaler.cli"]
@@ -55,14 +61,28 @@ def test_what_other_users_cannot_reach_is_named(tmp_path: Path) -> None:
 
 
 def test_the_isolation_is_chosen_and_said_in_one_line() -> None:
-    iso = job_isolation("auto", euid=0)
+    def works() -> None:
+        return None
+
+    iso = job_isolation("auto", euid=0, probe=works)
     assert iso.isolated and "\n" not in iso.line and "out of its reach" in iso.line
-    user = job_isolation("auto", euid=1000)
+    user = job_isolation("auto", euid=1000, probe=works)
     assert not user.isolated and "can read its state folder" in user.line
     assert "only root" in user.line
     with pytest.raises(ServiceError, match="--job-isolation user: only root"):
-        job_isolation("user", euid=1000)
-    assert not job_isolation("none", euid=0).isolated
+        job_isolation("user", euid=1000, probe=works)
+    assert not job_isolation("none", euid=0, probe=works).isolated
+    # root in a container that allows no mount namespace: said, or refused when required
+    denied = "coadapt jobexec: cannot run the job as uid 1900000000: unshare: not permitted"
+    boxed = job_isolation("auto", euid=0, probe=lambda: denied)
+    assert not boxed.isolated and boxed.line.endswith(denied)
+    with pytest.raises(ServiceError, match="failed here: coadapt jobexec"):
+        job_isolation("user", euid=0, probe=lambda: denied)
+
+
+@needs_root
+def test_isolation_works_on_this_machine() -> None:
+    assert probe() is None  # CI and this machine run as root with mount namespaces
 
 
 @needs_root
