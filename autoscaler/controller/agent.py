@@ -62,7 +62,7 @@ from autoscaler.controller.client import ApiClient, ApiError
 from autoscaler.errors import InvalidInputError
 from coadapt_common.atomic import rotate_file, write_bytes_atomic, write_json_atomic
 from coadapt_common.clock import Clock
-from coadapt_common.diskspace import free_bytes
+from coadapt_common.diskspace import free_bytes, is_disk_full
 from coadapt_common.jobexec import job_uid, jobexec_argv
 from coadapt_common.logcap import DEFAULT_LOG_MAX_BYTES, grow_pipe, logcap_argv
 from coadapt_common.procfs import PROC_ROOT, is_running, read_proc_strings, read_stat
@@ -362,13 +362,20 @@ class Supervisor:
         return None
 
     def _record(self) -> None:
-        write_json_atomic(
-            self.work_dir / "processes.json",
-            {
-                job: {"pid": p.pid, **({"space": str(p.space)} if p.space else {})}
-                for job, p in sorted(self._procs.items())
-            },
-        )
+        """Write ``processes.json``; on a full disk it is said and left as it was (the jobs
+        go on: an agent does not die for a file it could not write)."""
+        try:
+            write_json_atomic(
+                self.work_dir / "processes.json",
+                {
+                    job: {"pid": p.pid, **({"space": str(p.space)} if p.space else {})}
+                    for job, p in sorted(self._procs.items())
+                },
+            )
+        except OSError as e:
+            if not is_disk_full(e):
+                raise
+            log.warning("agent %s: processes.json not written: %s", self.agent_id, e)
 
     # ---- actions ---------------------------------------------------------------------------
 

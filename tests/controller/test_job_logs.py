@@ -137,8 +137,8 @@ def test_an_agent_starts_no_launcher_on_a_full_disk(tmp_path: Path) -> None:
     try:
         sup = Supervisor(
             "test-full",
-            tmp_path / "agent",
-            argv_for=lambda a: [sys.executable, "-c", "print('ran')"],
+            disk / "agent",
+            argv_for=lambda a: [sys.executable, "-c", "import time; time.sleep(1); print('ran')"],
             logs_dir=disk / "logs",
             min_free_bytes=4 << 20,
         )
@@ -147,6 +147,12 @@ def test_an_agent_starts_no_launcher_on_a_full_disk(tmp_path: Path) -> None:
         assert sup.start(_job("j")) is None  # said once, refused each time
         (disk / "filler").unlink()
         assert sup.start(_job("j")) is not None
+        filler = os.open(disk / "filler", os.O_WRONLY | os.O_CREAT)  # the disk fills now
+        with pytest.raises(OSError):
+            while True:
+                os.write(filler, b"\0" * 65536)
+        os.close(filler)
+        # the agent goes on: the job's end is still read (processes.json cannot be written)
         assert [j for j, _, _ in _wait_ended(sup, 30)] == ["j"]
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
