@@ -64,7 +64,7 @@ from coadapt_common.atomic import rotate_file, write_bytes_atomic, write_json_at
 from coadapt_common.clock import Clock
 from coadapt_common.diskspace import free_bytes, is_disk_full
 from coadapt_common.jobexec import job_uid, jobexec_argv
-from coadapt_common.logcap import DEFAULT_LOG_MAX_BYTES, grow_pipe, logcap_argv
+from coadapt_common.logcap import DEFAULT_LOG_MAX_BYTES, grow_pipe, logcap_argv, older_path
 from coadapt_common.procfs import PROC_ROOT, is_running, read_proc_strings, read_stat
 from providers.errors import ProviderError
 from trainer.env import REPORT_TOKEN_FILE
@@ -199,9 +199,14 @@ def failure_cause(log: Path, returncode: int) -> str:
     try:
         with open(log, "rb") as handle:
             handle.seek(max(0, handle.seek(0, os.SEEK_END) - _CAUSE_TAIL_BYTES))
-            tail = handle.read().decode("utf-8", "replace")
+            raw = handle.read()
     except OSError:
         return how
+    if len(raw) < _CAUSE_TAIL_BYTES:  # just rotated: the end of the previous file too
+        with contextlib.suppress(OSError), open(older_path(log), "rb") as handle:
+            handle.seek(max(0, handle.seek(0, os.SEEK_END) - _CAUSE_TAIL_BYTES + len(raw)))
+            raw = handle.read() + raw
+    tail = raw.decode("utf-8", "replace")
     lines = [" ".join(x.split()) for x in tail.splitlines() if x.strip()]
     raised = [
         m.group(0)[len(m.group(1) or "") :]

@@ -156,3 +156,16 @@ def test_an_agent_starts_no_launcher_on_a_full_disk(tmp_path: Path) -> None:
         assert [j for j, _, _ in _wait_ended(sup, 30)] == ["j"]
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_the_failure_cause_is_found_across_a_rotation(tmp_path: Path) -> None:
+    from autoscaler.controller.agent import failure_cause
+
+    path = tmp_path / "job" / "i-1.log"
+    last = b"ValueError: the data file is broken\n"
+    filler = b"z" * 99 + b"\n"
+    body = filler * ((32768 - len(last)) // len(filler))
+    body += b"y" * (32768 - len(last) - len(body) - 1) + b"\n"
+    _write_through(path, [body, last, b"coadapt-launch: verdict: failed\n"], 64 << 10)
+    assert path.read_bytes() == b"coadapt-launch: verdict: failed\n"  # rotated just before
+    assert failure_cause(path, 1) == "exit status 1: ValueError: the data file is broken"
