@@ -465,6 +465,11 @@ def describe_store_error(e: StoreError) -> str:
     """One line: what is wrong with the store and how to fix it."""
     where = e.path or "the store"
     text = " ".join(str(e).split())
+    if is_disk_full(e):
+        return (
+            f"the disk of the store is full ({text}): nothing more is written; free some "
+            "space, then start coadapt up again (the store is kept as it was)"
+        )
     if isinstance(e, StoreCorruptError):
         return (
             f"the store is damaged ({text}); stop coadapt up and restore {where} from a backup, "
