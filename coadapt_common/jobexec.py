@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import hashlib
 import os
 import stat
@@ -134,7 +133,9 @@ def unreachable_by_others(path: str | Path) -> Path | None:
 
 
 def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    """The C library this interpreter runs on (its symbols: no ``find_library``, which
+    starts ``ldconfig``)."""
+    return ctypes.CDLL(None, use_errno=True)
 
 
 def _check(result: int, what: str) -> None:
