@@ -354,7 +354,8 @@ class Supervisor:
         has less than ``min_free_bytes`` free. ``None``: it may."""
         if self.min_free_bytes <= 0:
             return None
-        for folder in (self.log_path(job).parent, self.checkpoint_root):
+        logs = Path(self.logs_dir) if self.logs_dir is not None else self.work_dir / "logs"
+        for folder in (logs, self.checkpoint_root):  # (nothing is made: a full disk)
             if folder is None:
                 continue
             free = free_bytes(Path(folder))

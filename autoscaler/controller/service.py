@@ -580,6 +580,11 @@ def _run_up(
                 f"{cfg.provider_config} is a {cloud.kind} config, not {cfg.provider}",
                 field="provider",
             )
+    if cfg.job_log_max_bytes < MIN_LOG_MAX_BYTES or cfg.min_free_bytes < 0:
+        raise InvalidInputError(
+            f"job logs keep at least {MIN_LOG_MAX_BYTES} bytes and the space kept free is >= 0",
+            field="job_log_max_bytes",
+        )
     state = cfg.state_dir
     _prepare_state(state)
     full = check_free_space(state, cfg.min_free_bytes)
