@@ -346,6 +346,8 @@ class Supervisor:
             a = replace(a, checkpoint_uri=str(target))
         user = f"coadapt-job-{uid}"
         env = {"HOME": str(home), "USER": user, "LOGNAME": user}
+        # torch's compile cache (default /tmp/torchinductor_$USER) goes with the job's folder
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(home / ".cache" / "torchinductor")
         prefix = jobexec_argv([], uid, binds=binds, exposed=_job_needs(a))  # ends with --
         return a, space, prefix, env
 

@@ -184,4 +184,6 @@ def test_a_job_gets_permission_errors_on_the_clusters_secrets(tmp_path: Path) ->
     assert written.stat().st_uid == job_uid("probe")
     assert json.loads((state / "tokens.json").read_text())  # still there, still root's
     assert stat.S_IMODE(state.stat().st_mode) == 0o700
-    assert not list(Path("/tmp").glob("coadapt-job-probe-*"))  # its own folder is gone
+    agent_logs = "".join(p.read_text() for p in (state / "local").rglob("agent.log"))
+    left = list(Path("/tmp").glob("coadapt-job-probe-*"))
+    assert not left, f"{left}\n{output}\n{agent_logs[-4000:]}"  # its own folder is gone
