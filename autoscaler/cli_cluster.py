@@ -124,6 +124,29 @@ def up(
             "--verbose", "-v", help="Also print the controller's own log (rounds, jobs) on stderr."
         ),
     ] = False,
+    job_isolation: Annotated[
+        str,
+        typer.Option(
+            help="Local provider: 'user' runs each job as its own unprivileged user, away from "
+            "the state folder's tokens (needs root, and the working folder and Python open to "
+            "other users); 'none' runs jobs as this user; 'auto' isolates when it can and "
+            "says so."
+        ),
+    ] = "auto",
+    job_log_max_mib: Annotated[
+        float,
+        typer.Option(
+            help="What each job's log keeps per instance, in MiB (its latest output; the "
+            "rest is dropped and coadapt logs says how much)."
+        ),
+    ] = 64.0,
+    min_free_mib: Annotated[
+        float,
+        typer.Option(
+            help="MiB kept free on the state folder's disk: below it up refuses to start, or "
+            "stops with one line and a disk-full event, and no job is started."
+        ),
+    ] = 64.0,
 ) -> None:
     """Run the controller (API, rounds, fleet) in the foreground. Ctrl-C or SIGTERM stops it
     and leaves the fleet and its jobs running (the next coadapt up takes them back, at the
@@ -158,6 +181,8 @@ def up(
         fail(f"--port {port}: give a port 1-65535, or 0 for the recorded one", 2)
     if quiet and verbose:
         fail("--quiet and --verbose: choose one", 2)
+    if not 0.0625 <= job_log_max_mib <= 1 << 20 or not 0 <= min_free_mib <= 1 << 30:
+        fail("--job-log-max-mib must be 0.0625-1048576 and --min-free-mib 0-2**30", 2)
     _configure_logging(verbose=verbose)
     state = resolve_state_dir(state_dir)
     if state.exists() and not state.is_dir():
@@ -183,6 +208,9 @@ def up(
         provider=provider,
         provider_config=provider_config,
         new_store=new_store,
+        job_isolation=job_isolation,
+        job_log_max_bytes=int(job_log_max_mib * (1 << 20)),
+        min_free_bytes=int(min_free_mib * (1 << 20)),
     )
 
     def ready(url: str) -> None:
@@ -194,7 +222,13 @@ def up(
             typer.echo(format_event(event))
 
     try:
-        report = run_up(cfg, stop, on_ready=ready, on_event=told)
+        report = run_up(
+            cfg,
+            stop,
+            on_ready=ready,
+            on_event=told,
+            on_note=lambda line: typer.echo(f"coadapt: {line}"),
+        )
     except InvalidInputError as e:
         fail(str(e), 2)
     except TokenFileError as e:
@@ -798,6 +832,28 @@ def agent(
     address: Annotated[
         str, typer.Option("--address", help="The address peers reach this node at.")
     ] = "127.0.0.1",
+    isolate_jobs: Annotated[
+        bool,
+        typer.Option(
+            "--isolate-jobs",
+            help="Run each job as its own unprivileged user, in a mount namespace that shows "
+            "it its own checkpoint folder: this agent's credential and folders are out of its "
+            "reach (needs root).",
+        ),
+    ] = False,
+    job_log_max_bytes: Annotated[
+        int | None,
+        typer.Option(
+            "--job-log-max-bytes", help="What each job's log keeps here (default 64 MiB)."
+        ),
+    ] = None,
+    min_free_bytes: Annotated[
+        int | None,
+        typer.Option(
+            "--min-free-bytes",
+            help="Start no job while the disk of its log or checkpoints has less free.",
+        ),
+    ] = None,
 ) -> None:
     """One instance's node agent (coadapt up starts one on each instance it launches).
 
@@ -820,10 +876,14 @@ def agent(
         "--interval-s": interval_s,
         "--report-interval-s": report_interval_s,
         "--address": address,
+        "--job-log-max-bytes": job_log_max_bytes,
+        "--min-free-bytes": min_free_bytes,
     }
     for flag, value in named.items():
         if value is not None:
             argv += [flag, str(value)]
+    if isolate_jobs:
+        argv.append("--isolate-jobs")
     raise typer.Exit(agent_main(argv))
 
 

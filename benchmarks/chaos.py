@@ -113,6 +113,11 @@ class Soak:
         self.rng = random.Random(args.seed)
         self.tmp = Path(tempfile.mkdtemp(prefix="coadapt-chaos-"))
         self.state = self.tmp / "state"
+        # The jobs' step logs: jobs run as users of their own (coadapt up as root), so
+        # their folder is open to them (sticky, as /tmp); the rest of tmp stays private.
+        os.chmod(self.tmp, 0o711)
+        (self.tmp / "steps").mkdir(mode=0o700)
+        os.chmod(self.tmp / "steps", 0o1777)
         self.up: subprocess.Popen[bytes] | None = None
         self.starts = 0
         self.events: list[dict[str, Any]] = []

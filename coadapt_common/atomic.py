@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["write_bytes_atomic", "write_json_atomic", "write_text_atomic"]
+__all__ = ["rotate_file", "write_bytes_atomic", "write_json_atomic", "write_text_atomic"]
 
 
 def _umask() -> int:
@@ -85,3 +85,9 @@ def write_json_atomic(
     ``ValueError``/``TypeError`` before anything is written."""
     text = json.dumps(payload, indent=indent, sort_keys=True, allow_nan=False) + "\n"
     write_text_atomic(path, text, durable=durable)
+
+
+def rotate_file(path: str | Path, older: str | Path) -> None:
+    """Rename ``path`` over ``older`` (what ``older`` held is gone): a log's rotation
+    (:mod:`coadapt_common.logcap`). Readers that hold either file open keep reading it."""
+    os.replace(path, older)

@@ -38,6 +38,19 @@ def project_root() -> Path:
     return ROOT
 
 
+@pytest.fixture
+def jobs_tmp_path() -> Iterator[Path]:
+    """A temporary folder the jobs of a local cluster may write into: run as root, each job
+    runs as its own user (``coadapt_common.jobexec``), and ``tmp_path`` is behind pytest's
+    0700 base folder. Open to all, sticky (as ``/tmp``), removed after the test."""
+    folder = Path(tempfile.mkdtemp(prefix="coadapt-jobs-"))
+    os.chmod(folder, 0o1777)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.fixture(autouse=True)
 def _aws_adapter_calls_stay_declared():
     """Every test that drives the AWS adapter (through ``emulators.aws_moto.make_provider``)

@@ -235,7 +235,7 @@ def test_agent_takes_the_options_a_cloud_node_starts_it_with(tmp_path: Path) -> 
         "agent", "--api", "http://127.0.0.1:9", "--token-file", str(tokens),
         "--cluster-id", "c1", "--request-id", "c1-i-0123", "--work-dir", str(tmp_path / "w"),
         "--logs-dir", str(tmp_path / "logs"), "--checkpoint-root", "",
-        "--address", "127.0.0.1", "--notice-source", "aws",
+        "--address", "127.0.0.1", "--notice-source", "aws", "--isolate-jobs",
     )  # fmt: skip
     _no_traceback(out)
     assert out.returncode == 2, out.stderr

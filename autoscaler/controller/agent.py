@@ -29,6 +29,13 @@ carries its job's report credential; the supervisor writes it to a 0600 file of 
 and gives the launcher the file's path in ``COADAPT_REPORT_TOKEN_FILE``: the trainer reads it
 before each report. A job's command follows the launcher's options after ``--``, so nothing
 in it is ever read as a launcher option (:func:`launch_argv`).
+
+A launcher's output goes through a pipe to a capped log writer of its own
+(:mod:`coadapt_common.logcap`), which writes :meth:`Supervisor.log_path`: not the agent, so an
+agent that dies does not cut a job's output. With ``isolate`` (an agent run as root) the
+launcher runs as the job's own unprivileged user (:mod:`coadapt_common.jobexec`): its
+checkpoint folder mounted for it, its home and report credential in a folder of its own, the
+agent's credential and folders out of its reach.
 """
 
 from __future__ import annotations
@@ -38,9 +45,11 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -48,10 +57,14 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Final
 
+import trainer
 from autoscaler.controller.client import ApiClient, ApiError
 from autoscaler.errors import InvalidInputError
-from coadapt_common.atomic import write_bytes_atomic, write_json_atomic
+from coadapt_common.atomic import rotate_file, write_bytes_atomic, write_json_atomic
 from coadapt_common.clock import Clock
+from coadapt_common.diskspace import free_bytes, is_disk_full
+from coadapt_common.jobexec import job_uid, jobexec_argv
+from coadapt_common.logcap import DEFAULT_LOG_MAX_BYTES, grow_pipe, logcap_argv, older_path
 from coadapt_common.procfs import PROC_ROOT, is_running, read_proc_strings, read_stat
 from providers.errors import ProviderError
 from trainer.env import REPORT_TOKEN_FILE
@@ -186,9 +199,14 @@ def failure_cause(log: Path, returncode: int) -> str:
     try:
         with open(log, "rb") as handle:
             handle.seek(max(0, handle.seek(0, os.SEEK_END) - _CAUSE_TAIL_BYTES))
-            tail = handle.read().decode("utf-8", "replace")
+            raw = handle.read()
     except OSError:
         return how
+    if len(raw) < _CAUSE_TAIL_BYTES:  # just rotated: the end of the previous file too
+        with contextlib.suppress(OSError), open(older_path(log), "rb") as handle:
+            handle.seek(max(0, handle.seek(0, os.SEEK_END) - _CAUSE_TAIL_BYTES + len(raw)))
+            raw = handle.read() + raw
+    tail = raw.decode("utf-8", "replace")
     lines = [" ".join(x.split()) for x in tail.splitlines() if x.strip()]
     raised = [
         m.group(0)[len(m.group(1) or "") :]
@@ -229,6 +247,8 @@ class _Proc:
     popen: subprocess.Popen[bytes] | None
     pid: int
     stopping: bool = False
+    space: Path | None = None  # an isolated job's own folder (Supervisor.isolate)
+    writer: subprocess.Popen[bytes] | None = None  # its log writer (coadapt_common.logcap)
 
 
 @dataclass
@@ -242,7 +262,12 @@ class Supervisor:
     argv_for: Callable[[JobAssignment], list[str]] | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     logs_dir: Path | None = None
+    log_max_bytes: int = DEFAULT_LOG_MAX_BYTES
+    isolate: bool = False
+    checkpoint_root: Path | None = None
+    min_free_bytes: int = 0
     _procs: dict[str, _Proc] = field(default_factory=dict, init=False)
+    _refused: dict[str, str] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         self.work_dir = Path(self.work_dir)
@@ -266,26 +291,99 @@ class Supervisor:
         return path
 
     def credential_path(self, job: str) -> Path:
-        """Where ``job``'s report credential is kept while it runs here (0600)."""
+        """Where ``job``'s report credential is kept while it runs here (0600; an isolated
+        job's is in its own folder, readable by its user only)."""
+        proc = self._procs.get(job)
+        if proc is not None and proc.space is not None:
+            return proc.space / "report.token"
         return self.work_dir / "credentials" / f"{job}.token"
 
-    def _write_credential(self, a: JobAssignment) -> dict[str, str]:
+    def _write_credential(self, a: JobAssignment, space: Path | None = None) -> dict[str, str]:
         """Write ``a``'s report credential to its file; the environment that names it."""
         if a.report_token is None:
             return {}
-        path = self.credential_path(a.job)
+        path = space / "report.token" if space is not None else self.credential_path(a.job)
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        write_bytes_atomic(path, (a.report_token + "\n").encode(), mode=0o600)
+        data = (a.report_token + "\n").encode()
+        if space is None:
+            write_bytes_atomic(path, data, mode=0o600)
+        else:  # the folder is root's (the job cannot plant a link in it); the file its user's
+            uid = job_uid(a.job)
+            tmp = space / ".report.token.new"
+            tmp.unlink(missing_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as handle:
+                os.fchown(handle.fileno(), uid, uid)
+                handle.write(data)
+            rotate_file(tmp, path)
         return {REPORT_TOKEN_FILE: str(path)}
 
-    def _forget(self, job: str) -> None:
+    def _forget(self, job: str, space: Path | None = None) -> None:
         self.credential_path(job).unlink(missing_ok=True)
+        if space is not None:
+            shutil.rmtree(space, ignore_errors=True)  # links in it are removed, not followed
+
+    def _isolation(self, a: JobAssignment) -> tuple[JobAssignment, Path, list[str], dict[str, str]]:
+        """An isolated job's own folder (``<tmp>/coadapt-job-<job>-*``: root's, 0711, with
+        ``home/`` of its user and ``checkpoints/``, where its checkpoint folder under
+        ``checkpoint_root`` is mounted for it alone), the assignment as the job sees it, the
+        command prefix that runs it as its user (:mod:`coadapt_common.jobexec`) and its
+        environment."""
+        uid = job_uid(a.job)
+        space = Path(tempfile.mkdtemp(prefix=f"coadapt-job-{a.job}-"))
+        os.chmod(space, 0o711)
+        home = space / "home"
+        home.mkdir(mode=0o700)
+        os.chown(home, uid, uid)
+        binds: list[tuple[str, str]] = []
+        if a.checkpoint_uri is None and self.checkpoint_root is not None:
+            own = Path(self.checkpoint_root) / a.job
+            own.mkdir(mode=0o700, parents=True, exist_ok=True)
+            _give(own, uid)
+            target = space / "checkpoints"
+            target.mkdir(mode=0o755)
+            binds.append((str(own), str(target)))
+            a = replace(a, checkpoint_uri=str(target))
+        user = f"coadapt-job-{uid}"
+        env = {"HOME": str(home), "USER": user, "LOGNAME": user}
+        # torch's compile cache (default /tmp/torchinductor_$USER) goes with the job's folder
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(home / ".cache" / "torchinductor")
+        prefix = jobexec_argv([], uid, binds=binds, exposed=_job_needs(a))  # ends with --
+        return a, space, prefix, env
+
+    def _disk_refusal(self, job: str) -> str | None:
+        """Why ``job`` must not start now: the disk of its log (or of the checkpoint root)
+        has less than ``min_free_bytes`` free. ``None``: it may."""
+        if self.min_free_bytes <= 0:
+            return None
+        logs = Path(self.logs_dir) if self.logs_dir is not None else self.work_dir / "logs"
+        for folder in (logs, self.checkpoint_root):  # (nothing is made: a full disk)
+            if folder is None:
+                continue
+            free = free_bytes(Path(folder))
+            if free is not None and free < self.min_free_bytes:
+                return (
+                    f"not starting {job}: the disk of {folder} has {free >> 20} MiB free, less "
+                    f"than the {self.min_free_bytes >> 20} MiB kept free; it starts once there "
+                    "is room"
+                )
+        return None
 
     def _record(self) -> None:
-        write_json_atomic(
-            self.work_dir / "processes.json",
-            {job: {"pid": p.pid} for job, p in sorted(self._procs.items())},
-        )
+        """Write ``processes.json``; on a full disk it is said and left as it was (the jobs
+        go on: an agent does not die for a file it could not write)."""
+        try:
+            write_json_atomic(
+                self.work_dir / "processes.json",
+                {
+                    job: {"pid": p.pid, **({"space": str(p.space)} if p.space else {})}
+                    for job, p in sorted(self._procs.items())
+                },
+            )
+        except OSError as e:
+            if not is_disk_full(e):
+                raise
+            log.warning("agent %s: processes.json not written: %s", self.agent_id, e)
 
     # ---- actions ---------------------------------------------------------------------------
 
@@ -304,17 +402,64 @@ class Supervisor:
                 self.start(action.assignment)
         return finished
 
-    def start(self, a: JobAssignment) -> int:
-        """Start ``a``'s launcher; its pid."""
-        argv = self.argv_for(a) if self.argv_for else launch_argv(a, controller_url=None)
+    def start(self, a: JobAssignment) -> int | None:
+        """Start ``a``'s launcher; its pid (``None``: not started, the disk is full, said
+        once in the agent's log).
+
+        Its output goes through a pipe to its own log writer (:mod:`coadapt_common.logcap`,
+        capped at ``log_max_bytes``), a process of its own that is not the agent and does
+        not carry the agent's marker: it ends when every process of the job has closed the
+        pipe, and an agent that dies or restarts does not cut the job's output. With
+        ``isolate`` the launcher runs as the job's own user (:meth:`_isolation`)."""
+        refusal = self._disk_refusal(a.job)
+        if refusal is not None:
+            if self._refused.get(a.job) != refusal:
+                log.warning("agent %s: %s", self.agent_id, refusal)
+                print(f"coadapt agent {self.agent_id}: {refusal}", file=sys.stderr, flush=True)
+            self._refused[a.job] = refusal
+            return None
+        self._refused.pop(a.job, None)
         env = {**os.environ, **self.env, AGENT_ENV: self.agent_id, "COADAPT_JOB_ID": a.job}
         env.pop(REPORT_TOKEN_FILE, None)  # never another job's (or the agent's own)
-        env.update(self._write_credential(a))
-        with open(self.log_path(a.job), "ab") as log:
-            popen = subprocess.Popen(
-                argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        space = None
+        prefix: list[str] = []
+        if self.isolate:
+            a_seen, space, prefix, own_env = self._isolation(a)
+            env.update(own_env)
+        else:
+            a_seen = a
+        argv = self.argv_for(a_seen) if self.argv_for else launch_argv(a_seen, controller_url=None)
+        env.update(self._write_credential(a, space))
+        writer_env = {
+            k: v for k, v in os.environ.items() if k not in (AGENT_ENV, REPORT_TOKEN_FILE)
+        }
+        with open(self.log_path(a.job), "ab"):
+            pass  # there from the start, as the writer will append to it
+        read_end, write_end = os.pipe()
+        try:
+            grow_pipe(write_end)
+            writer = subprocess.Popen(
+                logcap_argv(self.log_path(a.job), self.log_max_bytes),
+                stdin=read_end,
+                stdout=subprocess.DEVNULL,
+                env=writer_env,
+                start_new_session=True,
             )
-        self._procs[a.job] = _Proc(a, popen, popen.pid)
+            popen = subprocess.Popen(
+                [*prefix, *argv],
+                stdin=subprocess.DEVNULL,
+                stdout=write_end,
+                stderr=write_end,
+                env=env,
+                start_new_session=True,
+            )
+        except BaseException:
+            self._forget(a.job, space)
+            raise
+        finally:
+            os.close(read_end)
+            os.close(write_end)
+        self._procs[a.job] = _Proc(a, popen, popen.pid, space=space, writer=writer)
         self._record()
         return popen.pid
 
@@ -332,7 +477,8 @@ class Supervisor:
         )
         code = _end_group(proc.pid, proc.popen, self.stop_grace_s)
         self.sweep(job)
-        self._forget(job)
+        _drain(proc.writer)
+        self._forget(job, proc.space)
         self._record()
         if code == 0:
             self._note(job, f"{job} had finished training: it is not started again")
@@ -354,7 +500,7 @@ class Supervisor:
                 continue
             if want.report_token != proc.assignment.report_token:
                 proc.assignment = replace(proc.assignment, report_token=want.report_token)
-                self._write_credential(proc.assignment)
+                self._write_credential(proc.assignment, proc.space)
                 changed.append(job)
         return changed
 
@@ -367,7 +513,8 @@ class Supervisor:
                 continue
             del self._procs[job]
             self.sweep(job)
-            self._forget(job)
+            _drain(proc.writer)  # the log holds the launcher's last words before they are read
+            self._forget(job, proc.space)
             ended.append((job, exit_outcome(code), code))
         if ended:
             self._record()
@@ -394,6 +541,39 @@ class Supervisor:
         while any(is_running(read_stat(p)) for p in ended) and time.monotonic() < deadline:
             time.sleep(0.01)
         return ended
+
+
+WRITER_DRAIN_S: Final = 5.0
+"""How long an agent waits for a job's log writer to write what the job's processes left in
+its pipe once they are gone (it then goes on: the writer finishes on its own)."""
+
+
+def _drain(writer: subprocess.Popen[bytes] | None) -> None:
+    if writer is not None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            writer.wait(timeout=WRITER_DRAIN_S)
+
+
+def _job_needs(a: JobAssignment) -> list[str]:
+    """What an isolated job must see wherever it is (:mod:`coadapt_common.jobexec` shows it
+    behind closed parents): the Python installation and the environment it runs, the
+    trainer's code, the working folder and the job's script. Nothing else is shown: a file
+    the job reads elsewhere must be open to other users."""
+    cwd = Path.cwd()
+    code = Path(trainer.__file__).resolve().parents[1]
+    wanted = [Path(sys.base_prefix), Path(sys.prefix), code, cwd, cwd / a.command[0]]
+    return [str(p) for p in wanted if p.exists()]
+
+
+def _give(folder: Path, uid: int) -> None:
+    """Make ``folder`` (a job's checkpoint folder) and what it holds ``uid``'s, when it is
+    not yet (written by an earlier, unisolated run); links are changed, never followed."""
+    if folder.lstat().st_uid == uid:
+        return
+    for root, dirs, files in os.walk(folder, followlinks=False):
+        for name in (*dirs, *files):
+            os.chown(os.path.join(root, name), uid, uid, follow_symlinks=False)
+    os.chown(folder, uid, uid, follow_symlinks=False)
 
 
 def _marked(agent_id: str, job: str | None) -> list[int]:

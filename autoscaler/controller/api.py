@@ -112,6 +112,8 @@ Decisions made here, and why:
   incomplete UTF-8 character at the end is left for the next read. Offsets into the
   concatenation are stable while only the last file grows; to follow a job on several
   instances, read each with ``instance=KEY`` (``instances`` lists them with their sizes).
+  A log is capped by its writer (:mod:`coadapt_common.logcap`): what it rotated out and
+  dropped still counts in the offsets and reads as one line that says how much is gone.
 
 The app opens its own :class:`~autoscaler.controller.store.Store` per thread on the store
 file (a store is bound to the thread that made it); the file is checked once, when the app is
@@ -211,6 +213,8 @@ from autoscaler.controller.store import (
 )
 from autoscaler.errors import InvalidInputError
 from coadapt_common.clock import Clock
+from coadapt_common.logcap import LogSegments, dropped_note
+from coadapt_common.logcap import segments as log_segments
 from trainer.report import (
     REPORT_PATH_TEMPLATE,
     BatchConfig,
@@ -1126,9 +1130,10 @@ def read_job_logs(
     return _read_logs(job, files, offset)
 
 
-def _log_files(folder: Path) -> list[tuple[str, Path, int]]:
-    """``(instance_key, path, size)`` of the regular ``*.log`` files in ``folder``, by key
-    (links and hidden files are skipped)."""
+def _log_files(folder: Path) -> list[tuple[str, LogSegments]]:
+    """``(instance_key, segments)`` of the regular ``*.log`` files in ``folder``, by key
+    (links and hidden files are skipped; each is read with what its capped writer rotated
+    out and dropped: :func:`coadapt_common.logcap.segments`)."""
     out = []
     with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(folder) as entries:
         for entry in entries:
@@ -1136,39 +1141,52 @@ def _log_files(folder: Path) -> list[tuple[str, Path, int]]:
                 continue
             if not entry.is_file(follow_symlinks=False):
                 continue
-            out.append((entry.name[: -len(".log")], Path(entry.path), entry.stat().st_size))
-    return sorted(out)
+            out.append((entry.name[: -len(".log")], log_segments(Path(entry.path))))
+    return sorted(out, key=lambda item: item[0])
 
 
-def _read_logs(job: str, files: list[tuple[str, Path, int]], offset: int) -> LogChunk:
-    """Bytes ``offset``.. of the files read in order as one stream (each up to the size it
-    had when listed), at most :data:`MAX_LOG_CHUNK_BYTES`."""
+def _read_logs(job: str, files: list[tuple[str, LogSegments]], offset: int) -> LogChunk:
+    """Bytes ``offset``.. of the logs read in order as one stream (each up to the size it
+    had when listed), at most :data:`MAX_LOG_CHUNK_BYTES`. A range a capped log dropped
+    reads as one line that says how much is gone (:func:`coadapt_common.logcap.dropped_note`)
+    and costs no bytes of the answer; offsets count every byte the job wrote."""
     chunks: list[bytes] = []
     want = MAX_LOG_CHUNK_BYTES
-    start = 0  # where the current file begins in the stream
-    total = sum(size for _, _, size in files)
-    for _, path, size in files:
-        if want and offset < start + size:
-            skip = max(0, offset - start)
-            count = min(size - skip, want)
-            with contextlib.suppress(FileNotFoundError), open(path, "rb") as handle:
-                handle.seek(skip)
-                data = handle.read(count)
-                chunks.append(data)
-                want -= len(data)
-        start += size
+    start = 0  # where the current piece begins in the stream
+    cursor = offset
+    total = sum(seg.total_bytes for _, seg in files)
+    for _, seg in files:
+        pieces: list[tuple[Path | None, int]] = [(None, seg.dropped_bytes), *seg.files]
+        for path, size in pieces:
+            if want and start <= cursor < start + size:
+                if path is None:
+                    dropped = start + size - cursor
+                    chunks.append(dropped_note(dropped, seg.max_bytes).encode())
+                    cursor += dropped
+                else:
+                    count = min(start + size - cursor, want)
+                    data = b""
+                    with contextlib.suppress(FileNotFoundError), open(path, "rb") as handle:
+                        handle.seek(cursor - start)
+                        data = handle.read(count)
+                    chunks.append(data)
+                    want -= len(data)
+                    cursor += len(data)
+                    if len(data) < count:  # rotated or cut since listed: the next read
+                        want = 0
+            start += size
     raw = b"".join(chunks)
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
     text = decoder.decode(raw, final=False)
     held_back = len(decoder.getstate()[0])  # an incomplete character at the end
-    next_offset = offset + len(raw) - held_back
+    next_offset = cursor - held_back
     return LogChunk(
         job=job,
         offset=offset,
         next_offset=next_offset,
         text=text,
-        more=next_offset < total and len(raw) >= MAX_LOG_CHUNK_BYTES,
-        instances=tuple((key, size) for key, _, size in files),
+        more=next_offset < total and want <= 0,
+        instances=tuple((key, seg.total_bytes) for key, seg in files),
     )
 
 

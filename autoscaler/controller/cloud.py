@@ -333,7 +333,7 @@ def gcp_startup_script(
         "/opt/coadapt/bin/coadapt", "agent", "--api", api_url,
         "--token-file", NODE_TOKEN_FILE, "--instance-key", instance_key,
         "--work-dir", "/var/lib/coadapt/agent", "--logs-dir", "/var/log/coadapt/jobs",
-        "--notice-source", "gcp",
+        "--notice-source", "gcp", "--isolate-jobs",
     ]  # fmt: skip
     if config.checkpoint_root:
         agent += ["--checkpoint-root", config.checkpoint_root]

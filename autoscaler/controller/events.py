@@ -18,7 +18,9 @@ returns (``coadapt up`` prints them; ``coadapt events`` reads the same rows back
   job's fitted goodput model predicts for its GPUs before and after and what they cost per
   hour);
 * batches, from the planned batch of each job: ``re-batch`` (a new batch size or split for
-  the same placement).
+  the same placement);
+* the service itself: ``disk-full`` (its state folder's disk has less free than it keeps:
+  recorded by ``coadapt up`` as it stops, not by the recorder).
 
 It reads only what the store keeps, so it needs no hook in the round: the service calls
 :meth:`EventRecorder.observe` after each round and after a release. What happened while no
@@ -76,6 +78,7 @@ class EventKind(StrEnum):
     REFUSAL = "refusal"
     CANCEL = "cancel"
     DEADLINE = "deadline"
+    DISK_FULL = "disk-full"
 
 
 WARNING_KINDS: Final = frozenset(
@@ -87,6 +90,7 @@ WARNING_KINDS: Final = frozenset(
         EventKind.FAILURE,
         EventKind.REFUSAL,
         EventKind.DEADLINE,
+        EventKind.DISK_FULL,
     }
 )
 """Events a user should see even with ``coadapt up --quiet``."""

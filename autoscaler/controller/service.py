@@ -24,11 +24,19 @@ its user, whatever the umask)::
                     again, where the agents call
     up.json         the running service: its API URL, pid, start time and command line
                     (removed when it stops)
-    logs/<job>/     job logs, one file per instance (what ``GET /v1/jobs/{name}/logs`` reads)
-    checkpoints/    job checkpoints (a job without its own location writes here)
+    logs/<job>/     job logs, one file per instance (what ``GET /v1/jobs/{name}/logs`` reads),
+                    each capped by its writer (``--job-log-max-mib``: the latest output is
+                    kept, one rotated file beside it, and reads say how much was dropped)
+    checkpoints/    job checkpoints (a job without its own location writes here; an isolated
+                    job's folder is its own user's, mounted for it alone)
     agents/<key>/   each agent's working folder, with ``agent-token.json``: that agent's own
                     credential (0600), good for its instance only
     local/          the local provider's state (instances, agent processes)
+
+Jobs cannot read these secrets: run as root, ``up`` has each job run as its own
+unprivileged user (:func:`job_isolation`, :mod:`coadapt_common.jobexec`), and says in one line
+how its jobs run. Below ``--min-free-mib`` free on the state folder's disk ``up`` refuses to
+start, or ends in one line with a ``disk-full`` event, and agents start no job.
 
 Each launched instance starts :func:`agent_main` with the API URL, its own token file, its
 instance key and these folders (the launch's user data: a command line that carries paths,
@@ -95,7 +103,7 @@ from autoscaler.controller.errors import (
     StoreUnwritableError,
     UnknownFleetError,
 )
-from autoscaler.controller.events import Event, EventRecorder
+from autoscaler.controller.events import Event, EventKind, EventRecorder
 from autoscaler.controller.loop import (
     Controller,
     ControllerConfig,
@@ -110,6 +118,10 @@ from autoscaler.sizing import SizingConfig
 from autoscaler.strategies import FixedFleet
 from coadapt_common.atomic import write_json_atomic
 from coadapt_common.clock import Clock, SystemClock
+from coadapt_common.diskspace import DEFAULT_MIN_FREE_BYTES, free_bytes, is_disk_full
+from coadapt_common.jobexec import JOB_UID_BASE
+from coadapt_common.jobexec import probe as probe_isolation
+from coadapt_common.logcap import DEFAULT_LOG_MAX_BYTES, MIN_LOG_MAX_BYTES
 from coadapt_common.procfs import process_start_time, read_proc_strings
 from providers.base import Provider
 from providers.capacity import UnavailableOfferings
@@ -145,7 +157,14 @@ class UpConfig:
     instances per offering key (``Offering.key``) whatever the jobs, a static cluster,
     instead of sizing the fleet by goodput per dollar. ``request_limits``: how often one
     job's trainers and one instance's agent may call the API (``None``: derived from
-    ``report_interval_s`` and ``agent_interval_s``, :meth:`RequestLimits.for_intervals`)."""
+    ``report_interval_s`` and ``agent_interval_s``, :meth:`RequestLimits.for_intervals`).
+    ``job_isolation`` (local provider):
+    ``user`` runs each job as its own user (:func:`job_isolation`; refused when this process
+    cannot), ``none`` as this process's, ``auto`` the first when it can. ``job_log_max_bytes``:
+    what each job's log keeps per instance (:mod:`coadapt_common.logcap`).
+    ``min_free_bytes``: what is kept free on the state folder's disk (:mod:`coadapt_common.
+    diskspace`): below it ``up`` refuses to start, a running service ends in one line and an
+    event, and agents start no job."""
 
     state_dir: Path
     cluster_id: str = "coadapt-local"
@@ -167,14 +186,20 @@ class UpConfig:
     release_on_stop: bool = False
     fixed_fleet: tuple[tuple[str, int], ...] = ()
     request_limits: RequestLimits | None = None
+    job_isolation: str = "auto"
+    job_log_max_bytes: int = DEFAULT_LOG_MAX_BYTES
+    min_free_bytes: int = DEFAULT_MIN_FREE_BYTES
 
 
-def _agent_user_data(cfg: UpConfig, url: str, tokens: TokenFile) -> Callable[[InstanceRow], str]:
+def _agent_user_data(
+    cfg: UpConfig, url: str, tokens: TokenFile, *, isolate: bool = False
+) -> Callable[[InstanceRow], str]:
     """A local instance's user data: its agent's command line, once that agent's own
     credential is in its own token file (``agents/<key>/agent-token.json``, 0600): the users'
     token and the agent key stay in ``tokens.json``, which no agent is given. A file that
     cannot be written is logged, not raised: the round goes on, and that agent refuses to
-    start (its instance is then replaced like one whose agent died)."""
+    start (its instance is then replaced like one whose agent died). ``isolate``: its jobs
+    run as their own users (:func:`job_isolation`)."""
     state = cfg.state_dir.resolve()
 
     def user_data(row: InstanceRow) -> str:
@@ -208,7 +233,13 @@ def _agent_user_data(cfg: UpConfig, url: str, tokens: TokenFile) -> Callable[[In
             str(cfg.agent_interval_s),
             "--report-interval-s",
             str(cfg.report_interval_s),
+            "--job-log-max-bytes",
+            str(cfg.job_log_max_bytes),
+            "--min-free-bytes",
+            str(cfg.min_free_bytes),
         ]
+        if isolate:
+            argv.append("--isolate-jobs")
         return f"cd {shlex.quote(os.getcwd())} && exec {shlex.join(argv)}"
 
     return user_data
@@ -271,6 +302,80 @@ def up_is_stale(up_file: Path) -> bool:
 class ServiceError(ControllerError):
     """``coadapt up`` cannot start or cannot go on; the message says what and how to fix it
     (one line). The fleet is left as it is."""
+
+
+JOB_ISOLATION_MODES: Final = ("auto", "user", "none")
+
+
+@dataclass(frozen=True)
+class JobIsolation:
+    """Whether the local provider's jobs run as users of their own (``isolated``), and the
+    line ``coadapt up`` says about it."""
+
+    isolated: bool
+    line: str
+
+
+def job_isolation(
+    mode: str, *, euid: int, probe: Callable[[], str | None] = probe_isolation
+) -> JobIsolation:
+    """How the local provider's jobs are kept from the control plane's secrets (the state
+    folder: ``tokens.json``, the agents' credentials, the store):
+
+    * as root (``euid`` 0), each job runs as its own unprivileged user (uid and gid
+      :func:`coadapt_common.jobexec.job_uid`, no supplementary group, no new privileges), in
+      a mount namespace of its own where its checkpoint folder is mounted for it, with its own
+      home folder and report credential. The state folder (0700, root's) is out of its reach.
+      The Python it runs, the trainer's code, the working folder and its script are shown to
+      it even behind a closed parent (``/root``: covered, only those shown); any other file
+      it reads must be open to other users.
+      ``probe`` (:func:`coadapt_common.jobexec.probe`) first runs Python that way: where it
+      cannot (a container without mount namespaces), it is as below, with its reason.
+    * otherwise jobs run as this user, who owns the state folder: they could read it. ``auto``
+      says so; ``user`` refuses to start (run ``coadapt up`` as root to isolate jobs).
+    * ``none``: jobs run as this user, said in one line."""
+    if mode not in JOB_ISOLATION_MODES:
+        raise InvalidInputError(
+            f"--job-isolation {mode!r}: choose {', '.join(JOB_ISOLATION_MODES)}",
+            field="job_isolation",
+        )
+    exposed = (
+        "jobs run as this service's user and can read its state folder (the users' token "
+        "and the agents' credentials included)"
+    )  # said at the start of a line: 'coadapt: jobs run as ...'
+    if mode == "none":
+        return JobIsolation(False, f"{exposed}: --job-isolation none")
+    failed = probe() if euid == 0 else None
+    if euid == 0 and failed is None:
+        return JobIsolation(
+            True,
+            "each job runs as its own unprivileged user (uid "
+            f"{JOB_UID_BASE}+), seeing only its own checkpoint folder, home and report "
+            "credential: the state folder and its tokens are out of its reach",
+        )
+    why = "only root can run jobs as users of their own (coadapt up as root isolates them)"
+    if failed is not None:
+        why = f"running a job as a user of its own failed here: {failed}"
+    if mode == "user":
+        raise ServiceError(f"--job-isolation user: {why}")
+    return JobIsolation(False, f"{exposed}: {why}")
+
+
+def _disk_line(state: Path, free: int, keep: int) -> str:
+    return (
+        f"the disk of the state folder {state} is full ({free >> 20} MiB free, less than the "
+        f"{keep >> 20} MiB coadapt up keeps free: --min-free-mib): nothing is launched or "
+        "written; free some space (or name another folder with --state-dir), then start "
+        "coadapt up again"
+    )
+
+
+def check_free_space(state: Path, keep_bytes: int) -> str | None:
+    """The one line that says the state folder's disk is (nearly) full, or ``None``."""
+    free = free_bytes(state)
+    if free is None or free >= keep_bytes:
+        return None
+    return _disk_line(state, free, keep_bytes)
 
 
 @dataclass(frozen=True)
@@ -365,6 +470,11 @@ def describe_store_error(e: StoreError) -> str:
     """One line: what is wrong with the store and how to fix it."""
     where = e.path or "the store"
     text = " ".join(str(e).split())
+    if is_disk_full(e):
+        return (
+            f"the disk of the store is full ({text}): nothing more is written; free some "
+            "space, then start coadapt up again (the store is kept as it was)"
+        )
     if isinstance(e, StoreCorruptError):
         return (
             f"the store is damaged ({text}); stop coadapt up and restore {where} from a backup, "
@@ -428,14 +538,36 @@ def run_up(
     clock: Clock | None = None,
     on_ready: Callable[[str], None] | None = None,
     on_event: Callable[[Event], None] | None = None,
+    on_note: Callable[[str], None] | None = None,
 ) -> UpReport:
     """Run the controller service until ``stop`` is set or ``coadapt down`` asks it to stop
     (see the module docstring); returns whether it released the fleet and what is left.
     After each round and after a release, what happened is recorded in the store's events
     (:class:`~autoscaler.controller.events.EventRecorder`) and each event is passed to
-    ``on_event``.
-    Raises :class:`ServiceError` (one line) when it cannot start, when the store fails, and
-    when a round refuses the fleet it finds: the fleet is left as it is."""
+    ``on_event``; ``on_note`` is told, once, how jobs are isolated (:func:`job_isolation`).
+    Raises :class:`ServiceError` (one line) when it cannot start, when the store fails, when
+    the state folder's disk is full (below ``min_free_bytes`` free: at the start, or at a
+    round, after a ``disk-full`` event; an ``OSError`` that says the disk is full anywhere),
+    and when a round refuses the fleet it finds: the fleet is left as it is."""
+    try:
+        return _run_up(cfg, stop, clock=clock, on_ready=on_ready, on_event=on_event,
+                       on_note=on_note)  # fmt: skip
+    except OSError as e:
+        if not is_disk_full(e):
+            raise
+        free = free_bytes(cfg.state_dir) or 0
+        raise ServiceError(_disk_line(cfg.state_dir, free, cfg.min_free_bytes)) from e
+
+
+def _run_up(
+    cfg: UpConfig,
+    stop: threading.Event,
+    *,
+    clock: Clock | None,
+    on_ready: Callable[[str], None] | None,
+    on_event: Callable[[Event], None] | None,
+    on_note: Callable[[str], None] | None,
+) -> UpReport:
     from providers.local import LocalProvider
 
     clock = clock or SystemClock()
@@ -453,8 +585,19 @@ def run_up(
                 f"{cfg.provider_config} is a {cloud.kind} config, not {cfg.provider}",
                 field="provider",
             )
+    if cfg.job_log_max_bytes < MIN_LOG_MAX_BYTES or cfg.min_free_bytes < 0:
+        raise InvalidInputError(
+            f"job logs keep at least {MIN_LOG_MAX_BYTES} bytes and the space kept free is >= 0",
+            field="job_log_max_bytes",
+        )
     state = cfg.state_dir
     _prepare_state(state)
+    full = check_free_space(state, cfg.min_free_bytes)
+    if full is not None:
+        raise ServiceError(full)
+    isolation = None
+    if cloud is None:
+        isolation = job_isolation(cfg.job_isolation, euid=os.geteuid())
     store_path = state / "store.db"
     store = _open_store(state, cfg.cluster_id, clock, new_store=cfg.new_store)
     try:
@@ -547,11 +690,15 @@ def run_up(
         app.close()
         store.close()
         raise
-    user_data = (
-        _agent_user_data(cfg, server.url, tokens)
-        if cloud is None
-        else _cloud_user_data(cloud, tokens)
-    )
+    user_data: Callable[[InstanceRow], str] | None
+    if cloud is None and isolation is not None:
+        user_data = _agent_user_data(cfg, server.url, tokens, isolate=isolation.isolated)
+    else:
+        user_data = None if cloud is None else _cloud_user_data(cloud, tokens)
+    if isolation is not None:
+        log.info("%s", isolation.line)
+        if on_note is not None:
+            on_note(isolation.line)
     controller = Controller(
         store,
         provider,
@@ -582,6 +729,10 @@ def run_up(
     last_error: str | None = None
     try:
         while not stop.is_set():
+            full = check_free_space(state, cfg.min_free_bytes)
+            if full is not None:  # no round writes or launches into a full disk
+                _tell_disk_full(store, clock, full, on_event)
+                raise ServiceError(full)
             try:
                 if store.released_at_s() is not None:  # coadapt destroy: hold nothing
                     released = controller.down(timeout_s=0.0)
@@ -617,6 +768,20 @@ def run_up(
         store.close()
         (state / "up.json").unlink(missing_ok=True)
     return result
+
+
+def _tell_disk_full(
+    store: Store, clock: Clock, line: str, on_event: Callable[[Event], None] | None
+) -> None:
+    """Record the ``disk-full`` event (the space kept free holds it) and pass it on; a store
+    that cannot take it any more is left as it is (the line is said anyway)."""
+    event = Event(clock.now_s(), EventKind.DISK_FULL, "state", line)
+    try:
+        store.add_events([(event.at_s, event.kind.value, event.subject, event.message)])
+    except (StoreError, OSError) as e:
+        log.warning("could not record the disk-full event: %s", e)
+    if on_event is not None:
+        on_event(event)
 
 
 def _leave(controller: Controller, store: Store, *, release: bool) -> UpReport:
@@ -694,7 +859,26 @@ def agent_main(argv: list[str] | None = None) -> int:
     p.add_argument("--interval-s", type=float, default=2.0)
     p.add_argument("--report-interval-s", type=float, default=30.0)
     p.add_argument("--address", default="127.0.0.1", help="address peers reach this node at")
+    p.add_argument(
+        "--isolate-jobs",
+        action="store_true",
+        help="run each job as its own unprivileged user (needs root; see coadapt up)",
+    )
+    p.add_argument(
+        "--job-log-max-bytes",
+        type=int,
+        default=DEFAULT_LOG_MAX_BYTES,
+        help="what each job's log keeps here (its latest output)",
+    )
+    p.add_argument(
+        "--min-free-bytes",
+        type=int,
+        default=0,
+        help="start no job while the disk of its log or checkpoints has less free",
+    )
     args = p.parse_args(argv)
+    if args.job_log_max_bytes < MIN_LOG_MAX_BYTES or args.min_free_bytes < 0:
+        p.error(f"--job-log-max-bytes must be >= {MIN_LOG_MAX_BYTES}, --min-free-bytes >= 0")
     os.umask(0o077)  # job logs and checkpoints are private to this user
     if args.request_id is not None:
         if not args.cluster_id:
@@ -707,6 +891,9 @@ def agent_main(argv: list[str] | None = None) -> int:
         token = load_token(args.token_file, "agent")
     except TokenFileError as e:
         print(f"coadapt: {e}", file=sys.stderr)
+        return 2
+    if args.isolate_jobs and os.geteuid() != 0:
+        print("coadapt: --isolate-jobs needs root (jobs get users of their own)", file=sys.stderr)
         return 2
     root = _checkpoint_root(args.checkpoint_root)
 
@@ -731,6 +918,10 @@ def agent_main(argv: list[str] | None = None) -> int:
         stop_grace_s=60.0,
         argv_for=argv_for,
         logs_dir=args.logs_dir,
+        log_max_bytes=args.job_log_max_bytes,
+        isolate=args.isolate_jobs,
+        checkpoint_root=Path(root) if root is not None and "://" not in root else None,
+        min_free_bytes=args.min_free_bytes,
     )
     source = args.notice_source
     notice_file = None

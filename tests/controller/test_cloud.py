@@ -138,6 +138,7 @@ def test_the_gcp_startup_script_carries_its_nodes_own_credential_only(tmp_path: 
     assert (
         "--notice-source gcp" in script and "--token-file /etc/coadapt/agent-token.json" in script
     )
+    assert "--isolate-jobs" in script  # a job cannot read the node's credential (root's, 0600)
     assert "coadapt==0.1" in script and "umask 077" in script
     assert json.dumps({"agent": own}) in script
     assert creds.user not in script and creds.agent_credential("i-other") not in script

@@ -111,10 +111,11 @@ local_batch_size: {{max: 64}}
 
 
 def test_the_cluster_carries_out_the_whole_plan(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, jobs_tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(ROOT)  # the specs name examples/elastic_mlp.py from the repo root
-    state, logs = tmp_path / "state", tmp_path / "trainer-logs"
+    # the trainers' own logs: where the jobs, each run as its own user, may write
+    state, logs = tmp_path / "state", jobs_tmp_path
     specs = _specs(tmp_path, logs)
     stop, ready = threading.Event(), list[str]()
     result: dict[str, UpReport] = {}

@@ -303,7 +303,8 @@ def test_aws_no_ingress_from_anywhere() -> None:
 def test_aws_node_user_data_starts_the_agent_the_way_the_cli_takes_it() -> None:
     text = "\n".join(t.read_text() for t in (MODULES["aws"] / "templates").glob("*.tftpl"))
     for flag in ("agent", "--request-id", "--cluster-id", "--token-file", "--notice-source aws",
-                 "--checkpoint-root", "up --provider aws", "--provider-config"):  # fmt: skip
+                 "--checkpoint-root", "up --provider aws", "--provider-config",
+                 "--isolate-jobs"):  # fmt: skip
         assert flag in text, flag
 
 
