@@ -323,3 +323,43 @@ def test_hf_job_stops_resumes_exactly_and_takes_the_controllers_batch(
     # order, ~1e-16 relative per step; Adam's normalisation keeps that relative over ~50 steps.
     for name, ref in reference.items():
         torch.testing.assert_close(got[name], ref, rtol=1e-7, atol=1e-10, msg=name)
+
+
+# --------------------------------------------------------------------------------------------
+# Gradient noise: the HF integration and coadapt's own loop, same model, data and order.
+
+
+@pytest.mark.slow
+def test_gradient_noise_agrees_with_our_own_loop(cluster: Cluster, tmp_path: Path) -> None:
+    """Two launches of 2 processes, learning rate 0 (the parameters, hence the true gradient
+    statistics, stay fixed), a measurement every step: the Trainer's ``train()`` and
+    ``trainer.init``'s loop over the same model, data and order. Both feed the same
+    estimator (:mod:`trainer.gns`) with the same per-replica gradients (the Trainer's
+    ``compute_loss`` is the model's own mean loss, the same as the loop's) and the same Adam
+    preconditioner (AdamW either way, same moments at lr 0); they differ only in float
+    summation order, so they must agree to 1e-6 relative, far inside the estimator's own
+    (sampling) noise, which a looser, noise-sized tolerance would have to allow for two
+    different samplings; a wrong weighting, preconditioning or local/global split changes the
+    estimates themselves."""
+    stats = {}
+    for mode in ("coadapt", "loop"):
+        logs = tmp_path / f"logs-{mode}"
+        launch = cluster.launch(
+            mode,
+            ["--job-id", f"gns-{mode}", "--checkpoint-uri", str(tmp_path / f"ckpt-{mode}"),
+             "--report-file", str(tmp_path / f"r-{mode}.jsonl"), "--nproc-per-node", "2",
+             str(HF_EXAMPLE), "--mode", mode, "--epochs", "2", "--num-samples", "512",
+             "--per-device-batch", "32", "--lr", "0", "--gns-every", "1", "--dtype", "float64",
+             "--log-dir", str(logs), "--output-dir", str(tmp_path / "out")],
+        )  # fmt: skip
+        assert launch.wait(LAUNCH_TIMEOUT_S) == ExitCode.DONE, launch.text()[-3000:]
+        ends = [r for r in read_jsonl(logs) if r.get("event") == "epoch_end"]
+        stats[mode] = {(e["epoch"], "sqr"): e["grad_sqr"] for e in ends} | {
+            (e["epoch"], "var"): e["grad_var"] for e in ends
+        }
+        assert all(e["measurements"] >= 14 for e in ends), ends
+    assert set(stats["coadapt"]) == set(stats["loop"]) == {
+        (0, "sqr"), (0, "var"), (1, "sqr"), (1, "var")
+    }  # fmt: skip
+    for key, value in stats["loop"].items():
+        assert value != 0 and stats["coadapt"][key] == pytest.approx(value, rel=1e-6), key
