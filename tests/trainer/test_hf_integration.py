@@ -363,3 +363,33 @@ def test_gradient_noise_agrees_with_our_own_loop(cluster: Cluster, tmp_path: Pat
     }  # fmt: skip
     for key, value in stats["loop"].items():
         assert value != 0 and stats["coadapt"][key] == pytest.approx(value, rel=1e-6), key
+
+
+# --------------------------------------------------------------------------------------------
+# The example job spec.
+
+
+def test_the_hf_example_spec_runs_the_hf_example_under_the_launcher() -> None:
+    """``examples/jobs/hf-classifier.yaml`` loads; the argv the node agent builds from it is a
+    valid launcher command for examples/hf_classifier.py, whose arguments the script accepts,
+    with the Trainer's per-device batch x accumulation (the job's initial batch) equal to the
+    spec's initial batch size, and AdamW as the spec says."""
+    from autoscaler.controller.agent import JobAssignment, launch_argv
+    from autoscaler.controller.jobspec import load_job_spec
+    from trainer import launch
+
+    spec = load_job_spec(ROOT / "examples" / "jobs" / "hf-classifier.yaml")
+    assert spec.name == "hf-classifier" and (spec.min_gpus, spec.max_gpus) == (1, 2)
+    assignment = JobAssignment(
+        job=spec.name,
+        gpus=spec.min_gpus,
+        nodes=(("i-0", spec.min_gpus),),
+        rendezvous="127.0.0.1:29500",
+        command=spec.command,
+    )
+    config = launch.parse_args(launch_argv(assignment, controller_url=None)[3:])
+    assert config.script == "examples/hf_classifier.py"
+    launch.preflight(config, cwd=str(ROOT))
+    args = _example_module().parse_args(list(config.script_args))
+    assert args.per_device_batch * args.accum == spec.init_batch_size
+    assert spec.optimizer is not None and spec.optimizer.value == "adamw"
