@@ -27,16 +27,16 @@ Same model (a ~1M-parameter MLP, AdamW, cross-entropy) and synthetic data throug
    optimizer), median over the restarts.
 
 ``--framework`` picks what "the same framework alone" is: ``ours`` (the default) is the above,
-plain DDP against coadapt's own loop; ``hf`` is the Hugging Face Trainer (needs
-``coadapt[hf]``): the plain ``transformers.Trainer`` against ``CoadaptTrainer``
-(:mod:`trainer.integrations.hf`) on ``examples/hf_classifier.py``'s model (a 2-layer BERT,
-hidden 32, sequences of 16 tokens), 2 processes, 32 samples per replica, AdamW, clipping at 1.0,
-coadapt's gradient-noise measurement at its default interval. Each segment is one ``train()``
-call of ``--steps`` steps (plus ``HF_WARMUP_STEPS`` not timed: the Trainer's setup, and
-coadapt's, are not per-step costs), timed on rank 0 from the callbacks' ``on_step_end``; the
-two variants alternate as above (A B, B A, ...), and ``--calibrate`` pits the plain Trainer
-against itself (A/A). Only the throughput part exists for ``hf`` (restart times are the
-launcher's and the checkpoint's, measured above). Each framework's code is in its own
+plain DDP against coadapt's own loop; ``hf`` is the Hugging Face Trainer (needs ``coadapt[hf]``):
+the plain ``transformers.Trainer`` against ``CoadaptTrainer`` (:mod:`trainer.integrations.hf`) on
+``examples/hf_classifier.py``'s model (a 2-layer BERT, hidden 32, sequences of 16 tokens), 2
+processes, 32 samples per replica, AdamW, clipping at 1.0, coadapt's gradient-noise measurement at
+its default interval. Each segment is one ``train()`` call of ``--steps`` steps (plus
+``HF_WARMUP_STEPS`` not timed: the Trainer's setup, and coadapt's, are not per-step costs), timed
+on rank 0 from the callbacks' ``on_step_end`` (and CPU seconds per step, summed over the ranks:
+``overhead_cpu_frac``); the two variants alternate as above (A B, B A, ...), and ``--calibrate``
+pits the plain Trainer against itself (A/A). Only the throughput part exists for ``hf`` (restart
+times are the launcher's and the checkpoint's, measured above). Each framework's code is in its own
 functions (``*_hf``), so that another framework adds its own beside them.
 """
 
@@ -248,9 +248,11 @@ def worker_throughput_hf(args: argparse.Namespace) -> None:
     class StepClock(transformers.TrainerCallback):
         def __init__(self) -> None:
             self.times: list[float] = []
+            self.cpu: list[float] = []
 
         def on_step_end(self, *a: Any, **kw: Any) -> None:
             self.times.append(time.perf_counter())
+            self.cpu.append(time.process_time())
 
     def training_args(name: str) -> Any:
         return transformers.TrainingArguments(
@@ -264,13 +266,18 @@ def worker_throughput_hf(args: argparse.Namespace) -> None:
             logging_strategy="no",
             disable_tqdm=True,
             seed=0,
+            # The model has no unused parameter: the Trainer's default (True) would add a
+            # graph traversal per step to the plain Trainer that coadapt's DDP does not do.
+            ddp_find_unused_parameters=False,
         )
 
     aa = bool(os.environ.get("COADAPT_BENCH_AA"))
     segments = 0
 
-    def segment(name: str) -> float:
-        """Steps/s over the timed steps of one ``train()`` call (rank 0's wall clock)."""
+    def segment(name: str) -> tuple[float, float]:
+        """Steps/s over the timed steps of one ``train()`` call (rank 0's wall clock) and CPU
+        seconds per timed step summed over the ranks (this process's threads included: the
+        reporter's and the notice watcher's too)."""
         nonlocal segments
         segments += 1
         clock = StepClock()
@@ -292,15 +299,21 @@ def worker_throughput_hf(args: argparse.Namespace) -> None:
             )
         hf.train()
         timed = clock.times[HF_WARMUP_STEPS - 1 :]
-        return (len(timed) - 1) / (timed[-1] - timed[0])
+        cpu = torch.tensor(
+            [(clock.cpu[-1] - clock.cpu[HF_WARMUP_STEPS - 1]) / (len(timed) - 1)],
+            dtype=torch.float64,
+        )
+        torch.distributed.all_reduce(cpu)
+        return (len(timed) - 1) / (timed[-1] - timed[0]), float(cpu)
 
-    results: dict[str, list[float]] = {"hf": [], "coadapt": []}
+    results: dict[str, list[float]] = {"hf": [], "coadapt": [], "hf_cpu": [], "coadapt_cpu": []}
     for pair in range(args.pairs + 1):
         order = ("hf", "coadapt") if pair % 2 == 0 else ("coadapt", "hf")
         for name in order:
-            rate = segment(name)
+            rate, cpu_s = segment(name)
             if pair > 0:  # the first pair warms both up
                 results[name].append(rate)
+                results[f"{name}_cpu"].append(cpu_s)
     if rank == 0:
         Path(args.result).write_text(json.dumps(results))
 
@@ -326,8 +339,14 @@ def measure_throughput_hf(
     plain, ours = data["hf"], data["coadapt"]
     overheads = sorted(1.0 - c / d for d, c in zip(plain, ours, strict=True))
     quartiles = statistics.quantiles(overheads, n=4) if len(overheads) >= 2 else [0, 0, 0]
+    cpu = sorted(c / d - 1.0 for d, c in zip(data["hf_cpu"], data["coadapt_cpu"], strict=True))
+    cpu_quartiles = statistics.quantiles(cpu, n=4) if len(cpu) >= 2 else [0, 0, 0]
     return {
         "framework": "hf",
+        "overhead_cpu_frac": statistics.median(cpu),
+        "overhead_cpu_spread": cpu_quartiles[2] - cpu_quartiles[0],
+        "framework_cpu_s_per_step": statistics.median(data["hf_cpu"]),
+        "trainer_cpu_s_per_step": statistics.median(data["coadapt_cpu"]),
         "framework_steps_per_s": statistics.median(plain),
         "trainer_steps_per_s": statistics.median(ours),
         "overhead_frac": statistics.median(overheads),
@@ -581,6 +600,8 @@ def _main_framework(args: argparse.Namespace) -> int:
             results["calibration_overhead_frac"] = aa["overhead_frac"]
             results["calibration_overhead_spread"] = aa["overhead_spread"]
             results["calibration_overhead_pairs"] = aa["overhead_pairs"]
+            results["calibration_overhead_cpu_frac"] = aa["overhead_cpu_frac"]
+            results["calibration_overhead_cpu_spread"] = aa["overhead_cpu_spread"]
     results["host_cpus"] = os.cpu_count()
     with contextlib.suppress(OSError):
         results["host_load_avg_1m"] = os.getloadavg()[0]

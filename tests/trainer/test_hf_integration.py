@@ -140,6 +140,48 @@ def test_standalone_trainer_declares_its_length_and_reports_like_our_loop(
     assert list((tmp_path / "ckpt").glob("ckpt-*"))
 
 
+def test_trainer_keeps_given_optimizer_declares_fractional_epochs_and_evaluates_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An optimizer given to the Trainer (``optimizers=``) is the one stepped (SGD: the AdaScale
+    rule); ``num_train_epochs=1.5`` declares 1.5 epochs' progress; ``evaluate()`` works after
+    ``train()`` (the Trainer wraps the model again, not the closed job's DDP)."""
+    for name in [n for n in list(__import__("os").environ) if n.startswith("COADAPT_")]:
+        monkeypatch.delenv(name)
+    reports_file = tmp_path / "reports.jsonl"
+    monkeypatch.setenv("COADAPT_REPORT_FILE", str(reports_file))
+    monkeypatch.setenv("COADAPT_CHECKPOINT_URI", str(tmp_path / "ckpt"))
+    ex = _example_module()
+    dataset = ex.SyntheticText(96, 12, seed=1)
+    model = ex.build_model(0, torch.float32)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        num_train_epochs=1.5,
+        per_device_train_batch_size=16,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+    )
+    hf = CoadaptTrainer(
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        eval_dataset=dataset,
+        optimizers=(sgd, None),
+        job_options={"gns_every_steps": 1},
+    )
+    result = hf.train()
+    assert hf.optimizer is sgd and sgd.state  # stepped: momentum buffers exist
+    last = read_reports(reports_file)[-1]
+    assert last.hints.scaling_rule == "adascale"
+    assert last.target_progress == pytest.approx(1.5 * 96 / 16) and last.done
+    assert result.global_step == 9  # 6 steps per epoch at 16, then 3 of the second
+    metrics = hf.evaluate()
+    assert math.isfinite(metrics["eval_loss"])
+
+
 # --------------------------------------------------------------------------------------------
 # Real launches: stop (SIGTERM, notice, controller), exact resume at other world sizes, a
 # batch change without restart, the LR rule, final weights against a plain loop.

@@ -311,7 +311,7 @@ class CoadaptTrainer(transformers.Trainer):
         if not isinstance(model, torch.nn.Module):
             raise TrainerConfigError("a Trainer needs a model", field="model")
         model.train()
-        self.optimizer, self.lr_scheduler = None, None
+        # The Trainer's own: those given in optimizers=(...) or made here as its arguments say.
         self.create_optimizer_and_scheduler(num_training_steps=length.schedule_steps)
         if self.optimizer is None:
             raise TrainerConfigError("create_optimizer made no optimizer", field="optimizers")
@@ -417,6 +417,9 @@ class CoadaptTrainer(transformers.Trainer):
         }
         self.control = handler.on_train_end(args, self.state, self.control)
         job.close()
+        # After train(): evaluate()/predict() wrap the model as the Trainer does (the job's DDP
+        # wrapper may hold a process group the job has just closed).
+        self.model_wrapped = model
         return TrainOutput(job.step, metrics["train_loss"], metrics)
 
     def _follow_length(self, job: ElasticJob) -> None:
