@@ -80,7 +80,7 @@ import logging
 import math
 import time
 import warnings
-from collections.abc import Generator, Mapping
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, cast
 
@@ -169,7 +169,7 @@ class _StateHolder:
         self._owner.state = TrainerState(**fields)
 
 
-def _clip_closure(params: list[torch.Tensor], max_norm: float) -> Any:
+def _clip_closure(params: Sequence[torch.Tensor], max_norm: float) -> Any:
     """A closure for ``optimizer.step(closure)`` that clips the (all-reduced) gradients.
 
     The inner optimizer calls it at the start of its step, so clipping happens after coadapt
@@ -323,14 +323,15 @@ class CoadaptTrainer(transformers.Trainer):
             collate_fn=collator,
             num_workers=args.dataloader_num_workers,
         )
+        stateful: list[Any] = [
+            cb
+            for cb in [*self.callback_handler.callbacks, self.control]
+            if isinstance(cb, transformers.trainer_callback.ExportableState)
+        ]
         self.state = TrainerState(
             is_local_process_zero=job.env.local_rank == 0,
             is_world_process_zero=job.rank == 0,
-            stateful_callbacks=[  # type: ignore[misc]  # HF's annotation is narrower than its use
-                cb
-                for cb in [*self.callback_handler.callbacks, self.control]
-                if isinstance(cb, transformers.trainer_callback.ExportableState)
-            ],
+            stateful_callbacks=stateful,
         )
         self.state.compute_steps(args, length.schedule_steps)
         self.state.train_batch_size = m0 = self.initial_batch_size
