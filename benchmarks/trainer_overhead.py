@@ -25,6 +25,19 @@ Same model (a ~1M-parameter MLP, AdamW, cross-entropy) and synthetic data throug
 3. **Checkpoint save/load**: timed inside the workers during those restarts (save: RNG gather,
    serialise, checksum, atomic write; load: read, verify, deserialise, load into model and
    optimizer), median over the restarts.
+
+``--framework`` picks what "the same framework alone" is: ``ours`` (the default) is the above,
+plain DDP against coadapt's own loop; ``hf`` is the Hugging Face Trainer (needs ``coadapt[hf]``):
+the plain ``transformers.Trainer`` against ``CoadaptTrainer`` (:mod:`trainer.integrations.hf`) on
+``examples/hf_classifier.py``'s model (a 2-layer BERT, hidden 32, sequences of 16 tokens), 2
+processes, 32 samples per replica, AdamW, clipping at 1.0, coadapt's gradient-noise measurement at
+its default interval. Each segment is one ``train()`` call of ``--steps`` steps (plus
+``HF_WARMUP_STEPS`` not timed: the Trainer's setup, and coadapt's, are not per-step costs), timed
+on rank 0 from the callbacks' ``on_step_end`` (and CPU seconds per step, summed over the ranks:
+``overhead_cpu_frac``); the two variants alternate as above (A B, B A, ...), and ``--calibrate``
+pits the plain Trainer against itself (A/A). Only the throughput part exists for ``hf`` (restart
+times are the launcher's and the checkpoint's, measured above). Each framework's code is in its own
+functions (``*_hf``), so that another framework adds its own beside them.
 """
 
 from __future__ import annotations
@@ -199,6 +212,153 @@ def worker_train(args: argparse.Namespace) -> None:
         raise
 
 
+# ---------------------------------------------------------------------------- HF Trainer
+
+HF_WARMUP_STEPS = 5  # steps of each segment before the timed ones (train() setup, first step)
+HF_LOCAL_BATCH = 32
+
+
+def _hf_example() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "hf_classifier_example", ROOT / "examples" / "hf_classifier.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def worker_throughput_hf(args: argparse.Namespace) -> None:
+    """Inside torchrun: interleaved ``train()`` segments of the plain ``transformers.Trainer``
+    and of ``CoadaptTrainer`` (or of a second plain Trainer, A/A); rank 0 writes the rates."""
+    import torch
+    import transformers
+
+    from trainer.integrations.hf import CoadaptTrainer
+
+    ex = _hf_example()
+    world = int(os.environ["WORLD_SIZE"])
+    rank = int(os.environ["RANK"])
+    steps = args.steps + HF_WARMUP_STEPS
+    dataset = ex.SyntheticText(HF_LOCAL_BATCH * world * steps, 16, seed=1)
+    workdir = Path(args.result).parent
+
+    class StepClock(transformers.TrainerCallback):
+        def __init__(self) -> None:
+            self.times: list[float] = []
+            self.cpu: list[float] = []
+
+        def on_step_end(self, *a: Any, **kw: Any) -> None:
+            self.times.append(time.perf_counter())
+            self.cpu.append(time.process_time())
+
+    def training_args(name: str) -> Any:
+        return transformers.TrainingArguments(
+            output_dir=str(workdir / f"hf-out-{name}"),
+            max_steps=steps,
+            per_device_train_batch_size=HF_LOCAL_BATCH,
+            learning_rate=1e-3,
+            use_cpu=True,
+            report_to=[],
+            save_strategy="no",
+            logging_strategy="no",
+            disable_tqdm=True,
+            seed=0,
+            # The model has no unused parameter: the Trainer's default (True) would add a
+            # graph traversal per step to the plain Trainer that coadapt's DDP does not do.
+            ddp_find_unused_parameters=False,
+        )
+
+    aa = bool(os.environ.get("COADAPT_BENCH_AA"))
+    segments = 0
+
+    def segment(name: str) -> tuple[float, float]:
+        """Steps/s over the timed steps of one ``train()`` call (rank 0's wall clock) and CPU
+        seconds per timed step summed over the ranks (this process's threads included: the
+        reporter's and the notice watcher's too)."""
+        nonlocal segments
+        segments += 1
+        clock = StepClock()
+        model = ex.build_model(0, torch.float32)
+        if name == "hf" or aa:
+            hf: Any = transformers.Trainer(
+                model=model, args=training_args(name), train_dataset=dataset, callbacks=[clock]
+            )
+        else:
+            # A fresh checkpoint folder per segment: a segment must not resume the last one.
+            os.environ["COADAPT_CHECKPOINT_URI"] = str(workdir / f"hf-ckpt-{segments}")
+            hf = CoadaptTrainer(
+                model=model,
+                args=training_args(name),
+                train_dataset=dataset,
+                callbacks=[clock],
+                initial_batch_size=HF_LOCAL_BATCH * world,
+                job_options={"checkpoint_every_s": 0},
+            )
+        hf.train()
+        timed = clock.times[HF_WARMUP_STEPS - 1 :]
+        cpu = torch.tensor(
+            [(clock.cpu[-1] - clock.cpu[HF_WARMUP_STEPS - 1]) / (len(timed) - 1)],
+            dtype=torch.float64,
+        )
+        torch.distributed.all_reduce(cpu)
+        return (len(timed) - 1) / (timed[-1] - timed[0]), float(cpu)
+
+    results: dict[str, list[float]] = {"hf": [], "coadapt": [], "hf_cpu": [], "coadapt_cpu": []}
+    for pair in range(args.pairs + 1):
+        order = ("hf", "coadapt") if pair % 2 == 0 else ("coadapt", "hf")
+        for name in order:
+            rate, cpu_s = segment(name)
+            if pair > 0:  # the first pair warms both up
+                results[name].append(rate)
+                results[f"{name}_cpu"].append(cpu_s)
+    if rank == 0:
+        Path(args.result).write_text(json.dumps(results))
+
+
+def measure_throughput_hf(
+    args: argparse.Namespace, workdir: Path, *, calibrate: bool = False
+) -> dict[str, Any]:
+    """Interleaved plain-Trainer / CoadaptTrainer segments (with ``calibrate``: plain against
+    plain, A/A); the same figures as :func:`measure_throughput` from wall-clock rates."""
+    result = workdir / ("calibration-hf.json" if calibrate else "throughput-hf.json")
+    env = _env()
+    if calibrate:
+        env["COADAPT_BENCH_AA"] = "1"
+    env["COADAPT_REPORT_FILE"] = str(workdir / "reports-hf.jsonl")
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+        "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{_free_port()}",
+        str(Path(__file__).resolve()), "--worker", "throughput-hf", "--result", str(result),
+        "--pairs", str(args.pairs), "--steps", str(args.steps),
+    ]  # fmt: skip
+    subprocess.run(command, env=env, check=True, timeout=3600)
+    data = json.loads(result.read_text())
+    plain, ours = data["hf"], data["coadapt"]
+    overheads = sorted(1.0 - c / d for d, c in zip(plain, ours, strict=True))
+    quartiles = statistics.quantiles(overheads, n=4) if len(overheads) >= 2 else [0, 0, 0]
+    cpu = sorted(c / d - 1.0 for d, c in zip(data["hf_cpu"], data["coadapt_cpu"], strict=True))
+    cpu_quartiles = statistics.quantiles(cpu, n=4) if len(cpu) >= 2 else [0, 0, 0]
+    return {
+        "framework": "hf",
+        "overhead_cpu_frac": statistics.median(cpu),
+        "overhead_cpu_spread": cpu_quartiles[2] - cpu_quartiles[0],
+        "framework_cpu_s_per_step": statistics.median(data["hf_cpu"]),
+        "trainer_cpu_s_per_step": statistics.median(data["coadapt_cpu"]),
+        "framework_steps_per_s": statistics.median(plain),
+        "trainer_steps_per_s": statistics.median(ours),
+        "overhead_frac": statistics.median(overheads),
+        "overhead_spread": quartiles[2] - quartiles[0],
+        "overhead_pairs": [1.0 - c / d for d, c in zip(plain, ours, strict=True)],
+        "framework_steps_per_s_pairs": plain,
+        "trainer_steps_per_s_pairs": ours,
+        "pairs": len(plain),
+        "steps_per_segment": args.steps,
+    }
+
+
 # ---------------------------------------------------------------------------- driver side
 
 
@@ -359,7 +519,14 @@ def main(argv: list[str] | None = None) -> int:
         "noise floor of this host",
     )
     # worker modes (the driver starts these under torchrun / coadapt-launch)
-    p.add_argument("--worker", choices=["throughput", "train"], default=None)
+    p.add_argument(
+        "--framework",
+        choices=["ours", "hf"],
+        default="ours",
+        help="what coadapt is measured against: plain DDP beside our own loop (ours), or the "
+        "plain transformers.Trainer beside CoadaptTrainer (hf; throughput only)",
+    )
+    p.add_argument("--worker", choices=["throughput", "throughput-hf", "train"], default=None)
     p.add_argument("--result", default=None)
     p.add_argument("--log-dir", default=None)
     p.add_argument("--step-delay-s", type=float, default=0.0)
@@ -368,11 +535,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker == "throughput":
         worker_throughput(args)
         return 0
+    if args.worker == "throughput-hf":
+        worker_throughput_hf(args)
+        return 0
     if args.worker == "train":
         worker_train(args)
         return 0
     if not args.out:
         p.error("--out is required")
+    if args.framework != "ours":
+        return _main_framework(args)
 
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="coadapt-bench-") as tmp:
@@ -401,6 +573,35 @@ def main(argv: list[str] | None = None) -> int:
                     "restart_runs": {str(k): v for k, v in runs.items()},
                 }
             )
+    results["host_cpus"] = os.cpu_count()
+    with contextlib.suppress(OSError):
+        results["host_load_avg_1m"] = os.getloadavg()[0]
+    from coadapt_common.atomic import write_json_atomic
+
+    write_json_atomic(args.out, results, indent=2)
+    print(json.dumps(results, indent=2, sort_keys=True))
+    return 0
+
+
+FRAMEWORK_THROUGHPUT = {"hf": measure_throughput_hf}
+"""Throughput measurement per ``--framework`` (other than ``ours``)."""
+
+
+def _main_framework(args: argparse.Namespace) -> int:
+    """``--framework`` other than ``ours``: the throughput figures (and with ``--calibrate``
+    the A/A ones) of that framework alone against it under coadapt."""
+    measure = FRAMEWORK_THROUGHPUT[args.framework]
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="coadapt-bench-") as tmp:
+        workdir = Path(tmp)
+        results.update(measure(args, workdir))
+        if args.calibrate:
+            aa = measure(args, workdir, calibrate=True)
+            results["calibration_overhead_frac"] = aa["overhead_frac"]
+            results["calibration_overhead_spread"] = aa["overhead_spread"]
+            results["calibration_overhead_pairs"] = aa["overhead_pairs"]
+            results["calibration_overhead_cpu_frac"] = aa["overhead_cpu_frac"]
+            results["calibration_overhead_cpu_spread"] = aa["overhead_cpu_spread"]
     results["host_cpus"] = os.cpu_count()
     with contextlib.suppress(OSError):
         results["host_load_avg_1m"] = os.getloadavg()[0]

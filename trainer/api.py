@@ -80,7 +80,14 @@ from trainer.data import DataState, ElasticDataLoader, MicroBatch
 from trainer.env import TrainerEnv
 from trainer.errors import TrainerConfigError, TrainerUsageError
 from trainer.options import JobOptions
-from trainer.report import BatchConfig, GradientStats, JobHints, ReportReply, TrainerReport
+from trainer.report import (
+    BatchConfig,
+    GradientStats,
+    JobHints,
+    ReportReply,
+    TrainerReport,
+    epochs_progress,
+)
 from trainer.reporter import FileSink, HttpSink, Reporter
 from trainer.scaling import ElasticOptimizer, ScalingRule, default_rule
 from trainer.stepping import StepLoop
@@ -603,7 +610,9 @@ class ElasticJob:
         return info
 
     # ------------------------------------------------------------------ the loop
-    def epochs(self, total: int, *, declare: bool = True) -> Iterator[int]:
+    def epochs(
+        self, total: int, *, declare: bool = True, target_progress: float | None = None
+    ) -> Iterator[int]:
         """Yield the epochs still to run, from the restored one, until the job's length is
         reached; the length ``total`` epochs is declared to the controller.
 
@@ -617,6 +626,11 @@ class ElasticJob:
         false, the loop runs ``total`` epochs and declares no length (the controller then
         knows no remaining work for the job).
 
+        ``target_progress`` (with ``declare``) declares that length instead, in the same unit
+        (e.g. a step budget: ``max_steps`` steps at the initial batch size are ``max_steps``
+        iterations); ``total`` then only bounds the epochs after which an epoch that made no
+        progress is an error.
+
         An epoch ends when the loop body returns: if the body did not finish the loader (a
         ``break``), the rest of that epoch is skipped. An epoch whose every step was skipped
         (non-finite gradients) makes no progress: the loop then raises
@@ -624,10 +638,16 @@ class ElasticJob:
         """
         if isinstance(total, bool) or not isinstance(total, int) or total < 0:
             raise TrainerConfigError(f"must be an integer >= 0, got {total!r}", field="total")
-        if self._loader is not None and declare:
-            samples = len(self._loader.dataset)
-            self._loop.target_progress = (
-                total * samples / self.options.initial_batch_size if total and samples else None
+        if target_progress is not None:
+            if not declare or not (0 < target_progress < float("inf")):
+                raise TrainerConfigError(
+                    f"must be finite and > 0 (and declared), got {target_progress!r}",
+                    field="target_progress",
+                )
+            self._loop.target_progress = float(target_progress)
+        elif self._loader is not None and declare:
+            self._loop.target_progress = epochs_progress(
+                total, len(self._loader.dataset), self.options.initial_batch_size
             )
         if not self._restored:
             self.restore()
@@ -655,6 +675,16 @@ class ElasticJob:
     def target_progress(self) -> float | None:
         """The declared length, in initial-batch-size iterations (``None``: undeclared)."""
         return self._loop.target_progress
+
+    @property
+    def training_done(self) -> bool:
+        """The declared length is reached (:func:`trainer.report.is_done`)."""
+        return self._loop.training_done
+
+    @property
+    def lr_scale(self) -> float | None:
+        """The factor the scaling rule applied to the learning rate on the last update."""
+        return self._loop.lr_scale
 
     # ------------------------------------------------------------------ end
     def stop_at_safe_point(self, cause: StopCause) -> NoReturn:

@@ -33,6 +33,11 @@ class JobOptions:
     with ``False`` only measurement steps are checked (their norms come for free) and other
     steps always update. ``preimport``: import ``torch._dynamo`` (which
     the first optimizer use needs, 1.5-3 s) in the background while the process group forms.
+    ``weight_model_outputs``: multiply the gradient flowing out of the model's outputs by the
+    micro-batch's weight (:mod:`trainer.data`); ``False`` when the script multiplies each
+    micro-batch's loss by ``job.micro_batch.weight`` itself (needed when the model returns its
+    loss beside the outputs it is computed from, as Hugging Face models do: weighting both
+    would weight twice).
     """
 
     initial_batch_size: int
@@ -50,6 +55,7 @@ class JobOptions:
     scaling_rule: ScalingRule | None = None
     skip_nonfinite: bool = True
     preimport: bool = True
+    weight_model_outputs: bool = True
 
     def __post_init__(self) -> None:
         if self.initial_batch_size < 1:

@@ -63,6 +63,15 @@ def is_done(progress: float, target_progress: float | None) -> bool:
     return progress >= target_progress * (1.0 - DONE_TOLERANCE)
 
 
+def epochs_progress(epochs: float, num_samples: int, initial_batch_size: int) -> float | None:
+    """The length of ``epochs`` passes over ``num_samples`` samples in the unit of progress:
+    ``epochs x num_samples / initial_batch_size`` initial-batch-size iterations, the progress
+    those epochs make at the initial batch size (``None`` for an empty length)."""
+    if not (epochs > 0 and num_samples > 0):
+        return None
+    return epochs * num_samples / initial_batch_size
+
+
 def remaining_progress(progress: float, target_progress: float | None) -> float | None:
     """Progress still to make before :func:`is_done` (``>= 0``, in initial-batch-size
     iterations); ``None`` when no target was declared."""

@@ -326,7 +326,11 @@ class StepLoop:
             if model.require_backward_grad_sync is not mb.is_last:
                 model.require_backward_grad_sync = mb.is_last
             # The output-gradient weight hook exists only while some weight is not 1.
-            if mb.weight != 1.0 and self._weight_handle is None:
+            if (
+                mb.weight != 1.0
+                and self._weight_handle is None
+                and self._options.weight_model_outputs
+            ):
                 self._weight_handle = model.register_forward_hook(self._forward_hook)
             elif mb.weight == 1.0 and self._weight_handle is not None:
                 self._weight_handle.remove()

@@ -30,7 +30,7 @@ from autoscaler.gputypes import KNOWN_GPU_TYPES
 from trainer import launch
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted((ROOT / "examples" / "jobs").glob("*.yaml"))
+EXAMPLES = sorted((ROOT / "examples" / "jobs").glob("mlp-*.yaml"))  # elastic_mlp.py jobs
 
 FULL = """\
 # a job that sets every field
@@ -161,7 +161,7 @@ def test_example_specs_run_elastic_mlp_under_the_launcher(path: Path) -> None:
     assert spec.submission().name == spec.name
 
 
-def test_there_are_three_examples() -> None:
+def test_there_are_three_mlp_examples() -> None:
     assert [p.name for p in EXAMPLES] == ["mlp-medium.yaml", "mlp-small.yaml", "mlp-wide.yaml"]
 
 

@@ -1,0 +1,10 @@
+"""Integrations of coadapt's trainer with training frameworks.
+
+Each integration lives in its own module and imports its framework there, never here: ``import
+trainer`` and ``import trainer.integrations`` stay free of ``transformers`` and ``lightning``.
+
+* :mod:`trainer.integrations.hf`: the Hugging Face ``transformers.Trainer``
+  (``pip install 'coadapt[hf]'``).
+"""
+
+from __future__ import annotations
