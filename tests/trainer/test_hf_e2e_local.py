@@ -75,7 +75,7 @@ def _status(state: Path) -> dict:
 
 
 def test_hf_job_rescaled_and_preempted_on_the_local_cluster(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, jobs_tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from autoscaler.controller.api import ApiClient, load_tokens
     from autoscaler.controller.jobspec import load_job_spec
@@ -84,18 +84,18 @@ def test_hf_job_rescaled_and_preempted_on_the_local_cluster(
     from providers.local import LocalProvider
 
     monkeypatch.chdir(ROOT)  # the spec names examples/hf_classifier.py from the repo root
-    state, logs, final = tmp_path / "state", tmp_path / "logs", tmp_path / "final.pt"
+    # The job writes its sample log, final weights and outputs where its own user may write.
+    state, logs, final = tmp_path / "state", jobs_tmp_path / "logs", jobs_tmp_path / "final.pt"
     spec = tmp_path / "hf.yaml"
     spec.write_text(
         f"""name: hf
 command: [examples/hf_classifier.py, --epochs, {EPOCHS}, --num-samples, {N}, --seq-len, {SEQ},
   --per-device-batch, {M0}, --lr, {LR}, --seed, {SEED}, --dtype, float64,
   --sample-delay-s, {SAMPLE_DELAY_S}, --log-dir, {logs}, --final-params, {final},
-  --output-dir, {tmp_path / "out"}]
+  --output-dir, {jobs_tmp_path / "out"}]
 gpus: {{min: 1, max: 2}}
 batch_size: {{initial: {M0}, max: 128}}
 local_batch_size: {{max: 128}}
-optimizer: adamw
 """
     )
     stop, ready = threading.Event(), list[str]()
