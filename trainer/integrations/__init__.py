@@ -1,0 +1,1 @@
+"""Adapters that run other training frameworks' loops as coadapt jobs (import them directly)."""
