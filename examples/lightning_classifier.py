@@ -36,11 +36,16 @@ from trainer.report import BatchConfig
 class Clusters(torch.utils.data.Dataset):
     """``classes`` Gaussian clusters in ``dim`` dimensions; items are ``(index, x, label)``."""
 
-    def __init__(self, num_samples: int, dim: int, classes: int, seed: int) -> None:
+    def __init__(
+        self, num_samples: int, dim: int, classes: int, seed: int, label_noise: float = 0.0
+    ) -> None:
         g = torch.Generator().manual_seed(seed)
         centres = 1.5 * torch.randn(classes, dim, generator=g)
         self.y = torch.randint(0, classes, (num_samples,), generator=g)
         self.x = centres[self.y] + torch.randn(num_samples, dim, generator=g)
+        if label_noise > 0:  # a fraction of random labels: noisier gradients
+            flip = torch.rand(num_samples, generator=g) < label_noise
+            self.y[flip] = torch.randint(0, classes, (int(flip.sum()),), generator=g)
 
     def __len__(self) -> int:
         return len(self.x)
@@ -50,9 +55,11 @@ class Clusters(torch.utils.data.Dataset):
 
 
 class Classifier(pl.LightningModule):
-    """MLP classifier; SGD with momentum and a per-step StepLR schedule."""
+    """MLP classifier; SGD with momentum (or AdamW) and an optional per-step StepLR schedule."""
 
-    def __init__(self, dim: int, hidden: int, classes: int, lr: float, lr_step: int) -> None:
+    def __init__(
+        self, dim: int, hidden: int, classes: int, lr: float, lr_step: int, optimizer: str = "sgd"
+    ) -> None:
         super().__init__()
         self.net = nn.Sequential(
             nn.Linear(dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
@@ -60,7 +67,9 @@ class Classifier(pl.LightningModule):
         )  # fmt: skip
         self.lr = lr
         self.lr_step = lr_step
+        self.optimizer_name = optimizer
         self.delay_per_sample_s = 0.0
+        self.delay_per_step_s = 0.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
@@ -71,8 +80,16 @@ class Classifier(pl.LightningModule):
             time.sleep(self.delay_per_sample_s * len(x))
         return F.cross_entropy(self(x), y)
 
+    def on_before_optimizer_step(self, optimizer: Any) -> None:
+        if self.delay_per_step_s:  # a fixed cost per optimizer step (larger batches amortise it)
+            time.sleep(self.delay_per_step_s)
+
     def configure_optimizers(self) -> Any:
-        opt = torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9, weight_decay=1e-4)
+        opt: torch.optim.Optimizer
+        if self.optimizer_name == "adamw":
+            opt = torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=1e-4)
+        else:
+            opt = torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9, weight_decay=1e-4)
         if not self.lr_step:
             return opt
         sched = torch.optim.lr_scheduler.StepLR(opt, step_size=self.lr_step, gamma=0.5)
@@ -131,6 +148,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--classes", type=int, default=4)
     p.add_argument("--initial-batch-size", type=int, default=64)
     p.add_argument("--accumulate", type=int, default=1, help="Trainer accumulate_grad_batches")
+    p.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--lr-step", type=int, default=0, help="StepLR period in optimizer steps")
     p.add_argument("--seed", type=int, default=0)
@@ -140,6 +158,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # Test and benchmark hooks.
     p.add_argument("--log-dir", default=None)
     p.add_argument("--sample-delay-s", type=float, default=0.0)
+    p.add_argument("--step-delay-s", type=float, default=0.0)
+    p.add_argument("--label-noise", type=float, default=0.0, help="fraction of random labels")
     p.add_argument("--batch-schedule", default="", help='e.g. "1:32x2": config from epoch 1')
     p.add_argument("--initial-params", default=None)
     p.add_argument("--final-params", default=None)
@@ -164,9 +184,13 @@ def parse_batch_schedule(text: str) -> dict[int, BatchConfig]:
 
 def build(args: argparse.Namespace) -> tuple[Clusters, Classifier]:
     """The dataset and the model, initialised from ``--seed`` (identical on every rank)."""
-    dataset = Clusters(args.num_samples, args.dim, args.classes, seed=args.seed + 1)
+    dataset = Clusters(
+        args.num_samples, args.dim, args.classes, seed=args.seed + 1, label_noise=args.label_noise
+    )
     torch.manual_seed(args.seed)
-    model = Classifier(args.dim, args.hidden, args.classes, args.lr, args.lr_step)
+    model = Classifier(
+        args.dim, args.hidden, args.classes, args.lr, args.lr_step, optimizer=args.optimizer
+    )
     if args.dtype == "float64":
         model = model.double()
         dataset.x = dataset.x.double()
@@ -186,6 +210,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     dataset, model = build(args)
     model.delay_per_sample_s = args.sample_delay_s
+    model.delay_per_step_s = args.step_delay_s
     if args.initial_params and job.job.rank == 0 and not Path(args.initial_params).exists():
         torch.save(model.state_dict(), args.initial_params)
     log = _Log(args.log_dir, job, parse_batch_schedule(args.batch_schedule))

@@ -147,9 +147,9 @@ def test_anchors_and_aliases_work() -> None:
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
-def test_example_specs_run_elastic_mlp_under_the_launcher(path: Path) -> None:
+def test_example_specs_run_their_script_under_the_launcher(path: Path) -> None:
     """Each example loads; the argv the node agent builds from it is a valid launcher command
-    for examples/elastic_mlp.py whose arguments the script accepts, with the script's initial
+    for its example script whose arguments the script accepts, with the script's initial
     batch size and optimizer equal to the spec's."""
     pytest.importorskip("torch")
     spec = load_job_spec(path)
@@ -164,16 +164,21 @@ def test_example_specs_run_elastic_mlp_under_the_launcher(path: Path) -> None:
     argv = launch_argv(assignment, controller_url=None)
     assert argv[1:3] == ["-m", "trainer.launch"]
     config = launch.parse_args(argv[3:])
-    assert config.script == "examples/elastic_mlp.py"
+    assert config.script.startswith("examples/") and config.script.endswith(".py")
     launch.preflight(config, cwd=str(ROOT))
-    args = _elastic_mlp().parse_args(list(config.script_args))
+    args = _example(config.script).parse_args(list(config.script_args))
     assert args.initial_batch_size == spec.init_batch_size
     assert spec.optimizer is not None and args.optimizer == spec.optimizer.value
     assert spec.submission().name == spec.name
 
 
-def test_there_are_three_examples() -> None:
-    assert [p.name for p in EXAMPLES] == ["mlp-medium.yaml", "mlp-small.yaml", "mlp-wide.yaml"]
+def test_there_are_four_examples() -> None:
+    assert [p.name for p in EXAMPLES] == [
+        "lightning-classifier.yaml",
+        "mlp-medium.yaml",
+        "mlp-small.yaml",
+        "mlp-wide.yaml",
+    ]
 
 
 def test_optimizer_scaling_rules_are_the_trainers() -> None:
@@ -191,8 +196,8 @@ def test_optimizer_scaling_rules_are_the_trainers() -> None:
         assert ScalingRule(optimizer.scaling_rule) is default_rule(instance)
 
 
-def _elastic_mlp() -> Any:
-    spec = importlib.util.spec_from_file_location("elastic_mlp", ROOT / "examples/elastic_mlp.py")
+def _example(script: str) -> Any:
+    spec = importlib.util.spec_from_file_location(Path(script).stem, ROOT / script)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
