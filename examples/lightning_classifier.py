@@ -58,12 +58,19 @@ class Classifier(pl.LightningModule):
     """MLP classifier; SGD with momentum (or AdamW) and an optional per-step StepLR schedule."""
 
     def __init__(
-        self, dim: int, hidden: int, classes: int, lr: float, lr_step: int, optimizer: str = "sgd"
+        self,
+        dim: int,
+        hidden: int,
+        classes: int,
+        lr: float,
+        lr_step: int,
+        optimizer: str = "sgd",
+        dropout: float = 0.0,
     ) -> None:
         super().__init__()
         self.net = nn.Sequential(
-            nn.Linear(dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
-            nn.Linear(hidden, classes),
+            nn.Linear(dim, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, hidden),
+            nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, classes),
         )  # fmt: skip
         self.lr = lr
         self.lr_step = lr_step
@@ -146,6 +153,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dim", type=int, default=16)
     p.add_argument("--hidden", type=int, default=32)
     p.add_argument("--classes", type=int, default=4)
+    p.add_argument("--dropout", type=float, default=0.0, help="dropout probability (RNG use)")
     p.add_argument("--initial-batch-size", type=int, default=64)
     p.add_argument("--accumulate", type=int, default=1, help="Trainer accumulate_grad_batches")
     p.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd")
@@ -189,7 +197,13 @@ def build(args: argparse.Namespace) -> tuple[Clusters, Classifier]:
     )
     torch.manual_seed(args.seed)
     model = Classifier(
-        args.dim, args.hidden, args.classes, args.lr, args.lr_step, optimizer=args.optimizer
+        args.dim,
+        args.hidden,
+        args.classes,
+        args.lr,
+        args.lr_step,
+        optimizer=args.optimizer,
+        dropout=args.dropout,
     )
     if args.dtype == "float64":
         model = model.double()

@@ -249,3 +249,46 @@ def test_matches_our_own_loop_gradient_noise_batch_change_and_weights(
     # The AdaScale factor was applied after the change (SGD): above 1, at most the ratio 2.
     scales = [r.lr_scale for r in read_reports(tmp_path / "lightning.jsonl") if r.lr_scale]
     assert scales and max(scales) > 1.0 and max(scales) <= 2.0
+
+
+# --------------------------------------------------------------------------------------------
+# RNG: a model with dropout, stopped and resumed, ends where an uninterrupted run ends.
+
+
+@pytest.mark.slow
+def test_resume_restores_every_ranks_rng_exactly(cluster: Cluster, tmp_path: Path) -> None:
+    """Dropout draws from each rank's global torch RNG: the stop checkpoint carries every
+    rank's RNG state and the resumed run draws the same masks as an uninterrupted one, so the
+    final weights are equal (same world size and summation order: to float64 rounding). A
+    resume that lost or shifted any rank's RNG stream would train on other masks."""
+    script = [
+        str(EXAMPLE), "--epochs", "2", "--num-samples", "192", "--dtype", "float64",
+        "--initial-batch-size", "16", "--dropout", "0.3", "--accumulate", "2",
+        "--sample-delay-s", "0.004", "--control-interval-s", "0",
+    ]  # fmt: skip
+
+    def launch(name: str, ckpt: Path, logs: Path, final: Path):
+        return cluster.launch(
+            name,
+            ["--job-id", "rng", "--checkpoint-uri", str(ckpt), "--report-file",
+             str(tmp_path / f"{name}.jsonl"), "--nproc-per-node", "2", *script,
+             "--log-dir", str(logs), "--final-params", str(final)],
+        )  # fmt: skip
+
+    whole = launch("whole", tmp_path / "ckpt-whole", tmp_path / "logs-whole", tmp_path / "a.pt")
+    assert whole.wait(LAUNCH_TIMEOUT_S) == ExitCode.DONE, whole.text()[-3000:]
+    logs, ckpt = tmp_path / "logs-split", tmp_path / "ckpt-split"
+    first = launch("first", ckpt, logs, tmp_path / "b.pt")
+    wait_until(lambda: max_step(logs) >= 5, LAUNCH_TIMEOUT_S, "step 5", first)
+    first.terminate()
+    assert first.wait(60) == ExitCode.STOPPED, first.text()[-3000:]
+    stopped_at = max_step(logs)
+    assert stopped_at < 23  # 12 steps per epoch: it stopped before the end
+    second = launch("second", ckpt, logs, tmp_path / "b.pt")
+    assert second.wait(LAUNCH_TIMEOUT_S) == ExitCode.DONE, second.text()[-3000:]
+    assert "coadapt: resumed from step" in second.text()
+    # The accumulation position too: Lightning initialised it from accumulate_grad_batches=2.
+    assert {r["accum"] for r in iter_micro_records(logs)} == {2}
+    a, b = torch.load(tmp_path / "a.pt"), torch.load(tmp_path / "b.pt")
+    for name, ref in a.items():
+        torch.testing.assert_close(b[name], ref, rtol=1e-12, atol=1e-14)

@@ -289,6 +289,11 @@ class _LightningJob(ElasticJob):
                 "coadapt reads each replica's local gradient before DDP reduces it in place",
                 field="gradient_as_bucket_view",
             )
+        if getattr(trainer.precision_plugin, "scaler", None) is not None:
+            raise TrainerConfigError(
+                "fp16 loss scaling (GradScaler) is not supported: use bf16 or 32-bit precision",
+                field="precision",
+            )
         optimizers = strategy.optimizers
         if len(optimizers) != 1:
             raise TrainerConfigError(
