@@ -9,6 +9,8 @@ the comparison with coadapt's own loop.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,12 +55,24 @@ def _example_module():
 
 
 # --------------------------------------------------------------------------------------------
+# The core stays light: only trainer.integrations.lightning imports Lightning.
+
+
+def test_importing_the_trainer_does_not_import_lightning() -> None:
+    code = (
+        "import sys, trainer, trainer.api, trainer.launch, trainer.integrations\n"
+        "assert not [m for m in sys.modules if m.split('.')[0] in ('lightning', "
+        "'pytorch_lightning')], 'lightning imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=120)
+
+
+# --------------------------------------------------------------------------------------------
 # The declared length, from the Trainer's own limits, in initial-batch-size iterations.
 
 
 def test_declared_length_comes_from_max_steps_and_max_epochs() -> None:
     # max_steps optimizer steps at the initial batch are max_steps iterations.
-    assert declared_length(max_steps=40, max_epochs=None, num_samples=1000, initial_batch_size=32)
     assert (
         declared_length(max_steps=40, max_epochs=None, num_samples=1000, initial_batch_size=32)
         == 40.0
