@@ -353,8 +353,13 @@ def _lightning_fit(args: argparse.Namespace, workdir: Path, variant: str, tag: s
         str(Path(__file__).resolve()), "--worker", "lightning", "--variant", variant,
         "--result", str(result), "--steps", str(args.steps),
     ]  # fmt: skip
-    subprocess.run(command, env=env, check=True, timeout=900, stdout=subprocess.DEVNULL)
-    return dict(json.loads(result.read_text()))
+    for attempt in range(3):  # torchrun's free port can be taken by another process first
+        done = subprocess.run(command, env=env, timeout=900, stdout=subprocess.DEVNULL)
+        if done.returncode == 0:
+            return dict(json.loads(result.read_text()))
+        print(f"lightning fit {tag} failed (attempt {attempt + 1}); retrying", file=sys.stderr)
+        command[5] = f"--rdzv-endpoint=127.0.0.1:{_free_port()}"
+    raise RuntimeError(f"lightning fit {tag} failed three times")
 
 
 def measure_lightning_throughput(
