@@ -38,6 +38,16 @@ on rank 0 from the callbacks' ``on_step_end`` (and CPU seconds per step, summed 
 pits the plain Trainer against itself (A/A). Only the throughput part exists for ``hf`` (restart
 times are the launcher's and the checkpoint's, measured above). Each framework's code is in its own
 functions (``*_hf``), so that another framework adds its own beside them.
+
+``--framework lightning`` measures the PyTorch Lightning integration instead
+(:mod:`trainer.integrations.lightning`): the same model, data and batch as a ``LightningModule``
+trained by ``lightning.Trainer`` on 2 processes (torchrun, gloo), Lightning alone (its own
+``DDPStrategy`` and ``DistributedSampler``) vs Lightning under coadapt (``CoadaptLightning``:
+elastic plan, step loop, gradient noise every 16 steps, reports). One ``fit`` per launch, so the
+variants are interleaved by launch (A B, B A, ...; ``--pairs`` pairs after a warm-up pair, each
+fit timed over ``--steps`` optimizer steps after 10 warm-up steps). With ``--calibrate``, Lightning
+alone against Lightning alone (A/A). Reported under ``lightning_*`` keys with the same meaning as
+above (throughput only: restarts are the job's, measured above).
 """
 
 from __future__ import annotations
@@ -423,6 +433,145 @@ def measure_throughput(
     }
 
 
+# ---------------------------------------------------------------------------- Lightning
+
+LIGHTNING_WARMUP_STEPS = 10
+
+
+def worker_lightning(args: argparse.Namespace) -> None:
+    """Inside torchrun: one Lightning ``fit`` of the benchmark model, alone or under coadapt;
+    rank 0 writes steps/s over ``--steps`` steps after the warm-up, and CPU s per step."""
+    import lightning.pytorch as pl
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    world = int(os.environ["WORLD_SIZE"])
+    total = LIGHTNING_WARMUP_STEPS + args.steps
+
+    class Module(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = _model()
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            x, y = batch
+            return F.cross_entropy(self.net(x), y)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    class Timer(pl.Callback):
+        def __init__(self) -> None:
+            self.marks: dict[int, tuple[float, float]] = {}
+
+        def on_train_batch_end(self, trainer: Any, *rest: Any) -> None:
+            step = trainer.global_step
+            if step in (LIGHTNING_WARMUP_STEPS, total) and step not in self.marks:
+                self.marks[step] = (time.perf_counter(), time.process_time())
+
+    timer = Timer()
+    dataset = _dataset(LOCAL_BATCH * world * 400)
+    common: dict[str, Any] = dict(
+        max_steps=total,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
+    if args.variant == "coadapt":
+        from trainer.integrations.lightning import CoadaptLightning
+
+        job = CoadaptLightning(LOCAL_BATCH * world, checkpoint_every_s=0)
+        trainer = pl.Trainer(callbacks=[job, timer], **common, **job.trainer_kwargs())
+        job.fit(trainer, Module(), dataset)
+        rank = job.job.rank
+    else:
+        trainer = pl.Trainer(
+            accelerator="cpu", devices=world, strategy="ddp", callbacks=[timer], **common
+        )
+        loader = torch.utils.data.DataLoader(dataset, batch_size=LOCAL_BATCH, shuffle=True)
+        trainer.fit(Module(), loader)
+        rank = dist.get_rank()
+    (w0, c0), (w1, c1) = timer.marks[LIGHTNING_WARMUP_STEPS], timer.marks[total]
+    cpu = torch.tensor([c1 - c0], dtype=torch.float64)
+    dist.all_reduce(cpu)
+    if rank == 0:
+        result = {"steps_per_s": args.steps / (w1 - w0), "cpu_s_per_step": float(cpu) / args.steps}
+        Path(args.result).write_text(json.dumps(result))
+
+
+def _lightning_fit(args: argparse.Namespace, workdir: Path, variant: str, tag: str) -> dict:
+    result = workdir / f"lightning-{tag}.json"
+    env = _env()
+    env["COADAPT_REPORT_FILE"] = str(workdir / f"reports-{tag}.jsonl")
+    env["COADAPT_CHECKPOINT_URI"] = str(workdir / f"ckpt-{tag}")
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+        "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{_free_port()}",
+        str(Path(__file__).resolve()), "--worker", "lightning", "--variant", variant,
+        "--result", str(result), "--steps", str(args.steps),
+    ]  # fmt: skip
+    for attempt in range(3):  # torchrun's free port can be taken by another process first
+        done = subprocess.run(command, env=env, timeout=900, stdout=subprocess.DEVNULL)
+        if done.returncode == 0:
+            return dict(json.loads(result.read_text()))
+        print(f"lightning fit {tag} failed (attempt {attempt + 1}); retrying", file=sys.stderr)
+        command[5] = f"--rdzv-endpoint=127.0.0.1:{_free_port()}"
+    raise RuntimeError(f"lightning fit {tag} failed three times")
+
+
+def measure_lightning_throughput(
+    args: argparse.Namespace, workdir: Path, *, calibrate: bool = False
+) -> dict[str, Any]:
+    """Lightning alone vs Lightning under coadapt (with ``calibrate``: alone vs alone),
+    interleaved by launch; the same statistics as :func:`measure_throughput`."""
+    second = "alone" if calibrate else "coadapt"
+    runs: dict[str, list[dict]] = {"alone": [], "other": []}
+    for pair in range(args.pairs + 1):
+        order = (("alone", "alone"), ("other", second))
+        for key, variant in order if pair % 2 == 0 else order[::-1]:
+            run = _lightning_fit(args, workdir, variant, f"{key}-{pair}-{calibrate}")
+            if pair > 0:  # the first pair warms the host's caches up
+                runs[key].append(run)
+    alone = [r["steps_per_s"] for r in runs["alone"]]
+    ours = [r["steps_per_s"] for r in runs["other"]]
+    overheads = sorted(1.0 - c / d for d, c in zip(alone, ours, strict=True))
+    quartiles = statistics.quantiles(overheads, n=4) if len(overheads) >= 2 else [0, 0, 0]
+    cpu = sorted(
+        c["cpu_s_per_step"] / d["cpu_s_per_step"] - 1.0
+        for d, c in zip(runs["alone"], runs["other"], strict=True)
+    )
+    cpu_quartiles = statistics.quantiles(cpu, n=4) if len(cpu) >= 2 else [0, 0, 0]
+    return {
+        "lightning_steps_per_s": statistics.median(alone),
+        "lightning_coadapt_steps_per_s": statistics.median(ours),
+        "lightning_overhead_frac": statistics.median(overheads),
+        "lightning_overhead_spread": quartiles[2] - quartiles[0],
+        "lightning_overhead_pairs": [1.0 - c / d for d, c in zip(alone, ours, strict=True)],
+        "lightning_overhead_cpu_frac": statistics.median(cpu),
+        "lightning_overhead_cpu_spread": cpu_quartiles[2] - cpu_quartiles[0],
+        "lightning_pairs": len(alone),
+        "lightning_steps_per_fit": args.steps,
+    }
+
+
+def run_lightning(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """``--framework lightning``: the throughput figures (and the A/A floor with
+    ``--calibrate``)."""
+    results = measure_lightning_throughput(args, workdir)
+    if args.calibrate:
+        aa = measure_lightning_throughput(args, workdir, calibrate=True)
+        results["lightning_calibration_overhead_frac"] = aa["lightning_overhead_frac"]
+        results["lightning_calibration_overhead_spread"] = aa["lightning_overhead_spread"]
+        results["lightning_calibration_overhead_pairs"] = aa["lightning_overhead_pairs"]
+    import lightning
+
+    results["lightning_version"] = lightning.__version__
+    return results
+
+
 class _Job:
     """One ``coadapt-launch`` of the training worker."""
 
@@ -518,15 +667,17 @@ def main(argv: list[str] | None = None) -> int:
         help="also run plain DDP against plain DDP (A/A) and report its 'overhead' as the "
         "noise floor of this host",
     )
-    # worker modes (the driver starts these under torchrun / coadapt-launch)
     p.add_argument(
         "--framework",
-        choices=["ours", "hf"],
+        choices=["ours", "hf", "lightning"],
         default="ours",
-        help="what coadapt is measured against: plain DDP beside our own loop (ours), or the "
-        "plain transformers.Trainer beside CoadaptTrainer (hf; throughput only)",
+        help="what coadapt is measured against: plain DDP beside our own loop (ours, and "
+        "restarts), the plain transformers.Trainer beside CoadaptTrainer (hf), or Lightning "
+        "alone beside Lightning under coadapt (lightning); hf and lightning: throughput only",
     )
-    p.add_argument("--worker", choices=["throughput", "throughput-hf", "train"], default=None)
+    # worker modes (the driver starts these under torchrun / coadapt-launch)
+    p.add_argument("--worker", choices=["throughput", "throughput-hf", "train", "lightning"])
+    p.add_argument("--variant", choices=["alone", "coadapt"], default="coadapt")
     p.add_argument("--result", default=None)
     p.add_argument("--log-dir", default=None)
     p.add_argument("--step-delay-s", type=float, default=0.0)
@@ -541,14 +692,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker == "train":
         worker_train(args)
         return 0
+    if args.worker == "lightning":
+        worker_lightning(args)
+        return 0
     if not args.out:
         p.error("--out is required")
-    if args.framework != "ours":
+    if args.framework == "hf":
         return _main_framework(args)
 
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="coadapt-bench-") as tmp:
         workdir = Path(tmp)
+        if args.framework == "lightning":
+            results.update(run_lightning(args, workdir))
+            args.skip_throughput = args.skip_restart = True
+            args.calibrate = False
         if not args.skip_throughput:
             results.update(measure_throughput(args, workdir))
         if args.calibrate:

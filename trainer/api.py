@@ -573,15 +573,10 @@ class ElasticJob:
             "rng": rng,
         }
 
-    def save_checkpoint(self, *, wait: bool = True) -> CheckpointInfo | None:
-        """Save a checkpoint at the current step boundary (collective: every rank calls it).
-
-        Rank 0 serialises; the write runs in the background unless ``wait``. With ``wait``,
-        every rank returns only once the checkpoint is stored. Returns the info on rank 0.
-        """
-        if not self._loop.at_step_boundary:
-            raise TrainerUsageError("checkpoints are taken between optimizer steps")
-        start = self._clock.monotonic_s()
+    def _quiesce_and_gather_rng(self) -> list[Any]:
+        """Before a checkpoint (collective): let the in-flight stop/checkpoint exchange and
+        gradient measurement finish, and gather every rank's RNG states on rank 0 (index =
+        rank; other ranks get a list of ``None``)."""
         self._control.drain()
         self._loop.finish_measurement()
         rng_states: list[Any] = [None] * self.world_size
@@ -594,6 +589,18 @@ class ElasticJob:
             )
         else:
             rng_states = [_capture_rng()]
+        return rng_states
+
+    def save_checkpoint(self, *, wait: bool = True) -> CheckpointInfo | None:
+        """Save a checkpoint at the current step boundary (collective: every rank calls it).
+
+        Rank 0 serialises; the write runs in the background unless ``wait``. With ``wait``,
+        every rank returns only once the checkpoint is stored. Returns the info on rank 0.
+        """
+        if not self._loop.at_step_boundary:
+            raise TrainerUsageError("checkpoints are taken between optimizer steps")
+        start = self._clock.monotonic_s()
+        rng_states = self._quiesce_and_gather_rng()
         info = None
         if self.rank == 0:
             if self._pending_write is not None:

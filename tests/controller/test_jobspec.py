@@ -30,7 +30,11 @@ from autoscaler.gputypes import KNOWN_GPU_TYPES
 from trainer import launch
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted((ROOT / "examples" / "jobs").glob("mlp-*.yaml"))  # elastic_mlp.py jobs
+# The example specs whose script takes --initial-batch-size (ours and Lightning's); the HF one
+# sets its batch through the Trainer's arguments: tests/trainer/test_hf_integration.py checks it.
+EXAMPLES = sorted(
+    p for p in (ROOT / "examples" / "jobs").glob("*.yaml") if p.name != "hf-classifier.yaml"
+)
 
 FULL = """\
 # a job that sets every field
@@ -137,9 +141,9 @@ def test_anchors_and_aliases_work() -> None:
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
-def test_example_specs_run_elastic_mlp_under_the_launcher(path: Path) -> None:
+def test_example_specs_run_their_script_under_the_launcher(path: Path) -> None:
     """Each example loads; the argv the node agent builds from it is a valid launcher command
-    for examples/elastic_mlp.py whose arguments the script accepts, with the script's initial
+    for its example script whose arguments the script accepts, with the script's initial
     batch size equal to the spec's."""
     pytest.importorskip("torch")
     spec = load_job_spec(path)
@@ -154,15 +158,21 @@ def test_example_specs_run_elastic_mlp_under_the_launcher(path: Path) -> None:
     argv = launch_argv(assignment, controller_url=None)
     assert argv[1:3] == ["-m", "trainer.launch"]
     config = launch.parse_args(argv[3:])
-    assert config.script == "examples/elastic_mlp.py"
+    assert config.script.startswith("examples/") and config.script.endswith(".py")
     launch.preflight(config, cwd=str(ROOT))
-    args = _elastic_mlp().parse_args(list(config.script_args))
+    args = _example(config.script).parse_args(list(config.script_args))
     assert args.initial_batch_size == spec.init_batch_size
     assert spec.submission().name == spec.name
 
 
-def test_there_are_three_mlp_examples() -> None:
-    assert [p.name for p in EXAMPLES] == ["mlp-medium.yaml", "mlp-small.yaml", "mlp-wide.yaml"]
+def test_there_are_four_examples_here_and_the_hf_one_has_its_own_test() -> None:
+    assert [p.name for p in EXAMPLES] == [
+        "lightning-classifier.yaml",
+        "mlp-medium.yaml",
+        "mlp-small.yaml",
+        "mlp-wide.yaml",
+    ]
+    assert (ROOT / "examples" / "jobs" / "hf-classifier.yaml").is_file()
 
 
 @pytest.mark.parametrize("field", ["optimizer", "weight", "budget_share"])
@@ -185,8 +195,8 @@ def test_removed_fields_are_refused_with_one_line(field: str, value: str) -> Non
     assert api.value.field == field
 
 
-def _elastic_mlp() -> Any:
-    spec = importlib.util.spec_from_file_location("elastic_mlp", ROOT / "examples/elastic_mlp.py")
+def _example(script: str) -> Any:
+    spec = importlib.util.spec_from_file_location(Path(script).stem, ROOT / script)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
