@@ -76,6 +76,8 @@ def test_a_lightning_job_is_rescaled_preempted_and_rebatched_on_the_local_cluste
     # The jobs write their sample logs and weights where their own users may write.
     state, logs = tmp_path / "state", jobs_tmp_path / "trainer-logs"
     p0, p1 = jobs_tmp_path / "initial.pt", jobs_tmp_path / "final.pt"
+    logs.mkdir(mode=0o1777)  # each job (its own user) makes its folder in it
+    logs.chmod(0o1777)  # whatever the umask
     lit = load_job_spec(ROOT / "examples/jobs/lightning-classifier.yaml").submission()
     lit_command = (
         "examples/lightning_classifier.py", "--epochs", str(LIT_EPOCHS), "--num-samples",
