@@ -121,6 +121,11 @@ log = logging.getLogger(__name__)
 LOCAL_RESTART_DELAY_S = 10.0
 """The restart delay the decisions assume on the local provider (a job there restarts in
 about 6-10 s: ENVIRONMENT's measured floor plus the agent's poll)."""
+ALIVE_TICK_S = 1.0
+"""How often the service notes that its controller is running (``Controller.note_alive``)."""
+STALL_GAP_S = 5.0
+"""Default ``UpConfig.stall_gap_s``: five missed ticks of :data:`ALIVE_TICK_S` (a loaded
+machine delays a tick by a second or two; a longer gap is the process not running)."""
 LOCAL_PROVISIONING_DELAY_S = 10.0
 """The provisioning delay the sizing assumes on the local provider (an instance is a local
 process whose agent registers within seconds)."""
@@ -142,7 +147,12 @@ class UpConfig:
     moved aside, never deleted). ``release_on_stop``: release the fleet whenever the service
     stops (the embedded demo), not only on ``coadapt down``. ``fixed_fleet``: hold these
     instances per offering key (``Offering.key``) whatever the jobs, a static cluster,
-    instead of sizing the fleet by goodput per dollar."""
+    instead of sizing the fleet by goodput per dollar. ``heartbeat_timeout_s``: how long an
+    agent may be silent, counted only while this service runs, before its instance is
+    presumed dead (``None``: ``max(60, 10 x agent_interval_s)``); ``stall_gap_s``: a pause of
+    the service's own one-second ticker longer than this is a stall of the controller
+    (SIGSTOP, a suspended machine), whose time is not held against the agents (:mod:`~
+    autoscaler.controller.liveness`)."""
 
     state_dir: Path
     cluster_id: str = "coadapt-local"
@@ -163,6 +173,15 @@ class UpConfig:
     new_store: bool = False
     release_on_stop: bool = False
     fixed_fleet: tuple[tuple[str, int], ...] = ()
+    heartbeat_timeout_s: float | None = None
+    stall_gap_s: float = STALL_GAP_S
+
+    @property
+    def effective_heartbeat_timeout_s(self) -> float:
+        """The heartbeat timeout the controller applies (see the class docstring)."""
+        if self.heartbeat_timeout_s is not None:
+            return self.heartbeat_timeout_s
+        return max(60.0, 10 * self.agent_interval_s)
 
 
 def _agent_user_data(cfg: UpConfig, url: str, tokens: TokenFile) -> Callable[[InstanceRow], str]:
@@ -504,9 +523,10 @@ def run_up(
         store.cluster_id,
         interval_s=cfg.interval_s,
         sizing=sizing,
-        reconcile=ReconcileConfig(heartbeat_timeout_s=max(60.0, 10 * cfg.agent_interval_s)),
+        reconcile=ReconcileConfig(heartbeat_timeout_s=cfg.effective_heartbeat_timeout_s),
         gpu_type_aliases={"cpu-slot": "T4"} if cloud is None else {},
         offerings_refresh_s=cfg.offerings_refresh_s,
+        stall_gap_s=cfg.stall_gap_s,
     )
     if cloud is None:
         controller_cfg = replace(controller_cfg, restart_delay_s=LOCAL_RESTART_DELAY_S)
@@ -574,6 +594,14 @@ def run_up(
     if on_ready is not None:
         on_ready(server.url)
     last_error: str | None = None
+    ticking = threading.Event()
+
+    def tick() -> None:  # the controller's own evidence that it runs (see liveness)
+        while not ticking.wait(ALIVE_TICK_S):
+            controller.note_alive()
+
+    ticker = threading.Thread(target=tick, name="coadapt-alive", daemon=True)
+    ticker.start()
     try:
         while not stop.is_set():
             try:
@@ -606,6 +634,7 @@ def run_up(
         if secrets is not None and result.released:
             secrets.sync(store)  # withdraw the credentials of the nodes now gone
     finally:
+        ticking.set()
         server.shutdown()
         app.close()
         store.close()
