@@ -24,6 +24,11 @@ Exit status (:class:`ExitCode`):
 * ``2`` usage error, found before anything is launched (:func:`preflight`): a missing script, a
   local checkpoint folder that is a file, a bad ``--nnodes``/``--batch-size``/``--rdzv-endpoint``.
 
+Stopping: the first SIGTERM/SIGINT asks the workers to checkpoint and stop; they get
+``--shutdown-timeout-s`` (default 60 s) to do it, then the launcher kills them. A signal
+repeated within that grace (a node agent and its instance's provider both asking, one right
+after the other) changes nothing: only a second Ctrl-C (SIGINT after SIGINT) kills at once.
+
 A job whose workers all finished is DONE even if a signal arrived meanwhile: a SIGTERM that comes
 after the last step does not turn a finished job into a stopped one.
 
@@ -388,6 +393,8 @@ class Launcher:
         self._clock = clock or SystemClock()
         self._environ = dict(os.environ if environ is None else environ)
         self._signalled = 0
+        self._first_signal: int | None = None
+        self._stop_asked_at: float | None = None  # monotonic, the first stop request
         self._proc: subprocess.Popen[bytes] | None = None
         self._run_dir: Path | None = None
         self._failure: tuple[object, ...] = ()
@@ -399,6 +406,9 @@ class Launcher:
 
     def _on_signal(self, signum: int, frame: object) -> None:
         self._signalled += 1
+        if self._first_signal is None:
+            self._first_signal = signum
+            self._stop_asked_at = self._clock.monotonic_s()
         proc = self._proc
         if proc is None or proc.poll() is not None:
             return
@@ -409,18 +419,40 @@ class Launcher:
                 # die by SIGTERM and torchrun print a ChildFailedError for a job that is over.
                 logger.info("signal %d: the workers have already finished", signum)
                 return
-            logger.warning("signal %d: asking the workers to checkpoint and stop", signum)
+            logger.warning(
+                "signal %d: asking the workers to checkpoint and stop (they have %d s)",
+                signum,
+                self.config.shutdown_timeout_s,
+            )
             # Straight to the workers when all have registered: they stop at an agreed step and
             # exit 0, and torchrun ends cleanly. Otherwise through torchrun, which forwards it.
             pids = RunDir(self._run_dir).pids() if self._run_dir else []
             if len(pids) >= self.config.nproc_per_node and _signal_all(pids, signal.SIGTERM):
                 return
             proc.send_signal(signal.SIGTERM)
+        elif signum == signal.SIGINT and self._first_signal == signal.SIGINT:
+            logger.warning("second Ctrl-C: killing torchrun and the workers")
+            self._kill(proc)
         else:
-            logger.warning("second signal: killing torchrun and the workers")
-            proc.kill()
-            if self._run_dir:
-                _signal_all(RunDir(self._run_dir).pids(), signal.SIGKILL)
+            # A stop is already under way: a repeated request (an agent and its instance
+            # both asking, one right after the other) must not cost the job its checkpoint.
+            # _wait kills the workers once the grace has run out.
+            left = self.config.shutdown_timeout_s - self._stopping_for_s()
+            logger.info(
+                "signal %d again: already stopping; the workers have %.0f s left to checkpoint",
+                signum,
+                max(0.0, left),
+            )
+
+    def _stopping_for_s(self) -> float:
+        if self._stop_asked_at is None:
+            return 0.0
+        return self._clock.monotonic_s() - self._stop_asked_at
+
+    def _kill(self, proc: subprocess.Popen[bytes]) -> None:
+        proc.kill()
+        if self._run_dir:
+            _signal_all(RunDir(self._run_dir).pids(), signal.SIGKILL)
 
     def run(self) -> int:
         """Supervise until done, stopped or out of restarts; returns the exit status."""
@@ -565,6 +597,13 @@ class Launcher:
                 return proc.wait(timeout=0.05)
             except subprocess.TimeoutExpired:
                 pass
+            if self._signalled and self._stopping_for_s() > self.config.shutdown_timeout_s:
+                logger.warning(
+                    "the workers did not checkpoint and stop within %d s: killing them",
+                    self.config.shutdown_timeout_s,
+                )
+                self._kill(proc)
+                return proc.wait()
             kinds = self._finished_workers()
             if kinds is None:
                 finished_since = None

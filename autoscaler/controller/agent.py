@@ -17,9 +17,11 @@ starts, and every process they start (torchrun's workers start their own session
 ``COADAPT_AGENT_ID=<agent id>`` in its environment; :meth:`Supervisor.sweep` ends every
 process that carries it, so nothing is left behind when the agent stops, and an agent that
 restarts after a crash first ends what its previous life left running. Stopping is SIGTERM to
-the launcher's process group (the launcher asks its workers to checkpoint), a bounded wait,
-then SIGKILL to the group and a sweep. :func:`exit_outcome` reads a launcher's exit status:
-``0`` done, ``75`` stopped (a checkpointed stop: never a failure), anything else failed.
+the launcher (it asks its workers to checkpoint, and gives them ``stop_grace_s``, default
+:data:`STOP_GRACE_S`, which the agent passes it as ``--shutdown-timeout-s``), a wait of that
+grace plus :data:`KILL_MARGIN_S`, then SIGKILL to the group and a sweep. :func:`exit_outcome`
+reads a launcher's exit status: ``0`` done, ``75`` stopped (a checkpointed stop: never a
+failure), anything else failed.
 
 Credentials (:mod:`autoscaler.controller.credentials`): the agent calls the API with its
 instance's own credential, renewed when the controller's heartbeat answer carries a new one
@@ -36,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import signal
@@ -76,6 +79,14 @@ AGENT_ENV: Final = "COADAPT_AGENT_ID"
 """Environment marker of every process an agent starts (and their children)."""
 
 STOPPED_EXIT: Final = 75  # trainer.launch.ExitCode.STOPPED
+
+STOP_GRACE_S: Final = 60.0
+"""A job's checkpoint grace: how long its workers have, once asked to stop, to save a
+checkpoint and exit before their launcher kills them (the launcher's
+``--shutdown-timeout-s``). The local provider's own grace is longer (``service.py``)."""
+KILL_MARGIN_S: Final = 10.0
+"""After the grace, how long a launcher has to end torchrun and exit before the agent kills
+its process group."""
 
 
 @dataclass(frozen=True)
@@ -206,11 +217,13 @@ def launch_argv(
     controller_url: str | None,
     python: str = sys.executable,
     extra: Sequence[str] = (),
+    stop_grace_s: float | None = None,
 ) -> list[str]:
     """The launcher command for ``a`` on this instance (one launcher per job and node): the
     launcher's options (a planned batch starts the launch with it: ``--batch-size``,
-    ``--accum-steps``), ``extra`` (more of them), then ``--`` and the job's command, so that
-    nothing in the command is ever read as a launcher option, whatever it starts with. No
+    ``--accum-steps``; ``stop_grace_s``, the job's checkpoint grace, as
+    ``--shutdown-timeout-s``), ``extra`` (more of them), then ``--`` and the job's command, so
+    that nothing in the command is ever read as a launcher option, whatever it starts with. No
     credential is on it: the launcher's environment names the report credential's file."""
     argv = [python, "-m", "trainer.launch", "--job-id", a.job, "--nproc-per-node", str(a.gpus)]
     argv += ["--nnodes", str(len(a.nodes)), "--rdzv-endpoint", a.rendezvous]
@@ -220,6 +233,8 @@ def launch_argv(
         argv += ["--batch-size", str(a.batch[0]), "--accum-steps", str(a.batch[1])]
     if controller_url:
         argv += ["--controller-url", controller_url]
+    if stop_grace_s is not None:
+        argv += ["--shutdown-timeout-s", str(max(1, math.ceil(stop_grace_s)))]
     return [*argv, *extra, "--", *a.command]
 
 
@@ -234,11 +249,13 @@ class _Proc:
 @dataclass
 class Supervisor:
     """Launcher processes of one agent (see the module docstring). ``argv_for`` builds a
-    job's command line (default: :func:`launch_argv` without a controller URL)."""
+    job's command line (default: :func:`launch_argv` without a controller URL, with
+    ``stop_grace_s``; an ``argv_for`` of one's own passes it too); ``stop_grace_s``: the
+    jobs' checkpoint grace (:data:`STOP_GRACE_S`)."""
 
     agent_id: str
     work_dir: Path
-    stop_grace_s: float = 60.0
+    stop_grace_s: float = STOP_GRACE_S
     argv_for: Callable[[JobAssignment], list[str]] | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     logs_dir: Path | None = None
@@ -306,7 +323,11 @@ class Supervisor:
 
     def start(self, a: JobAssignment) -> int:
         """Start ``a``'s launcher; its pid."""
-        argv = self.argv_for(a) if self.argv_for else launch_argv(a, controller_url=None)
+        argv = (
+            self.argv_for(a)
+            if self.argv_for
+            else launch_argv(a, controller_url=None, stop_grace_s=self.stop_grace_s)
+        )
         env = {**os.environ, **self.env, AGENT_ENV: self.agent_id, "COADAPT_JOB_ID": a.job}
         env.pop(REPORT_TOKEN_FILE, None)  # never another job's (or the agent's own)
         env.update(self._write_credential(a))
@@ -320,9 +341,9 @@ class Supervisor:
 
     def stop(self, job: str, reason: str = "") -> int | None:
         """Stop ``job``'s launcher: one line in the job's log saying why, SIGTERM to the
-        launcher (it has its workers checkpoint and stop; torchrun then ends cleanly), up to
-        ``stop_grace_s``, then SIGKILL to its group; its exit status (``None`` if it was not
-        running)."""
+        launcher (it has its workers checkpoint and stop within ``stop_grace_s``; torchrun
+        then ends cleanly), up to ``stop_grace_s + KILL_MARGIN_S``, then SIGKILL to its group;
+        its exit status (``None`` if it was not running)."""
         proc = self._procs.pop(job, None)
         if proc is None:
             return None
@@ -330,7 +351,7 @@ class Supervisor:
         self._note(
             job, f"stopping {job}: {reason or 'asked to'} (a checkpointed stop, not a failure)"
         )
-        code = _end_group(proc.pid, proc.popen, self.stop_grace_s)
+        code = _end_group(proc.pid, proc.popen, self.stop_grace_s + KILL_MARGIN_S)
         self.sweep(job)
         self._forget(job)
         self._record()
@@ -374,7 +395,12 @@ class Supervisor:
         return ended
 
     def stop_all(self) -> None:
-        """Stop every job (checkpointing), then end anything still carrying the marker."""
+        """Stop every job (checkpointing), then end anything still carrying the marker. Every
+        launcher is asked first, so the jobs checkpoint at once, within one grace, not one
+        after the other (a repeated SIGTERM changes nothing for a launcher)."""
+        for proc in self._procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGTERM)
         for job in sorted(self._procs):
             self.stop(job)
         self.sweep()

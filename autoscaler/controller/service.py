@@ -55,6 +55,8 @@ from pathlib import Path
 from typing import Final
 
 from autoscaler.controller.agent import (
+    KILL_MARGIN_S,
+    STOP_GRACE_S,
     AgentRunner,
     JobAssignment,
     Supervisor,
@@ -121,6 +123,12 @@ log = logging.getLogger(__name__)
 LOCAL_RESTART_DELAY_S = 10.0
 """The restart delay the decisions assume on the local provider (a job there restarts in
 about 6-10 s: ENVIRONMENT's measured floor plus the agent's poll)."""
+LOCAL_TERM_GRACE_S = 2 * (STOP_GRACE_S + KILL_MARGIN_S)
+"""The local provider's SIGTERM-to-SIGKILL grace for an instance: its local agent process waits
+0.6 x this (84 s) for the node agent, which waits :data:`~autoscaler.controller.agent.
+STOP_GRACE_S` + :data:`~autoscaler.controller.agent.KILL_MARGIN_S` (70 s) for its launchers,
+which give their workers :data:`~autoscaler.controller.agent.STOP_GRACE_S` (60 s) to
+checkpoint: each grace nests inside the next."""
 ALIVE_TICK_S = 1.0
 """How often the service notes that its controller is running (``Controller.note_alive``)."""
 STALL_GAP_S = 5.0
@@ -485,7 +493,10 @@ def run_up(
                 state / "local",
                 clock=clock,
                 max_gpu_slots=cfg.max_gpu_slots,
-                term_grace_s=90.0,  # the agent stops its jobs with a checkpoint before it goes
+                # The agent stops its jobs with a checkpoint before it goes: its instance
+                # waits longer than the jobs' checkpoint grace and the agent's kill margin
+                # (the local agent process waits 0.6 x this for its workload).
+                term_grace_s=LOCAL_TERM_GRACE_S,
                 spot_price_swing=cfg.local_spot_price_swing,
                 spot_price_period_s=cfg.local_spot_price_period_s,
                 unavailable=unavailable,
@@ -746,12 +757,13 @@ def agent_main(argv: list[str] | None = None) -> int:
             a,
             controller_url=args.api,
             extra=["--report-interval-s", str(args.report_interval_s)],
+            stop_grace_s=STOP_GRACE_S,
         )
 
     supervisor = Supervisor(
         args.instance_key,
         args.work_dir,
-        stop_grace_s=60.0,
+        stop_grace_s=STOP_GRACE_S,
         argv_for=argv_for,
         logs_dir=args.logs_dir,
     )

@@ -86,6 +86,24 @@ def test_launch_argv_and_wire_format() -> None:
     assert assignments_from_json(__import__("json").loads(dump({"a": a}))) == {"a": a}
 
 
+def test_the_stop_graces_nest() -> None:
+    """Issue 37, item 2: each grace between a stop request and a kill lies inside the next, so
+    nothing kills a job that is still within its checkpoint grace: the launcher's workers get
+    STOP_GRACE_S (the launcher's --shutdown-timeout-s, whose own default is the same), the
+    agent waits that plus KILL_MARGIN_S, the local agent process 0.6 x the local provider's
+    grace (providers/local.py), and the local provider that grace."""
+    from autoscaler.controller.agent import KILL_MARGIN_S, STOP_GRACE_S
+    from autoscaler.controller.service import LOCAL_TERM_GRACE_S
+    from trainer.launch import parse_args
+
+    assert parse_args(["x.py"]).shutdown_timeout_s == STOP_GRACE_S == 60.0
+    assert STOP_GRACE_S < STOP_GRACE_S + KILL_MARGIN_S == 70.0 < 0.6 * LOCAL_TERM_GRACE_S == 84.0
+    assert LOCAL_TERM_GRACE_S == 140.0
+    argv = launch_argv(job("a"), controller_url=None, stop_grace_s=STOP_GRACE_S)
+    assert argv[argv.index("--shutdown-timeout-s") + 1] == "60"
+    assert argv.index("--shutdown-timeout-s") < argv.index("--")
+
+
 def _supervisor(tmp_path: Path, mode: str, agent_id: str | None = None) -> Supervisor:
     script = tmp_path / "launcher.py"
     script.write_text(LAUNCHER)

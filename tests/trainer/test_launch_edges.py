@@ -200,3 +200,48 @@ def test_a_stop_while_the_workers_start_is_one_line_not_a_traceback(
     stops = [line for line in text.splitlines() if "torchrun stopped by signal" in line]
     killed = "exited with -15" in text  # the signal beat torchrun's handler: nothing to hide
     assert len(stops) == 1 or killed, text[-3000:]
+
+
+@pytest.mark.slow
+def test_a_second_stop_right_after_the_first_still_leaves_a_checkpoint(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Issue 37, item 2: the node agent and its instance both send SIGTERM, 33 ms apart. The
+    second one used to kill torchrun before the workers saved; it now waits out the grace
+    (``--shutdown-timeout-s``): the job stops with a checkpoint and resumes from it."""
+    ckpt, logs = tmp_path / "ckpt", tmp_path / "logs"
+    args = ["--checkpoint-uri", str(ckpt), str(EXAMPLE), "--epochs", "4", "--step-delay-s", "0.05"]
+    first = cluster.launch("first", ["--shutdown-timeout-s", "30", *args, "--log-dir", str(logs)])
+    wait_until(lambda: max_step(logs) >= 5, 120, "5 steps", first)
+    first.terminate()
+    time.sleep(0.033)
+    first.terminate()
+    assert first.wait(120) == 75, first.text()[-3000:]
+    text = first.text()
+    assert "again: already stopping" in text and "verdict: stopped" in text, text[-3000:]
+    assert "killing" not in text, text[-3000:]
+    reached = max_step(logs)
+    second = cluster.launch("second", args)
+    assert second.wait(240) == 0, second.text()[-3000:]
+    lines = [line for line in second.text().splitlines() if "resumed from step" in line]
+    assert len(lines) == 1, second.text()[-3000:]
+    assert int(lines[0].split()[-1]) >= min(5, reached)
+
+
+@pytest.mark.slow
+def test_the_checkpoint_grace_is_bounded(cluster: Cluster, tmp_path: Path) -> None:
+    """Workers that cannot reach a safe point within ``--shutdown-timeout-s`` (a step of 8 s
+    here) are killed when it runs out, not waited for forever."""
+    logs = tmp_path / "logs"
+    launch = cluster.launch(
+        "slow",
+        ["--shutdown-timeout-s", "1", "--checkpoint-uri", str(tmp_path / "ckpt"), str(EXAMPLE),
+         "--epochs", "4", "--step-delay-s", "8", "--log-dir", str(logs)],
+    )  # fmt: skip
+    wait_until(lambda: max_step(logs) >= 1, 120, "1 step", launch)
+    launch.terminate()
+    stopped_at = time.monotonic()
+    rc = launch.wait(60)
+    assert time.monotonic() - stopped_at < 30, launch.text()[-3000:]
+    assert rc != 0, launch.text()[-3000:]
+    assert "did not checkpoint and stop within 1 s: killing them" in launch.text()
