@@ -364,7 +364,7 @@ class EventRecorder:
                             now,
                             EventKind.RESUME,
                             name,
-                            f"resumes from its checkpoint{self._progress(name)} on "
+                            f"{self._resume_text(name)} on "
                             f"{_n_gpus(new)} ({_where(new)}){batch_text}{since}",
                         )
                     )
@@ -386,7 +386,7 @@ class EventRecorder:
                     name,
                     f"{_gpus(old)} -> {_n_gpus(new)} ({_where(new)}){batch_text}: {why}"
                     f"{self._prediction(name, old, new, self._batches.get(name), batch)}; "
-                    f"it restarts from its checkpoint{self._progress(name)}",
+                    f"it checkpoints, then restarts from that checkpoint{self._progress(name)}",
                 )
             )
         return out
@@ -447,22 +447,61 @@ class EventRecorder:
             f"{c0:.3g} -> {c1:.3g} USD/h"
         )
 
-    def _progress(self, name: str) -> str:
-        """`` (progress P of T)`` from the job's latest trainer report, or nothing."""
+    def _latest(self, name: str) -> tuple[float, float | None, float | None] | None:
+        """``(progress, target, checkpoint progress)`` of the job's latest trainer report
+        (``None``: no readable report); the last two ``None`` when the report has none."""
         report = self._store.latest_report(name)
         if report is None:
-            return ""
+            return None
         try:
             data = json.loads(report.payload_json)
             progress = float(data["progress"])
             target = data.get("target_progress")
+            saved = data.get("checkpoint_progress")
         except (ValueError, TypeError, KeyError):
-            return ""
+            return None
         if not math.isfinite(progress):
+            return None
+
+        def number(value: object) -> float | None:
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                return None
+            return float(value) if math.isfinite(value) else None
+
+        target, saved = number(target), number(saved)
+        return progress, target if target is not None and target > 0 else None, saved
+
+    def _progress(self, name: str) -> str:
+        """`` (progress P of T)`` from the job's latest trainer report, or nothing."""
+        latest = self._latest(name)
+        if latest is None:
             return ""
-        if isinstance(target, int | float) and math.isfinite(target) and target > 0:
-            return f" (progress {progress:.0f} of {target:.0f})"
-        return f" (progress {progress:.0f})"
+        progress, target, _ = latest
+        of = f" of {target:.0f}" if target is not None else ""
+        return f" (progress {progress:.0f}{of})"
+
+    def _resume_text(self, name: str) -> str:
+        """How a stopped job resumes, as far as its trainer's reports tell: from the
+        checkpoint its last report names (``checkpoint_progress``) and what was lost since, or
+        that its last report names none. Never a checkpoint the reports do not vouch for."""
+        latest = self._latest(name)
+        if latest is None:
+            return "resumes (it has not reported yet: from its checkpoint, if it saved one)"
+        progress, target, saved = latest
+        of = f" of {target:.0f}" if target is not None else ""
+        if saved is None:
+            return (
+                f"resumes, but its last report (progress {progress:.0f}{of}) names no "
+                f"checkpoint: unless it saved one since, it starts over ({progress:.0f} of "
+                "progress lost)"
+            )
+        lost = progress - saved
+        if lost <= 0:
+            return f"resumes from its checkpoint at progress {saved:.0f}{of}"
+        return (
+            f"resumes from its checkpoint at progress {saved:.0f}{of}: its last report was at "
+            f"{progress:.0f}, so at least {lost:.0f} of progress is lost"
+        )
 
     # ---- jobs ------------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from coadapt_common.procfs import PROC_ROOT, read_proc_strings
-from tests.trainer.harness import EXAMPLE, Cluster, base_env, max_step, wait_until
+from tests.trainer.harness import EXAMPLE, Cluster, base_env, max_step, read_jsonl, wait_until
 from trainer.control import ExitKind, ExitMarker, RunDir
 from trainer.launch import Verdict, classify
 
@@ -220,6 +220,9 @@ def test_a_second_stop_right_after_the_first_still_leaves_a_checkpoint(
     text = first.text()
     assert "again: already stopping" in text and "verdict: stopped" in text, text[-3000:]
     assert "killing" not in text, text[-3000:]
+    # Its last report vouches for the stop checkpoint (what the controller's events say).
+    last = read_jsonl(tmp_path / "coadapt-reports")[-1]
+    assert last["checkpoint_progress"] == last["progress"] > 0, last
     reached = max_step(logs)
     second = cluster.launch("second", args)
     assert second.wait(240) == 0, second.text()[-3000:]
