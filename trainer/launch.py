@@ -61,6 +61,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from coadapt_common.atomic import write_json_atomic
 from coadapt_common.clock import Clock, SystemClock
 from coadapt_common.procfs import is_running, process_start_time, read_stat
 from trainer import env as envvars
@@ -69,6 +70,10 @@ from trainer.control import ExitKind, ExitMarker, RunDir
 from trainer.errors import LaunchError, TrainerConfigError
 
 logger = logging.getLogger("trainer.launch")
+
+EXIT_FILE = "launcher-exit.json"
+"""With ``--run-dir``, the launcher writes its exit status there as it exits: ``{"status": N}``
+(a node agent that restarted and adopted it reads it: it is not that agent's child)."""
 
 #: Thread-pool sizes set to 1 for the preload server (see ``_start_preload``).
 _SINGLE_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -776,10 +781,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"coadapt-launch: {e}", file=sys.stderr)
         return ExitCode.USAGE
     try:
-        return int(Launcher(config).run())
+        code = int(Launcher(config).run())
     except LaunchError as e:
         print(f"coadapt-launch: {e}", file=sys.stderr)
-        return ExitCode.FAILED
+        code = ExitCode.FAILED
+    if config.run_dir is not None:  # whoever adopts this launcher reads how it ended
+        with contextlib.suppress(OSError):
+            write_json_atomic(Path(config.run_dir) / EXIT_FILE, {"status": code})
+    return code
 
 
 if __name__ == "__main__":

@@ -15,8 +15,13 @@ assigned and what runs, what to do (:class:`AgentAction`):
 its own session and process group, logs to :meth:`Supervisor.log_path`. Every process it
 starts, and every process they start (torchrun's workers start their own sessions), carries
 ``COADAPT_AGENT_ID=<agent id>`` in its environment; :meth:`Supervisor.sweep` ends every
-process that carries it, so nothing is left behind when the agent stops, and an agent that
-restarts after a crash first ends what its previous life left running. Stopping is SIGTERM to
+process that carries it, so nothing is left behind when the agent stops. An agent that
+restarts after a crash (kill -9) first adopts the launchers its previous life left running
+(:meth:`Supervisor.adopt`, from ``processes.json``: same pid, same kernel start time, same
+marker), so their jobs go on untouched, and ends every other process that life left; it tells
+the controller which jobs it adopted and which it found gone (they start again from their
+checkpoints), which records the restart. Each launcher's run folder (pids, exit markers, its
+exit status) is ``<work_dir>/runs/<job>``, removed when the job ends here. Stopping is SIGTERM to
 the launcher (it asks its workers to checkpoint, and gives them ``stop_grace_s``, default
 :data:`STOP_GRACE_S`, which the agent passes it as ``--shutdown-timeout-s``), a wait of that
 grace plus :data:`KILL_MARGIN_S`, then SIGKILL to the group and a sweep. :func:`exit_outcome`
@@ -41,6 +46,7 @@ import logging
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -55,13 +61,21 @@ from autoscaler.controller.client import ApiClient, ApiError
 from autoscaler.errors import InvalidInputError
 from coadapt_common.atomic import write_bytes_atomic, write_json_atomic
 from coadapt_common.clock import Clock
-from coadapt_common.procfs import PROC_ROOT, is_running, read_proc_strings, read_stat
+from coadapt_common.procfs import (
+    PROC_ROOT,
+    is_running,
+    process_start_time,
+    read_proc_strings,
+    read_stat,
+)
 from providers.errors import ProviderError
 from trainer.env import REPORT_TOKEN_FILE
+from trainer.launch import EXIT_FILE
 
 __all__ = [
     "AGENT_ENV",
     "ActionKind",
+    "Adoption",
     "AgentAction",
     "AgentRunner",
     "JobAssignment",
@@ -240,10 +254,55 @@ def launch_argv(
 
 @dataclass
 class _Proc:
+    """A launcher: started by this agent (``popen``) or adopted from its previous life
+    (``popen`` ``None``: not this process's child, its exit status is read from its run
+    folder's ``launcher-exit.json``)."""
+
     assignment: JobAssignment
     popen: subprocess.Popen[bytes] | None
     pid: int
     stopping: bool = False
+    started: str | None = None  # the kernel's start time of ``pid``
+    run_dir: Path | None = None
+
+    def poll(self) -> int | None:
+        """Its exit status once it has exited, else ``None``."""
+        if self.popen is not None:
+            return self.popen.poll()
+        if is_running(read_stat(self.pid)) and process_start_time(self.pid) == self.started:
+            return None
+        return _recorded_exit(self.run_dir)
+
+
+LOST_EXIT: Final = 1
+"""The exit status given to an adopted launcher that ended without recording one (killed)."""
+MAX_ADOPTED: Final = 256
+"""The most launchers an agent adopts from its previous life's record (the rest are ended)."""
+
+
+def _recorded_exit(run_dir: Path | None) -> int:
+    """The exit status a launcher recorded in ``run_dir``, else :data:`LOST_EXIT`."""
+    if run_dir is None:
+        return LOST_EXIT
+    try:
+        data = json.loads((run_dir / EXIT_FILE).read_text(encoding="utf-8"))
+        status = data["status"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return LOST_EXIT
+    return status if isinstance(status, int) and -255 <= status <= 255 else LOST_EXIT
+
+
+@dataclass(frozen=True)
+class Adoption:
+    """What a restarted agent found of its previous life: the jobs whose launchers it
+    adopted (still running) and the jobs whose launchers were gone (started again, from their
+    checkpoints, if still assigned here)."""
+
+    adopted: tuple[str, ...] = ()
+    lost: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, list[str]]:
+        return {"adopted": list(self.adopted), "lost": list(self.lost)}
 
 
 @dataclass
@@ -295,14 +354,53 @@ class Supervisor:
         write_bytes_atomic(path, (a.report_token + "\n").encode(), mode=0o600)
         return {REPORT_TOKEN_FILE: str(path)}
 
+    def run_dir(self, job: str) -> Path:
+        """``<work_dir>/runs/<job>``: the launcher's run folder (given as ``--run-dir``)."""
+        return self.work_dir / "runs" / job
+
     def _forget(self, job: str) -> None:
         self.credential_path(job).unlink(missing_ok=True)
+        shutil.rmtree(self.run_dir(job), ignore_errors=True)
 
     def _record(self) -> None:
         write_json_atomic(
             self.work_dir / "processes.json",
-            {job: {"pid": p.pid} for job, p in sorted(self._procs.items())},
+            {job: _entry(p) for job, p in sorted(self._procs.items())},
         )
+
+    def adopt(self) -> Adoption | None:
+        """Take over the launchers the previous life of this agent left running (see the
+        module docstring); ``None`` when there was no previous life (no ``processes.json``).
+        A recorded launcher is adopted only if its pid is alive with the recorded kernel
+        start time and carries this agent's and the job's markers; the run folders of the
+        others are removed (their processes are ended by the :meth:`sweep` that follows)."""
+        path = self.work_dir / "processes.json"
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            self._record()  # a later life knows this one existed
+            return None
+        except (OSError, ValueError):
+            record = {}
+        adopted, lost = [], []
+        entries = record.items() if isinstance(record, dict) else ()
+        for job, entry in sorted(entries)[:MAX_ADOPTED]:
+            proc = _adoptable(self.agent_id, job, entry)
+            if proc is None or job in self._procs:
+                lost.append(str(job)[:128])
+                continue
+            proc.run_dir = self.run_dir(job)
+            self._procs[job] = proc
+            adopted.append(job)
+        runs = self.work_dir / "runs"
+        if runs.is_dir():
+            for folder in runs.iterdir():
+                if folder.name not in self._procs:
+                    shutil.rmtree(folder, ignore_errors=True)
+        self._record()
+        for job in adopted:
+            self._note(job, f"agent restarted: adopted the running launcher of {job}")
+        return Adoption(tuple(adopted), tuple(lost))
 
     # ---- actions ---------------------------------------------------------------------------
 
@@ -322,12 +420,19 @@ class Supervisor:
         return finished
 
     def start(self, a: JobAssignment) -> int:
-        """Start ``a``'s launcher; its pid."""
+        """Start ``a``'s launcher; its pid. Its run folder is :meth:`run_dir` (given as
+        ``--run-dir`` before the ``--`` of a launcher command that has none)."""
         argv = (
             self.argv_for(a)
             if self.argv_for
             else launch_argv(a, controller_url=None, stop_grace_s=self.stop_grace_s)
         )
+        run_dir = self.run_dir(a.job)
+        shutil.rmtree(run_dir, ignore_errors=True)
+        if "--" in argv and "--run-dir" not in argv[: argv.index("--")]:
+            run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            cut = argv.index("--")
+            argv = [*argv[:cut], "--run-dir", str(run_dir), *argv[cut:]]
         env = {**os.environ, **self.env, AGENT_ENV: self.agent_id, "COADAPT_JOB_ID": a.job}
         env.pop(REPORT_TOKEN_FILE, None)  # never another job's (or the agent's own)
         env.update(self._write_credential(a))
@@ -335,7 +440,9 @@ class Supervisor:
             popen = subprocess.Popen(
                 argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )
-        self._procs[a.job] = _Proc(a, popen, popen.pid)
+        self._procs[a.job] = _Proc(
+            a, popen, popen.pid, False, process_start_time(popen.pid), run_dir
+        )
         self._record()
         return popen.pid
 
@@ -351,7 +458,7 @@ class Supervisor:
         self._note(
             job, f"stopping {job}: {reason or 'asked to'} (a checkpointed stop, not a failure)"
         )
-        code = _end_group(proc.pid, proc.popen, self.stop_grace_s + KILL_MARGIN_S)
+        code = _end_group(proc, self.stop_grace_s + KILL_MARGIN_S)
         self.sweep(job)
         self._forget(job)
         self._record()
@@ -383,7 +490,7 @@ class Supervisor:
         """Launchers that exited on their own since the last poll: (job, outcome, status)."""
         ended = []
         for job, proc in list(self._procs.items()):
-            code = proc.popen.poll() if proc.popen is not None else None
+            code = proc.poll()
             if code is None:
                 continue
             del self._procs[job]
@@ -407,11 +514,15 @@ class Supervisor:
 
     def sweep(self, job: str | None = None) -> list[int]:
         """SIGKILL every process carrying this agent's marker (and ``job``'s, if given) that
-        is not a launcher still supervised; the pids ended."""
+        belongs to no job still supervised (its launcher, torchrun, its workers); the pids
+        ended."""
         keep = {p.pid for p in self._procs.values()}
+        spare = {f"COADAPT_JOB_ID={j}".encode() for j in self._procs}
         ended = []
         for pid in _marked(self.agent_id, job):
             if pid in keep or pid == os.getpid():
+                continue
+            if spare and spare & set(read_proc_strings(pid, "environ", settle=False)):
                 continue
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -438,25 +549,62 @@ def _marked(agent_id: str, job: str | None) -> list[int]:
     return sorted(out)
 
 
-def _end_group(pid: int, popen: subprocess.Popen[bytes] | None, grace_s: float) -> int | None:
-    """SIGTERM the launcher ``pid`` (the leader of its process group), wait up to
-    ``grace_s``, then SIGKILL the whole group. Only the launcher is signalled first: it stops
-    its workers at an agreed step, and torchrun, left alone, ends without the traceback a
-    SIGTERM of its own would print."""
+def _end_group(proc: _Proc, grace_s: float) -> int | None:
+    """SIGTERM the launcher (the leader of its process group), wait up to ``grace_s``, then
+    SIGKILL the whole group. Only the launcher is signalled first: it stops its workers at an
+    agreed step, and torchrun, left alone, ends without the traceback a SIGTERM of its own
+    would print."""
+    pid = proc.pid
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     code = None
     while time.monotonic() < deadline:
-        code = popen.poll() if popen is not None else None
+        code = proc.poll()
         if code is not None:
             break
         time.sleep(0.02)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGKILL)  # whatever of the group is left
-    if popen is not None and code is None:
-        code = popen.wait()
+    if proc.popen is not None and code is None:
+        code = proc.popen.wait()
+    elif code is None:  # adopted: not our child; it is gone once its pid is
+        end = time.monotonic() + 5.0
+        while (code := proc.poll()) is None and time.monotonic() < end:
+            time.sleep(0.02)
     return code
+
+
+def _entry(proc: _Proc) -> dict[str, object]:
+    """A launcher as ``processes.json`` records it (its assignment without the credential)."""
+    (assignment,) = json.loads(dump({"_": replace(proc.assignment, report_token=None)}))
+    return {"pid": proc.pid, "started": proc.started, "assignment": assignment}
+
+
+def _adoptable(agent_id: str, job: object, entry: object) -> _Proc | None:
+    """The launcher a previous life recorded for ``job``, if it still runs as recorded."""
+    if not isinstance(job, str) or not isinstance(entry, dict):
+        return None
+    pid, started = entry.get("pid"), entry.get("started")
+    if (
+        not isinstance(pid, int)
+        or isinstance(pid, bool)
+        or pid <= 1
+        or not isinstance(started, str)
+    ):
+        return None
+    if not is_running(read_stat(pid)) or process_start_time(pid) != started:
+        return None
+    env = read_proc_strings(pid, "environ", settle=False)
+    if f"{AGENT_ENV}={agent_id}".encode() not in env or f"COADAPT_JOB_ID={job}".encode() not in env:
+        return None
+    try:
+        found = assignments_from_json([entry.get("assignment")])
+    except (InvalidInputError, KeyError, TypeError, ValueError):
+        return None
+    if job not in found:
+        return None
+    return _Proc(found[job], None, pid, False, started)
 
 
 def assignments_from_json(data: object) -> dict[str, JobAssignment]:
@@ -537,12 +685,18 @@ class AgentRunner:
         self.on_credential = on_credential
         self.noticed = False
         self.registered = False
+        self._adoption: Adoption | None = None
+        self._adopted = False
 
     def step(self) -> list[AgentAction]:
         """One pass; the actions taken."""
         if not self.registered:
-            self.client.register(self.instance_key, address=self.address)
-            self.supervisor.sweep()  # what a previous life of this agent left running
+            if not self._adopted:  # once: what a previous life of this agent left running
+                self._adoption = self.supervisor.adopt()
+                self._adopted = True
+            restart = None if self._adoption is None else self._adoption.to_json()
+            self.client.register(self.instance_key, address=self.address, restart=restart)
+            self.supervisor.sweep()  # the rest of what a previous life left running
             self.registered = True
         beat = self.client.heartbeat(self.instance_key, address=self.address)
         if beat.credential is not None:

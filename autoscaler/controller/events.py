@@ -8,6 +8,8 @@ returns (``coadapt up`` prints them; ``coadapt events`` reads the same rows back
   the sizing or the reconcile gave): ``launch``, ``ready``, ``launch-failed``, ``notice`` (a
   spot interruption notice), ``drain``, ``preemption`` (the provider ended it: after a notice,
   or it vanished while running), ``release`` (with what it cost), ``termination-failed``;
+  ``agent-restart`` (its agent restarted and adopted or relaunched its jobs) is written by the
+  API when the restarted agent registers, not by this recorder;
 * jobs, from their rows: ``submit``, ``completion``, ``failure`` (with the cause, also when it
   is retried), ``refusal`` (with the policy's reason), ``cancel``, ``deadline`` (the
   controller found that an active job can no longer meet its deadline, with its estimate:
@@ -65,6 +67,7 @@ class EventKind(StrEnum):
     PREEMPTION = "preemption"
     RELEASE = "release"
     TERMINATION_FAILED = "termination-failed"
+    AGENT_RESTART = "agent-restart"
     SUBMIT = "submit"
     START = "start"
     RESUME = "resume"
@@ -84,6 +87,7 @@ WARNING_KINDS: Final = frozenset(
         EventKind.NOTICE,
         EventKind.PREEMPTION,
         EventKind.TERMINATION_FAILED,
+        EventKind.AGENT_RESTART,
         EventKind.FAILURE,
         EventKind.REFUSAL,
         EventKind.DEADLINE,

@@ -1,8 +1,10 @@
-"""Issue 37, item 1, on a real cluster: ``coadapt up`` (local provider, its own process) is
-stopped with SIGSTOP for three heartbeat timeouts while a real torchrun job trains, then
-continued with SIGCONT. Its agents kept running and heartbeating into the void; the
-controller, once running again, must not count its own stall against them: no instance is
-released, no job is restarted (the trainer's own report says the same run goes on).
+"""Issue 37, items 1 and 5, on a real cluster: ``coadapt up`` (local provider, its own
+process) is stopped with SIGSTOP for three heartbeat timeouts while a real torchrun job
+trains, then continued with SIGCONT. Its agents kept running and heartbeating into the void;
+the controller, once running again, must not count its own stall against them: no instance is
+released, no job is restarted (the trainer's own report says the same run goes on). Then the
+instance's node agent is killed with kill -9: the instance starts it again, and the new agent
+adopts the running launcher (the same trainer run goes on), and the restart is an event.
 
 The heartbeat timeout is small (``--heartbeat-timeout-s 10``, agents polling every second) so
 the test is short; the rule is the same at the default."""
@@ -71,6 +73,29 @@ def _instances(state: Path) -> dict[str, tuple[str, list[str]]]:
         }
 
 
+def _agent_pid(key: str) -> int | None:
+    """The node agent process (``... service agent ... --instance-key KEY``) of ``key``."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if (
+            argv[:1] != [b"/bin/sh"]
+            and b"autoscaler.controller.service" in argv
+            and (b"--instance-key" in argv and key.encode() in argv)
+        ):
+            return int(entry.name)
+    return None
+
+
+def _restart_events(state: Path) -> list:
+    with Store.open(state / "store.db", SystemClock()) as store:
+        return [e for e in store.events_after(0) if e.kind == "agent-restart"]
+
+
 def test_a_stopped_controller_releases_no_instance_and_restarts_no_job(tmp_path: Path) -> None:
     state = tmp_path / "cluster"
     spec = tmp_path / "stall.yaml"
@@ -117,6 +142,24 @@ def test_a_stopped_controller_releases_no_instance_and_restarts_no_job(tmp_path:
         assert after.step > before.step
         text = (tmp_path / "up.out").read_text()
         assert "released" not in text and "stopped on" not in text, text
+
+        (key,) = held
+        agent = _agent_pid(key)
+        assert agent is not None
+        os.kill(agent, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while not _restart_events(state) and time.monotonic() < deadline:
+            time.sleep(0.5)  # the instance (local_agent.py) starts its agent again
+        (event,) = _restart_events(state)
+        assert event.subject == key and "adopted the running launcher of stall" in event.message
+        assert _agent_pid(key) not in (None, agent)
+        time.sleep(3.0)
+        again = _latest(state)
+        assert again is not None
+        assert (again.attempt, again.started_at_s) == (before.attempt, before.started_at_s)
+        assert again.step >= after.step
+        status, reasons = _instances(state)[key]
+        assert status == "running" and "agent stopped heartbeating" not in reasons
     finally:
         up.send_signal(signal.SIGCONT)
         down = _run("down", "--state-dir", str(state))
