@@ -50,6 +50,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -687,6 +688,7 @@ class AgentRunner:
         self.registered = False
         self._adoption: Adoption | None = None
         self._adopted = False
+        self._beat_lock = threading.Lock()
 
     def step(self) -> list[AgentAction]:
         """One pass; the actions taken."""
@@ -698,12 +700,7 @@ class AgentRunner:
             self.client.register(self.instance_key, address=self.address, restart=restart)
             self.supervisor.sweep()  # the rest of what a previous life left running
             self.registered = True
-        beat = self.client.heartbeat(self.instance_key, address=self.address)
-        if beat.credential is not None:
-            self.client.use_token(beat.credential)
-            if self.on_credential is not None:
-                self.on_credential(beat.credential)
-            log.info("agent %s: credential renewed", self.instance_key)
+        self.beat()
         for job, outcome, code in self.supervisor.poll():
             if outcome is Outcome.FAILED:
                 cause = failure_cause(self.supervisor.log_path(job), code)
@@ -734,6 +731,19 @@ class AgentRunner:
                 log.info("agent %s: exit of %s not recorded: %s", self.instance_key, job, e)
         self.supervisor.refresh_credentials(assigned)
         return actions
+
+    def beat(self) -> None:
+        """One heartbeat (and the credential its answer may renew). :meth:`step` sends one;
+        the agent's process also beats from a thread of its own every poll, so that a step
+        that waits for a job's checkpoint (up to the stop grace) never makes a live agent
+        look dead. Thread-safe."""
+        with self._beat_lock:
+            beat = self.client.heartbeat(self.instance_key, address=self.address)
+            if beat.credential is not None:
+                self.client.use_token(beat.credential)
+                if self.on_credential is not None:
+                    self.on_credential(beat.credential)
+                log.info("agent %s: credential renewed", self.instance_key)
 
     def close(self) -> None:
         self.supervisor.stop_all()

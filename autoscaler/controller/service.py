@@ -41,6 +41,7 @@ store (:func:`~autoscaler.controller.loop.record_job_exit`), the rounds run on t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -787,6 +788,14 @@ def agent_main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+
+    def beating() -> None:  # alive while a step waits for a checkpoint (AgentRunner.beat)
+        while not stop.wait(args.interval_s):
+            if runner.registered:
+                with contextlib.suppress(ApiError):  # the step says it, once per poll
+                    runner.beat()
+
+    threading.Thread(target=beating, name="coadapt-agent-beat", daemon=True).start()
     try:
         while not stop.is_set():
             try:
