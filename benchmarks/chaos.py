@@ -489,9 +489,9 @@ class Soak:
             shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-Launch = tuple[float, float | None, int]
-"""One launch of a job, from its rank-0 step log: (start time, the progress it restored, or
-``None`` if it restored nothing, the highest step it computed)."""
+Launch = tuple[float, int, float | None, int]
+"""One launch of a job, from its rank-0 step log: (start time, the step it restored (0: none),
+the progress it restored (``None``: it restored nothing), the highest step it computed)."""
 
 
 def launches(steps_dir: Path) -> dict[str, list[Launch]]:
@@ -502,7 +502,7 @@ def launches(steps_dir: Path) -> dict[str, list[Launch]]:
     for job_dir in sorted(p for p in steps_dir.glob("*") if p.is_dir()):
         found = []
         for path in job_dir.glob("rank0-pid*.jsonl"):
-            started, restored, reached = None, None, 0
+            started, step, progress, reached = None, 0, None, 0
             for line in path.read_text().splitlines():
                 try:
                     rec = json.loads(line)
@@ -511,44 +511,26 @@ def launches(steps_dir: Path) -> dict[str, list[Launch]]:
                 if rec.get("event") == "start":
                     started = rec.get("t")
                 elif rec.get("event") == "restored":
-                    restored = float(rec.get("progress", 0.0))
+                    step, progress = int(rec.get("step", 0)), float(rec.get("progress", 0.0))
                 elif "event" not in rec and "step" in rec:
                     reached = max(reached, int(rec["step"]))  # the step being computed
             if started is not None:
-                found.append((float(started), restored, reached))
+                found.append((float(started), step, progress, reached))
         out[job_dir.name] = sorted(found)
     return out
 
 
 def progress_lost(steps_dir: Path) -> dict[str, list[int]]:
-    """Per job, for each launch that resumed from a checkpoint: the most steps an earlier
-    launch had trained minus the step it resumed from (0 when nothing was lost). From the
-    rank-0 step logs (see :func:`launches`)."""
+    """Per job, for each launch after its first: the most steps an earlier launch had
+    trained minus the step it resumed from (0 when nothing was lost; see :func:`launches`)."""
     out: dict[str, list[int]] = {}
-    for job_dir in sorted(p for p in steps_dir.glob("*") if p.is_dir()):
-        found = []
-        for path in job_dir.glob("rank0-pid*.jsonl"):
-            started, restored, reached = None, 0, 0
-            for line in path.read_text().splitlines():
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue  # a line cut by a kill
-                if rec.get("event") == "start":
-                    started = rec.get("t")
-                elif rec.get("event") == "restored":
-                    restored = int(rec.get("step", 0))
-                elif "event" not in rec and "step" in rec:
-                    reached = max(reached, int(rec["step"]))  # the step being computed
-            if started is not None:
-                found.append((float(started), restored, reached))
-        found.sort()
+    for job, runs in launches(steps_dir).items():
         lost, best = [], 0
-        for i, (_, restored, reached) in enumerate(found):
+        for i, (_, restored, _, reached) in enumerate(runs):
             if i:
                 lost.append(max(0, best - restored))
             best = max(best, reached)
-        out[job_dir.name] = lost
+        out[job] = lost
     return out
 
 
@@ -568,8 +550,8 @@ def false_events(
         if kind == "resume" and (m := _CLAIMED.search(message)):
             claimed = float(m.group(1))
             after = [r for r in runs.get(subject, []) if r[0] >= at_s - EVENT_SLACK_S]
-            if after and (after[0][1] is None or after[0][1] < claimed - 0.5):
-                false.append(f"{subject}: '{message}' but it restored {after[0][1]}")
+            if after and (after[0][2] is None or after[0][2] < claimed - 0.5):
+                false.append(f"{subject}: '{message}' but it restored {after[0][2]}")
         if kind == "agent-restart":
             for m in _ADOPTED.finditer(message):
                 for job in m.group(1).split(", "):

@@ -66,3 +66,31 @@ def test_bad_job_options_are_refused_before_anything_starts(argv: list[str], cap
         main(argv)
     assert stop.value.code == 2
     assert f"argument {argv[0]}: " in capsys.readouterr().err
+
+
+def test_events_are_judged_against_the_trainers_step_logs(tmp_path: Path) -> None:
+    """The soak's truth check on made-up step logs: a resume that claims a newer checkpoint
+    than the next launch restored, and an adoption while the job launched again, are false;
+    the true ones are not."""
+    from benchmarks.chaos import false_events, launches, progress_lost
+
+    job = tmp_path / "steps" / "j"
+    job.mkdir(parents=True)
+    (job / "rank0-pid1.jsonl").write_text('{"event": "start", "t": 10}\n{"step": 30}\n')
+    (job / "rank0-pid2.jsonl").write_text(
+        '{"event": "start", "t": 100}\n{"event": "restored", "step": 20, "progress": 20.0}\n'
+        '{"step": 40}\n{"step": '  # a line cut by a kill
+    )
+    runs = launches(tmp_path / "steps")
+    assert runs == {"j": [(10.0, 0, None, 30), (100.0, 20, 20.0, 40)]}
+    assert progress_lost(tmp_path / "steps") == {"j": [10]}
+    resumed = "resumes from its checkpoint at progress {} of 100 on 1 GPU"
+    gone = "its agent restarted; the launcher of j was gone: it starts again from its checkpoint"
+    true = [(90.0, "resume", "j", resumed.format(20)), (50.0, "agent-restart", "i-1", gone),
+            (300.0, "agent-restart", "i-1", "its agent restarted; it adopted the running "
+             "launcher of j")]  # fmt: skip
+    assert false_events(true, runs) == []
+    false = [(90.0, "resume", "j", resumed.format(25)),
+             (99.0, "agent-restart", "i-1", "it adopted the running launcher of j"),
+             (200.0, "agent-restart", "i-1", gone)]  # fmt: skip
+    assert len(false_events(false, runs)) == 3
