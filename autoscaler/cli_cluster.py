@@ -782,6 +782,14 @@ def agent(
     address: Annotated[
         str, typer.Option("--address", help="The address peers reach this node at.")
     ] = "127.0.0.1",
+    stop_grace_s: Annotated[
+        float,
+        typer.Option(
+            "--stop-grace-s",
+            help="Seconds a job asked to stop has to checkpoint before it is killed (1-3600; "
+            "the instance's own shutdown must wait longer).",
+        ),
+    ] = 60.0,
 ) -> None:
     """One instance's node agent (coadapt up starts one on each instance it launches).
 
@@ -804,6 +812,7 @@ def agent(
         "--interval-s": interval_s,
         "--report-interval-s": report_interval_s,
         "--address": address,
+        "--stop-grace-s": stop_grace_s,
     }
     for flag, value in named.items():
         if value is not None:

@@ -729,7 +729,15 @@ def agent_main(argv: list[str] | None = None) -> int:
     p.add_argument("--interval-s", type=float, default=2.0)
     p.add_argument("--report-interval-s", type=float, default=30.0)
     p.add_argument("--address", default="127.0.0.1", help="address peers reach this node at")
+    p.add_argument(
+        "--stop-grace-s",
+        type=float,
+        default=STOP_GRACE_S,
+        help="seconds a job asked to stop has to checkpoint before it is killed (1-3600)",
+    )
     args = p.parse_args(argv)
+    if not 1.0 <= args.stop_grace_s <= 3600.0:  # NaN fails too
+        p.error(f"--stop-grace-s must be within [1, 3600], got {args.stop_grace_s}")
     os.umask(0o077)  # job logs and checkpoints are private to this user
     if args.request_id is not None:
         if not args.cluster_id:
@@ -758,13 +766,13 @@ def agent_main(argv: list[str] | None = None) -> int:
             a,
             controller_url=args.api,
             extra=["--report-interval-s", str(args.report_interval_s)],
-            stop_grace_s=STOP_GRACE_S,
+            stop_grace_s=args.stop_grace_s,
         )
 
     supervisor = Supervisor(
         args.instance_key,
         args.work_dir,
-        stop_grace_s=STOP_GRACE_S,
+        stop_grace_s=args.stop_grace_s,
         argv_for=argv_for,
         logs_dir=args.logs_dir,
     )

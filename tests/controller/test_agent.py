@@ -102,6 +102,18 @@ def test_the_stop_graces_nest() -> None:
     argv = launch_argv(job("a"), controller_url=None, stop_grace_s=STOP_GRACE_S)
     assert argv[argv.index("--shutdown-timeout-s") + 1] == "60"
     assert argv.index("--shutdown-timeout-s") < argv.index("--")
+    # coadapt agent --stop-grace-s: the same default, bounded.
+    import inspect
+
+    from autoscaler import cli_cluster
+    from autoscaler.controller.service import agent_main
+
+    assert inspect.signature(cli_cluster.agent).parameters["stop_grace_s"].default == STOP_GRACE_S
+    base = ["--api", "http://x", "--token-file", "t", "--instance-key", "k", "--work-dir", "w"]
+    for bad in ("0", "nan", "4000"):
+        with pytest.raises(SystemExit) as refused:
+            agent_main([*base, "--stop-grace-s", bad])
+        assert refused.value.code == 2
 
 
 def _supervisor(tmp_path: Path, mode: str, agent_id: str | None = None) -> Supervisor:
