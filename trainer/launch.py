@@ -27,7 +27,10 @@ Exit status (:class:`ExitCode`):
 Stopping: the first SIGTERM/SIGINT asks the workers to checkpoint and stop; they get
 ``--shutdown-timeout-s`` (default 60 s) to do it, then the launcher kills them. A signal
 repeated within that grace (a node agent and its instance's provider both asking, one right
-after the other) changes nothing: only a second Ctrl-C (SIGINT after SIGINT) kills at once.
+after the other) changes nothing: only a second Ctrl-C (SIGINT after SIGINT) kills at once, and
+a launch with no registered worker alive (nothing to checkpoint: torchrun starting, or stuck
+in a rendezvous whose peers left) is killed by a repeated signal, or ``NOTHING_TO_SAVE_S``
+after the first.
 
 A job whose workers all finished is DONE even if a signal arrived meanwhile: a SIGTERM that comes
 after the last step does not turn a finished job into a stopped one.
@@ -70,6 +73,11 @@ from trainer.control import ExitKind, ExitMarker, RunDir
 from trainer.errors import LaunchError, TrainerConfigError
 
 logger = logging.getLogger("trainer.launch")
+
+NOTHING_TO_SAVE_S = 10.0
+"""How long after a stop request torchrun may go on with no registered worker alive (it may
+be in a rendezvous whose peers are gone) before the launcher kills it: there is nothing to
+checkpoint, so the grace of ``--shutdown-timeout-s`` is not waited out."""
 
 EXIT_FILE = "launcher-exit.json"
 """With ``--run-dir``, the launcher writes its exit status there as it exits: ``{"status": N}``
@@ -438,6 +446,12 @@ class Launcher:
         elif signum == signal.SIGINT and self._first_signal == signal.SIGINT:
             logger.warning("second Ctrl-C: killing torchrun and the workers")
             self._kill(proc)
+        elif not self._checkpointing():
+            logger.warning(
+                "signal %d again: no worker is running, nothing to checkpoint: killing torchrun",
+                signum,
+            )
+            self._kill(proc)
         else:
             # A stop is already under way: a repeated request (an agent and its instance
             # both asking, one right after the other) must not cost the job its checkpoint.
@@ -448,6 +462,14 @@ class Launcher:
                 signum,
                 max(0.0, left),
             )
+
+    def _checkpointing(self) -> bool:
+        """Some registered worker of this launch is alive: a stop may be saving its
+        checkpoint. (A worker registers before it restores: one that has not has trained
+        nothing since the last checkpoint.)"""
+        if self._run_dir is None:
+            return False
+        return any(is_running(read_stat(pid)) for pid, _ in RunDir(self._run_dir).pids())
 
     def _stopping_for_s(self) -> float:
         if self._stop_asked_at is None:
@@ -612,6 +634,18 @@ class Launcher:
             kinds = self._finished_workers()
             if kinds is None:
                 finished_since = None
+                if (
+                    self._signalled
+                    and self._stopping_for_s() > NOTHING_TO_SAVE_S
+                    and not self._checkpointing()
+                ):
+                    logger.warning(
+                        "torchrun still runs %.0f s after the stop with no worker to "
+                        "checkpoint: killing it",
+                        NOTHING_TO_SAVE_S,
+                    )
+                    self._kill(proc)
+                    return proc.wait()
                 continue
             now = self._clock.monotonic_s()
             finished_since = now if finished_since is None else finished_since

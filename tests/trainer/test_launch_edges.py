@@ -248,3 +248,47 @@ def test_the_checkpoint_grace_is_bounded(cluster: Cluster, tmp_path: Path) -> No
     assert time.monotonic() - stopped_at < 30, launch.text()[-3000:]
     assert rc != 0, launch.text()[-3000:]
     assert "did not checkpoint and stop within 1 s: killing them" in launch.text()
+
+
+@pytest.mark.slow
+def test_a_repeated_stop_with_no_worker_to_save_does_not_wait_out_the_grace(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """The other half of the checkpoint grace: a launch whose torchrun starts, or waits in a
+    rendezvous that no peer will join (its job moved on), has no worker, so nothing to
+    checkpoint; a repeated stop ends it at once instead of after ``--shutdown-timeout-s``."""
+    from trainer.launch import free_port
+
+    launch = cluster.launch(
+        "alone",
+        ["--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--shutdown-timeout-s",
+         "120", "--checkpoint-uri", str(tmp_path / "ckpt"), str(EXAMPLE), "--epochs", "1"],
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while "torch.distributed.run" not in " ".join(
+        b.decode(errors="replace") for b in _children_cmdlines(launch.proc.pid)
+    ):
+        assert time.monotonic() < deadline and launch.proc.poll() is None, launch.text()[-2000:]
+        time.sleep(0.2)
+    time.sleep(3.0)  # starting, or in the rendezvous waiting for a second node
+    launch.terminate()
+    time.sleep(0.033)
+    launch.terminate()
+    stopped_at = time.monotonic()
+    rc = launch.wait(60)
+    assert time.monotonic() - stopped_at < 30, launch.text()[-3000:]
+    assert rc == 75, launch.text()[-3000:]
+
+
+def _children_cmdlines(pid: int) -> list[bytes]:
+    """The command lines of ``pid``'s children."""
+    out = []
+    for entry in PROC_ROOT.iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid == pid:
+                out.extend(read_proc_strings(int(entry.name), "cmdline", settle=False))
+    return out
