@@ -371,7 +371,8 @@ class Supervisor:
 
     def adopt(self) -> Adoption | None:
         """Take over the launchers the previous life of this agent left running (see the
-        module docstring); ``None`` when there was no previous life (no ``processes.json``).
+        module docstring); ``None`` when there was no previous life, or it ended cleanly
+        (:meth:`stop_all` removes ``processes.json``).
         A recorded launcher is adopted only if its pid is alive with the recorded kernel
         start time and carries this agent's and the job's markers; the run folders of the
         others are removed (their processes are ended by the :meth:`sweep` that follows)."""
@@ -512,6 +513,9 @@ class Supervisor:
         for job in sorted(self._procs):
             self.stop(job)
         self.sweep()
+        # A clean end: the next life of this agent has nothing to adopt and no restart to
+        # tell (a processes.json left behind means this life ended without stopping).
+        (self.work_dir / "processes.json").unlink(missing_ok=True)
 
     def sweep(self, job: str | None = None) -> list[int]:
         """SIGKILL every process carrying this agent's marker (and ``job``'s, if given) that

@@ -199,9 +199,11 @@ def test_stop_all_then_nothing_is_left(tmp_path: Path) -> None:
     sup.apply(plan({"a": job("a"), "b": job("b")}, {}))
     _wait_started(sup, "a")
     _wait_started(sup, "b")
+    assert os.path.exists(sup.work_dir / "processes.json")
     sup.stop_all()
     assert _marked(sup.agent_id, None) == [] and sup.running == {}
-    assert os.path.exists(sup.work_dir / "processes.json")
+    # A clean end: the next life has nothing to adopt (processes.json is what it adopts from).
+    assert not os.path.exists(sup.work_dir / "processes.json")
 
 
 def test_the_runner_follows_the_api_and_reports_exits(tmp_path: Path) -> None:
@@ -536,6 +538,8 @@ def test_a_restarted_agent_adopts_its_running_launchers_and_says_so(tmp_path: Pa
         second.close()
         assert _marked(agent_id, None) == []
         assert list((tmp_path / "agent" / "runs").iterdir()) == []
+        # A clean end leaves nothing to adopt and no restart to tell.
+        assert life().supervisor.adopt() is None
     finally:
         (second or first).close()
         first.supervisor.sweep()
