@@ -268,13 +268,16 @@ class Soak:
         return self._placements(), {k: {p for p, _ in v} for k, v in launchers.items()}
 
     def _quiet(self) -> tuple[dict[str, dict[str, int]], dict[tuple[str, str], set[int]]]:
-        """A snapshot once the cluster is quiet (placements and launchers as they were 3 s
-        before, or after 20 s)."""
+        """A snapshot once the cluster is quiet: placements and launchers as they were 3 s
+        before, and every placed job's launchers running on exactly its instances (no
+        hand-over still under way), or after 30 s."""
         before = self._snapshot()
-        for _ in range(6):
+        for _ in range(10):
             time.sleep(3.0)
             now = self._snapshot()
-            if now == before:
+            placed, launchers = now
+            wanted = {(job, key) for job, alloc in placed.items() for key in alloc}
+            if now == before and set(launchers) == wanted:
                 break
             before = now
         return before
