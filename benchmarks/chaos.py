@@ -558,8 +558,11 @@ def false_events(
         if kind == "agent-restart":
             for m in _ADOPTED.finditer(message):
                 for job in m.group(1).split(", "):
-                    again = [r for r in runs.get(job, []) if abs(r[0] - at_s) < 15.0]
-                    if again:
+                    # A launch that began before the restart and another right after it;
+                    # one launch alone is the adopted one (its "start" line may come late).
+                    had = [r for r in runs.get(job, []) if r[0] < at_s]
+                    again = [r for r in runs.get(job, []) if at_s <= r[0] < at_s + 15.0]
+                    if had and again:
                         false.append(f"{subject}: adopted {job}, yet it launched again")
             for m in _RELAUNCHED.finditer(message):
                 for job in m.group(1).split(", "):

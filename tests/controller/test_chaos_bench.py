@@ -88,7 +88,8 @@ def test_events_are_judged_against_the_trainers_step_logs(tmp_path: Path) -> Non
     gone = "its agent restarted; the launcher of j was gone: it starts again from its checkpoint"
     true = [(90.0, "resume", "j", resumed.format(20)), (50.0, "agent-restart", "i-1", gone),
             (300.0, "agent-restart", "i-1", "its agent restarted; it adopted the running "
-             "launcher of j")]  # fmt: skip
+             "launcher of j"),
+            (5.0, "agent-restart", "i-1", "it adopted the running launcher of j")]  # fmt: skip
     assert false_events(true, runs) == []
     false = [(90.0, "resume", "j", resumed.format(25)),
              (99.0, "agent-restart", "i-1", "it adopted the running launcher of j"),
