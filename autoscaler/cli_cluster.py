@@ -112,6 +112,16 @@ def up(
             "cluster's files (an existing store is moved aside, not deleted).",
         ),
     ] = False,
+    agent_interval_s: Annotated[
+        float, typer.Option(help="Local provider: seconds between two polls of each agent.")
+    ] = 2.0,
+    heartbeat_timeout_s: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds an agent may go unheard, counted only while this controller runs, "
+            "before its instance is presumed dead (default: max(60, 10 x --agent-interval-s))."
+        ),
+    ] = None,
     quiet: Annotated[
         bool,
         typer.Option(
@@ -169,6 +179,10 @@ def up(
         fail(f"--provider {provider} needs --provider-config (the deployment's provider.json)", 2)
     if interval_s <= 0 or max_instances < 1:
         fail("--interval-s must be > 0 and --max-instances >= 1", 2)
+    if not 0 < agent_interval_s <= 3600 or not (
+        heartbeat_timeout_s is None or 0 < heartbeat_timeout_s <= 86400
+    ):
+        fail("--agent-interval-s must be in (0, 3600] and --heartbeat-timeout-s in (0, 86400]", 2)
     if max_gpu_slots is not None and max_gpu_slots < 1:
         fail(
             f"--max-gpu-slots {max_gpu_slots}: the local provider needs at least 1 GPU slot; "
@@ -211,6 +225,8 @@ def up(
         job_isolation=job_isolation,
         job_log_max_bytes=int(job_log_max_mib * (1 << 20)),
         min_free_bytes=int(min_free_mib * (1 << 20)),
+        agent_interval_s=agent_interval_s,
+        heartbeat_timeout_s=heartbeat_timeout_s,
     )
 
     def ready(url: str) -> None:
@@ -854,6 +870,14 @@ def agent(
             help="Start no job while the disk of its log or checkpoints has less free.",
         ),
     ] = None,
+    stop_grace_s: Annotated[
+        float,
+        typer.Option(
+            "--stop-grace-s",
+            help="Seconds a job asked to stop has to checkpoint before it is killed (1-3600; "
+            "the instance's own shutdown must wait longer).",
+        ),
+    ] = 60.0,
 ) -> None:
     """One instance's node agent (coadapt up starts one on each instance it launches).
 
@@ -878,6 +902,7 @@ def agent(
         "--address": address,
         "--job-log-max-bytes": job_log_max_bytes,
         "--min-free-bytes": min_free_bytes,
+        "--stop-grace-s": stop_grace_s,
     }
     for flag, value in named.items():
         if value is not None:

@@ -1,7 +1,8 @@
 """Chaos soak: a real local cluster while a seeded schedule kills and restarts its parts.
 
     python benchmarks/chaos.py [--minutes 10] [--seed 0] [--max-events 40] [--schedule E,E..]
-                               [--hidden N] [--sample-delay-s S] [--out FILE]
+                               [--hidden N] [--sample-delay-s S] [--heartbeat-timeout-s S]
+                               [--out FILE]
 
 ``coadapt up`` (local provider, its own process, loopback only) runs the three example jobs
 (``examples/jobs/*.yaml``: ``examples/elastic_mlp.py`` under the launcher, their epochs
@@ -13,7 +14,10 @@ that completes is submitted again under a new name, so three run for the whole s
 
 * ``controller-sigkill``: SIGKILL ``coadapt up``, leave it down a few seconds, start it again;
 * ``controller-sigterm``: SIGTERM it (it stops, keeping the fleet), start it again;
-* ``agent-kill``: SIGKILL one instance's node agent (the instance is found dead and replaced);
+* ``controller-stall``: SIGSTOP it for three heartbeat timeouts (``--heartbeat-timeout-s``,
+  which ``up`` is given), then SIGCONT (a GC pause, a live migration, a suspended laptop);
+* ``agent-kill``: SIGKILL one instance's node agent (the instance starts it again; the new
+  agent adopts the launchers still running);
 * ``spot-notice``: the local provider's ``preempt`` on one instance (a 20 s notice).
 
 Bounded: it stops after ``--minutes`` or ``--max-events`` events, whichever comes first, then
@@ -25,7 +29,16 @@ Bounded: it stops after ``--minutes`` or ``--max-events`` events, whichever come
 * ``relaunches_after_controller_restart``: launchers (job, instance) running just before the
   controller was killed (once the cluster was quiet) and replaced by another within three
   rounds after it came back, although the job's placement stayed what it was (a job the
-  policy moved across the restart is listed in the event's ``moved``);
+  policy moved across the restart is listed in the event's ``moved``); likewise
+  ``relaunches_after_controller_stall`` and ``relaunches_after_agent_kill``, and
+  ``healthy_relaunches``, their sum;
+* ``released_for_silence``: instances released because their agent "stopped heartbeating"
+  (every agent of the soak is healthy or restarted within seconds: each one is a false
+  judgement);
+* ``false_events``: events the trainers' own step logs contradict: a ``resume`` that names a
+  checkpoint at progress C while the job's next launch restored less (or nothing); an
+  ``agent-restart`` that says it adopted a job's launcher while that job launched again
+  around it, or that a job starts again from its checkpoint while no launch of it followed;
 * ``duplicate_launchers``: times a job had launchers of two allocations (two rendezvous
   endpoints) running at once for more than ``DUPLICATE_GRACE_S`` (a hand-over between agents
   takes an agent's poll and a checkpoint);
@@ -43,6 +56,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -60,14 +74,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from autoscaler.controller.api import ApiClient, ApiError, load_tokens
 from autoscaler.controller.jobs import JobSubmission
 from autoscaler.controller.jobspec import load_job_spec
-from benchmarks.argtypes import nonnegative_float, positive_int
+from benchmarks.argtypes import nonnegative_float, positive_float, positive_int
 from coadapt_common.atomic import write_json_atomic
 from coadapt_common.procfs import PROC_ROOT, is_running, read_proc_strings, read_stat
 
 ROOT: Final = Path(__file__).resolve().parent.parent
 CLUSTER: Final = "coadapt-local"
 DUPLICATE_GRACE_S: Final = 15.0
-EVENTS: Final = ("controller-sigkill", "controller-sigterm", "agent-kill", "spot-notice")
+EVENTS: Final = (
+    "controller-sigkill",
+    "controller-sigterm",
+    "controller-stall",
+    "agent-kill",
+    "spot-notice",
+)
+ROUND_S: Final = 2.0  # the soak's ``up --interval-s``
+AGENT_INTERVAL_S: Final = 2.0  # its ``--agent-interval-s``
 
 
 def _procs() -> Iterator[tuple[int, list[str], list[bytes]]]:
@@ -123,6 +145,8 @@ class Soak:
         self.events: list[dict[str, Any]] = []
         self.kills: dict[str, int] = {e: 0 for e in EVENTS}
         self.relaunches = 0
+        self.stall_relaunches = 0
+        self.agent_relaunches = 0
         self.duplicates = 0
         self.duplicate_since: dict[str, float] = {}
         self.generation: dict[str, int] = {}
@@ -155,7 +179,9 @@ class Soak:
         log = open(self.tmp / f"up-{self.starts}.log", "wb")  # noqa: SIM115 - the child's
         self.up = subprocess.Popen(
             [sys.executable, "-m", "autoscaler.cli", "up", "--state-dir", str(self.state),
-             "--interval-s", "2", "--max-instances", "3", "--max-gpu-slots", "4"],
+             "--interval-s", str(ROUND_S), "--max-instances", "3", "--max-gpu-slots", "4",
+             "--agent-interval-s", str(AGENT_INTERVAL_S),
+             "--heartbeat-timeout-s", str(self.args.heartbeat_timeout_s)],
             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
         log.close()
@@ -246,35 +272,72 @@ class Soak:
         launchers = _launchers(self.instance_ids())
         return self._placements(), {k: {p for p, _ in v} for k, v in launchers.items()}
 
-    def controller_kill(self, sig: signal.Signals) -> dict[str, Any]:
-        """Kill the controller once the cluster is quiet (placements and launchers as they
-        were 3 s before, or after 20 s), restart it, and count the launchers replaced
-        although their job's placement is what it was: relaunched because of the restart.
-        (A job the policy moved across the restart is counted apart, in ``moved``.)"""
-        assert self.up is not None
+    def _quiet(self) -> tuple[dict[str, dict[str, int]], dict[tuple[str, str], set[int]]]:
+        """A snapshot once the cluster is quiet: placements and launchers as they were 3 s
+        before, and every placed job's launchers running on exactly its instances (no
+        hand-over still under way), or after 30 s."""
         before = self._snapshot()
-        for _ in range(6):
+        for _ in range(10):
             time.sleep(3.0)
             now = self._snapshot()
-            if now == before:
+            placed, launchers = now
+            wanted = {(job, key) for job, alloc in placed.items() for key in alloc}
+            if now == before and set(launchers) == wanted:
                 break
             before = now
-        self.up.send_signal(sig)
-        code = self.up.wait(timeout=180)
-        away_s = self.rng.uniform(2.0, 15.0)
-        time.sleep(away_s)
-        self.start_up()
-        time.sleep(3 * 2.0 + 4.0)  # three rounds and two agent polls
+        return before
+
+    def _replaced(
+        self, before: tuple[dict[str, dict[str, int]], dict[tuple[str, str], set[int]]]
+    ) -> tuple[list[str], list[str]]:
+        """``(replaced, moved)``: launchers running in ``before`` that another launcher
+        replaced although their job's placement is what it was, and the jobs the policy
+        moved meanwhile (not counted)."""
         placed, launchers = self._snapshot()
         moved = sorted(j for j, a in before[0].items() if placed.get(j) not in (a, {}, None))
         replaced = [f"{job}@{agent}" for (job, agent), pids in before[1].items()
                     if job not in moved and launchers.get((job, agent))
                     and not pids & launchers[(job, agent)]]  # fmt: skip
+        return replaced, moved
+
+    def controller_kill(self, sig: signal.Signals) -> dict[str, Any]:
+        """Kill the controller once the cluster is quiet, restart it, and count the launchers
+        replaced although their job's placement is what it was: relaunched because of the
+        restart. (A job the policy moved across the restart is counted apart, in ``moved``.)"""
+        assert self.up is not None
+        before = self._quiet()
+        self.up.send_signal(sig)
+        code = self.up.wait(timeout=180)
+        away_s = self.rng.uniform(2.0, 15.0)
+        time.sleep(away_s)
+        self.start_up()
+        time.sleep(3 * ROUND_S + 2 * AGENT_INTERVAL_S)  # three rounds and two agent polls
+        replaced, moved = self._replaced(before)
         self.relaunches += len(replaced)
         return {"exit": code, "away_s": round(away_s, 1), "relaunched": replaced,
                 "moved": moved, "launchers_before": len(before[1])}  # fmt: skip
 
+    def controller_stall(self) -> dict[str, Any]:
+        """SIGSTOP the controller for three heartbeat timeouts once the cluster is quiet,
+        SIGCONT it, and count the launchers replaced meanwhile (their placement unchanged)."""
+        assert self.up is not None
+        before = self._quiet()
+        stall_s = 3 * self.args.heartbeat_timeout_s
+        self.up.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(stall_s)
+        finally:
+            self.up.send_signal(signal.SIGCONT)
+        time.sleep(3 * ROUND_S + 2 * AGENT_INTERVAL_S)
+        replaced, moved = self._replaced(before)
+        self.stall_relaunches += len(replaced)
+        return {"stall_s": stall_s, "relaunched": replaced, "moved": moved,
+                "launchers_before": len(before[1])}  # fmt: skip
+
     def agent_kill(self) -> dict[str, Any]:
+        """SIGKILL one node agent (once the cluster is quiet); its instance starts it again
+        and the new one must adopt the launchers that still run: count those replaced."""
+        before = self._quiet()
         targets = []
         for pid, cmd, environ in _procs():
             mine = str(self.state) in " ".join(cmd)
@@ -283,9 +346,14 @@ class Soak:
         if not targets:
             return {"skipped": "no agent"}
         pid, instance = self.rng.choice(sorted(targets, key=lambda t: t[0]))
+        at = time.time()
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        return {"instance": instance}
+        time.sleep(1.0 + 3 * AGENT_INTERVAL_S + ROUND_S)  # restarted, registered, two polls
+        replaced, moved = self._replaced(before)
+        self.agent_relaunches += len(replaced)
+        return {"instance": instance, "at": at, "relaunched": replaced, "moved": moved,
+                "launchers_before": len(before[1])}  # fmt: skip
 
     def spot_notice(self) -> dict[str, Any]:
         from providers.local import LocalProvider
@@ -327,6 +395,8 @@ class Soak:
                     detail = self.controller_kill(signal.SIGKILL)
                 elif kind == "controller-sigterm":
                     detail = self.controller_kill(signal.SIGTERM)
+                elif kind == "controller-stall":
+                    detail = self.controller_stall()
                 elif kind == "agent-kill":
                     detail = self.agent_kill()
                 else:
@@ -355,6 +425,7 @@ class Soak:
             down_rc = down.returncode
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.up.wait(timeout=60)
+        self.truth = self._judge_store()  # read before the folder goes
         ids = {p.stem for p in (self.state / "local" / "instances").glob("*.json")}
         listed = LocalProvider(self.state / "local").list_instances(CLUSTER)
         leaked_procs = [pid for pid, _, env in _procs()
@@ -363,6 +434,35 @@ class Soak:
             "down_exit": down_rc,
             "leaked_instances": len(listed),
             "leaked_processes": len(leaked_procs),
+            **self.truth,
+        }
+
+    def _judge_store(self) -> dict[str, Any]:
+        """What the store says, judged against the trainers' own logs (see the module
+        docstring): the instances released for silence, the events that are not true."""
+        from autoscaler.controller.store import Store
+        from coadapt_common.clock import SystemClock
+
+        try:
+            with Store.open(self.state / "store.db", SystemClock()) as store:
+                silent = sorted(
+                    r.instance_key
+                    for r in store.list_instances()
+                    if any(h.reason == SILENCE_REASON for h in store.history(r.instance_key))
+                )
+                events = [(e.at_s, e.kind, e.subject, e.message) for e in store.events_after(0)]
+        except Exception as e:  # the soak reports; it never hides why it could not
+            return {"store_error": f"{type(e).__name__}: {e}"}
+        false = false_events(events, launches(self.tmp / "steps"))
+        resumes = sum(1 for _, kind, _, _ in events if kind == "resume")
+        restarts = sum(1 for _, kind, _, _ in events if kind == "agent-restart")
+        return {
+            "released_for_silence": len(silent),
+            "released_for_silence_keys": silent,
+            "resume_events": resumes,
+            "agent_restart_events": restarts,
+            "false_events": len(false),
+            "false_event_lines": false[:20],
         }
 
     def report(self, elapsed_s: float) -> dict[str, Any]:
@@ -380,6 +480,10 @@ class Soak:
             "progress_lost_steps": lost,
             "progress_lost_steps_max": worst,
             "relaunches_after_controller_restart": self.relaunches,
+            "relaunches_after_controller_stall": self.stall_relaunches,
+            "relaunches_after_agent_kill": self.agent_relaunches,
+            "healthy_relaunches": self.relaunches + self.stall_relaunches + self.agent_relaunches,
+            "heartbeat_timeout_s": self.args.heartbeat_timeout_s,
             "duplicate_launchers": self.duplicates,
             "cpus": os.cpu_count(),
             "load_end": os.getloadavg()[0],
@@ -393,16 +497,20 @@ class Soak:
             shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def progress_lost(steps_dir: Path) -> dict[str, list[int]]:
-    """Per job, for each launch that resumed from a checkpoint: the most steps an earlier
-    launch had trained minus the step it resumed from (0 when nothing was lost). From the
-    rank-0 step logs (``rank0-pid<N>.jsonl``: a ``start`` event with its time, a ``restored``
-    event with its step, one line per micro-batch with its step)."""
-    out: dict[str, list[int]] = {}
+Launch = tuple[float, int, float | None, int]
+"""One launch of a job, from its rank-0 step log: (start time, the step it restored (0: none),
+the progress it restored (``None``: it restored nothing), the highest step it computed)."""
+
+
+def launches(steps_dir: Path) -> dict[str, list[Launch]]:
+    """Per job, its launches in start order, from the rank-0 step logs (``rank0-pid<N>.jsonl``:
+    a ``start`` event with its time, a ``restored`` event with its step and progress, one
+    line per micro-batch with its step)."""
+    out: dict[str, list[Launch]] = {}
     for job_dir in sorted(p for p in steps_dir.glob("*") if p.is_dir()):
-        launches = []
+        found = []
         for path in job_dir.glob("rank0-pid*.jsonl"):
-            started, restored, reached = None, 0, 0
+            started, step, progress, reached = None, 0, None, 0
             for line in path.read_text().splitlines():
                 try:
                     rec = json.loads(line)
@@ -411,19 +519,61 @@ def progress_lost(steps_dir: Path) -> dict[str, list[int]]:
                 if rec.get("event") == "start":
                     started = rec.get("t")
                 elif rec.get("event") == "restored":
-                    restored = int(rec.get("step", 0))
+                    step, progress = int(rec.get("step", 0)), float(rec.get("progress", 0.0))
                 elif "event" not in rec and "step" in rec:
                     reached = max(reached, int(rec["step"]))  # the step being computed
             if started is not None:
-                launches.append((float(started), restored, reached))
-        launches.sort()
+                found.append((float(started), step, progress, reached))
+        out[job_dir.name] = sorted(found)
+    return out
+
+
+def progress_lost(steps_dir: Path) -> dict[str, list[int]]:
+    """Per job, for each launch after its first: the most steps an earlier launch had
+    trained minus the step it resumed from (0 when nothing was lost; see :func:`launches`)."""
+    out: dict[str, list[int]] = {}
+    for job, runs in launches(steps_dir).items():
         lost, best = [], 0
-        for i, (_, restored, reached) in enumerate(launches):
+        for i, (_, restored, _, reached) in enumerate(runs):
             if i:
                 lost.append(max(0, best - restored))
             best = max(best, reached)
-        out[job_dir.name] = lost
+        out[job] = lost
     return out
+
+
+_CLAIMED = re.compile(r"resumes from its checkpoint at progress (\d+)")
+_ADOPTED = re.compile(r"adopted the running launcher of ([a-z0-9, -]+?)(?:;|$)")
+_RELAUNCHED = re.compile(r"the launcher of ([a-z0-9, -]+?) was gone")
+SILENCE_REASON: Final = "agent stopped heartbeating"
+EVENT_SLACK_S: Final = 2.0  # a launch starts after the event that placed it, never long before
+
+
+def false_events(
+    events: list[tuple[float, str, str, str]], runs: dict[str, list[Launch]]
+) -> list[str]:
+    """The events the trainers' logs contradict (see the module docstring), one line each."""
+    false = []
+    for at_s, kind, subject, message in events:
+        if kind == "resume" and (m := _CLAIMED.search(message)):
+            claimed = float(m.group(1))
+            after = [r for r in runs.get(subject, []) if r[0] >= at_s - EVENT_SLACK_S]
+            if after and (after[0][2] is None or after[0][2] < claimed - 0.5):
+                false.append(f"{subject}: '{message}' but it restored {after[0][2]}")
+        if kind == "agent-restart":
+            for m in _ADOPTED.finditer(message):
+                for job in m.group(1).split(", "):
+                    # A launch that began before the restart and another right after it;
+                    # one launch alone is the adopted one (its "start" line may come late).
+                    had = [r for r in runs.get(job, []) if r[0] < at_s]
+                    again = [r for r in runs.get(job, []) if at_s <= r[0] < at_s + 15.0]
+                    if had and again:
+                        false.append(f"{subject}: adopted {job}, yet it launched again")
+            for m in _RELAUNCHED.finditer(message):
+                for job in m.group(1).split(", "):
+                    if not [r for r in runs.get(job, []) if r[0] >= at_s - EVENT_SLACK_S]:
+                        false.append(f"{subject}: {job} to start again, but it never did")
+    return false
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -435,6 +585,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--first-event-s", type=float, default=40.0)
     p.add_argument("--epochs-scale", type=int, default=8)
     p.add_argument("--checkpoint-every-steps", type=int, default=50)
+    p.add_argument(
+        "--heartbeat-timeout-s",
+        type=positive_float,
+        default=20.0,
+        help="the controller's heartbeat timeout (up --heartbeat-timeout-s); a controller "
+        "stall lasts three of them",
+    )
     p.add_argument(
         "--hidden",
         type=positive_int,

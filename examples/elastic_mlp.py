@@ -182,6 +182,7 @@ def main(argv: list[str] | None = None) -> None:
             checkpoint=restored.checkpoint.name,
             skipped=[name for name, _ in restored.skipped],
             step=job.step,
+            progress=job.progress,
             epoch=job.epoch,
             position=job.data_state.position,
             load_s=job.timings.load_s,

@@ -199,6 +199,9 @@ class ElasticJob:
         self._restored = False
         self._restore_info: RestoreInfo | None = None
         self._last_checkpoint: CheckpointInfo | None = None
+        # The progress of the newest checkpoint saved (written) or resumed from: reported, so
+        # the controller says truthfully where a stopped run resumes.
+        self._checkpoint_progress: float | None = None
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="coadapt-ckpt")
         self._pending_write: Future[None] | None = None
         self.timings = Timings()
@@ -504,6 +507,7 @@ class ElasticJob:
         if payload is not None:
             read_s = self._clock.monotonic_s() - start
             self._apply_checkpoint(payload)
+            self._checkpoint_progress = self._loop.progress
             load_s = self._clock.monotonic_s() - start
             self.timings = dataclasses.replace(self.timings, load_s=load_s)
             if self.rank == 0:  # visible without logging set up: a user should see a resume
@@ -607,8 +611,16 @@ class ElasticJob:
                 self._pending_write.result()
             blob, info = encode(self._checkpoint_payload(rng_states), self._loop.step)
             self._pending_write = self._writer.submit(self._manager.write, blob, info)
+            saved_progress = self._loop.progress
+
+            def written(done: Future[None]) -> None:
+                if done.exception() is None:
+                    self._checkpoint_progress = saved_progress
+
+            self._pending_write.add_done_callback(written)
             if wait:
                 self._pending_write.result()
+                self._checkpoint_progress = saved_progress
             self._last_checkpoint = info
         if wait and self.world_size > 1:
             dist.barrier(group=self._ctrl_group)
@@ -817,6 +829,7 @@ class ElasticJob:
             target_progress=self._loop.target_progress,
             done=self._finished,
             lr_scale=self._loop.lr_scale,
+            checkpoint_progress=self._checkpoint_progress,
         )
 
 

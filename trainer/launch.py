@@ -24,6 +24,14 @@ Exit status (:class:`ExitCode`):
 * ``2`` usage error, found before anything is launched (:func:`preflight`): a missing script, a
   local checkpoint folder that is a file, a bad ``--nnodes``/``--batch-size``/``--rdzv-endpoint``.
 
+Stopping: the first SIGTERM/SIGINT asks the workers to checkpoint and stop; they get
+``--shutdown-timeout-s`` (default 60 s) to do it, then the launcher kills them. A signal
+repeated within that grace (a node agent and its instance's provider both asking, one right
+after the other) changes nothing: only a second Ctrl-C (SIGINT after SIGINT) kills at once, and
+a launch with no registered worker alive (nothing to checkpoint: torchrun starting, or stuck
+in a rendezvous whose peers left) is killed by a repeated signal, or ``NOTHING_TO_SAVE_S``
+after the first.
+
 A job whose workers all finished is DONE even if a signal arrived meanwhile: a SIGTERM that comes
 after the last step does not turn a finished job into a stopped one.
 
@@ -56,6 +64,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from coadapt_common.atomic import write_json_atomic
 from coadapt_common.clock import Clock, SystemClock
 from coadapt_common.procfs import is_running, process_start_time, read_stat
 from trainer import env as envvars
@@ -64,6 +73,15 @@ from trainer.control import ExitKind, ExitMarker, RunDir
 from trainer.errors import LaunchError, TrainerConfigError
 
 logger = logging.getLogger("trainer.launch")
+
+NOTHING_TO_SAVE_S = 10.0
+"""How long after a stop request torchrun may go on with no registered worker alive (it may
+be in a rendezvous whose peers are gone) before the launcher kills it: there is nothing to
+checkpoint, so the grace of ``--shutdown-timeout-s`` is not waited out."""
+
+EXIT_FILE = "launcher-exit.json"
+"""With ``--run-dir``, the launcher writes its exit status there as it exits: ``{"status": N}``
+(a node agent that restarted and adopted it reads it: it is not that agent's child)."""
 
 #: Thread-pool sizes set to 1 for the preload server (see ``_start_preload``).
 _SINGLE_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -388,6 +406,8 @@ class Launcher:
         self._clock = clock or SystemClock()
         self._environ = dict(os.environ if environ is None else environ)
         self._signalled = 0
+        self._first_signal: int | None = None
+        self._stop_asked_at: float | None = None  # monotonic, the first stop request
         self._proc: subprocess.Popen[bytes] | None = None
         self._run_dir: Path | None = None
         self._failure: tuple[object, ...] = ()
@@ -399,6 +419,9 @@ class Launcher:
 
     def _on_signal(self, signum: int, frame: object) -> None:
         self._signalled += 1
+        if self._first_signal is None:
+            self._first_signal = signum
+            self._stop_asked_at = self._clock.monotonic_s()
         proc = self._proc
         if proc is None or proc.poll() is not None:
             return
@@ -409,18 +432,54 @@ class Launcher:
                 # die by SIGTERM and torchrun print a ChildFailedError for a job that is over.
                 logger.info("signal %d: the workers have already finished", signum)
                 return
-            logger.warning("signal %d: asking the workers to checkpoint and stop", signum)
+            logger.warning(
+                "signal %d: asking the workers to checkpoint and stop (they have %d s)",
+                signum,
+                self.config.shutdown_timeout_s,
+            )
             # Straight to the workers when all have registered: they stop at an agreed step and
             # exit 0, and torchrun ends cleanly. Otherwise through torchrun, which forwards it.
             pids = RunDir(self._run_dir).pids() if self._run_dir else []
             if len(pids) >= self.config.nproc_per_node and _signal_all(pids, signal.SIGTERM):
                 return
             proc.send_signal(signal.SIGTERM)
+        elif signum == signal.SIGINT and self._first_signal == signal.SIGINT:
+            logger.warning("second Ctrl-C: killing torchrun and the workers")
+            self._kill(proc)
+        elif not self._checkpointing():
+            logger.warning(
+                "signal %d again: no worker is running, nothing to checkpoint: killing torchrun",
+                signum,
+            )
+            self._kill(proc)
         else:
-            logger.warning("second signal: killing torchrun and the workers")
-            proc.kill()
-            if self._run_dir:
-                _signal_all(RunDir(self._run_dir).pids(), signal.SIGKILL)
+            # A stop is already under way: a repeated request (an agent and its instance
+            # both asking, one right after the other) must not cost the job its checkpoint.
+            # _wait kills the workers once the grace has run out.
+            left = self.config.shutdown_timeout_s - self._stopping_for_s()
+            logger.info(
+                "signal %d again: already stopping; the workers have %.0f s left to checkpoint",
+                signum,
+                max(0.0, left),
+            )
+
+    def _checkpointing(self) -> bool:
+        """Some registered worker of this launch is alive: a stop may be saving its
+        checkpoint. (A worker registers before it restores: one that has not has trained
+        nothing since the last checkpoint.)"""
+        if self._run_dir is None:
+            return False
+        return any(is_running(read_stat(pid)) for pid, _ in RunDir(self._run_dir).pids())
+
+    def _stopping_for_s(self) -> float:
+        if self._stop_asked_at is None:
+            return 0.0
+        return self._clock.monotonic_s() - self._stop_asked_at
+
+    def _kill(self, proc: subprocess.Popen[bytes]) -> None:
+        proc.kill()
+        if self._run_dir:
+            _signal_all(RunDir(self._run_dir).pids(), signal.SIGKILL)
 
     def run(self) -> int:
         """Supervise until done, stopped or out of restarts; returns the exit status."""
@@ -565,9 +624,28 @@ class Launcher:
                 return proc.wait(timeout=0.05)
             except subprocess.TimeoutExpired:
                 pass
+            if self._signalled and self._stopping_for_s() > self.config.shutdown_timeout_s:
+                logger.warning(
+                    "the workers did not checkpoint and stop within %d s: killing them",
+                    self.config.shutdown_timeout_s,
+                )
+                self._kill(proc)
+                return proc.wait()
             kinds = self._finished_workers()
             if kinds is None:
                 finished_since = None
+                if (
+                    self._signalled
+                    and self._stopping_for_s() > NOTHING_TO_SAVE_S
+                    and not self._checkpointing()
+                ):
+                    logger.warning(
+                        "torchrun still runs %.0f s after the stop with no worker to "
+                        "checkpoint: killing it",
+                        NOTHING_TO_SAVE_S,
+                    )
+                    self._kill(proc)
+                    return proc.wait()
                 continue
             now = self._clock.monotonic_s()
             finished_since = now if finished_since is None else finished_since
@@ -737,10 +815,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"coadapt-launch: {e}", file=sys.stderr)
         return ExitCode.USAGE
     try:
-        return int(Launcher(config).run())
+        code = int(Launcher(config).run())
     except LaunchError as e:
         print(f"coadapt-launch: {e}", file=sys.stderr)
-        return ExitCode.FAILED
+        code = ExitCode.FAILED
+    if config.run_dir is not None:  # whoever adopts this launcher reads how it ended
+        with contextlib.suppress(OSError):
+            write_json_atomic(Path(config.run_dir) / EXIT_FILE, {"status": code})
+    return code
 
 
 if __name__ == "__main__":

@@ -285,7 +285,9 @@ class TrainerReport:
     script declared, in the unit of ``progress`` (``None``: undeclared; see :func:`is_done`);
     ``done``, the script finished training (its final checkpoint is saved: nothing is left to
     run); ``lr_scale``, the factor the scaling rule applied to the learning rate on the last
-    applied step (``None`` before the first).
+    applied step (``None`` before the first); ``checkpoint_progress``, the ``progress`` of the
+    newest checkpoint this run has saved or resumed from (``None``: none yet; a run stopped
+    now would resume there, losing ``progress - checkpoint_progress``).
     """
 
     job_id: str
@@ -307,6 +309,7 @@ class TrainerReport:
     target_progress: float | None = None
     done: bool = False
     lr_scale: float | None = None
+    checkpoint_progress: float | None = None
     schema_version: int = field(default=SCHEMA_VERSION)
 
     @property
@@ -336,6 +339,7 @@ class TrainerReport:
             "target_progress": self.target_progress,
             "done": self.done,
             "lr_scale": self.lr_scale,
+            "checkpoint_progress": self.checkpoint_progress,
         }
 
     def to_json(self) -> str:
@@ -351,6 +355,12 @@ class TrainerReport:
             raise ReportSchemaError(f"report: schema_version {version} != {SCHEMA_VERSION}")
         gradient = data.get("gradient")
         profiles = _get(data, "profiles", list, where)
+        progress = _get_float(data, "progress", where)
+        saved = _get_optional_float(data, "checkpoint_progress", where)
+        if saved is not None and not 0 <= saved <= progress:
+            raise ReportSchemaError(
+                f"{where}.checkpoint_progress: {saved} is not within [0, progress {progress}]"
+            )
         return cls(
             schema_version=version,
             job_id=_get(data, "job_id", str, where),
@@ -364,7 +374,7 @@ class TrainerReport:
             skipped_steps=_get_int(data, "skipped_steps", where),
             epoch=_get_int(data, "epoch", where),
             epoch_position=_get_int(data, "epoch_position", where),
-            progress=_get_float(data, "progress", where),
+            progress=progress,
             gradient=None if gradient is None else GradientStats.from_dict(gradient),
             profiles=tuple(
                 ProfileEntry.from_dict(p, f"profiles[{i}]") for i, p in enumerate(profiles)
@@ -374,6 +384,7 @@ class TrainerReport:
             target_progress=_get_optional_float(data, "target_progress", where, positive=True),
             done=_get_optional_bool(data, "done", where),
             lr_scale=_get_optional_float(data, "lr_scale", where, positive=True),
+            checkpoint_progress=saved,
         )
 
     @classmethod

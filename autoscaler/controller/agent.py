@@ -15,11 +15,18 @@ assigned and what runs, what to do (:class:`AgentAction`):
 its own session and process group, logs to :meth:`Supervisor.log_path`. Every process it
 starts, and every process they start (torchrun's workers start their own sessions), carries
 ``COADAPT_AGENT_ID=<agent id>`` in its environment; :meth:`Supervisor.sweep` ends every
-process that carries it, so nothing is left behind when the agent stops, and an agent that
-restarts after a crash first ends what its previous life left running. Stopping is SIGTERM to
-the launcher's process group (the launcher asks its workers to checkpoint), a bounded wait,
-then SIGKILL to the group and a sweep. :func:`exit_outcome` reads a launcher's exit status:
-``0`` done, ``75`` stopped (a checkpointed stop: never a failure), anything else failed.
+process that carries it, so nothing is left behind when the agent stops. An agent that
+restarts after a crash (kill -9) first adopts the launchers its previous life left running
+(:meth:`Supervisor.adopt`, from ``processes.json``: same pid, same kernel start time, same
+marker), so their jobs go on untouched, and ends every other process that life left; it tells
+the controller which jobs it adopted and which it found gone (they start again from their
+checkpoints), which records the restart. Each launcher's run folder (pids, exit markers, its
+exit status) is ``<work_dir>/runs/<job>``, removed when the job ends here. Stopping is SIGTERM to
+the launcher (it asks its workers to checkpoint, and gives them ``stop_grace_s``, default
+:data:`STOP_GRACE_S`, which the agent passes it as ``--shutdown-timeout-s``), a wait of that
+grace plus :data:`KILL_MARGIN_S`, then SIGKILL to the group and a sweep. :func:`exit_outcome`
+reads a launcher's exit status: ``0`` done, ``75`` stopped (a checkpointed stop: never a
+failure), anything else failed.
 
 Credentials (:mod:`autoscaler.controller.credentials`): the agent calls the API with its
 instance's own credential, renewed when the controller's heartbeat answer carries a new one
@@ -43,6 +50,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -50,6 +58,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -65,13 +74,21 @@ from coadapt_common.clock import Clock
 from coadapt_common.diskspace import free_bytes, is_disk_full
 from coadapt_common.jobexec import job_uid, jobexec_argv
 from coadapt_common.logcap import DEFAULT_LOG_MAX_BYTES, grow_pipe, logcap_argv, older_path
-from coadapt_common.procfs import PROC_ROOT, is_running, read_proc_strings, read_stat
+from coadapt_common.procfs import (
+    PROC_ROOT,
+    is_running,
+    process_start_time,
+    read_proc_strings,
+    read_stat,
+)
 from providers.errors import ProviderError
 from trainer.env import REPORT_TOKEN_FILE
+from trainer.launch import EXIT_FILE
 
 __all__ = [
     "AGENT_ENV",
     "ActionKind",
+    "Adoption",
     "AgentAction",
     "AgentRunner",
     "JobAssignment",
@@ -89,6 +106,14 @@ AGENT_ENV: Final = "COADAPT_AGENT_ID"
 """Environment marker of every process an agent starts (and their children)."""
 
 STOPPED_EXIT: Final = 75  # trainer.launch.ExitCode.STOPPED
+
+STOP_GRACE_S: Final = 60.0
+"""A job's checkpoint grace: how long its workers have, once asked to stop, to save a
+checkpoint and exit before their launcher kills them (the launcher's
+``--shutdown-timeout-s``). The local provider's own grace is longer (``service.py``)."""
+KILL_MARGIN_S: Final = 10.0
+"""After the grace, how long a launcher has to end torchrun and exit before the agent kills
+its process group."""
 
 
 @dataclass(frozen=True)
@@ -224,11 +249,13 @@ def launch_argv(
     controller_url: str | None,
     python: str = sys.executable,
     extra: Sequence[str] = (),
+    stop_grace_s: float | None = None,
 ) -> list[str]:
     """The launcher command for ``a`` on this instance (one launcher per job and node): the
     launcher's options (a planned batch starts the launch with it: ``--batch-size``,
-    ``--accum-steps``), ``extra`` (more of them), then ``--`` and the job's command, so that
-    nothing in the command is ever read as a launcher option, whatever it starts with. No
+    ``--accum-steps``; ``stop_grace_s``, the job's checkpoint grace, as
+    ``--shutdown-timeout-s``), ``extra`` (more of them), then ``--`` and the job's command, so
+    that nothing in the command is ever read as a launcher option, whatever it starts with. No
     credential is on it: the launcher's environment names the report credential's file."""
     argv = [python, "-m", "trainer.launch", "--job-id", a.job, "--nproc-per-node", str(a.gpus)]
     argv += ["--nnodes", str(len(a.nodes)), "--rdzv-endpoint", a.rendezvous]
@@ -238,27 +265,76 @@ def launch_argv(
         argv += ["--batch-size", str(a.batch[0]), "--accum-steps", str(a.batch[1])]
     if controller_url:
         argv += ["--controller-url", controller_url]
+    if stop_grace_s is not None:
+        argv += ["--shutdown-timeout-s", str(max(1, math.ceil(stop_grace_s)))]
     return [*argv, *extra, "--", *a.command]
 
 
 @dataclass
 class _Proc:
+    """A launcher: started by this agent (``popen``) or adopted from its previous life
+    (``popen`` ``None``: not this process's child, its exit status is read from its run
+    folder's ``launcher-exit.json``)."""
+
     assignment: JobAssignment
     popen: subprocess.Popen[bytes] | None
     pid: int
     stopping: bool = False
+    started: str | None = None  # the kernel's start time of ``pid``
+    run_dir: Path | None = None
     space: Path | None = None  # an isolated job's own folder (Supervisor.isolate)
     writer: subprocess.Popen[bytes] | None = None  # its log writer (coadapt_common.logcap)
+
+    def poll(self) -> int | None:
+        """Its exit status once it has exited, else ``None``."""
+        if self.popen is not None:
+            return self.popen.poll()
+        if is_running(read_stat(self.pid)) and process_start_time(self.pid) == self.started:
+            return None
+        return _recorded_exit(self.run_dir)
+
+
+LOST_EXIT: Final = 1
+"""The exit status given to an adopted launcher that ended without recording one (killed)."""
+MAX_ADOPTED: Final = 256
+"""The most launchers an agent adopts from its previous life's record (the rest are ended)."""
+
+
+def _recorded_exit(run_dir: Path | None) -> int:
+    """The exit status a launcher recorded in ``run_dir``, else :data:`LOST_EXIT`."""
+    if run_dir is None:
+        return LOST_EXIT
+    try:
+        data = json.loads((run_dir / EXIT_FILE).read_text(encoding="utf-8"))
+        status = data["status"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return LOST_EXIT
+    return status if isinstance(status, int) and -255 <= status <= 255 else LOST_EXIT
+
+
+@dataclass(frozen=True)
+class Adoption:
+    """What a restarted agent found of its previous life: the jobs whose launchers it
+    adopted (still running) and the jobs whose launchers were gone (started again, from their
+    checkpoints, if still assigned here)."""
+
+    adopted: tuple[str, ...] = ()
+    lost: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, list[str]]:
+        return {"adopted": list(self.adopted), "lost": list(self.lost)}
 
 
 @dataclass
 class Supervisor:
     """Launcher processes of one agent (see the module docstring). ``argv_for`` builds a
-    job's command line (default: :func:`launch_argv` without a controller URL)."""
+    job's command line (default: :func:`launch_argv` without a controller URL, with
+    ``stop_grace_s``; an ``argv_for`` of one's own passes it too); ``stop_grace_s``: the
+    jobs' checkpoint grace (:data:`STOP_GRACE_S`)."""
 
     agent_id: str
     work_dir: Path
-    stop_grace_s: float = 60.0
+    stop_grace_s: float = STOP_GRACE_S
     argv_for: Callable[[JobAssignment], list[str]] | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     logs_dir: Path | None = None
@@ -318,8 +394,14 @@ class Supervisor:
             rotate_file(tmp, path)
         return {REPORT_TOKEN_FILE: str(path)}
 
+    def run_dir(self, job: str) -> Path:
+        """``<work_dir>/runs/<job>``: the launcher's run folder (given as ``--run-dir``), but
+        an isolated job's, which is ``run/`` in its own folder (its user writes it)."""
+        return self.work_dir / "runs" / job
+
     def _forget(self, job: str, space: Path | None = None) -> None:
         self.credential_path(job).unlink(missing_ok=True)
+        shutil.rmtree(self.run_dir(job), ignore_errors=True)
         if space is not None:
             shutil.rmtree(space, ignore_errors=True)  # links in it are removed, not followed
 
@@ -370,20 +452,53 @@ class Supervisor:
         return None
 
     def _record(self) -> None:
-        """Write ``processes.json``; on a full disk it is said and left as it was (the jobs
-        go on: an agent does not die for a file it could not write)."""
+        """Write ``processes.json`` (:func:`_entry`); on a full disk it is said and left as it
+        was (the jobs go on: an agent does not die for a file it could not write)."""
         try:
             write_json_atomic(
                 self.work_dir / "processes.json",
-                {
-                    job: {"pid": p.pid, **({"space": str(p.space)} if p.space else {})}
-                    for job, p in sorted(self._procs.items())
-                },
+                {job: _entry(p) for job, p in sorted(self._procs.items())},
             )
         except OSError as e:
             if not is_disk_full(e):
                 raise
             log.warning("agent %s: processes.json not written: %s", self.agent_id, e)
+
+    def adopt(self) -> Adoption | None:
+        """Take over the launchers the previous life of this agent left running (see the
+        module docstring); ``None`` when there was no previous life, or it ended cleanly
+        (:meth:`stop_all` removes ``processes.json``).
+        A recorded launcher is adopted only if its pid is alive with the recorded kernel
+        start time and carries this agent's and the job's markers; the run folders of the
+        others are removed (their processes are ended by the :meth:`sweep` that follows)."""
+        path = self.work_dir / "processes.json"
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            self._record()  # a later life knows this one existed
+            return None
+        except (OSError, ValueError):
+            record = {}
+        adopted, lost = [], []
+        entries = record.items() if isinstance(record, dict) else ()
+        for job, entry in sorted(entries)[:MAX_ADOPTED]:
+            proc = _adoptable(self.agent_id, job, entry)
+            if proc is None or job in self._procs:
+                lost.append(str(job)[:128])
+                continue
+            if proc.run_dir is None:
+                proc.run_dir = self.run_dir(job)
+            self._procs[job] = proc
+            adopted.append(job)
+        runs = self.work_dir / "runs"
+        if runs.is_dir():
+            for folder in runs.iterdir():
+                if folder.name not in self._procs:
+                    shutil.rmtree(folder, ignore_errors=True)
+        self._record()
+        for job in adopted:
+            self._note(job, f"agent restarted: adopted the running launcher of {job}")
+        return Adoption(tuple(adopted), tuple(lost))
 
     # ---- actions ---------------------------------------------------------------------------
 
@@ -404,7 +519,9 @@ class Supervisor:
 
     def start(self, a: JobAssignment) -> int | None:
         """Start ``a``'s launcher; its pid (``None``: not started, the disk is full, said
-        once in the agent's log).
+        once in the agent's log). Its run folder is :meth:`run_dir` (an isolated job's:
+        ``run/`` in its own folder), given as ``--run-dir`` before the ``--`` of a launcher
+        command that has none.
 
         Its output goes through a pipe to its own log writer (:mod:`coadapt_common.logcap`,
         capped at ``log_max_bytes``), a process of its own that is not the agent and does
@@ -428,7 +545,19 @@ class Supervisor:
             env.update(own_env)
         else:
             a_seen = a
-        argv = self.argv_for(a_seen) if self.argv_for else launch_argv(a_seen, controller_url=None)
+        argv = (
+            self.argv_for(a_seen)
+            if self.argv_for
+            else launch_argv(a_seen, controller_url=None, stop_grace_s=self.stop_grace_s)
+        )
+        run_dir = self.run_dir(a.job) if space is None else space / "run"
+        shutil.rmtree(run_dir, ignore_errors=True)
+        if "--" in argv and "--run-dir" not in argv[: argv.index("--")]:
+            run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if space is not None:
+                _give(run_dir, job_uid(a.job))
+            cut = argv.index("--")
+            argv = [*argv[:cut], "--run-dir", str(run_dir), *argv[cut:]]
         env.update(self._write_credential(a, space))
         writer_env = {
             k: v for k, v in os.environ.items() if k not in (AGENT_ENV, REPORT_TOKEN_FILE)
@@ -459,15 +588,23 @@ class Supervisor:
         finally:
             os.close(read_end)
             os.close(write_end)
-        self._procs[a.job] = _Proc(a, popen, popen.pid, space=space, writer=writer)
+        self._procs[a.job] = _Proc(
+            a,
+            popen,
+            popen.pid,
+            started=process_start_time(popen.pid),
+            run_dir=run_dir,
+            space=space,
+            writer=writer,
+        )
         self._record()
         return popen.pid
 
     def stop(self, job: str, reason: str = "") -> int | None:
         """Stop ``job``'s launcher: one line in the job's log saying why, SIGTERM to the
-        launcher (it has its workers checkpoint and stop; torchrun then ends cleanly), up to
-        ``stop_grace_s``, then SIGKILL to its group; its exit status (``None`` if it was not
-        running)."""
+        launcher (it has its workers checkpoint and stop within ``stop_grace_s``; torchrun
+        then ends cleanly), up to ``stop_grace_s + KILL_MARGIN_S``, then SIGKILL to its group;
+        its exit status (``None`` if it was not running)."""
         proc = self._procs.pop(job, None)
         if proc is None:
             return None
@@ -475,7 +612,7 @@ class Supervisor:
         self._note(
             job, f"stopping {job}: {reason or 'asked to'} (a checkpointed stop, not a failure)"
         )
-        code = _end_group(proc.pid, proc.popen, self.stop_grace_s)
+        code = _end_group(proc, self.stop_grace_s + KILL_MARGIN_S)
         self.sweep(job)
         _drain(proc.writer)
         self._forget(job, proc.space)
@@ -508,7 +645,7 @@ class Supervisor:
         """Launchers that exited on their own since the last poll: (job, outcome, status)."""
         ended = []
         for job, proc in list(self._procs.items()):
-            code = proc.popen.poll() if proc.popen is not None else None
+            code = proc.poll()
             if code is None:
                 continue
             del self._procs[job]
@@ -521,18 +658,30 @@ class Supervisor:
         return ended
 
     def stop_all(self) -> None:
-        """Stop every job (checkpointing), then end anything still carrying the marker."""
+        """Stop every job (checkpointing), then end anything still carrying the marker. Every
+        launcher is asked first, so the jobs checkpoint at once, within one grace, not one
+        after the other (a repeated SIGTERM changes nothing for a launcher)."""
+        for proc in self._procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGTERM)
         for job in sorted(self._procs):
             self.stop(job)
         self.sweep()
+        # A clean end: the next life of this agent has nothing to adopt and no restart to
+        # tell (a processes.json left behind means this life ended without stopping).
+        (self.work_dir / "processes.json").unlink(missing_ok=True)
 
     def sweep(self, job: str | None = None) -> list[int]:
         """SIGKILL every process carrying this agent's marker (and ``job``'s, if given) that
-        is not a launcher still supervised; the pids ended."""
+        belongs to no job still supervised (its launcher, torchrun, its workers); the pids
+        ended."""
         keep = {p.pid for p in self._procs.values()}
+        spare = {f"COADAPT_JOB_ID={j}".encode() for j in self._procs}
         ended = []
         for pid in _marked(self.agent_id, job):
             if pid in keep or pid == os.getpid():
+                continue
+            if spare and spare & set(read_proc_strings(pid, "environ", settle=False)):
                 continue
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -592,25 +741,76 @@ def _marked(agent_id: str, job: str | None) -> list[int]:
     return sorted(out)
 
 
-def _end_group(pid: int, popen: subprocess.Popen[bytes] | None, grace_s: float) -> int | None:
-    """SIGTERM the launcher ``pid`` (the leader of its process group), wait up to
-    ``grace_s``, then SIGKILL the whole group. Only the launcher is signalled first: it stops
-    its workers at an agreed step, and torchrun, left alone, ends without the traceback a
-    SIGTERM of its own would print."""
+def _end_group(proc: _Proc, grace_s: float) -> int | None:
+    """SIGTERM the launcher (the leader of its process group), wait up to ``grace_s``, then
+    SIGKILL the whole group. Only the launcher is signalled first: it stops its workers at an
+    agreed step, and torchrun, left alone, ends without the traceback a SIGTERM of its own
+    would print."""
+    pid = proc.pid
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     code = None
     while time.monotonic() < deadline:
-        code = popen.poll() if popen is not None else None
+        code = proc.poll()
         if code is not None:
             break
         time.sleep(0.02)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGKILL)  # whatever of the group is left
-    if popen is not None and code is None:
-        code = popen.wait()
+    if proc.popen is not None and code is None:
+        code = proc.popen.wait()
+    elif code is None:  # adopted: not our child; it is gone once its pid is
+        end = time.monotonic() + 5.0
+        while (code := proc.poll()) is None and time.monotonic() < end:
+            time.sleep(0.02)
     return code
+
+
+def _entry(proc: _Proc) -> dict[str, object]:
+    """A launcher as ``processes.json`` records it (its assignment without the credential)."""
+    (assignment,) = json.loads(dump({"_": replace(proc.assignment, report_token=None)}))
+    entry: dict[str, object] = {"pid": proc.pid, "started": proc.started, "assignment": assignment}
+    if proc.space is not None:  # an isolated job's folder and run folder in it
+        entry["space"] = str(proc.space)
+    if proc.run_dir is not None:
+        entry["run_dir"] = str(proc.run_dir)
+    return entry
+
+
+def _adoptable(agent_id: str, job: object, entry: object) -> _Proc | None:
+    """The launcher a previous life recorded for ``job``, if it still runs as recorded."""
+    if not isinstance(job, str) or not isinstance(entry, dict):
+        return None
+    pid, started = entry.get("pid"), entry.get("started")
+    if (
+        not isinstance(pid, int)
+        or isinstance(pid, bool)
+        or pid <= 1
+        or not isinstance(started, str)
+    ):
+        return None
+    if not is_running(read_stat(pid)) or process_start_time(pid) != started:
+        return None
+    env = read_proc_strings(pid, "environ", settle=False)
+    if f"{AGENT_ENV}={agent_id}".encode() not in env or f"COADAPT_JOB_ID={job}".encode() not in env:
+        return None
+    try:
+        found = assignments_from_json([entry.get("assignment")])
+    except (InvalidInputError, KeyError, TypeError, ValueError):
+        return None
+    if job not in found:
+        return None
+    space, run_dir = entry.get("space"), entry.get("run_dir")
+    return _Proc(
+        found[job],
+        None,
+        pid,
+        False,
+        started,
+        run_dir=Path(run_dir) if isinstance(run_dir, str) else None,
+        space=Path(space) if isinstance(space, str) else None,
+    )
 
 
 def assignments_from_json(data: object) -> dict[str, JobAssignment]:
@@ -691,19 +891,21 @@ class AgentRunner:
         self.on_credential = on_credential
         self.noticed = False
         self.registered = False
+        self._adoption: Adoption | None = None
+        self._adopted = False
+        self._beat_lock = threading.Lock()
 
     def step(self) -> list[AgentAction]:
         """One pass; the actions taken."""
         if not self.registered:
-            self.client.register(self.instance_key, address=self.address)
-            self.supervisor.sweep()  # what a previous life of this agent left running
+            if not self._adopted:  # once: what a previous life of this agent left running
+                self._adoption = self.supervisor.adopt()
+                self._adopted = True
+            restart = None if self._adoption is None else self._adoption.to_json()
+            self.client.register(self.instance_key, address=self.address, restart=restart)
+            self.supervisor.sweep()  # the rest of what a previous life left running
             self.registered = True
-        beat = self.client.heartbeat(self.instance_key, address=self.address)
-        if beat.credential is not None:
-            self.client.use_token(beat.credential)
-            if self.on_credential is not None:
-                self.on_credential(beat.credential)
-            log.info("agent %s: credential renewed", self.instance_key)
+        self.beat()
         for job, outcome, code in self.supervisor.poll():
             if outcome is Outcome.FAILED:
                 cause = failure_cause(self.supervisor.log_path(job), code)
@@ -734,6 +936,19 @@ class AgentRunner:
                 log.info("agent %s: exit of %s not recorded: %s", self.instance_key, job, e)
         self.supervisor.refresh_credentials(assigned)
         return actions
+
+    def beat(self) -> None:
+        """One heartbeat (and the credential its answer may renew). :meth:`step` sends one;
+        the agent's process also beats from a thread of its own every poll, so that a step
+        that waits for a job's checkpoint (up to the stop grace) never makes a live agent
+        look dead. Thread-safe."""
+        with self._beat_lock:
+            beat = self.client.heartbeat(self.instance_key, address=self.address)
+            if beat.credential is not None:
+                self.client.use_token(beat.credential)
+                if self.on_credential is not None:
+                    self.on_credential(beat.credential)
+                log.info("agent %s: credential renewed", self.instance_key)
 
     def close(self) -> None:
         self.supervisor.stop_all()

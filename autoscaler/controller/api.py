@@ -36,8 +36,12 @@ endpoint                                      role    answer
 ``POST /v1/fleet/resume``                     user    ``{"released_at_s": null}``: launches again
 ``GET  /v1/costs``                            user    ``{"total_usd", "usd_per_hour", "points"}``
 ``POST /v1/agents/register``                  agent   the instance row (body ``{"instance_key"}``,
-                                                      the credential's own); 409 unless it is
-                                                      ``running``
+                                                      the credential's own, and from an agent
+                                                      that restarted ``"restart": {"adopted":
+                                                      [jobs], "lost": [jobs]}``: an
+                                                      ``agent-restart`` event, and each lost
+                                                      job assigned there counts a restart);
+                                                      409 unless it is ``running``
 ``POST /v1/agents/{key}/heartbeat``           agent   ``{"instance_key", "at_s", "status"}``, and
                                               of key  ``"credential"`` when the one presented was
                                                       made with the previous agent key (renew)
@@ -196,6 +200,7 @@ from autoscaler.controller.errors import (
     StoreError,
     UnknownRowError,
 )
+from autoscaler.controller.events import EventKind
 from autoscaler.controller.jobs import JOB_NAME_PATTERN, JobSubmission, submission_deadline
 from autoscaler.controller.lifecycle import AGENT_REVOKED, InstanceStatus
 from autoscaler.controller.ratelimit import (
@@ -270,6 +275,9 @@ MAX_QUERY_INT: Final = (1 << 63) - 1
 RENDEZVOUS_PORT_BASE: Final = 29500
 RENDEZVOUS_PORT_SPAN: Final = 1000
 
+MAX_RESTART_JOBS: Final = 256
+"""The most jobs a restarted agent may name as adopted or lost (its own bound,
+``agent.MAX_ADOPTED``, is the same)."""
 _log = logging.getLogger(__name__)
 _BODY_SLACK_BYTES: Final = 64 * 1024
 _ENDED: Final = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED})
@@ -744,9 +752,36 @@ class ApiApp:
         row = self._store().get_instance(key)
         if row.status is not InstanceStatus.RUNNING:
             raise ApiError(409, f"instance {key!r} is {row.status.value}, not running")
+        restart = body.get("restart")
+        if restart is not None:
+            adopted, lost = _restart_lists(restart)
+            self._agent_restarted(key, adopted, lost)
         self._remember(key, address)
         _log.info("agent of instance %s registered", key)
         return _json(instance_to_dict(row))
+
+    def _agent_restarted(self, key: str, adopted: list[str], lost: list[str]) -> None:
+        """An agent restarted (its previous life ended without stopping its jobs): one event,
+        and each job whose launcher it found gone, still assigned to this instance, starts
+        again from its checkpoint: a restart of that job (:meth:`Store.record_relaunch`)."""
+        store = self._store()
+        assigned = {job for job, k in store.list_assignments() if k == key}
+        relaunched = [job for job in lost if job in assigned]
+        for job in relaunched:
+            store.record_relaunch(job, key)
+        parts = ["its agent restarted (the previous one ended without stopping its jobs)"]
+        if adopted:
+            parts.append(f"it adopted the running launcher of {', '.join(adopted)}")
+        if relaunched:
+            parts.append(
+                f"the launcher of {', '.join(relaunched)} was gone: it starts again from its "
+                "checkpoint"
+            )
+        if not adopted and not relaunched:
+            parts.append("no job of it was running")
+        said = "; ".join(parts)
+        store.add_events([(self._clock.now_s(), EventKind.AGENT_RESTART.value, key, said)])
+        _log.warning("agent of instance %s: %s", key, said)
 
     def _heartbeat(self, request: Request, instance_key: str) -> Response:
         address = _address(self._body(request, optional=True))
@@ -1083,6 +1118,24 @@ def _cursor_arg(request: Request) -> tuple[float, str] | None:
         return float(at_s), name
     except (ValueError, TypeError, binascii.Error) as e:
         raise ApiError(400, "cursor is not one this server gave (use next_cursor)", "cursor") from e
+
+
+def _restart_lists(value: object) -> tuple[list[str], list[str]]:
+    """A register body's ``restart``: ``{"adopted": [jobs], "lost": [jobs]}`` (job names,
+    at most :data:`MAX_RESTART_JOBS` each); 400 otherwise."""
+    if not isinstance(value, dict) or set(value) - {"adopted", "lost"}:
+        raise ApiError(400, 'restart must be {"adopted": [...], "lost": [...]}', "restart")
+    out: list[list[str]] = []
+    for name in ("adopted", "lost"):
+        jobs = value.get(name, [])
+        if not isinstance(jobs, list) or len(jobs) > MAX_RESTART_JOBS:
+            raise ApiError(
+                400, f"restart.{name} must be a list of at most {MAX_RESTART_JOBS} jobs", "restart"
+            )
+        if not all(isinstance(j, str) and JOB_NAME_PATTERN.fullmatch(j) for j in jobs):
+            raise ApiError(400, f"restart.{name} must hold job names", "restart")
+        out.append(sorted(set(jobs)))
+    return out[0], out[1]
 
 
 def _address(body: Mapping[str, Any]) -> str | None:

@@ -12,7 +12,7 @@ import json
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from http.client import HTTPException as HttpClientError
 from typing import TYPE_CHECKING, Any, Final, TypeVar
@@ -417,10 +417,20 @@ class ApiClient:
         """Cost so far (``GET /v1/costs``): ``total_usd``, ``usd_per_hour``, ``points``."""
         return dict(self._call("GET", "/v1/costs"))
 
-    def register(self, instance_key: str, *, address: str | None = None) -> InstanceRow:
+    def register(
+        self,
+        instance_key: str,
+        *,
+        address: str | None = None,
+        restart: Mapping[str, Sequence[str]] | None = None,
+    ) -> InstanceRow:
+        """Register this instance's agent; ``restart``: what a restarted agent found of its
+        previous life (``{"adopted": [jobs], "lost": [jobs]}``)."""
         body: dict[str, Any] = {"instance_key": instance_key}
         if address is not None:
             body["address"] = address
+        if restart is not None:
+            body["restart"] = {k: list(v) for k, v in restart.items()}
         return self._parse(instance_from_dict, self._call("POST", "/v1/agents/register", body))
 
     def heartbeat(self, instance_key: str, *, address: str | None = None) -> HeartbeatReply:

@@ -8,6 +8,8 @@ returns (``coadapt up`` prints them; ``coadapt events`` reads the same rows back
   the sizing or the reconcile gave): ``launch``, ``ready``, ``launch-failed``, ``notice`` (a
   spot interruption notice), ``drain``, ``preemption`` (the provider ended it: after a notice,
   or it vanished while running), ``release`` (with what it cost), ``termination-failed``;
+  ``agent-restart`` (its agent restarted and adopted or relaunched its jobs) is written by the
+  API when the restarted agent registers, not by this recorder;
 * jobs, from their rows: ``submit``, ``completion``, ``failure`` (with the cause, also when it
   is retried), ``refusal`` (with the policy's reason), ``cancel``, ``deadline`` (the
   controller found that an active job can no longer meet its deadline, with its estimate:
@@ -67,6 +69,7 @@ class EventKind(StrEnum):
     PREEMPTION = "preemption"
     RELEASE = "release"
     TERMINATION_FAILED = "termination-failed"
+    AGENT_RESTART = "agent-restart"
     SUBMIT = "submit"
     START = "start"
     RESUME = "resume"
@@ -87,6 +90,7 @@ WARNING_KINDS: Final = frozenset(
         EventKind.NOTICE,
         EventKind.PREEMPTION,
         EventKind.TERMINATION_FAILED,
+        EventKind.AGENT_RESTART,
         EventKind.FAILURE,
         EventKind.REFUSAL,
         EventKind.DEADLINE,
@@ -368,7 +372,7 @@ class EventRecorder:
                             now,
                             EventKind.RESUME,
                             name,
-                            f"resumes from its checkpoint{self._progress(name)} on "
+                            f"{self._resume_text(name)} on "
                             f"{_n_gpus(new)} ({_where(new)}){batch_text}{since}",
                         )
                     )
@@ -390,7 +394,7 @@ class EventRecorder:
                     name,
                     f"{_gpus(old)} -> {_n_gpus(new)} ({_where(new)}){batch_text}: {why}"
                     f"{self._prediction(name, old, new, self._batches.get(name), batch)}; "
-                    f"it restarts from its checkpoint{self._progress(name)}",
+                    f"it checkpoints, then restarts from that checkpoint{self._progress(name)}",
                 )
             )
         return out
@@ -451,22 +455,61 @@ class EventRecorder:
             f"{c0:.3g} -> {c1:.3g} USD/h"
         )
 
-    def _progress(self, name: str) -> str:
-        """`` (progress P of T)`` from the job's latest trainer report, or nothing."""
+    def _latest(self, name: str) -> tuple[float, float | None, float | None] | None:
+        """``(progress, target, checkpoint progress)`` of the job's latest trainer report
+        (``None``: no readable report); the last two ``None`` when the report has none."""
         report = self._store.latest_report(name)
         if report is None:
-            return ""
+            return None
         try:
             data = json.loads(report.payload_json)
             progress = float(data["progress"])
             target = data.get("target_progress")
+            saved = data.get("checkpoint_progress")
         except (ValueError, TypeError, KeyError):
-            return ""
+            return None
         if not math.isfinite(progress):
+            return None
+
+        def number(value: object) -> float | None:
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                return None
+            return float(value) if math.isfinite(value) else None
+
+        target, saved = number(target), number(saved)
+        return progress, target if target is not None and target > 0 else None, saved
+
+    def _progress(self, name: str) -> str:
+        """`` (progress P of T)`` from the job's latest trainer report, or nothing."""
+        latest = self._latest(name)
+        if latest is None:
             return ""
-        if isinstance(target, int | float) and math.isfinite(target) and target > 0:
-            return f" (progress {progress:.0f} of {target:.0f})"
-        return f" (progress {progress:.0f})"
+        progress, target, _ = latest
+        of = f" of {target:.0f}" if target is not None else ""
+        return f" (progress {progress:.0f}{of})"
+
+    def _resume_text(self, name: str) -> str:
+        """How a stopped job resumes, as far as its trainer's reports tell: from the
+        checkpoint its last report names (``checkpoint_progress``) and what was lost since, or
+        that its last report names none. Never a checkpoint the reports do not vouch for."""
+        latest = self._latest(name)
+        if latest is None:
+            return "resumes (it has not reported yet: from its checkpoint, if it saved one)"
+        progress, target, saved = latest
+        of = f" of {target:.0f}" if target is not None else ""
+        if saved is None:
+            return (
+                f"resumes, but its last report (progress {progress:.0f}{of}) names no "
+                f"checkpoint: unless it saved one since, it starts over ({progress:.0f} of "
+                "progress lost)"
+            )
+        lost = progress - saved
+        if lost <= 0:
+            return f"resumes from its checkpoint at progress {saved:.0f}{of}"
+        return (
+            f"resumes from its checkpoint at progress {saved:.0f}{of}: its last report was at "
+            f"{progress:.0f}, so at least {lost:.0f} of progress is lost"
+        )
 
     # ---- jobs ------------------------------------------------------------------------------
 

@@ -58,6 +58,7 @@ from autoscaler.controller.errors import RoundError, StaleVersionError, UnknownF
 from autoscaler.controller.events import DEADLINE_REASON
 from autoscaler.controller.jobs import MAX_JOB_GPUS, JobBook, JobSubmission
 from autoscaler.controller.lifecycle import InstanceStatus, terminate_retries
+from autoscaler.controller.liveness import AwakeLog
 from autoscaler.controller.reconcile import (
     HELD,
     NOTICE_REASON,
@@ -129,7 +130,12 @@ class ControllerConfig:
     step time is mispredicted by more than ``refit_tolerance``. ``report_history``: how many
     of each job's reports the store keeps once read (the newest; what they taught is in the
     job's profiles and ``models``, so the model is the same whatever it is:
-    :meth:`Store.prune_reports`)."""
+    :meth:`Store.prune_reports`). ``stall_gap_s``: a gap longer than this between two of the
+    controller's own notes of being alive (each round, and :meth:`Controller.note_alive`,
+    which the service calls every second) is a stall of the controller, never counted
+    against an agent's silence (:mod:`autoscaler.controller.liveness`); ``None`` (default):
+    only the time before the controller started is (a controller driven by another's
+    rounds, like the simulator's, has no ticker)."""
 
     cluster_id: str
     interval_s: float = 60.0
@@ -146,6 +152,7 @@ class ControllerConfig:
     interference_avoidance: bool = True
     refit_tolerance: float = 0.05
     report_history: int = DEFAULT_REPORT_HISTORY
+    stall_gap_s: float | None = None
 
     def __post_init__(self) -> None:
         if (
@@ -156,6 +163,10 @@ class ControllerConfig:
             raise InvalidInputError(
                 "report_history must be an integer >= 1", field="report_history"
             )
+        if self.stall_gap_s is not None and not (
+            self.stall_gap_s > 0 and math.isfinite(self.stall_gap_s)
+        ):
+            raise InvalidInputError("stall_gap_s must be a finite number > 0", field="stall_gap_s")
         if not self.offerings_refresh_s > 0:
             raise InvalidInputError("offerings_refresh_s must be > 0", field="offerings_refresh_s")
         band_hazard_per_hour(self.default_spot_band)  # InvalidInputError for an unknown band
@@ -250,9 +261,26 @@ class Controller:
         self._offerings: dict[str, Offering] = {}
         self._offerings_read_s = -math.inf  # monotonic, when they were last read
         # No heartbeat could reach a controller that was not running: an agent's silence
-        # counts from when this one started (a restart adopts a live fleet, however long
-        # the controller was away).
+        # counts only while this one runs (a restart adopts a live fleet, however long the
+        # controller was away; a stall, e.g. SIGSTOP, is not held against the agents).
         self._started_s = clock.now_s()
+        self._awake = AwakeLog(self._started_s, config.stall_gap_s)
+        self._suspected: tuple[str, ...] = ()
+
+    def note_alive(self) -> None:
+        """The controller is running now (the service's ticker calls it about every second;
+        each round notes it too): a longer gap than ``stall_gap_s`` since the last note was a
+        stall (see :mod:`autoscaler.controller.liveness`). Thread-safe."""
+        self._note(self.clock.now_s())
+
+    def _note(self, now_s: float) -> None:
+        stall = self._awake.note(now_s)
+        if stall is not None:
+            _log.warning(
+                "the controller was not running for %.1f s: agents' silence in that time is "
+                "not held against them",
+                stall[1] - stall[0],
+            )
 
     # ---- the round -------------------------------------------------------------------------
 
@@ -269,6 +297,7 @@ class Controller:
         t0 = time.perf_counter()
         self.store.ensure_present()  # StoreMissingError before any cloud call
         now = self.clock.now_s()
+        self._note(now)
         self._round += 1
         rows = self.store.list_instances(statuses=_LIVE)  # the store is read first: a
         read_jobs = self.store.list_jobs(statuses=ACTIVE_JOBS)  # damaged one fails here, before
@@ -326,9 +355,18 @@ class Controller:
                 terminal_request_ids=self.store.terminal_request_ids(
                     among=[i.request_id for i in observed]
                 ),
+                stalls=self._awake.stalls(),
             ),
             self.config.reconcile,
         )
+        if actions.suspected and actions.suspected != self._suspected:
+            _log.warning(
+                "%d of the running instances' agents look dead at once (%s): suspecting the "
+                "controller's own view, releasing none of them yet",
+                len(actions.suspected),
+                ", ".join(actions.suspected),
+            )
+        self._suspected = actions.suspected
         t3 = time.perf_counter()
         leaving = {t.key for t in actions.transitions if t.to is not InstanceStatus.RUNNING}
         staying = [r for r in ready if r.instance_key not in leaving]
@@ -844,9 +882,7 @@ class Controller:
             since_s=since,
             retries=retries,
             provider_instance_id=r.provider_instance_id,
-            last_heartbeat_s=(
-                None if r.last_heartbeat_s is None else max(r.last_heartbeat_s, self._started_s)
-            ),
+            last_heartbeat_s=r.last_heartbeat_s,
             started_s=started,
             noticed=noticed,
         )

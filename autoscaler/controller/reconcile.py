@@ -27,8 +27,13 @@ Act (what to change):
   timed_out`): requested too long -> back to ``queued`` with the same request id (bounded
   tries) or ``allocation_failed``; draining too long -> ``terminating``; terminating too long
   -> terminate again (bounded) or ``termination_failed``;
-* a running instance whose agent has not heartbeaten for ``heartbeat_timeout_s`` (after
-  ``boot_grace_s`` from its start) is presumed dead: ``terminating`` (its jobs are re-placed);
+* a running instance whose agent has not heartbeaten for ``heartbeat_timeout_s`` (none at
+  all: for ``boot_grace_s`` from its start) is presumed dead: ``terminating`` (its jobs are
+  re-placed). Silence counts only while the controller was running (:mod:`autoscaler.
+  controller.liveness`: the input's ``stalls`` are subtracted), and when at least
+  ``mass_silence_min_instances`` and ``mass_silence_fraction`` of the running instances look
+  dead in one round, the controller suspects its own view and releases none of them
+  (``Actions.suspected``), but one per round whose silence passed ``mass_silence_hold_s``;
 * drained instances with no job left on them: ``terminating``;
 * the target fleet: per offering, the instances held (queued, requested, running) are
   compared with the target; a shortfall creates new rows (``queued``, each with its own
@@ -55,6 +60,7 @@ from autoscaler.controller.lifecycle import (
     TimeoutAction,
     timed_out,
 )
+from autoscaler.controller.liveness import Stall, mass_silence, silence_s
 from autoscaler.errors import InvalidInputError
 from providers.base import Instance, InterruptionKind, InterruptionNotice
 
@@ -114,11 +120,21 @@ class RowView:
 @dataclass(frozen=True)
 class ReconcileConfig:
     """Knobs of :func:`reconcile` (see the module docstring). ``heartbeat_timeout_s``
-    ``None`` turns agent liveness off (a fleet without agents, e.g. the benchmark)."""
+    ``None`` turns agent liveness off (a fleet without agents, e.g. the benchmark).
+
+    Mass silence (:func:`~autoscaler.controller.liveness.mass_silence`): when at least
+    ``mass_silence_min_instances`` (default 3, Kubernetes' "more than two unready nodes") and
+    at least ``mass_silence_fraction`` (default 0.55, Kubernetes' default
+    ``--unhealthy-zone-threshold``) of the running instances look dead in one round, none is
+    released for it, but at most one per round whose silence exceeds ``mass_silence_hold_s``
+    (default 900 s: a fleet that really died is given back slowly, not kept forever)."""
 
     timeouts: LifecycleTimeouts = field(default_factory=LifecycleTimeouts)
     heartbeat_timeout_s: float | None = 120.0
     boot_grace_s: float = 600.0
+    mass_silence_fraction: float = 0.55
+    mass_silence_min_instances: int = 3
+    mass_silence_hold_s: float = 900.0
     disruption_budget: int = 2
     launch_growth: float = 1.0
     min_launches_per_offering: int = 4
@@ -127,7 +143,18 @@ class ReconcileConfig:
     def __post_init__(self) -> None:
         if self.heartbeat_timeout_s is not None and not self.heartbeat_timeout_s > 0:
             raise InvalidInputError("heartbeat_timeout_s must be > 0", field="heartbeat_timeout_s")
-        for name in ("disruption_budget", "min_launches_per_offering", "max_in_flight"):
+        if not 0 < self.mass_silence_fraction <= 1:
+            raise InvalidInputError(
+                "mass_silence_fraction must be in (0, 1]", field="mass_silence_fraction"
+            )
+        if not (self.mass_silence_hold_s >= 0 and math.isfinite(self.mass_silence_hold_s)):
+            raise InvalidInputError("mass_silence_hold_s must be >= 0", field="mass_silence_hold_s")
+        for name in (
+            "disruption_budget",
+            "min_launches_per_offering",
+            "max_in_flight",
+            "mass_silence_min_instances",
+        ):
             if getattr(self, name) < 0:
                 raise InvalidInputError(f"{name} must be >= 0", field=name)
         if not (self.launch_growth >= 0 and math.isfinite(self.launch_growth)):
@@ -143,7 +170,9 @@ class ReconcileInput:
     terminal (an instance listed under one is a late leak); ``target``: instances wanted per
     offering key; ``used_gpus``: GPUs jobs hold per instance key (the current assignments);
     ``unavailable``: offering keys marked after capacity errors; ``issued``: request ids
-    whose launch this controller process already sent (a restarted one knows none)."""
+    whose launch this controller process already sent (a restarted one knows none);
+    ``stalls``: the spans in which the controller was not running (its
+    :class:`~autoscaler.controller.liveness.AwakeLog`), never counted as an agent's silence."""
 
     now_s: float
     rows: tuple[RowView, ...]
@@ -154,6 +183,7 @@ class ReconcileInput:
     unavailable: frozenset[str] = frozenset()
     issued: frozenset[str] = frozenset()
     terminal_request_ids: frozenset[str] = frozenset()
+    stalls: tuple[Stall, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -189,7 +219,9 @@ class Actions:
     ``queued``), then the cloud calls: ``launch`` (row keys to launch: each goes ``queued ->
     requested`` in the store before its call, or is re-issued if already requested),
     ``terminate`` (row keys whose instance to terminate: rows already ``terminating``) and
-    ``leaks``. ``drained``: instance keys newly draining (their jobs must stop)."""
+    ``leaks``. ``drained``: instance keys newly draining (their jobs must stop);
+    ``suspected``: running instances whose agents look dead but are kept, the silence being
+    too widespread to believe (see the module docstring)."""
 
     transitions: tuple[Transition, ...] = ()
     new_rows: tuple[LaunchIntent, ...] = ()
@@ -197,6 +229,7 @@ class Actions:
     terminate: tuple[str, ...] = ()
     leaks: tuple[Leak, ...] = ()
     drained: tuple[str, ...] = ()
+    suspected: tuple[str, ...] = ()
 
     @property
     def cloud_calls(self) -> int:
@@ -216,6 +249,9 @@ class _Builder:
         self.terminate: list[str] = []
         self.drained: list[str] = []
         self.leaks: list[Leak] = []
+        self.silent: list[tuple[RowView, float]] = []  # (row, silence) of agents judged dead
+        self.watched = 0  # running instances whose liveness was judged
+        self.suspected: list[str] = []
 
     def move(
         self,
@@ -268,6 +304,7 @@ def reconcile(inp: ReconcileInput, config: ReconcileConfig | None = None) -> Act
             _adopt(b, row, own)
         else:
             _act_on_row(b, row, own, noticed)
+    _release_silent(b)
     new_rows = _size(b, rows)
     return Actions(
         transitions=tuple(b.transitions),
@@ -276,6 +313,7 @@ def reconcile(inp: ReconcileInput, config: ReconcileConfig | None = None) -> Act
         terminate=tuple(b.terminate),
         leaks=tuple(b.leaks),
         drained=tuple(b.drained),
+        suspected=tuple(b.suspected),
     )
 
 
@@ -322,8 +360,11 @@ def _act_on_row(b: _Builder, row: RowView, own: Instance | None, noticed: set[st
         if own.instance_id in noticed:
             b.move(row, InstanceStatus.DRAINING, NOTICE_REASON, preemption=True)
             b.drained.append(row.key)
-        elif _agent_dead(row, inp.now_s, cfg):
-            b.stop(row, "agent stopped heartbeating")
+        else:
+            b.watched += 1
+            silent = _silence_past_timeout(row, inp, cfg)
+            if silent is not None:
+                b.silent.append((row, silent))
     elif s is InstanceStatus.DRAINING:
         if own is not None and own.instance_id in noticed and not row.noticed:
             b.move(row, InstanceStatus.DRAINING, NOTICE_REASON, preemption=True)
@@ -347,15 +388,44 @@ def _act_on_row(b: _Builder, row: RowView, own: Instance | None, noticed: set[st
         b.move(row, InstanceStatus.TERMINATED, "settled: nothing listed under its request id")
 
 
-def _agent_dead(row: RowView, now_s: float, cfg: ReconcileConfig) -> bool:
-    """No heartbeat for ``heartbeat_timeout_s`` (none at all: for ``boot_grace_s``)."""
+def _silence_past_timeout(row: RowView, inp: ReconcileInput, cfg: ReconcileConfig) -> float | None:
+    """The agent's silence while the controller ran, when it is past its timeout:
+    ``heartbeat_timeout_s`` since its last heartbeat (none at all: ``boot_grace_s`` since the
+    instance started); ``None`` while it is within it (or liveness is off)."""
     if cfg.heartbeat_timeout_s is None:
-        return False
+        return None
     started = row.started_s if row.started_s is not None else row.since_s
     last = row.last_heartbeat_s
     if last is None:
-        return now_s - started > cfg.boot_grace_s
-    return now_s - max(last, started) > cfg.heartbeat_timeout_s
+        silent = silence_s(started, inp.now_s, inp.stalls)
+        return silent if silent > cfg.boot_grace_s else None
+    silent = silence_s(max(last, started), inp.now_s, inp.stalls)
+    return silent if silent > cfg.heartbeat_timeout_s else None
+
+
+def _release_silent(b: _Builder) -> None:
+    """Release the instances whose agents are judged dead, unless so many are at once that
+    the controller's own view is suspect: then only one per round whose silence passed
+    ``mass_silence_hold_s`` (the longest silent first), the others kept as ``suspected``."""
+    cfg = b.cfg
+    if not mass_silence(
+        len(b.silent),
+        b.watched,
+        fraction=cfg.mass_silence_fraction,
+        min_instances=cfg.mass_silence_min_instances,
+    ):
+        for row, _ in b.silent:
+            b.stop(row, "agent stopped heartbeating")
+        return
+    held = sorted(b.silent, key=lambda rs: (-rs[1], rs[0].key))
+    if held and held[0][1] > cfg.mass_silence_hold_s:
+        row, silent = held.pop(0)
+        b.stop(
+            row,
+            f"agent stopped heartbeating ({silent:.0f} s, past the {cfg.mass_silence_hold_s:.0f}"
+            " s hold of a mass silence)",
+        )
+    b.suspected.extend(sorted(row.key for row, _ in held))
 
 
 def _size(b: _Builder, rows: list[RowView]) -> list[LaunchIntent]:

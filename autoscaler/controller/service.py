@@ -49,6 +49,7 @@ store (:func:`~autoscaler.controller.loop.record_job_exit`), the rounds run on t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -63,6 +64,8 @@ from pathlib import Path
 from typing import Final
 
 from autoscaler.controller.agent import (
+    KILL_MARGIN_S,
+    STOP_GRACE_S,
     AgentRunner,
     JobAssignment,
     Supervisor,
@@ -134,6 +137,17 @@ log = logging.getLogger(__name__)
 LOCAL_RESTART_DELAY_S = 10.0
 """The restart delay the decisions assume on the local provider (a job there restarts in
 about 6-10 s: ENVIRONMENT's measured floor plus the agent's poll)."""
+LOCAL_TERM_GRACE_S = 2 * (STOP_GRACE_S + KILL_MARGIN_S)
+"""The local provider's SIGTERM-to-SIGKILL grace for an instance: its local agent process waits
+0.6 x this (84 s) for the node agent, which waits :data:`~autoscaler.controller.agent.
+STOP_GRACE_S` + :data:`~autoscaler.controller.agent.KILL_MARGIN_S` (70 s) for its launchers,
+which give their workers :data:`~autoscaler.controller.agent.STOP_GRACE_S` (60 s) to
+checkpoint: each grace nests inside the next."""
+ALIVE_TICK_S = 1.0
+"""How often the service notes that its controller is running (``Controller.note_alive``)."""
+STALL_GAP_S = 5.0
+"""Default ``UpConfig.stall_gap_s``: five missed ticks of :data:`ALIVE_TICK_S` (a loaded
+machine delays a tick by a second or two; a longer gap is the process not running)."""
 LOCAL_PROVISIONING_DELAY_S = 10.0
 """The provisioning delay the sizing assumes on the local provider (an instance is a local
 process whose agent registers within seconds)."""
@@ -164,7 +178,12 @@ class UpConfig:
     what each job's log keeps per instance (:mod:`coadapt_common.logcap`).
     ``min_free_bytes``: what is kept free on the state folder's disk (:mod:`coadapt_common.
     diskspace`): below it ``up`` refuses to start, a running service ends in one line and an
-    event, and agents start no job."""
+    event, and agents start no job. ``heartbeat_timeout_s``: how long an agent may be silent,
+    counted only while this service runs, before its instance is presumed dead (``None``:
+    ``max(60, 10 x agent_interval_s)``); ``stall_gap_s``: a pause of the service's own
+    one-second ticker longer than this is a stall of the controller (SIGSTOP, a suspended
+    machine), whose time is not held against the agents (:mod:`~autoscaler.controller.
+    liveness`)."""
 
     state_dir: Path
     cluster_id: str = "coadapt-local"
@@ -189,6 +208,15 @@ class UpConfig:
     job_isolation: str = "auto"
     job_log_max_bytes: int = DEFAULT_LOG_MAX_BYTES
     min_free_bytes: int = DEFAULT_MIN_FREE_BYTES
+    heartbeat_timeout_s: float | None = None
+    stall_gap_s: float = STALL_GAP_S
+
+    @property
+    def effective_heartbeat_timeout_s(self) -> float:
+        """The heartbeat timeout the controller applies (see the class docstring)."""
+        if self.heartbeat_timeout_s is not None:
+            return self.heartbeat_timeout_s
+        return max(60.0, 10 * self.agent_interval_s)
 
 
 def _agent_user_data(
@@ -613,7 +641,10 @@ def _run_up(
                 state / "local",
                 clock=clock,
                 max_gpu_slots=cfg.max_gpu_slots,
-                term_grace_s=90.0,  # the agent stops its jobs with a checkpoint before it goes
+                # The agent stops its jobs with a checkpoint before it goes: its instance
+                # waits longer than the jobs' checkpoint grace and the agent's kill margin
+                # (the local agent process waits 0.6 x this for its workload).
+                term_grace_s=LOCAL_TERM_GRACE_S,
                 spot_price_swing=cfg.local_spot_price_swing,
                 spot_price_period_s=cfg.local_spot_price_period_s,
                 unavailable=unavailable,
@@ -651,9 +682,10 @@ def _run_up(
         store.cluster_id,
         interval_s=cfg.interval_s,
         sizing=sizing,
-        reconcile=ReconcileConfig(heartbeat_timeout_s=max(60.0, 10 * cfg.agent_interval_s)),
+        reconcile=ReconcileConfig(heartbeat_timeout_s=cfg.effective_heartbeat_timeout_s),
         gpu_type_aliases={"cpu-slot": "T4"} if cloud is None else {},
         offerings_refresh_s=cfg.offerings_refresh_s,
+        stall_gap_s=cfg.stall_gap_s,
     )
     if cloud is None:
         controller_cfg = replace(controller_cfg, restart_delay_s=LOCAL_RESTART_DELAY_S)
@@ -727,6 +759,14 @@ def _run_up(
     if on_ready is not None:
         on_ready(server.url)
     last_error: str | None = None
+    ticking = threading.Event()
+
+    def tick() -> None:  # the controller's own evidence that it runs (see liveness)
+        while not ticking.wait(ALIVE_TICK_S):
+            controller.note_alive()
+
+    ticker = threading.Thread(target=tick, name="coadapt-alive", daemon=True)
+    ticker.start()
     try:
         while not stop.is_set():
             full = check_free_space(state, cfg.min_free_bytes)
@@ -763,6 +803,7 @@ def _run_up(
         if secrets is not None and result.released:
             secrets.sync(store)  # withdraw the credentials of the nodes now gone
     finally:
+        ticking.set()
         server.shutdown()
         app.close()
         store.close()
@@ -876,9 +917,17 @@ def agent_main(argv: list[str] | None = None) -> int:
         default=0,
         help="start no job while the disk of its log or checkpoints has less free",
     )
+    p.add_argument(
+        "--stop-grace-s",
+        type=float,
+        default=STOP_GRACE_S,
+        help="seconds a job asked to stop has to checkpoint before it is killed (1-3600)",
+    )
     args = p.parse_args(argv)
     if args.job_log_max_bytes < MIN_LOG_MAX_BYTES or args.min_free_bytes < 0:
         p.error(f"--job-log-max-bytes must be >= {MIN_LOG_MAX_BYTES}, --min-free-bytes >= 0")
+    if not 1.0 <= args.stop_grace_s <= 3600.0:  # NaN fails too
+        p.error(f"--stop-grace-s must be within [1, 3600], got {args.stop_grace_s}")
     os.umask(0o077)  # job logs and checkpoints are private to this user
     if args.request_id is not None:
         if not args.cluster_id:
@@ -910,12 +959,13 @@ def agent_main(argv: list[str] | None = None) -> int:
             a,
             controller_url=args.api,
             extra=["--report-interval-s", str(args.report_interval_s)],
+            stop_grace_s=args.stop_grace_s,
         )
 
     supervisor = Supervisor(
         args.instance_key,
         args.work_dir,
-        stop_grace_s=60.0,
+        stop_grace_s=args.stop_grace_s,
         argv_for=argv_for,
         logs_dir=args.logs_dir,
         log_max_bytes=args.job_log_max_bytes,
@@ -943,6 +993,14 @@ def agent_main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+
+    def beating() -> None:  # alive while a step waits for a checkpoint (AgentRunner.beat)
+        while not stop.wait(args.interval_s):
+            if runner.registered:
+                with contextlib.suppress(ApiError):  # the step says it, once per poll
+                    runner.beat()
+
+    threading.Thread(target=beating, name="coadapt-agent-beat", daemon=True).start()
     try:
         while not stop.is_set():
             try:

@@ -1387,6 +1387,31 @@ class Store:
                         (job_name, key, wanted[key], now),
                     )
 
+    def record_relaunch(self, job_name: str, instance_key: str) -> bool:
+        """``job_name``'s processes on ``instance_key`` were started again without a change
+        of assignment (its agent restarted and found them gone): its open span there ends
+        now and a new one begins, so the relaunch counts as a restart (:meth:`usage`, the one
+        place restarts are counted). False (nothing written) when it holds nothing there."""
+        with self._write("record a relaunch") as conn:
+            row = conn.execute(
+                "SELECT gpus FROM assignments WHERE job_name = ? AND instance_key = ?",
+                (job_name, instance_key),
+            ).fetchone()
+            if row is None:
+                return False
+            now = self._now()
+            conn.execute(
+                "UPDATE assignment_history SET to_s = ? "
+                "WHERE job_name = ? AND instance_key = ? AND to_s IS NULL",
+                (now, job_name, instance_key),
+            )
+            conn.execute(
+                "INSERT INTO assignment_history "
+                "(job_name, instance_key, gpus, from_s, to_s) VALUES (?, ?, ?, ?, NULL)",
+                (job_name, instance_key, row[0], now),
+            )
+        return True
+
     def assignment_history(self, job: str | None = None) -> tuple[AssignmentSpan, ...]:
         """Every span in which a job held GPUs of an instance (``to_s`` ``None``: still
         holds them), oldest first; of one job if ``job`` is given."""

@@ -86,6 +86,36 @@ def test_launch_argv_and_wire_format() -> None:
     assert assignments_from_json(__import__("json").loads(dump({"a": a}))) == {"a": a}
 
 
+def test_the_stop_graces_nest() -> None:
+    """Issue 37, item 2: each grace between a stop request and a kill lies inside the next, so
+    nothing kills a job that is still within its checkpoint grace: the launcher's workers get
+    STOP_GRACE_S (the launcher's --shutdown-timeout-s, whose own default is the same), the
+    agent waits that plus KILL_MARGIN_S, the local agent process 0.6 x the local provider's
+    grace (providers/local.py), and the local provider that grace."""
+    from autoscaler.controller.agent import KILL_MARGIN_S, STOP_GRACE_S
+    from autoscaler.controller.service import LOCAL_TERM_GRACE_S
+    from trainer.launch import parse_args
+
+    assert parse_args(["x.py"]).shutdown_timeout_s == STOP_GRACE_S == 60.0
+    assert STOP_GRACE_S < STOP_GRACE_S + KILL_MARGIN_S == 70.0 < 0.6 * LOCAL_TERM_GRACE_S == 84.0
+    assert LOCAL_TERM_GRACE_S == 140.0
+    argv = launch_argv(job("a"), controller_url=None, stop_grace_s=STOP_GRACE_S)
+    assert argv[argv.index("--shutdown-timeout-s") + 1] == "60"
+    assert argv.index("--shutdown-timeout-s") < argv.index("--")
+    # coadapt agent --stop-grace-s: the same default, bounded.
+    import inspect
+
+    from autoscaler import cli_cluster
+    from autoscaler.controller.service import agent_main
+
+    assert inspect.signature(cli_cluster.agent).parameters["stop_grace_s"].default == STOP_GRACE_S
+    base = ["--api", "http://x", "--token-file", "t", "--instance-key", "k", "--work-dir", "w"]
+    for bad in ("0", "nan", "4000"):
+        with pytest.raises(SystemExit) as refused:
+            agent_main([*base, "--stop-grace-s", bad])
+        assert refused.value.code == 2
+
+
 def _supervisor(tmp_path: Path, mode: str, agent_id: str | None = None) -> Supervisor:
     script = tmp_path / "launcher.py"
     script.write_text(LAUNCHER)
@@ -169,9 +199,11 @@ def test_stop_all_then_nothing_is_left(tmp_path: Path) -> None:
     sup.apply(plan({"a": job("a"), "b": job("b")}, {}))
     _wait_started(sup, "a")
     _wait_started(sup, "b")
+    assert os.path.exists(sup.work_dir / "processes.json")
     sup.stop_all()
     assert _marked(sup.agent_id, None) == [] and sup.running == {}
-    assert os.path.exists(sup.work_dir / "processes.json")
+    # A clean end: the next life has nothing to adopt (processes.json is what it adopts from).
+    assert not os.path.exists(sup.work_dir / "processes.json")
 
 
 def test_the_runner_follows_the_api_and_reports_exits(tmp_path: Path) -> None:
@@ -399,3 +431,117 @@ def test_failure_cause_is_the_worker_exception_not_the_launcher_summary(tmp_path
     assert failure_cause(tmp_path / "none.log", 3) == "exit status 3"
     log.write_text("ValueError: " + "v" * 1000 + "\n")
     assert len(failure_cause(log, 1)) == MAX_CAUSE_CHARS
+
+
+ADOPTABLE = r"""
+import json, os, signal, subprocess, sys, time
+run_dir = sys.argv[sys.argv.index("--run-dir") + 1]  # the agent's runs/<job>
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+def stop(*_):
+    open(os.environ["CKPT"] + "-" + os.environ["COADAPT_JOB_ID"], "w").write("checkpointed")
+    json.dump({"status": 75}, open(os.path.join(run_dir, "launcher-exit.json"), "w"))
+    sys.exit(75)
+signal.signal(signal.SIGTERM, stop)
+print("started", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_restarted_agent_adopts_its_running_launchers_and_says_so(tmp_path: Path) -> None:
+    """Issue 37, item 5: an agent killed with kill -9 leaves its launchers running. The next
+    agent of the instance adopts the one still running (same pid, same start time, same
+    markers: its job goes on untouched, and its stop still checkpoints), ends what is left of
+    the one that died with it and starts that job again (counted as a restart of that job),
+    records an agent-restart event, and leaves no run folder behind. A recorded pid that is
+    now another process is never adopted."""
+    from autoscaler.controller.agent import AgentRunner
+    from autoscaler.controller.api import ApiClient, generate_tokens, make_app, serve
+    from autoscaler.controller.jobs import JobSubmission
+    from autoscaler.controller.lifecycle import InstanceStatus
+    from autoscaler.controller.store import JobStatus, Store
+    from coadapt_common.procfs import process_start_time
+
+    clock = FakeClock()
+    store = Store.create(tmp_path / "store.db", "c1", clock)
+    row = store.add_instance(
+        instance_key="i-1", request_id="c1-i-1", offering_key="local/local-a/slot/on-demand",
+        provider="local", instance_type="slot", zone="local-a", market="on-demand",
+        gpu_type="T4", gpus=2, price_usd_per_hour=0.1,
+    )  # fmt: skip
+    row = store.transition("i-1", row.version, InstanceStatus.REQUESTED, reason="launch")
+    store.transition(
+        "i-1", row.version, InstanceStatus.RUNNING, reason="up", provider_instance_id="p"
+    )
+    for name in ("a", "b"):
+        store.add_job(name, JobSubmission(name, 64, 512, 64, command=("x.py",)).to_json())
+        store.set_assignments(name, {"i-1": 1})
+        store.update_job(name, store.get_job(name).version, status=JobStatus.RUNNING)
+    tokens = generate_tokens(tmp_path / "tokens.json")
+    app = make_app(
+        tmp_path / "store.db",
+        tokens,
+        clock,
+        logs_dir=tmp_path / "logs",
+        on_job_exit=lambda name, *, failed: JobStatus.FAILED,  # no launcher exits on its own
+    )
+    server = serve(app)
+    script = tmp_path / "launcher.py"
+    script.write_text(ADOPTABLE)
+    agent_id = f"test-{uuid.uuid4().hex[:8]}"
+
+    def life() -> AgentRunner:
+        sup = Supervisor(
+            agent_id,
+            tmp_path / "agent",
+            stop_grace_s=5.0,
+            argv_for=lambda a: [sys.executable, str(script), "--", a.job],
+            env={"CKPT": str(tmp_path / "ckpt")},
+        )
+        client = ApiClient(server.url, tokens.agent_credential("i-1"), timeout_s=10)
+        return AgentRunner(client, "i-1", sup, address="127.0.0.1")
+
+    first = life()
+    second = None
+    try:
+        first.step()
+        for job in ("a", "b"):
+            _wait_started(first.supervisor, job)
+        a_pid = first.supervisor._procs["a"].pid
+        assert (tmp_path / "agent" / "runs" / "a").is_dir()
+        # kill -9 of the agent: nothing is stopped; b's launcher dies with it, a's goes on
+        b = first.supervisor._procs["b"].popen
+        b.kill()
+        b.wait(timeout=5)
+        record = json.loads((tmp_path / "agent" / "processes.json").read_text())
+        record["c"] = {**record["a"], "pid": os.getpid(), "started": "1"}  # a recycled pid
+        (tmp_path / "agent" / "processes.json").write_text(json.dumps(record))
+        before = store.usage(["a", "b"], clock.now_s())
+        clock.advance(2.0)  # the instance's init restarts the agent a moment later
+
+        second = life()
+        actions = second.step()
+        assert [(x.kind.value, x.job) for x in actions] == [("start", "b")]
+        assert second.supervisor._procs["a"].pid == a_pid  # the same launcher, adopted
+        assert process_start_time(a_pid) is not None
+        after = store.usage(["a", "b"], clock.now_s())
+        assert after["a"][1] == before["a"][1] and after["b"][1] == before["b"][1] + 1
+        (event,) = [e for e in store.events_after(0) if e.kind == "agent-restart"]
+        assert event.subject == "i-1"
+        assert "adopted the running launcher of a" in event.message
+        assert "the launcher of b was gone: it starts again from its checkpoint" in event.message
+        assert "c" not in second.supervisor.running
+        assert sorted(p.name for p in (tmp_path / "agent" / "runs").iterdir()) == ["a", "b"]
+        _wait_started(second.supervisor, "b")
+        # The adopted launcher still stops with a checkpoint, and its status is read back.
+        assert second.supervisor.stop("a") == 75
+        assert (tmp_path / "ckpt-a").read_text() == "checkpointed"
+        second.close()
+        assert _marked(agent_id, None) == []
+        assert list((tmp_path / "agent" / "runs").iterdir()) == []
+        # A clean end leaves nothing to adopt and no restart to tell.
+        assert life().supervisor.adopt() is None
+    finally:
+        (second or first).close()
+        first.supervisor.sweep()
+        server.shutdown()
+        app.close()

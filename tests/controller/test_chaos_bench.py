@@ -1,7 +1,10 @@
 """``benchmarks/chaos.py``, short: the local cluster with its three real jobs while the
-controller is SIGKILLed and SIGTERMed and restarted, an agent is killed and a spot notice
-lands. Nothing leaks, no launcher runs twice, no healthy job is relaunched because the
-controller restarted, and no launch loses more than one checkpoint interval.
+controller is SIGKILLed and SIGTERMed and restarted, stalled (SIGSTOP for three heartbeat
+timeouts, then SIGCONT), an agent is killed (kill -9) and a spot notice lands. Nothing leaks,
+no launcher runs twice, no healthy job is relaunched because the controller restarted or
+stalled or an agent restarted, no instance is released for a silence it did not have, every
+event the trainers' logs can check is true, and no launch loses more than one checkpoint
+interval.
 
 The jobs are narrow MLPs whose per-sample work is mostly a sleep (``--hidden 64
 --sample-delay-s 0.0005``), six times the examples' epochs, so that they train through every
@@ -28,33 +31,67 @@ pytestmark = [
 
 def test_a_short_soak_loses_nothing(tmp_path: Path) -> None:
     out = tmp_path / "chaos.json"
-    schedule = "controller-sigkill,agent-kill,controller-sigterm,spot-notice"
+    schedule = "controller-sigkill,agent-kill,controller-stall,controller-sigterm,spot-notice"
     assert set(schedule.split(",")) == set(EVENTS)
     code = main(
-        ["--minutes", "3", "--schedule", schedule, "--max-events", "4", "--first-event-s", "25",
+        ["--minutes", "5", "--schedule", schedule, "--max-events", "5", "--first-event-s", "25",
          "--event-every-s", "15", "--epochs-scale", "6", "--checkpoint-every-steps", "20",
-         "--hidden", "64", "--sample-delay-s", "0.0005", "--out", str(out)]
+         "--hidden", "64", "--sample-delay-s", "0.0005", "--heartbeat-timeout-s", "20",
+         "--out", str(out)]
     )  # fmt: skip
     assert code == 0
     doc = json.loads(out.read_text())
     assert doc["controller_restarts"] >= 1, doc["events"]
     assert doc["kills"] == {event: 1 for event in EVENTS}, doc["events"]  # none found nothing
     restarts = [e for e in doc["events"] if e["event"].startswith("controller-")]
+    assert next(e for e in doc["events"] if e["event"] == "controller-stall")["stall_s"] == 60
     assert all(e["launchers_before"] >= 1 for e in restarts), restarts  # jobs ran through them
     assert doc["down_exit"] == 0
     assert doc["leaked_instances"] == 0 and doc["leaked_processes"] == 0
     assert doc["duplicate_launchers"] == 0
     assert doc["relaunches_after_controller_restart"] == 0, doc["events"]
+    assert doc["healthy_relaunches"] == 0, doc["events"]
+    assert doc["released_for_silence"] == 0, doc
+    assert doc["agent_restart_events"] >= 1 and doc["false_events"] == 0, doc
     assert doc["progress_lost_steps_max"] <= doc["checkpoint_every_steps"], doc
 
 
 @pytest.mark.parametrize(
     "argv",
     [["--hidden", "0"], ["--hidden", "wide"], ["--sample-delay-s", "-1"],
-     ["--sample-delay-s", "nan"], ["--sample-delay-s", "inf"]],
+     ["--sample-delay-s", "nan"], ["--sample-delay-s", "inf"], ["--heartbeat-timeout-s", "0"]],
 )  # fmt: skip
 def test_bad_job_options_are_refused_before_anything_starts(argv: list[str], capsys) -> None:
     with pytest.raises(SystemExit) as stop:
         main(argv)
     assert stop.value.code == 2
     assert f"argument {argv[0]}: " in capsys.readouterr().err
+
+
+def test_events_are_judged_against_the_trainers_step_logs(tmp_path: Path) -> None:
+    """The soak's truth check on made-up step logs: a resume that claims a newer checkpoint
+    than the next launch restored, and an adoption while the job launched again, are false;
+    the true ones are not."""
+    from benchmarks.chaos import false_events, launches, progress_lost
+
+    job = tmp_path / "steps" / "j"
+    job.mkdir(parents=True)
+    (job / "rank0-pid1.jsonl").write_text('{"event": "start", "t": 10}\n{"step": 30}\n')
+    (job / "rank0-pid2.jsonl").write_text(
+        '{"event": "start", "t": 100}\n{"event": "restored", "step": 20, "progress": 20.0}\n'
+        '{"step": 40}\n{"step": '  # a line cut by a kill
+    )
+    runs = launches(tmp_path / "steps")
+    assert runs == {"j": [(10.0, 0, None, 30), (100.0, 20, 20.0, 40)]}
+    assert progress_lost(tmp_path / "steps") == {"j": [10]}
+    resumed = "resumes from its checkpoint at progress {} of 100 on 1 GPU"
+    gone = "its agent restarted; the launcher of j was gone: it starts again from its checkpoint"
+    true = [(90.0, "resume", "j", resumed.format(20)), (50.0, "agent-restart", "i-1", gone),
+            (300.0, "agent-restart", "i-1", "its agent restarted; it adopted the running "
+             "launcher of j"),
+            (5.0, "agent-restart", "i-1", "it adopted the running launcher of j")]  # fmt: skip
+    assert false_events(true, runs) == []
+    false = [(90.0, "resume", "j", resumed.format(25)),
+             (99.0, "agent-restart", "i-1", "it adopted the running launcher of j"),
+             (200.0, "agent-restart", "i-1", gone)]  # fmt: skip
+    assert len(false_events(false, runs)) == 3

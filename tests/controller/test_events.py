@@ -231,3 +231,81 @@ def test_a_rescale_says_what_the_jobs_model_predicts_and_what_it_costs(tmp_path:
     assert re.search(r"its model predicts [\d.e+]+ -> [\d.e+]+ samples/s of goodput for "
                      r"[\d.e+-]+ -> [\d.e+-]+ USD/h", message), message  # fmt: skip
     store.close()
+
+
+def _stopped_then_placed_again(tmp_path: Path, reports: list[dict]) -> str:
+    """A job placed, stopped (no placement), then placed again, its trainer having sent
+    ``reports`` (progress fields) meanwhile: the resume event's message."""
+    import dataclasses
+
+    from autoscaler.controller.store import Store
+    from coadapt_common.clock import FakeClock
+    from emulators.reports import synthetic_report
+
+    clock = FakeClock()
+    store = Store.create(tmp_path / "store.db", "resume", clock)
+    spec = JobSubmission("job", 128, 1024, 128, 32, application="cifar10", command=("t.py",))
+    store.add_job(spec.name, spec.to_json())
+    store.add_instance(
+        instance_key="i-1", request_id="r-1", offering_key="fake/z/t/spot", provider="fake",
+        instance_type="t", zone="z", market="spot", gpu_type="T4", gpus=1,
+        price_usd_per_hour=0.5,
+    )  # fmt: skip
+    recorder = EventRecorder(store, clock)
+    store.set_assignments("job", {"i-1": 1})
+    recorder.observe()
+    for fields in reports:
+        base = synthetic_report(
+            "job", gpus=1, nodes=1, local_bsz=128, step_s=0.2, sync_s=0.0,
+            progress=fields["progress"], now_s=clock.now_s(), init_batch_size=128,
+        )  # fmt: skip
+        report = dataclasses.replace(base, **fields, target_progress=1000.0)
+        store.add_report("job", report.to_json())
+    store.set_assignments("job", {})
+    recorder.observe()
+    store.set_assignments("job", {"i-1": 1})
+    (resume,) = [e for e in recorder.observe() if e.kind is EventKind.RESUME]
+    store.close()
+    return resume.message
+
+
+def test_a_resume_claims_only_the_checkpoint_the_trainer_reported(tmp_path: Path) -> None:
+    """Issue 37, item 2: the event said "resumes from its checkpoint (progress 3336 of
+    12800)" for a job killed before it saved, which restarted near 424. It now names the
+    checkpoint the trainer's last report vouches for, and how much progress was lost."""
+    cases = [
+        # A clean stop: the final report comes after the stop checkpoint.
+        ([{"progress": 300.0, "checkpoint_progress": 300.0}], "from its checkpoint at progress "
+         "300 of 1000 on", None),
+        # Killed: its last checkpoint is older than its last report.
+        ([{"progress": 424.0, "checkpoint_progress": 424.0},
+          {"progress": 3336.0, "checkpoint_progress": 424.0}],
+         "from its checkpoint at progress 424 of 1000: its last report was at 3336, so at "
+         "least 2912 of progress is lost", None),
+        # No checkpoint at all: never "from its checkpoint".
+        ([{"progress": 3336.0}], "names no checkpoint: unless it saved one since, it starts "
+         "over (3336 of progress lost)", "from its checkpoint"),
+    ]  # fmt: skip
+    for i, (reports, said, never) in enumerate(cases):
+        message = _stopped_then_placed_again(tmp_path / str(i), reports)
+        assert said in message, message
+        if never is not None:
+            assert never not in message, message
+
+
+def test_a_report_cannot_claim_a_checkpoint_past_its_progress() -> None:
+    import pytest
+
+    from emulators.reports import synthetic_report
+    from trainer.errors import ReportSchemaError
+    from trainer.report import TrainerReport
+
+    base = synthetic_report(
+        "job", gpus=1, nodes=1, local_bsz=128, step_s=0.2, sync_s=0.0, progress=10.0,
+        now_s=0.0, init_batch_size=128,
+    ).to_dict()  # fmt: skip
+    for bad in (11.0, -1.0, "1", float("nan")):
+        with pytest.raises(ReportSchemaError):
+            TrainerReport.from_dict({**base, "checkpoint_progress": bad})
+    assert TrainerReport.from_dict({**base, "checkpoint_progress": 10.0}).checkpoint_progress == 10
+    assert TrainerReport.from_dict(base).checkpoint_progress is None  # an older trainer's

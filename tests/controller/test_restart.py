@@ -98,8 +98,37 @@ def test_after_a_restart_a_dead_agent_is_still_found_dead(tmp_path: Path) -> Non
     again = Controller(store, cloud.restarted(), clock, CONFIG)
     again.run_round()
     assert not store.list_instances(statuses=(InstanceStatus.TERMINATING,))
-    for _ in range(6):  # no agent ever calls again: 3 minutes past the restart
+    running = sorted(
+        r.instance_key for r in store.list_instances(statuses=(InstanceStatus.RUNNING,))
+    )
+    dead, alive = running[0], running[1:]
+    for _ in range(6):  # one agent never calls again: 3 minutes past the restart
         clock.advance(30.0)
+        for key in alive:
+            store.record_heartbeat(key, clock.now_s())
         again.run_round()
-    history = [h.reason for r in store.list_instances() for h in store.history(r.instance_key)]
-    assert "agent stopped heartbeating" in history
+    assert "agent stopped heartbeating" in [h.reason for h in store.history(dead)]
+    for key in alive:
+        assert "agent stopped heartbeating" not in [h.reason for h in store.history(key)]
+
+
+def test_after_a_restart_no_agent_heard_at_all_is_suspected_before_released(
+    tmp_path: Path,
+) -> None:
+    """Every agent silent at once (the controller's network, not the fleet, is the likelier
+    culprit: liveness.mass_silence): none is released within the hold, then one a round."""
+    store, cloud, clock, ctl = _world(tmp_path)
+    _settle(ctl, store, clock)
+    clock.advance(15 * 60.0)
+    started = clock.now_s()
+    again = Controller(store, cloud.restarted(), clock, CONFIG)
+    hold = CONFIG.reconcile.mass_silence_hold_s
+    while clock.now_s() - started < hold - 30:
+        report = again.run_round()
+        assert not report.actions.terminate
+        clock.advance(30.0)
+    released = 0
+    for _ in range(4):
+        clock.advance(30.0)
+        released += len(again.run_round().actions.terminate)
+    assert 1 <= released <= 4

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from coadapt_common.procfs import PROC_ROOT, read_proc_strings
-from tests.trainer.harness import EXAMPLE, Cluster, base_env, max_step, wait_until
+from tests.trainer.harness import EXAMPLE, Cluster, base_env, max_step, read_jsonl, wait_until
 from trainer.control import ExitKind, ExitMarker, RunDir
 from trainer.launch import Verdict, classify
 
@@ -200,3 +200,95 @@ def test_a_stop_while_the_workers_start_is_one_line_not_a_traceback(
     stops = [line for line in text.splitlines() if "torchrun stopped by signal" in line]
     killed = "exited with -15" in text  # the signal beat torchrun's handler: nothing to hide
     assert len(stops) == 1 or killed, text[-3000:]
+
+
+@pytest.mark.slow
+def test_a_second_stop_right_after_the_first_still_leaves_a_checkpoint(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Issue 37, item 2: the node agent and its instance both send SIGTERM, 33 ms apart. The
+    second one used to kill torchrun before the workers saved; it now waits out the grace
+    (``--shutdown-timeout-s``): the job stops with a checkpoint and resumes from it."""
+    ckpt, logs = tmp_path / "ckpt", tmp_path / "logs"
+    args = ["--checkpoint-uri", str(ckpt), str(EXAMPLE), "--epochs", "4", "--step-delay-s", "0.05"]
+    first = cluster.launch("first", ["--shutdown-timeout-s", "30", *args, "--log-dir", str(logs)])
+    wait_until(lambda: max_step(logs) >= 5, 120, "5 steps", first)
+    first.terminate()
+    time.sleep(0.033)
+    first.terminate()
+    assert first.wait(120) == 75, first.text()[-3000:]
+    text = first.text()
+    assert "again: already stopping" in text and "verdict: stopped" in text, text[-3000:]
+    assert "killing" not in text, text[-3000:]
+    # Its last report vouches for the stop checkpoint (what the controller's events say).
+    last = read_jsonl(tmp_path / "coadapt-reports")[-1]
+    assert last["checkpoint_progress"] == last["progress"] > 0, last
+    reached = max_step(logs)
+    second = cluster.launch("second", args)
+    assert second.wait(240) == 0, second.text()[-3000:]
+    lines = [line for line in second.text().splitlines() if "resumed from step" in line]
+    assert len(lines) == 1, second.text()[-3000:]
+    assert int(lines[0].split()[-1]) >= min(5, reached)
+
+
+@pytest.mark.slow
+def test_the_checkpoint_grace_is_bounded(cluster: Cluster, tmp_path: Path) -> None:
+    """Workers that cannot reach a safe point within ``--shutdown-timeout-s`` (a step of 8 s
+    here) are killed when it runs out, not waited for forever."""
+    logs = tmp_path / "logs"
+    launch = cluster.launch(
+        "slow",
+        ["--shutdown-timeout-s", "1", "--checkpoint-uri", str(tmp_path / "ckpt"), str(EXAMPLE),
+         "--epochs", "4", "--step-delay-s", "8", "--log-dir", str(logs)],
+    )  # fmt: skip
+    wait_until(lambda: max_step(logs) >= 1, 120, "1 step", launch)
+    launch.terminate()
+    stopped_at = time.monotonic()
+    rc = launch.wait(60)
+    assert time.monotonic() - stopped_at < 30, launch.text()[-3000:]
+    assert rc != 0, launch.text()[-3000:]
+    assert "did not checkpoint and stop within 1 s: killing them" in launch.text()
+
+
+@pytest.mark.slow
+def test_a_repeated_stop_with_no_worker_to_save_does_not_wait_out_the_grace(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """The other half of the checkpoint grace: a launch whose torchrun starts, or waits in a
+    rendezvous that no peer will join (its job moved on), has no worker, so nothing to
+    checkpoint; a repeated stop ends it at once instead of after ``--shutdown-timeout-s``."""
+    from trainer.launch import free_port
+
+    launch = cluster.launch(
+        "alone",
+        ["--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--shutdown-timeout-s",
+         "120", "--checkpoint-uri", str(tmp_path / "ckpt"), str(EXAMPLE), "--epochs", "1"],
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while "torch.distributed.run" not in " ".join(
+        b.decode(errors="replace") for b in _children_cmdlines(launch.proc.pid)
+    ):
+        assert time.monotonic() < deadline and launch.proc.poll() is None, launch.text()[-2000:]
+        time.sleep(0.2)
+    time.sleep(3.0)  # starting, or in the rendezvous waiting for a second node
+    launch.terminate()
+    time.sleep(0.033)
+    launch.terminate()
+    stopped_at = time.monotonic()
+    rc = launch.wait(60)
+    assert time.monotonic() - stopped_at < 30, launch.text()[-3000:]
+    assert rc == 75, launch.text()[-3000:]
+
+
+def _children_cmdlines(pid: int) -> list[bytes]:
+    """The command lines of ``pid``'s children."""
+    out = []
+    for entry in PROC_ROOT.iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid == pid:
+                out.extend(read_proc_strings(int(entry.name), "cmdline", settle=False))
+    return out
