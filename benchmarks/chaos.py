@@ -5,7 +5,7 @@
                                [--out FILE]
 
 ``coadapt up`` (local provider, its own process, loopback only) runs the three example jobs
-(``examples/jobs/*.yaml``: ``examples/elastic_mlp.py`` under the launcher, their epochs
+(``examples/jobs/mlp-*.yaml``: ``examples/elastic_mlp.py`` under the launcher, their epochs
 multiplied by ``--epochs-scale``, a checkpoint every ``--checkpoint-every-steps`` steps;
 ``--hidden`` and ``--sample-delay-s`` make them narrow, their per-sample work mostly a sleep, as
 an accelerator's would be, so that the soak loads the control plane and not the host); a job
@@ -154,7 +154,8 @@ class Soak:
         self.submitted: dict[str, str] = {}  # job name -> its example
         self.sampling = threading.Event()
         self.specs = {
-            path.stem: self._spec(path) for path in sorted((ROOT / "examples/jobs").glob("*.yaml"))
+            path.stem: self._spec(path)
+            for path in sorted((ROOT / "examples/jobs").glob("mlp-*.yaml"))  # elastic_mlp.py's
         }
 
     # ---- the cluster -------------------------------------------------------------------------
