@@ -58,8 +58,15 @@ def test_an_on_demand_job_never_lands_on_spot_on_the_local_fleet(
             time.sleep(0.05)
         assert ready, "the service did not come up"
         user = ApiClient(ready[0], load_tokens(state / "tokens.json").user, timeout_s=10)
-        user.submit_job(od)
+        # The unlimited job first, alone: the sizing buys it the cheapest, spot; then the
+        # limited one, which must get an on-demand instance beside it (not a slot on spot).
         user.submit_job(other)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if any(j.name == "any" and j.assignment for j in user.list_jobs()):
+                break
+            time.sleep(0.5)
+        user.submit_job(od)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             statuses = {j.name: str(j.status) for j in user.list_jobs()}
@@ -77,4 +84,4 @@ def test_an_on_demand_job_never_lands_on_spot_on_the_local_fleet(
         spans = store.assignment_history()
     held = {j: {market[s.instance_key] for s in spans if s.job_name == j} for j in ("od", "any")}
     assert held["od"] == {"on-demand"}, held
-    assert "spot" in held["any"], held  # the sizing put the other job on (cheaper) spot
+    assert "spot" in held["any"], held  # alone, the other job was put on (cheaper) spot
