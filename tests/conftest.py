@@ -30,7 +30,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     with workers (``-n``, files dealt out whole by ``--dist loadfile``) the long files start at
     once and the short ones fill in around them, and a module's fixtures are built once."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
-    items.sort(key=lambda item: item.path not in slow_files)
+    items.sort(key=lambda item: (item.path not in slow_files, _longest_rank(item.path)))
+
+
+LONGEST_FILES = (
+    "tests/trainer/test_lightning_e2e.py",
+    "tests/trainer/test_hf_e2e_local.py",
+    "tests/controller/test_chaos_bench.py",
+    "tests/trainer/test_lightning_integration.py",
+    "tests/trainer/test_hf_integration.py",
+)
+"""The files that take longest (minutes each, mostly waiting on real clusters and launches):
+dealt out first, so that none of them starts last on an otherwise idle machine (a fresh-clone
+``.ci/run`` once ended with the Lightning e2e test running alone for its last five minutes)."""
+
+
+def _longest_rank(path: Path) -> int:
+    rel = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path)
+    return LONGEST_FILES.index(rel) if rel in LONGEST_FILES else len(LONGEST_FILES)
 
 
 @pytest.fixture(scope="session")
