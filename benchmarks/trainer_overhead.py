@@ -328,6 +328,26 @@ def worker_throughput_hf(args: argparse.Namespace) -> None:
         Path(args.result).write_text(json.dumps(results))
 
 
+def paired_overhead(
+    base: list[float], ours: list[float], base_cpu: list[float], ours_cpu: list[float]
+) -> dict[str, Any]:
+    """The overhead figures of interleaved pairs, the same for every framework: per pair
+    ``1 - ours / base`` (steps/s) and ``ours_cpu / base_cpu - 1`` (CPU seconds per step);
+    ``overhead_frac`` / ``overhead_cpu_frac`` their medians, ``*_spread`` their interquartile
+    ranges, ``overhead_pairs`` the per-pair values in run order."""
+    overheads = sorted(1.0 - c / d for d, c in zip(base, ours, strict=True))
+    quartiles = statistics.quantiles(overheads, n=4) if len(overheads) >= 2 else [0, 0, 0]
+    cpu = sorted(c / d - 1.0 for d, c in zip(base_cpu, ours_cpu, strict=True))
+    cpu_quartiles = statistics.quantiles(cpu, n=4) if len(cpu) >= 2 else [0, 0, 0]
+    return {
+        "overhead_frac": statistics.median(overheads),
+        "overhead_spread": quartiles[2] - quartiles[0],
+        "overhead_pairs": [1.0 - c / d for d, c in zip(base, ours, strict=True)],
+        "overhead_cpu_frac": statistics.median(cpu),
+        "overhead_cpu_spread": cpu_quartiles[2] - cpu_quartiles[0],
+    }
+
+
 def measure_throughput_hf(
     args: argparse.Namespace, workdir: Path, *, calibrate: bool = False
 ) -> dict[str, Any]:
@@ -347,21 +367,13 @@ def measure_throughput_hf(
     subprocess.run(command, env=env, check=True, timeout=3600)
     data = json.loads(result.read_text())
     plain, ours = data["hf"], data["coadapt"]
-    overheads = sorted(1.0 - c / d for d, c in zip(plain, ours, strict=True))
-    quartiles = statistics.quantiles(overheads, n=4) if len(overheads) >= 2 else [0, 0, 0]
-    cpu = sorted(c / d - 1.0 for d, c in zip(data["hf_cpu"], data["coadapt_cpu"], strict=True))
-    cpu_quartiles = statistics.quantiles(cpu, n=4) if len(cpu) >= 2 else [0, 0, 0]
     return {
         "framework": "hf",
-        "overhead_cpu_frac": statistics.median(cpu),
-        "overhead_cpu_spread": cpu_quartiles[2] - cpu_quartiles[0],
+        **paired_overhead(plain, ours, data["hf_cpu"], data["coadapt_cpu"]),
         "framework_cpu_s_per_step": statistics.median(data["hf_cpu"]),
         "trainer_cpu_s_per_step": statistics.median(data["coadapt_cpu"]),
         "framework_steps_per_s": statistics.median(plain),
         "trainer_steps_per_s": statistics.median(ours),
-        "overhead_frac": statistics.median(overheads),
-        "overhead_spread": quartiles[2] - quartiles[0],
-        "overhead_pairs": [1.0 - c / d for d, c in zip(plain, ours, strict=True)],
         "framework_steps_per_s_pairs": plain,
         "trainer_steps_per_s_pairs": ours,
         "pairs": len(plain),
@@ -411,20 +423,12 @@ def measure_throughput(
     subprocess.run(command, env=env, check=True, timeout=1800)
     data = json.loads(result.read_text())
     ddp, ours = data["ddp"], data["coadapt"]
-    overheads = sorted(1.0 - c / d for d, c in zip(ddp, ours, strict=True))
-    quartiles = statistics.quantiles(overheads, n=4) if len(overheads) >= 2 else [0, 0, 0]
-    cpu = sorted(c / d - 1.0 for d, c in zip(data["ddp_cpu"], data["coadapt_cpu"], strict=True))
-    cpu_quartiles = statistics.quantiles(cpu, n=4) if len(cpu) >= 2 else [0, 0, 0]
     return {
-        "overhead_cpu_frac": statistics.median(cpu),
-        "overhead_cpu_spread": cpu_quartiles[2] - cpu_quartiles[0],
+        **paired_overhead(ddp, ours, data["ddp_cpu"], data["coadapt_cpu"]),
         "ddp_cpu_s_per_step": statistics.median(data["ddp_cpu"]),
         "trainer_cpu_s_per_step": statistics.median(data["coadapt_cpu"]),
         "ddp_steps_per_s": statistics.median(ddp),
         "trainer_steps_per_s": statistics.median(ours),
-        "overhead_frac": statistics.median(overheads),
-        "overhead_spread": quartiles[2] - quartiles[0],
-        "overhead_pairs": [1.0 - c / d for d, c in zip(ddp, ours, strict=True)],
         "ddp_steps_per_s_pairs": ddp,
         "trainer_steps_per_s_pairs": ours,
         "pairs": len(ddp),
@@ -537,21 +541,16 @@ def measure_lightning_throughput(
                 runs[key].append(run)
     alone = [r["steps_per_s"] for r in runs["alone"]]
     ours = [r["steps_per_s"] for r in runs["other"]]
-    overheads = sorted(1.0 - c / d for d, c in zip(alone, ours, strict=True))
-    quartiles = statistics.quantiles(overheads, n=4) if len(overheads) >= 2 else [0, 0, 0]
-    cpu = sorted(
-        c["cpu_s_per_step"] / d["cpu_s_per_step"] - 1.0
-        for d, c in zip(runs["alone"], runs["other"], strict=True)
+    stats = paired_overhead(
+        alone,
+        ours,
+        [r["cpu_s_per_step"] for r in runs["alone"]],
+        [r["cpu_s_per_step"] for r in runs["other"]],
     )
-    cpu_quartiles = statistics.quantiles(cpu, n=4) if len(cpu) >= 2 else [0, 0, 0]
     return {
         "lightning_steps_per_s": statistics.median(alone),
         "lightning_coadapt_steps_per_s": statistics.median(ours),
-        "lightning_overhead_frac": statistics.median(overheads),
-        "lightning_overhead_spread": quartiles[2] - quartiles[0],
-        "lightning_overhead_pairs": [1.0 - c / d for d, c in zip(alone, ours, strict=True)],
-        "lightning_overhead_cpu_frac": statistics.median(cpu),
-        "lightning_overhead_cpu_spread": cpu_quartiles[2] - cpu_quartiles[0],
+        **{f"lightning_{key}": value for key, value in stats.items()},
         "lightning_pairs": len(alone),
         "lightning_steps_per_fit": args.steps,
     }
