@@ -151,3 +151,15 @@ def iter_micro_records(log_dir: Path) -> Iterator[dict[str, Any]]:
     for record in read_jsonl(log_dir):
         if "event" not in record:
             yield record
+
+
+def load_example(path: Path) -> Any:
+    """The example script at ``path`` imported as a module (``<stem>_example``), for its argument
+    parser and model builders."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"{path.stem}_example", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -18,8 +18,8 @@ import torch
 from tests.trainer.harness import (
     EXAMPLE,
     Cluster,
-    base_env,
     iter_micro_records,
+    load_example,
     max_step,
     read_jsonl,
     wait_until,
@@ -34,20 +34,6 @@ pytestmark = pytest.mark.slow
 LAUNCH_TIMEOUT_S = 120
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path, base_env())
-    yield c
-    c.close()
-
-
-def _example_module():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("elastic_mlp_example", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 # --------------------------------------------------------------------------------------------
@@ -130,7 +116,7 @@ def test_resume_across_world_sizes_sees_each_sample_once_and_matches_uninterrupt
             position += len(expected)
 
     # Uninterrupted reference with plain torch over the same global batches.
-    ex = _example_module()
+    ex = load_example(EXAMPLE)
     dataset = ex.SyntheticRegression(n, 8, noise_std=0.5, seed=seed + 1, dtype=torch.float64)
     model = ex.build_model(8, 16, seed, torch.float64)
     model.load_state_dict(torch.load(p0))
@@ -191,7 +177,7 @@ def test_gradient_noise_matches_the_analytic_value(
     )  # fmt: skip
     assert launch.wait(LAUNCH_TIMEOUT_S) == ExitCode.DONE, launch.text()[-3000:]
 
-    ex = _example_module()
+    ex = load_example(EXAMPLE)
     dataset = ex.SyntheticRegression(n, dim, noise_std=0.5, seed=seed + 1, dtype=torch.float64)
     # lr = 0: the parameters stay at w0, so the true statistics are fixed and exactly known
     # for this finite dataset (batches are drawn without replacement from it).

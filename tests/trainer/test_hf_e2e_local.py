@@ -44,8 +44,9 @@ pytest.importorskip("transformers")
 
 import itertools
 
+from tests.trainer.harness import load_example
 from tests.trainer.test_hf_integration import (
-    _example_module,
+    HF_EXAMPLE,
     _reference_weights,
     _steps_of,
 )
@@ -223,7 +224,7 @@ local_batch_size: {{max: 128}}
     events = [r for r in read_jsonl(logs) if "event" in r]
     assert any(e["event"] == "stopped" for e in events)
     reference = _reference_weights(
-        _example_module(), N, SEQ, SEED, LR, M0,
+        load_example(HF_EXAMPLE), N, SEQ, SEED, LR, M0,
         declared_length(
             max_steps=-1, num_train_epochs=EPOCHS, num_samples=N, initial_batch_size=M0
         ).schedule_steps,

@@ -26,8 +26,8 @@ import torch
 from tests.trainer.harness import (
     ROOT,
     Cluster,
-    base_env,
     iter_micro_records,
+    load_example,
     max_step,
     read_jsonl,
     wait_until,
@@ -45,14 +45,6 @@ from trainer.integrations.hf import CoadaptTrainer, declared_length  # noqa: E40
 HF_EXAMPLE = ROOT / "examples" / "hf_classifier.py"
 LAUNCH_TIMEOUT_S = 180
 
-
-def _example_module():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("hf_classifier_example", HF_EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 # --------------------------------------------------------------------------------------------
@@ -103,7 +95,7 @@ def test_standalone_trainer_declares_its_length_and_reports_like_our_loop(
     monkeypatch.setenv("COADAPT_REPORT_FILE", str(reports_file))
     monkeypatch.setenv("COADAPT_CHECKPOINT_URI", str(tmp_path / "ckpt"))
     monkeypatch.setenv("COADAPT_JOB_ID", "hf-inprocess")
-    ex = _example_module()
+    ex = load_example(HF_EXAMPLE)
     dataset = ex.SyntheticText(96, 12, seed=1)
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path / "out"),
@@ -151,7 +143,7 @@ def test_trainer_keeps_given_optimizer_declares_fractional_epochs_and_evaluates_
     reports_file = tmp_path / "reports.jsonl"
     monkeypatch.setenv("COADAPT_REPORT_FILE", str(reports_file))
     monkeypatch.setenv("COADAPT_CHECKPOINT_URI", str(tmp_path / "ckpt"))
-    ex = _example_module()
+    ex = load_example(HF_EXAMPLE)
     dataset = ex.SyntheticText(96, 12, seed=1)
     model = ex.build_model(0, torch.float32)
     sgd = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -186,12 +178,6 @@ def test_trainer_keeps_given_optimizer_declares_fractional_epochs_and_evaluates_
 # Real launches: stop (SIGTERM, notice, controller), exact resume at other world sizes, a
 # batch change without restart, the LR rule, final weights against a plain loop.
 
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path, base_env())
-    yield c
-    c.close()
 
 
 @pytest.fixture
@@ -352,7 +338,7 @@ def test_hf_job_stops_resumes_exactly_and_takes_the_controllers_batch(
     assert final_report.target_progress == pytest.approx(epochs * n / m0)
     assert final_report.done and is_done(final_report.progress, final_report.target_progress)
 
-    ex = _example_module()
+    ex = load_example(HF_EXAMPLE)
     reference = _reference_weights(
         ex, n, seq_len, seed, lr, m0, declared_length(
             max_steps=-1, num_train_epochs=epochs, num_samples=n, initial_batch_size=m0
@@ -432,5 +418,5 @@ def test_the_hf_example_spec_runs_the_hf_example_under_the_launcher() -> None:
     config = launch.parse_args(launch_argv(assignment, controller_url=None)[3:])
     assert config.script == "examples/hf_classifier.py"
     launch.preflight(config, cwd=str(ROOT))
-    args = _example_module().parse_args(list(config.script_args))
+    args = load_example(HF_EXAMPLE).parse_args(list(config.script_args))
     assert args.per_device_batch * args.accum == spec.init_batch_size

@@ -7,7 +7,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,13 +15,6 @@ from coadapt_common.procfs import PROC_ROOT, read_proc_strings
 from tests.trainer.harness import EXAMPLE, Cluster, base_env, max_step, read_jsonl, wait_until
 from trainer.control import ExitKind, ExitMarker, RunDir
 from trainer.launch import Verdict, classify
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path, base_env())
-    yield c
-    c.close()
 
 
 def launch_fast(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,8 +20,8 @@ import torch
 from tests.trainer.harness import (
     ROOT,
     Cluster,
-    base_env,
     iter_micro_records,
+    load_example,
     max_step,
     read_jsonl,
     wait_until,
@@ -38,20 +37,6 @@ EXAMPLE = ROOT / "examples" / "lightning_classifier.py"
 LAUNCH_TIMEOUT_S = 180
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path, base_env())
-    yield c
-    c.close()
-
-
-def _example_module():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("lightning_classifier_example", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 # --------------------------------------------------------------------------------------------
@@ -191,7 +176,7 @@ def test_stop_and_resume_at_new_world_sizes_is_exact(cluster: Cluster, tmp_path:
 
     # Uninterrupted reference with plain torch over the same global batches (the batch is the
     # initial one throughout: the scaling rule's factor is 1).
-    ex = _example_module()
+    ex = load_example(EXAMPLE)
     args = ex.parse_args(["--num-samples", str(n), "--seed", str(seed), "--dtype", "float64",
                           "--lr", "0.05", "--lr-step", "7"])  # fmt: skip
     dataset, model = ex.build(args)
