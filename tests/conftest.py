@@ -69,6 +69,18 @@ def jobs_tmp_path() -> Iterator[Path]:
 
 
 @pytest.fixture(autouse=True)
+def _umask_restored() -> Iterator[None]:
+    """Each test ends with the worker's umask as it began: ``coadapt up`` and ``down`` set
+    077 for their process, and a test that runs them in-process (typer's runner) would leave
+    it to the next test in the same worker (whose files, a job's script included, would then
+    be unreadable by an isolated job's user)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    yield
+    os.umask(mask)
+
+
+@pytest.fixture(autouse=True)
 def _aws_adapter_calls_stay_declared():
     """Every test that drives the AWS adapter (through ``emulators.aws_moto.make_provider``)
     holds it to the operations its IAM policy grants (``providers.aws.permissions``)."""

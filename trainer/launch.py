@@ -408,6 +408,7 @@ class Launcher:
         self._signalled = 0
         self._first_signal: int | None = None
         self._stop_asked_at: float | None = None  # monotonic, the first stop request
+        self._told: set[tuple[int, str | None]] = set()  # workers this launcher signalled
         self._proc: subprocess.Popen[bytes] | None = None
         self._run_dir: Path | None = None
         self._failure: tuple[object, ...] = ()
@@ -431,6 +432,7 @@ class Launcher:
                 # only exiting, and _wait ends torchrun. Signalling now would only make them
                 # die by SIGTERM and torchrun print a ChildFailedError for a job that is over.
                 logger.info("signal %d: the workers have already finished", signum)
+                self._told.update(RunDir(self._run_dir).pids() if self._run_dir else [])
                 return
             logger.warning(
                 "signal %d: asking the workers to checkpoint and stop (they have %d s)",
@@ -440,6 +442,7 @@ class Launcher:
             # Straight to the workers when all have registered: they stop at an agreed step and
             # exit 0, and torchrun ends cleanly. Otherwise through torchrun, which forwards it.
             pids = RunDir(self._run_dir).pids() if self._run_dir else []
+            self._told.update(pids)
             if len(pids) >= self.config.nproc_per_node and _signal_all(pids, signal.SIGTERM):
                 return
             proc.send_signal(signal.SIGTERM)
@@ -624,6 +627,8 @@ class Launcher:
                 return proc.wait(timeout=0.05)
             except subprocess.TimeoutExpired:
                 pass
+            if self._signalled:
+                self._tell_late_workers()
             if self._signalled and self._stopping_for_s() > self.config.shutdown_timeout_s:
                 logger.warning(
                     "the workers did not checkpoint and stop within %d s: killing them",
@@ -656,6 +661,17 @@ class Launcher:
                 proc.kill()
                 proc.wait()
                 return 0 if ExitKind.FAILED not in kinds else 1
+
+    def _tell_late_workers(self) -> None:
+        """After a stop, SIGTERM each worker that registered since: one that torchrun was
+        starting when the stop came may never be signalled by torchrun (its handler can run before it
+        holds the new workers' handles), and would otherwise train on to the end."""
+        if self._run_dir is None:
+            return
+        late = [p for p in RunDir(self._run_dir).pids() if p not in self._told]
+        if late:
+            self._told.update(late)
+            _signal_all(late, signal.SIGTERM)
 
     def _all_done(self) -> bool:
         """Every local worker has written a DONE marker (it may still be exiting)."""

@@ -89,6 +89,7 @@ def test_failed_job_cause_logs_follow_and_down_after_a_killed_up(tmp_path: Path)
     state = tmp_path / "cluster"
     script = tmp_path / "load_data.py"
     script.write_text(FAILING_SCRIPT)
+    script.chmod(0o644)  # as root the job runs as its own user: readable whatever the umask
     spec = tmp_path / "broken.yaml"
     spec.write_text(
         f"name: broken\ncommand: [{script}]\ngpus: {{min: 1, max: 1}}\n"
