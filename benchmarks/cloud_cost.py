@@ -38,9 +38,9 @@ GPUs, provisioning, minimum billing); ``per_application`` splits the rest by app
 ``cost_usd`` attributed to its jobs' GPUs, and ``jct_share_s``, its jobs' JCTs over all jobs,
 so that the applications' costs plus ``idle_usd`` make ``cost_usd`` and their shares make
 ``mean_jct_s``. ``floor_usd`` and ``floor_at_jct_usd`` are the run's cost floors
-(:mod:`autoscaler.floor`): the least any fleet buying from the experiment's whole menu (every
-strategy's offerings, :func:`~autoscaler.sim.experiments.experiment_menu`) could have paid for
-the same work, (a) with no time limit and (b) every job finishing by its time in this run;
+(:mod:`autoscaler.analysis.floor`): the least any fleet buying from the experiment's whole menu
+(every strategy's offerings, :func:`~autoscaler.sim.experiments.experiment_menu`) could have paid
+for the same work, (a) with no time limit and (b) every job finishing by its time in this run;
 ``cost_over_floor`` is ``cost_usd`` over (b), also per application (its attributed USD over
 its jobs' share of (b)); ``per_workload`` adds the seconds each floor took
 (``floor_wall_s``); ``--no-floor`` skips them (null: a quicker look). ``--workloads N`` runs
@@ -60,7 +60,7 @@ from the run's cost ledger: 0 when the limits held).
 every ``--min-efficiency`` knob instead, and writes ``{"experiment", "lengths", "knobs",
 "frontier": {"<strategy>": [{"knob", "cost_usd", "mean_jct_s", "p99_jct_s", "preemptions",
 "per_workload"}, ...]}, "frontier_checks": ...}``: each strategy's cost-time points, and, when
-``coadapt`` ran beside another strategy, :func:`autoscaler.frontier.check_frontiers` of
+``coadapt`` ran beside another strategy, :func:`autoscaler.analysis.frontier.check_frontiers` of
 ``coadapt`` against the others (E3's acceptance on frontiers: at every other fleet's point
 within coadapt's mean-JCT range coadapt's frontier costs less; it reaches a lower mean JCT; its
 cheapest point is no dearer), printed too. ``coadapt cost report FILE --format html`` plots it.
@@ -82,11 +82,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a scri
 
 import numpy as np
 
-from autoscaler.costs import CostRecord, job_costs, summarize
-from autoscaler.floor import cost_floor
-from autoscaler.frontier import check_frontiers, points_from_json
-from autoscaler.jobs import OfferingRef, offering_allowed
-from autoscaler.policy import make_policy
+from autoscaler.accounting.costs import CostRecord, job_costs, summarize
+from autoscaler.analysis.floor import cost_floor
+from autoscaler.analysis.frontier import check_frontiers, points_from_json
+from autoscaler.decide.jobs import OfferingRef, offering_allowed
+from autoscaler.decide.policy import make_policy
+from autoscaler.decide.sizing import SizingConfig
 from autoscaler.sim.config import SimConfig
 from autoscaler.sim.engine import Simulator
 from autoscaler.sim.experiments import (
@@ -101,7 +102,6 @@ from autoscaler.sim.experiments import (
 from autoscaler.sim.floor_inputs import floor_problem
 from autoscaler.sim.runner import paper_workloads
 from autoscaler.sim.workload import load_workload
-from autoscaler.sizing import SizingConfig
 from benchmarks.argtypes import positive_float, positive_int
 from coadapt_common.atomic import write_json_atomic
 
@@ -166,7 +166,7 @@ def _one(task: _Run) -> dict:
     for cost in job_costs(result.cost):
         per_app[application[cost.job_id]]["cost_usd"] += cost.cost_usd
     # The least any fleet on the experiment's whole menu (every strategy's offerings) could
-    # have paid for the same work (autoscaler/floor.py): (a) with no time limit, (b) every
+    # have paid for the same work (autoscaler/analysis/floor.py): (a) with no time limit, (b) every
     # job by its finish time here.
     t_floor = time.perf_counter()
     floor = None

@@ -42,10 +42,10 @@ from autoscaler.controller.lifecycle import InstanceStatus
 from autoscaler.controller.loop import Controller, ControllerConfig
 from autoscaler.controller.reconcile import ReconcileConfig
 from autoscaler.controller.store import JobStatus, Store
+from autoscaler.decide.sizing import SizingConfig
+from autoscaler.model.traces import load_app
 from autoscaler.sim.runner import paper_workloads
 from autoscaler.sim.workload import load_workload
-from autoscaler.sizing import SizingConfig
-from autoscaler.traces import load_app
 from coadapt_common.atomic import write_json_atomic
 from coadapt_common.clock import FakeClock
 from emulators.reports import synthetic_report

@@ -8,7 +8,7 @@ and seed, from a cold start (no previous population, so both sizes start alike),
 plan it returns. Crowded rounds (``--load 1.0 --arrival-scale 2 --min-jobs 30``) are the hard
 case: there the score also counts the jobs left waiting (``mean_waiting_jobs``).
 
-The score is the fitness the module docstring of :mod:`autoscaler.policy.pollux` defines,
+The score is the fitness the module docstring of :mod:`autoscaler.decide.policy.pollux` defines,
 evaluated here from public pieces only (each job's :meth:`GoodputModel.optimize`, the restart
 factor, :func:`power_mean`), on the same scale as the policy's internal fitness (speedups times
 nodes / GPUs). Prints JSON: per population, the mean best fitness over rounds and seeds, the
@@ -35,9 +35,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autoscaler.jobs import ClusterView, JobView, Plan, RoundInput
-from autoscaler.policy.base import Decision
-from autoscaler.policy.pollux import PolluxOptions, PolluxPolicy, PolluxState, power_mean
+from autoscaler.decide.jobs import ClusterView, JobView, Plan, RoundInput
+from autoscaler.decide.policy.base import Decision
+from autoscaler.decide.policy.pollux import PolluxOptions, PolluxPolicy, PolluxState, power_mean
 from autoscaler.sim.config import SimConfig
 from autoscaler.sim.engine import simulate
 from autoscaler.sim.runner import paper_workloads

@@ -1,4 +1,5 @@
-"""The goodput model batched across jobs (:mod:`autoscaler.goodput_batch`): speed and fit quality.
+"""The goodput model batched across jobs (:mod:`autoscaler.model.goodput_batch`): speed and fit
+quality.
 
 Workloads (all seeded, ``--seed``):
 
@@ -13,7 +14,7 @@ Workloads (all seeded, ``--seed``):
   random: a cold fit; then every job gets one more row and is refitted warm from its cold fit.
 * ``fit_many`` quality: per application and profile size (1, 2, 3, 5, 8, 16, 32 rows drawn at
   random, like a job's online profile), ``--cases`` profiles, fitted by
-  :func:`autoscaler.goodput.fit_perf_params` and by ``fit_perf_params_many``. Both objectives
+  :func:`autoscaler.model.goodput.fit_perf_params` and by ``fit_perf_params_many``. Both objectives
   are evaluated by ``fit_objective_many``; ``objective_rel_gap`` is ``(batched - scalar) /
   scalar`` (negative: the batched fit is better); a case is within the bar when the gap is at
   most 1% or the absolute difference at most 1e-4. ``mape_delta_by_app`` is, per application,
@@ -49,7 +50,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autoscaler.goodput import (
+from autoscaler.model.goodput import (
     BatchLimits,
     GoodputModel,
     GradParams,
@@ -57,13 +58,13 @@ from autoscaler.goodput import (
     ProfileSample,
     fit_perf_params,
 )
-from autoscaler.goodput_batch import (
+from autoscaler.model.goodput_batch import (
     JobArrays,
     fit_objective_many,
     fit_perf_params_many,
     optimize_many,
 )
-from autoscaler.traces import APPLICATIONS, AppTrace, ThroughputRow, load_app
+from autoscaler.model.traces import APPLICATIONS, AppTrace, ThroughputRow, load_app
 from benchmarks.goodput_fit import to_sample
 from coadapt_common.atomic import write_json_atomic
 

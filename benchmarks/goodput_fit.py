@@ -11,8 +11,8 @@ fit, and the best-config search time per allocation vectorised over 1,000 alloca
 
 ``--form`` picks the growth of the gradient-sync term with the GPU count ``K``:
 
-* ``log2`` (default): ``alpha + beta * log2(K)``, the form :mod:`autoscaler.goodput` ships,
-  fitted with :func:`autoscaler.goodput.fit_perf_params` itself;
+* ``log2`` (default): ``alpha + beta * log2(K)``, the form :mod:`autoscaler.model.goodput` ships,
+  fitted with :func:`autoscaler.model.goodput.fit_perf_params` itself;
 * ``linear``: the Pollux paper's ``alpha + beta * (K - 2)``;
 * ``sqrt``: ``alpha + beta * sqrt(K)``.
 
@@ -38,14 +38,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autoscaler.goodput import (
+from autoscaler.model.goodput import (
     BatchLimits,
     GoodputModel,
     GradParams,
     ProfileSample,
     fit_perf_params,
 )
-from autoscaler.traces import APPLICATIONS, ThroughputRow, load_app
+from autoscaler.model.traces import APPLICATIONS, ThroughputRow, load_app
 from coadapt_common.atomic import write_json_atomic
 
 
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         "--fitter",
         choices=["production", "generic"],
         default="production",
-        help="log2 only: fit with autoscaler.goodput (production) or this script's fit_form",
+        help="log2 only: fit with autoscaler.model.goodput (production) or this script's fit_form",
     )
     args = ap.parse_args(argv)
     fitter = "generic" if args.form != "log2" else args.fitter

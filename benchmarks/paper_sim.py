@@ -70,7 +70,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autoscaler.jobs import PolicyName
+from autoscaler.decide.jobs import PolicyName
 from autoscaler.sim.config import SimConfig
 from autoscaler.sim.results import SimResult
 from autoscaler.sim.runner import (
@@ -140,8 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         args.option = _options(args.option)
     except ValueError as e:
         parser.error(str(e))
+    from autoscaler.decide.policy import make_policy
     from autoscaler.errors import AutoscalerError
-    from autoscaler.policy import make_policy
 
     for policy, options in args.option.items():  # a bad option fails here, not in a worker
         try:
@@ -198,9 +198,9 @@ def _run(args: argparse.Namespace, scratch: Path) -> int:
     files = workload_files(args.workloads) if args.workloads else paper_workloads(args.load)
     cluster = None
     if args.cluster is not None:
-        from autoscaler.gputypes import default_speed_table
+        from autoscaler.model.gputypes import default_speed_table
+        from autoscaler.model.traces import APPLICATIONS
         from autoscaler.sim.cluster import load_cluster
-        from autoscaler.traces import APPLICATIONS
 
         cluster = load_cluster(
             args.cluster, speeds=default_speed_table(), applications=APPLICATIONS

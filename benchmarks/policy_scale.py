@@ -26,7 +26,7 @@ Measured, per size and policy, on one core (``OPENBLAS_NUM_THREADS=1``): the med
 ``decide``, and the median of three *rounds with refits*: in each, every running job reports
 one new configuration (the trainers' measurements, samples and gradient statistics, are
 synthesised before the clock starts: they are not the round's work), the
-:class:`~autoscaler.fitting.ModelBook` takes them and refits all of them (together,
+:class:`~autoscaler.model.fitting.ModelBook` takes them and refits all of them (together,
 warm-started), the job views and their models are rebuilt and the policy decides. Each (size,
 variant, policy) runs in its own process, whose peak RSS is reported. Pollux is skipped at a
 size once a round there has taken more than ``--pollux-limit-s`` (60 s), and at every larger
@@ -62,15 +62,15 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autoscaler.fitting import ModelBook
-from autoscaler.goodput import BatchLimits, GoodputModel, GradParams, ProfileSample
-from autoscaler.gputypes import default_speed_table
-from autoscaler.jobs import Allocation, ClusterView, JobView, NodeView, RoundInput
-from autoscaler.policy import make_policy
+from autoscaler.decide.jobs import Allocation, ClusterView, JobView, NodeView, RoundInput
+from autoscaler.decide.policy import make_policy
+from autoscaler.model.fitting import ModelBook
+from autoscaler.model.goodput import BatchLimits, GoodputModel, GradParams, ProfileSample
+from autoscaler.model.gputypes import default_speed_table
+from autoscaler.model.traces import AppTrace, load_app
 from autoscaler.sim.cluster import NodeGroup, TypeSpeed, uniform_cluster
 from autoscaler.sim.runner import paper_workloads
 from autoscaler.sim.workload import load_workload
-from autoscaler.traces import AppTrace, load_app
 from coadapt_common.atomic import write_json_atomic
 
 JOBS = {64: 160, 256: 400, 1024: 1000, 2048: 2000}

@@ -16,7 +16,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from autoscaler.cli import app
+from autoscaler.cli.main import app
 
 MARKUP = re.compile(r":(class|func|mod|meth|data|attr):|`")
 
@@ -202,7 +202,7 @@ def _job(name: str, status: str, retries: int = 0, reason: str | None = None) ->
 def test_status_says_why_a_job_failed_or_was_refused_in_one_line_each(capsys) -> None:
     """``coadapt status`` as it renders a store's jobs at 80 columns: a failed or refused job's
     reason on one line under the table, a retried job's last failure, nothing for the rest."""
-    from autoscaler.cli_cluster import _render_status
+    from autoscaler.cli.cluster import _render_status
 
     cause = "exit status 1: RuntimeError: the dataset at /nowhere/data is missing"
     jobs = [

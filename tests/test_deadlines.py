@@ -1,5 +1,5 @@
 """Deadlines: the spec's field, its check at submission, the shared rules
-(:mod:`autoscaler.deadlines`), the uniform-progress baseline, the sizing's reservation and
+(:mod:`autoscaler.decide.deadlines`), the uniform-progress baseline, the sizing's reservation and
 the controller's warning."""
 
 from __future__ import annotations
@@ -19,20 +19,20 @@ from autoscaler.controller.jobs import (
     submission_deadline,
 )
 from autoscaler.controller.jobspec import JobSpecError, parse_job_spec
-from autoscaler.deadlines import (
+from autoscaler.decide.deadlines import (
     assess,
     goodput_curves,
     required_rate,
     time_left_s,
     uniform_progress_ahead,
 )
+from autoscaler.decide.fleet import FleetView
+from autoscaler.decide.jobs import Allocation, ClusterView, JobView
+from autoscaler.decide.sizing import FleetOption, JobDemand, SizingConfig, size_fleet
+from autoscaler.decide.strategies import GoodputSizing, UniformProgress, demands_of
 from autoscaler.errors import InvalidInputError
-from autoscaler.fleet import FleetView
-from autoscaler.goodput import BatchLimits, GoodputModel, GradParams, PerfParams
-from autoscaler.gputypes import default_speed_table
-from autoscaler.jobs import Allocation, ClusterView, JobView
-from autoscaler.sizing import FleetOption, JobDemand, SizingConfig, size_fleet
-from autoscaler.strategies import GoodputSizing, UniformProgress, demands_of
+from autoscaler.model.goodput import BatchLimits, GoodputModel, GradParams, PerfParams
+from autoscaler.model.gputypes import default_speed_table
 
 SPEC = "name: j\ncommand: train.py\nbatch_size: {initial: 8, max: 8}\nlocal_batch_size: {max: 8}\n"
 

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from autoscaler.cli import app
+from autoscaler.cli.main import app
 from autoscaler.controller.api import generate_tokens, make_app, serve
+from autoscaler.controller.deploy import OUTPUTS, load_deployment, render_root
 from autoscaler.controller.store import Store
-from autoscaler.deploy import OUTPUTS, load_deployment, render_root
 from autoscaler.errors import InvalidInputError
 from coadapt_common.clock import FakeClock
 from providers.base import Market

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from autoscaler.errors import InvalidInputError
-from autoscaler.fitting import ModelBook
-from autoscaler.goodput import ProfileSample, fit_perf_params, predict_step_time_s
-from autoscaler.traces import load_app
+from autoscaler.model.fitting import ModelBook
+from autoscaler.model.goodput import ProfileSample, fit_perf_params, predict_step_time_s
+from autoscaler.model.traces import load_app
 
 
 def samples(app: str = "cifar10", count: int = 6) -> list[ProfileSample]:

@@ -1,4 +1,4 @@
-"""The cost floor (autoscaler/floor.py): the linear program against brute force on small
+"""The cost floor (autoscaler/analysis/floor.py): the linear program against brute force on small
 generated cases, floor (a) against (b), the relaxations' edges."""
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoscaler.errors import InvalidInputError
-from autoscaler.floor import (
+from autoscaler.analysis.floor import (
     FloorConfig,
     FloorError,
     FloorJob,
@@ -21,6 +20,7 @@ from autoscaler.floor import (
     StepSeries,
     cost_floor,
 )
+from autoscaler.errors import InvalidInputError
 
 SLOT = 100.0
 

@@ -1,4 +1,5 @@
-"""Cost-time frontiers (autoscaler.frontier): the Pareto set, the interpolation, the checks."""
+"""Cost-time frontiers (autoscaler.analysis.frontier): the Pareto set, the interpolation, the
+checks."""
 
 from __future__ import annotations
 
@@ -6,8 +7,14 @@ import json
 
 import pytest
 
+from autoscaler.analysis.frontier import (
+    FrontierPoint,
+    check_frontiers,
+    cost_at,
+    pareto,
+    points_from_json,
+)
 from autoscaler.errors import InvalidInputError
-from autoscaler.frontier import FrontierPoint, check_frontiers, cost_at, pareto, points_from_json
 
 
 def P(knob: float, cost: float, jct: float) -> FrontierPoint:

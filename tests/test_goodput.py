@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from autoscaler.errors import InvalidInputError
-from autoscaler.goodput import (
+from autoscaler.model.goodput import (
     BatchLimits,
     GoodputModel,
     GradParams,
@@ -21,8 +21,8 @@ from autoscaler.goodput import (
     fit_perf_params,
     lr_scale,
 )
-from autoscaler.speedup import SpeedupCache, SpeedupTable
-from autoscaler.traces import APPLICATIONS, load_app
+from autoscaler.model.speedup import SpeedupCache, SpeedupTable
+from autoscaler.model.traces import APPLICATIONS, load_app
 from coadapt_common.errors import CoadaptError
 
 positive = st.floats(min_value=1e-4, max_value=1e4, allow_nan=False, allow_infinity=False)

@@ -1,5 +1,6 @@
 # ruff: noqa: E402
-"""The goodput model batched across jobs (autoscaler.goodput_batch) against the per-job model."""
+"""The goodput model batched across jobs (autoscaler.model.goodput_batch) against the per-job
+model."""
 
 from __future__ import annotations
 
@@ -23,10 +24,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import autoscaler.goodput as goodput
-import autoscaler.goodput_batch as gb
+import autoscaler.model.goodput as goodput
+import autoscaler.model.goodput_batch as gb
 from autoscaler.errors import InvalidInputError
-from autoscaler.goodput import (
+from autoscaler.model.goodput import (
     BatchLimits,
     GoodputModel,
     GradParams,
@@ -35,13 +36,13 @@ from autoscaler.goodput import (
     default_prior,
     fit_perf_params,
 )
-from autoscaler.goodput_batch import (
+from autoscaler.model.goodput_batch import (
     JobArrays,
     fit_objective_many,
     fit_perf_params_many,
     optimize_many,
 )
-from autoscaler.traces import APPLICATIONS, AppTrace, ThroughputRow, load_app
+from autoscaler.model.traces import APPLICATIONS, AppTrace, ThroughputRow, load_app
 
 
 def test_constants_are_those_of_the_scalar_model() -> None:

@@ -1,4 +1,5 @@
-"""``benchmarks/goodput_fit.py --form``: the sync-form comparison cited in autoscaler.goodput."""
+"""``benchmarks/goodput_fit.py --form``: the sync-form comparison cited in
+autoscaler.model.goodput."""
 
 from __future__ import annotations
 

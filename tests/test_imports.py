@@ -317,7 +317,10 @@ def test_the_graph_sees_the_real_edges() -> None:
     edges = {(e.source, e.target) for m in modules.values() for e in m.edges}
     assert ("providers.local", "coadapt_common.procfs") in edges
     assert ("trainer.api", "trainer.stepping") in edges
-    assert ("autoscaler.policy", "autoscaler.policy.pollux") in edges  # lazy, function-level
+    assert (
+        "autoscaler.decide.policy",
+        "autoscaler.decide.policy.pollux",
+    ) in edges  # lazy, function-level
     assert ("tests.trainer.test_launch_support", "tests.trainer.harness") in edges  # relative
     assert len(modules) > 100
 
@@ -364,7 +367,7 @@ CLEAN = {
     "coadapt_common/__init__.py": "",
     "coadapt_common/clock.py": "import time\n",
     "autoscaler/__init__.py": "",
-    "autoscaler/jobs.py": "from coadapt_common.clock import time\n",
+    "autoscaler/decide/jobs.py": "from coadapt_common.clock import time\n",
     "providers/__init__.py": "",
     "providers/base.py": "from coadapt_common import clock\n",
     "providers/local_agent.py": "import os\n",
@@ -377,9 +380,9 @@ def test_checker_passes_a_clean_tree(tmp_path: Path) -> None:
 
 
 def test_checker_flags_a_forbidden_import(tmp_path: Path) -> None:
-    root = _tree(tmp_path, {**CLEAN, "providers/base.py": "import autoscaler.jobs\n"})
+    root = _tree(tmp_path, {**CLEAN, "providers/base.py": "import autoscaler.decide.jobs\n"})
     assert check(root) == [
-        "providers/base.py:1: providers.base imports autoscaler.jobs (the decision plane)"
+        "providers/base.py:1: providers.base imports autoscaler.decide.jobs (the decision plane)"
     ]
 
 
@@ -435,13 +438,16 @@ def test_checker_flags_a_package_init_cycle(tmp_path: Path) -> None:
         tmp_path,
         {
             **CLEAN,
-            "autoscaler/policy/__init__.py": "def make():\n    from autoscaler.policy import p\n",
-            "autoscaler/policy/p.py": "from autoscaler.policy import make\n",
+            "autoscaler/decide/policy/__init__.py": (
+                "def make():\n    from autoscaler.decide.policy import p\n"
+            ),
+            "autoscaler/decide/policy/p.py": "from autoscaler.decide.policy import make\n",
         },
     )
     assert check(root) == [
-        "import cycle autoscaler.policy -> autoscaler.policy.p -> autoscaler.policy "
-        "(imports at autoscaler/policy/__init__.py:2, autoscaler/policy/p.py:1)"
+        "import cycle autoscaler.decide.policy -> autoscaler.decide.policy.p -> "
+        "autoscaler.decide.policy (imports at autoscaler/decide/policy/__init__.py:2, "
+        "autoscaler/decide/policy/p.py:1)"
     ]
 
 

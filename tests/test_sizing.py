@@ -1,4 +1,4 @@
-"""Goodput-per-dollar fleet sizing (autoscaler.sizing): literal fleets, the budget, markets,
+"""Goodput-per-dollar fleet sizing (autoscaler.decide.sizing): literal fleets, the budget, markets,
 GPU types, hysteresis, and value curves from real goodput models."""
 
 from __future__ import annotations
@@ -11,9 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoscaler.errors import InvalidInputError
-from autoscaler.gputypes import default_speed_table
-from autoscaler.sizing import (
+from autoscaler.decide.sizing import (
     FleetOption,
     JobDemand,
     SizingConfig,
@@ -25,6 +23,8 @@ from autoscaler.sizing import (
     modelled_value,
     size_fleet,
 )
+from autoscaler.errors import InvalidInputError
+from autoscaler.model.gputypes import default_speed_table
 from tests.policy.conftest import model, view
 
 SPEEDS = default_speed_table()
@@ -311,7 +311,7 @@ def test_the_fill_memo_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     are the same with the fill memo as without it."""
     import random
 
-    from autoscaler.sizing import _Allocation
+    from autoscaler.decide.sizing import _Allocation
 
     rng = random.Random(3)
     kinds = [("T4", 4), ("T4", 1), ("A100", 8)]

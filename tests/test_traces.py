@@ -1,4 +1,4 @@
-"""Tests for autoscaler.traces: loading, interpolation rules and malformed-file errors."""
+"""Tests for autoscaler.model.traces: loading, interpolation rules and malformed-file errors."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autoscaler.errors import InvalidInputError, TraceFormatError
-from autoscaler.traces import (
+from autoscaler.model.traces import (
     APPLICATIONS,
     DATA_DIR_ENV,
     AppTrace,
@@ -158,7 +158,7 @@ def test_vectorised_step_times_are_the_scalar_ones(
     """``step_times_s`` (the cost floor's envelope uses it) gives exactly the numbers of
     ``step_time_s`` at every batch: below, inside and above the measured range, on the
     reference traces and on the derived or measured speeds of other GPU types."""
-    from autoscaler.gputypes import default_speed_table
+    from autoscaler.model.gputypes import default_speed_table
     from autoscaler.sim.cluster import DEFAULT_INSTANCE, INTERCONNECTS, NodeGroup, TypeSpeed
 
     app = load_app(name)

@@ -664,8 +664,8 @@ class Launcher:
 
     def _tell_late_workers(self) -> None:
         """After a stop, SIGTERM each worker that registered since: one that torchrun was
-        starting when the stop came may never be signalled by torchrun (its handler can run before it
-        holds the new workers' handles), and would otherwise train on to the end."""
+        starting when the stop came may never be signalled by torchrun (its handler can run before
+        it holds the new workers' handles), and would otherwise train on to the end."""
         if self._run_dir is None:
             return
         late = [p for p in RunDir(self._run_dir).pids() if p not in self._told]

@@ -5,7 +5,7 @@ to the controller (``POST {controller_url}`` + :func:`report_path`) or, in stand
 appends it as one JSON line to a local file. The controller answers with a :class:`ReportReply`.
 Both sides import this module; it must never import torch (the controller does not have it).
 
-Conventions shared with ``autoscaler.goodput``:
+Conventions shared with ``autoscaler.model.goodput``:
 
 * Gradient statistics are expressed at the job's *initial* (total) batch size ``M0``:
   ``grad_sqr`` = |G|^2, the squared norm of the true gradient, and ``grad_var`` = the trace of the

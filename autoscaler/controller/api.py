@@ -167,6 +167,7 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound, Reque
 from werkzeug.routing import Map, Rule
 from werkzeug.wrappers import Request, Response
 
+from autoscaler.accounting.dashboard import PAGE
 from autoscaler.controller.client import (
     DEFAULT_JOBS_PAGE,
     MAX_JOBS_PAGE,
@@ -193,7 +194,6 @@ from autoscaler.controller.credentials import (
     load_token,
     load_tokens,
 )
-from autoscaler.controller.dashboard import PAGE
 from autoscaler.controller.errors import (
     DuplicateRowError,
     StaleVersionError,
@@ -405,7 +405,7 @@ class ApiApp:
         request.max_content_length = self.max_body_bytes
         if request.method == "GET" and request.path.rstrip("/") == "/dashboard":
             # The page holds no data: its script calls the API with the user token from the
-            # URL fragment (autoscaler/controller/dashboard.py).
+            # URL fragment (autoscaler/accounting/dashboard.py).
             page = Response(PAGE, content_type="text/html; charset=utf-8")
             page.headers["Cache-Control"] = "no-store"
             page.headers["Content-Security-Policy"] = (

@@ -51,8 +51,8 @@ from autoscaler.controller.store import (
     JobStatus,
     Store,
 )
+from autoscaler.decide.jobs import JobView
 from autoscaler.errors import InvalidInputError
-from autoscaler.jobs import JobView
 from coadapt_common.clock import Clock
 
 __all__ = ["WARNING_KINDS", "Event", "EventKind", "EventRecorder", "format_event"]

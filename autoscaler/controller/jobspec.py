@@ -28,7 +28,7 @@ field                     value                                                d
 ``checkpoint``            a local path, ``file://``, ``s3://BUCKET[/PREFIX]``  none
                           or ``gs://BUCKET[/PREFIX]``
 ``gpu_types``             non-empty list of distinct names of                  none (any)
-                          :data:`~autoscaler.gputypes.KNOWN_GPU_TYPES`: the
+                          :data:`~autoscaler.model.gputypes.KNOWN_GPU_TYPES`: the
                           job runs only on GPUs of these types
 ``markets``               non-empty list of distinct ``spot``, ``on-demand``:  none (any)
                           the job runs only on instances of these markets
@@ -69,10 +69,10 @@ field paths, ``gpus.min``; the API's its field names, ``min_gpus``).
 :class:`~autoscaler.controller.jobs.JobSubmission` the controller stores and schedules, with
 every field of the spec. Every policy and the fleet sizing honour the GPU bounds, and place
 the job only on instances of a GPU type, market and offering it allows
-(:meth:`~autoscaler.jobs.JobView.allows_node`, one rule for all of them; offering keys are
-compared as :class:`~autoscaler.jobs.OfferingRef` parts, in the format
-``provider/instance_type/zone/market`` of :attr:`~autoscaler.jobs.OfferingRef.key`); a job no
-fleet the controller may build could ever run (:mod:`autoscaler.bounds`: no offering of a
+(:meth:`~autoscaler.decide.jobs.JobView.allows_node`, one rule for all of them; offering keys are
+compared as :class:`~autoscaler.decide.jobs.OfferingRef` parts, in the format
+``provider/instance_type/zone/market`` of :attr:`~autoscaler.decide.jobs.OfferingRef.key`); a job no
+fleet the controller may build could ever run (:mod:`autoscaler.decide.bounds`: no offering of a
 type, market and offering it allows, or too few GPUs) is ``refused`` with the reason.
 
 **Removed fields.** ``optimizer``, ``weight`` and ``budget_share`` were accepted and ignored

@@ -9,7 +9,7 @@ One :meth:`Controller.run_round`:
    decided: the controller never acts on a partial view.
 2. **decide**: each job is admitted first (:meth:`Controller._admit`): a job whose stored
    spec no longer passes is failed with the reason; a queued job that no fleet this
-   controller may build could ever hold (:func:`autoscaler.bounds.refusal`) is ``refused``
+   controller may build could ever hold (:func:`autoscaler.decide.bounds.refusal`) is ``refused``
    with the reason, and waits for the user; a job whose trainer reported it finished keeps
    the GPUs it holds, untouched, until its processes exit. Each job's view carries its
    remaining work from the length its script declared (the trainer's own rule) and its spec's
@@ -53,7 +53,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Final, TypeVar
 
-from autoscaler.bounds import PoolCapacity, refusal
 from autoscaler.controller.errors import RoundError, StaleVersionError, UnknownFleetError
 from autoscaler.controller.events import DEADLINE_REASON
 from autoscaler.controller.jobs import MAX_JOB_GPUS, JobBook, JobSubmission
@@ -69,11 +68,10 @@ from autoscaler.controller.reconcile import (
     reconcile,
 )
 from autoscaler.controller.store import InstanceRow, JobRow, JobStatus, Store
-from autoscaler.deadlines import fastest_finish_s, time_left_s
-from autoscaler.errors import InvalidInputError
-from autoscaler.fleet import FleetStrategy, FleetView
-from autoscaler.gputypes import default_speed_table
-from autoscaler.jobs import (
+from autoscaler.decide.bounds import PoolCapacity, refusal
+from autoscaler.decide.deadlines import fastest_finish_s, time_left_s
+from autoscaler.decide.fleet import FleetStrategy, FleetView
+from autoscaler.decide.jobs import (
     Allocation,
     BatchChoice,
     ClusterView,
@@ -84,11 +82,13 @@ from autoscaler.jobs import (
     Plan,
     RoundInput,
 )
-from autoscaler.policy import make_policy
-from autoscaler.policy.base import Decision, Policy
-from autoscaler.pricing import band_hazard_per_hour, instance_cost_usd, load_hazard_model
-from autoscaler.sizing import FleetOption, SizingConfig
-from autoscaler.strategies import FixedFleet, GoodputSizing
+from autoscaler.decide.policy import make_policy
+from autoscaler.decide.policy.base import Decision, Policy
+from autoscaler.decide.sizing import FleetOption, SizingConfig
+from autoscaler.decide.strategies import FixedFleet, GoodputSizing
+from autoscaler.errors import InvalidInputError
+from autoscaler.market.pricing import band_hazard_per_hour, instance_cost_usd, load_hazard_model
+from autoscaler.model.gputypes import default_speed_table
 from coadapt_common.clock import Clock
 from providers.base import Instance, InstanceState, LaunchRequest, Offering, Provider
 from providers.capacity import UnavailableOfferings
@@ -580,7 +580,7 @@ class Controller:
         return decision.plan
 
     def _check_plan(self, round_input: RoundInput, plan: Plan) -> None:
-        """The policy's plan holds (:meth:`~autoscaler.jobs.Plan.validate`: known nodes, none
+        """The policy's plan holds (:meth:`~autoscaler.decide.jobs.Plan.validate`: known nodes, none
         over-allocated, a batch for every running job, within each job's GPU bounds, one GPU
         type per job for a type-aware policy, interference avoidance when asked); a plan
         that does not is never acted on (:class:`InvalidInputError`, isolated as a policy
@@ -985,7 +985,7 @@ class Controller:
     def _terminated(self, row: InstanceRow, reason: str) -> InstanceRow:
         """``row`` -> ``terminated``, and what it cost from when it was first seen running to
         now, at its price (per-second billing with the provider minimum,
-        :func:`~autoscaler.pricing.instance_cost_usd`), into the store's cost records."""
+        :func:`~autoscaler.market.pricing.instance_cost_usd`), into the store's cost records."""
         new = self.store.transition(
             row.instance_key, row.version, InstanceStatus.TERMINATED, reason=reason
         )

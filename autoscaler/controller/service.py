@@ -116,9 +116,9 @@ from autoscaler.controller.loop import (
 from autoscaler.controller.ratelimit import RequestLimits
 from autoscaler.controller.reconcile import ReconcileConfig
 from autoscaler.controller.store import InstanceRow, JobStatus, Store
+from autoscaler.decide.sizing import SizingConfig
+from autoscaler.decide.strategies import FixedFleet
 from autoscaler.errors import InvalidInputError
-from autoscaler.sizing import SizingConfig
-from autoscaler.strategies import FixedFleet
 from coadapt_common.atomic import write_json_atomic
 from coadapt_common.clock import Clock, SystemClock
 from coadapt_common.diskspace import DEFAULT_MIN_FREE_BYTES, free_bytes, is_disk_full
@@ -860,7 +860,7 @@ def _checkpoint_root(value: str | None) -> str | None:
 def agent_main(argv: list[str] | None = None) -> int:
     """``coadapt agent``: one instance's agent (see :class:`~autoscaler.controller.agent.
     AgentRunner`) until SIGTERM/SIGINT, then every job stops with a checkpoint and nothing is
-    left running. Users meet it as ``coadapt agent --help`` (:func:`autoscaler.cli_cluster.
+    left running. Users meet it as ``coadapt agent --help`` (:func:`autoscaler.cli.cluster.
     agent`, which explains every option); this parser is the launcher's own entry."""
     p = argparse.ArgumentParser(
         prog="coadapt agent",

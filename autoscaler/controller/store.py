@@ -40,8 +40,8 @@ Money
     Prices (``*_usd_per_hour``) and amounts (``usd``) are stored as SQLite REAL, which is an
     IEEE-754 double and round-trips a Python float bit for bit: nothing is rounded when
     written. Totals are summed in Python with ``math.fsum`` (not SQL ``SUM``), and dollars are
-    rounded to the cent only when reported, with :func:`autoscaler.costs.usd_to_cents` — the
-    cost ledger's rule, so the store and the ledger give the same figures.
+    rounded to the cent only when reported, with :func:`autoscaler.accounting.costs.usd_to_cents` —
+    the cost ledger's rule, so the store and the ledger give the same figures.
 
 Schema versions
     :data:`MIGRATIONS` lists the forward migrations in order, ``MIGRATIONS[n]`` taking a store

@@ -12,7 +12,7 @@ a simulated cloud (:class:`~autoscaler.sim.world.CloudWorld`) built from a
   instance) or a replayed availability trace (the pool's capacity over time: launches above
   it fail with a capacity error, and when it drops below the instances held, the newest are
   preempted), each announced by the provider's notice (AWS 120 s, GCP 30 s);
-- the fleet strategy the controller runs (:mod:`autoscaler.strategies`);
+- the fleet strategy the controller runs (:mod:`autoscaler.decide.strategies`);
 - ``provisioning_delay_s`` (default 2 min for GPU VMs; billed: the VM runs while it boots),
   checkpoints every ``checkpoint_interval_s`` of running (and at every planned stop) taking
   ``checkpoint_write_s`` (a job on a preempted instance loses nothing but the restart when
@@ -31,9 +31,9 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
+from autoscaler.decide.fleet import FleetStrategy, FleetView
+from autoscaler.decide.jobs import OfferingRef
 from autoscaler.errors import AutoscalerError, InvalidInputError
-from autoscaler.fleet import FleetStrategy, FleetView
-from autoscaler.jobs import OfferingRef
 from autoscaler.sim.cluster import NodeGroup
 
 __all__ = [

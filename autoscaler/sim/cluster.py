@@ -13,13 +13,13 @@ must give) its interconnect.
 
 **True speed of a type** (what the simulator replays; policies never see it). Where an
 application has measured files for the type (``placements-<gpu>.csv``, see
-:func:`autoscaler.traces.load_app`), they are used as they are. Otherwise the speed is derived
+:func:`autoscaler.model.traces.load_app`), they are used as they are. Otherwise the speed is derived
 from the T4 traces — the model below (the instances' links and the floor of the sync factors
-are in :mod:`autoscaler.interconnects`, which the policies' type estimates share):
+are in :mod:`autoscaler.model.interconnects`, which the policies' type estimates share):
 
 - compute (step - sync) at a per-GPU batch = the T4 trace's compute at that batch and the same
   node and GPU counts, divided by the application's single-GPU speed ratio from
-  ``speed_vs_t4.csv`` (:meth:`~autoscaler.gputypes.SpeedTable.model_speed`);
+  ``speed_vs_t4.csv`` (:meth:`~autoscaler.model.gputypes.SpeedTable.model_speed`);
 - sync on one node = the T4 trace's one-node sync at ``min(GPUs, 4)`` GPUs (a T4 node holds 4;
   a ring all-reduce's bandwidth term saturates in the GPU count) x ``16 / intra_gbytes_per_s``
   (PCIe 3.0 x16 of the g4dn.12xlarge the traces ran on vs the instance's GPU link);
@@ -42,9 +42,10 @@ from typing import Any
 
 import numpy as np
 
+from autoscaler.decide.jobs import NodeView, OfferingRef
 from autoscaler.errors import InvalidInputError, TraceFormatError
-from autoscaler.gputypes import KNOWN_GPU_TYPES, REFERENCE_GPU_TYPE, SpeedTable
-from autoscaler.interconnects import (
+from autoscaler.model.gputypes import KNOWN_GPU_TYPES, REFERENCE_GPU_TYPE, SpeedTable
+from autoscaler.model.interconnects import (
     DEFAULT_INSTANCE,
     INTERCONNECTS,
     MIN_SYNC_FACTOR,
@@ -53,8 +54,7 @@ from autoscaler.interconnects import (
     Interconnect,
     sync_factor,
 )
-from autoscaler.jobs import NodeView, OfferingRef
-from autoscaler.traces import AppTrace, has_type_traces, load_app
+from autoscaler.model.traces import AppTrace, has_type_traces, load_app
 
 __all__ = [
     "DEFAULT_INSTANCE",

@@ -10,18 +10,18 @@ planned batch, read back from the store): a new set of GPUs is a relaunch that c
 start pays the delay too), a new batch on the same GPUs is applied without one. The world
 replaces what is outside the product: the clock, the cloud
 (:class:`~providers.fake.FakeProvider`; a fixed cluster is a fleet the controller holds with
-:class:`~autoscaler.strategies.FixedFleet`, brought up before time 0; cloud mode is
+:class:`~autoscaler.decide.strategies.FixedFleet`, brought up before time 0; cloud mode is
 :class:`~autoscaler.sim.world.CloudWorld`), the agents (heartbeats, exits) and the trainers,
 which replay the traces:
 
 - a job's true iteration time at its placement and micro-batch comes from
-  :meth:`~autoscaler.traces.AppTrace.step_time_s` (plus one compute time per extra accumulation
-  step), slowed by ``interference`` when it spans nodes and shares a node with another
+  :meth:`~autoscaler.model.traces.AppTrace.step_time_s` (plus one compute time per extra
+  accumulation step), slowed by ``interference`` when it spans nodes and shares a node with another
   multi-node job; on several GPU types (only type-unaware baselines do that) it runs at its
   slowest type's pace;
 - its statistical progress, in initial-batch-size iterations, grows by the true AdaScale gain of
   its total batch at its current progress per iteration
-  (:meth:`~autoscaler.traces.AppTrace.progress_curve`);
+  (:meth:`~autoscaler.model.traces.AppTrace.progress_curve`);
 - at the end of each round it ran, its trainer sends the same
   :class:`~trainer.report.TrainerReport` a real one sends, stored as the API stores it: the
   configurations of its launch with their true times, its gradient statistics (the true ones
@@ -54,26 +54,26 @@ from pathlib import Path
 from autoscaler.controller.errors import RoundError
 from autoscaler.controller.jobs import JobSubmission
 from autoscaler.controller.store import JobStatus
-from autoscaler.errors import AutoscalerError, InvalidInputError
-from autoscaler.goodput import (
-    BatchLimits,
-    GradParams,
-)
-from autoscaler.gputypes import SpeedTable, default_speed_table
-from autoscaler.jobs import (
+from autoscaler.decide.jobs import (
     Allocation,
     BatchChoice,
     JobSpec,
     Oracle,
     fixed_batch_choice,
 )
-from autoscaler.policy.base import Policy
+from autoscaler.decide.policy.base import Policy
+from autoscaler.decide.strategies import FixedFleet
+from autoscaler.errors import AutoscalerError, InvalidInputError
+from autoscaler.model.goodput import (
+    BatchLimits,
+    GradParams,
+)
+from autoscaler.model.gputypes import SpeedTable, default_speed_table
+from autoscaler.model.traces import AppTrace, load_app
 from autoscaler.sim.cluster import NodeGroup, TypeSpeed
 from autoscaler.sim.config import SimConfig
 from autoscaler.sim.results import JobResult, RoundStats, SimResult
 from autoscaler.sim.world import CloudWorld, World, WorldConfig, fixed_offering, pool_key
-from autoscaler.strategies import FixedFleet
-from autoscaler.traces import AppTrace, load_app
 from providers.base import Offering
 from trainer.report import (
     BatchConfig,
@@ -224,7 +224,7 @@ class Simulator:
 
     def _fixed_world(self) -> World:
         """The product's controller over a static fleet: one on-demand offering per node
-        group, held at the group's count by :class:`~autoscaler.strategies.FixedFleet`."""
+        group, held at the group's count by :class:`~autoscaler.decide.strategies.FixedFleet`."""
         offerings: list[Offering] = []
         counts: dict[str, int] = {}
         types: set[str] = set()

@@ -1,6 +1,6 @@
 """The cloud experiments: which offerings, traces, strategies and policies each one uses.
 
-Offerings come from the shipped catalogue (:func:`autoscaler.pricing.load_catalog`, real
+Offerings come from the shipped catalogue (:func:`autoscaler.market.pricing.load_catalog`, real
 AWS prices with their dates), all in one zone, ``us-east-1`` / ``use1-az1`` (the zone with
 spot prices for every instance type used):
 
@@ -9,7 +9,7 @@ spot prices for every instance type used):
   applied to each g4dn offering on its own);
 - ``p3.16xlarge`` (8 x V100): spot capacity replays the Bamboo p3 trace;
 - ``p4d.24xlarge`` (8 x A100, E3 only): no trace; spot preemptions at the Spot Advisor band's
-  hazard (:class:`autoscaler.pricing.SpotHazardModel`), seeded.
+  hazard (:class:`autoscaler.market.pricing.SpotHazardModel`), seeded.
 
 Spot prices are constant at the catalogue's price, or (``spot_prices="stochastic"``) a seeded
 mean-reverting walk around it, capped at the on-demand price. Every
@@ -20,7 +20,7 @@ minimum.
 E1 and E2 offer the same instance types; the baselines use only what they are defined on
 (below), the coadapt strategies all of them.
 
-Strategies (see :mod:`autoscaler.strategies` for the rules):
+Strategies (see :mod:`autoscaler.decide.strategies` for the rules):
 
 ========================  ============================================  ========
 name                      fleet                                          policy
@@ -58,9 +58,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autoscaler.decide.jobs import JobSpec
+from autoscaler.decide.sizing import SizingConfig
+from autoscaler.decide.strategies import (
+    FixedFleet,
+    GoodputSizing,
+    PerJobCheapest,
+    UniformProgress,
+    UtilityBand,
+)
 from autoscaler.errors import InvalidInputError
-from autoscaler.jobs import JobSpec
-from autoscaler.pricing import (
+from autoscaler.market.pricing import (
     AvailabilityTrace,
     Catalog,
     ConstantPrice,
@@ -74,14 +82,6 @@ from autoscaler.pricing import (
 )
 from autoscaler.sim.cloud import CloudConfig, CloudOffering, FleetStrategy, PreemptionModel
 from autoscaler.sim.cluster import INTERCONNECTS
-from autoscaler.sizing import SizingConfig
-from autoscaler.strategies import (
-    FixedFleet,
-    GoodputSizing,
-    PerJobCheapest,
-    UniformProgress,
-    UtilityBand,
-)
 
 __all__ = [
     "EXPERIMENTS",
@@ -317,8 +317,8 @@ def build_run(
 ) -> CloudRun:
     """The :class:`CloudRun` of ``strategy`` in ``experiment`` (see the module docstring).
     ``spot_prices``: ``"constant"`` (the catalogue's) or ``"stochastic"``
-    (:class:`~autoscaler.pricing.StochasticSpotPrice` around it, capped at on-demand, seeded by
-    ``seed`` and the offering)."""
+    (:class:`~autoscaler.market.pricing.StochasticSpotPrice` around it, capped at on-demand, seeded
+    by ``seed`` and the offering)."""
     if spot_prices not in ("constant", "stochastic"):
         raise InvalidInputError(f"unknown spot price model {spot_prices!r}", field="spot_prices")
     if experiment not in EXPERIMENTS:

@@ -1,8 +1,8 @@
-"""What the cost floor (:mod:`autoscaler.floor`) needs from a simulated cloud run, from the
+"""What the cost floor (:mod:`autoscaler.analysis.floor`) needs from a simulated cloud run, from the
 simulator's own truth.
 
 :func:`floor_problem` turns a run (its jobs, its :class:`~autoscaler.sim.results.SimResult`)
-into a :class:`~autoscaler.floor.FloorProblem`:
+into a :class:`~autoscaler.analysis.floor.FloorProblem`:
 
 - **work**: each job's target progress (what the simulator's "done" rule waits for), split
   into ``segments`` ordered segments of whole epochs;
@@ -45,8 +45,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from autoscaler.costs import job_costs, summarize
-from autoscaler.floor import (
+from autoscaler.accounting.costs import job_costs, summarize
+from autoscaler.analysis.floor import (
     FloorConfig,
     FloorJob,
     FloorOffering,
@@ -55,12 +55,12 @@ from autoscaler.floor import (
     cost_floor,
     floor_summary,
 )
-from autoscaler.gputypes import default_speed_table
-from autoscaler.jobs import JobSpec
+from autoscaler.decide.jobs import JobSpec
+from autoscaler.model.gputypes import default_speed_table
+from autoscaler.model.traces import AppTrace, even_placement, load_app
 from autoscaler.sim.cloud import CloudOffering
 from autoscaler.sim.cluster import NodeGroup, TypeSpeed
 from autoscaler.sim.results import SimResult
-from autoscaler.traces import AppTrace, even_placement, load_app
 
 __all__ = ["DEFAULT_SEGMENTS", "floor_problem", "goodput_envelope", "run_floor"]
 
@@ -88,7 +88,7 @@ def _progress_rate(
 ) -> tuple[tuple[float, ...], np.ndarray]:
     """(work per segment, ``rate[k, M]``): the most progress one real iteration at total batch
     ``M`` makes anywhere in segment ``k`` (``M`` = 0 .. ``max_batch``; row 0 unused), cell by
-    cell as the simulator's :class:`~autoscaler.traces.ProgressCurve` credits it."""
+    cell as the simulator's :class:`~autoscaler.model.traces.ProgressCurve` credits it."""
     from pathlib import Path
 
     app = load_app(app_name, traces_dir=Path(traces_root) if traces_root else None)
@@ -280,10 +280,10 @@ def run_floor(
     *,
     offerings: Sequence[CloudOffering] | None = None,
 ) -> dict[str, object]:
-    """The floors of a cloud run next to its bill (:func:`~autoscaler.floor.floor_summary`):
-    what :attr:`SimResult.floor <autoscaler.sim.results.SimResult.floor>` and the results
-    JSON carry, and ``coadapt cost report`` shows. ``offerings``: as in
-    :func:`floor_problem`."""
+    """The floors of a cloud run next to its bill
+    (:func:`~autoscaler.analysis.floor.floor_summary`): what :attr:`SimResult.floor
+    <autoscaler.sim.results.SimResult.floor>` and the results JSON carry, and ``coadapt cost
+    report`` shows. ``offerings``: as in :func:`floor_problem`."""
     if result.cost is None:
         raise ValueError("the cost floor needs a cloud run (SimConfig.cloud)")
     problem = floor_problem(specs, result, offerings=offerings)

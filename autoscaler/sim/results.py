@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from autoscaler.costs import CostRecord, record_to_json
+from autoscaler.accounting.costs import CostRecord, record_to_json
 from autoscaler.sim.config import SimConfig
 from coadapt_common.atomic import write_json_atomic
 

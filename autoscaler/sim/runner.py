@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autoscaler.decide.jobs import PolicyName
 from autoscaler.errors import InvalidInputError
-from autoscaler.jobs import PolicyName
+from autoscaler.model.traces import data_root
 from autoscaler.sim.config import SimConfig
 from autoscaler.sim.engine import simulate
 from autoscaler.sim.results import SimResult
 from autoscaler.sim.workload import load_workload
-from autoscaler.traces import data_root
 
 __all__ = [
     "PAPER_LOADS",
@@ -42,7 +42,7 @@ __all__ = [
 
 _THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
-#: The paper's job loads and the folder (under :func:`~autoscaler.traces.data_root`) of each.
+#: The paper's job loads and the folder (under :func:`~autoscaler.model.traces.data_root`) of each.
 PAPER_LOADS: dict[str, str] = {"1.0": "workloads", "0.5": "workloads-0.5"}
 
 
@@ -71,7 +71,7 @@ def run_one(
     spec: RunSpec, *, on_round: Callable[[float, int, int], None] | None = None
 ) -> SimResult:
     """Run one task in this process."""
-    from autoscaler.policy import make_policy
+    from autoscaler.decide.policy import make_policy
 
     workload = load_workload(spec.workload)
     policy = make_policy(spec.policy, seed=spec.config.seed, **dict(spec.policy_options))

@@ -17,9 +17,9 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from autoscaler.decide.jobs import JobSpec
 from autoscaler.errors import InvalidInputError, TraceFormatError
-from autoscaler.jobs import JobSpec
-from autoscaler.traces import APPLICATIONS, parse_float, parse_int, read_csv_rows
+from autoscaler.model.traces import APPLICATIONS, parse_float, parse_int, read_csv_rows
 
 __all__ = [
     "WORKLOAD_COLUMNS",

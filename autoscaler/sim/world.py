@@ -29,16 +29,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from autoscaler.accounting.costs import CostLedger, CostRecord
 from autoscaler.controller.jobs import JobSubmission, submission_deadline
 from autoscaler.controller.lifecycle import InstanceStatus
 from autoscaler.controller.loop import Controller, ControllerConfig, RoundReport
 from autoscaler.controller.reconcile import ReconcileConfig
 from autoscaler.controller.store import JobBatch, Store
-from autoscaler.costs import CostLedger, CostRecord
+from autoscaler.decide.fleet import FleetStrategy, FleetView
+from autoscaler.decide.jobs import Allocation, BatchChoice, Oracle
+from autoscaler.decide.policy.base import Policy
 from autoscaler.errors import InvalidInputError
-from autoscaler.fleet import FleetStrategy, FleetView
-from autoscaler.jobs import Allocation, BatchChoice, Oracle
-from autoscaler.policy.base import Policy
 from autoscaler.sim.cloud import BudgetExceededError, CloudConfig, CloudOffering
 from coadapt_common.clock import FakeClock
 from providers.base import Market, Offering
@@ -261,8 +261,8 @@ class CloudWorld(World):
     spot preemptions from each offering's model (a replayed availability trace: capacity set
     on the pool and the newest instances above it preempted; or a hazard: one time per
     instance), each announced ``notice_s`` ahead through the provider's interruption notices;
-    and the bill: a :class:`~autoscaler.costs.CostLedger` of every instance from its launch
-    to its end at the price in effect, per-second with the provider's minimum (what the cloud
+    and the bill: a :class:`~autoscaler.accounting.costs.CostLedger` of every instance from its
+    launch to its end at the price in effect, per-second with the provider's minimum (what the cloud
     charges, kept by the world, not by the controller)."""
 
     def __init__(
@@ -516,7 +516,7 @@ def _offering(o: CloudOffering) -> Offering:
 
 @dataclass
 class _RefKeyed:
-    """A simulation's fleet strategy, configured with :class:`~autoscaler.jobs.OfferingRef`
+    """A simulation's fleet strategy, configured with :class:`~autoscaler.decide.jobs.OfferingRef`
     keys (``provider/type/zone/market``), in front of a controller that speaks the
     provider's pool keys (``provider/zone/type/market``): the view's keys are translated for
     it and its counts back."""

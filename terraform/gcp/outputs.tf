@@ -1,4 +1,4 @@
-# The outputs `coadapt deploy gcp` records in <state>/deploy.json (autoscaler/deploy.py,
+# The outputs `coadapt deploy gcp` records in <state>/deploy.json (autoscaler/controller/deploy.py,
 # OUTPUTS["gcp"]) and the CLI reads.
 
 output "cluster_id" {

@@ -9,7 +9,7 @@ from autoscaler.controller.jobs import JobSubmission
 from autoscaler.controller.loop import Controller, ControllerConfig
 from autoscaler.controller.reconcile import ReconcileConfig
 from autoscaler.controller.store import Store
-from autoscaler.sizing import SizingConfig
+from autoscaler.decide.sizing import SizingConfig
 from coadapt_common.clock import FakeClock
 from providers.fake import FakeProvider
 

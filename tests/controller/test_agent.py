@@ -105,7 +105,7 @@ def test_the_stop_graces_nest() -> None:
     # coadapt agent --stop-grace-s: the same default, bounded.
     import inspect
 
-    from autoscaler import cli_cluster
+    from autoscaler.cli import cluster as cli_cluster
     from autoscaler.controller.service import agent_main
 
     assert inspect.signature(cli_cluster.agent).parameters["stop_grace_s"].default == STOP_GRACE_S

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from autoscaler.controller.billing import IDLE, job_costs
+from autoscaler.accounting.billing import IDLE, job_costs
 from autoscaler.controller.jobs import JobSubmission
 from autoscaler.controller.store import AssignmentSpan, CostRecordRow
 from tests.controller.fakes import fake_controller
@@ -44,10 +44,10 @@ def test_the_cost_report_over_a_controller_store_lists_jobs_and_instances(tmp_pa
     the total equals the store's own cost records (price x billed life) to the cent."""
     from typer.testing import CliRunner
 
-    from autoscaler.cli import app
-    from autoscaler.controller.billing import cost_record_from_store
+    from autoscaler.accounting.billing import cost_record_from_store
+    from autoscaler.accounting.costs import summarize
+    from autoscaler.cli.main import app
     from autoscaler.controller.lifecycle import InstanceStatus
-    from autoscaler.costs import summarize
 
     store, cloud, clock, ctl = fake_controller(tmp_path, "bill1", jobs=2, max_instances=4)
     for r in range(4):
@@ -79,7 +79,7 @@ def test_the_cost_report_over_a_controller_store_lists_jobs_and_instances(tmp_pa
 def test_a_notice_on_an_instance_draining_for_cost_bills_it_as_preempted(tmp_path) -> None:
     """The cloud reclaims an instance the controller was already releasing: its history shows
     the notice once, after the cost drain, and the cost report ends it ``preempted``."""
-    from autoscaler.controller.billing import cost_record_from_store
+    from autoscaler.accounting.billing import cost_record_from_store
     from autoscaler.controller.lifecycle import InstanceStatus
     from autoscaler.controller.reconcile import NOTICE_REASON
 
@@ -114,11 +114,11 @@ def test_a_cluster_report_tells_the_truths_of_its_run(tmp_path) -> None:
     the listing, are not), each job on it counts a preemption, placements after the first
     are restarts, useful samples are progress x initial batch size of the latest report, and
     reading the record later does not lengthen the run."""
-    from autoscaler.controller.billing import cost_record_from_store
+    from autoscaler.accounting.billing import cost_record_from_store
+    from autoscaler.accounting.costs import job_costs as record_job_costs
+    from autoscaler.accounting.costs import summarize
     from autoscaler.controller.lifecycle import InstanceStatus
     from autoscaler.controller.store import JobStatus
-    from autoscaler.costs import job_costs as record_job_costs
-    from autoscaler.costs import summarize
     from emulators.reports import synthetic_report
 
     store, cloud, clock, ctl = fake_controller(tmp_path, "truth", jobs=2, max_instances=4)
@@ -181,9 +181,9 @@ def test_a_cluster_report_tells_the_truths_of_its_run(tmp_path) -> None:
 def test_sub_cent_amounts_are_shown_with_the_digits_they_need() -> None:
     """A $0.0153 run reads 0.0153 (not 0.00) in every table; the bill's total stays to the
     cent; a dollar and up is to the cent."""
-    from autoscaler.costs import CostLedger, summarize
-    from autoscaler.report.export import summary_json
-    from autoscaler.report.rows import fmt_usd, report_tables
+    from autoscaler.accounting.costs import CostLedger, summarize
+    from autoscaler.accounting.report.export import summary_json
+    from autoscaler.accounting.report.rows import fmt_usd, report_tables
 
     assert [fmt_usd(x) for x in (0.0153, 0.000412, 0.5123, 0.0, 12.345)] == [
         "0.0153", "0.000412", "0.512", "0.00", "12.35"
@@ -211,10 +211,10 @@ def test_a_round_that_moves_a_job_onto_gpus_another_is_leaving_is_billed(tmp_pat
     few milliseconds before job a's release of them is written. The report takes that as one
     moment (it raised "2 of its 2 are already in use" on the demo's store) and bills each
     job its own GPU-time."""
-    from autoscaler.controller.billing import cost_record_from_store
+    from autoscaler.accounting.billing import cost_record_from_store
+    from autoscaler.accounting.costs import job_costs as record_job_costs
     from autoscaler.controller.lifecycle import InstanceStatus
     from autoscaler.controller.store import Store
-    from autoscaler.costs import job_costs as record_job_costs
     from coadapt_common.clock import FakeClock
 
     clock = FakeClock()

@@ -681,7 +681,7 @@ def test_the_tokens_file_refusals_reach_the_user_as_one_line(tmp_path: Path) -> 
 def test_tokens_rotate_from_the_command_line(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from autoscaler.cli import app
+    from autoscaler.cli.main import app
 
     state = tmp_path / "cluster"
     first = open_tokens(state / "tokens.json").current()

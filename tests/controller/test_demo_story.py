@@ -76,8 +76,8 @@ def test_the_demo_tells_its_story_and_its_cluster_report_tells_the_truth(tmp_pat
     finished = [j for j in doc["jobs"] if j["jct_hours"] is not None]
     assert {j["job_id"] for j in finished} == {"mlp-small", "mlp-medium", "mlp-wide"}
     assert all(j["useful_samples"] > 0 and j["cost_usd"] > 0 for j in finished), doc["jobs"]
+    from autoscaler.accounting.costs import usd_to_cents
     from autoscaler.controller.store import Store
-    from autoscaler.costs import usd_to_cents
     from coadapt_common.clock import SystemClock
 
     with Store.open(state / "store.db", SystemClock()) as store:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from autoscaler.cli import app
+from autoscaler.cli.main import app
 from autoscaler.controller.events import EventKind, EventRecorder, format_event
 from autoscaler.controller.jobs import JobSubmission
 from autoscaler.controller.lifecycle import InstanceStatus

@@ -15,6 +15,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
+from autoscaler.accounting.costs import MARKETS
 from autoscaler.controller.agent import JobAssignment, launch_argv
 from autoscaler.controller.jobs import JobSubmission
 from autoscaler.controller.jobspec import (
@@ -24,9 +25,8 @@ from autoscaler.controller.jobspec import (
     load_job_spec,
     parse_job_spec,
 )
-from autoscaler.costs import MARKETS
 from autoscaler.errors import AutoscalerError, InvalidInputError
-from autoscaler.gputypes import KNOWN_GPU_TYPES
+from autoscaler.model.gputypes import KNOWN_GPU_TYPES
 from trainer import launch
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -197,8 +197,8 @@ def test_config_refuses_bad_thresholds() -> None:
 def test_a_stalled_controller_releases_nothing_on_resume(tmp_path: Path) -> None:
     from autoscaler.controller.loop import Controller, ControllerConfig
     from autoscaler.controller.store import Store
-    from autoscaler.sizing import SizingConfig
-    from autoscaler.strategies import FixedFleet
+    from autoscaler.decide.sizing import SizingConfig
+    from autoscaler.decide.strategies import FixedFleet
     from coadapt_common.clock import FakeClock
     from providers.fake import FakeProvider
 

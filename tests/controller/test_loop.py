@@ -12,8 +12,8 @@ from autoscaler.controller.lifecycle import InstanceStatus
 from autoscaler.controller.loop import Controller, ControllerConfig
 from autoscaler.controller.reconcile import ReconcileConfig
 from autoscaler.controller.store import JobStatus, Store
+from autoscaler.decide.sizing import SizingConfig
 from autoscaler.errors import InvalidInputError
-from autoscaler.sizing import SizingConfig
 from coadapt_common.clock import FakeClock
 from emulators.reports import synthetic_report
 from providers.base import Market

@@ -29,8 +29,8 @@ from autoscaler.controller.ratelimit import (
 )
 from autoscaler.controller.reconcile import ReconcileConfig
 from autoscaler.controller.store import JobStatus, Store
+from autoscaler.decide.sizing import SizingConfig
 from autoscaler.errors import InvalidInputError
-from autoscaler.sizing import SizingConfig
 from coadapt_common.clock import FakeClock, SystemClock
 from emulators.reports import synthetic_report
 from providers.fake import FakeProvider

@@ -18,12 +18,12 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from autoscaler.cli import app as app_cli
+from autoscaler.accounting.billing import cost_record_from_store
+from autoscaler.accounting.report.html import write_html
+from autoscaler.cli.main import app as app_cli
 from autoscaler.controller.api import ApiClient, generate_tokens, make_app, serve
-from autoscaler.controller.billing import cost_record_from_store
 from autoscaler.controller.lifecycle import InstanceStatus
 from autoscaler.controller.store import JobStatus
-from autoscaler.report.html import write_html
 from emulators.reports import synthetic_report
 from tests.controller.fakes import fake_controller
 from tests.report.test_html_chromium import FLAGS, PROBE, _chromium

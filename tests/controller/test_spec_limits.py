@@ -13,9 +13,9 @@ from autoscaler.controller.jobs import JobSubmission
 from autoscaler.controller.loop import Controller, ControllerConfig
 from autoscaler.controller.reconcile import ReconcileConfig
 from autoscaler.controller.store import JobStatus, Store
+from autoscaler.decide.jobs import OfferingRef
+from autoscaler.decide.sizing import SizingConfig
 from autoscaler.errors import InvalidInputError
-from autoscaler.jobs import OfferingRef
-from autoscaler.sizing import SizingConfig
 from coadapt_common.clock import FakeClock
 from emulators.reports import synthetic_report
 from providers.fake import FakeProvider

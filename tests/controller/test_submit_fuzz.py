@@ -21,7 +21,7 @@ from autoscaler.controller.jobs import MAX_BATCH_SIZE, MAX_JOB_GPUS
 from autoscaler.controller.loop import Controller, ControllerConfig
 from autoscaler.controller.reconcile import ReconcileConfig
 from autoscaler.controller.store import JobStatus, Store
-from autoscaler.sizing import SizingConfig
+from autoscaler.decide.sizing import SizingConfig
 from coadapt_common.clock import FakeClock
 from providers.fake import FakeProvider
 

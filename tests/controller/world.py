@@ -34,7 +34,7 @@ from autoscaler.controller.lifecycle import InstanceStatus
 from autoscaler.controller.loop import CRASH_POINTS, Controller, ControllerConfig
 from autoscaler.controller.reconcile import ReconcileConfig
 from autoscaler.controller.store import JobStatus, Store
-from autoscaler.sizing import SizingConfig
+from autoscaler.decide.sizing import SizingConfig
 from coadapt_common.atomic import write_text_atomic
 from coadapt_common.clock import FakeClock
 from emulators.reports import synthetic_report

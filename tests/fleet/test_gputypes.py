@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from autoscaler.errors import InvalidInputError, TraceFormatError
-from autoscaler.goodput import (
+from autoscaler.model.goodput import (
     BatchLimits,
     GoodputModel,
     GradParams,
@@ -19,15 +19,15 @@ from autoscaler.goodput import (
     ProfileSample,
     fit_perf_params,
 )
-from autoscaler.gputypes import (
+from autoscaler.model.gputypes import (
     SpeedRow,
     SpeedTable,
     default_speed_table,
     estimate_model,
     load_speed_table,
 )
-from autoscaler.interconnects import MIN_SYNC_FACTOR, sync_factors
-from autoscaler.traces import AppTrace, load_app, traces_folder
+from autoscaler.model.interconnects import MIN_SYNC_FACTOR, sync_factors
+from autoscaler.model.traces import AppTrace, load_app, traces_folder
 
 LIMITS = BatchLimits(init_batch_size=64, max_batch_size=2048, max_local_bsz=128, min_local_bsz=8)
 GRAD = GradParams(grad_sqr=0.02, grad_var=1.0)

@@ -6,8 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from autoscaler.errors import InvalidInputError
-from autoscaler.jobs import (
+from autoscaler.decide.jobs import (
     Allocation,
     BatchChoice,
     ClusterView,
@@ -16,8 +15,9 @@ from autoscaler.jobs import (
     Plan,
     RoundInput,
 )
-from autoscaler.policy.pollux import PolluxPolicy, PolluxState
-from autoscaler.policy.tiresias import TiresiasPolicy
+from autoscaler.decide.policy.pollux import PolluxPolicy, PolluxState
+from autoscaler.decide.policy.tiresias import TiresiasPolicy
+from autoscaler.errors import InvalidInputError
 from tests.policy.conftest import model, view
 
 

@@ -10,10 +10,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from autoscaler.cli import app
-from autoscaler.errors import TraceFormatError
-from autoscaler.gputypes import default_speed_table
-from autoscaler.jobs import (
+from autoscaler.cli.main import app
+from autoscaler.decide.jobs import (
     ClusterView,
     JobSpec,
     JobView,
@@ -22,13 +20,15 @@ from autoscaler.jobs import (
     RoundInput,
     fixed_batch_choice,
 )
-from autoscaler.policy import make_policy
-from autoscaler.policy.base import Decision
+from autoscaler.decide.policy import make_policy
+from autoscaler.decide.policy.base import Decision
+from autoscaler.errors import TraceFormatError
+from autoscaler.model.gputypes import default_speed_table
+from autoscaler.model.traces import load_app
 from autoscaler.sim.cluster import TypeSpeed, load_cluster
 from autoscaler.sim.config import SimConfig
 from autoscaler.sim.engine import _limits, simulate
 from autoscaler.sim.results import results_payload
-from autoscaler.traces import load_app
 
 MIXED = Path(__file__).resolve().parents[2] / "examples" / "clusters" / "mixed-64.yaml"
 SMALL_MIXED = """groups:
@@ -178,7 +178,7 @@ def test_bad_cluster_files_name_file_and_field(tmp_path: Path, text: str, match:
 def test_h100_with_its_own_trace_files_is_accepted(tmp_path: Path) -> None:
     import shutil
 
-    from autoscaler.traces import traces_folder
+    from autoscaler.model.traces import traces_folder
 
     folder = tmp_path / "traces"
     shutil.copytree(traces_folder() / "cifar10", folder / "cifar10")

@@ -7,13 +7,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from autoscaler.decide.jobs import Oracle, fixed_batch_choice
+from autoscaler.decide.policy import make_policy
+from autoscaler.decide.policy.optimus import OptimusPolicy
+from autoscaler.decide.policy.placement import pack
+from autoscaler.decide.policy.tiresias import TiresiasPolicy, TiresiasState
 from autoscaler.errors import InvalidInputError
-from autoscaler.goodput import BatchLimits
-from autoscaler.jobs import Oracle, fixed_batch_choice
-from autoscaler.policy import make_policy
-from autoscaler.policy.optimus import OptimusPolicy
-from autoscaler.policy.placement import pack
-from autoscaler.policy.tiresias import TiresiasPolicy, TiresiasState
+from autoscaler.model.goodput import BatchLimits
 from tests.policy.conftest import cluster, round_input, rows, view
 
 # ---- placement and batch helpers ----------------------------------------------------------

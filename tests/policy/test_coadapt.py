@@ -9,11 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autoscaler.errors import InvalidInputError
-from autoscaler.goodput import BatchLimits, GoodputModel, GradParams, PerfParams
-from autoscaler.jobs import Allocation, ClusterView, JobView, NodeView, Plan, RoundInput
-from autoscaler.policy import make_policy
-from autoscaler.policy.coadapt import (
+from autoscaler.decide.jobs import Allocation, ClusterView, JobView, NodeView, Plan, RoundInput
+from autoscaler.decide.policy import make_policy
+from autoscaler.decide.policy.coadapt import (
     CoadaptOptions,
     CoadaptPolicy,
     CoadaptState,
@@ -21,6 +19,8 @@ from autoscaler.policy.coadapt import (
     pools_of,
     solve_choices,
 )
+from autoscaler.errors import InvalidInputError
+from autoscaler.model.goodput import BatchLimits, GoodputModel, GradParams, PerfParams
 from tests.policy.conftest import LIMITS, alloc_of, cluster, model, round_input, rows, view
 
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from autoscaler.jobs import JobSpec
-from autoscaler.policy import make_policy
+from autoscaler.decide.jobs import JobSpec
+from autoscaler.decide.policy import make_policy
+from autoscaler.model.traces import traces_folder
 from autoscaler.sim.config import SimConfig
 from autoscaler.sim.engine import SimulationError, simulate
-from autoscaler.traces import traces_folder
 
 
 def big_batch_traces(root: Path) -> Path:

@@ -9,9 +9,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from autoscaler.decide.jobs import ClusterView, JobView
+from autoscaler.decide.policy.pollux import (
+    PolluxOptions,
+    PolluxPolicy,
+    PolluxState,
+    _Search,
+    power_mean,
+)
 from autoscaler.errors import InvalidInputError
-from autoscaler.jobs import ClusterView, JobView
-from autoscaler.policy.pollux import PolluxOptions, PolluxPolicy, PolluxState, _Search, power_mean
 from tests.policy.conftest import cluster, model, round_input, rows, view
 
 FAST = {"population": 40, "generations": 40}

@@ -8,9 +8,16 @@ import dataclasses
 
 import pytest
 
-from autoscaler.jobs import Allocation, ClusterView, JobView, NodeView, OfferingRef, RoundInput
-from autoscaler.policy import make_policy
-from autoscaler.policy.coadapt import pools_of
+from autoscaler.decide.jobs import (
+    Allocation,
+    ClusterView,
+    JobView,
+    NodeView,
+    OfferingRef,
+    RoundInput,
+)
+from autoscaler.decide.policy import make_policy
+from autoscaler.decide.policy.coadapt import pools_of
 from tests.policy.conftest import model, view
 
 SPOT_A = OfferingRef("fake", "g4dn.12xlarge", "us-east-1a", "spot")

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from autoscaler.decide.jobs import OfferingRef
 from autoscaler.errors import DuplicateOfferingError, InvalidInputError, TraceFormatError
-from autoscaler.jobs import OfferingRef
-from autoscaler.pricing import (
+from autoscaler.market.pricing import (
     AWS_NETWORK_GBPS,
     CATALOG_COLUMNS,
     ON_DEMAND,

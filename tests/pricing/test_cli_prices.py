@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from autoscaler import cli_prices
-from autoscaler.cli import app
-from autoscaler.pricing import CATALOG_COLUMNS, load_catalog
+from autoscaler.cli import prices as cli_prices
+from autoscaler.cli.main import app
+from autoscaler.market.pricing import CATALOG_COLUMNS, load_catalog
 
 runner = CliRunner()
 

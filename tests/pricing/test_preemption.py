@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from autoscaler.errors import DuplicateOfferingError, InvalidInputError, TraceFormatError
-from autoscaler.pricing import (
+from autoscaler.market.pricing import (
     AWS_SPOT_NOTICE_S,
     BAMBOO_TRACES,
     BILLING_MINIMUM_S,

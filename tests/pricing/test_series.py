@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from autoscaler.errors import InvalidInputError, TraceFormatError
-from autoscaler.pricing import (
+from autoscaler.market.pricing import (
     ON_DEMAND,
     SPOT,
     ConstantPrice,

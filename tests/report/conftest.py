@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from autoscaler.costs import CostLedger, CostRecord
+from autoscaler.accounting.costs import CostLedger, CostRecord
 
 SPOT_A = "aws/g4dn.12xlarge/us-east-1a/spot"
 SPOT_B = "aws/g4dn.12xlarge/us-east-1b/spot"

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoscaler.costs import (
+from autoscaler.accounting.costs import (
     TIME_TOLERANCE_S,
     CostLedger,
     CostRecord,

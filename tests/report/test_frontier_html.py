@@ -1,7 +1,7 @@
-"""The cost-time frontier page (autoscaler.report.frontier): parsing the benchmark's JSON, the
-SVG plot (title, axes with units, legend, one line per fleet with a marker per point, floors),
-``coadapt cost report FILE --format html`` on it, and the page in headless Chromium (the browser
-lays out every series with a real size)."""
+"""The cost-time frontier page (autoscaler.accounting.report.frontier): parsing the benchmark's
+JSON, the SVG plot (title, axes with units, legend, one line per fleet with a marker per point,
+floors), ``coadapt cost report FILE --format html`` on it, and the page in headless Chromium (the
+browser lays out every series with a real size)."""
 
 from __future__ import annotations
 
@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from autoscaler.cli import app
-from autoscaler.errors import InvalidInputError
-from autoscaler.frontier import check_frontiers
-from autoscaler.report.frontier import (
+from autoscaler.accounting.report.frontier import (
     frontiers_from_json,
     plot_frontiers_svg,
     render_frontier_html,
     series_id,
 )
+from autoscaler.analysis.frontier import check_frontiers
+from autoscaler.cli.main import app
+from autoscaler.errors import InvalidInputError
 from tests.report.test_html_chromium import FLAGS, _chromium
 
 runner = CliRunner()
@@ -46,7 +46,7 @@ def _payload(floors: bool = False) -> dict:
         for pts in frontier.values():
             for p in pts:
                 p["floor_at_jct_usd"] = 0.8 * p["cost_usd"]
-    from autoscaler.frontier import points_from_json
+    from autoscaler.analysis.frontier import points_from_json
 
     checks = check_frontiers({k: points_from_json(v) for k, v in frontier.items()}, "coadapt")
     return {"experiment": "E3", "frontier": frontier, "frontier_checks": checks}

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from autoscaler.report.html import write_html
+from autoscaler.accounting.report.html import write_html
 from tests.report.conftest import build_record
 
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")

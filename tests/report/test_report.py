@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from autoscaler.costs import (
+from autoscaler.accounting.costs import (
     CostRecord,
     idle_cost_usd,
     job_costs,
@@ -23,12 +23,16 @@ from autoscaler.costs import (
     total_cost_usd,
     usd_to_cents,
 )
+from autoscaler.accounting.report.export import csv_files, summary_json, write_csv_files
+from autoscaler.accounting.report.html import (
+    MAX_STACKED_OFFERINGS,
+    plot_cost_over_time,
+    render_html,
+)
+from autoscaler.accounting.report.rows import report_tables
+from autoscaler.accounting.report.source import find_cost_records
+from autoscaler.accounting.report.tables import print_report
 from autoscaler.errors import InvalidInputError
-from autoscaler.report.export import csv_files, summary_json, write_csv_files
-from autoscaler.report.html import MAX_STACKED_OFFERINGS, plot_cost_over_time, render_html
-from autoscaler.report.rows import report_tables
-from autoscaler.report.source import find_cost_records
-from autoscaler.report.tables import print_report
 from tests.report.conftest import ON_DEMAND, SPOT_A, SPOT_B, build_record
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -136,7 +140,7 @@ def test_html_page_for_several_runs(record: CostRecord) -> None:
 
 
 def test_stacked_plot_groups_many_offerings() -> None:
-    from autoscaler.costs import CostLedger
+    from autoscaler.accounting.costs import CostLedger
 
     ledger = CostLedger()
     for n in range(MAX_STACKED_OFFERINGS + 3):
@@ -157,7 +161,7 @@ def test_stacked_plot_groups_many_offerings() -> None:
 
 
 def test_plots_of_an_empty_run() -> None:
-    from autoscaler.costs import CostLedger
+    from autoscaler.accounting.costs import CostLedger
 
     page = render_html([(None, CostLedger().close(0.0))])
     assert len(_images(page)) == 3

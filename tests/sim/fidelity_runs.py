@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from autoscaler.jobs import PAPER_POLICIES
+from autoscaler.decide.jobs import PAPER_POLICIES
 from autoscaler.sim.config import SimConfig
 from autoscaler.sim.runner import RunSpec, paper_workloads, run_many
 
@@ -39,8 +39,7 @@ def run_records(processes: int = 2) -> dict[str, dict[str, Any]]:
         out[f"{result.workload}/{result.policy}"] = {
             "summary": result.summary(),
             "jct_s": {
-                job.name: float(job.jct_s)
-                for job in sorted(result.jobs, key=lambda j: j.name)
+                job.name: float(job.jct_s) for job in sorted(result.jobs, key=lambda j: j.name)
             },
         }
     return dict(sorted(out.items()))

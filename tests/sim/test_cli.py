@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from autoscaler.cli import app
+from autoscaler.cli.main import app
 from autoscaler.sim.runner import RunSpec, compare_with_paper, run_many
 from tests.sim.conftest import HEADER, SMALL, write_workload
 

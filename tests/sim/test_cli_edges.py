@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from autoscaler.cli import app
+from autoscaler.cli.main import app
 from tests.conftest import Unprivileged
 from tests.sim.conftest import SMALL, write_workload
 

@@ -7,17 +7,17 @@ from dataclasses import dataclass
 
 import pytest
 
-from autoscaler.costs import job_costs, summarize, usd_to_cents
+from autoscaler.accounting.costs import job_costs, summarize, usd_to_cents
+from autoscaler.decide.jobs import JobSpec, OfferingRef
+from autoscaler.decide.policy import make_policy
+from autoscaler.decide.sizing import SizingConfig
+from autoscaler.decide.strategies import FixedFleet, GoodputSizing
 from autoscaler.errors import InvalidInputError
-from autoscaler.jobs import JobSpec, OfferingRef
-from autoscaler.policy import make_policy
-from autoscaler.pricing import ConstantPrice, StepPriceSeries
+from autoscaler.market.pricing import ConstantPrice, StepPriceSeries
 from autoscaler.sim.cloud import BudgetExceededError, CloudConfig, CloudOffering
 from autoscaler.sim.config import SimConfig
 from autoscaler.sim.engine import Simulator
 from autoscaler.sim.experiments import EXPERIMENTS, build_run
-from autoscaler.sizing import SizingConfig
-from autoscaler.strategies import FixedFleet, GoodputSizing
 
 T4_OD = OfferingRef("aws", "g4dn.12xlarge", "use1-az1", "on-demand")
 T4_SPOT = OfferingRef("aws", "g4dn.12xlarge", "use1-az1", "spot")
@@ -165,7 +165,7 @@ def test_experiment_runs_are_built_from_the_shipped_catalogue_and_traces():
 def test_results_json_carries_the_cost_record_for_cost_reports(tmp_path):
     from typer.testing import CliRunner
 
-    from autoscaler.cli import app
+    from autoscaler.cli.main import app
     from autoscaler.sim.results import write_results_json
 
     r = run([offering()], FixedFleet("two", {T4_OD.key: 2}))
@@ -182,7 +182,7 @@ def test_simulate_fleet_from_the_cli_writes_cost_records(tmp_path):
 
     from typer.testing import CliRunner
 
-    from autoscaler.cli import app
+    from autoscaler.cli.main import app
 
     wl = tmp_path / "w.csv"
     wl.write_text("name,time,application,num_replicas,batch_size\nncf-0,0,ncf,1,256\n")
@@ -215,7 +215,7 @@ def test_stochastic_spot_prices_move_are_seeded_and_stay_under_on_demand():
 
 
 def test_a_replaced_spot_trace_keeps_the_other_families(tmp_path):
-    from autoscaler.pricing import bamboo_trace_path
+    from autoscaler.market.pricing import bamboo_trace_path
     from autoscaler.sim.experiments import load_traces
 
     p3 = bamboo_trace_path("p3-trace.csv")
@@ -288,11 +288,11 @@ def test_the_sizing_learns_how_long_a_running_job_has_left():
     length is unknown."""
     import dataclasses as dc
 
-    from autoscaler.gputypes import default_speed_table
-    from autoscaler.jobs import Allocation
+    from autoscaler.decide.jobs import Allocation
+    from autoscaler.decide.sizing import FleetOption
+    from autoscaler.decide.strategies import demands_of
+    from autoscaler.model.gputypes import default_speed_table
     from autoscaler.sim.cloud import FleetView
-    from autoscaler.sizing import FleetOption
-    from autoscaler.strategies import demands_of
     from tests.policy.conftest import cluster, model, view
 
     m = model(0.05)

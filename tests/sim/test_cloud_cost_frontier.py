@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from autoscaler.frontier import check_frontiers, points_from_json
+from autoscaler.analysis.frontier import check_frontiers, points_from_json
 
 
 def test_frontier_refuses_bad_knobs_before_simulating(tmp_path, capsys):

@@ -11,15 +11,15 @@ import pytest
 
 from autoscaler.controller.events import DEADLINE_REASON, EventKind, EventRecorder
 from autoscaler.controller.jobs import JobSubmission
-from autoscaler.jobs import JobSpec, OfferingRef
-from autoscaler.policy import make_policy
-from autoscaler.pricing import ConstantPrice
+from autoscaler.decide.jobs import JobSpec, OfferingRef
+from autoscaler.decide.policy import make_policy
+from autoscaler.decide.strategies import GoodputSizing, UniformProgress
+from autoscaler.market.pricing import ConstantPrice
 from autoscaler.sim.cloud import CloudConfig, CloudOffering
 from autoscaler.sim.config import SimConfig
 from autoscaler.sim.engine import Simulator, isolated_jct_s
 from autoscaler.sim.experiments import with_deadlines
 from autoscaler.sim.results import results_payload
-from autoscaler.strategies import GoodputSizing, UniformProgress
 
 T4_OD = OfferingRef("aws", "g4dn.12xlarge", "use1-az1", "on-demand")
 T4_SPOT = OfferingRef("aws", "g4dn.12xlarge", "use1-az1", "spot")

@@ -13,8 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autoscaler.errors import InvalidInputError
-from autoscaler.jobs import (
+from autoscaler.decide.jobs import (
     BatchChoice,
     ClusterView,
     JobSpec,
@@ -25,8 +24,10 @@ from autoscaler.jobs import (
     fixed_batch_choice,
     num_nodes_of,
 )
-from autoscaler.policy import make_policy
-from autoscaler.policy.base import Decision
+from autoscaler.decide.policy import make_policy
+from autoscaler.decide.policy.base import Decision
+from autoscaler.errors import InvalidInputError
+from autoscaler.model.traces import load_app
 from autoscaler.sim.engine import (
     SimConfig,
     SimulationError,
@@ -35,7 +36,6 @@ from autoscaler.sim.engine import (
     simulate,
 )
 from autoscaler.sim.results import results_payload, write_results_json
-from autoscaler.traces import load_app
 from tests.sim.conftest import SMALL
 
 FAST_POLLUX = {"population": 24, "generations": 8}

@@ -7,14 +7,14 @@ import bisect
 
 import pytest
 
-from autoscaler.costs import summarize
-from autoscaler.floor import cost_floor
-from autoscaler.policy import make_policy
+from autoscaler.accounting.costs import summarize
+from autoscaler.analysis.floor import cost_floor
+from autoscaler.decide.policy import make_policy
+from autoscaler.model.traces import load_app
 from autoscaler.sim.config import SimConfig
 from autoscaler.sim.engine import Simulator
 from autoscaler.sim.experiments import build_run, e1_workload, experiment_menu
 from autoscaler.sim.floor_inputs import DEFAULT_SEGMENTS, _segment_cells, floor_problem
-from autoscaler.traces import load_app
 
 from .conftest import SMALL
 
@@ -107,7 +107,7 @@ def test_simulate_floor_reaches_the_cost_report(tmp_path):
 
     from typer.testing import CliRunner
 
-    from autoscaler.cli import app
+    from autoscaler.cli.main import app
 
     wl = tmp_path / "w.csv"
     wl.write_text("name,time,application,num_replicas,batch_size\nncf-0,0,ncf,1,256\n")

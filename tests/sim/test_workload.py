@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autoscaler.errors import TraceFormatError
+from autoscaler.model.traces import APPLICATIONS, data_root
 from autoscaler.sim.workload import load_workload, workload_files
-from autoscaler.traces import APPLICATIONS, data_root
 from tests.sim.conftest import HEADER, SMALL
 
 

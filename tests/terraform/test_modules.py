@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from autoscaler.controller.cloud import INSTANCE_ARN_TAG
-from autoscaler.deploy import OUTPUTS, load_hcl
+from autoscaler.controller.deploy import OUTPUTS, load_hcl
 from providers.aws.permissions import controller_iam_actions
 from providers.gcp.permissions import controller_permissions
 

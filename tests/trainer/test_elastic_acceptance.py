@@ -34,8 +34,6 @@ pytestmark = pytest.mark.slow
 LAUNCH_TIMEOUT_S = 120
 
 
-
-
 # --------------------------------------------------------------------------------------------
 # 2 processes -> SIGTERM -> 1 process -> SIGTERM -> 3 processes: exact resumption.
 

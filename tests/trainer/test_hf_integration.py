@@ -46,7 +46,6 @@ HF_EXAMPLE = ROOT / "examples" / "hf_classifier.py"
 LAUNCH_TIMEOUT_S = 180
 
 
-
 # --------------------------------------------------------------------------------------------
 # The declared length, in the unit of the one "done" rule.
 
@@ -177,7 +176,6 @@ def test_trainer_keeps_given_optimizer_declares_fractional_epochs_and_evaluates_
 # --------------------------------------------------------------------------------------------
 # Real launches: stop (SIGTERM, notice, controller), exact resume at other world sizes, a
 # batch change without restart, the LR rule, final weights against a plain loop.
-
 
 
 @pytest.fixture

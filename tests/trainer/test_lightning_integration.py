@@ -37,8 +37,6 @@ EXAMPLE = ROOT / "examples" / "lightning_classifier.py"
 LAUNCH_TIMEOUT_S = 180
 
 
-
-
 # --------------------------------------------------------------------------------------------
 # The core stays light: only trainer.integrations.lightning imports Lightning.
 

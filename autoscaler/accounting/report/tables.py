@@ -1,0 +1,101 @@
+"""Rich terminal tables of a cost report: summary, per job, per offering and market."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from autoscaler.accounting.report.rows import FLOOR_CAPTION, ReportTable, floor_table, report_tables
+from autoscaler.accounting.report.source import RunFloor
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
+    from autoscaler.accounting.costs import CostRecord
+
+__all__ = ["print_floor", "print_report", "rich_table"]
+
+_EMPTY = "-"  # what an unknown value shows on a terminal
+_NAME_MIN_WIDTH = 17  # the first column (job, offering) folds onto lines this wide at least
+_GAP = 3  # characters between two columns (padding and separator); 1 at each edge
+
+
+def _widths(table: ReportTable) -> list[int]:
+    """Each column's width on a terminal: numbers as wide as the widest cell or header word
+    (headers go one word a line), names as wide as their widest cell up to a fold width."""
+    out = []
+    for n, column in enumerate(table.columns):
+        widest = max((len(row[n] or _EMPTY) for row in table.rows), default=1)
+        words = max(len(word) for word in column.header.split())
+        if column.numeric:
+            out.append(max(widest, words))
+        else:
+            limit = _NAME_MIN_WIDTH if n == 0 else widest
+            out.append(max(min(widest, limit), words))
+    return out
+
+
+def rich_table(table: ReportTable, *, label: str | None = None, width: int | None = None) -> Table:
+    """``table`` as a :class:`rich.table.Table`, its title suffixed with ``label``: numbers
+    right-aligned and never cut (headers one word a line), the first column folded onto
+    several lines when the terminal is narrow. When even that does not fit in ``width``
+    characters, the rightmost columns are left out and the caption says how many
+    (``--format csv`` or ``html`` show them all)."""
+    from rich import box
+    from rich.table import Table
+
+    widths = _widths(table)
+    shown = len(table.columns)
+    while width is not None and shown > 1 and sum(widths[:shown]) + _GAP * (shown - 1) + 2 > width:
+        shown -= 1
+    title = table.title if label is None else f"{table.title}: {label}"
+    caption = None
+    if shown < len(table.columns):
+        hidden = len(table.columns) - shown
+        what = "column" if hidden == 1 else "columns"
+        caption = f"{hidden} more {what} in a wider terminal, or with --wide, --format csv or html"
+    out = Table(
+        title=title,
+        caption=caption,
+        title_justify="left",
+        caption_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    for n, column in enumerate(table.columns[:shown]):
+        if column.numeric:
+            header = column.header.replace(" ", "\n")
+            out.add_column(header, justify="right", no_wrap=True, min_width=widths[n])
+        else:
+            out.add_column(column.header, overflow="fold", min_width=widths[n])
+    for row in table.rows:
+        out.add_row(*(cell or _EMPTY for cell in row[:shown]))
+    return out
+
+
+def print_report(
+    console: Console, record: CostRecord, *, label: str | None = None, wide: bool = False
+) -> None:
+    """Print the three tables of ``record`` to ``console``, fitted to its width (``wide``:
+    every column, on lines as long as they need; a table without rows says so)."""
+    from rich.console import Console as RichConsole
+
+    for table in report_tables(record):
+        if table.rows:
+            out = console
+            if wide:
+                needed = sum(_widths(table)) + _GAP * (len(table.columns) - 1) + 2
+                if needed > console.width:
+                    out = RichConsole(file=console.file, width=needed, no_color=console.no_color)
+            out.print(rich_table(table, label=label, width=None if wide else console.width))
+        else:
+            what = table.title if label is None else f"{table.title}: {label}"
+            console.print(f"{what}: none")
+
+
+def print_floor(console: Console, floor: RunFloor, *, label: str | None = None) -> None:
+    """The run's cost floors (:func:`~autoscaler.accounting.report.rows.floor_table`) and what (a)
+    and (b) mean."""
+    table = rich_table(floor_table(floor), label=label, width=console.width)
+    table.caption = FLOOR_CAPTION if table.caption is None else f"{FLOOR_CAPTION}; {table.caption}"
+    console.print(table)

@@ -1,0 +1,1061 @@
+"""``coadapt up | submit | status | logs | cancel | retry | down | agent | demo``: a cluster
+in a user's hands (thin: parse, call :mod:`autoscaler.controller`, print).
+
+Every command finds the cluster through its state folder (``--state-dir``, default
+``$COADAPT_HOME/cluster``, ``~/.coadapt/cluster`` without it): ``up`` writes ``up.json`` there
+(the API URL and its pid) and the tokens file; the others read them. Only the ``local``
+provider runs on this machine; ``up --provider aws|gcp`` runs on the controller machine that
+``coadapt deploy`` (:mod:`autoscaler.cli.deploy`) creates.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from autoscaler.cli.common import (
+    Json,
+    StateDir,
+    api_failure,
+    deployed_client,
+    fail,
+    recorded_deployment,
+    resolve_state_dir,
+)
+from autoscaler.cli.tables import Column, render_table
+
+
+def _client(state_dir: Path | None) -> Any:
+    """The API of the cluster in the state folder: the local ``coadapt up``'s (``up.json``),
+    else a deployment's controller (``deploy.json``; ``COADAPT_CONTROLLER_URL`` overrides its
+    address, e.g. through a tunnel)."""
+    from autoscaler.controller.api import ApiClient
+
+    state = resolve_state_dir(state_dir)
+    up = state / "up.json"
+    if up.exists():
+        url = json.loads(up.read_text())["url"]
+        return ApiClient(url, _users_token(state), timeout_s=10.0)
+    if (state / "deploy.json").exists():
+        return deployed_client(state, recorded_deployment(state), None)
+    fail(f"no cluster is up in {state} (start one with: coadapt up --state-dir {state})")
+
+
+def _users_token(state: Path) -> str:
+    """The users' token of the cluster in ``state``; a one-line failure when the tokens file is
+    missing, open to others or damaged."""
+    from autoscaler.controller.credentials import TokenFileError, load_token
+
+    try:
+        return load_token(state / "tokens.json", "user")
+    except TokenFileError as e:
+        fail(str(e))
+
+
+def register(app: typer.Typer) -> None:
+    """Add the cluster commands to the ``coadapt`` app."""
+    app.command("up")(up)
+    app.command("submit")(submit)
+    app.command("status")(status)
+    app.command("logs")(logs)
+    app.command("cancel")(cancel)
+    app.command("retry")(retry)
+    app.command("down")(down)
+    app.command("demo")(demo)
+    app.command("events")(events)
+    app.command("dashboard")(dashboard)
+    app.command("agent")(agent)
+
+
+def up(
+    provider: Annotated[
+        str, typer.Option(help="Where instances come from: local, aws or gcp.")
+    ] = "local",
+    provider_config: Annotated[
+        Path | None,
+        typer.Option(
+            help="For aws/gcp: the deployment's provider.json (terraform writes it on the "
+            "controller machine; see terraform/aws or terraform/gcp)."
+        ),
+    ] = None,
+    cluster_id: Annotated[
+        str, typer.Option(help="The cluster's id (tags every instance it launches).")
+    ] = "coadapt-local",
+    state_dir: StateDir = None,
+    interval_s: Annotated[float, typer.Option(help="Seconds between rounds.")] = 10.0,
+    host: Annotated[
+        str, typer.Option(help="API address to listen on (0.0.0.0 on a cloud controller).")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="API port (0: any free one).")] = 0,
+    max_instances: Annotated[int, typer.Option(help="Fleet size cap.")] = 4,
+    max_gpu_slots: Annotated[
+        int | None, typer.Option(help="Local provider: GPU slots on this machine.")
+    ] = None,
+    max_gpus: Annotated[
+        int | None,
+        typer.Option(help="Fleet GPU cap (local default: --max-gpu-slots)."),
+    ] = None,
+    new_store: Annotated[
+        bool,
+        typer.Option(
+            "--new-store",
+            help="Start with a new, empty store although the state folder holds an earlier "
+            "cluster's files (an existing store is moved aside, not deleted).",
+        ),
+    ] = False,
+    agent_interval_s: Annotated[
+        float, typer.Option(help="Local provider: seconds between two polls of each agent.")
+    ] = 2.0,
+    heartbeat_timeout_s: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds an agent may go unheard, counted only while this controller runs, "
+            "before its instance is presumed dead (default: max(60, 10 x --agent-interval-s))."
+        ),
+    ] = None,
+    quiet: Annotated[
+        bool,
+        typer.Option(
+            "--quiet", "-q", help="Print only warnings: notices, preemptions, failures, refusals."
+        ),
+    ] = False,
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose", "-v", help="Also print the controller's own log (rounds, jobs) on stderr."
+        ),
+    ] = False,
+    job_isolation: Annotated[
+        str,
+        typer.Option(
+            help="Local provider: 'user' runs each job as its own unprivileged user, away from "
+            "the state folder's tokens (needs root, and the working folder and Python open to "
+            "other users); 'none' runs jobs as this user; 'auto' isolates when it can and "
+            "says so."
+        ),
+    ] = "auto",
+    job_log_max_mib: Annotated[
+        float,
+        typer.Option(
+            help="What each job's log keeps per instance, in MiB (its latest output; the "
+            "rest is dropped and coadapt logs says how much)."
+        ),
+    ] = 64.0,
+    min_free_mib: Annotated[
+        float,
+        typer.Option(
+            help="MiB kept free on the state folder's disk: below it up refuses to start, or "
+            "stops with one line and a disk-full event, and no job is started."
+        ),
+    ] = 64.0,
+) -> None:
+    """Run the controller (API, rounds, fleet) in the foreground. Ctrl-C or SIGTERM stops it
+    and leaves the fleet and its jobs running (the next coadapt up takes them back, at the
+    same address); coadapt down releases every instance and stops it. On aws/gcp it runs
+    on the controller machine a deployment made (coadapt deploy), reading that
+    deployment's provider config.
+
+    It prints one line per event that matters (launch, ready, notice, preemption, rescale,
+    re-batch, refusal, completion, release, ...), with its time and its reason; coadapt
+    events shows the same story from the store."""
+    from autoscaler.controller.credentials import TokenFileError
+    from autoscaler.controller.events import Event, format_event
+    from autoscaler.controller.service import ServiceError, UpConfig, run_up, up_is_stale
+    from autoscaler.errors import InvalidInputError
+
+    os.umask(0o077)  # what up and its agents write is private to this user
+    if provider not in ("local", "aws", "gcp"):
+        fail(f"--provider {provider}: choose local, aws or gcp.", 2)
+    if provider != "local" and provider_config is None:
+        fail(f"--provider {provider} needs --provider-config (the deployment's provider.json)", 2)
+    if interval_s <= 0 or max_instances < 1:
+        fail("--interval-s must be > 0 and --max-instances >= 1", 2)
+    if not 0 < agent_interval_s <= 3600 or not (
+        heartbeat_timeout_s is None or 0 < heartbeat_timeout_s <= 86400
+    ):
+        fail("--agent-interval-s must be in (0, 3600] and --heartbeat-timeout-s in (0, 86400]", 2)
+    if max_gpu_slots is not None and max_gpu_slots < 1:
+        fail(
+            f"--max-gpu-slots {max_gpu_slots}: the local provider needs at least 1 GPU slot; "
+            "give a count >= 1, or leave it out for 2 per CPU core",
+            2,
+        )
+    if max_gpus is not None and max_gpus < 1:
+        fail(f"--max-gpus {max_gpus}: give a count >= 1, or leave it out", 2)
+    if not 0 <= port <= 65535:
+        fail(f"--port {port}: give a port 1-65535, or 0 for the recorded one", 2)
+    if quiet and verbose:
+        fail("--quiet and --verbose: choose one", 2)
+    if not 0.0625 <= job_log_max_mib <= 1 << 20 or not 0 <= min_free_mib <= 1 << 30:
+        fail("--job-log-max-mib must be 0.0625-1048576 and --min-free-mib 0-2**30", 2)
+    _configure_logging(verbose=verbose)
+    state = resolve_state_dir(state_dir)
+    if state.exists() and not state.is_dir():
+        fail(f"--state-dir {state} is a file, not a folder; name a folder (created if missing)", 2)
+    if (state / "up.json").exists():
+        if not up_is_stale(state / "up.json"):
+            fail(f"a cluster is already up in {state} (coadapt down --state-dir {state})")
+        typer.echo(f"coadapt: {state / 'up.json'} was left by a coadapt up that is gone; "
+                   "starting again (the store picks up where it stopped)")  # fmt: skip
+        (state / "up.json").unlink()
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    cfg = UpConfig(
+        state,
+        cluster_id=cluster_id,
+        interval_s=interval_s,
+        host=host,
+        port=port,
+        max_instances=max_instances,
+        max_gpu_slots=max_gpu_slots,
+        max_gpus=max_gpus,
+        provider=provider,
+        provider_config=provider_config,
+        new_store=new_store,
+        job_isolation=job_isolation,
+        job_log_max_bytes=int(job_log_max_mib * (1 << 20)),
+        min_free_bytes=int(min_free_mib * (1 << 20)),
+        agent_interval_s=agent_interval_s,
+        heartbeat_timeout_s=heartbeat_timeout_s,
+    )
+
+    def ready(url: str) -> None:
+        typer.echo(f"coadapt: up at {url} ({state})")
+        typer.echo(f"coadapt: the dashboard's address: coadapt dashboard --state-dir {state}")
+
+    def told(event: Event) -> None:
+        if event.warning or not quiet:
+            typer.echo(format_event(event))
+
+    try:
+        report = run_up(
+            cfg,
+            stop,
+            on_ready=ready,
+            on_event=told,
+            on_note=lambda line: typer.echo(f"coadapt: {line}"),
+        )
+    except InvalidInputError as e:
+        fail(str(e), 2)
+    except TokenFileError as e:
+        fail(str(e))
+    except ServiceError as e:
+        fail(str(e))
+    if not report.released:
+        typer.echo(
+            f"coadapt: stopped; {len(report.remaining)} instance(s) and their jobs keep running "
+            f"(coadapt up --state-dir {state} takes them back, coadapt down releases them)"
+        )
+        return
+    if not report.clean:
+        fail(f"instances still listed after down: {', '.join(report.remaining)}")
+    typer.echo("coadapt: down; no instance left")
+
+
+def submit(
+    spec: Annotated[Path, typer.Argument(help="The job's YAML spec.")],
+    state_dir: StateDir = None,
+    json_out: Json = False,
+) -> None:
+    """Submit a job (YAML spec: see examples/jobs/)."""
+    from autoscaler.controller.api import ApiError
+    from autoscaler.controller.jobspec import JobSpecError, load_job_spec
+
+    try:
+        parsed = load_job_spec(spec)
+        submission = parsed.submission()
+    except JobSpecError as e:
+        fail(str(e), 2)
+    try:
+        job = _client(state_dir).submit_job(submission)
+    except ApiError as e:
+        fail(api_failure(e, state_dir))
+    typer.echo(json.dumps(job.to_dict()) if json_out else f"submitted {job.name}")
+
+
+def _stored_status(state: Path) -> dict[str, Any]:
+    """What :func:`_status_doc` answers, read from the store in ``state`` (opened read-only)."""
+    from autoscaler.controller.api import instance_to_dict, jobs_in_store
+    from autoscaler.controller.errors import StoreError
+    from autoscaler.controller.store import Store
+    from coadapt_common.clock import SystemClock
+
+    try:
+        with Store.open_read_only(state / "store.db", SystemClock()) as store:
+            jobs = [j.to_dict() for j in jobs_in_store(store)]
+            instances = [instance_to_dict(r) for r in store.list_instances()]
+    except StoreError as e:
+        fail(str(e))
+    return {"jobs": jobs, "instances": instances}
+
+
+def _status_doc(client: Any) -> dict[str, Any]:
+    jobs = [j.to_dict() for j in client.list_jobs()]
+    from autoscaler.controller.api import instance_to_dict
+
+    instances = [instance_to_dict(r) for r in client.list_instances()]
+    return {"jobs": jobs, "instances": instances}
+
+
+JOB_COLUMNS = (
+    Column("job"),
+    Column("status"),
+    Column("GPUs", numeric=True),
+    Column("batch", numeric=True, drop_rank=2),
+    Column("progress", numeric=True),
+    Column("restarts", numeric=True, drop_rank=1),
+    Column("retries", numeric=True, drop_rank=3),
+)
+INSTANCE_COLUMNS = (
+    Column("instance"),
+    Column("status"),
+    Column("offering", drop_rank=1),
+    Column("GPUs"),
+    Column("$/h", numeric=True),
+)
+SHOWN_REASONS = ("failed", "refused")  # ended with a cause: always said
+"""Job statuses whose reason ``coadapt status`` prints under the table (a queued or running
+job's reason is said when it failed before: ``last failure``)."""
+
+
+def job_cause(job: dict[str, Any]) -> str | None:
+    """The one line ``coadapt status`` prints for a job under its table: why it failed or was
+    refused, or (queued or running again after a failure) its last failure; None when there
+    is nothing to say (a completed job, a cancelled one, one that never failed)."""
+    reason = job.get("reason")
+    if not reason:
+        return None
+    if job["status"] in SHOWN_REASONS:
+        return f"{job['name']} ({job['status']}): {reason}"
+    if job["status"] in ("queued", "running") and job.get("retries", 0) > 0:
+        return f"{job['name']} ({job['status']}, retry {job['retries']}): last failure: {reason}"
+    return None
+
+
+def _render_status(doc: dict[str, Any], *, wide: bool = False) -> None:
+    """The jobs and the live instances as two tables fitted to the terminal (``wide``: every
+    column), and under the jobs one line per failed or refused job with its cause."""
+    from rich.console import Console
+
+    console = Console()
+    rows = []
+    for j in doc["jobs"]:
+        gpus = sum(j.get("assignment", {}).values())
+        progress, target = j.get("progress"), j.get("target_progress")
+        shown = "-" if progress is None else f"{progress:.0f}"
+        if progress is not None and target:
+            shown += f"/{target:.0f}"
+        batch = "-"
+        if j.get("batch_size"):
+            batch = f"{j['batch_size']}"
+            if j.get("accumulation_steps", 1) > 1:
+                batch += f" ({j['local_batch_size']}x{j['accumulation_steps']})"
+        rows.append(
+            [
+                j["name"],
+                j["status"],
+                str(gpus),
+                batch,
+                shown,
+                str(j.get("restarts", 0)),
+                str(j.get("retries", 0)),
+            ]
+        )
+    render_table(console, JOB_COLUMNS, rows, title="jobs", wide=wide)
+    for j in doc["jobs"]:
+        line = job_cause(j)
+        if line is not None:  # one line whatever its length (the terminal wraps it)
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+    live = [i for i in doc["instances"] if i["status"] not in ("terminated", "allocation_failed")]
+    fleet = [
+        [
+            i["instance_key"],
+            i["status"],
+            i["offering_key"],
+            f"{i['gpus']} x {i['gpu_type']}",
+            f"{i['price_usd_per_hour']:.4f}",
+        ]
+        for i in live
+    ]
+    render_table(console, INSTANCE_COLUMNS, fleet, title="instances", wide=wide)
+
+
+def status(
+    state_dir: StateDir = None,
+    json_out: Json = False,
+    watch: Annotated[
+        bool, typer.Option("--watch", help="Refresh every 2 s (Ctrl-C stops).")
+    ] = False,
+    wide: Annotated[
+        bool, typer.Option("--wide", help="Show every column, however wide the terminal.")
+    ] = False,
+) -> None:
+    """Jobs (status, GPUs, batch, progress, and why a job failed or was refused) and the
+    fleet (offering, $/h); of a local cluster that is not up, as its store last recorded
+    them (read-only)."""
+    from autoscaler.controller.api import ApiError
+
+    state = resolve_state_dir(state_dir)
+    stored = (
+        not any((state / f).exists() for f in ("up.json", "deploy.json"))
+        and (state / "store.db").is_file()
+    )
+    client = None if stored else _client(state_dir)
+    if stored:
+        typer.echo(f"coadapt: no cluster is up in {state}; as its store last recorded it", err=True)
+    while True:
+        try:
+            doc = _status_doc(client) if client is not None else _stored_status(state)
+        except ApiError as e:
+            fail(api_failure(e, state_dir))
+        if json_out:
+            typer.echo(json.dumps(doc))
+        else:
+            _render_status(doc, wide=wide)
+        if not watch:
+            return
+        time.sleep(2.0)
+
+
+ENDED = ("completed", "failed", "cancelled", "refused")
+FOLLOW_POLL_S = 1.0  # how often logs -f looks for new lines and the job's status
+
+
+class _LogSource:
+    """Where ``coadapt logs`` reads a job's logs and status: the state folder itself when the
+    cluster's store is there (a local cluster, up or not), else the deployment's API."""
+
+    def __init__(self, state_dir: Path | None, job: str) -> None:
+        from autoscaler.controller.api import JOB_NAME_PATTERN
+
+        self.state = resolve_state_dir(state_dir)
+        self.job = job
+        self.store: Any = None
+        self.client: Any = None
+        if not JOB_NAME_PATTERN.fullmatch(job):
+            fail(
+                f"{job!r} is not a job name; coadapt status --state-dir {self.state} lists them", 2
+            )
+        if (self.state / "store.db").is_file():
+            from autoscaler.controller.errors import StoreError
+            from autoscaler.controller.store import Store
+            from coadapt_common.clock import SystemClock
+
+            try:
+                self.store = Store.open_read_only(self.state / "store.db", SystemClock())
+            except StoreError as e:
+                fail(f"{e}; the job logs are in {self.state / 'logs' / job}")
+        else:
+            self.client = _client(state_dir)
+        self.status()  # an unknown job fails here, before anything is printed
+
+    def status(self) -> tuple[str, str | None]:
+        """The job's status and reason now."""
+        from autoscaler.controller.api import ApiError
+        from autoscaler.controller.errors import StoreError, UnknownRowError
+
+        try:
+            if self.store is not None:
+                row = self.store.get_job(self.job)
+                return row.status.value, row.reason
+            info = self.client.get_job(self.job)
+            return info.status.value, info.reason
+        except ApiError as e:
+            fail(api_failure(e, self.state))
+        except StoreError as e:
+            if not isinstance(e, UnknownRowError):
+                fail(f"{e}; the job logs are in {self.state / 'logs' / self.job}")
+            fail(f"no job {self.job!r} in {self.state}; coadapt status --state-dir "
+                 f"{self.state} lists the jobs")  # fmt: skip
+
+    def chunk(self, offset: int) -> Any:
+        """The logs from byte ``offset`` (a :class:`~autoscaler.controller.api.LogChunk`)."""
+        from autoscaler.controller.api import ApiError, read_job_logs
+
+        if self.store is not None:
+            return read_job_logs(self.state / "logs", self.job, offset)
+        try:
+            return self.client.job_logs(self.job, offset)
+        except ApiError as e:
+            fail(api_failure(e, self.state))
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+
+
+def logs(
+    job: Annotated[str, typer.Argument(help="The job's name.")],
+    state_dir: StateDir = None,
+    follow: Annotated[
+        bool,
+        typer.Option(
+            "-f",
+            "--follow",
+            help="Keep printing new lines until the job ends (a queued job is waited for; "
+            "Ctrl-C stops).",
+        ),
+    ] = False,
+    timeout_s: Annotated[
+        float | None,
+        typer.Option(
+            "--timeout-s", help="With --follow: stop after this many seconds (default: none)."
+        ),
+    ] = None,
+    json_out: Json = False,
+    raw: Annotated[
+        bool,
+        typer.Option(
+            "--raw",
+            help="Write the logs as the job wrote them, terminal escapes included (by "
+            "default every control character but line breaks and tabs is shown as ?).",
+        ),
+    ] = False,
+) -> None:
+    """A job's logs (every instance it ran on), read from the state folder whether or not
+    the cluster is up (a deployed cluster's through its controller). What the job wrote
+    cannot drive your terminal: escapes (a title change, a screen clear, colours) are shown
+    as ?, unless --raw."""
+    if timeout_s is not None and not timeout_s > 0:
+        fail(f"--timeout-s {timeout_s}: give a number of seconds > 0, or leave it out", 2)
+    source = _LogSource(state_dir, job)
+    try:
+        if json_out:
+            typer.echo(json.dumps(source.chunk(0).to_dict()))
+            return
+        offset = _print_logs(source, 0, raw)
+        if not follow:
+            if offset == 0:  # nothing written yet: say why
+                status, reason = source.status()
+                why = f" ({reason})" if reason and status in SHOWN_REASONS else ""
+                typer.echo(f"coadapt: {job} is {status}{why}; no logs yet", err=True)
+            return
+        _follow(source, offset, timeout_s, raw)
+    finally:
+        source.close()
+
+
+def _print_logs(source: _LogSource, offset: int, raw: bool = False) -> int:
+    """Print everything from ``offset`` that is there now (its control characters shown as
+    ``?`` unless ``raw``: :func:`~autoscaler.controller.api.printable`); the offset after it."""
+    from autoscaler.controller.api import printable
+
+    while True:
+        chunk = source.chunk(offset)
+        sys.stdout.write(chunk.text if raw else printable(chunk.text, lines=True))
+        sys.stdout.flush()
+        if not chunk.more or chunk.next_offset == offset:
+            return int(chunk.next_offset)
+        offset = chunk.next_offset
+
+
+def _follow(source: _LogSource, offset: int, timeout_s: float | None, raw: bool = False) -> None:
+    """Print new lines until the job ends (then its status on stderr: exit status 0 when it
+    completed, 1 otherwise) or ``timeout_s`` passes; a queued job is waited for."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    told_queued = False
+    while True:
+        status, reason = source.status()
+        # after the status: nothing written before it ends
+        offset = _print_logs(source, offset, raw)
+        if status in ENDED:
+            if status == "completed":
+                return
+            fail(f"job {source.job} {status}" + (f": {reason}" if reason else ""))
+        if status == "queued" and not told_queued:
+            typer.echo(
+                f"coadapt: {source.job} is queued; waiting for it to start (Ctrl-C stops)",
+                err=True,
+            )
+            told_queued = True
+        if deadline is not None and time.monotonic() >= deadline:
+            fail(f"job {source.job} still {status} after {timeout_s:g} s; run coadapt logs -f "
+                 "again to go on following")  # fmt: skip
+        time.sleep(FOLLOW_POLL_S)
+
+
+def cancel(
+    job: Annotated[str, typer.Argument(help="The job's name.")],
+    state_dir: StateDir = None,
+) -> None:
+    """Cancel a job (its processes stop at the next round)."""
+    from autoscaler.controller.api import ApiError
+
+    try:
+        info = _client(state_dir).cancel_job(job)
+    except ApiError as e:
+        fail(api_failure(e, state_dir))
+    typer.echo(f"{info.name}: {info.status}")
+
+
+def retry(
+    job: Annotated[str, typer.Argument(help="The job's name.")],
+    state_dir: StateDir = None,
+) -> None:
+    """Queue a refused or failed job again (once its cause is fixed: a larger fleet, a
+    repaired script); its failure count starts over."""
+    from autoscaler.controller.api import ApiError
+
+    try:
+        info = _client(state_dir).retry_job(job)
+    except ApiError as e:
+        fail(api_failure(e, state_dir))
+    typer.echo(f"{info.name}: {info.status}")
+
+
+def down(
+    state_dir: StateDir = None,
+    timeout_s: Annotated[float, typer.Option(help="Seconds to wait for the release.")] = 300.0,
+) -> None:
+    """Stop the running coadapt up and release every instance: it confirms none is left.
+    It checks first that the process up.json names is that coadapt up (its pid, start
+    time and command line) and that this state folder's user token is the cluster's."""
+    from autoscaler.controller.api import ApiClient, ApiError, load_tokens
+    from autoscaler.controller.errors import ControllerError
+    from autoscaler.controller.service import up_is_stale
+    from autoscaler.errors import InvalidInputError
+    from coadapt_common.procfs import process_start_time, read_proc_strings
+
+    state = resolve_state_dir(state_dir)
+    up_file = state / "up.json"
+    if not up_file.exists():
+        fail(f"no cluster is up in {state}")
+    try:
+        doc = json.loads(up_file.read_text())
+        pid, started, cmdline, url = doc["pid"], doc["started"], doc["cmdline"], doc["url"]
+        if not (isinstance(pid, int) and pid > 1 and isinstance(cmdline, list)):
+            raise ValueError("not an up record")
+        if not (isinstance(url, str) and url.startswith(("http://", "https://"))):
+            raise ValueError("not an API URL")
+    except (OSError, ValueError, KeyError, TypeError):
+        fail(f"{up_file} is not a record of a running coadapt up; nothing was stopped. If no "
+             f"coadapt up runs for {state}, remove it")  # fmt: skip
+
+    def same_process() -> bool:
+        live = [p.decode(errors="replace") for p in read_proc_strings(pid, "cmdline")]
+        return started is not None and process_start_time(pid) == started and live == cmdline
+
+    if not same_process():
+        if up_is_stale(up_file):  # killed, crashed, rebooted: the next up takes over
+            fail(
+                f"the coadapt up that ran this cluster (pid {pid}) is gone (killed or "
+                "crashed); nothing was stopped and its instances keep running: coadapt up "
+                f"--state-dir {state} takes them back, then coadapt down --state-dir {state} "
+                "releases them"
+            )
+        fail(
+            f"{up_file} names pid {pid}, which is not the coadapt up that wrote it (its "
+            "command line differs): nothing was stopped. If no coadapt up runs for "
+            f"{state}, remove {up_file}; its instances keep running until an up takes them "
+            "back"
+        )
+    try:
+        token = load_tokens(state / "tokens.json").user
+    except (ControllerError, InvalidInputError) as e:  # one line, no traceback
+        fail(f"cannot read the user token: {e}; nothing was stopped")
+    client = ApiClient(str(url), token, timeout_s=10.0)
+    try:
+        serving = client.service()
+    except ApiError as e:
+        if e.status in (401, 403):
+            fail(f"the user token in {state / 'tokens.json'} is not this cluster's: nothing "
+                 "was stopped; use the state folder of the coadapt up that runs it")  # fmt: skip
+        fail(f"could not ask coadapt up (pid {pid}) to stop: {e.message}; nothing was stopped")
+    if (serving.get("pid"), serving.get("started")) != (pid, started):
+        fail(f"the API at {url} is served by another process than pid {pid}: nothing was "
+             "stopped")  # fmt: skip
+    try:
+        client.service_down()
+    except ApiError as e:
+        fail(f"could not ask coadapt up (pid {pid}) to stop: {e.message}; nothing was stopped")
+    deadline = time.monotonic() + timeout_s
+    while same_process() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if same_process():
+        fail(f"`coadapt up` (pid {pid}) is still releasing after {timeout_s:.0f} s; run coadapt "
+             "down again to wait longer")  # fmt: skip
+    typer.echo("coadapt: down")
+
+
+def _configure_logging(*, verbose: bool) -> None:
+    """The controller's log on stderr, one line per record: warnings and errors, and with
+    ``verbose`` its informational records too."""
+    import logging
+
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
+    )
+
+
+def events(
+    state_dir: StateDir = None,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing new events until Ctrl-C.")
+    ] = False,
+    last: Annotated[int, typer.Option(help="Only the last N events (0: all).", min=0)] = 0,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="One JSON object per line instead of text.")
+    ] = False,
+) -> None:
+    """The cluster's story from its store, whether or not it is up: launches, notices,
+    preemptions, rescales, re-batches, refusals, completions, releases, each with its time and
+    its reason (what coadapt up prints)."""
+    import dataclasses
+
+    from autoscaler.controller.errors import StoreError
+    from autoscaler.controller.events import format_event
+    from autoscaler.controller.store import Store
+    from coadapt_common.clock import SystemClock
+
+    state = resolve_state_dir(state_dir)
+    path = state / "store.db"
+    if not path.exists():
+        fail(f"no cluster store in {state} (coadapt up --state-dir {state} makes one)")
+
+    def show(rows: tuple[Any, ...]) -> None:
+        for row in rows:
+            if json_out:
+                typer.echo(json.dumps(dataclasses.asdict(row)))
+            else:
+                typer.echo(format_event(row))
+
+    if follow:  # Ctrl-C ends it, also when started where SIGINT is ignored (a shell's &)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with Store.open_read_only(path, SystemClock()) as store:
+            rows = store.events_after(0)
+            while len(rows) == 10_000:  # read on past a page
+                rows = rows + store.events_after(rows[-1].seq)
+            cursor = rows[-1].seq if rows else 0
+            show(rows[-last:] if last else rows)
+            if not rows and not follow:
+                typer.echo(f"coadapt: no events yet in {state}", err=True)
+            while follow:
+                time.sleep(1.0)
+                new = store.events_after(cursor)
+                if new:
+                    cursor = new[-1].seq
+                    show(new)
+    except StoreError as e:
+        fail(str(e))
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None
+
+
+def dashboard(
+    state_dir: StateDir = None,
+    open_it: Annotated[
+        bool, typer.Option("--open", help="Open it in a web browser as well.")
+    ] = False,
+) -> None:
+    """Print the address of the cluster's dashboard, with the users' token in it (the part
+    after # never leaves the browser: it is not sent to the server or written to its logs).
+    The token is a secret: do not paste the address where others can read it."""
+    state = resolve_state_dir(state_dir)
+    up_file = state / "up.json"
+    if not up_file.exists():
+        fail(f"no cluster is up in {state} (start one with: coadapt up --state-dir {state})")
+    try:
+        url = str(json.loads(up_file.read_text())["url"])
+    except (ValueError, KeyError, TypeError, OSError) as e:
+        fail(f"{up_file}: unreadable ({e}); restart coadapt up")
+    address = f"{url.rstrip('/')}/dashboard#token={_users_token(state)}"
+    typer.echo(address)
+    if open_it:
+        import webbrowser
+
+        if not webbrowser.open(address):
+            typer.echo("coadapt: no web browser found here; open the address above", err=True)
+
+
+def agent(
+    api: Annotated[str, typer.Option("--api", help="The controller API URL.")],
+    token_file: Annotated[
+        Path,
+        typer.Option(
+            "--token-file",
+            help='This agent\'s own credential (a 0600 JSON file {"agent": ...}); renewed '
+            "in place.",
+        ),
+    ],
+    work_dir: Annotated[
+        Path, typer.Option("--work-dir", help="Where this instance's jobs run (one folder each).")
+    ],
+    instance_key: Annotated[
+        str | None,
+        typer.Option(
+            "--instance-key", help="This instance's id in the store (or give --request-id)."
+        ),
+    ] = None,
+    request_id: Annotated[
+        str | None,
+        typer.Option(
+            "--request-id",
+            help="This instance's coadapt-request-id tag (a cloud node); needs --cluster-id.",
+        ),
+    ] = None,
+    cluster_id: Annotated[
+        str | None, typer.Option("--cluster-id", help="The cluster (with --request-id).")
+    ] = None,
+    logs_dir: Annotated[
+        Path | None,
+        typer.Option("--logs-dir", help="Where job logs go (default: inside --work-dir)."),
+    ] = None,
+    checkpoint_root: Annotated[
+        str | None,
+        typer.Option(
+            "--checkpoint-root",
+            help="Where jobs without their own location checkpoint: a folder, s3:// or gs://.",
+        ),
+    ] = None,
+    notice_dir: Annotated[
+        Path | None,
+        typer.Option("--notice-dir", help="The local provider's preemption-notice folder."),
+    ] = None,
+    notice_source: Annotated[
+        str | None,
+        typer.Option(
+            "--notice-source",
+            help="What says this instance is being reclaimed: local (the local provider's "
+            "notice file), aws (IMDSv2 spot instance-action), gcp (metadata: preempted) or "
+            "none; default: local with --notice-dir, else none.",
+        ),
+    ] = None,
+    metadata_url: Annotated[
+        str | None,
+        typer.Option("--metadata-url", help="The cloud metadata service's URL (tests)."),
+    ] = None,
+    interval_s: Annotated[
+        float, typer.Option("--interval-s", help="Seconds between two polls of the controller.")
+    ] = 2.0,
+    report_interval_s: Annotated[
+        float,
+        typer.Option("--report-interval-s", help="Seconds between two progress reports."),
+    ] = 30.0,
+    address: Annotated[
+        str, typer.Option("--address", help="The address peers reach this node at.")
+    ] = "127.0.0.1",
+    isolate_jobs: Annotated[
+        bool,
+        typer.Option(
+            "--isolate-jobs",
+            help="Run each job as its own unprivileged user, in a mount namespace that shows "
+            "it its own checkpoint folder: this agent's credential and folders are out of its "
+            "reach (needs root).",
+        ),
+    ] = False,
+    job_log_max_bytes: Annotated[
+        int | None,
+        typer.Option(
+            "--job-log-max-bytes", help="What each job's log keeps here (default 64 MiB)."
+        ),
+    ] = None,
+    min_free_bytes: Annotated[
+        int | None,
+        typer.Option(
+            "--min-free-bytes",
+            help="Start no job while the disk of its log or checkpoints has less free.",
+        ),
+    ] = None,
+    stop_grace_s: Annotated[
+        float,
+        typer.Option(
+            "--stop-grace-s",
+            help="Seconds a job asked to stop has to checkpoint before it is killed (1-3600; "
+            "the instance's own shutdown must wait longer).",
+        ),
+    ] = 60.0,
+) -> None:
+    """One instance's node agent (coadapt up starts one on each instance it launches).
+
+    It runs the jobs the controller places on this instance until SIGTERM or SIGINT; then
+    every job stops with a checkpoint and nothing is left running."""
+    from autoscaler.controller.service import agent_main
+
+    if (instance_key is None) == (request_id is None):
+        fail("give exactly one of --instance-key and --request-id", 2)
+    argv = ["--api", api, "--token-file", str(token_file), "--work-dir", str(work_dir)]
+    named: dict[str, object | None] = {
+        "--instance-key": instance_key,
+        "--request-id": request_id,
+        "--cluster-id": cluster_id,
+        "--logs-dir": logs_dir,
+        "--checkpoint-root": checkpoint_root,
+        "--notice-dir": notice_dir,
+        "--notice-source": notice_source,
+        "--metadata-url": metadata_url,
+        "--interval-s": interval_s,
+        "--report-interval-s": report_interval_s,
+        "--address": address,
+        "--job-log-max-bytes": job_log_max_bytes,
+        "--min-free-bytes": min_free_bytes,
+        "--stop-grace-s": stop_grace_s,
+    }
+    for flag, value in named.items():
+        if value is not None:
+            argv += [flag, str(value)]
+    if isolate_jobs:
+        argv.append("--isolate-jobs")
+    raise typer.Exit(agent_main(argv))
+
+
+DEMO_JOBS = ("mlp-small", "mlp-medium", "mlp-wide")
+ENDED_STATUSES = ("completed", "failed", "cancelled", "refused")
+
+
+def demo(
+    state_dir: Annotated[
+        Path | None, typer.Option("--state-dir", help="Keep the demo's state here.")
+    ] = None,
+    timeout_s: Annotated[
+        float, typer.Option(help="Seconds after which the demo gives up.")
+    ] = 300.0,
+) -> None:
+    """A local fleet with spot instances at simulated, moving spot prices, three small real
+    PyTorch jobs from examples/jobs, a spot preemption injected mid-run, the story as it
+    happens (each event with its time and its reason), and the cost report at the end."""
+    from autoscaler.controller.api import ApiClient, ApiError
+    from autoscaler.controller.events import Event, format_event
+    from autoscaler.controller.jobspec import load_job_spec
+    from autoscaler.controller.service import UpConfig, run_up
+    from providers.local import LocalProvider
+
+    os.umask(0o077)
+    examples = Path.cwd() / "examples" / "jobs"
+    if not examples.is_dir():
+        fail("run the demo from the coadapt checkout (it needs examples/jobs/)", 2)
+    state = state_dir or Path(tempfile.mkdtemp(prefix="coadapt-demo-"))
+    stop, ready, result = threading.Event(), list[str](), dict[str, Any]()
+    cfg = UpConfig(
+        state,
+        interval_s=3.0,
+        max_instances=3,
+        max_gpu_slots=8,
+        max_gpus=4,  # half the slots: room for a replacement fleet while one drains
+        local_spot_price_swing=0.4,  # simulated spot prices: +-40 % over two minutes
+        local_spot_price_period_s=120.0,
+        offerings_refresh_s=15.0,
+        release_on_stop=True,  # the demo's fleet ends with it
+    )
+
+    def say(text: str) -> None:
+        typer.echo(f"{time.strftime('%H:%M:%S')} {'demo':<10} {text}")
+
+    def told(event: Event) -> None:
+        typer.echo(format_event(event))
+
+    thread = threading.Thread(
+        target=lambda: result.setdefault(
+            "down", run_up(cfg, stop, on_ready=ready.append, on_event=told)
+        ),
+        daemon=True,
+    )
+    typer.echo(
+        "coadapt demo: a controller with a local fleet of simulated spot instances, three "
+        "small PyTorch jobs, and a spot preemption injected while they train. Each line below "
+        "is one event: its time, what happened and why."
+    )
+    thread.start()
+    start = time.monotonic()
+    while not ready and thread.is_alive():
+        time.sleep(0.05)
+    if not ready:
+        fail("the controller did not start")
+    say(f"controller up at {ready[0]}; its state is in {state}")
+    client = ApiClient(ready[0], _users_token(state), timeout_s=30.0)
+    doc: dict[str, Any] = {"jobs": [], "instances": []}
+    try:
+        for name in DEMO_JOBS:
+            try:
+                client.submit_job(load_job_spec(examples / f"{name}.yaml").submission())
+            except ApiError as e:
+                fail(f"could not submit {name}: {e.message}; the fleet is released")
+        say(f"submitted {', '.join(DEMO_JOBS)}")
+        preempted, placed_at, slow = None, None, False
+        while time.monotonic() - start < timeout_s:
+            try:
+                doc = _status_doc(client)
+            except ApiError as e:  # a loaded machine: the API answers late; ask again
+                if not slow:
+                    say(f"the controller's API answers slowly ({e.message}); asking again")
+                slow = True
+                time.sleep(2.0)
+                continue
+            jobs = {j["name"]: j for j in doc["jobs"]}
+            target = jobs.get("mlp-medium", {})
+            if target.get("assignment") and placed_at is None:
+                placed_at = time.monotonic()
+            # Once it has made progress (a checkpoint to resume from), or has run a while
+            # without a report yet: the preemption must land while the job still runs.
+            if (
+                preempted is None
+                and target.get("assignment")
+                and placed_at is not None
+                and (target.get("progress") or time.monotonic() - placed_at >= 6.0)
+            ):
+                victim = sorted(target["assignment"])[0]
+                row = next(i for i in doc["instances"] if i["instance_key"] == victim)
+                on_it = sorted(n for n, j in jobs.items() if victim in (j.get("assignment") or {}))
+                LocalProvider(state / "local").preempt(row["provider_instance_id"], notice_s=30.0)
+                preempted = victim
+                progress = target.get("progress")
+                done = "" if progress is None else f"; mlp-medium is at progress {progress:.0f}"
+                say(
+                    f"injecting a spot preemption: the cloud takes {victim} back in 30 s (it "
+                    f"runs {', '.join(on_it)}{done}); watch the jobs checkpoint, move and resume"
+                )
+            if all(j["status"] in ENDED_STATUSES for j in jobs.values()):
+                break
+            time.sleep(2.0)
+        else:
+            say(f"stopping after --timeout-s {timeout_s:.0f} s: not every job finished")
+    finally:
+        say("releasing the fleet")
+        stop.set()
+        thread.join(timeout=180)
+    for j in doc["jobs"]:  # the last status read, in words (the instances are gone by now)
+        progress, target = j.get("progress"), j.get("target_progress")
+        shown = "no progress reported" if progress is None else f"progress {progress:.0f}"
+        if progress is not None and target:
+            shown += f" of {target:.0f}"
+        why = f" ({j['reason']})" if j.get("reason") else ""
+        counts = f"{j.get('restarts', 0)} restart(s), {j.get('retries', 0)} failure(s)"
+        typer.echo(f"coadapt demo: {j['name']}: {j['status']}{why}, {shown}, {counts}")
+    typer.echo("")
+    _demo_cost_report(state)
+    down_report = result.get("down")
+    if down_report is None or not down_report.clean:
+        fail("instances were left after the demo")
+    size_mb = sum(f.stat().st_size for f in state.rglob("*") if f.is_file()) / 1e6
+    typer.echo(
+        f"coadapt demo: done in {time.monotonic() - start:.0f} s; no instance left.\n"
+        f"Its state ({size_mb:.0f} MB: store, logs, checkpoints) is in {state}:\n"
+        f"  coadapt events --state-dir {state}    (the story again)\n"
+        f"  coadapt logs mlp-medium --state-dir {state}\n"
+        f"  coadapt cost report --state-dir {state} --format html --out report.html\n"
+        f"  rm -r {state}    (when you are done with it)"
+    )
+
+
+def _demo_cost_report(state: Path) -> None:
+    """The cost report of the demo's store: what `coadapt cost report --state-dir` prints."""
+    from autoscaler.cli.cost import render_tables, store_report
+
+    try:
+        report = store_report(state)
+    except typer.Exit:  # said in one line already; the demo still says where its state is
+        return
+    typer.echo(render_tables([report], plain=not sys.stdout.isatty()), nl=False)

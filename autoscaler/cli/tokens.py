@@ -1,0 +1,107 @@
+"""``coadapt tokens rotate user | agent-key | all``: replace a cluster's secrets without stopping
+a job (thin: parse, call :mod:`autoscaler.controller.credentials`, print).
+
+It rewrites the controller's tokens file (``<state>/tokens.json``), whether or not the
+controller runs: a running one reads the file again at its next request. What each rotation
+does (the module docstring of :mod:`autoscaler.controller.credentials` says it in full):
+
+* ``user``: a new users' token; the old one is refused at once. No job or agent uses it. A
+  cloud controller publishes the new one where it published the old (SSM, Secret Manager).
+* ``agent-key``: a new agent key; every agent and report credential made with the old one stays
+  valid for ``--grace-s`` seconds, while agents renew theirs at their next heartbeat and hand
+  their jobs new report credentials (nothing is relaunched), then is refused.
+* ``all``: both.
+
+On a deployed cluster run it on the controller machine (``--state-dir /var/lib/coadapt``): the
+copy of the users' token a CLI keeps for a deployed cluster has no agent key to rotate.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from autoscaler.cli.common import StateDir, fail, resolve_state_dir
+
+WHICH = ("user", "agent-key", "all")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``coadapt tokens`` to the ``coadapt`` app."""
+    tokens_app = typer.Typer(
+        rich_markup_mode=None,  # plain help: option names whole at 80 columns
+        help="The cluster's secrets: the users' token and the agent key.",
+        no_args_is_help=True,
+    )
+    tokens_app.command("rotate")(rotate)
+    app.add_typer(tokens_app, name="tokens")
+
+
+def rotate(
+    which: Annotated[str, typer.Argument(help="What to replace: user, agent-key or all.")],
+    state_dir: StateDir = None,
+    grace_s: Annotated[
+        float,
+        typer.Option(
+            help="With agent-key: seconds the previous key's credentials stay valid while agents "
+            "and trainers renew (at most 7 days)."
+        ),
+    ] = 600.0,
+    force: Annotated[
+        bool,
+        typer.Option(
+            help="With agent-key: rotate again although the previous key is still honoured "
+            "(whoever has not renewed yet is refused)."
+        ),
+    ] = False,
+) -> None:
+    """Replace the users' token and/or the agent key, without stopping a job."""
+    from autoscaler.controller.credentials import (
+        TokenFileError,
+        rotate_agent_key,
+        rotate_user_token,
+    )
+    from autoscaler.errors import InvalidInputError
+
+    if which not in WHICH:
+        fail(f"tokens rotate {which}: choose {', '.join(WHICH)}", 2)
+    path = resolve_state_dir(state_dir) / "tokens.json"
+    _refuse_a_users_copy(path)
+    try:
+        if which in ("agent-key", "all"):  # first: the one that may be refused
+            new = rotate_agent_key(path, now_s=time.time(), grace_s=grace_s, force=force)
+            until = time.strftime(
+                "%Y-%m-%d %H:%M:%S", time.localtime(new.previous_agent_key_until_s or 0.0)
+            )
+            typer.echo(
+                f"coadapt: a new agent key is in {path}; credentials of the previous one are "
+                f"honoured until {until} ({grace_s:.0f} s): running agents and trainers renew "
+                "theirs meanwhile, nothing is restarted"
+            )
+        if which in ("user", "all"):
+            rotate_user_token(path)
+            typer.echo(
+                f"coadapt: a new users' token is in {path}; the old one is refused from now on"
+            )
+    except InvalidInputError as e:
+        fail(str(e), 2)
+    except TokenFileError as e:
+        fail(str(e))
+
+
+def _refuse_a_users_copy(p: Path) -> None:
+    """A file holding a users' token only is a CLI's copy for a deployed cluster."""
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, ValueError):
+        return  # the rotation itself says what is wrong with it
+    if isinstance(data, dict) and set(data) == {"user"}:
+        fail(
+            f"{p} is this CLI's copy of a deployed cluster's users' token; rotate on the "
+            "controller machine (coadapt tokens rotate ... --state-dir /var/lib/coadapt), then "
+            f"delete {p} so that the CLI reads the new token"
+        )

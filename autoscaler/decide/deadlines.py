@@ -1,0 +1,209 @@
+"""Deadlines: what a job's deadline asks of the fleet and the policy (pure).
+
+A job may carry a deadline (:attr:`JobView.deadline_s <autoscaler.decide.jobs.JobView.deadline_s>`,
+on the clock of its submission time). Once its script has declared its length (its first
+report), its remaining work is known (:attr:`JobView.remaining_work`, ``M0``-equivalent
+samples) and, with a goodput model, so is how fast it could finish. The rules here are shared
+by the fleet sizing (:func:`autoscaler.decide.strategies.demands_of`), the ``coadapt`` policy and
+the controller's warning, so that they mean one thing everywhere:
+
+- :func:`required_rate` -- the goodput (samples per second) the job needs from now on to be
+  done ``margin_s`` before its deadline;
+- :func:`assess` -- given the job's goodput on each instance kind and GPU count: the fastest
+  it could be done (``fastest_s``), whether it can still make it at all (``feasible``),
+  whether its *slack* (time left minus the fastest time, start-up included) is below
+  ``margin_s`` (``urgent``: it can no longer afford a preemption, so it runs on demand), and
+  per kind the fewest GPUs that finish it ``margin_s`` early (``gpus``);
+- :func:`uniform_progress_ahead` -- Can't Be Late's uniform-progress rule (Wu et al.,
+  NSDI'24), the ``uniform-progress`` baseline: a job is *ahead* while the share of its work
+  done is at least the share of its time to the deadline gone, and then may run on spot.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import numpy as np
+
+from autoscaler.decide.bounds import gpu_ceiling
+from autoscaler.decide.jobs import JobView
+from autoscaler.model.goodput import optimistic_internode
+from autoscaler.model.gputypes import REFERENCE_GPU_TYPE, SpeedTable, estimate_model, limits_on
+
+__all__ = [
+    "DeadlineNeed",
+    "assess",
+    "fastest_finish_s",
+    "goodput_bound",
+    "goodput_curves",
+    "required_rate",
+    "time_left_s",
+    "uniform_progress_ahead",
+]
+
+Kind = tuple[str, int]
+
+
+def time_left_s(job: JobView) -> float | None:
+    """Seconds from now (the job's submission time plus its age) to its deadline (negative
+    once it has passed); ``None`` without a deadline."""
+    if job.deadline_s is None:
+        return None
+    return job.deadline_s - (job.submit_time_s + job.age_s)
+
+
+def required_rate(job: JobView, margin_s: float) -> float | None:
+    """Goodput (``M0``-equivalent samples per second) the job needs from now on to be done
+    ``margin_s`` before its deadline (``inf`` when that moment has passed); ``None`` without a
+    deadline or a known remaining work."""
+    left = time_left_s(job)
+    work = job.remaining_work
+    if left is None or work is None:
+        return None
+    usable = left - margin_s
+    return math.inf if usable <= 0 else work / usable
+
+
+@dataclass(frozen=True)
+class DeadlineNeed:
+    """What a deadline asks (see :func:`assess`): ``time_left_s`` to the deadline,
+    ``fastest_s`` the fastest the job could be done from now (start-up included; ``inf`` if it
+    cannot run on any kind), ``feasible`` whether that is before the deadline, ``urgent``
+    whether the slack is below the margin, ``gpus`` per instance kind the fewest GPUs that
+    finish it ``margin_s`` before the deadline (the most useful count where none does)."""
+
+    time_left_s: float
+    fastest_s: float
+    feasible: bool
+    urgent: bool
+    gpus: Mapping[Kind, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "gpus", MappingProxyType(dict(self.gpus)))
+
+
+def assess(
+    work: float,
+    time_left: float,
+    goodput: Mapping[Kind, Sequence[float]],
+    *,
+    start_s: float,
+    margin_s: float,
+    running_kind: Kind | None = None,
+    restart_s: float = 0.0,
+    tight_s: float = 60.0,
+) -> DeadlineNeed:
+    """The :class:`DeadlineNeed` of a job with ``work`` left (samples) and ``time_left``
+    seconds to its deadline, whose goodput on ``g`` GPUs of each kind is
+    ``goodput[kind][g - 1]`` (samples per second). Starting on a kind costs ``start_s``
+    (provisioning and the job's start), or ``restart_s`` on the kind it runs on
+    (``running_kind``). ``urgent`` when ``time_left - fastest_s < margin_s``: on demand, it
+    needs no margin for a preemption, and its ``gpus`` are the fewest done ``tight_s``
+    early (else the fastest); otherwise the fewest done ``margin_s`` early (else
+    ``tight_s``, else the fastest)."""
+    if not (work >= 0 and math.isfinite(work)):
+        raise ValueError(f"work must be finite and >= 0, got {work}")
+    fastest = math.inf
+    usable = {k: c for k, c in goodput.items() if c and max(c) > 0}
+    for kind, curve in usable.items():
+        overhead = restart_s if kind == running_kind else start_s
+        fastest = min(fastest, overhead + work / max(curve))
+    urgent = time_left - fastest < margin_s
+    margins = (tight_s,) if urgent else (margin_s, tight_s)
+    gpus: dict[Kind, int] = {}
+    for kind, curve in usable.items():
+        overhead = restart_s if kind == running_kind else start_s
+        need = int(max(range(len(curve)), key=lambda i: (curve[i], -i))) + 1  # the fastest
+        for margin in margins:
+            target = time_left - overhead - margin
+            fits = [g for g, rate in enumerate(curve, 1) if rate > 0 and work / rate <= target]
+            if fits:
+                need = fits[0]
+                break
+        gpus[kind] = need
+    return DeadlineNeed(time_left, fastest, feasible=fastest <= time_left, urgent=urgent, gpus=gpus)
+
+
+def goodput_curves(
+    job: JobView,
+    kinds: Iterable[Kind],
+    speeds: SpeedTable,
+    *,
+    most_gpus: int = 64,
+    optimistic: bool = True,
+) -> dict[Kind, list[float]]:
+    """The job's goodput (samples per second) on ``g = 1 ..`` GPUs of each instance kind
+    ``(gpu_type, gpus_per_instance)`` it may use, packed onto the fewest instances, up to its
+    GPU ceiling (:func:`~autoscaler.decide.bounds.gpu_ceiling`) and ``most_gpus``: by its fitted
+    model there, or the ratio rule's estimate from its other types (at its fixed batch if
+    it does not adapt). Empty when it has no model yet. Not capped by the policy's
+    exploration: what a deadline could still be met with, not what the job has shown; with
+    ``optimistic``, a shape on more instances than the job has run on is valued at the better
+    of its fit and its fit with the inter-node sync taken as the intra-node one
+    (:func:`~autoscaler.model.goodput.optimistic_internode`, as the sizing's ``optimistic_nodes``):
+    a fit from one instance knows nothing of the network, and a deadline judged on its
+    worst guess buys on demand for nothing."""
+    models = job.models or ({REFERENCE_GPU_TYPE: job.model} if job.model is not None else {})
+    if not models:
+        return {}
+    top = max(1, min(gpu_ceiling(job), most_gpus))
+    g = np.arange(1, top + 1)
+    fixed = None if job.adaptive else job.fixed_batch_size
+    out: dict[Kind, list[float]] = {}
+    for gpu_type, per in sorted(set(kinds)):
+        if not job.allows_type(gpu_type):
+            continue
+        model = (
+            models.get(gpu_type)
+            or estimate_model(
+                models,
+                gpu_type,
+                speeds,
+                limits=limits_on(job.limits, job.application, gpu_type, speeds),
+            ).model
+        )
+        nodes = -(-g // per)
+        goodput = np.ravel(model.optimize(nodes, g, fixed_batch_size=fixed).goodput)
+        unseen = nodes > max(1, job.max_profiled_nodes)
+        if optimistic and unseen.any():
+            hopeful = optimistic_internode(model).optimize(nodes, g, fixed_batch_size=fixed)
+            goodput = np.where(unseen, np.maximum(goodput, np.ravel(hopeful.goodput)), goodput)
+        out[(gpu_type, per)] = [float(x) for x in goodput]
+    return out
+
+
+def goodput_bound(job: JobView, kinds: Iterable[Kind], speeds: SpeedTable, most_gpus: int) -> float:
+    """An upper bound of the job's goodput on up to ``most_gpus`` GPUs (and its ceiling) of
+    any kind it may use, by its models: that many times its best goodput on one GPU (per
+    GPU, throughput falls and statistical efficiency falls with the batch, so no allocation
+    beats perfect scaling of one GPU's best). 0 without a model."""
+    curves = goodput_curves(job, kinds, speeds, most_gpus=1, optimistic=False)
+    best = max((c[0] for c in curves.values() if c), default=0.0)
+    return max(1, min(gpu_ceiling(job), most_gpus)) * best
+
+
+def fastest_finish_s(
+    job: JobView, kinds: Iterable[Kind], speeds: SpeedTable, *, most_gpus: int = 64
+) -> float | None:
+    """A lower bound of the seconds the job's remaining work takes from now on any instance
+    kind it may use, on up to ``most_gpus`` GPUs (:func:`goodput_bound`); no start-up
+    counted. ``None`` when its remaining work or its model is unknown."""
+    work = job.remaining_work
+    if work is None:
+        return None
+    best = goodput_bound(job, kinds, speeds, most_gpus)
+    return None if best <= 0 else work / best
+
+
+def uniform_progress_ahead(
+    done: float, total: float, since_submit_s: float, window_s: float
+) -> bool:
+    """Can't Be Late's rule: with ``done`` of ``total`` work done, ``since_submit_s`` into a
+    ``window_s`` from submission to deadline, whether the job is at or ahead of the uniform
+    rate (``done / total >= since_submit_s / window_s``)."""
+    if total <= 0 or window_s <= 0:
+        return False
+    return done / total >= min(1.0, max(0.0, since_submit_s / window_s))
