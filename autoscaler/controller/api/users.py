@@ -1,0 +1,242 @@
+"""The users' endpoints (the CLI, the dashboard): jobs, instances, the fleet, costs, the service.
+
+What each answers is in :mod:`autoscaler.controller.api`'s table. A job's fields are checked by
+the one function ``coadapt submit`` runs on a YAML spec (:meth:`JobSubmission.from_mapping`);
+a cancel or a retry is written against the version read, read again if it changed meanwhile
+(five tries, then 409).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+import urllib.parse
+from collections.abc import Mapping
+from typing import Any, Final
+
+from werkzeug.wrappers import Request, Response
+
+from autoscaler.controller.api.answers import job_info, job_json, job_parts, one_job
+from autoscaler.controller.api.logs import read_job_logs
+from autoscaler.controller.api.state import ApiState, Route
+from autoscaler.controller.api.wire import int_arg, json_response, no_constant
+from autoscaler.controller.client import (
+    DEFAULT_JOBS_PAGE,
+    MAX_JOBS_PAGE,
+    ApiError,
+    instance_to_dict,
+)
+from autoscaler.controller.credentials import Role
+from autoscaler.controller.errors import StaleVersionError
+from autoscaler.controller.jobs import JOB_NAME_PATTERN, JobSubmission, submission_deadline
+from autoscaler.controller.lifecycle import InstanceStatus
+from autoscaler.controller.store import JobStatus
+
+__all__ = ["ROUTES"]
+
+_log = logging.getLogger(__name__)
+_ENDED: Final = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED})
+_CHANGE_TRIES: Final = 5
+
+
+def _submit_job(state: ApiState, request: Request) -> Response:
+    spec = _submission(state.body(request))
+    after, at = submission_deadline(spec, state.clock.now_s())
+    store = state.store()
+    row = store.add_job(spec.name, spec.to_json(), deadline_after_s=after, deadline_at_s=at)
+    _log.info("job %s submitted", spec.name)
+    # A job just added holds nothing yet: no assignment, report, batch or restart to read.
+    return json_response(
+        job_info(row, {}, None, None, 0).to_dict(),
+        201,
+        {"Location": f"/v1/jobs/{urllib.parse.quote(row.name)}"},
+    )
+
+
+def _list_jobs(state: ApiState, request: Request) -> Response:
+    limit = int_arg(request, "limit", DEFAULT_JOBS_PAGE, maximum=MAX_JOBS_PAGE)
+    if limit < 1:
+        raise ApiError(400, f"limit must be 1 to {MAX_JOBS_PAGE}", "limit")
+    after = _cursor_arg(request)
+    rows = state.store().list_jobs_page(after, limit)
+    jobs = ", ".join(job_json(*parts) for parts in job_parts(state.store(), rows))
+    last = rows[-1] if len(rows) == limit else None
+    cursor = None if last is None else _cursor(last.submitted_at_s, last.name)
+    # What json_response writes for {"jobs": [...], "next_cursor": ...}, the jobs' JSON reused.
+    body = f'{{"jobs": [{jobs}], "next_cursor": {json.dumps(cursor)}}}\n'
+    response = Response(body, 200, mimetype="application/json")
+    response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+def _get_job(state: ApiState, request: Request, name: str) -> Response:
+    store = state.store()
+    return json_response(one_job(store, store.get_job(name)))
+
+
+def _cancel_job(state: ApiState, request: Request, name: str) -> Response:
+    store = state.store()
+    for _ in range(_CHANGE_TRIES):
+        row = store.get_job(name)
+        if row.status in _ENDED:
+            raise ApiError(409, f"job {name!r} already ended ({row.status.value})")
+        try:
+            row = store.update_job(name, row.version, status=JobStatus.CANCELLED)
+        except StaleVersionError:
+            continue  # changed since read: read again and decide again
+        _log.info("job %s cancelled", name)
+        return json_response(one_job(store, row))
+    raise ApiError(409, f"job {name!r} kept changing while being cancelled: try again")
+
+
+def _retry_job(state: ApiState, request: Request, name: str) -> Response:
+    """A refused or failed job is queued again (its failure count starts over): what a
+    user does once the cause is fixed (a larger fleet, a repaired script)."""
+    store = state.store()
+    for _ in range(_CHANGE_TRIES):
+        row = store.get_job(name)
+        if row.status not in (JobStatus.REFUSED, JobStatus.FAILED):
+            raise ApiError(
+                409,
+                f"job {name!r} is {row.status.value}: only a refused or failed job can be retried",
+            )
+        try:
+            row = store.update_job(
+                name, row.version, status=JobStatus.QUEUED, retries=0, reason=None
+            )
+        except StaleVersionError:
+            continue
+        _log.info("job %s queued again", name)
+        return json_response(one_job(store, row))
+    raise ApiError(409, f"job {name!r} kept changing while being retried: try again")
+
+
+def _job_logs(state: ApiState, request: Request, name: str) -> Response:
+    store = state.store()
+    store.get_job(name)
+    offset = int_arg(request, "offset", 0)
+    instance = request.args.get("instance")
+    if not JOB_NAME_PATTERN.fullmatch(name):
+        raise ApiError(400, f"job {name!r} has no log folder (not a safe folder name)")
+    return json_response(read_job_logs(state.logs_dir, name, offset, instance=instance).to_dict())
+
+
+def _list_instances(state: ApiState, request: Request) -> Response:
+    rows = state.store().list_instances()
+    return json_response({"instances": [instance_to_dict(r) for r in rows]})
+
+
+def _fleet(state: ApiState, request: Request) -> Response:
+    store = state.store()
+    return json_response(
+        {"released_at_s": store.released_at_s(), "release_listing": store.release_listing()}
+    )
+
+
+def _release_fleet(state: ApiState, request: Request) -> Response:
+    store = state.store()
+    store.set_released(True)
+    return json_response({"released_at_s": store.released_at_s()}, 202)
+
+
+def _resume_fleet(state: ApiState, request: Request) -> Response:
+    store = state.store()
+    store.set_released(False)
+    return json_response({"released_at_s": None})
+
+
+def _costs(state: ApiState, request: Request) -> Response:
+    """Cost so far: the closed cost records, plus what running instances have accrued at
+    their price since they started; ``points`` the cumulative cost over time."""
+    store = state.store()
+    now = state.clock.now_s()
+    records = sorted(store.cost_records(), key=lambda c: (c.end_s, c.record_id))
+    points: list[list[float]] = []
+    total = 0.0
+    for c in records:
+        total += c.usd
+        points.append([c.end_s, total])
+    usd_per_hour = 0.0
+    for row in store.list_instances():
+        if row.status in (
+            InstanceStatus.RUNNING,
+            InstanceStatus.DRAINING,
+            InstanceStatus.TERMINATING,
+        ):
+            _, started = store.status_times(row.instance_key)
+            if started is not None:
+                total += row.price_usd_per_hour * max(0.0, now - started) / 3600.0
+                usd_per_hour += row.price_usd_per_hour
+    if records or usd_per_hour:
+        first = records[0].start_s if records else now
+        points = [[first, 0.0], *points, [now, total]]
+    return json_response({"total_usd": total, "usd_per_hour": usd_per_hour, "points": points})
+
+
+def _service(state: ApiState, request: Request) -> Response:
+    """The process serving this API (what ``coadapt down`` checks against ``up.json``)."""
+    control = state.service
+    if control is None:
+        raise ApiError(404, "this API runs in no service that can be stopped")
+    return json_response(dict(control.identity))
+
+
+def _service_down(state: ApiState, request: Request) -> Response:
+    """``coadapt down``: the service releases the fleet and stops."""
+    control = state.service
+    if control is None:
+        raise ApiError(404, "this API runs in no service that can be stopped")
+    control.request_down()
+    _log.info("down requested: releasing the fleet and stopping")
+    return json_response(dict(control.identity), 202)
+
+
+def _submission(data: Mapping[str, Any]) -> JobSubmission:
+    """A submission from a JSON object: :meth:`JobSubmission.from_mapping`, the one check of
+    a job's fields that ``coadapt submit`` runs too (ranges in
+    :data:`~autoscaler.controller.jobs.BOUNDS_DOC`)."""
+    return JobSubmission.from_mapping(data)
+
+
+def _cursor(at_s: float, name: str) -> str:
+    """The opaque cursor after the job keyed ``(at_s, name)`` (URL-safe base64 of JSON)."""
+    raw = json.dumps([at_s, name], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _cursor_arg(request: Request) -> tuple[float, str] | None:
+    """The ``cursor`` query argument (a ``next_cursor`` of an earlier page) decoded; 400 for
+    anything that is not one."""
+    text = request.args.get("cursor")
+    if text is None or text == "":
+        return None
+    try:
+        if len(text) > 512:
+            raise ValueError("too long")
+        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        at_s, name = json.loads(raw, parse_constant=no_constant)
+        if isinstance(at_s, bool) or not isinstance(at_s, int | float) or not isinstance(name, str):
+            raise ValueError("not a job key")
+        return float(at_s), name
+    except (ValueError, TypeError, binascii.Error) as e:
+        raise ApiError(400, "cursor is not one this server gave (use next_cursor)", "cursor") from e
+
+
+ROUTES: Final[tuple[Route, ...]] = (
+    ("POST", "/v1/jobs", Role.USER, _submit_job),
+    ("GET", "/v1/jobs", Role.USER, _list_jobs),
+    ("GET", "/v1/jobs/<name>", Role.USER, _get_job),
+    ("POST", "/v1/jobs/<name>/cancel", Role.USER, _cancel_job),
+    ("POST", "/v1/jobs/<name>/retry", Role.USER, _retry_job),
+    ("GET", "/v1/jobs/<name>/logs", Role.USER, _job_logs),
+    ("GET", "/v1/instances", Role.USER, _list_instances),
+    ("GET", "/v1/fleet", Role.USER, _fleet),
+    ("POST", "/v1/fleet/release", Role.USER, _release_fleet),
+    ("POST", "/v1/fleet/resume", Role.USER, _resume_fleet),
+    ("GET", "/v1/costs", Role.USER, _costs),
+    ("GET", "/v1/service", Role.USER, _service),
+    ("POST", "/v1/service/down", Role.USER, _service_down),
+)
+"""The users' routes, in the order they are matched."""
