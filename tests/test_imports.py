@@ -8,8 +8,8 @@ cycles, ``benchmarks`` and ``tests`` too):
 2. ``coadapt_common`` (the shared kernel) imports none of our other packages.
 3. ``providers/local_agent.py`` imports none of our packages: it runs as a standalone script
    (the local instance agent) and keeps its own tiny atomic writer by design.
-3b. ``autoscaler.controller`` (the product) imports nothing from ``autoscaler.sim`` (the
-   simulator is the product under a simulated world, never the other way round).
+3b. Nothing imports the CLI (``autoscaler.cli``) but the CLI itself and tests: it is the top,
+   where commands parse, call and print.
 4. No import cycles among modules. Every import counts, including function-level (lazy) imports
    and imports between a package ``__init__`` and its modules; the one exemption is imports
    under ``if TYPE_CHECKING:``, which never run. ``from pkg import name`` is an edge to the
@@ -21,6 +21,18 @@ cycles, ``benchmarks`` and ``tests`` too):
    not define itself (a cheap, conservative proxy for "another module's private attribute";
    receivers bound to third-party imports, e.g. ``torch._foreach_mul``, are not ours and are
    skipped). Tests are exempt from this rule: they may exercise internals.
+6. The layers of ``autoscaler`` (ARCHITECTURE.md, "Packages by layer"): directly under
+   ``autoscaler/`` sit only the package faces (:data:`FACES`), which import no layer; every other
+   module belongs to the layer of the longest prefix in :data:`LAYERS` that names it, and imports
+   only its own layer, the layers listed for it and the faces. The model imports no other layer;
+   the market only the model; decide only the model and the market; the controller those and
+   the pure ledger (``accounting``: the cost ledger and the dashboard page), never the bill,
+   the reports, the simulator, the analysis or the CLI; the bill (which reads the controller's
+   store), the analysis and the simulator sit above the controller, the reports above the
+   analysis. The layers are package prefixes, so a module renamed or split inside its package
+   keeps its rules. Where today's code breaks a rule, :data:`LAYER_EXCEPTIONS` says so with the
+   reason; an exception no import needs any more is reported too, so that it goes when its
+   import goes.
 
 The checker is tested on small synthetic trees too, so that each rule is known to fire.
 """
@@ -32,6 +44,8 @@ import textwrap
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("autoscaler", "coadapt_common", "providers", "trainer", "benchmarks", "tests")
@@ -154,8 +168,100 @@ def layering_violations(modules: dict[str, Module]) -> list[str]:
                 out.append(f"{where}: the kernel {edge.source} imports {edge.target}")
             if edge.source in STANDALONE:
                 out.append(f"{where}: standalone script {edge.source} imports {edge.target}")
-            if _in(edge.source, "autoscaler.controller") and _in(edge.target, "autoscaler.sim"):
-                out.append(f"{where}: the controller {edge.source} imports {edge.target}")
+            cli = not _in(edge.source, "autoscaler.cli") and not _in(edge.source, "tests")
+            if cli and _in(edge.target, "autoscaler.cli"):
+                out.append(f"{where}: {edge.source} imports the CLI {edge.target}")
+    return out
+
+
+FACES = ("autoscaler", "autoscaler.errors")
+"""The only modules directly under ``autoscaler/``: the package and its error root."""
+MODEL = "autoscaler.model"
+MARKET = "autoscaler.market"
+DECIDE = "autoscaler.decide"
+LEDGER = "autoscaler.accounting"  # the pure part: the cost ledger (costs), the dashboard page
+CONTROLLER = "autoscaler.controller"
+BILL = "autoscaler.accounting.billing"  # reads the controller's store
+ANALYSIS = "autoscaler.analysis"
+REPORTS = "autoscaler.accounting.report"  # the cost report and the frontier pages
+SIM = "autoscaler.sim"
+CLI = "autoscaler.cli"
+LAYERS: dict[str, tuple[str, ...]] = {  # lowest first: each names only layers listed before it
+    MODEL: (),
+    MARKET: (MODEL,),
+    DECIDE: (MODEL, MARKET),
+    LEDGER: (MODEL, MARKET),
+    CONTROLLER: (MODEL, MARKET, DECIDE, LEDGER),
+    BILL: (MODEL, MARKET, DECIDE, LEDGER, CONTROLLER),
+    ANALYSIS: (MODEL, MARKET, DECIDE, LEDGER, CONTROLLER),
+    REPORTS: (MODEL, MARKET, DECIDE, LEDGER, ANALYSIS),
+    SIM: (MODEL, MARKET, DECIDE, LEDGER, CONTROLLER, BILL, ANALYSIS, REPORTS),
+    CLI: (MODEL, MARKET, DECIDE, LEDGER, CONTROLLER, BILL, ANALYSIS, REPORTS, SIM),
+}
+"""Rule 6: each layer (a package prefix) and the layers it may import."""
+LAYER_EXCEPTIONS: dict[tuple[str, str], str] = {
+    (MARKET, DECIDE): (
+        "market/pricing.py: Offering.ref() builds the old simulator's OfferingRef (decide/jobs.py),"
+        " whose key differs from Offering.key; issue 36 takes those types out of the core"
+    ),
+    (DECIDE, LEDGER): (
+        "decide/jobs.py reads MARKETS from accounting/costs.py, and market/pricing.py defines the"
+        " same two names again: one copy, in market, once pricing no longer imports decide"
+    ),
+}
+"""Imports between layers that break rule 6 today, each with its reason (by layer, so that they
+survive renames inside a package)."""
+
+
+def layer_of(name: str) -> str | None:
+    """The layer of module ``name``: the longest of :data:`LAYERS` that is ``name`` or a
+    package holding it; ``None`` if none is."""
+    found = [layer for layer in LAYERS if _in(name, layer)]
+    return max(found, key=len) if found else None
+
+
+def layer_violations(
+    modules: dict[str, Module], exceptions: Iterable[tuple[str, str]] = ()
+) -> list[str]:
+    """Rule 6, one line per offending module or import (``exceptions``: the layer pairs let
+    through; one that lets nothing through is reported)."""
+    out = []
+    allowed_pairs = set(exceptions)
+    used: set[tuple[str, str]] = set()
+    for module in modules.values():
+        if not _in(module.name, "autoscaler"):
+            continue
+        rel = module.path.relative_to(ROOT_OF[0])
+        if module.name in FACES:
+            for edge in module.edges:
+                if _in(edge.target, "autoscaler") and edge.target not in FACES:
+                    where = _where(modules, edge)
+                    out.append(f"{where}: the face {edge.source} imports {edge.target}")
+            continue
+        if module.name.count(".") == 1 and not module.is_package:
+            out.append(f"{rel}: {module.name} sits directly under autoscaler/, not in a layer")
+            continue
+        layer = layer_of(module.name)
+        if layer is None:
+            out.append(f"{rel}: {module.name} is in no layer (see LAYERS)")
+            continue
+        for edge in module.edges:
+            target = edge.target
+            if not _in(target, "autoscaler") or target in FACES or _in(target, CLI):
+                continue  # outside autoscaler (rules 1-3), a face, or the CLI (rule 3b)
+            below = layer_of(target)
+            if below is None or below == layer or below in LAYERS[layer]:
+                continue
+            if (layer, below) in allowed_pairs:
+                used.add((layer, below))
+                continue
+            may = ", ".join(LAYERS[layer]) or "no other layer"
+            out.append(
+                f"{_where(modules, edge)}: {edge.source} ({layer}) imports {target} ({below}):"
+                f" {layer} imports only {may}"
+            )
+    for source, target in sorted(allowed_pairs - used):
+        out.append(f"the exception {source} -> {target} lets no import through: remove it")
     return out
 
 
@@ -291,13 +397,19 @@ def private_name_uses(modules: dict[str, Module]) -> list[str]:
     return [f"{rel}:{line}: {message}" for rel, line, message in sorted(found)]
 
 
-def check(root: Path) -> list[str]:
-    """Every violation of rules 1-5 under ``root``, as messages (empty when all hold)."""
+def check(root: Path, exceptions: Iterable[tuple[str, str]] = ()) -> list[str]:
+    """Every violation of rules 1-6 under ``root``, as messages (empty when all hold);
+    ``exceptions``: the layer pairs rule 6 lets through (:data:`LAYER_EXCEPTIONS`)."""
     ROOT_OF[0] = root
     try:
         modules = discover(root)
         build_graph(modules)
-        return layering_violations(modules) + find_cycles(modules) + private_name_uses(modules)
+        return (
+            layering_violations(modules)
+            + layer_violations(modules, exceptions)
+            + find_cycles(modules)
+            + private_name_uses(modules)
+        )
     finally:
         ROOT_OF[0] = ROOT
 
@@ -306,7 +418,7 @@ def check(root: Path) -> list[str]:
 
 
 def test_the_tree_follows_the_import_rules() -> None:
-    problems = check(ROOT)
+    problems = check(ROOT, LAYER_EXCEPTIONS)
     assert not problems, "import rules broken:\n" + "\n".join(problems)
 
 
@@ -411,7 +523,154 @@ def test_checker_flags_the_controller_importing_the_simulator(tmp_path: Path) ->
             "autoscaler/sim/cloud.py": "FleetView = 1\n",
         },
     )
-    assert any("the controller autoscaler.controller.loop imports" in p for p in check(root))
+    assert check(root) == [
+        "autoscaler/controller/loop.py:1: autoscaler.controller.loop (autoscaler.controller) "
+        "imports autoscaler.sim.cloud (autoscaler.sim): autoscaler.controller imports only "
+        "autoscaler.model, autoscaler.market, autoscaler.decide, autoscaler.accounting"
+    ]
+
+
+LAYERED = {  # one module in each layer, each importing nothing
+    **CLEAN,
+    "autoscaler/errors.py": "from coadapt_common.clock import time\n",
+    "autoscaler/model/goodput.py": "",
+    "autoscaler/market/prices.py": "",
+    "autoscaler/decide/sizing.py": "",
+    "autoscaler/accounting/__init__.py": "",
+    "autoscaler/accounting/costs.py": "",
+    "autoscaler/accounting/billing.py": "",
+    "autoscaler/accounting/report/rows.py": "",
+    "autoscaler/controller/loop.py": "",
+    "autoscaler/analysis/floor.py": "",
+    "autoscaler/sim/world.py": "",
+    "autoscaler/cli/main.py": "",
+    "benchmarks/round.py": "",
+    "tests/test_cli.py": "",
+}
+
+
+@pytest.mark.parametrize(
+    ("source", "imported", "target_layer"),
+    [
+        ("autoscaler/model/goodput.py", "autoscaler.market.prices", MARKET),
+        ("autoscaler/market/prices.py", "autoscaler.decide.sizing", DECIDE),
+        ("autoscaler/decide/sizing.py", "autoscaler.accounting.costs", LEDGER),
+        ("autoscaler/decide/sizing.py", "autoscaler.controller.loop", CONTROLLER),
+        ("autoscaler/accounting/costs.py", "autoscaler.controller.loop", CONTROLLER),
+        ("autoscaler/controller/loop.py", "autoscaler.accounting.billing", BILL),
+        ("autoscaler/controller/loop.py", "autoscaler.accounting.report.rows", REPORTS),
+        ("autoscaler/controller/loop.py", "autoscaler.analysis.floor", ANALYSIS),
+        ("autoscaler/analysis/floor.py", "autoscaler.sim.world", SIM),
+        ("autoscaler/accounting/report/rows.py", "autoscaler.controller.loop", CONTROLLER),
+    ],
+)
+def test_checker_flags_an_import_against_the_layers(
+    tmp_path: Path, source: str, imported: str, target_layer: str
+) -> None:
+    root = _tree(tmp_path, {**LAYERED, source: f"import {imported}\n"})
+    name = source.removesuffix(".py").replace("/", ".")
+    layer = layer_of(name)
+    assert layer is not None
+    may = ", ".join(LAYERS[layer]) or "no other layer"
+    assert check(root) == [
+        f"{source}:1: {name} ({layer}) imports {imported} ({target_layer}): "
+        f"{layer} imports only {may}"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("source", "imported"),
+    [
+        ("autoscaler/market/prices.py", "autoscaler.model.goodput"),
+        ("autoscaler/decide/sizing.py", "autoscaler.market.prices"),
+        ("autoscaler/accounting/costs.py", "autoscaler.market.prices"),
+        ("autoscaler/controller/loop.py", "autoscaler.accounting.costs"),
+        ("autoscaler/controller/loop.py", "autoscaler.decide.sizing"),
+        ("autoscaler/accounting/billing.py", "autoscaler.controller.loop"),
+        ("autoscaler/accounting/report/rows.py", "autoscaler.analysis.floor"),
+        ("autoscaler/sim/world.py", "autoscaler.controller.loop"),
+        ("autoscaler/sim/world.py", "autoscaler.analysis.floor"),
+        ("autoscaler/cli/main.py", "autoscaler.sim.world"),
+        ("autoscaler/model/goodput.py", "autoscaler.errors"),
+        ("autoscaler/cli/main.py", "autoscaler"),
+        ("tests/test_cli.py", "autoscaler.cli.main"),
+    ],
+)
+def test_checker_lets_the_layers_import_downwards(
+    tmp_path: Path, source: str, imported: str
+) -> None:
+    assert check(_tree(tmp_path, {**LAYERED, source: f"import {imported}\n"})) == []
+
+
+def test_checker_flags_whatever_imports_the_cli(tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path,
+        {
+            **LAYERED,
+            "benchmarks/round.py": "from autoscaler.cli import main\n",
+            "autoscaler/sim/world.py": "def f():\n    import autoscaler.cli.main\n",
+        },
+    )
+    assert check(root) == [
+        "autoscaler/sim/world.py:2: autoscaler.sim.world imports the CLI autoscaler.cli.main",
+        "benchmarks/round.py:1: benchmarks.round imports the CLI autoscaler.cli.main",
+    ]
+
+
+def test_checker_flags_modules_outside_the_layers_and_faces_that_import_one(
+    tmp_path: Path,
+) -> None:
+    root = _tree(
+        tmp_path,
+        {
+            **LAYERED,
+            "autoscaler/helpers.py": "",
+            "autoscaler/tools/__init__.py": "",
+            "autoscaler/tools/csvs.py": "",
+            "autoscaler/errors.py": "from autoscaler.model import goodput\n",
+        },
+    )
+    assert check(root) == [
+        "autoscaler/errors.py:1: the face autoscaler.errors imports autoscaler.model.goodput",
+        "autoscaler/helpers.py: autoscaler.helpers sits directly under autoscaler/, not in a layer",
+        "autoscaler/tools/__init__.py: autoscaler.tools is in no layer (see LAYERS)",
+        "autoscaler/tools/csvs.py: autoscaler.tools.csvs is in no layer (see LAYERS)",
+    ]
+
+
+def test_checker_lets_an_exception_through_and_flags_one_no_longer_needed(
+    tmp_path: Path,
+) -> None:
+    root = _tree(
+        tmp_path, {**LAYERED, "autoscaler/market/prices.py": "import autoscaler.decide.sizing\n"}
+    )
+    needed = ("autoscaler.market", "autoscaler.decide")
+    stale = ("autoscaler.model", "autoscaler.sim")
+    assert check(root, [needed]) == []
+    assert check(root, [needed, stale]) == [
+        "the exception autoscaler.model -> autoscaler.sim lets no import through: remove it"
+    ]
+    assert len(check(root)) == 1
+
+
+def test_the_layer_table_runs_one_way_over_packages_of_the_tree() -> None:
+    """Each layer names only layers listed before it (so no two may import each other), every
+    layer and every exception's layer is a package or module of the tree, and the layers of the
+    rules as ARCHITECTURE.md states them hold."""
+    modules = discover(ROOT)
+    for i, (layer, below) in enumerate(LAYERS.items()):
+        assert set(below) <= set(list(LAYERS)[:i]), layer
+        assert layer in modules, layer
+    for source, target in LAYER_EXCEPTIONS:
+        assert source in LAYERS and target in LAYERS
+    assert LAYERS["autoscaler.model"] == ()
+    assert LAYERS["autoscaler.market"] == ("autoscaler.model",)
+    assert set(LAYERS["autoscaler.decide"]) == {"autoscaler.model", "autoscaler.market"}
+    controller = set(LAYERS["autoscaler.controller"])
+    assert not controller & {"autoscaler.sim", "autoscaler.analysis", "autoscaler.cli"}
+    assert layer_of("autoscaler.accounting.costs") == "autoscaler.accounting"
+    assert layer_of("autoscaler.accounting.billing") == "autoscaler.accounting.billing"
+    assert all("autoscaler.cli" not in below for below in LAYERS.values())
 
 
 def test_checker_reports_a_lazy_cycle_with_its_path(tmp_path: Path) -> None:
