@@ -59,11 +59,17 @@ What each coadapt duty maps to:
   when (``DefaultFlowCallback``'s ``should_save``); ``train()`` always resumes from the job's
   newest checkpoint, at the exact sample, whatever the world size (``resume_from_checkpoint`` is
   ignored, with a warning). ``output_dir`` gets what ``save_model()`` writes, as usual.
-* **Batch changes** from the controller apply at the next epoch boundary without a restart
-  (the rule of coadapt's own loop, :meth:`trainer.stepping.StepLoop.start_epoch_iteration`); a
-  change of GPU count is a restart (stop, checkpoint, relaunch), in which the planned batch
-  comes with the launch. The learning-rate rule is :func:`trainer.scaling.default_rule` of the
-  Trainer's optimizer (AdamW: square root), applied at every step.
+* **Batch changes** from the controller (total batch and accumulation steps; the per-device
+  batch follows) apply mid-epoch without a restart, by the rule of coadapt's own loop
+  (:mod:`trainer.stepping`, "Batch changes"): the ranks agree on the change at the next
+  exchange of the stop flags (every step with ``control_interval_s=0``, about every
+  ``control_interval_s`` otherwise) and it is in force from the next optimizer step; the
+  elastic loader re-plans the rest of the epoch from there (every sample still once) and the
+  accumulation count is the plan's. A change requested before an epoch starts is in force from
+  its first step. Only a change of GPU count is a restart (stop, checkpoint, relaunch), in
+  which the planned batch comes with the launch. The learning-rate rule is
+  :func:`trainer.scaling.default_rule` of the Trainer's optimizer (AdamW: square root), applied
+  at every step with that step's batch.
 
 Not supported under ``CoadaptTrainer.train()`` (each refused or warned about, never silently
 changed): iterable datasets (the elastic order needs ``len()`` and indexing), evaluation during
