@@ -35,6 +35,7 @@ from transformers import BertConfig, BertForSequenceClassification, TrainingArgu
 
 import trainer
 from trainer.integrations.hf import CoadaptTrainer  # coadapt
+from trainer.report import BatchConfig
 
 VOCAB, SIGNAL, NOISE = 64, range(8, 16), range(16, 24)
 
@@ -123,12 +124,21 @@ class LoggingTrainer(CoadaptTrainer):
 
 
 class EventLog(transformers.TrainerCallback):
-    """Logs the first step, each epoch's end (with the gradient statistics) and the stop."""
+    """Logs the first step, each epoch's end (with the gradient statistics) and the stop; on
+    rank 0, requests the batch configurations of ``batch_at`` (``{step: config}``) when those
+    global steps begin, as a controller's reply would."""
 
-    def __init__(self, log: Log) -> None:
+    def __init__(self, log: Log, batch_at: dict[int, BatchConfig] | None = None) -> None:
         self.log = log
         self.trainer: CoadaptTrainer | None = None
+        self.batch_at = batch_at or {}
         self._first = True
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        job = self.trainer.coadapt_job if self.trainer is not None else None
+        if job is not None and job.rank == 0 and state.global_step in self.batch_at:
+            job.request_batch_config(self.batch_at[state.global_step])
+            self.log(event="batch_request", step=state.global_step)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         if self._first:
@@ -171,9 +181,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # Test and benchmark hooks.
     p.add_argument("--log-dir", default=None)
     p.add_argument("--sample-delay-s", type=float, default=0.0)
+    p.add_argument(
+        "--batch-at-step",
+        default="",
+        help='e.g. "3:40x2": rank 0 requests that configuration when global step 3 begins',
+    )
     p.add_argument("--initial-params", default=None, help="rank 0 saves the initial model here")
     p.add_argument("--final-params", default=None, help="rank 0 saves the final model here")
     return p.parse_args(argv)
+
+
+def parse_batch_at(text: str) -> dict[int, BatchConfig]:
+    """``"3:40x2,9:16x1"`` -> {3: BatchConfig(40, 2), 9: BatchConfig(16, 1)}."""
+    out = {}
+    for item in filter(None, text.split(",")):
+        step, config = item.split(":")
+        size, accum = config.split("x")
+        out[int(step)] = BatchConfig(int(size), int(accum))
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -204,7 +229,7 @@ def main(argv: list[str] | None = None) -> None:
         logging_strategy="epoch",
         disable_tqdm=True,
     )
-    events = EventLog(log)
+    events = EventLog(log, parse_batch_at(args.batch_at_step))
     common: dict[str, Any] = dict(
         model=model, args=training_args, train_dataset=dataset, callbacks=[events]
     )

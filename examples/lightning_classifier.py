@@ -12,7 +12,8 @@ a Lightning checkpoint, and a relaunch at any size resumes at the exact sample):
 
 The options after ``--log-dir`` exist for coadapt's tests and benchmark: per-rank JSON-lines
 logs of every micro-batch's sample ids and of events, batch-configuration changes at epoch
-boundaries, the initial and final parameters, and a per-sample delay.
+boundaries or requested at given steps (as a controller's reply would), a stop requested at a
+given step, the initial and final parameters, and a per-sample delay.
 """
 
 from __future__ import annotations
@@ -107,10 +108,17 @@ class _Log(pl.Callback):
     """Per-rank JSON-lines log of each micro-batch (sample ids, step, world size, batch)."""
 
     def __init__(
-        self, folder: str | None, job: CoadaptLightning, schedule: dict[int, BatchConfig]
+        self,
+        folder: str | None,
+        job: CoadaptLightning,
+        schedule: dict[int, BatchConfig],
+        batch_at: dict[int, BatchConfig] | None = None,
+        stop_at: int | None = None,
     ) -> None:
         self.job = job
         self.schedule = schedule
+        self.batch_at = batch_at or {}
+        self.stop_at = stop_at
         self._file = None
         if folder:
             Path(folder).mkdir(parents=True, exist_ok=True)
@@ -132,6 +140,12 @@ class _Log(pl.Callback):
     ) -> None:
         mb = self.job.micro_batch
         assert mb is not None
+        if mb.index == 0 and self.job.job.rank == 0:
+            if mb.step in self.batch_at:
+                self.job.job.request_batch_config(self.batch_at[mb.step])
+                self(event="batch_request", step=mb.step)
+            if mb.step == self.stop_at:
+                self.job.job.request_stop()
         self(
             step=mb.step,
             epoch=mb.epoch,
@@ -169,6 +183,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--step-delay-s", type=float, default=0.0)
     p.add_argument("--label-noise", type=float, default=0.0, help="fraction of random labels")
     p.add_argument("--batch-schedule", default="", help='e.g. "1:32x2": config from epoch 1')
+    p.add_argument(
+        "--batch-at-step",
+        default="",
+        help='e.g. "3:40x2": rank 0 requests that configuration when global step 3 begins',
+    )
+    p.add_argument("--stop-at-step", type=int, default=None, help="rank 0 requests a stop")
     p.add_argument("--initial-params", default=None)
     p.add_argument("--final-params", default=None)
     p.add_argument(
@@ -181,7 +201,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def parse_batch_schedule(text: str) -> dict[int, BatchConfig]:
-    """``"1:32x2,3:64x1"`` -> {1: BatchConfig(32, 2), 3: BatchConfig(64, 1)}."""
+    """``"1:32x2,3:64x1"`` -> {1: BatchConfig(32, 2), 3: BatchConfig(64, 1)} (epochs, or
+    steps for ``--batch-at-step``)."""
     out = {}
     for item in filter(None, text.split(",")):
         epoch, config = item.split(":")
@@ -227,7 +248,13 @@ def main(argv: list[str] | None = None) -> None:
     model.delay_per_step_s = args.step_delay_s
     if args.initial_params and job.job.rank == 0 and not Path(args.initial_params).exists():
         torch.save(model.state_dict(), args.initial_params)
-    log = _Log(args.log_dir, job, parse_batch_schedule(args.batch_schedule))
+    log = _Log(
+        args.log_dir,
+        job,
+        parse_batch_schedule(args.batch_schedule),
+        parse_batch_schedule(args.batch_at_step),
+        args.stop_at_step,
+    )
     log(event="start", t=time.time(), world_size=job.job.world_size, pid=os.getpid())
     trainer = pl.Trainer(
         max_epochs=args.epochs,

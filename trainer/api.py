@@ -443,7 +443,9 @@ class ElasticJob:
 
     # ------------------------------------------------------------------ requests
     def request_batch_config(self, batch: BatchConfig) -> None:
-        """Use ``batch`` from the next epoch boundary on (rank 0's request is what counts)."""
+        """Use ``batch`` from the next step the ranks can agree on, without a restart (rank
+        0's request is what counts): at an epoch boundary at once, mid-epoch one exchange later
+        (:mod:`trainer.stepping`, "Batch changes")."""
         self._loop.pending_batch = batch
 
     def request_stop(self) -> None:
@@ -546,7 +548,13 @@ class ElasticJob:
         self._loop.data = DataState(int(t["epoch"]), int(t["position"]), t["num_samples"])
         self._loop.gns.load_state_dict(t["gns"])
         saved_batch = BatchConfig.from_dict(t["batch"])
-        self._loop.batch = self.env.batch or saved_batch
+        schedule = [
+            (int(first), BatchConfig.from_dict(c)) for first, c in t.get("batch_schedule", [])
+        ]
+        if self.env.batch is not None:  # this launch's configuration replaces the saved ones
+            self._loop.set_batch_schedule(self.env.batch, [])
+        else:
+            self._loop.set_batch_schedule(saved_batch, schedule)
         if self._loop.batch != saved_batch:
             logger.info("batch configuration %s -> %s at restart", saved_batch, self._loop.batch)
         rng = payload["rng"]
@@ -571,7 +579,13 @@ class ElasticJob:
                 "epoch": self._loop.data.epoch,
                 "position": self._loop.data.position,
                 "num_samples": self._loop.data.num_samples,
-                "batch": self._loop.batch.to_dict(),
+                # the next step's configuration, and those agreed for later steps
+                "batch": self._loop.batch_for_step(self._loop.step).to_dict(),
+                "batch_schedule": [
+                    [first, config.to_dict()]
+                    for first, config in self._loop.batch_schedule
+                    if first > self._loop.step
+                ],
                 "gns": self._loop.gns.state_dict(),
             },
             "rng": rng,

@@ -5,7 +5,10 @@
   flags at the same step, so all agree on when to stop or checkpoint, and the collective is
   hidden behind the steps in between. It never touches an accelerator. The exchange also carries
   rank 0's proposal for the number of steps until the following exchange, so the period adapts
-  to the step time while staying identical on every rank.
+  to the step time while staying identical on every rank, and rank 0's requested batch
+  configuration (the other ranks offer zeros, so the maximum is rank 0's), so that every rank
+  learns a batch change at the same step (:class:`trainer.stepping.StepLoop` says from which
+  step it is in force).
 * :class:`RunDir`: per node, ``pids/rank-<local rank>.pid`` (pid and kernel start time, so the
   launcher can end exactly its own workers) and ``markers/rank-<local rank>.json`` (why a worker
   exited), both written atomically.
@@ -41,12 +44,15 @@ class ExitKind(enum.StrEnum):
 
 @dataclass(frozen=True)
 class Decision:
-    """Agreed at an exchange: ``stop`` (any rank asked), ``checkpoint`` (rank 0 asked), and
-    ``next_every`` (rank 0's proposed steps between exchanges; 0 = keep the current period)."""
+    """Agreed at an exchange: ``stop`` (any rank asked), ``checkpoint`` (rank 0 asked),
+    ``next_every`` (rank 0's proposed steps between exchanges; 0 = keep the current period) and
+    ``batch_size``/``accum_steps`` (rank 0's requested batch configuration; 0 = none)."""
 
     stop: bool = False
     checkpoint: bool = False
     next_every: int = 0
+    batch_size: int = 0
+    accum_steps: int = 0
 
 
 class ControlChannel:
@@ -57,12 +63,23 @@ class ControlChannel:
         self._world_size = world_size
         self._pending: tuple[Any, Any] | None = None
 
-    def post(self, *, stop: bool, checkpoint: bool, next_every: int = 0) -> None:
+    def post(
+        self,
+        *,
+        stop: bool,
+        checkpoint: bool,
+        next_every: int = 0,
+        batch_size: int = 0,
+        accum_steps: int = 0,
+    ) -> None:
         """Offer this rank's flags for the step that just ended (non-blocking)."""
         import torch
         import torch.distributed as dist
 
-        flags = torch.tensor([int(stop), int(checkpoint), int(next_every)], dtype=torch.int32)
+        flags = torch.tensor(
+            [int(stop), int(checkpoint), int(next_every), int(batch_size), int(accum_steps)],
+            dtype=torch.int32,
+        )
         if self._world_size == 1:
             self._pending = (None, flags)
             return
@@ -77,8 +94,14 @@ class ControlChannel:
         self._pending = None
         if work is not None:
             work.wait()
-        stop, checkpoint, next_every = flags.tolist()
-        return Decision(stop=bool(stop), checkpoint=bool(checkpoint), next_every=int(next_every))
+        stop, checkpoint, next_every, batch_size, accum_steps = flags.tolist()
+        return Decision(
+            stop=bool(stop),
+            checkpoint=bool(checkpoint),
+            next_every=int(next_every),
+            batch_size=int(batch_size),
+            accum_steps=int(accum_steps),
+        )
 
     def drain(self) -> None:
         """Wait for an in-flight post (before other collectives on the group)."""

@@ -22,8 +22,11 @@ The contract, which is what makes a restart at another world size exact:
 * **Position.** The position advances by ``B_step`` when the optimizer step of that batch ends;
   a checkpoint stores ``(epoch, position, step)``, so a restart with any world size resumes at the
   exact sample: no sample of an epoch is skipped or repeated.
-* **Batch configuration.** It can change at any epoch boundary (agreed by all ranks) and at a
-  restart; the sequence above is defined from the position on, so both are exact.
+* **Batch configuration.** It can change at any global step (agreed by all ranks, see
+  :mod:`trainer.stepping`, "Batch changes") and at a restart: the sequence above is defined
+  from the position on, each step taking its own ``B``, so every change is exact. Mid-epoch,
+  the loader re-plans the rest of the epoch from the first step at the new configuration
+  (:meth:`ElasticDataLoader.load`).
 
 Gradient-noise measurement steps (every ``gns_every_steps`` global steps) need two batch sizes:
 with several replicas the local and the global gradient; with one replica and no accumulation the
@@ -32,7 +35,7 @@ step's batch is split into two micro-batches (the update is unchanged, see *Weig
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -79,7 +82,8 @@ class MicroBatch:
     micro-batches of the step. ``step_samples``: samples of the whole global batch (``B_step``).
     ``local_samples``: real samples of this replica in this step. ``ref_size``: this replica's
     first micro-batch size. ``weight``: multiplier of the output gradient (see module
-    docstring). ``measure``: a gradient-noise measurement step.
+    docstring). ``measure``: a gradient-noise measurement step. ``batch``: the configuration
+    the step was planned at. ``position``: the epoch position at the start of the step.
     """
 
     sample_ids: np.ndarray
@@ -96,6 +100,7 @@ class MicroBatch:
     rank: int
     world_size: int
     batch: BatchConfig
+    position: int = 0
 
     @property
     def is_last(self) -> bool:
@@ -132,8 +137,10 @@ def plan_step(
     world_size: int,
     rank: int,
     gns_every_steps: int,
+    position: int = 0,
 ) -> list[MicroBatch]:
-    """This replica's micro-batches for one global batch ``batch_ids`` (see module docstring)."""
+    """This replica's micro-batches for one global batch ``batch_ids``, which starts at epoch
+    position ``position`` (see module docstring)."""
     step_samples = len(batch_ids)
     if step_samples < 1:
         raise TrainerConfigError("empty global batch", field="batch_ids")
@@ -149,6 +156,7 @@ def plan_step(
         world_size=world_size,
         batch=batch,
         measure=measure,
+        position=position,
     )
     if local == 0:
         return [
@@ -193,26 +201,32 @@ def plan_epoch(
     epoch: int,
     position: int,
     first_step: int,
-    batch: BatchConfig,
+    batch: BatchConfig | Callable[[int], BatchConfig],
     world_size: int,
     rank: int,
     gns_every_steps: int,
 ) -> Iterator[MicroBatch]:
-    """This replica's micro-batches from ``position`` to the end of the epoch, in order."""
+    """This replica's micro-batches from ``position`` to the end of the epoch, in order.
+
+    ``batch``: the configuration of every step, or a function of the global step that gives
+    each step's (a schedule of changes)."""
     n = len(order)
     if not 0 <= position <= n:
         raise TrainerConfigError(f"position {position} outside [0, {n}]", field="position")
+    batch_at = batch if callable(batch) else (lambda _step: batch)
     step = first_step
     while position < n:
-        ids = order[position : position + batch.global_batch_size]
+        config = batch_at(step)
+        ids = order[position : position + config.global_batch_size]
         yield from plan_step(
             ids,
             epoch=epoch,
             step=step,
-            batch=batch,
+            batch=config,
             world_size=world_size,
             rank=rank,
             gns_every_steps=gns_every_steps,
+            position=position,
         )
         position += len(ids)
         step += 1
@@ -221,10 +235,11 @@ def plan_epoch(
 class LoaderJob(Protocol):
     """The port :class:`ElasticDataLoader` drives; :class:`trainer.stepping.StepLoop` implements it.
 
-    The read-only views say where the job stands; ``start_epoch_iteration(num_samples)`` is
-    called once before an epoch's first micro-batch (it may run a safe point and adopt a new
-    batch configuration), ``enter_micro_batch(mb)`` before each micro-batch is handed out, and
-    ``leave_epoch_iteration()`` after the last one.
+    The read-only views say where the job stands; ``batch_for_step(step)`` is the agreed
+    configuration of a global step (it changes only for steps the loader has not handed out);
+    ``start_epoch_iteration(num_samples)`` is called once before an epoch's first micro-batch
+    (it may run a safe point and adopt a new batch configuration), ``enter_micro_batch(mb)``
+    before each micro-batch is handed out, and ``leave_epoch_iteration()`` after the last one.
     """
 
     @property
@@ -247,6 +262,8 @@ class LoaderJob(Protocol):
 
     @property
     def training_done(self) -> bool: ...
+
+    def batch_for_step(self, step: int) -> BatchConfig: ...
 
     def start_epoch_iteration(self, num_samples: int) -> None: ...
 
@@ -289,16 +306,20 @@ class ElasticDataLoader:
         self._kwargs = dataloader_kwargs
 
     def plan(self) -> list[MicroBatch]:
-        """This replica's remaining micro-batches of the current epoch (no side effects)."""
+        """This replica's remaining micro-batches of the current epoch, at the batch
+        configurations agreed so far (no side effects)."""
         state = self.job.data_state
-        order = epoch_order(len(self.dataset), self.seed, state.epoch, self.shuffle)
+        return self._plan_from(state.epoch, state.position, self.job.step)
+
+    def _plan_from(self, epoch: int, position: int, step: int) -> list[MicroBatch]:
+        order = epoch_order(len(self.dataset), self.seed, epoch, self.shuffle)
         return list(
             plan_epoch(
                 order,
-                epoch=state.epoch,
-                position=state.position,
-                first_step=self.job.step,
-                batch=self.job.batch,
+                epoch=epoch,
+                position=position,
+                first_step=step,
+                batch=self.job.batch_for_step,
                 world_size=self.job.world_size,
                 rank=self.job.rank,
                 gns_every_steps=self.job.gns_every_steps,
@@ -308,19 +329,36 @@ class ElasticDataLoader:
     def __len__(self) -> int:
         return len(self.plan())
 
-    def __iter__(self) -> Iterator[Any]:
+    def load(self, **loader_kwargs: Any) -> Iterator[tuple[MicroBatch, Any]]:
+        """This replica's remaining micro-batches of the epoch, each with what a
+        ``torch.utils.data.DataLoader`` over its sample ids yields (``loader_kwargs`` add to
+        the loader's keyword arguments). When a step comes up whose agreed configuration is not
+        the one it was planned at (a change agreed mid-epoch), the rest of the epoch is planned
+        again from that step's position, and a new ``DataLoader`` loads it (the old one's
+        prefetched batches are dropped: one re-plan per change)."""
         from torch.utils.data import DataLoader
 
-        self.job.start_epoch_iteration(len(self.dataset))
         plan = self.plan()
-        if not plan:
-            return
-        loader = DataLoader(
-            self.dataset,
-            batch_sampler=[mb.sample_ids.tolist() for mb in plan],
-            **self._kwargs,
-        )
-        for micro, batch in zip(plan, loader, strict=True):
+        while plan:
+            loaded = iter(
+                DataLoader(
+                    self.dataset,
+                    batch_sampler=[mb.sample_ids.tolist() for mb in plan],
+                    **self._kwargs,
+                    **loader_kwargs,
+                )
+            )
+            for micro in plan:
+                if micro.index == 0 and micro.batch != self.job.batch_for_step(micro.step):
+                    plan = self._plan_from(micro.epoch, micro.position, micro.step)
+                    break
+                yield micro, next(loaded)
+            else:
+                return
+
+    def __iter__(self) -> Iterator[Any]:
+        self.job.start_epoch_iteration(len(self.dataset))
+        for micro, batch in self.load():
             if micro.index == 0 and self.job.training_done:
                 break  # the declared length is reached: no further global batch
             self.job.enter_micro_batch(micro)

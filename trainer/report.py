@@ -400,7 +400,8 @@ class TrainerReport:
 class ReportReply:
     """The controller's answer to a report.
 
-    ``batch``: the batch configuration to use from the next epoch boundary on (``None`` = keep).
+    ``batch``: the batch configuration to use from the next step the ranks agree on, without a
+    restart (``None`` = keep; :mod:`trainer.stepping`, "Batch changes").
     ``stop``: checkpoint and stop now (all ranks agree on a step, save once, exit).
     """
 

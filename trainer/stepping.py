@@ -15,6 +15,25 @@ earlier step agreed to). ``optimizer.step()`` on the last micro-batch ends the s
 (:meth:`StepLoop.optimizer_step`): finiteness check, learning-rate scaling, progress, data
 position, profile, and (every few steps, the period adapted to ``control_interval_s``) the lagged
 stop/checkpoint exchange among ranks (:class:`trainer.control.ControlChannel`).
+
+**Batch changes** (one rule, for coadapt's loop and both framework integrations). Rank 0's
+request (:attr:`StepLoop.pending_batch`: the controller's reply or
+:meth:`trainer.api.ElasticJob.request_batch_config`) is adopted
+
+* at an epoch boundary, at once: the ranks agree on it before the epoch's first global batch is
+  planned (a broadcast at :meth:`StepLoop.start_epoch_iteration`);
+* mid-epoch, at the next optimizer step the ranks can all still plan: rank 0 offers it at the
+  next exchange (every step with ``control_interval_s=0``; about every ``control_interval_s``
+  otherwise), every rank reads it at the following one, at the end of some step ``c``, and it is
+  in force from step ``c + batch_lead_steps``. ``batch_lead_steps`` is 1 where the loader plans
+  a step after the previous one's update (coadapt's loop, the Hugging Face integration: the
+  very next step), 2 where the framework fetches one micro-batch ahead (Lightning).
+
+No restart either way: the loader re-plans the rest of the epoch from that step's position with
+the new configuration (:meth:`trainer.data.ElasticDataLoader.load`), so the epoch still visits
+every sample once, and the learning-rate rule uses each step's own batch. A configuration
+agreed but not yet in force is part of a checkpoint (the exact resume keeps the schedule); a
+launch that sets the batch (``COADAPT_BATCH_SIZE``) replaces both.
 """
 
 from __future__ import annotations
@@ -113,9 +132,11 @@ class StepLoop:
     """One worker's step loop (see module docstring). Not thread-safe, except that the counters
     may be read from the reporter thread (host-side values only).
 
-    Public state: ``batch`` (configuration in force), ``pending_batch`` (rank 0's request for the
-    next epoch boundary), ``data`` (:class:`~trainer.data.DataState`), ``step`` (optimizer steps
-    over the whole run, skipped ones included), ``progress`` (initial-batch-size iterations),
+    Public state: ``batch`` (configuration of the step in progress, or of the last one),
+    ``pending_batch`` (rank 0's request, see the module docstring), ``batch_lead_steps`` (the
+    loader's planning lead, see the module docstring), ``data``
+    (:class:`~trainer.data.DataState`), ``step`` (optimizer steps over the whole run, skipped
+    ones included), ``progress`` (initial-batch-size iterations),
     ``skipped`` (non-finite steps), ``gns`` (the estimator), ``profiler``, ``rule`` (scaling rule
     in force), ``control`` (the agreement channel), ``last_checkpoint_s`` (monotonic time of the
     last save, for ``checkpoint_every_s``), ``target_progress`` (the declared length, ``None``
@@ -142,6 +163,11 @@ class StepLoop:
         self.control = control
         self.batch = env.batch or BatchConfig(options.initial_batch_size, 1)
         self.pending_batch: BatchConfig | None = None
+        self.batch_lead_steps = 1
+        # Agreed configurations not yet in force: (first step, configuration), ascending.
+        self._batch_schedule: list[tuple[int, BatchConfig]] = []
+        self._posted_at = -1  # self.step when the exchange in flight was posted
+        self._boundary_at = -1  # self.step when an epoch boundary last adopted a configuration
         self.target_progress: float | None = None  # declared by ElasticJob.epochs
         self.lr_scale: float | None = None  # the scaling rule's factor on the last update
         self.data = DataState()
@@ -226,6 +252,31 @@ class StepLoop:
         """True between a global batch's first micro-batch and its optimizer step."""
         return self._micro is not None and not self._step_done
 
+    def batch_for_step(self, step: int) -> BatchConfig:
+        """The batch configuration global step ``step`` trains at, as far as the ranks have
+        agreed (the same answer on every rank for any step a loader may be planning)."""
+        config = self.batch
+        for first, scheduled in self._batch_schedule:
+            if first <= step:
+                config = scheduled
+        return config
+
+    @property
+    def batch_schedule(self) -> tuple[tuple[int, BatchConfig], ...]:
+        """Agreed configurations not yet in force: ``(first step, configuration)``."""
+        return tuple(self._batch_schedule)
+
+    def set_batch_schedule(
+        self, batch: BatchConfig, schedule: list[tuple[int, BatchConfig]]
+    ) -> None:
+        """At a restore: the configuration of the next step and those agreed after it."""
+        self.batch = batch
+        later = [(first, config) for first, config in schedule if first > self.step]
+        self._batch_schedule = sorted(later, key=lambda entry: entry[0])
+
+    def _latest_batch(self) -> BatchConfig:
+        return self._batch_schedule[-1][1] if self._batch_schedule else self.batch
+
     def gain(self) -> float:
         """AdaScale gain at the current batch size from the host statistics (1 before data)."""
         return self.gain_at(self.batch.global_batch_size / self._options.initial_batch_size)
@@ -275,11 +326,16 @@ class StepLoop:
             has, size, accum = (int(v) for v in flat.tolist())
             pending = BatchConfig(size, accum) if has else None
         self.pending_batch = None
-        if pending is not None and pending != self.batch:
+        if pending is None:
+            return
+        if pending != self.batch_for_step(self.step):
             logger.info(
                 "batch configuration %s -> %s at epoch %d", self.batch, pending, self.data.epoch
             )
-            self.batch = pending
+        # Newer than anything agreed before or still in flight: it replaces them.
+        self.batch = pending
+        self._batch_schedule = []
+        self._boundary_at = self.step
 
     def leave_epoch_iteration(self) -> None:
         self._micro = None
@@ -292,6 +348,23 @@ class StepLoop:
                 raise TrainerUsageError(
                     f"optimizer.step() was not called for global step {mb.step - 1}"
                 )
+            agreed = self.batch_for_step(mb.step)
+            if mb.batch != agreed:
+                raise TrainerUsageError(
+                    f"global step {mb.step} was planned at {mb.batch}, agreed: {agreed}"
+                )
+            if self._batch_schedule:
+                self._batch_schedule = [(s, b) for s, b in self._batch_schedule if s > mb.step]
+            if mb.batch != self.batch:
+                logger.info(
+                    "batch configuration %s -> %s at step %d (epoch %d, position %d)",
+                    self.batch,
+                    mb.batch,
+                    mb.step,
+                    mb.epoch,
+                    mb.position,
+                )
+                self.batch = mb.batch
             self._step_done = False
             self.profiler.begin_step()
             if mb.measure:
@@ -404,6 +477,9 @@ class StepLoop:
         if exchange:
             self._since_exchange = 0
             decision = self.control.collect()
+            if decision.batch_size and self._posted_at <= self._boundary_at:
+                # offered before an epoch boundary adopted a newer request: stale
+                decision = dataclasses.replace(decision, batch_size=0, accum_steps=0)
             if decision.next_every and self.world_size > 1:  # alone, exchanging is free
                 self._control_every = decision.next_every
         if mb.measure:
@@ -438,13 +514,22 @@ class StepLoop:
             and mb.count == mb.batch.accum_steps,
         )
         if exchange:
+            offer = self._batch_offer()
             self.control.post(
                 stop=self._host.stop_cause is not None,
                 checkpoint=self._checkpoint_due(),
                 next_every=self._propose_control_every(),
+                batch_size=offer.global_batch_size if offer else 0,
+                accum_steps=offer.accum_steps if offer else 0,
             )
+            self._posted_at = self.step
         self._after_step(decision)
         return result
+
+    def _batch_offer(self) -> BatchConfig | None:
+        """Rank 0: its request, if it is not already the latest agreed configuration."""
+        pending = self.pending_batch if self.rank == 0 else None
+        return pending if pending is not None and pending != self._latest_batch() else None
 
     def _propose_control_every(self) -> int:
         """Rank 0: steps per ``control_interval_s`` at the recent step time (1..64)."""
@@ -514,7 +599,10 @@ class StepLoop:
         )
 
     def _after_step(self, decision: Decision) -> None:
-        """Remember what the step agreed; it is acted on at the next safe point."""
+        """Remember what the step agreed: a batch configuration is scheduled (see the module
+        docstring), a stop or checkpoint is acted on at the next safe point."""
+        if decision.batch_size:
+            self._schedule_batch(BatchConfig(decision.batch_size, decision.accum_steps))
         every = self._options.checkpoint_every_steps
         checkpoint = decision.checkpoint or bool(every and self.step % every == 0)
         if decision.stop or checkpoint:
@@ -522,6 +610,14 @@ class StepLoop:
             self._pending_decision = Decision(
                 stop=pending.stop or decision.stop, checkpoint=pending.checkpoint or checkpoint
             )
+
+    def _schedule_batch(self, batch: BatchConfig) -> None:
+        if batch == self._latest_batch():
+            return
+        first = self.step + self.batch_lead_steps - 1
+        kept = [(s, b) for s, b in self._batch_schedule if s < first]
+        self._batch_schedule = [*kept, (first, batch)]
+        logger.info("batch configuration %s agreed, in force from step %d", batch, first)
 
     def safe_point(self) -> None:
         """Between global batches, after the user's loop body finished the last one (so its

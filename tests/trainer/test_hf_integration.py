@@ -202,6 +202,28 @@ def _steps_of(logs: Path) -> dict[int, dict]:
     return steps
 
 
+def _assert_documented_chunks(steps: dict[int, dict], n: int, seed: int) -> dict[int, int]:
+    """Every sample of every epoch exactly once: each step's global batch is the documented
+    chunk of the documented order, whatever the world size, accumulation and batch (each step
+    at its own batch). Returns each step's epoch position at its start."""
+    by_epoch: dict[int, list[int]] = defaultdict(list)
+    for s in sorted(steps):
+        by_epoch[steps[s]["epoch"]].append(s)
+    last_epoch = max(by_epoch)
+    starts = {}
+    for epoch, epoch_steps in by_epoch.items():
+        order = epoch_order(n, seed, epoch).tolist()
+        position = 0
+        for s in epoch_steps:
+            starts[s] = position
+            size = min(steps[s]["batch"], n - position)
+            assert sorted(steps[s]["ids"]) == sorted(order[position : position + size]), s
+            position += size
+        if epoch != last_epoch:  # the last epoch ends at the step that reaches the target
+            assert position == n, epoch
+    return starts
+
+
 def _reference_weights(
     ex,
     n: int,
@@ -306,26 +328,10 @@ def test_hf_job_stops_resumes_exactly_and_takes_the_controllers_batch(
     steps = _steps_of(logs)
     assert sorted(steps) == list(range(len(steps)))
     assert {size for s in steps.values() for size in s["sizes"]} == {1, 2}
-    # Every sample of every epoch exactly once; each step's global batch is the documented
-    # chunk of the documented order, whatever the world size, accumulation and batch.
-    by_epoch: dict[int, list[int]] = defaultdict(list)
-    for s in sorted(steps):
-        by_epoch[steps[s]["epoch"]].append(s)
-    last_epoch = max(by_epoch)
-    for epoch, epoch_steps in by_epoch.items():
-        order = epoch_order(n, seed, epoch).tolist()
-        position = 0
-        for s in epoch_steps:
-            size = min(steps[s]["batch"], n - position)
-            assert sorted(steps[s]["ids"]) == sorted(order[position : position + size]), s
-            position += size
-        if epoch != last_epoch:  # the last epoch ends at the step that reaches the target
-            assert position == n, epoch
-    assert last_epoch >= epochs - 1
-    # The controller's batch: from an epoch boundary on, within one launch (no restart: the
-    # reports at 25 and at 45 share their launch's start and attempt).
-    first45 = min(s for s in steps if steps[s]["batch"] == 45)
-    assert steps[first45 - 1]["epoch"] == steps[first45]["epoch"] - 1
+    _assert_documented_chunks(steps, n, seed)
+    assert max(s["epoch"] for s in steps.values()) >= epochs - 1
+    # The controller's batch: taken within one launch (no restart: the reports at 25 and at 45
+    # share their launch's start and attempt).
     launches = defaultdict(set)
     for r in controller.reports:
         launches[(r.started_at_s, r.attempt)].add(r.batch.global_batch_size)
@@ -347,6 +353,53 @@ def test_hf_job_stops_resumes_exactly_and_takes_the_controllers_batch(
     # without the per-micro-batch weights (or with them applied twice) the update is not the
     # global mean and this fails. float64: the runs differ from the reference only in summation
     # order, ~1e-16 relative per step; Adam's normalisation keeps that relative over ~50 steps.
+    for name, ref in reference.items():
+        torch.testing.assert_close(got[name], ref, rtol=1e-7, atol=1e-10, msg=name)
+
+
+def test_a_batch_change_lands_mid_epoch_at_the_next_step_without_a_restart(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Rank 0 asks for 40 x 2 when step 1 begins (as a controller's reply would). With an
+    exchange every step (``control_interval_s=0``) rank 0 offers it at the end of step 1, every
+    rank reads it at the end of step 2, and it is in force from the next optimizer step, 3:
+    mid-epoch 0 (position 48 of 96), in the same launch (one start per rank, one launcher
+    attempt in the reports). The rest of the epoch is re-planned at 40 (every sample once), and
+    the weights are those of a plain loop over the same global batches with the Trainer's AdamW,
+    scheduler and clipping and the square-root LR rule at each step's own batch."""
+    n, seq_len, m0, seed, lr = 96, 8, 16, 3, 1e-3
+    logs, final, reports = tmp_path / "logs", tmp_path / "final.pt", tmp_path / "reports.jsonl"
+    launch = cluster.launch(
+        "p",
+        ["--job-id", "hfbatch", "--checkpoint-uri", str(tmp_path / "ckpt"), "--report-file",
+         str(reports), "--report-interval-s", "0.2", "--nproc-per-node", "2", str(HF_EXAMPLE),
+         "--epochs", "1", "--num-samples", str(n), "--seq-len", str(seq_len),
+         "--per-device-batch", str(m0), "--lr", str(lr), "--seed", str(seed), "--dtype",
+         "float64", "--gns-every", "2", "--control-interval-s", "0", "--batch-at-step",
+         "1:40x2", "--log-dir", str(logs), "--final-params", str(final), "--output-dir",
+         str(tmp_path / "out")],
+    )  # fmt: skip
+    assert launch.wait(LAUNCH_TIMEOUT_S) == ExitCode.DONE, launch.text()[-3000:]
+    steps = _steps_of(logs)
+    assert sorted(steps) == list(range(len(steps)))
+    starts = _assert_documented_chunks(steps, n, seed)
+    assert [steps[s]["batch"] for s in range(4)] == [16, 16, 16, 40]
+    assert all(steps[s]["batch"] == 40 for s in steps if s >= 3)
+    assert (steps[3]["epoch"], starts[3]) == (0, 48)  # mid-epoch
+    events = [r for r in read_jsonl(logs) if "event" in r]
+    assert [e["step"] for e in events if e["event"] == "batch_request"] == [1]
+    assert sum(1 for e in events if e["event"] == "start") == 2  # no restart
+    sent = read_reports(reports)
+    assert len({(r.started_at_s, r.attempt) for r in sent}) == 1
+    assert {r.batch for r in sent} <= {BatchConfig(16, 1), BatchConfig(40, 2)}
+    assert sent[-1].batch == BatchConfig(40, 2) and sent[-1].done
+    assert sent[-1].lr_scale == pytest.approx(math.sqrt(40 / 16))
+    ex = load_example(HF_EXAMPLE)
+    schedule_steps = declared_length(
+        max_steps=-1, num_train_epochs=1, num_samples=n, initial_batch_size=m0
+    ).schedule_steps
+    reference = _reference_weights(ex, n, seq_len, seed, lr, m0, schedule_steps, steps)
+    got = torch.load(final)
     for name, ref in reference.items():
         torch.testing.assert_close(got[name], ref, rtol=1e-7, atol=1e-10, msg=name)
 

@@ -195,6 +195,83 @@ def test_stop_and_resume_at_new_world_sizes_is_exact(cluster: Cluster, tmp_path:
 
 
 # --------------------------------------------------------------------------------------------
+# Batch changes mid-epoch, without a restart; one agreed before a stop is in force after it.
+
+
+def test_batch_changes_land_mid_epoch_and_an_agreed_one_survives_a_stop(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Rank 0 asks for 40 x 2 when step 1 begins and, when step 7 begins, for 16 x 1 and a stop.
+    With an exchange every step, each request is read by every rank at the end of the step
+    after it; Lightning has then already fetched the next step's first micro-batch, so the
+    change is in force from the step after that: 40 x 2 from step 4 (mid-epoch 0, position 64
+    of 160, no restart: one start per rank), 16 x 1 from step 10 (epoch 1 is steps 7 to 10).
+    The stop, read with it, comes at the safe point after step 8: the checkpoint at step 9
+    carries the agreed 16 x 1, and the relaunch (1 process, no batch given) trains step 9 at
+    40 x 2 and step 10 on at 16 x 1. Every sample of every epoch once, each step the
+    documented chunk; the final weights equal a plain-torch AdamW loop over the same global
+    batches with the square-root LR factor."""
+    n, m0, seed, lr = 160, 16, 4, 0.01
+    logs, p0, p1 = tmp_path / "logs", tmp_path / "initial.pt", tmp_path / "final.pt"
+    script = [
+        str(EXAMPLE), "--epochs", "2", "--num-samples", str(n), "--dtype", "float64",
+        "--initial-batch-size", str(m0), "--optimizer", "adamw", "--lr", str(lr),
+        "--gns-every", "2", "--seed", str(seed), "--control-interval-s", "0",
+        "--batch-at-step", "1:40x2,7:16x1", "--stop-at-step", "7", "--log-dir", str(logs),
+        "--initial-params", str(p0), "--final-params", str(p1),
+    ]  # fmt: skip
+    common = ["--job-id", "litbatch", "--checkpoint-uri", str(tmp_path / "ckpt")]
+    first = cluster.launch("p1", [*common, "--nproc-per-node", "2", *script])
+    assert first.wait(LAUNCH_TIMEOUT_S) == ExitCode.STOPPED, first.text()[-3000:]
+    second = cluster.launch("p2", [*common, "--nproc-per-node", "1", *script])
+    assert second.wait(LAUNCH_TIMEOUT_S) == ExitCode.DONE, second.text()[-3000:]
+
+    events = [r for r in read_jsonl(logs) if "event" in r]
+    assert sorted(e["step"] for e in events if e["event"] == "stopped") == [9, 9]
+    assert sum(1 for e in events if e["event"] == "start") == 3  # 2 ranks, then 1
+    by_step: dict[int, list[int]] = defaultdict(list)
+    config: dict[int, tuple[int, int, int]] = {}
+    epoch_of: dict[int, int] = {}
+    for r in iter_micro_records(logs):
+        by_step[r["step"]].extend(r["ids"])
+        config[r["step"]] = (r["batch"], r["accum"], r["world_size"])
+        epoch_of[r["step"]] = r["epoch"]
+    steps = sorted(by_step)
+    assert steps == list(range(len(steps)))
+    assert [config[s][:2] for s in range(11)] == [(16, 1)] * 4 + [(40, 2)] * 6 + [(16, 1)]
+    assert config[8][2] == 2 and config[9][2] == 1  # step 9: after the relaunch
+    assert all(config[s][:2] == (16, 1) for s in steps if s >= 10)
+    position: dict[int, int] = defaultdict(int)
+    for s in steps:
+        epoch = epoch_of[s]
+        order = epoch_order(n, seed, epoch).tolist()
+        start = position[epoch]
+        if s == 4:
+            assert (epoch, start) == (0, 64)  # mid-epoch
+        assert sorted(by_step[s]) == sorted(order[start : start + config[s][0]]), s
+        position[epoch] += len(by_step[s])
+    assert all(position[e] == n for e in position if e < max(position))
+
+    ex = load_example(EXAMPLE)
+    args = ex.parse_args(["--num-samples", str(n), "--seed", str(seed), "--dtype", "float64",
+                          "--optimizer", "adamw", "--lr", str(lr)])  # fmt: skip
+    dataset, model = ex.build(args)
+    model.load_state_dict(torch.load(p0))
+    opt = model.configure_optimizers()
+    for s in steps:
+        ids = torch.tensor(by_step[s])
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(dataset.x[ids]), dataset.y[ids]).backward()
+        factor = (config[s][0] / m0) ** 0.5
+        for group in opt.param_groups:
+            group["lr"] = lr * factor
+        opt.step()
+    final = torch.load(p1)
+    for name, ref in model.state_dict().items():
+        torch.testing.assert_close(final[name], ref, rtol=1e-9, atol=1e-11)
+
+
+# --------------------------------------------------------------------------------------------
 # Same model, data and batch schedule: Lightning under coadapt vs coadapt's own loop.
 
 

@@ -59,11 +59,40 @@ What each coadapt duty maps to:
   when (``DefaultFlowCallback``'s ``should_save``); ``train()`` always resumes from the job's
   newest checkpoint, at the exact sample, whatever the world size (``resume_from_checkpoint`` is
   ignored, with a warning). ``output_dir`` gets what ``save_model()`` writes, as usual.
-* **Batch changes** from the controller apply at the next epoch boundary without a restart
-  (the rule of coadapt's own loop, :meth:`trainer.stepping.StepLoop.start_epoch_iteration`); a
-  change of GPU count is a restart (stop, checkpoint, relaunch), in which the planned batch
-  comes with the launch. The learning-rate rule is :func:`trainer.scaling.default_rule` of the
-  Trainer's optimizer (AdamW: square root), applied at every step.
+
+  *Why not the Trainer's own checkpoints* (``Trainer._save_checkpoint``, ``output_dir/
+  checkpoint-<step>/``; read in transformers 5.25), as issue 38 asked and Lightning's job does
+  (:mod:`trainer.integrations.lightning` saves through ``trainer.save_checkpoint``): three of
+  the things an exact resume on a spot fleet needs are outside that format, not just outside
+  its resume. (1) Its RNG is one file per process (``rng_state_<process_index>.pth``, or
+  ``rng_state.pth`` when alone): after a rescale from 2 processes to 1, or to more processes,
+  a process finds no file of its name and keeps whatever state it had (transformers logs it
+  at info level and goes on); coadapt gathers every rank's state on rank 0 and derives new
+  ranks' deterministically. (2) It has no data position: its resume skips
+  ``global_step % steps_per_epoch x gradient_accumulation_steps`` batches of the *new* loader,
+  the right sample only at the old world size and batch; our position (epoch, samples
+  consumed, step, batch configuration and the agreed-but-not-in-force schedule) would have to
+  ride in an extra file that only coadapt reads, beside files that the Trainer would read
+  wrongly if a user passed the folder to ``resume_from_checkpoint``. (3) Its writes go file by
+  file into the final folder under ``output_dir`` (local disk; no staging, no digest), so a
+  preemption during the save leaves a partial ``checkpoint-<step>`` that
+  ``get_last_checkpoint`` still picks; the job's store (``COADAPT_CHECKPOINT_URI``, local or
+  object storage) writes one framed, digest-checked object atomically and falls back past a
+  corrupt one, which is what the stop checkpoint of a spot notice relies on. Saving the
+  Trainer's folder *as well* (for tools that read it) would double every save's cost on the
+  notice's deadline and still not be what the job resumes from, so it is not done; a user who
+  wants one calls ``save_model()`` after ``train()``.
+* **Batch changes** from the controller (total batch and accumulation steps; the per-device
+  batch follows) apply mid-epoch without a restart, by the rule of coadapt's own loop
+  (:mod:`trainer.stepping`, "Batch changes"): the ranks agree on the change at the next
+  exchange of the stop flags (every step with ``control_interval_s=0``, about every
+  ``control_interval_s`` otherwise) and it is in force from the next optimizer step; the
+  elastic loader re-plans the rest of the epoch from there (every sample still once) and the
+  accumulation count is the plan's. A change requested before an epoch starts is in force from
+  its first step. Only a change of GPU count is a restart (stop, checkpoint, relaunch), in
+  which the planned batch comes with the launch. The learning-rate rule is
+  :func:`trainer.scaling.default_rule` of the Trainer's optimizer (AdamW: square root), applied
+  at every step with that step's batch.
 
 Not supported under ``CoadaptTrainer.train()`` (each refused or warned about, never silently
 changed): iterable datasets (the elastic order needs ``len()`` and indexing), evaluation during

@@ -30,11 +30,12 @@ every boundary the step loop needs (fit start, each batch start and end) and lea
   and wraps the model in ``DistributedDataParallel`` itself (always, one process included, so the
   gradient path is the same at every world size).
 * **Data.** Lightning's train loader is an iterable over the job's elastic plan
-  (:meth:`trainer.data.ElasticDataLoader.plan`): one Lightning batch is one micro-batch of the
+  (:meth:`trainer.data.ElasticDataLoader.load`): one Lightning batch is one micro-batch of the
   global, world-size-independent order; the plan of an epoch is made when Lightning starts
-  iterating it (after a restore, from the restored position). It has no ``len()``: Lightning
-  then ends an epoch when the plan is exhausted, so a plan that changes length (new batch
-  configuration, resume mid-epoch) never confuses its batch counting.
+  iterating it (after a restore, from the restored position) and made again from the step where
+  a batch change comes into force. It has no ``len()``: Lightning then ends an epoch when the
+  plan is exhausted, so a plan that changes length (new batch configuration, resume mid-epoch)
+  never confuses its batch counting.
 * **Accumulation.** The plan decides how many micro-batches a replica runs per optimizer step
   (``accum_steps``, fewer at an epoch's tail, two on a one-replica measurement step). Lightning's
   ``accumulate_grad_batches`` is read once, as the initial accumulation, and then set to 1 (no
@@ -65,8 +66,18 @@ every boundary the step loop needs (fit start, each batch start and end) and lea
   ends by that one rule (Lightning's own limits are lifted once the length is declared: at a
   larger batch an epoch is worth less progress, and the run goes on into later epochs).
 * **Batch configuration.** The controller's batch configuration (total batch and accumulation)
-  is adopted at the next epoch boundary without a restart, as in coadapt's own loop; a
-  configuration set at a restart (``COADAPT_BATCH_SIZE``) applies from the first step.
+  is adopted mid-epoch without a restart, by the rule of coadapt's own loop
+  (:mod:`trainer.stepping`, "Batch changes"): the ranks agree on it at the next exchange of the
+  stop flags, and it is in force from the **second** optimizer step after that exchange, not the
+  first as in coadapt's loop and the Hugging Face integration: Lightning's data fetcher takes
+  each batch from the loader one batch ahead of the one it trains (that is how it knows an
+  epoch's last batch), so the first micro-batch of the next step is already planned when the
+  exchange is read. From that step the rest of the epoch is re-planned at the new total batch
+  (every sample still once), the accumulation count follows the plan (see *Accumulation*), the
+  learning-rate rule applies each step's own batch, and an agreed change not yet in force is
+  saved in the checkpoint. A change requested before an epoch starts is in force from its first
+  step; a configuration set at a restart (``COADAPT_BATCH_SIZE``) applies from the first step.
+  Only a change of GPU count needs a restart (the launcher's).
 
 Lightning 2.6 is what this is tested with: the two private names it touches
 (``_TrainingEpochLoop._should_accumulate`` and the trainer's signal connector) are checked at
@@ -265,6 +276,9 @@ class _LightningJob(ElasticJob):
         self.checkpoint_io = _StoreCheckpointIO(self._manager)
         self._trainer: pl.Trainer | None = None
         self._queue: collections.deque[MicroBatch] = collections.deque()
+        # Lightning's data fetcher takes a step's first micro-batch from the plan before the
+        # previous step's update: a change agreed at a step is planned for the one after next.
+        self._loop.batch_lead_steps = 2
 
     # ------------------------------------------------------------------ set-up
     def declare(self, target_progress: float | None, initial_accum_steps: int) -> None:
@@ -391,18 +405,17 @@ class _LightningJob(ElasticJob):
             )
 
     # ------------------------------------------------------------------ data and batches
-    def start_epoch(self, num_samples: int) -> list[MicroBatch]:
+    def start_epoch(self, num_samples: int) -> bool:
         """Lightning starts iterating the train data: agree the batch configuration (at an
-        epoch boundary) and plan this replica's micro-batches for the rest of the epoch."""
+        epoch boundary). False when the declared length is already reached."""
         self._queue.clear()
         loop = self._loop
         loop.start_epoch_iteration(num_samples)
         if loop.training_done:
             if self._trainer is not None:
                 self._trainer.should_stop = True
-            return []
-        assert self._loader is not None
-        return self._loader.plan()
+            return False
+        return True
 
     def planned(self, mb: MicroBatch) -> None:
         self._queue.append(mb)
@@ -437,26 +450,16 @@ class _ElasticTrainData:
     private generator seeded per epoch, so iterating does not consume the global RNG (which
     a restore sets exactly)."""
 
-    def __init__(self, job: _LightningJob, loader: ElasticDataLoader, kwargs: dict[str, Any]):
+    def __init__(self, job: _LightningJob, loader: ElasticDataLoader) -> None:
         self._job = job
         self._loader = loader
-        self._kwargs = kwargs
 
     def __iter__(self) -> Iterator[Any]:
-        from torch.utils.data import DataLoader
-
-        dataset = self._loader.dataset
-        plan = self._job.start_epoch(len(dataset))
-        if not plan:
+        if not self._job.start_epoch(len(self._loader.dataset)):
             return
         generator = torch.Generator().manual_seed(self._job.epoch_seed())
-        loader = DataLoader(
-            dataset,
-            batch_sampler=[mb.sample_ids.tolist() for mb in plan],
-            generator=generator,
-            **self._kwargs,
-        )
-        for mb, batch in zip(plan, loader, strict=True):
+        # The job's plan, re-planned from a step whose configuration changed mid-epoch.
+        for mb, batch in self._loader.load(generator=generator):
             self._job.planned(mb)
             yield batch
 
@@ -544,7 +547,7 @@ class CoadaptLightning(pl.Callback):
             ),
             int(trainer.accumulate_grad_batches),
         )
-        data = _ElasticTrainData(job, loader, dict(dataloader_kwargs))
+        data = _ElasticTrainData(job, loader)
         ckpt_path = job.resume_path()
         trainer.fit(model, train_dataloaders=data, ckpt_path=ckpt_path)
         job.finish()
