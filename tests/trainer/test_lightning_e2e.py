@@ -12,9 +12,9 @@ fixed fleet), agents, real torchrun jobs (gloo), both jobs ``examples/lightning_
   run over the same global batches (float64). ``coadapt status --json`` shows its declared
   ``target_progress``, remaining work that falls, its batch size and its restarts.
 * ``rebatch`` (``gpus.max: 1``, noisy labels, a fixed cost per step): the policy re-batches it
-  while its GPU count stays 1; the trainer adopts the planned batch at an epoch boundary
-  without a relaunch (the same launch start and launcher attempt before and after), with
-  AdaScale's learning-rate factor in ``(1, r]``.
+  while its GPU count stays 1; the trainer adopts the planned batch from its next agreed
+  optimizer step without a relaunch (the same launch start and launcher attempt before and after),
+  with AdaScale's learning-rate factor in ``(1, r]``.
 """
 
 from __future__ import annotations

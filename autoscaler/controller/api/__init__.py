@@ -107,10 +107,10 @@ Decisions made here, and why:
   told apart by that status).
 * **Report replies** say ``stop`` when the job is not ``running`` (cancelled, ended, or not
   placed), and carry the round's planned ``batch`` when it was planned for the GPUs the
-  trainer runs on and differs from the batch it reports (the trainer adopts it at its next
-  epoch boundary, without a relaunch, its learning rate scaled by its rule); ``null``: keep.
-  A batch planned for another GPU count comes with the assignment instead (``batch``:
-  ``--batch-size`` and ``--accum-steps`` of the relaunch that count needs).
+  trainer runs on and differs from the batch it reports (the trainer adopts it from its
+  next agreed optimizer step, mid-epoch, without a relaunch, its learning rate scaled by its rule);
+  ``null``: keep. A batch planned for another GPU count comes with the assignment instead
+  (``batch``: ``--batch-size`` and ``--accum-steps`` of the relaunch that count needs).
 * **Logs** are ``<logs_dir>/<job>/<instance_key>.log``, read as one byte stream in instance-key
   order, at most :data:`MAX_LOG_CHUNK_BYTES` per answer (``more`` says there is more). An
   incomplete UTF-8 character at the end is left for the next read. Offsets into the

@@ -2,9 +2,9 @@
 
 A reply says ``stop`` when the job is not ``running`` (cancelled, ended, or not placed), and
 carries the round's planned ``batch`` when it was planned for the GPUs the trainer runs on and
-differs from the batch it reports (the trainer adopts it at its next epoch boundary, without a
-relaunch, its learning rate scaled by its rule); ``null``: keep. A batch planned for another
-GPU count comes with the assignment instead (the relaunch that count needs).
+differs from the batch it reports (the trainer adopts it from its next agreed optimizer step,
+without a relaunch, its learning rate scaled by its rule); ``null``: keep. A batch planned for
+another GPU count comes with the assignment instead (the relaunch that count needs).
 """
 
 from __future__ import annotations
