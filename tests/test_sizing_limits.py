@@ -9,9 +9,9 @@ from __future__ import annotations
 import dataclasses
 
 from autoscaler.decide.fleet import FleetView
-from autoscaler.decide.jobs import ClusterView, OfferingRef
 from autoscaler.decide.sizing import FleetOption, JobDemand, SizingConfig, size_fleet
 from autoscaler.decide.strategies import GoodputSizing, PerJobCheapest, demands_of
+from autoscaler.decide.views import ClusterView, OfferingRef
 from autoscaler.model.gputypes import default_speed_table
 from tests.policy.conftest import model, view
 

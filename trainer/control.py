@@ -40,7 +40,7 @@ class ExitKind(enum.StrEnum):
 
 
 @dataclass(frozen=True)
-class Decision:
+class ControlDecision:
     """Agreed at an exchange: ``stop`` (any rank asked), ``checkpoint`` (rank 0 asked), and
     ``next_every`` (rank 0's proposed steps between exchanges; 0 = keep the current period)."""
 
@@ -69,16 +69,18 @@ class ControlChannel:
         work = dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
         self._pending = (work, flags)
 
-    def collect(self) -> Decision:
+    def collect(self) -> ControlDecision:
         """The agreed flags of the last :meth:`post` (waits if still in flight)."""
         if self._pending is None:
-            return Decision()
+            return ControlDecision()
         work, flags = self._pending
         self._pending = None
         if work is not None:
             work.wait()
         stop, checkpoint, next_every = flags.tolist()
-        return Decision(stop=bool(stop), checkpoint=bool(checkpoint), next_every=int(next_every))
+        return ControlDecision(
+            stop=bool(stop), checkpoint=bool(checkpoint), next_every=int(next_every)
+        )
 
     def drain(self) -> None:
         """Wait for an in-flight post (before other collectives on the group)."""

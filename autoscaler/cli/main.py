@@ -16,7 +16,7 @@ from autoscaler.cli.cost import cost_app
 from autoscaler.cli.deploy import register as register_deploy_commands
 from autoscaler.cli.prices import prices_app
 from autoscaler.cli.tokens import register as register_token_commands
-from autoscaler.decide.jobs import PAPER_POLICIES, PolicyName
+from autoscaler.decide.views import PAPER_POLICIES, PolicyName
 
 if TYPE_CHECKING:
     from autoscaler.sim.cluster import ClusterSpec

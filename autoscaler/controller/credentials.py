@@ -17,7 +17,7 @@ report     the trainers of one job          ``POST /v1/jobs/{that job}/reports``
 **The users' token** is random (``secrets.token_urlsafe(32)``), kept in the controller's
 tokens file (``<state>/tokens.json``, 0600), and leaves it only for the users' hands: the CLI
 reads it there, the dashboard gets it in its URL fragment, and on a cloud deployment the
-controller publishes it where only the deployer reads it (:mod:`autoscaler.controller.cloud`).
+controller publishes it where only the deployer reads it (:mod:`autoscaler.controller.cloud_setup`).
 
 **Agent and report credentials** are derived, never stored: ``<kind>.<subject>.<mac>``, the MAC
 being HMAC-SHA256 over ``coadapt <kind>\\0<subject>`` with the *agent key*, a random 32-byte key

@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from autoscaler.decide.jobs import NodeView, OfferingRef
+from autoscaler.decide.views import NodeView, OfferingRef
 from autoscaler.errors import InvalidInputError, TraceFormatError
 from autoscaler.model.gputypes import KNOWN_GPU_TYPES, REFERENCE_GPU_TYPE, SpeedTable
 from autoscaler.model.interconnects import (

@@ -32,7 +32,7 @@ which replay the traces:
   agent reports (:meth:`Controller.job_exited <autoscaler.controller.loop.Controller.job_exited>`).
 
 So the policy learns what the controller learns, when it learns it: throughput models fitted
-online from the reports (the controller's :class:`~autoscaler.controller.jobs.JobBook`), the
+online from the reports (the controller's :class:`~autoscaler.controller.jobbook.JobBook`), the
 remaining work only from a declared length and only after the first report, attained service
 and restarts from the store's assignment history. The one exception is an oracle baseline
 (``optimus``, the Pollux paper's Optimus+Oracle), which is handed the true remaining iterations
@@ -52,17 +52,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autoscaler.controller.errors import RoundError
-from autoscaler.controller.jobs import JobSubmission
+from autoscaler.controller.jobbook import JobSubmission
 from autoscaler.controller.store import JobStatus
-from autoscaler.decide.jobs import (
+from autoscaler.decide.policy.base import Policy
+from autoscaler.decide.strategies import FixedFleet
+from autoscaler.decide.views import (
     Allocation,
     BatchChoice,
     JobSpec,
     Oracle,
     fixed_batch_choice,
 )
-from autoscaler.decide.policy.base import Policy
-from autoscaler.decide.strategies import FixedFleet
 from autoscaler.errors import AutoscalerError, InvalidInputError
 from autoscaler.model.goodput import (
     BatchLimits,

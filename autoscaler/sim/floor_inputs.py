@@ -55,10 +55,10 @@ from autoscaler.analysis.floor import (
     cost_floor,
     floor_summary,
 )
-from autoscaler.decide.jobs import JobSpec
+from autoscaler.decide.views import JobSpec
 from autoscaler.model.gputypes import default_speed_table
 from autoscaler.model.traces import AppTrace, even_placement, load_app
-from autoscaler.sim.cloud import CloudOffering
+from autoscaler.sim.cloud_config import CloudOffering
 from autoscaler.sim.cluster import NodeGroup, TypeSpeed
 from autoscaler.sim.results import SimResult
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autoscaler.decide.jobs import PolicyName
+from autoscaler.decide.views import PolicyName
 from autoscaler.errors import InvalidInputError
 from autoscaler.model.traces import data_root
 from autoscaler.sim.config import SimConfig

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from autoscaler.decide.jobs import JobSpec
+from autoscaler.decide.views import JobSpec
 from autoscaler.errors import InvalidInputError, TraceFormatError
 from autoscaler.model.traces import APPLICATIONS, parse_float, parse_int, read_csv_rows
 

@@ -30,16 +30,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from autoscaler.accounting.costs import CostLedger, CostRecord
-from autoscaler.controller.jobs import JobSubmission, submission_deadline
+from autoscaler.controller.jobbook import JobSubmission, submission_deadline
 from autoscaler.controller.lifecycle import InstanceStatus
 from autoscaler.controller.loop import Controller, ControllerConfig, RoundReport
 from autoscaler.controller.reconcile import ReconcileConfig
 from autoscaler.controller.store import JobBatch, Store
 from autoscaler.decide.fleet import FleetStrategy, FleetView
-from autoscaler.decide.jobs import Allocation, BatchChoice, Oracle
 from autoscaler.decide.policy.base import Policy
+from autoscaler.decide.views import Allocation, BatchChoice, Oracle
 from autoscaler.errors import InvalidInputError
-from autoscaler.sim.cloud import BudgetExceededError, CloudConfig, CloudOffering
+from autoscaler.sim.cloud_config import BudgetExceededError, CloudConfig, CloudOffering
 from coadapt_common.clock import FakeClock
 from providers.base import Market, Offering
 from providers.fake import FakeProvider
@@ -137,7 +137,7 @@ class World:
 
     def submit(self, spec: JobSubmission) -> None:
         """A job submitted now, as the API adds it (its deadline checked and fixed as the
-        API does: :func:`~autoscaler.controller.jobs.submission_deadline`)."""
+        API does: :func:`~autoscaler.controller.jobbook.submission_deadline`)."""
         after, at = submission_deadline(spec, self.now_s)
         self.store.add_job(spec.name, spec.to_json(), deadline_after_s=after, deadline_at_s=at)
 
@@ -255,7 +255,7 @@ class _Live:
 
 class CloudWorld(World):
     """A world whose cloud comes and goes (the simulator's cloud mode): the
-    :class:`~autoscaler.sim.cloud.CloudConfig`'s offerings on a
+    :class:`~autoscaler.sim.cloud_config.CloudConfig`'s offerings on a
     :class:`~providers.fake.FakeProvider` with its provisioning delay, spot prices moved
     along each offering's price series (the provider's catalogue, which the controller reads),
     spot preemptions from each offering's model (a replayed availability trace: capacity set
@@ -516,7 +516,7 @@ def _offering(o: CloudOffering) -> Offering:
 
 @dataclass
 class _RefKeyed:
-    """A simulation's fleet strategy, configured with :class:`~autoscaler.decide.jobs.OfferingRef`
+    """A simulation's fleet strategy, configured with :class:`~autoscaler.decide.views.OfferingRef`
     keys (``provider/type/zone/market``), in front of a controller that speaks the
     provider's pool keys (``provider/zone/type/market``): the view's keys are translated for
     it and its counts back."""

@@ -212,7 +212,7 @@ def test_the_runner_follows_the_api_and_reports_exits(tmp_path: Path) -> None:
     and stops everything when its instance gets a preemption notice."""
     from autoscaler.controller.agent import AgentRunner
     from autoscaler.controller.api import ApiClient, generate_tokens, make_app, serve
-    from autoscaler.controller.jobs import JobSubmission
+    from autoscaler.controller.jobbook import JobSubmission
     from autoscaler.controller.lifecycle import InstanceStatus
     from autoscaler.controller.store import JobStatus, Store
 
@@ -300,7 +300,7 @@ def test_a_running_job_is_kept_while_a_restarted_controller_learns_its_rendezvou
     that runs here keeps running (no stop, no relaunch)."""
     from autoscaler.controller.agent import AgentRunner
     from autoscaler.controller.api import ApiClient, generate_tokens, make_app, serve
-    from autoscaler.controller.jobs import JobSubmission
+    from autoscaler.controller.jobbook import JobSubmission
     from autoscaler.controller.lifecycle import InstanceStatus
     from autoscaler.controller.store import JobStatus, Store
 
@@ -456,7 +456,7 @@ def test_a_restarted_agent_adopts_its_running_launchers_and_says_so(tmp_path: Pa
     now another process is never adopted."""
     from autoscaler.controller.agent import AgentRunner
     from autoscaler.controller.api import ApiClient, generate_tokens, make_app, serve
-    from autoscaler.controller.jobs import JobSubmission
+    from autoscaler.controller.jobbook import JobSubmission
     from autoscaler.controller.lifecycle import InstanceStatus
     from autoscaler.controller.store import JobStatus, Store
     from coadapt_common.procfs import process_start_time

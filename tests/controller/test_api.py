@@ -42,7 +42,7 @@ from autoscaler.controller.api import (
     serve,
 )
 from autoscaler.controller.errors import ControllerError, StoreMissingError
-from autoscaler.controller.jobs import JobSubmission
+from autoscaler.controller.jobbook import JobSubmission
 from autoscaler.controller.lifecycle import InstanceStatus
 from autoscaler.controller.ratelimit import RateLimit, RequestLimits
 from autoscaler.controller.store import JobStatus, Store

@@ -46,7 +46,7 @@ from autoscaler.controller.credentials import (
     write_token_file,
 )
 from autoscaler.controller.errors import ControllerError
-from autoscaler.controller.jobs import JobSubmission
+from autoscaler.controller.jobbook import JobSubmission
 from autoscaler.controller.lifecycle import InstanceStatus
 from autoscaler.controller.store import JobStatus, Store
 from autoscaler.errors import InvalidInputError

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from autoscaler.controller.api import MAX_JOBS_PAGE, ApiClient, generate_tokens, make_app, serve
-from autoscaler.controller.jobs import JobSubmission
+from autoscaler.controller.jobbook import JobSubmission
 from autoscaler.controller.lifecycle import InstanceStatus
 from autoscaler.controller.store import JobStatus, Store
 from coadapt_common.clock import FakeClock

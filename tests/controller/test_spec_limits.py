@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from autoscaler.controller.jobs import JobSubmission
+from autoscaler.controller.jobbook import JobSubmission
 from autoscaler.controller.loop import Controller, ControllerConfig
 from autoscaler.controller.reconcile import ReconcileConfig
 from autoscaler.controller.store import JobStatus, Store
-from autoscaler.decide.jobs import OfferingRef
 from autoscaler.decide.sizing import SizingConfig
+from autoscaler.decide.views import OfferingRef
 from autoscaler.errors import InvalidInputError
 from coadapt_common.clock import FakeClock
 from emulators.reports import synthetic_report

@@ -6,7 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from autoscaler.decide.jobs import (
+from autoscaler.decide.policy.pollux import PolluxPolicy, PolluxState
+from autoscaler.decide.policy.tiresias import TiresiasPolicy
+from autoscaler.decide.views import (
     Allocation,
     BatchChoice,
     ClusterView,
@@ -15,8 +17,6 @@ from autoscaler.decide.jobs import (
     Plan,
     RoundInput,
 )
-from autoscaler.decide.policy.pollux import PolluxPolicy, PolluxState
-from autoscaler.decide.policy.tiresias import TiresiasPolicy
 from autoscaler.errors import InvalidInputError
 from tests.policy.conftest import model, view
 

@@ -11,7 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from autoscaler.cli.main import app
-from autoscaler.decide.jobs import (
+from autoscaler.decide.policy import make_policy
+from autoscaler.decide.policy.base import Decision
+from autoscaler.decide.views import (
     ClusterView,
     JobSpec,
     JobView,
@@ -20,8 +22,6 @@ from autoscaler.decide.jobs import (
     RoundInput,
     fixed_batch_choice,
 )
-from autoscaler.decide.policy import make_policy
-from autoscaler.decide.policy.base import Decision
 from autoscaler.errors import TraceFormatError
 from autoscaler.model.gputypes import default_speed_table
 from autoscaler.model.traces import load_app

@@ -9,7 +9,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autoscaler.decide.jobs import Allocation, ClusterView, JobView, NodeView, Plan, RoundInput
 from autoscaler.decide.policy import make_policy
 from autoscaler.decide.policy.coadapt import (
     CoadaptOptions,
@@ -19,6 +18,7 @@ from autoscaler.decide.policy.coadapt import (
     pools_of,
     solve_choices,
 )
+from autoscaler.decide.views import Allocation, ClusterView, JobView, NodeView, Plan, RoundInput
 from autoscaler.errors import InvalidInputError
 from autoscaler.model.goodput import BatchLimits, GoodputModel, GradParams, PerfParams
 from tests.policy.conftest import LIMITS, alloc_of, cluster, model, round_input, rows, view

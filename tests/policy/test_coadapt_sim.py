@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from autoscaler.decide.jobs import JobSpec
 from autoscaler.decide.policy import make_policy
+from autoscaler.decide.views import JobSpec
 from autoscaler.model.traces import traces_folder
 from autoscaler.sim.config import SimConfig
 from autoscaler.sim.engine import SimulationError, simulate

@@ -8,7 +8,9 @@ import dataclasses
 
 import pytest
 
-from autoscaler.decide.jobs import (
+from autoscaler.decide.policy import make_policy
+from autoscaler.decide.policy.coadapt import pools_of
+from autoscaler.decide.views import (
     Allocation,
     ClusterView,
     JobView,
@@ -16,8 +18,6 @@ from autoscaler.decide.jobs import (
     OfferingRef,
     RoundInput,
 )
-from autoscaler.decide.policy import make_policy
-from autoscaler.decide.policy.coadapt import pools_of
 from tests.policy.conftest import model, view
 
 SPOT_A = OfferingRef("fake", "g4dn.12xlarge", "us-east-1a", "spot")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from autoscaler.decide.jobs import JobSpec
+from autoscaler.decide.views import JobSpec
 
 HEADER = "name,time,application,num_replicas,batch_size"
 

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from autoscaler.decide.jobs import PAPER_POLICIES
+from autoscaler.decide.views import PAPER_POLICIES
 from autoscaler.sim.config import SimConfig
 from autoscaler.sim.runner import RunSpec, paper_workloads, run_many
 

@@ -8,13 +8,13 @@ from dataclasses import dataclass
 import pytest
 
 from autoscaler.accounting.costs import job_costs, summarize, usd_to_cents
-from autoscaler.decide.jobs import JobSpec, OfferingRef
 from autoscaler.decide.policy import make_policy
 from autoscaler.decide.sizing import SizingConfig
 from autoscaler.decide.strategies import FixedFleet, GoodputSizing
+from autoscaler.decide.views import JobSpec, OfferingRef
 from autoscaler.errors import InvalidInputError
-from autoscaler.market.pricing import ConstantPrice, StepPriceSeries
-from autoscaler.sim.cloud import BudgetExceededError, CloudConfig, CloudOffering
+from autoscaler.market.series import ConstantPrice, StepPriceSeries
+from autoscaler.sim.cloud_config import BudgetExceededError, CloudConfig, CloudOffering
 from autoscaler.sim.config import SimConfig
 from autoscaler.sim.engine import Simulator
 from autoscaler.sim.experiments import EXPERIMENTS, build_run
@@ -215,7 +215,7 @@ def test_stochastic_spot_prices_move_are_seeded_and_stay_under_on_demand():
 
 
 def test_a_replaced_spot_trace_keeps_the_other_families(tmp_path):
-    from autoscaler.market.pricing import bamboo_trace_path
+    from autoscaler.market.preemption import bamboo_trace_path
     from autoscaler.sim.experiments import load_traces
 
     p3 = bamboo_trace_path("p3-trace.csv")
@@ -288,11 +288,11 @@ def test_the_sizing_learns_how_long_a_running_job_has_left():
     length is unknown."""
     import dataclasses as dc
 
-    from autoscaler.decide.jobs import Allocation
     from autoscaler.decide.sizing import FleetOption
     from autoscaler.decide.strategies import demands_of
+    from autoscaler.decide.views import Allocation
     from autoscaler.model.gputypes import default_speed_table
-    from autoscaler.sim.cloud import FleetView
+    from autoscaler.sim.cloud_config import FleetView
     from tests.policy.conftest import cluster, model, view
 
     m = model(0.05)

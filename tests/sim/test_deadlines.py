@@ -10,12 +10,12 @@ from dataclasses import dataclass
 import pytest
 
 from autoscaler.controller.events import DEADLINE_REASON, EventKind, EventRecorder
-from autoscaler.controller.jobs import JobSubmission
-from autoscaler.decide.jobs import JobSpec, OfferingRef
+from autoscaler.controller.jobbook import JobSubmission
 from autoscaler.decide.policy import make_policy
 from autoscaler.decide.strategies import GoodputSizing, UniformProgress
-from autoscaler.market.pricing import ConstantPrice
-from autoscaler.sim.cloud import CloudConfig, CloudOffering
+from autoscaler.decide.views import JobSpec, OfferingRef
+from autoscaler.market.series import ConstantPrice
+from autoscaler.sim.cloud_config import CloudConfig, CloudOffering
 from autoscaler.sim.config import SimConfig
 from autoscaler.sim.engine import Simulator, isolated_jct_s
 from autoscaler.sim.experiments import with_deadlines

@@ -13,7 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autoscaler.decide.jobs import (
+from autoscaler.decide.policy import make_policy
+from autoscaler.decide.policy.base import Decision
+from autoscaler.decide.views import (
     BatchChoice,
     ClusterView,
     JobSpec,
@@ -24,8 +26,6 @@ from autoscaler.decide.jobs import (
     fixed_batch_choice,
     num_nodes_of,
 )
-from autoscaler.decide.policy import make_policy
-from autoscaler.decide.policy.base import Decision
 from autoscaler.errors import InvalidInputError
 from autoscaler.model.traces import load_app
 from autoscaler.sim.engine import (

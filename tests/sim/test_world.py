@@ -4,8 +4,8 @@ controller's store recorded, and its decisions are the controller's."""
 from __future__ import annotations
 
 from autoscaler.controller.store import JobStatus
-from autoscaler.decide.jobs import JobSpec
 from autoscaler.decide.policy import make_policy
+from autoscaler.decide.views import JobSpec
 from autoscaler.sim.config import SimConfig
 from autoscaler.sim.engine import Simulator
 

@@ -53,7 +53,7 @@ allocation (via its :class:`~autoscaler.model.speedup.SpeedupTable`); a job with
 ``max(M0, min_local_bsz * GPUs)``. A job whose user opted out of adaptation
 (``JobView.adaptive`` false) keeps its own batch size and at most its requested GPUs.
 
-The policy is pure: the same :class:`~autoscaler.decide.jobs.RoundInput`, state and seed give the
+The policy is pure: the same :class:`~autoscaler.decide.views.RoundInput`, state and seed give the
 same plan. Its state (:class:`PolluxState`) carries the final population and the jobs' speedup
 tables (rebuilt only when a job's model or GPU cap changes).
 """
@@ -66,7 +66,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from autoscaler.decide.jobs import (
+from autoscaler.decide.policy.base import Decision
+from autoscaler.decide.views import (
     Allocation,
     BatchChoice,
     ClusterView,
@@ -76,7 +77,6 @@ from autoscaler.decide.jobs import (
     RoundInput,
     fixed_batch_choice,
 )
-from autoscaler.decide.policy.base import Decision
 from autoscaler.errors import InvalidInputError
 from autoscaler.model.goodput import GoodputModel
 from autoscaler.model.speedup import SpeedupTable
@@ -171,7 +171,7 @@ def _user_bounds(
     jobs: list[JobView], cluster: ClusterView
 ) -> tuple[np.ndarray | None, np.ndarray | None]:
     """The search's per-job GPU floor (``gpus.min``; exactly its GPUs for a job that does not
-    adapt) and its allowed nodes (:meth:`~autoscaler.decide.jobs.JobView.allows_node`:
+    adapt) and its allowed nodes (:meth:`~autoscaler.decide.views.JobView.allows_node`:
     ``gpu_types``, ``markets``, ``offerings``); ``None`` for either when no job sets it (the search
     is then exactly the paper's)."""
     floor = np.array([j.fewest_gpus for j in jobs], dtype=np.float32)

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 from autoscaler.accounting.costs import MARKETS
 from autoscaler.errors import InvalidInputError
 
-if TYPE_CHECKING:  # imported for annotations only; keeps ``import autoscaler.decide.jobs`` light
+if TYPE_CHECKING:  # imported for annotations only; keeps ``import autoscaler.decide.views`` light
     from autoscaler.model.goodput import BatchLimits, GoodputModel
 
 __all__ = [
