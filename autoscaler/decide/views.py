@@ -3,7 +3,6 @@
 These are the values that flow between whoever observes the jobs (the simulator today, the
 controller later) and the policies in :mod:`autoscaler.decide.policy`:
 
-- :class:`JobSpec` — what a user submitted (validated on construction);
 - :class:`JobView` — what a policy may know about one active job in one round;
 - :class:`NodeView` / :class:`ClusterView` — the fleet's nodes, each with **our own node id**,
   its GPU type and count and (optionally) the offering it came from, and the round's settings;
@@ -39,11 +38,9 @@ if TYPE_CHECKING:  # imported for annotations only; keeps ``import autoscaler.de
     from autoscaler.model.goodput import BatchLimits, GoodputModel
 
 __all__ = [
-    "PAPER_POLICIES",
     "Allocation",
     "BatchChoice",
     "ClusterView",
-    "JobSpec",
     "JobView",
     "NodeView",
     "OfferingRef",
@@ -137,14 +134,6 @@ class PolicyName(StrEnum):
     OPTIMUS = "optimus"
 
 
-#: The policies the Pollux paper compares, whose simulator results it published.
-PAPER_POLICIES: tuple[PolicyName, ...] = (
-    PolicyName.POLLUX,
-    PolicyName.TIRESIAS,
-    PolicyName.OPTIMUS,
-)
-
-
 def placement_of(allocation: Allocation | Sequence[int]) -> tuple[int, ...]:
     """The non-zero GPU counts of ``allocation`` (a mapping, or a dense row), sorted
     descending."""
@@ -156,45 +145,6 @@ def num_nodes_of(allocation: Allocation | Sequence[int]) -> int:
     """How many nodes ``allocation`` (a mapping, or a dense row) uses."""
     counts = allocation.values() if isinstance(allocation, Mapping) else allocation
     return sum(1 for g in counts if g)
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    """A submitted training job.
-
-    ``num_replicas`` and ``batch_size`` are the user's own settings (the paper's "TunedJobs"):
-    fixed-size baselines run the job with exactly these; Pollux ignores them and adapts both.
-    ``deadline_after_s``: the job's deadline, seconds after its submission (``None``: none).
-    """
-
-    name: str
-    application: str
-    submit_time_s: float
-    num_replicas: int
-    batch_size: int
-    deadline_after_s: float | None = None
-
-    def __post_init__(self) -> None:
-        if not self.name:
-            raise InvalidInputError("job name must not be empty", field="name")
-        if not math.isfinite(self.submit_time_s) or self.submit_time_s < 0:
-            raise InvalidInputError(
-                f"submit time must be finite and >= 0, got {self.submit_time_s}", field="time"
-            )
-        if self.num_replicas < 1:
-            raise InvalidInputError(
-                f"num_replicas must be >= 1, got {self.num_replicas}", field="num_replicas"
-            )
-        if self.batch_size < 1:
-            raise InvalidInputError(
-                f"batch_size must be >= 1, got {self.batch_size}", field="batch_size"
-            )
-        if self.deadline_after_s is not None and not (
-            math.isfinite(self.deadline_after_s) and self.deadline_after_s > 0
-        ):
-            raise InvalidInputError(
-                f"deadline_after_s must be > 0, got {self.deadline_after_s}", field="deadline"
-            )
 
 
 @dataclass(frozen=True)

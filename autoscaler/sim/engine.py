@@ -56,13 +56,7 @@ from autoscaler.controller.jobbook import JobSubmission
 from autoscaler.controller.store import JobStatus
 from autoscaler.decide.policy.base import Policy
 from autoscaler.decide.strategies import FixedFleet
-from autoscaler.decide.views import (
-    Allocation,
-    BatchChoice,
-    JobSpec,
-    Oracle,
-    fixed_batch_choice,
-)
+from autoscaler.decide.views import Allocation, BatchChoice, Oracle, fixed_batch_choice
 from autoscaler.errors import AutoscalerError, InvalidInputError
 from autoscaler.model.goodput import (
     BatchLimits,
@@ -73,6 +67,7 @@ from autoscaler.model.traces import AppTrace, load_app
 from autoscaler.sim.cluster import NodeGroup, TypeSpeed
 from autoscaler.sim.config import SimConfig
 from autoscaler.sim.results import JobResult, RoundStats, SimResult
+from autoscaler.sim.workload import TraceJob
 from autoscaler.sim.world import CloudWorld, World, WorldConfig, fixed_offering, pool_key
 from providers.base import Offering
 from trainer.report import (
@@ -94,7 +89,7 @@ class SimulationError(AutoscalerError):
 class _Job:
     """Mutable simulator-side state of one job (never handed to a policy)."""
 
-    spec: JobSpec
+    spec: TraceJob
     index: int
     app: AppTrace
     limits: BatchLimits
@@ -146,7 +141,7 @@ def _packed(num_gpus: int, per_node: int) -> tuple[int, ...]:
 
 
 def isolated_jct_s(
-    spec: JobSpec, share_gpus: float, per_node: int, traces_root: Path | None = None
+    spec: TraceJob, share_gpus: float, per_node: int, traces_root: Path | None = None
 ) -> float:
     """JCT of ``spec`` alone on ``share_gpus`` GPUs (may be fractional): trained at its own
     batch size on ``g = max(1, floor(share))`` GPUs packed onto the fewest nodes (at most its
@@ -174,7 +169,7 @@ class Simulator:
 
     def __init__(
         self,
-        jobs: tuple[JobSpec, ...] | list[JobSpec],
+        jobs: tuple[TraceJob, ...] | list[TraceJob],
         policy: Policy,
         config: SimConfig | None = None,
         *,
@@ -711,7 +706,7 @@ class Simulator:
 
 
 def simulate(
-    jobs: tuple[JobSpec, ...] | list[JobSpec],
+    jobs: tuple[TraceJob, ...] | list[TraceJob],
     policy: Policy,
     config: SimConfig | None = None,
     *,

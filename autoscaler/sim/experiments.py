@@ -39,7 +39,7 @@ name                      fleet                                          policy
                           uniform rate to its deadline, else on demand
 ========================  ============================================  ========
 
-E4 (deadlines) offers E2's instance types; its jobs carry deadlines (``JobSpec.
+E4 (deadlines) offers E2's instance types; its jobs carry deadlines (``TraceJob.
 deadline_after_s``, set by ``benchmarks/cloud_cost.py --deadline-factor``).
 
 ``throughput-autoscale`` is Or et al.'s throughput-driven elastic training: the fleet sized by
@@ -66,7 +66,6 @@ from autoscaler.decide.strategies import (
     UniformProgress,
     UtilityBand,
 )
-from autoscaler.decide.views import JobSpec
 from autoscaler.errors import InvalidInputError
 from autoscaler.market.catalog import Catalog, MarketOffering, load_catalog
 from autoscaler.market.preemption import (
@@ -79,6 +78,7 @@ from autoscaler.market.preemption import (
 from autoscaler.market.series import ConstantPrice, StochasticSpotPrice
 from autoscaler.sim.cloud_config import CloudConfig, CloudOffering, FleetStrategy, PreemptionModel
 from autoscaler.sim.cluster import INTERCONNECTS
+from autoscaler.sim.workload import TraceJob
 
 __all__ = [
     "EXPERIMENTS",
@@ -174,21 +174,21 @@ class CloudRun:
     policy_options: Mapping[str, object] = field(default_factory=dict)
 
 
-def e1_workload() -> tuple[JobSpec, ...]:
+def e1_workload() -> tuple[TraceJob, ...]:
     """The paper's cloud experiment: one ImageNet job (the traces' own batch size and GPUs of
     an ImageNet job of workload-1), alone."""
-    return (JobSpec("imagenet-0", "imagenet", 0.0, 32, 6400),)
+    return (TraceJob("imagenet-0", "imagenet", 0.0, 32, 6400),)
 
 
 def with_deadlines(
-    jobs: Sequence[JobSpec],
+    jobs: Sequence[TraceJob],
     factor: float,
     *,
     provisioning_delay_s: float = 120.0,
     restart_delay_s: float = 30.0,
     interval_s: float = 60.0,
     gpus_per_node: int = 4,
-) -> tuple[JobSpec, ...]:
+) -> tuple[TraceJob, ...]:
     """E4's jobs: each with a deadline ``factor`` x its JCT alone on its requested GPUs on
     demand -- :func:`~autoscaler.sim.engine.isolated_jct_s` on T4s (its cheapest on-demand
     fit, g4dn) ``gpus_per_node`` to an instance, plus what getting them takes: the

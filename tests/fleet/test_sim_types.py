@@ -15,7 +15,6 @@ from autoscaler.decide.policy import make_policy
 from autoscaler.decide.policy.base import Decision
 from autoscaler.decide.views import (
     ClusterView,
-    JobSpec,
     JobView,
     Plan,
     PolicyName,
@@ -29,6 +28,7 @@ from autoscaler.sim.cluster import TypeSpeed, load_cluster
 from autoscaler.sim.config import SimConfig
 from autoscaler.sim.engine import _limits, simulate
 from autoscaler.sim.results import results_payload
+from autoscaler.sim.workload import TraceJob
 
 MIXED = Path(__file__).resolve().parents[2] / "examples" / "clusters" / "mixed-64.yaml"
 SMALL_MIXED = """groups:
@@ -77,7 +77,7 @@ def _cluster(tmp_path: Path, text: str = SMALL_MIXED):
 
 
 def test_a_job_moved_between_types_progresses_at_the_new_types_speed(tmp_path: Path) -> None:
-    spec = JobSpec("c", "cifar10", 0.0, 2, 512)
+    spec = TraceJob("c", "cifar10", 0.0, 2, 512)
     cluster = _cluster(tmp_path)
     switch = 5
     policy = ByType(2, [(0, "T4"), (switch, "V100")])
@@ -108,7 +108,7 @@ def test_a_job_moved_between_types_progresses_at_the_new_types_speed(tmp_path: P
 
 def test_a_job_across_types_runs_at_its_slowest_types_pace(tmp_path: Path) -> None:
     cluster = _cluster(tmp_path)
-    spec = JobSpec("c", "cifar10", 0.0, 5, 640)
+    spec = TraceJob("c", "cifar10", 0.0, 5, 640)
 
     @dataclass
     class Across(ByType):
@@ -148,7 +148,7 @@ def test_type_aware_plans_may_not_mix_types(tmp_path: Path) -> None:
 
     with pytest.raises(SimulationError, match="spans GPU types"):
         simulate(
-            [JobSpec("c", "cifar10", 0.0, 2, 512)],
+            [TraceJob("c", "cifar10", 0.0, 2, 512)],
             Mixer(2, [(0, "T4")]),
             SimConfig(cluster=_cluster(tmp_path)),
         )

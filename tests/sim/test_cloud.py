@@ -11,19 +11,20 @@ from autoscaler.accounting.costs import job_costs, summarize, usd_to_cents
 from autoscaler.decide.policy import make_policy
 from autoscaler.decide.sizing import SizingConfig
 from autoscaler.decide.strategies import FixedFleet, GoodputSizing
-from autoscaler.decide.views import JobSpec, OfferingRef
+from autoscaler.decide.views import OfferingRef
 from autoscaler.errors import InvalidInputError
 from autoscaler.market.series import ConstantPrice, StepPriceSeries
 from autoscaler.sim.cloud_config import BudgetExceededError, CloudConfig, CloudOffering
 from autoscaler.sim.config import SimConfig
 from autoscaler.sim.engine import Simulator
 from autoscaler.sim.experiments import EXPERIMENTS, build_run
+from autoscaler.sim.workload import TraceJob
 
 T4_OD = OfferingRef("aws", "g4dn.12xlarge", "use1-az1", "on-demand")
 T4_SPOT = OfferingRef("aws", "g4dn.12xlarge", "use1-az1", "spot")
 JOBS = (
-    JobSpec("cifar10-0", "cifar10", 0.0, 4, 512),
-    JobSpec("ncf-0", "ncf", 300.0, 1, 256),
+    TraceJob("cifar10-0", "cifar10", 0.0, 4, 512),
+    TraceJob("ncf-0", "ncf", 300.0, 1, 256),
 )
 
 
@@ -140,7 +141,7 @@ def test_goodput_sizing_keeps_the_budget_at_every_round_and_a_tiny_budget_is_ref
 
 
 def test_goodput_sizing_grows_for_work_and_releases_when_idle():
-    jobs = (JobSpec("cifar10-0", "cifar10", 0.0, 4, 512), JobSpec("ncf-1", "ncf", 4000.0, 1, 256))
+    jobs = (TraceJob("cifar10-0", "cifar10", 0.0, 4, 512), TraceJob("ncf-1", "ncf", 4000.0, 1, 256))
     r = run([offering()], GoodputSizing("coadapt"), jobs=jobs)
     assert r.cost is not None
     ends = sorted(i.ended_s for i in r.cost.instances)
