@@ -1,7 +1,7 @@
-"""Jobs as the decision plane sees them: specifications, per-round views, allocations, plans.
+"""Jobs as the decision plane sees them: per-round views, allocations, plans.
 
-These are the values that flow between whoever observes the jobs (the simulator today, the
-controller later) and the policies in :mod:`autoscaler.decide.policy`:
+These are the values that flow between whoever observes the jobs (the controller, run live or
+in the simulator's world) and the policies in :mod:`autoscaler.decide.policy`:
 
 - :class:`JobView` — what a policy may know about one active job in one round;
 - :class:`NodeView` / :class:`ClusterView` — the fleet's nodes, each with **our own node id**,
