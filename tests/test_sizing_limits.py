@@ -19,12 +19,12 @@ SPEEDS = default_speed_table()
 SPOT = OfferingRef("aws", "g4dn.12xlarge", "use1-az1", "spot")
 OD = OfferingRef("aws", "g4dn.12xlarge", "use1-az1", "on-demand")
 SPOT_B = OfferingRef("aws", "g4dn.12xlarge", "use1-az2", "spot")
-# Keys in the provider's format (provider/zone/type/market), as the controller's options have:
-# the limits are judged on ``ref``, never on the key's format.
+# The options' keys (provider/instance_type/zone/market, as the controller's options have): the
+# limits are judged on ``ref``, never on the key.
 OPTIONS = (
-    FleetOption("aws/use1-az1/g4dn.12xlarge/spot", "T4", 4, "spot", 1.3, 0.01, ref=SPOT),
-    FleetOption("aws/use1-az1/g4dn.12xlarge/on-demand", "T4", 4, "on-demand", 3.912, ref=OD),
-    FleetOption("aws/use1-az2/g4dn.12xlarge/spot", "T4", 4, "spot", 1.5, 0.01, ref=SPOT_B),
+    FleetOption("aws/g4dn.12xlarge/use1-az1/spot", "T4", 4, "spot", 1.3, 0.01, ref=SPOT),
+    FleetOption("aws/g4dn.12xlarge/use1-az1/on-demand", "T4", 4, "on-demand", 3.912, ref=OD),
+    FleetOption("aws/g4dn.12xlarge/use1-az2/spot", "T4", 4, "spot", 1.5, 0.01, ref=SPOT_B),
 )
 KEY = {o.ref: o.key for o in OPTIONS}
 

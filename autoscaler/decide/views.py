@@ -392,9 +392,11 @@ def offering_allowed(
 @dataclass(frozen=True)
 class OfferingRef:
     """Where a node came from: one pool of one provider (provider, instance type, zone,
-    market). ``key`` names the pool across the system (plans, sizing, ledgers), in the format
-    ``provider/instance_type/zone/market`` that a job spec's ``offerings`` use too
-    (:meth:`parse` reads it back)."""
+    market). ``key`` names the pool across the system (plans, sizing, ledgers, the controller's
+    rows), in the one format ``provider/instance_type/zone/market`` of
+    :func:`providers.base.offering_key` (the provider's ``Offering.key``) that a job spec's
+    ``offerings`` use too (:meth:`parse` reads it back; the decision core imports no provider,
+    so it spells the format here, and a test holds the two equal)."""
 
     provider: str
     instance_type: str

@@ -68,7 +68,7 @@ from autoscaler.sim.cluster import NodeGroup, TypeSpeed
 from autoscaler.sim.config import SimConfig
 from autoscaler.sim.results import JobResult, RoundStats, SimResult
 from autoscaler.sim.workload import TraceJob
-from autoscaler.sim.world import CloudWorld, World, WorldConfig, fixed_offering, pool_key
+from autoscaler.sim.world import CloudWorld, World, WorldConfig, fixed_offering
 from providers.base import Offering
 from trainer.report import (
     BatchConfig,
@@ -211,7 +211,7 @@ class Simulator:
                     f"offering's price {cheapest:.4f} $/h: nothing could be launched",
                     field="budget_usd_per_hour",
                 )
-            self._group_of_key = {pool_key(o): o.group for o in cloud.offerings}
+            self._group_of_key = {o.key: o.group for o in cloud.offerings}
             self.cloud = CloudWorld(cloud, policy, self._world_config(), oracle=self._oracle_hook())
             self.world = self.cloud
 

@@ -21,8 +21,8 @@ from emulators.reports import synthetic_report
 from providers.fake import FakeProvider
 
 CLUSTER = "limits1"
-# The spec's format (provider/instance_type/zone/market); the fake provider's own offering key
-# for it is fake/us-east-1b/g4dn.12xlarge/spot.
+# An offering key (provider/instance_type/zone/market): the spec's, the fake provider's and the
+# controller's rows' one format.
 ZONE_B = "fake/g4dn.12xlarge/us-east-1b/spot"
 
 

@@ -346,7 +346,7 @@ class _Table:
 
 @dataclass(frozen=True, eq=False)
 class CoadaptState:
-    """What coadapt carries between rounds: goodput tables per (job name, pool key), rebuilt
+    """What coadapt carries between rounds: goodput tables per (job name, offering key), rebuilt
     only when the job's model for the pool changes (``builds`` counts rebuilds), and ratio-rule
     estimates per (job name, GPU type), redone only when the fits they came from change.
     ``objective`` and ``bound`` are the last round's objective value and the solver's upper
