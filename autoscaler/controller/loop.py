@@ -372,7 +372,7 @@ class Controller:
         leaving = {t.key for t in actions.transitions if t.to is not InstanceStatus.RUNNING}
         staying = [r for r in ready if r.instance_key not in leaving]
         cluster = self._cluster(staying, now, held_by=pinned)
-        on_nodes = {n.node_id for n in cluster.nodes}
+        on_nodes = {n.instance_key for n in cluster.nodes}
         views = tuple(
             _with_allocation(v, {k: g for k, g in v.allocation.items() if k in on_nodes})
             for v in views

@@ -503,9 +503,9 @@ class Simulator:
         world, cloud = self.cloud, self.config.cloud
         assert world is not None and cloud is not None
         ledger = world.ledger
-        for node_id, gpus in held.items():
+        for instance_key, gpus in held.items():
             if ran_s > 0:
-                iid = self._iid[node_id]
+                iid = self._iid[instance_key]
                 ledger.job_usage(job.spec.name, iid, self.now_s, self.now_s + ran_s, gpus)
         if job.completion_s is not None:
             ledger.job_event(job.spec.name, job.completion_s, "finished")
@@ -530,7 +530,7 @@ class Simulator:
         job.profiles = {}
 
     def _preempted(self, job: _Job, hit: dict[str, float]) -> None:
-        """``job`` lost the nodes in ``hit`` (node id -> preemption time): it stops, and falls
+        """``job`` lost the nodes in ``hit`` (instance key -> preemption time): it stops, and falls
         back to its last checkpoint unless every notice left time to write one (its trainer
         checkpoints on the notice its agent forwards)."""
         world = self.cloud
@@ -548,8 +548,8 @@ class Simulator:
             return set()
         count: dict[str, int] = {}
         for job in spread:
-            for node_id in job.allocation:
-                count[node_id] = count.get(node_id, 0) + 1
+            for instance_key in job.allocation:
+                count[instance_key] = count.get(instance_key, 0) + 1
         return {job.index for job in spread if any(count[n] > 1 for n in job.allocation)}
 
     # ---- true speeds -----------------------------------------------------------------------
@@ -574,7 +574,7 @@ class Simulator:
     ) -> tuple[float, float, str]:
         """(seconds per iteration, sync seconds, GPU type it runs at) of ``job`` on its
         allocation: the slowest of its node groups' times when it spans several."""
-        groups = {self._group[node_id] for node_id in job.allocation}
+        groups = {self._group[instance_key] for instance_key in job.allocation}
         best: tuple[float, float, str] | None = None
         for group in sorted(groups, key=lambda g: (g.gpu_type, g.instance_type)):
             speed = self._speed(job, group)

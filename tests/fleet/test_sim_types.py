@@ -65,7 +65,7 @@ class ByType:
         node = next(n for n in c.nodes if n.gpu_type == gpu_type)
         allocs, batches = {}, {}
         for job in round_input.jobs:
-            allocs[job.name] = {node.node_id: self.gpus}
+            allocs[job.name] = {node.instance_key: self.gpus}
             batches[job.name] = fixed_batch_choice(job.fixed_batch_size, self.gpus, job.limits)
         return Decision(Plan(allocs, batches), state)
 
@@ -116,7 +116,7 @@ def test_a_job_across_types_runs_at_its_slowest_types_pace(tmp_path: Path) -> No
 
         def decide(self, round_input: RoundInput, state: Any) -> Decision:
             c = round_input.cluster
-            t4, v100 = (n.node_id for n in c.nodes)
+            t4, v100 = (n.instance_key for n in c.nodes)
             job = round_input.jobs[0]
             batch = fixed_batch_choice(job.fixed_batch_size, 5, job.limits)
             return Decision(Plan({job.name: {t4: 1, v100: 4}}, {job.name: batch}), state)
@@ -143,7 +143,7 @@ def test_type_aware_plans_may_not_mix_types(tmp_path: Path) -> None:
             c = round_input.cluster
             job = round_input.jobs[0]
             batch = fixed_batch_choice(job.fixed_batch_size, 2, job.limits)
-            alloc = {c.nodes[0].node_id: 1, c.nodes[1].node_id: 1}
+            alloc = {c.nodes[0].instance_key: 1, c.nodes[1].instance_key: 1}
             return Decision(Plan({job.name: alloc}, {job.name: batch}), state)
 
     with pytest.raises(SimulationError, match="spans GPU types"):

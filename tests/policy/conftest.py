@@ -22,7 +22,7 @@ def cluster(nodes: int = 2, gpus: int = 4, **kwargs) -> ClusterView:
 
 
 def alloc_of(row: tuple[int, ...]) -> Allocation:
-    """A dense row over node-00, node-01, ... as an allocation by node id."""
+    """A dense row over node-00, node-01, ... as an allocation by instance key."""
     return Allocation((f"node-{i:02d}", g) for i, g in enumerate(row) if g)
 
 

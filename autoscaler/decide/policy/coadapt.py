@@ -1076,8 +1076,8 @@ class CoadaptPolicy:
                 allocations[job.name] = Allocation()
             elif menu.current[c]:
                 allocations[job.name] = job.allocation
-                for node_id, g in job.allocation.items():
-                    i = cluster.index_of(node_id)
+                for instance_key, g in job.allocation.items():
+                    i = cluster.index_of(instance_key)
                     assert i is not None
                     free[i] -= g
             else:
@@ -1118,7 +1118,9 @@ class CoadaptPolicy:
             for o in options:
                 row = _fit(pool, int(menu.gpus[o]), int(menu.nodes[o]), free)
                 if row is not None:
-                    placed = Allocation((cluster.nodes[i].node_id, g) for i, g in row.items() if g)
+                    placed = Allocation(
+                        (cluster.nodes[i].instance_key, g) for i, g in row.items() if g
+                    )
                     for i, g in row.items():
                         free[i] -= g
                     choice[j] = o
