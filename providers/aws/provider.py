@@ -664,7 +664,7 @@ class AwsProvider:
     def _token(
         self,
         request: LaunchRequest,
-        pool_keys: Sequence[str],
+        offering_keys: Sequence[str],
         existing: int,
         missing: int,
         generation: int,
@@ -672,7 +672,7 @@ class AwsProvider:
         return client_token(
             request.cluster_id,
             request.request_id,
-            ",".join(pool_keys),
+            ",".join(offering_keys),
             str(existing),
             str(missing),
             str(generation),
