@@ -55,7 +55,7 @@ from autoscaler.controller.api import (
     make_app,
     serve,
 )
-from autoscaler.controller.jobs import JobSubmission
+from autoscaler.controller.jobbook import JobSubmission
 from autoscaler.controller.store import JobStatus, Store
 from coadapt_common.atomic import write_json_atomic
 from coadapt_common.clock import SystemClock

@@ -72,7 +72,7 @@ from typing import Any, Final
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from autoscaler.controller.api import ApiClient, ApiError, load_tokens
-from autoscaler.controller.jobs import JobSubmission
+from autoscaler.controller.jobbook import JobSubmission
 from autoscaler.controller.jobspec import load_job_spec
 from benchmarks.argtypes import nonnegative_float, positive_float, positive_int
 from coadapt_common.atomic import write_json_atomic

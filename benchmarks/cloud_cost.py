@@ -85,9 +85,9 @@ import numpy as np
 from autoscaler.accounting.costs import CostRecord, job_costs, summarize
 from autoscaler.analysis.floor import cost_floor
 from autoscaler.analysis.frontier import check_frontiers, points_from_json
-from autoscaler.decide.jobs import OfferingRef, offering_allowed
 from autoscaler.decide.policy import make_policy
 from autoscaler.decide.sizing import SizingConfig
+from autoscaler.decide.views import OfferingRef, offering_allowed
 from autoscaler.sim.config import SimConfig
 from autoscaler.sim.engine import Simulator
 from autoscaler.sim.experiments import (

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np
 
-from autoscaler.controller.jobs import JobSubmission
+from autoscaler.controller.jobbook import JobSubmission
 from autoscaler.controller.lifecycle import InstanceStatus
 from autoscaler.controller.loop import Controller, ControllerConfig
 from autoscaler.controller.reconcile import ReconcileConfig

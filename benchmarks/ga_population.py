@@ -35,9 +35,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autoscaler.decide.jobs import ClusterView, JobView, Plan, RoundInput
 from autoscaler.decide.policy.base import Decision
 from autoscaler.decide.policy.pollux import PolluxOptions, PolluxPolicy, PolluxState, power_mean
+from autoscaler.decide.views import ClusterView, JobView, Plan, RoundInput
 from autoscaler.sim.config import SimConfig
 from autoscaler.sim.engine import simulate
 from autoscaler.sim.runner import paper_workloads

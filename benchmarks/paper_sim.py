@@ -70,7 +70,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autoscaler.decide.jobs import PolicyName
+from autoscaler.decide.views import PolicyName
 from autoscaler.sim.config import SimConfig
 from autoscaler.sim.results import SimResult
 from autoscaler.sim.runner import (

@@ -62,8 +62,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autoscaler.decide.jobs import Allocation, ClusterView, JobView, NodeView, RoundInput
 from autoscaler.decide.policy import make_policy
+from autoscaler.decide.views import Allocation, ClusterView, JobView, NodeView, RoundInput
 from autoscaler.model.fitting import ModelBook
 from autoscaler.model.goodput import BatchLimits, GoodputModel, GradParams, ProfileSample
 from autoscaler.model.gputypes import default_speed_table

@@ -191,7 +191,7 @@ def run(env: BenchEnv, provider_name: str, cluster_id: str, instances: int) -> M
     launched = phases.measure("launch", lambda: env.provider.launch(request))
     ids = [i.instance_id for i in launched.instances]
     if len(ids) != instances:
-        errors = [f"{e.pool_key}: {e.error}" for e in launched.errors]
+        errors = [f"{e.offering_key}: {e.error}" for e in launched.errors]
         raise SystemExit(f"launched {len(ids)} of {instances}; errors: {errors}")
     env.settle(ids)
     listed = phases.measure("list", lambda: env.provider.list_instances(cluster_id))

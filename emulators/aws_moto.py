@@ -46,7 +46,7 @@ from coadapt_common.clock import Clock, SystemClock
 from providers.aws.config import AwsConfig
 from providers.aws.events import INTERRUPTION_DETAIL_TYPES, SPOT_WARNING_DETAIL_TYPE
 from providers.aws.provider import AwsProvider
-from providers.base import Market, Offering
+from providers.base import Market, Offering, offering_key
 from providers.retry import RetryPolicy
 
 DEFAULT_REGION = "us-east-1"
@@ -425,28 +425,28 @@ class CapacityModel:
         events.register("before-parameter-build.ec2.RunInstances", self._run_params)
         events.register("before-call.ec2.RunInstances", self._run_answer)
 
-    def exhaust(self, pool_key: str) -> None:
+    def exhaust(self, offering_key: str) -> None:
         with self._lock:
-            self._dry.add(pool_key)
+            self._dry.add(offering_key)
 
-    def refill(self, pool_key: str) -> None:
+    def refill(self, offering_key: str) -> None:
         with self._lock:
-            self._dry.discard(pool_key)
+            self._dry.discard(offering_key)
 
     def refill_all(self) -> None:
         with self._lock:
             self._dry.clear()
 
-    def attempts(self, pool_key: str) -> int:
+    def attempts(self, offering_key: str) -> int:
         with self._lock:
-            return self._attempts[pool_key]
+            return self._attempts[offering_key]
 
     def _key(self, instance_type: str, market: Market, placement: Mapping[str, Any]) -> str:
         if placement.get("SubnetId"):
             zone_id = self._provider.zone_id_for(subnet_id=placement["SubnetId"])
         else:
             zone_id = self._provider.zone_id_for(zone=placement["AvailabilityZone"])
-        return f"{self._provider.name}/{zone_id}/{instance_type}/{market.value}"
+        return offering_key(self._provider.name, instance_type, zone_id, market)
 
     # -- CreateFleet ---------------------------------------------------------------------
 

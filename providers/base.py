@@ -78,6 +78,15 @@ class InterruptionKind(StrEnum):
     TERMINATED = "terminated"  # observed state change to stopping/terminated
 
 
+def offering_key(provider: str, instance_type: str, zone: str, market: str) -> str:
+    """The one name of an offering (a pool) across the system, ``provider/instance_type/zone/
+    market`` (market ``spot`` or ``on-demand``): the key of :attr:`Offering.key`,
+    :attr:`Instance.offering_key`, the controller's rows, plans, sizing and ledgers, and a job
+    spec's ``offerings`` (``autoscaler.decide.views.OfferingRef.key`` spells the same format for
+    the decision core, which imports no provider; a test holds the two equal)."""
+    return f"{provider}/{instance_type}/{zone}/{market}"
+
+
 @dataclass(frozen=True)
 class Offering:
     """One pool: an instance type in a zone, bought on one market.
@@ -85,7 +94,8 @@ class Offering:
     ``gpu_type`` is the vendor model name shared by all providers ("T4", "A10G", "L4", "A100",
     "H100", ...), so sizing can compare pools across clouds; local agent slots use "cpu-slot".
     ``price_usd_per_hour`` is ``None`` when the provider cannot tell (e.g. no price feed).
-    ``key`` identifies the pool across the system (capacity cache, sizing, ledgers).
+    ``key`` identifies the pool across the system (capacity cache, sizing, ledgers, job specs):
+    :func:`offering_key`.
     """
 
     provider: str
@@ -101,7 +111,7 @@ class Offering:
 
     @property
     def key(self) -> str:
-        return f"{self.provider}/{self.zone}/{self.instance_type}/{self.market.value}"
+        return offering_key(self.provider, self.instance_type, self.zone, self.market)
 
 
 @dataclass(frozen=True)
@@ -121,8 +131,9 @@ class Instance:
     private_ip: str | None = None
 
     @property
-    def pool_key(self) -> str:
-        return f"{self.provider}/{self.zone}/{self.instance_type}/{self.market.value}"
+    def offering_key(self) -> str:
+        """The key of the offering (pool) it was launched from: :func:`offering_key`."""
+        return offering_key(self.provider, self.instance_type, self.zone, self.market)
 
 
 @dataclass(frozen=True)
@@ -174,7 +185,7 @@ class LaunchRequest:
 class PoolError:
     """Why one pool of a launch request did not (fully) fill."""
 
-    pool_key: str
+    offering_key: str
     error: ProviderError
 
 

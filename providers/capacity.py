@@ -20,7 +20,7 @@ from providers.errors import InsufficientCapacityError, ProviderError
 
 
 class UnavailableOfferings:
-    """Time-bounded set of pool keys with no capacity."""
+    """Time-bounded set of offering keys with no capacity."""
 
     def __init__(self, clock: Clock, ttl_s: float = 180.0) -> None:
         if ttl_s <= 0:
@@ -29,18 +29,18 @@ class UnavailableOfferings:
         self._ttl_s = ttl_s
         self._until_s: dict[str, float] = {}
 
-    def mark(self, pool_key: str, ttl_s: float | None = None) -> None:
-        """Mark ``pool_key`` unavailable for ``ttl_s`` (default: the cache's TTL) from now."""
-        self._until_s[pool_key] = self._clock.monotonic_s() + (
+    def mark(self, offering_key: str, ttl_s: float | None = None) -> None:
+        """Mark ``offering_key`` unavailable for ``ttl_s`` (default: the cache's TTL) from now."""
+        self._until_s[offering_key] = self._clock.monotonic_s() + (
             self._ttl_s if ttl_s is None else ttl_s
         )
 
-    def is_unavailable(self, pool_key: str) -> bool:
-        until = self._until_s.get(pool_key)
+    def is_unavailable(self, offering_key: str) -> bool:
+        until = self._until_s.get(offering_key)
         if until is None:
             return False
         if self._clock.monotonic_s() >= until:
-            del self._until_s[pool_key]
+            del self._until_s[offering_key]
             return False
         return True
 
@@ -72,7 +72,7 @@ class Placement(Generic[T]):
     ``created``: the instances it made (any type: providers pass their own records).
     ``uncertain``: how many more it may have made without saying (e.g. its operation timed
     out): they count against the shortfall, so no later pool duplicates them.
-    ``errors``: pool key -> why that pool did not (fully) fill. Only keys of the pools given to
+    ``errors``: offering key -> why that pool did not (fully) fill. Only keys of the pools given to
     the call are kept.
     """
 
@@ -94,15 +94,15 @@ class PoolWalk(Generic[T]):
     @property
     def call_errors(self) -> tuple[PoolError, ...]:
         """Errors reported by cloud calls (not the skip errors)."""
-        return tuple(e for e in self.errors if e.pool_key not in self.skipped)
+        return tuple(e for e in self.errors if e.offering_key not in self.skipped)
 
 
-def skipped_error(pool_key: str) -> InsufficientCapacityError:
+def skipped_error(offering_key: str) -> InsufficientCapacityError:
     """The capacity error reported, without a call, for a pool marked unavailable."""
     return InsufficientCapacityError(
-        f"pool {pool_key} is marked unavailable after a recent capacity error; skipped",
+        f"pool {offering_key} is marked unavailable after a recent capacity error; skipped",
         code=SKIPPED_UNAVAILABLE_CODE,
-        pool=pool_key,
+        pool=offering_key,
     )
 
 

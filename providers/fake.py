@@ -13,7 +13,7 @@ What the "cloud" side records, and what tests can steer:
   ``MaxCount``); ``list_instances`` one call per page of ``page_size`` matching instances;
   ``terminate`` one call per batch of ``page_size`` ids. Pools skipped because they are marked
   unavailable make no call.
-* ``set_capacity(pool_key, n)`` — at most ``n`` live instances in that pool (``None``:
+* ``set_capacity(offering_key, n)`` — at most ``n`` live instances in that pool (``None``:
   unlimited). A launch fills what remains, reports ``InsufficientCapacityError`` for the pool
   that ran dry and marks it in the ``UnavailableOfferings`` cache; until the mark expires,
   later launches skip it without a call and still report a capacity ``PoolError``.
@@ -272,8 +272,8 @@ class FakeProvider:
     """In-memory cloud + adapter. See the module docstring for the behaviour it simulates.
 
     ``offerings`` is the catalogue (default ``default_offerings(name)``; every offering's
-    ``provider`` must equal ``name``); ``capacity`` maps pool keys to the most live instances the
-    pool holds (missing or ``None``: unlimited). ``boot_s`` is how long an instance stays
+    ``provider`` must equal ``name``); ``capacity`` maps offering keys to the most live instances
+    the pool holds (missing or ``None``: unlimited). ``boot_s`` is how long an instance stays
     ``PENDING``; ``terminated_retention_s`` how long a terminated instance stays known (later it
     is unknown, which ``terminate`` also counts as already gone). ``state_path``: keep the cloud
     side in that file instead of in memory (module docstring); an existing file is loaded (and
@@ -360,16 +360,16 @@ class FakeProvider:
         return twin
 
     @_cloud_op
-    def set_capacity(self, pool_key: str, instances: int | None) -> None:
-        """At most ``instances`` live instances in ``pool_key`` from now on (None: unlimited)."""
-        self._offering(pool_key)
-        self._check_capacity({pool_key: instances})
-        self._capacity[pool_key] = instances
+    def set_capacity(self, offering_key: str, instances: int | None) -> None:
+        """At most ``instances`` live instances in ``offering_key`` from now on (None: no cap)."""
+        self._offering(offering_key)
+        self._check_capacity({offering_key: instances})
+        self._capacity[offering_key] = instances
 
     @_cloud_op
-    def remaining_capacity(self, pool_key: str) -> int | None:
+    def remaining_capacity(self, offering_key: str) -> int | None:
         """Free slots in the pool (None: unlimited)."""
-        return self._room(pool_key)
+        return self._room(offering_key)
 
     @_cloud_op
     def set_spot_price(self, instance_type: str, zone: str, price_usd_per_hour: float) -> None:
@@ -621,11 +621,11 @@ class FakeProvider:
         own = self._catalogue.get(wanted.key)
         return own if own is not None else find_offering((), wanted)
 
-    def _offering(self, pool_key: str) -> Offering:
+    def _offering(self, offering_key: str) -> Offering:
         try:
-            return self._catalogue[pool_key]
+            return self._catalogue[offering_key]
         except KeyError:
-            raise InvalidRequestError(f"unknown pool {pool_key!r}") from None
+            raise InvalidRequestError(f"unknown pool {offering_key!r}") from None
 
     def _call(self, op: str, args: Mapping[str, object]) -> None:
         """Record one API call; raise the error injected for ``op``, if any."""
@@ -647,9 +647,9 @@ class FakeProvider:
             )
         return [self._create(pool, tags) for _ in range(n)]
 
-    def _room(self, pool_key: str) -> int | None:
-        cap = self._capacity.get(pool_key)
-        return None if cap is None else max(0, cap - self._live_by_pool[pool_key])
+    def _room(self, offering_key: str) -> int | None:
+        cap = self._capacity.get(offering_key)
+        return None if cap is None else max(0, cap - self._live_by_pool[offering_key])
 
     def _create(self, offering: Offering, tags: Mapping[str, str]) -> _Record:
         n = self._next_id

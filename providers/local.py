@@ -309,7 +309,7 @@ class LocalProvider:
     ``state_dir``: where records live (default ``default_state_dir()``); ``clock``: stamps and
     deadlines (default the system clock); ``process_clock``: the *real* clock that bounds waits
     for processes to exit (tests keep it real); ``max_gpu_slots``: machine-wide slot budget
-    (default ``2 * os.cpu_count()``); ``pool_capacity``: pool key -> most live instances
+    (default ``2 * os.cpu_count()``); ``pool_capacity``: offering key -> most live instances
     (missing or ``None``: only the slot budget applies); ``term_grace_s``: SIGTERM-to-SIGKILL
     grace; ``heartbeat_s``: agent heartbeat period; ``spot_price_swing`` /
     ``spot_price_period_s``: simulated spot prices that move around the nominal ones (a
@@ -317,7 +317,7 @@ class LocalProvider:
 
     Counters for tests and benchmarks: ``op_counts`` (``spawn``: agent processes started,
     ``scan``: state-folder scans, ``signal``: signals sent to process groups, ``attempt``:
-    pool placement attempts) and ``launch_attempts`` (per pool key).
+    pool placement attempts) and ``launch_attempts`` (per offering key).
     """
 
     name = LOCAL_PROVIDER
@@ -390,15 +390,15 @@ class LocalProvider:
         unless already set): this machine's cores split over the slot budget, at least 1."""
         return max(1, (os.cpu_count() or 1) // self._max_gpu_slots)
 
-    def set_pool_capacity(self, pool_key: str, instances: int | None) -> None:
-        """At most ``instances`` live instances in ``pool_key`` (None: slot budget only)."""
-        if pool_key not in self._catalogue:
-            raise InvalidRequestError(f"unknown pool {pool_key!r}")
+    def set_pool_capacity(self, offering_key: str, instances: int | None) -> None:
+        """At most ``instances`` live instances in ``offering_key`` (None: slot budget only)."""
+        if offering_key not in self._catalogue:
+            raise InvalidRequestError(f"unknown pool {offering_key!r}")
         if instances is not None and (
             isinstance(instances, bool) or not isinstance(instances, int) or instances < 0
         ):
             raise InvalidRequestError("pool capacity must be None or an int >= 0")
-        self._pool_capacity[pool_key] = instances
+        self._pool_capacity[offering_key] = instances
 
     def record(self, instance_id: str) -> LocalRecord | None:
         """The stored record of any instance in ``state_dir`` (None: unknown)."""
@@ -942,9 +942,9 @@ class _SlotBudget:
     per_pool: Counter[str]
 
 
-def _capacity_error(pool_key: str) -> InsufficientCapacityError:
+def _capacity_error(offering_key: str) -> InsufficientCapacityError:
     return InsufficientCapacityError(
-        f"no local capacity left in pool {pool_key} (GPU slots or pool limit)",
+        f"no local capacity left in pool {offering_key} (GPU slots or pool limit)",
         code="local-capacity",
-        pool=pool_key,
+        pool=offering_key,
     )

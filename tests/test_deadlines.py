@@ -11,7 +11,7 @@ from collections.abc import Mapping
 import numpy as np
 import pytest
 
-from autoscaler.controller.jobs import (
+from autoscaler.controller.jobbook import (
     EARLIEST_DONE_S,
     MAX_DEADLINE_S,
     JobSubmission,
@@ -27,9 +27,9 @@ from autoscaler.decide.deadlines import (
     uniform_progress_ahead,
 )
 from autoscaler.decide.fleet import FleetView
-from autoscaler.decide.jobs import Allocation, ClusterView, JobView
 from autoscaler.decide.sizing import FleetOption, JobDemand, SizingConfig, size_fleet
 from autoscaler.decide.strategies import GoodputSizing, UniformProgress, demands_of
+from autoscaler.decide.views import Allocation, ClusterView, JobView
 from autoscaler.errors import InvalidInputError
 from autoscaler.model.goodput import BatchLimits, GoodputModel, GradParams, PerfParams
 from autoscaler.model.gputypes import default_speed_table

@@ -33,6 +33,9 @@ cycles, ``benchmarks`` and ``tests`` too):
    keeps its rules. Where today's code breaks a rule, :data:`LAYER_EXCEPTIONS` says so with the
    reason; an exception no import needs any more is reported too, so that it goes when its
    import goes.
+7. No two classes of one name in the four packages (one name per concept): a reader who meets
+   ``JobSpec`` knows which one it is. Private classes (``_Row``) are local to their module and
+   exempt; tests and benchmarks are not scanned.
 
 The checker is tested on small synthetic trees too, so that each rule is known to fire.
 """
@@ -397,8 +400,26 @@ def private_name_uses(modules: dict[str, Module]) -> list[str]:
     return [f"{rel}:{line}: {message}" for rel, line, message in sorted(found)]
 
 
+def duplicate_class_names(modules: dict[str, Module]) -> list[str]:
+    """Rule 7 (library modules only): one line per public class name defined more than once,
+    with every place it is defined."""
+    places: dict[str, list[str]] = {}
+    for module in sorted(modules.values(), key=lambda m: str(m.path)):
+        if not any(_in(module.name, p) for p in LIBRARY):
+            continue
+        rel = module.path.relative_to(ROOT_OF[0])
+        for node in ast.walk(module.tree):
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                places.setdefault(node.name, []).append(f"{rel}:{node.lineno}")
+    return [
+        f"class {name} is defined {len(where)} times: {', '.join(where)}"
+        for name, where in sorted(places.items())
+        if len(where) > 1
+    ]
+
+
 def check(root: Path, exceptions: Iterable[tuple[str, str]] = ()) -> list[str]:
-    """Every violation of rules 1-6 under ``root``, as messages (empty when all hold);
+    """Every violation of rules 1-7 under ``root``, as messages (empty when all hold);
     ``exceptions``: the layer pairs rule 6 lets through (:data:`LAYER_EXCEPTIONS`)."""
     ROOT_OF[0] = root
     try:
@@ -409,6 +430,7 @@ def check(root: Path, exceptions: Iterable[tuple[str, str]] = ()) -> list[str]:
             + layer_violations(modules, exceptions)
             + find_cycles(modules)
             + private_name_uses(modules)
+            + duplicate_class_names(modules)
         )
     finally:
         ROOT_OF[0] = ROOT
@@ -739,4 +761,23 @@ def test_checker_flags_private_names_of_other_modules(tmp_path: Path) -> None:
         "trainer/data.py:8: uses _step, a private name defined elsewhere",
         "trainer/data.py:9: uses _step, a private name defined elsewhere",
         "trainer/data.py:10: uses private api._x of our module",
+    ]
+
+
+def test_checker_flags_two_classes_of_one_name(tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path,
+        {
+            **CLEAN,
+            "autoscaler/decide/jobs.py": "class JobSpec:\n    pass\n\n\nclass _Row:\n    pass\n",
+            "autoscaler/controller/__init__.py": "",
+            "autoscaler/controller/jobspec.py": (
+                "class _Row:\n    pass\n\n\ndef f():\n    class JobSpec:\n        pass\n"
+            ),
+            "tests/test_x.py": "class JobSpec:\n    pass\n",
+        },
+    )
+    assert check(root) == [
+        "class JobSpec is defined 2 times: autoscaler/controller/jobspec.py:6, "
+        "autoscaler/decide/jobs.py:1"
     ]

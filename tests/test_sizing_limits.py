@@ -9,9 +9,9 @@ from __future__ import annotations
 import dataclasses
 
 from autoscaler.decide.fleet import FleetView
-from autoscaler.decide.jobs import ClusterView, OfferingRef
 from autoscaler.decide.sizing import FleetOption, JobDemand, SizingConfig, size_fleet
 from autoscaler.decide.strategies import GoodputSizing, PerJobCheapest, demands_of
+from autoscaler.decide.views import ClusterView, OfferingRef
 from autoscaler.model.gputypes import default_speed_table
 from tests.policy.conftest import model, view
 
@@ -19,12 +19,12 @@ SPEEDS = default_speed_table()
 SPOT = OfferingRef("aws", "g4dn.12xlarge", "use1-az1", "spot")
 OD = OfferingRef("aws", "g4dn.12xlarge", "use1-az1", "on-demand")
 SPOT_B = OfferingRef("aws", "g4dn.12xlarge", "use1-az2", "spot")
-# Keys in the provider's format (provider/zone/type/market), as the controller's options have:
-# the limits are judged on ``ref``, never on the key's format.
+# The options' keys (provider/instance_type/zone/market, as the controller's options have): the
+# limits are judged on ``ref``, never on the key.
 OPTIONS = (
-    FleetOption("aws/use1-az1/g4dn.12xlarge/spot", "T4", 4, "spot", 1.3, 0.01, ref=SPOT),
-    FleetOption("aws/use1-az1/g4dn.12xlarge/on-demand", "T4", 4, "on-demand", 3.912, ref=OD),
-    FleetOption("aws/use1-az2/g4dn.12xlarge/spot", "T4", 4, "spot", 1.5, 0.01, ref=SPOT_B),
+    FleetOption("aws/g4dn.12xlarge/use1-az1/spot", "T4", 4, "spot", 1.3, 0.01, ref=SPOT),
+    FleetOption("aws/g4dn.12xlarge/use1-az1/on-demand", "T4", 4, "on-demand", 3.912, ref=OD),
+    FleetOption("aws/g4dn.12xlarge/use1-az2/spot", "T4", 4, "spot", 1.5, 0.01, ref=SPOT_B),
 )
 KEY = {o.ref: o.key for o in OPTIONS}
 

@@ -43,7 +43,7 @@ class ExitKind(enum.StrEnum):
 
 
 @dataclass(frozen=True)
-class Decision:
+class ControlDecision:
     """Agreed at an exchange: ``stop`` (any rank asked), ``checkpoint`` (rank 0 asked),
     ``next_every`` (rank 0's proposed steps between exchanges; 0 = keep the current period) and
     ``batch_size``/``accum_steps`` (rank 0's requested batch configuration; 0 = none)."""
@@ -86,16 +86,16 @@ class ControlChannel:
         work = dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
         self._pending = (work, flags)
 
-    def collect(self) -> Decision:
+    def collect(self) -> ControlDecision:
         """The agreed flags of the last :meth:`post` (waits if still in flight)."""
         if self._pending is None:
-            return Decision()
+            return ControlDecision()
         work, flags = self._pending
         self._pending = None
         if work is not None:
             work.wait()
         stop, checkpoint, next_every, batch_size, accum_steps = flags.tolist()
-        return Decision(
+        return ControlDecision(
             stop=bool(stop),
             checkpoint=bool(checkpoint),
             next_every=int(next_every),

@@ -49,7 +49,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from coadapt_common.clock import Clock
-from trainer.control import ControlChannel, Decision, StopCause
+from trainer.control import ControlChannel, ControlDecision, StopCause
 from trainer.data import DataState, MicroBatch
 from trainer.env import TrainerEnv
 from trainer.errors import TrainerConfigError, TrainerUsageError
@@ -74,7 +74,7 @@ __all__ = ["PRECOND_REFRESH", "StepHost", "StepLoop"]
 
 logger = logging.getLogger("trainer")
 
-_NO_DECISION = Decision()
+_NO_DECISION = ControlDecision()
 PRECOND_REFRESH = 8  # measurements between recomputations of Adam's preconditioner
 
 
@@ -197,7 +197,7 @@ class StepLoop:
         self._step_done = True
         self._weight = 1.0
 
-        self._pending_decision = Decision()
+        self._pending_decision = ControlDecision()
         self._control_every = 1  # adapted at each exchange (see trainer.control)
         self._since_exchange = 0
 
@@ -598,7 +598,7 @@ class StepLoop:
             and self._clock.monotonic_s() - self.last_checkpoint_s >= every
         )
 
-    def _after_step(self, decision: Decision) -> None:
+    def _after_step(self, decision: ControlDecision) -> None:
         """Remember what the step agreed: a batch configuration is scheduled (see the module
         docstring), a stop or checkpoint is acted on at the next safe point."""
         if decision.batch_size:
@@ -607,7 +607,7 @@ class StepLoop:
         checkpoint = decision.checkpoint or bool(every and self.step % every == 0)
         if decision.stop or checkpoint:
             pending = self._pending_decision
-            self._pending_decision = Decision(
+            self._pending_decision = ControlDecision(
                 stop=pending.stop or decision.stop, checkpoint=pending.checkpoint or checkpoint
             )
 
@@ -626,7 +626,7 @@ class StepLoop:
         decision = self._pending_decision
         if not (decision.stop or decision.checkpoint):
             return
-        self._pending_decision = Decision()
+        self._pending_decision = ControlDecision()
         if decision.stop:
             self._host.stop_at_safe_point(self._host.stop_cause or StopCause.PEER)
         self._host.save_checkpoint(wait=False)

@@ -20,7 +20,7 @@ from autoscaler.controller.lifecycle import InstanceStatus, StatusChange
 from autoscaler.controller.reconcile import NOTICE_REASON, VANISHED_REASON
 from autoscaler.controller.store import AssignmentSpan, CostRecordRow, JobStatus, Store
 from autoscaler.errors import InvalidInputError
-from autoscaler.market.pricing import BILLING_INCREMENT_S, BILLING_MINIMUM_S
+from autoscaler.market.terms import BILLING_INCREMENT_S, BILLING_MINIMUM_S
 
 __all__ = ["IDLE", "cost_record_from_store", "job_costs", "run_origin_s"]
 

@@ -16,7 +16,7 @@ from autoscaler.cli.cost import cost_app
 from autoscaler.cli.deploy import register as register_deploy_commands
 from autoscaler.cli.prices import prices_app
 from autoscaler.cli.tokens import register as register_token_commands
-from autoscaler.decide.jobs import PAPER_POLICIES, PolicyName
+from autoscaler.decide.views import PolicyName
 
 if TYPE_CHECKING:
     from autoscaler.sim.cluster import ClusterSpec
@@ -146,7 +146,7 @@ def simulate(
 
     from autoscaler.sim.config import LENGTHS, SimConfig
     from autoscaler.sim.results import results_table, write_results_json
-    from autoscaler.sim.runner import RunSpec, paper_workloads, run_many
+    from autoscaler.sim.runner import PAPER_POLICIES, RunSpec, paper_workloads, run_many
     from autoscaler.sim.workload import workload_files
     from coadapt_common.errors import CoadaptError
 

@@ -1,9 +1,9 @@
 """``coadapt prices``: show the GPU price catalogue; refresh AWS prices from AWS's APIs.
 
-* ``coadapt prices list`` prints the shipped catalogue (``autoscaler.market.pricing.load_catalog``),
+* ``coadapt prices list`` prints the shipped catalogue (``autoscaler.market.catalog.load_catalog``),
   one line per (offering, market), cheapest GPU-hour first, with each price's date and source.
 * ``coadapt prices refresh --provider aws`` reads today's prices from AWS and writes a catalogue
-  CSV in the columns of the shipped ``aws_gpu.csv`` (``autoscaler.market.pricing.CATALOG_COLUMNS``):
+  CSV in the columns of the shipped ``aws_gpu.csv`` (``autoscaler.market.catalog.CATALOG_COLUMNS``):
   spot prices from EC2 ``DescribeSpotPriceHistory`` (every page, the latest price per
   instance type and zone), on-demand prices from the AWS Price List API (``pricing``
   ``GetProducts``, served from us-east-1 whatever the region priced), zones from
@@ -37,7 +37,7 @@ from autoscaler.cli.common import fail
 from autoscaler.cli.tables import Column, render_table
 
 if TYPE_CHECKING:
-    from autoscaler.market.pricing import MarketOffering, PricedOffering
+    from autoscaler.market.catalog import MarketOffering, PricedOffering
 
 __all__ = [
     "PRICING_API_REGION",
@@ -128,7 +128,7 @@ def list_prices(
     ),
 ) -> None:
     """List priced GPU offerings, cheapest GPU-hour first, with each price's date and source."""
-    from autoscaler.market.pricing import load_catalog
+    from autoscaler.market.catalog import load_catalog
     from coadapt_common.errors import CoadaptError
 
     if max_usd_per_gpu_hour is not None and not (
@@ -446,7 +446,7 @@ def refresh(
     write a catalogue CSV in the shipped columns, dated today, source 'aws-api'."""
     if provider is ProviderChoice.GCP:
         _usage_error(_GCP_REFUSAL)
-    from autoscaler.market.pricing import CATALOG_COLUMNS, load_catalog
+    from autoscaler.market.catalog import CATALOG_COLUMNS, load_catalog
 
     if out is not None and (
         out.is_dir() or not (out.parent if str(out.parent) else Path(".")).is_dir()

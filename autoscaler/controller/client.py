@@ -30,7 +30,7 @@ from providers.base import Market
 from trainer.report import ReportReply, TrainerReport, remaining_progress, report_path
 
 if TYPE_CHECKING:
-    from autoscaler.controller.jobs import JobSubmission
+    from autoscaler.controller.jobbook import JobSubmission
 
 __all__ = [
     "DEFAULT_JOBS_PAGE",
@@ -161,7 +161,7 @@ class JobInfo:
     @property
     def submission(self) -> JobSubmission:
         """The stored spec, checked (:class:`InvalidInputError` if it no longer passes)."""
-        from autoscaler.controller.jobs import JobSubmission  # the decision core: lazily
+        from autoscaler.controller.jobbook import JobSubmission  # the decision core: lazily
 
         return JobSubmission.from_mapping(self.spec)
 

@@ -17,7 +17,7 @@ report     the trainers of one job          ``POST /v1/jobs/{that job}/reports``
 **The users' token** is random (``secrets.token_urlsafe(32)``), kept in the controller's
 tokens file (``<state>/tokens.json``, 0600), and leaves it only for the users' hands: the CLI
 reads it there, the dashboard gets it in its URL fragment, and on a cloud deployment the
-controller publishes it where only the deployer reads it (:mod:`autoscaler.controller.cloud`).
+controller publishes it where only the deployer reads it (:mod:`autoscaler.controller.cloud_setup`).
 
 **Agent and report credentials** are derived, never stored: ``<kind>.<subject>.<mac>``, the MAC
 being HMAC-SHA256 over ``coadapt <kind>\\0<subject>`` with the *agent key*, a random 32-byte key
@@ -25,10 +25,10 @@ in the same tokens file. ``subject`` is the instance key (agent) or the job name
 controller checks one by recomputing the MAC and comparing in constant time, so nothing per
 instance or per job is stored, and the two kinds can never stand for each other (the kind is
 inside the MAC). A local agent gets its own in a file of its own (``<state>/agents/<key>/
-agent-token.json``); a cloud node its own through the cloud (``cloud.py``); an agent hands each
-job's report credential to that job's launcher in a 0600 file whose path is in the launcher's
-environment (``COADAPT_REPORT_TOKEN_FILE``), never on a command line (``/proc/PID/cmdline`` is
-readable by every user; ``environ`` and the file only by the job's own).
+agent-token.json``); a cloud node its own through the cloud (``cloud_setup.py``); an agent hands
+each job's report credential to that job's launcher in a 0600 file whose path is in the
+launcher's environment (``COADAPT_REPORT_TOKEN_FILE``), never on a command line
+(``/proc/PID/cmdline`` is readable by every user; ``environ`` and the file only by the job's own).
 
 **A report credential is per job, not per launch.** A job's name is unique for the life of the
 store (the API refuses a duplicate, ended jobs included), so the credential already names one

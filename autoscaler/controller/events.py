@@ -51,7 +51,7 @@ from autoscaler.controller.store import (
     JobStatus,
     Store,
 )
-from autoscaler.decide.jobs import JobView
+from autoscaler.decide.views import JobView
 from autoscaler.errors import InvalidInputError
 from coadapt_common.clock import Clock
 

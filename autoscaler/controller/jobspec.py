@@ -61,19 +61,19 @@ option), and a command that starts with an option (``-...``), a launcher
 (``coadapt-launch``, ``torchrun``) or an interpreter (``python``) is refused.
 
 **One check for the CLI and the API.** Every field a submission has is checked by
-:func:`~autoscaler.controller.jobs.submission_problems`, the function the API runs on a JSON
+:func:`~autoscaler.controller.jobbook.submission_problems`, the function the API runs on a JSON
 body: ``coadapt submit`` and ``POST /v1/jobs`` refuse the same jobs (a spec's errors name its
 field paths, ``gpus.min``; the API's its field names, ``min_gpus``).
 
 **What the controller acts on: every field.** :meth:`JobSpec.submission` gives the
-:class:`~autoscaler.controller.jobs.JobSubmission` the controller stores and schedules, with
+:class:`~autoscaler.controller.jobbook.JobSubmission` the controller stores and schedules, with
 every field of the spec. Every policy and the fleet sizing honour the GPU bounds, and place
 the job only on instances of a GPU type, market and offering it allows
-(:meth:`~autoscaler.decide.jobs.JobView.allows_node`, one rule for all of them; offering keys are
-compared as :class:`~autoscaler.decide.jobs.OfferingRef` parts, in the format
-``provider/instance_type/zone/market`` of :attr:`~autoscaler.decide.jobs.OfferingRef.key`); a job no
-fleet the controller may build could ever run (:mod:`autoscaler.decide.bounds`: no offering of a
-type, market and offering it allows, or too few GPUs) is ``refused`` with the reason.
+(:meth:`~autoscaler.decide.views.JobView.allows_node`, one rule for all of them; offering keys
+are compared as :class:`~autoscaler.decide.views.OfferingRef` parts, in the format
+``provider/instance_type/zone/market`` of :attr:`~autoscaler.decide.views.OfferingRef.key`); a
+job no fleet the controller may build could ever run (:mod:`autoscaler.decide.bounds`: no
+offering of a type, market and offering it allows, or too few GPUs) is ``refused`` with the reason.
 
 **Removed fields.** ``optimizer``, ``weight`` and ``budget_share`` were accepted and ignored
 by earlier versions; a spec that names one is refused with a one-line reason
@@ -105,7 +105,7 @@ from typing import Any, Final, NoReturn
 
 import yaml
 
-from autoscaler.controller.jobs import (
+from autoscaler.controller.jobbook import (
     GENERIC_APPLICATION,
     REMOVED_FIELDS,
     JobSubmission,
@@ -689,7 +689,7 @@ _ATTRIBUTES: Final = {"checkpoint": "checkpoint_uri"}
 def _first_problem(values: Mapping[str, Any]) -> tuple[str, str] | None:
     """The first problem with JobSpec attribute values, as (spec field path, reason); ``None``
     when they are valid. Absent keys take JobSpec's defaults. Every field is checked by
-    :func:`~autoscaler.controller.jobs.submission_problems` (the API's own check: one rule
+    :func:`~autoscaler.controller.jobbook.submission_problems` (the API's own check: one rule
     for both)."""
     problems = all_problems(values)
     return problems[0] if problems else None

@@ -3,7 +3,7 @@
 One :meth:`Controller.run_round`:
 
 1. **observe**: the store's jobs and new trainer reports (profiles into the
-   :class:`~autoscaler.controller.jobs.JobBook`, refit only what changed), the store's live
+   :class:`~autoscaler.controller.jobbook.JobBook`, refit only what changed), the store's live
    instance rows, and the provider's listing and interruption notices (one ``list_instances``
    and one ``interruptions`` call). A provider error here ends the round before anything is
    decided: the controller never acts on a partial view.
@@ -55,7 +55,7 @@ from typing import Final, TypeVar
 
 from autoscaler.controller.errors import RoundError, StaleVersionError, UnknownFleetError
 from autoscaler.controller.events import DEADLINE_REASON
-from autoscaler.controller.jobs import MAX_JOB_GPUS, JobBook, JobSubmission
+from autoscaler.controller.jobbook import MAX_JOB_GPUS, JobBook, JobSubmission
 from autoscaler.controller.lifecycle import InstanceStatus, terminate_retries
 from autoscaler.controller.liveness import AwakeLog
 from autoscaler.controller.reconcile import (
@@ -71,7 +71,11 @@ from autoscaler.controller.store import InstanceRow, JobRow, JobStatus, Store
 from autoscaler.decide.bounds import PoolCapacity, refusal
 from autoscaler.decide.deadlines import fastest_finish_s, time_left_s
 from autoscaler.decide.fleet import FleetStrategy, FleetView
-from autoscaler.decide.jobs import (
+from autoscaler.decide.policy import make_policy
+from autoscaler.decide.policy.base import Decision, Policy
+from autoscaler.decide.sizing import FleetOption, SizingConfig
+from autoscaler.decide.strategies import FixedFleet, GoodputSizing
+from autoscaler.decide.views import (
     Allocation,
     BatchChoice,
     ClusterView,
@@ -82,12 +86,9 @@ from autoscaler.decide.jobs import (
     Plan,
     RoundInput,
 )
-from autoscaler.decide.policy import make_policy
-from autoscaler.decide.policy.base import Decision, Policy
-from autoscaler.decide.sizing import FleetOption, SizingConfig
-from autoscaler.decide.strategies import FixedFleet, GoodputSizing
 from autoscaler.errors import InvalidInputError
-from autoscaler.market.pricing import band_hazard_per_hour, instance_cost_usd, load_hazard_model
+from autoscaler.market.preemption import band_hazard_per_hour, load_hazard_model
+from autoscaler.market.terms import instance_cost_usd
 from autoscaler.model.gputypes import default_speed_table
 from coadapt_common.clock import Clock
 from providers.base import Instance, InstanceState, LaunchRequest, Offering, Provider
@@ -371,7 +372,7 @@ class Controller:
         leaving = {t.key for t in actions.transitions if t.to is not InstanceStatus.RUNNING}
         staying = [r for r in ready if r.instance_key not in leaving]
         cluster = self._cluster(staying, now, held_by=pinned)
-        on_nodes = {n.node_id for n in cluster.nodes}
+        on_nodes = {n.instance_key for n in cluster.nodes}
         views = tuple(
             _with_allocation(v, {k: g for k, g in v.allocation.items() if k in on_nodes})
             for v in views
@@ -580,8 +581,8 @@ class Controller:
         return decision.plan
 
     def _check_plan(self, round_input: RoundInput, plan: Plan) -> None:
-        """The policy's plan holds (:meth:`~autoscaler.decide.jobs.Plan.validate`: known nodes, none
-        over-allocated, a batch for every running job, within each job's GPU bounds, one GPU
+        """The policy's plan holds (:meth:`~autoscaler.decide.views.Plan.validate`: known nodes,
+        none over-allocated, a batch for every running job, within each job's GPU bounds, one GPU
         type per job for a type-aware policy, interference avoidance when asked); a plan
         that does not is never acted on (:class:`InvalidInputError`, isolated as a policy
         failure)."""
@@ -985,7 +986,7 @@ class Controller:
     def _terminated(self, row: InstanceRow, reason: str) -> InstanceRow:
         """``row`` -> ``terminated``, and what it cost from when it was first seen running to
         now, at its price (per-second billing with the provider minimum,
-        :func:`~autoscaler.market.pricing.instance_cost_usd`), into the store's cost records."""
+        :func:`~autoscaler.market.terms.instance_cost_usd`), into the store's cost records."""
         new = self.store.transition(
             row.instance_key, row.version, InstanceStatus.TERMINATED, reason=reason
         )

@@ -41,7 +41,7 @@ start, or ends in one line with a ``disk-full`` event, and agents start no job.
 Each launched instance starts :func:`agent_main` with the API URL, its own token file, its
 instance key and these folders (the launch's user data: a command line that carries paths,
 never a secret). The controller reads ``tokens.json`` again when a rotation changed it, and on
-a cloud publishes the users' token again (:mod:`autoscaler.controller.cloud`). The API runs
+a cloud publishes the users' token again (:mod:`autoscaler.controller.cloud_setup`). The API runs
 in threads of this process; job exits reported through it are recorded on the API thread's own
 store (:func:`~autoscaler.controller.loop.record_job_exit`), the rounds run on the main thread.
 """
@@ -81,12 +81,12 @@ from autoscaler.controller.api import (
     make_app,
     serve,
 )
-from autoscaler.controller.cloud import (
+from autoscaler.controller.cloud_setup import (
     AwsAgentCredentials,
-    CloudConfig,
     CredentialPublishError,
+    ProviderConfig,
     gcp_startup_script,
-    load_cloud_config,
+    load_provider_config,
     make_cloud_provider,
     publish_user_token,
 )
@@ -162,7 +162,7 @@ class UpConfig:
     machine-wide slot budget of the local provider, ``local_spot_price_swing`` /
     ``_period_s`` its simulated spot prices; ``offerings_refresh_s`` how often prices are
     read again. ``provider`` ``aws`` / ``gcp`` reads the deployment's ``provider_config``
-    (:mod:`autoscaler.controller.cloud`); ``endpoint_url`` points the cloud's clients at a
+    (:mod:`autoscaler.controller.cloud_setup`); ``endpoint_url`` points the cloud's clients at a
     test server. ``port`` 0: the port recorded in ``api.json`` by an earlier ``up`` of this
     state folder, else any free one. ``new_store``: start with a new store although the
     folder holds an earlier cluster's tokens, logs or instances (an existing store file is
@@ -273,7 +273,9 @@ def _agent_user_data(
     return user_data
 
 
-def _cloud_user_data(cloud: CloudConfig, tokens: TokenFile) -> Callable[[InstanceRow], str] | None:
+def _cloud_user_data(
+    cloud: ProviderConfig, tokens: TokenFile
+) -> Callable[[InstanceRow], str] | None:
     """AWS: none (the deployment's launch template starts the agent; its credential comes
     through SSM: :class:`AwsAgentCredentials`); GCP: each node's startup script, with its
     instance key and its own credential."""
@@ -293,7 +295,7 @@ class _CloudSecrets:
     and, on AWS, each node's own credential. :meth:`sync` never raises: a failure is logged
     and retried at the next call."""
 
-    def __init__(self, cloud: CloudConfig, tokens: TokenFile, endpoint_url: str | None) -> None:
+    def __init__(self, cloud: ProviderConfig, tokens: TokenFile, endpoint_url: str | None) -> None:
         self._cloud = cloud
         self._tokens = tokens
         self._endpoint_url = endpoint_url
@@ -607,7 +609,7 @@ def _run_up(
                 "provider.json)",
                 field="provider_config",
             )
-        cloud = load_cloud_config(cfg.provider_config)
+        cloud = load_provider_config(cfg.provider_config)
         if cloud.kind != cfg.provider:
             raise InvalidInputError(
                 f"{cfg.provider_config} is a {cloud.kind} config, not {cfg.provider}",

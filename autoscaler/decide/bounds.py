@@ -13,8 +13,8 @@ job's spec bounds mean the same thing everywhere:
 * :func:`refusal` -- why no pool can ever hold the job (``None`` if one can): a pool is GPUs
   of one type, ``capacity_gpus`` of them at most (the nodes of a fixed cluster, or what a
   fleet may grow to), from some offerings; a job is refused when no pool is of a type and
-  from an offering it allows (:meth:`~autoscaler.decide.jobs.JobView.allows_type`,
-  :meth:`~autoscaler.decide.jobs.JobView.allows_offering`: ``gpu_types``, ``markets``,
+  from an offering it allows (:meth:`~autoscaler.decide.views.JobView.allows_type`,
+  :meth:`~autoscaler.decide.views.JobView.allows_offering`: ``gpu_types``, ``markets``,
   ``offerings``), or when, on every pool it allows, it needs more GPUs than the pool or its
   ceiling allow. The reason names the spec field to change. A pool that mixes offerings the
   job allows with others counts whole (the controller's pools of what a fleet may grow to are
@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from autoscaler.decide.jobs import JobView, OfferingRef
+from autoscaler.decide.views import JobView, OfferingRef
 from autoscaler.model.gputypes import SpeedTable, limits_on
 
 __all__ = ["PoolCapacity", "fewest_gpus_on", "gpu_ceiling", "refusal"]
@@ -46,7 +46,7 @@ class PoolCapacity:
 
     def allows(self, job: JobView) -> bool:
         """Whether ``job`` may run on this pool's GPUs: their type, and some offering of
-        theirs (:meth:`~autoscaler.decide.jobs.JobView.allows_offering`)."""
+        theirs (:meth:`~autoscaler.decide.views.JobView.allows_offering`)."""
         if not job.allows_type(self.gpu_type):
             return False
         if self.offerings is None or not job.restricts_offerings:

@@ -1,6 +1,6 @@
 """Deadlines: what a job's deadline asks of the fleet and the policy (pure).
 
-A job may carry a deadline (:attr:`JobView.deadline_s <autoscaler.decide.jobs.JobView.deadline_s>`,
+A job may carry a deadline (:attr:`JobView.deadline_s <autoscaler.decide.views.JobView.deadline_s>`,
 on the clock of its submission time). Once its script has declared its length (its first
 report), its remaining work is known (:attr:`JobView.remaining_work`, ``M0``-equivalent
 samples) and, with a goodput model, so is how fast it could finish. The rules here are shared
@@ -29,7 +29,7 @@ from types import MappingProxyType
 import numpy as np
 
 from autoscaler.decide.bounds import gpu_ceiling
-from autoscaler.decide.jobs import JobView
+from autoscaler.decide.views import JobView
 from autoscaler.model.goodput import optimistic_internode
 from autoscaler.model.gputypes import REFERENCE_GPU_TYPE, SpeedTable, estimate_model, limits_on
 

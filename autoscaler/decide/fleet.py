@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from autoscaler.decide.jobs import ClusterView, JobView
 from autoscaler.decide.sizing import FleetOption
+from autoscaler.decide.views import ClusterView, JobView
 
 __all__ = ["FleetStrategy", "FleetView"]
 

@@ -39,7 +39,7 @@ larger shapes beyond it). Its *effective* value discounts
   does not launch instances for growth that never comes.
 
 **The user's limits.** A job that limits its markets or offerings (``JobDemand.options``, from
-:meth:`~autoscaler.decide.jobs.JobView.allows_offering`, the rule the policies place by) is handed
+:meth:`~autoscaler.decide.views.JobView.allows_offering`, the rule the policies place by) is handed
 GPUs only of offerings it allows: the GPUs of one kind are modelled apart for each set of jobs
 they are refused to, and a deadline's instances are bought for it only among its offerings. A
 fleet without such a job is sized exactly as before.
@@ -70,7 +70,7 @@ from typing import Literal
 
 import numpy as np
 
-from autoscaler.decide.jobs import JobView, OfferingRef
+from autoscaler.decide.views import JobView, OfferingRef
 from autoscaler.errors import InvalidInputError
 from autoscaler.model.goodput import GoodputModel, optimistic_internode
 from autoscaler.model.goodput_batch import JobArrays, optimize_many
@@ -132,8 +132,9 @@ class FleetOption:
 
     def allows(self, job: JobView) -> bool:
         """Whether ``job`` may run on instances of this offering: its GPU type, market and
-        offering (:meth:`~autoscaler.decide.jobs.JobView.allows_type`,
-        :meth:`~autoscaler.decide.jobs.JobView.allows_offering`: the rule the policies place by)."""
+        offering (:meth:`~autoscaler.decide.views.JobView.allows_type`,
+        :meth:`~autoscaler.decide.views.JobView.allows_offering`: the rule the policies place
+        by)."""
         return job.allows_type(self.gpu_type) and job.allows_offering(self.ref, self.market)
 
 

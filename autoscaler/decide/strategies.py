@@ -34,7 +34,6 @@ import numpy as np
 
 from autoscaler.decide.deadlines import assess, goodput_curves, time_left_s, uniform_progress_ahead
 from autoscaler.decide.fleet import FleetView
-from autoscaler.decide.jobs import Allocation, ClusterView, JobView
 from autoscaler.decide.sizing import (
     FleetOption,
     JobDemand,
@@ -44,6 +43,7 @@ from autoscaler.decide.sizing import (
     modelled_value,
     size_fleet,
 )
+from autoscaler.decide.views import Allocation, ClusterView, JobView
 from autoscaler.errors import InvalidInputError
 from autoscaler.model.gputypes import SpeedTable, default_speed_table
 

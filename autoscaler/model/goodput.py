@@ -58,8 +58,8 @@ from numpy.typing import ArrayLike
 from autoscaler.errors import InvalidInputError
 
 __all__ = [
-    "BatchConfig",
     "BatchLimits",
+    "BatchOptimum",
     "GoodputModel",
     "GradParams",
     "OptimizerKind",
@@ -349,7 +349,7 @@ def lr_scale(
 
 
 @dataclass(frozen=True)
-class BatchConfig:
+class BatchOptimum:
     """Best batch configuration per allocation (arrays of the allocations' broadcast shape).
 
     ``goodput`` is 0 (and the sizes 0) where no configuration fits the job's limits.
@@ -465,7 +465,7 @@ class GoodputModel:
         num_gpus: ArrayLike,
         *,
         fixed_batch_size: int | None = None,
-    ) -> BatchConfig:
+    ) -> BatchOptimum:
         """Best (batch size, local batch, accumulation steps) per allocation, vectorised.
 
         Searches total batch sizes on a geometric grid over ``[init_batch_size,
@@ -520,7 +520,7 @@ class GoodputModel:
 
         feasible = flat[rows, best] >= 0
         zero = np.zeros(flat.shape[0])
-        return BatchConfig(
+        return BatchOptimum(
             goodput=np.where(feasible, pick(good), 0.0).reshape(shape),
             throughput=np.where(feasible, pick(thr), 0.0).reshape(shape),
             efficiency=np.where(feasible, pick(eff), 0.0).reshape(shape),

@@ -68,7 +68,7 @@ from autoscaler.model.goodput import (
     N_TOTAL_CANDIDATES,
     PRIOR_WEIGHT,
     SYNC_FLOOR_FRAC,
-    BatchConfig,
+    BatchOptimum,
     GoodputModel,
     PerfParams,
     ProfileSample,
@@ -417,7 +417,7 @@ def optimize_many(
     num_gpus: ArrayLike,
     *,
     fixed_batch_size: ArrayLike | None = None,
-) -> BatchConfig:
+) -> BatchOptimum:
     """Best batch configuration of every job at each of its allocations.
 
     ``num_nodes`` and ``num_gpus`` are integer arrays that broadcast together to ``(J,)`` or
@@ -425,7 +425,7 @@ def optimize_many(
     applies to every job; 0 GPUs is allowed and gives zeros). ``fixed_batch_size`` is ``None``
     (every job adaptive) or ``(J,)`` integers: ``0`` means adaptive, ``b >= 1`` fixes job
     ``j``'s total batch to ``b`` as ``GoodputModel.optimize(..., fixed_batch_size=b)`` does.
-    Returns a ``BatchConfig`` of arrays of the broadcast shape, each entry that of the scalar
+    Returns a ``BatchOptimum`` of arrays of the broadcast shape, each entry that of the scalar
     ``optimize`` of that job at that allocation (see the module docstring). Negative or
     non-integer node or GPU counts are rejected (``InvalidInputError``), not mapped to zeros.
 
@@ -529,7 +529,7 @@ def optimize_many(
             for dst, src in zip([*out_shapes, *out_ints], res, strict=True):
                 dst[sel] = src
             start = stop
-    return BatchConfig(
+    return BatchOptimum(
         goodput=out_shapes[0].reshape(shape),
         throughput=out_shapes[1].reshape(shape),
         efficiency=out_shapes[2].reshape(shape),

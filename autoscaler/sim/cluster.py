@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from autoscaler.decide.jobs import NodeView, OfferingRef
+from autoscaler.decide.views import NodeView, OfferingRef
 from autoscaler.errors import InvalidInputError, TraceFormatError
 from autoscaler.model.gputypes import KNOWN_GPU_TYPES, REFERENCE_GPU_TYPE, SpeedTable
 from autoscaler.model.interconnects import (
@@ -110,14 +110,14 @@ class ClusterSpec:
             for _ in range(group.count):
                 k = seen.get(group.gpu_type, 0)
                 seen[group.gpu_type] = k + 1
-                node_id = f"{group.gpu_type.lower()}-{k:0{width}d}"
-                out.append(NodeView(node_id, group.gpu_type, group.gpus_per_node, offering))
+                instance_key = f"{group.gpu_type.lower()}-{k:0{width}d}"
+                out.append(NodeView(instance_key, group.gpu_type, group.gpus_per_node, offering))
         return tuple(out)
 
     def group_of(self) -> dict[str, NodeGroup]:
-        """Node id -> its group."""
+        """Instance key -> its group."""
         return {
-            node.node_id: group
+            node.instance_key: group
             for node, group in zip(
                 self.nodes(), [g for g in self.groups for _ in range(g.count)], strict=True
             )

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autoscaler.errors import InvalidInputError
-from autoscaler.sim.cloud import CloudConfig
+from autoscaler.sim.cloud_config import CloudConfig
 from autoscaler.sim.cluster import ClusterSpec, uniform_cluster
 
 __all__ = ["SimConfig"]
@@ -40,14 +40,14 @@ class SimConfig:
     ``gpus_per_node``, which describe a uniform T4 cluster); ``traces_dir``: a data folder
     holding one ``<application>/`` folder each, used instead of the shipped Pollux traces.
     ``cloud``: run on a fleet of priced instances that a fleet strategy sizes every round
-    (:mod:`autoscaler.sim.cloud`); the cluster above then only sets the fair share that
+    (:mod:`autoscaler.sim.cloud_config`); the cluster above then only sets the fair share that
     finish-time fairness is measured against. ``lengths``: what the policy may know of a job's
     length, as a controller would: ``"declared"`` (every job's script declares its length, the
     workload's target; the policy gets the remaining work by the trainer's rule,
     :func:`trainer.report.remaining_progress`) or ``"none"`` (no job declares: no remaining
     work is known). Jobs end at their true length either way. ``job_markets`` and
     ``job_offerings``: per job name, the ``markets`` and ``offerings`` its spec gives (the
-    controller's :class:`~autoscaler.controller.jobs.JobSubmission` fields; jobs not named
+    controller's :class:`~autoscaler.controller.jobbook.JobSubmission` fields; jobs not named
     set neither).
     """
 

@@ -32,7 +32,7 @@ which replay the traces:
   agent reports (:meth:`Controller.job_exited <autoscaler.controller.loop.Controller.job_exited>`).
 
 So the policy learns what the controller learns, when it learns it: throughput models fitted
-online from the reports (the controller's :class:`~autoscaler.controller.jobs.JobBook`), the
+online from the reports (the controller's :class:`~autoscaler.controller.jobbook.JobBook`), the
 remaining work only from a declared length and only after the first report, attained service
 and restarts from the store's assignment history. The one exception is an oracle baseline
 (``optimus``, the Pollux paper's Optimus+Oracle), which is handed the true remaining iterations
@@ -52,17 +52,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autoscaler.controller.errors import RoundError
-from autoscaler.controller.jobs import JobSubmission
+from autoscaler.controller.jobbook import JobSubmission
 from autoscaler.controller.store import JobStatus
-from autoscaler.decide.jobs import (
-    Allocation,
-    BatchChoice,
-    JobSpec,
-    Oracle,
-    fixed_batch_choice,
-)
 from autoscaler.decide.policy.base import Policy
 from autoscaler.decide.strategies import FixedFleet
+from autoscaler.decide.views import Allocation, BatchChoice, Oracle, fixed_batch_choice
 from autoscaler.errors import AutoscalerError, InvalidInputError
 from autoscaler.model.goodput import (
     BatchLimits,
@@ -73,7 +67,8 @@ from autoscaler.model.traces import AppTrace, load_app
 from autoscaler.sim.cluster import NodeGroup, TypeSpeed
 from autoscaler.sim.config import SimConfig
 from autoscaler.sim.results import JobResult, RoundStats, SimResult
-from autoscaler.sim.world import CloudWorld, World, WorldConfig, fixed_offering, pool_key
+from autoscaler.sim.workload import TraceJob
+from autoscaler.sim.world import CloudWorld, World, WorldConfig, fixed_offering
 from providers.base import Offering
 from trainer.report import (
     BatchConfig,
@@ -94,7 +89,7 @@ class SimulationError(AutoscalerError):
 class _Job:
     """Mutable simulator-side state of one job (never handed to a policy)."""
 
-    spec: JobSpec
+    spec: TraceJob
     index: int
     app: AppTrace
     limits: BatchLimits
@@ -146,7 +141,7 @@ def _packed(num_gpus: int, per_node: int) -> tuple[int, ...]:
 
 
 def isolated_jct_s(
-    spec: JobSpec, share_gpus: float, per_node: int, traces_root: Path | None = None
+    spec: TraceJob, share_gpus: float, per_node: int, traces_root: Path | None = None
 ) -> float:
     """JCT of ``spec`` alone on ``share_gpus`` GPUs (may be fractional): trained at its own
     batch size on ``g = max(1, floor(share))`` GPUs packed onto the fewest nodes (at most its
@@ -174,7 +169,7 @@ class Simulator:
 
     def __init__(
         self,
-        jobs: tuple[JobSpec, ...] | list[JobSpec],
+        jobs: tuple[TraceJob, ...] | list[TraceJob],
         policy: Policy,
         config: SimConfig | None = None,
         *,
@@ -216,7 +211,7 @@ class Simulator:
                     f"offering's price {cheapest:.4f} $/h: nothing could be launched",
                     field="budget_usd_per_hour",
                 )
-            self._group_of_key = {pool_key(o): o.group for o in cloud.offerings}
+            self._group_of_key = {o.key: o.group for o in cloud.offerings}
             self.cloud = CloudWorld(cloud, policy, self._world_config(), oracle=self._oracle_hook())
             self.world = self.cloud
 
@@ -508,9 +503,9 @@ class Simulator:
         world, cloud = self.cloud, self.config.cloud
         assert world is not None and cloud is not None
         ledger = world.ledger
-        for node_id, gpus in held.items():
+        for instance_key, gpus in held.items():
             if ran_s > 0:
-                iid = self._iid[node_id]
+                iid = self._iid[instance_key]
                 ledger.job_usage(job.spec.name, iid, self.now_s, self.now_s + ran_s, gpus)
         if job.completion_s is not None:
             ledger.job_event(job.spec.name, job.completion_s, "finished")
@@ -535,7 +530,7 @@ class Simulator:
         job.profiles = {}
 
     def _preempted(self, job: _Job, hit: dict[str, float]) -> None:
-        """``job`` lost the nodes in ``hit`` (node id -> preemption time): it stops, and falls
+        """``job`` lost the nodes in ``hit`` (instance key -> preemption time): it stops, and falls
         back to its last checkpoint unless every notice left time to write one (its trainer
         checkpoints on the notice its agent forwards)."""
         world = self.cloud
@@ -553,8 +548,8 @@ class Simulator:
             return set()
         count: dict[str, int] = {}
         for job in spread:
-            for node_id in job.allocation:
-                count[node_id] = count.get(node_id, 0) + 1
+            for instance_key in job.allocation:
+                count[instance_key] = count.get(instance_key, 0) + 1
         return {job.index for job in spread if any(count[n] > 1 for n in job.allocation)}
 
     # ---- true speeds -----------------------------------------------------------------------
@@ -579,7 +574,7 @@ class Simulator:
     ) -> tuple[float, float, str]:
         """(seconds per iteration, sync seconds, GPU type it runs at) of ``job`` on its
         allocation: the slowest of its node groups' times when it spans several."""
-        groups = {self._group[node_id] for node_id in job.allocation}
+        groups = {self._group[instance_key] for instance_key in job.allocation}
         best: tuple[float, float, str] | None = None
         for group in sorted(groups, key=lambda g: (g.gpu_type, g.instance_type)):
             speed = self._speed(job, group)
@@ -711,7 +706,7 @@ class Simulator:
 
 
 def simulate(
-    jobs: tuple[JobSpec, ...] | list[JobSpec],
+    jobs: tuple[TraceJob, ...] | list[TraceJob],
     policy: Policy,
     config: SimConfig | None = None,
     *,

@@ -1,6 +1,6 @@
 """The cloud experiments: which offerings, traces, strategies and policies each one uses.
 
-Offerings come from the shipped catalogue (:func:`autoscaler.market.pricing.load_catalog`, real
+Offerings come from the shipped catalogue (:func:`autoscaler.market.catalog.load_catalog`, real
 AWS prices with their dates), all in one zone, ``us-east-1`` / ``use1-az1`` (the zone with
 spot prices for every instance type used):
 
@@ -9,7 +9,7 @@ spot prices for every instance type used):
   applied to each g4dn offering on its own);
 - ``p3.16xlarge`` (8 x V100): spot capacity replays the Bamboo p3 trace;
 - ``p4d.24xlarge`` (8 x A100, E3 only): no trace; spot preemptions at the Spot Advisor band's
-  hazard (:class:`autoscaler.market.pricing.SpotHazardModel`), seeded.
+  hazard (:class:`autoscaler.market.preemption.SpotHazardModel`), seeded.
 
 Spot prices are constant at the catalogue's price, or (``spot_prices="stochastic"``) a seeded
 mean-reverting walk around it, capped at the on-demand price. Every
@@ -39,7 +39,7 @@ name                      fleet                                          policy
                           uniform rate to its deadline, else on demand
 ========================  ============================================  ========
 
-E4 (deadlines) offers E2's instance types; its jobs carry deadlines (``JobSpec.
+E4 (deadlines) offers E2's instance types; its jobs carry deadlines (``TraceJob.
 deadline_after_s``, set by ``benchmarks/cloud_cost.py --deadline-factor``).
 
 ``throughput-autoscale`` is Or et al.'s throughput-driven elastic training: the fleet sized by
@@ -58,7 +58,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autoscaler.decide.jobs import JobSpec
 from autoscaler.decide.sizing import SizingConfig
 from autoscaler.decide.strategies import (
     FixedFleet,
@@ -68,20 +67,18 @@ from autoscaler.decide.strategies import (
     UtilityBand,
 )
 from autoscaler.errors import InvalidInputError
-from autoscaler.market.pricing import (
+from autoscaler.market.catalog import Catalog, MarketOffering, load_catalog
+from autoscaler.market.preemption import (
     AvailabilityTrace,
-    Catalog,
-    ConstantPrice,
-    MarketOffering,
     SpotHazardModel,
-    StochasticSpotPrice,
     bamboo_trace_path,
     load_availability_trace,
-    load_catalog,
     load_hazard_model,
 )
-from autoscaler.sim.cloud import CloudConfig, CloudOffering, FleetStrategy, PreemptionModel
+from autoscaler.market.series import ConstantPrice, StochasticSpotPrice
+from autoscaler.sim.cloud_config import CloudConfig, CloudOffering, FleetStrategy, PreemptionModel
 from autoscaler.sim.cluster import INTERCONNECTS
+from autoscaler.sim.workload import TraceJob
 
 __all__ = [
     "EXPERIMENTS",
@@ -133,7 +130,7 @@ _SINGLE_GPU_INTRA_GBYTES_PER_S = 16.0
 
 @dataclass(frozen=True)
 class TracePreemption:
-    """A replayed availability trace as a :class:`~autoscaler.sim.cloud.PreemptionModel`:
+    """A replayed availability trace as a :class:`~autoscaler.sim.cloud_config.PreemptionModel`:
     capacity only (instances are preempted when it drops below what is held)."""
 
     trace: AvailabilityTrace
@@ -151,7 +148,7 @@ class TracePreemption:
 
 @dataclass(frozen=True)
 class HazardPreemption:
-    """A constant per-instance hazard as a :class:`~autoscaler.sim.cloud.PreemptionModel`."""
+    """A constant per-instance hazard as a :class:`~autoscaler.sim.cloud_config.PreemptionModel`."""
 
     model: SpotHazardModel
     offering: MarketOffering
@@ -177,21 +174,21 @@ class CloudRun:
     policy_options: Mapping[str, object] = field(default_factory=dict)
 
 
-def e1_workload() -> tuple[JobSpec, ...]:
+def e1_workload() -> tuple[TraceJob, ...]:
     """The paper's cloud experiment: one ImageNet job (the traces' own batch size and GPUs of
     an ImageNet job of workload-1), alone."""
-    return (JobSpec("imagenet-0", "imagenet", 0.0, 32, 6400),)
+    return (TraceJob("imagenet-0", "imagenet", 0.0, 32, 6400),)
 
 
 def with_deadlines(
-    jobs: Sequence[JobSpec],
+    jobs: Sequence[TraceJob],
     factor: float,
     *,
     provisioning_delay_s: float = 120.0,
     restart_delay_s: float = 30.0,
     interval_s: float = 60.0,
     gpus_per_node: int = 4,
-) -> tuple[JobSpec, ...]:
+) -> tuple[TraceJob, ...]:
     """E4's jobs: each with a deadline ``factor`` x its JCT alone on its requested GPUs on
     demand -- :func:`~autoscaler.sim.engine.isolated_jct_s` on T4s (its cheapest on-demand
     fit, g4dn) ``gpus_per_node`` to an instance, plus what getting them takes: the
@@ -317,7 +314,7 @@ def build_run(
 ) -> CloudRun:
     """The :class:`CloudRun` of ``strategy`` in ``experiment`` (see the module docstring).
     ``spot_prices``: ``"constant"`` (the catalogue's) or ``"stochastic"``
-    (:class:`~autoscaler.market.pricing.StochasticSpotPrice` around it, capped at on-demand, seeded
+    (:class:`~autoscaler.market.series.StochasticSpotPrice` around it, capped at on-demand, seeded
     by ``seed`` and the offering)."""
     if spot_prices not in ("constant", "stochastic"):
         raise InvalidInputError(f"unknown spot price model {spot_prices!r}", field="spot_prices")

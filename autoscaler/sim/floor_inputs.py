@@ -55,12 +55,12 @@ from autoscaler.analysis.floor import (
     cost_floor,
     floor_summary,
 )
-from autoscaler.decide.jobs import JobSpec
 from autoscaler.model.gputypes import default_speed_table
 from autoscaler.model.traces import AppTrace, even_placement, load_app
-from autoscaler.sim.cloud import CloudOffering
+from autoscaler.sim.cloud_config import CloudOffering
 from autoscaler.sim.cluster import NodeGroup, TypeSpeed
 from autoscaler.sim.results import SimResult
+from autoscaler.sim.workload import TraceJob
 
 __all__ = ["DEFAULT_SEGMENTS", "floor_problem", "goodput_envelope", "run_floor"]
 
@@ -221,7 +221,7 @@ def _most_gpus(o: CloudOffering, end_s: float) -> int | None:
 
 
 def floor_problem(
-    specs: Sequence[JobSpec],
+    specs: Sequence[TraceJob],
     result: SimResult,
     *,
     segments: int = DEFAULT_SEGMENTS,
@@ -275,7 +275,7 @@ def floor_problem(
 
 
 def run_floor(
-    specs: Sequence[JobSpec],
+    specs: Sequence[TraceJob],
     result: SimResult,
     *,
     offerings: Sequence[CloudOffering] | None = None,

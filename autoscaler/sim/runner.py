@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autoscaler.decide.jobs import PolicyName
+from autoscaler.decide.views import PolicyName
 from autoscaler.errors import InvalidInputError
 from autoscaler.model.traces import data_root
 from autoscaler.sim.config import SimConfig
@@ -30,6 +30,7 @@ from autoscaler.sim.workload import load_workload
 
 __all__ = [
     "PAPER_LOADS",
+    "PAPER_POLICIES",
     "ComparisonRow",
     "RunSpec",
     "compare_with_paper",
@@ -44,6 +45,12 @@ _THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 #: The paper's job loads and the folder (under :func:`~autoscaler.model.traces.data_root`) of each.
 PAPER_LOADS: dict[str, str] = {"1.0": "workloads", "0.5": "workloads-0.5"}
+#: The policies the Pollux paper compares, whose simulator results it published.
+PAPER_POLICIES: tuple[PolicyName, ...] = (
+    PolicyName.POLLUX,
+    PolicyName.TIRESIAS,
+    PolicyName.OPTIMUS,
+)
 
 
 def limit_threads() -> None:

@@ -17,12 +17,12 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from autoscaler.decide.jobs import JobSpec
 from autoscaler.errors import InvalidInputError, TraceFormatError
 from autoscaler.model.traces import APPLICATIONS, parse_float, parse_int, read_csv_rows
 
 __all__ = [
     "WORKLOAD_COLUMNS",
+    "TraceJob",
     "Workload",
     "compress_arrivals",
     "load_workload",
@@ -34,11 +34,50 @@ WORKLOAD_COLUMNS = ("name", "time", "application", "num_replicas", "batch_size")
 
 
 @dataclass(frozen=True)
+class TraceJob:
+    """One job of a workload file: a training job as the traces submitted it.
+
+    ``num_replicas`` and ``batch_size`` are the user's own settings (the paper's "TunedJobs"):
+    fixed-size baselines run the job with exactly these; Pollux ignores them and adapts both.
+    ``deadline_after_s``: the job's deadline, seconds after its submission (``None``: none).
+    """
+
+    name: str
+    application: str
+    submit_time_s: float
+    num_replicas: int
+    batch_size: int
+    deadline_after_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise InvalidInputError("job name must not be empty", field="name")
+        if not math.isfinite(self.submit_time_s) or self.submit_time_s < 0:
+            raise InvalidInputError(
+                f"submit time must be finite and >= 0, got {self.submit_time_s}", field="time"
+            )
+        if self.num_replicas < 1:
+            raise InvalidInputError(
+                f"num_replicas must be >= 1, got {self.num_replicas}", field="num_replicas"
+            )
+        if self.batch_size < 1:
+            raise InvalidInputError(
+                f"batch_size must be >= 1, got {self.batch_size}", field="batch_size"
+            )
+        if self.deadline_after_s is not None and not (
+            math.isfinite(self.deadline_after_s) and self.deadline_after_s > 0
+        ):
+            raise InvalidInputError(
+                f"deadline_after_s must be > 0, got {self.deadline_after_s}", field="deadline"
+            )
+
+
+@dataclass(frozen=True)
 class Workload:
     """A named list of job submissions, in file order."""
 
     name: str
-    jobs: tuple[JobSpec, ...]
+    jobs: tuple[TraceJob, ...]
 
 
 def load_workload(path: str | Path) -> Workload:
@@ -47,7 +86,7 @@ def load_workload(path: str | Path) -> Workload:
     application, a non-numeric / negative / non-integer number, a zero replica count or batch
     size, a duplicate job name, or a file without jobs."""
     path = Path(path)
-    jobs: list[JobSpec] = []
+    jobs: list[TraceJob] = []
     seen: set[str] = set()
     for line, row in read_csv_rows(path, WORKLOAD_COLUMNS):
         name = row["name"]
@@ -69,7 +108,7 @@ def load_workload(path: str | Path) -> Workload:
             parse_int(row[col], path=path, line=line, name=col, minimum=1)
             for col in ("num_replicas", "batch_size")
         )
-        jobs.append(JobSpec(name, app, time_s, replicas, batch))
+        jobs.append(TraceJob(name, app, time_s, replicas, batch))
     if not jobs:
         raise TraceFormatError("no jobs in workload", path=str(path), line=2)
     return Workload(path.stem, tuple(jobs))

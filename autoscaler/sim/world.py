@@ -30,16 +30,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from autoscaler.accounting.costs import CostLedger, CostRecord
-from autoscaler.controller.jobs import JobSubmission, submission_deadline
+from autoscaler.controller.jobbook import JobSubmission, submission_deadline
 from autoscaler.controller.lifecycle import InstanceStatus
 from autoscaler.controller.loop import Controller, ControllerConfig, RoundReport
 from autoscaler.controller.reconcile import ReconcileConfig
 from autoscaler.controller.store import JobBatch, Store
-from autoscaler.decide.fleet import FleetStrategy, FleetView
-from autoscaler.decide.jobs import Allocation, BatchChoice, Oracle
+from autoscaler.decide.fleet import FleetStrategy
 from autoscaler.decide.policy.base import Policy
+from autoscaler.decide.views import Allocation, BatchChoice, Oracle
 from autoscaler.errors import InvalidInputError
-from autoscaler.sim.cloud import BudgetExceededError, CloudConfig, CloudOffering
+from autoscaler.sim.cloud_config import BudgetExceededError, CloudConfig, CloudOffering
 from coadapt_common.clock import FakeClock
 from providers.base import Market, Offering
 from providers.fake import FakeProvider
@@ -137,7 +137,7 @@ class World:
 
     def submit(self, spec: JobSubmission) -> None:
         """A job submitted now, as the API adds it (its deadline checked and fixed as the
-        API does: :func:`~autoscaler.controller.jobs.submission_deadline`)."""
+        API does: :func:`~autoscaler.controller.jobbook.submission_deadline`)."""
         after, at = submission_deadline(spec, self.now_s)
         self.store.add_job(spec.name, spec.to_json(), deadline_after_s=after, deadline_at_s=at)
 
@@ -255,7 +255,7 @@ class _Live:
 
 class CloudWorld(World):
     """A world whose cloud comes and goes (the simulator's cloud mode): the
-    :class:`~autoscaler.sim.cloud.CloudConfig`'s offerings on a
+    :class:`~autoscaler.sim.cloud_config.CloudConfig`'s offerings on a
     :class:`~providers.fake.FakeProvider` with its provisioning delay, spot prices moved
     along each offering's price series (the provider's catalogue, which the controller reads),
     spot preemptions from each offering's model (a replayed availability trace: capacity set
@@ -274,9 +274,7 @@ class CloudWorld(World):
         oracle: Callable[[str], Oracle | None] | None = None,
     ) -> None:
         self.cloud = cloud
-        # The provider's pool key of each offering (``provider/zone/type/market``), and back.
-        self._pool = {o.key: _offering(o).key for o in cloud.offerings}
-        self._by_pool = {self._pool[o.key]: o for o in cloud.offerings}
+        self._by_key = {o.key: o for o in cloud.offerings}
         provider_names = {o.ref.provider for o in cloud.offerings}
         if len(provider_names) != 1:
             raise InvalidInputError(
@@ -286,7 +284,7 @@ class CloudWorld(World):
         offerings = [_offering(o) for o in cloud.offerings]
         super().__init__(
             offerings,
-            _RefKeyed(cloud.strategy, {v: k for k, v in self._pool.items()}),
+            cloud.strategy,
             policy,
             replace(config, warmup_rounds=0),
             oracle=oracle,
@@ -308,7 +306,7 @@ class CloudWorld(World):
             if o.preemption is not None:
                 cap = o.preemption.capacity_at(0.0)
                 if cap is not None:
-                    self.provider.set_capacity(self._pool[o.key], max(0, cap))
+                    self.provider.set_capacity(o.key, max(0, cap))
 
     # ---- the world's own events, in time order ---------------------------------------------
 
@@ -323,7 +321,7 @@ class CloudWorld(World):
             at, _, kind, key, value = heapq.heappop(self._events)
             super().advance_to(at)
             if kind == "capacity":
-                self.provider.set_capacity(self._pool[key], max(0, value))
+                self.provider.set_capacity(key, max(0, value))
             elif kind == "squeeze":
                 notice_s = next(o.notice_s for o in self.cloud.offerings if o.key == key)
                 self._squeeze(key, value, deadline_s=at + notice_s)
@@ -424,7 +422,7 @@ class CloudWorld(World):
         for iid, inst in sorted(listed.items()):
             if iid in self.live:
                 continue
-            o = self._by_pool[inst.pool_key]
+            o = self._by_key[inst.offering_key]
             t = now_s if inst.launched_at_s is None else inst.launched_at_s
             self.live[iid] = _Live(o, t)
             self.launches += 1
@@ -494,11 +492,6 @@ _NOTICE_HORIZON_S = 600.0
 """How far past a round the world looks for capacity drops (their notices come first)."""
 
 
-def pool_key(o: CloudOffering) -> str:
-    """The provider's pool key of a simulated offering (what the controller's rows carry)."""
-    return _offering(o).key
-
-
 def _offering(o: CloudOffering) -> Offering:
     return Offering(
         provider=o.ref.provider,
@@ -512,25 +505,3 @@ def _offering(o: CloudOffering) -> Offering:
         market=Market.SPOT if o.ref.market == "spot" else Market.ON_DEMAND,
         price_usd_per_hour=o.price.price_at(0.0),
     )
-
-
-@dataclass
-class _RefKeyed:
-    """A simulation's fleet strategy, configured with :class:`~autoscaler.decide.jobs.OfferingRef`
-    keys (``provider/type/zone/market``), in front of a controller that speaks the
-    provider's pool keys (``provider/zone/type/market``): the view's keys are translated for
-    it and its counts back."""
-
-    inner: FleetStrategy
-    ref_of: Mapping[str, str]  # pool key -> ref key
-
-    @property
-    def name(self) -> str:
-        return self.inner.name
-
-    def propose(self, view: FleetView) -> Mapping[str, int]:
-        back = {ref: pool for pool, ref in self.ref_of.items()}
-        options = tuple(replace(o, key=self.ref_of.get(o.key, o.key)) for o in view.options)
-        held = {self.ref_of.get(k, k): n for k, n in view.held.items()}
-        counts = self.inner.propose(replace(view, options=options, held=held))
-        return {back.get(k, k): n for k, n in counts.items()}

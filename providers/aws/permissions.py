@@ -12,7 +12,7 @@
   (``AwsConfig.launch_template``) does not need them.
 * ``CONTROLLER_SERVICE_ACTIONS``: what the controller *service* does besides the adapter:
   publishing the users' token, and each node's own agent credential, to SSM Parameter Store
-  (``autoscaler.controller.cloud``; its calls are tested to be exactly these).
+  (``autoscaler.controller.cloud_setup``; its calls are tested to be exactly these).
 
 ``controller_iam_actions()`` is the whole set; the terraform module's controller policy is
 tested to grant exactly it (less the managed-template operations).

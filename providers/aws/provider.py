@@ -77,6 +77,7 @@ from providers.base import (
     SpotPrice,
     TerminateResult,
     launch_shortfall,
+    offering_key,
 )
 from providers.capacity import Placement, UnavailableOfferings, walk_pools
 from providers.errors import (
@@ -576,8 +577,8 @@ class AwsProvider:
 
     # --------------------------------------------------------------------------- launch
 
-    def _pool_key(self, instance_type: str, zone_id: str, market: Market) -> str:
-        return f"{self.name}/{zone_id}/{instance_type}/{market.value}"
+    def _offering_key(self, instance_type: str, zone_id: str, market: Market) -> str:
+        return offering_key(self.name, instance_type, zone_id, market)
 
     def _resolve_offerings(self, request: LaunchRequest) -> list[Offering]:
         catalogue = self._load_catalogue()
@@ -652,7 +653,7 @@ class AwsProvider:
                 request_id=request.request_id,
                 requested=request.count,
                 instances=tuple({i.instance_id: i for i in (*existing, *walk.created)}.values()),
-                errors=tuple(sorted(walk.errors, key=lambda e: order.get(e.pool_key, 0))),
+                errors=tuple(sorted(walk.errors, key=lambda e: order.get(e.offering_key, 0))),
             )
 
     def _bump_generation(self, key: str) -> None:
@@ -663,7 +664,7 @@ class AwsProvider:
     def _token(
         self,
         request: LaunchRequest,
-        pool_keys: Sequence[str],
+        offering_keys: Sequence[str],
         existing: int,
         missing: int,
         generation: int,
@@ -671,7 +672,7 @@ class AwsProvider:
         return client_token(
             request.cluster_id,
             request.request_id,
-            ",".join(pool_keys),
+            ",".join(offering_keys),
             str(existing),
             str(missing),
             str(generation),
@@ -790,7 +791,7 @@ class AwsProvider:
                 if zone_id is None:
                     unplaced.append(iid)
                     continue
-                filled.add(self._pool_key(itype, zone_id, group_market))
+                filled.add(self._offering_key(itype, zone_id, group_market))
                 created.append(
                     Instance(
                         instance_id=iid,
@@ -812,7 +813,7 @@ class AwsProvider:
                 if raw is not None:
                     instance = self._instance_from_aws(raw)
                     created.append(replace(instance, tags={**dict(tags), **instance.tags}))
-                    filled.add(instance.pool_key)
+                    filled.add(instance.offering_key)
 
         errors: dict[str, ProviderError] = {}
         for item in response.get("Errors", []) or []:
@@ -822,7 +823,7 @@ class AwsProvider:
             zone_id = self._zone_of(override)
             item_market = _LIFECYCLE_MARKET.get(item.get("Lifecycle") or "", market)
             if itype and zone_id:
-                keys = [self._pool_key(itype, zone_id, item_market)]
+                keys = [self._offering_key(itype, zone_id, item_market)]
             else:  # an error without a pool applies to every pool that placed nothing
                 keys = [k for k in sorted(requested) if k not in filled]
             for key in keys:
@@ -908,7 +909,7 @@ class AwsProvider:
         catalogue = self._load_catalogue()
         priced = {o.key: o.price_usd_per_hour for o in catalogue.offerings.values()}
         for price in self._spot_prices or []:
-            priced[self._pool_key(price.instance_type, price.zone, Market.SPOT)] = (
+            priced[self._offering_key(price.instance_type, price.zone, Market.SPOT)] = (
                 price.price_usd_per_hour
             )
         order = sorted(

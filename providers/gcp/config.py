@@ -7,7 +7,7 @@ when the config is built, so a bad config fails at start-up, not at the first la
 Instance-type naming: an ``Offering.instance_type`` is the GCE machine type for shapes with
 built-in GPUs (``g2-standard-4``, ``a2-highgpu-1g``) and ``<machine>+<count>x<accelerator>``
 for N1 machines with attached GPUs (``n1-standard-8+1xnvidia-tesla-t4``), so two N1 pools
-with different GPUs have different pool keys.
+with different GPUs have different offering keys.
 """
 
 from __future__ import annotations

@@ -17,13 +17,13 @@ locals {
   controller_url = "http://${local.controller_ip}:${var.controller_port}"
 
   # Each node's own agent credential is an SSM parameter under this path, made by the
-  # controller (autoscaler/controller/cloud.py, AwsAgentCredentials).
+  # controller (autoscaler/controller/cloud_setup.py, AwsAgentCredentials).
   agent_credential_path = "/coadapt/${var.cluster_id}/agents"
   user_token_parameter  = "/coadapt/${var.cluster_id}/user-token"
   checkpoint_root       = "s3://${aws_s3_bucket.checkpoints.bucket}/checkpoints"
 
   # What the controller reads (`coadapt up --provider aws --provider-config`): the keys of
-  # autoscaler/controller/cloud.py.
+  # autoscaler/controller/cloud_setup.py.
   provider_config = {
     kind                   = "aws"
     region                 = var.region

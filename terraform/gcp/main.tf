@@ -44,7 +44,7 @@ locals {
     coadapt-managed-by = "terraform"
   })
 
-  # What the controller reads from /etc/coadapt/provider.json (autoscaler/controller/cloud.py)
+  # What the controller reads from /etc/coadapt/provider.json (autoscaler/controller/cloud_setup.py)
   # and what the provider_config output returns.
   provider_config = {
     kind                  = "gcp"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autoscaler.controller.jobs import JobSubmission
+from autoscaler.controller.jobbook import JobSubmission
 from autoscaler.controller.loop import Controller, ControllerConfig
 from autoscaler.controller.reconcile import ReconcileConfig
 from autoscaler.controller.store import Store

@@ -212,7 +212,7 @@ def test_the_runner_follows_the_api_and_reports_exits(tmp_path: Path) -> None:
     and stops everything when its instance gets a preemption notice."""
     from autoscaler.controller.agent import AgentRunner
     from autoscaler.controller.api import ApiClient, generate_tokens, make_app, serve
-    from autoscaler.controller.jobs import JobSubmission
+    from autoscaler.controller.jobbook import JobSubmission
     from autoscaler.controller.lifecycle import InstanceStatus
     from autoscaler.controller.store import JobStatus, Store
 
@@ -221,7 +221,7 @@ def test_the_runner_follows_the_api_and_reports_exits(tmp_path: Path) -> None:
     row = store.add_instance(
         instance_key="i-1",
         request_id="c1-i-1",
-        offering_key="local/local-a/slot/on-demand",
+        offering_key="local/slot/local-a/on-demand",
         provider="local",
         instance_type="slot",
         zone="local-a",
@@ -300,7 +300,7 @@ def test_a_running_job_is_kept_while_a_restarted_controller_learns_its_rendezvou
     that runs here keeps running (no stop, no relaunch)."""
     from autoscaler.controller.agent import AgentRunner
     from autoscaler.controller.api import ApiClient, generate_tokens, make_app, serve
-    from autoscaler.controller.jobs import JobSubmission
+    from autoscaler.controller.jobbook import JobSubmission
     from autoscaler.controller.lifecycle import InstanceStatus
     from autoscaler.controller.store import JobStatus, Store
 
@@ -308,7 +308,7 @@ def test_a_running_job_is_kept_while_a_restarted_controller_learns_its_rendezvou
     store = Store.create(tmp_path / "store.db", "c1", clock)
     for key in ("i-1", "i-2"):
         row = store.add_instance(
-            instance_key=key, request_id=f"c1-{key}", offering_key="local/local-a/slot/spot",
+            instance_key=key, request_id=f"c1-{key}", offering_key="local/slot/local-a/spot",
             provider="local", instance_type="slot", zone="local-a", market="spot",
             gpu_type="T4", gpus=1, price_usd_per_hour=0.1,
         )  # fmt: skip
@@ -456,7 +456,7 @@ def test_a_restarted_agent_adopts_its_running_launchers_and_says_so(tmp_path: Pa
     now another process is never adopted."""
     from autoscaler.controller.agent import AgentRunner
     from autoscaler.controller.api import ApiClient, generate_tokens, make_app, serve
-    from autoscaler.controller.jobs import JobSubmission
+    from autoscaler.controller.jobbook import JobSubmission
     from autoscaler.controller.lifecycle import InstanceStatus
     from autoscaler.controller.store import JobStatus, Store
     from coadapt_common.procfs import process_start_time
@@ -464,7 +464,7 @@ def test_a_restarted_agent_adopts_its_running_launchers_and_says_so(tmp_path: Pa
     clock = FakeClock()
     store = Store.create(tmp_path / "store.db", "c1", clock)
     row = store.add_instance(
-        instance_key="i-1", request_id="c1-i-1", offering_key="local/local-a/slot/on-demand",
+        instance_key="i-1", request_id="c1-i-1", offering_key="local/slot/local-a/on-demand",
         provider="local", instance_type="slot", zone="local-a", market="on-demand",
         gpu_type="T4", gpus=2, price_usd_per_hour=0.1,
     )  # fmt: skip

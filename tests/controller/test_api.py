@@ -42,7 +42,7 @@ from autoscaler.controller.api import (
     serve,
 )
 from autoscaler.controller.errors import ControllerError, StoreMissingError
-from autoscaler.controller.jobs import JobSubmission
+from autoscaler.controller.jobbook import JobSubmission
 from autoscaler.controller.lifecycle import InstanceStatus
 from autoscaler.controller.ratelimit import RateLimit, RequestLimits
 from autoscaler.controller.store import JobStatus, Store
@@ -98,7 +98,7 @@ def add_instance(store: Store, key: str, *, gpus: int = 4, running: bool = True)
     row = store.add_instance(
         instance_key=key,
         request_id=f"c1-{key}",
-        offering_key="fake/us-east-1a/p3.8xlarge/spot",
+        offering_key="fake/p3.8xlarge/us-east-1a/spot",
         provider="fake",
         instance_type="p3.8xlarge",
         zone="us-east-1a",
@@ -480,7 +480,7 @@ def test_list_instances_answers_every_column(
     first = body["instances"][0]
     assert first["instance_key"] == "i-a"
     assert first["status"] == "running"
-    assert first["offering_key"] == "fake/us-east-1a/p3.8xlarge/spot"
+    assert first["offering_key"] == "fake/p3.8xlarge/us-east-1a/spot"
     assert first["market"] == "spot"
     assert first["price_usd_per_hour"] == 3.67
     assert (first["gpu_type"], first["gpus"]) == ("V100", 8)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from autoscaler.accounting.billing import IDLE, job_costs
-from autoscaler.controller.jobs import JobSubmission
+from autoscaler.controller.jobbook import JobSubmission
 from autoscaler.controller.store import AssignmentSpan, CostRecordRow
 from tests.controller.fakes import fake_controller
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from autoscaler.controller.api import generate_tokens
-from autoscaler.controller.jobs import JobSubmission
+from autoscaler.controller.jobbook import JobSubmission
 from autoscaler.controller.store import Store
 from coadapt_common.clock import SystemClock
 from coadapt_common.procfs import PROC_ROOT, is_running, process_start_time, read_stat

@@ -9,7 +9,7 @@ import sys
 HEAVY = (
     "autoscaler.controller.api",
     "autoscaler.controller.store",
-    "autoscaler.controller.jobs",
+    "autoscaler.controller.jobbook",
     "autoscaler.controller.loop",
     "autoscaler.model.goodput",
     "autoscaler.decide.policy",

@@ -19,12 +19,12 @@ from typing import Any, ClassVar
 import pytest
 
 from autoscaler.controller.api import ApiClient
-from autoscaler.controller.cloud import (
+from autoscaler.controller.cloud_setup import (
     INSTANCE_ARN_TAG,
     AwsAgentCredentials,
     CredentialPublishError,
     gcp_startup_script,
-    load_cloud_config,
+    load_provider_config,
     publish_user_token,
 )
 from autoscaler.controller.credentials import (
@@ -35,7 +35,7 @@ from autoscaler.controller.credentials import (
     load_tokens,
     rotate_agent_key,
 )
-from autoscaler.controller.jobs import JobSubmission
+from autoscaler.controller.jobbook import JobSubmission
 from autoscaler.controller.lifecycle import InstanceStatus
 from autoscaler.controller.loop import instance_key_from_request_id, launch_request_id
 from autoscaler.controller.service import UpConfig, run_up
@@ -74,7 +74,7 @@ def test_a_bad_provider_config_is_refused_naming_the_file(
     if content is not None:
         _write(path, content)
     with pytest.raises(InvalidInputError) as e:
-        load_cloud_config(path)
+        load_provider_config(path)
     assert str(path) in str(e.value) and says in str(e.value)
 
 
@@ -118,7 +118,7 @@ def test_the_gcp_startup_script_carries_its_nodes_own_credential_only(tmp_path: 
     """The script is valid bash; it writes this node's credential (good for its instance
     only) to the token file when the file is missing, and carries no other secret: not the
     users' token, not another node's credential, not the agent key."""
-    config = load_cloud_config(
+    config = load_provider_config(
         _write(
             tmp_path / "provider.json",
             {"kind": "gcp", "project": "proj-12345", "zones": ["us-central1-a"],
@@ -215,7 +215,7 @@ def fake_google() -> Iterator[str]:
 def test_gcp_publishes_only_the_users_token_as_a_secret_version(
     tmp_path: Path, fake_google: str
 ) -> None:
-    config = load_cloud_config(
+    config = load_provider_config(
         _write(
             tmp_path / "provider.json",
             {"kind": "gcp", "project": "proj-12345", "zones": ["us-central1-a"], "image": "i",
@@ -404,7 +404,7 @@ def test_aws_node_credentials_make_exactly_the_declared_calls_and_follow_a_rotat
     moto = shared_moto_server()
     path = f"/coadapt/creds-{uuid.uuid4().hex[:8]}/agents"
     prefix = "arn:aws:ec2:us-east-1:123456789012:instance/"
-    config = load_cloud_config(
+    config = load_provider_config(
         _write(
             tmp_path / "provider.json",
             {"kind": "aws", "region": "us-east-1", "launch_template_id": "lt-1",

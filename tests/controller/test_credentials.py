@@ -46,7 +46,7 @@ from autoscaler.controller.credentials import (
     write_token_file,
 )
 from autoscaler.controller.errors import ControllerError
-from autoscaler.controller.jobs import JobSubmission
+from autoscaler.controller.jobbook import JobSubmission
 from autoscaler.controller.lifecycle import InstanceStatus
 from autoscaler.controller.store import JobStatus, Store
 from autoscaler.errors import InvalidInputError
@@ -268,7 +268,7 @@ def test_a_local_agents_token_file_holds_its_own_credential_only(tmp_path: Path)
     tokens = open_tokens(state / "tokens.json")
     creds = tokens.current()
     row = InstanceRow(
-        "i-7", "c-i-7", "local/local-a/slot/spot", "local", "slot", "local-a", Market.SPOT, "T4",
+        "i-7", "c-i-7", "local/slot/local-a/spot", "local", "slot", "local-a", Market.SPOT, "T4",
         1, 0.1, None, InstanceStatus.REQUESTED, 0, None, 0.0, 0.0, 1,
     )  # fmt: skip
     user_data = _agent_user_data(UpConfig(state), "http://127.0.0.1:1", tokens)(row)

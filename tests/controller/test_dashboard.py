@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from autoscaler.controller.api import MAX_JOBS_PAGE, ApiClient, generate_tokens, make_app, serve
-from autoscaler.controller.jobs import JobSubmission
+from autoscaler.controller.jobbook import JobSubmission
 from autoscaler.controller.lifecycle import InstanceStatus
 from autoscaler.controller.store import JobStatus, Store
 from coadapt_common.clock import FakeClock
@@ -44,7 +44,7 @@ def test_the_dashboard_shows_jobs_fleet_and_cost_only_with_the_token(tmp_path: P
     row = store.add_instance(
         instance_key="i-dash1",
         request_id="c1-i-dash1",
-        offering_key="local/local-a/local-2gpu/spot",
+        offering_key="local/local-2gpu/local-a/spot",
         provider="local",
         instance_type="local-2gpu",
         zone="local-a",

@@ -124,7 +124,7 @@ def test_the_cluster_carries_out_the_whole_plan(
         interval_s=2.0,
         max_gpu_slots=4,
         report_interval_s=2.0,
-        fixed_fleet=(("local/local-a/local-4gpu/on-demand", 1),),
+        fixed_fleet=(("local/local-4gpu/local-a/on-demand", 1),),
         release_on_stop=True,  # its fleet goes with it (as the demo's)
     )
     thread = threading.Thread(

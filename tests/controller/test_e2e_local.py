@@ -169,7 +169,7 @@ def test_two_jobs_and_a_spot_preemption_on_the_local_fleet(
     assert last.step > 0 and first.step >= last.step
     assert (first.epoch, first.epoch_position) >= (last.epoch, last.epoch_position)
     # Every instance that ran is billed at its price for its life: whole seconds, at least
-    # 60 (autoscaler/market/pricing.py billed_seconds).
+    # 60 (autoscaler/market/terms.py billed_seconds).
     ran = {r.instance_key: r for r in instances if r.provider_instance_id is not None}
     assert {c.instance_key for c in costs} == set(ran)
     for c in costs:

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from autoscaler.cli.main import app
 from autoscaler.controller.events import EventKind, EventRecorder, format_event
-from autoscaler.controller.jobs import JobSubmission
+from autoscaler.controller.jobbook import JobSubmission
 from autoscaler.controller.lifecycle import InstanceStatus
 from autoscaler.controller.store import JobStatus
 from tests.controller.fakes import fake_controller

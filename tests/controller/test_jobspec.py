@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from autoscaler.accounting.costs import MARKETS
 from autoscaler.controller.agent import JobAssignment, launch_argv
-from autoscaler.controller.jobs import JobSubmission
+from autoscaler.controller.jobbook import JobSubmission
 from autoscaler.controller.jobspec import (
     REMOVED_FIELDS,
     JobSpec,
@@ -848,7 +848,7 @@ def test_random_documents_give_a_spec_or_a_located_error(
 def test_the_users_own_gpus_and_batch_are_bounded(extra: dict, field: str) -> None:
     """``requested_gpus`` and ``batch_size`` (what a fixed-batch policy gives a job) are
     refused past their bounds, with the field named; at their bounds they pass."""
-    from autoscaler.controller.jobs import JobSubmission, submission_problems
+    from autoscaler.controller.jobbook import JobSubmission, submission_problems
 
     base = {"name": "j", "init_batch_size": 64, "max_batch_size": 256, "max_local_bsz": 64}
     base["command"] = ["train.py"]

@@ -22,7 +22,7 @@ from autoscaler.errors import InvalidInputError
 from providers.base import Instance, InstanceState, Market
 
 NOW = 10_000.0
-POOL = "fake/us-east-1a/g4dn.xlarge/spot"
+POOL = "fake/g4dn.xlarge/us-east-1a/spot"
 TIMEOUT = 60.0
 CFG = ReconcileConfig(heartbeat_timeout_s=TIMEOUT, boot_grace_s=300.0)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from autoscaler.controller.jobs import JobSubmission
+from autoscaler.controller.jobbook import JobSubmission
 from autoscaler.controller.lifecycle import InstanceStatus
 from autoscaler.controller.loop import Controller, ControllerConfig
 from autoscaler.controller.reconcile import ReconcileConfig

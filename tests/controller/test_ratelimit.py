@@ -19,7 +19,7 @@ import pytest
 
 from autoscaler.controller.api import ApiApp, ApiServer, generate_tokens, make_app, serve
 from autoscaler.controller.credentials import ApiCredentials
-from autoscaler.controller.jobs import JobSubmission
+from autoscaler.controller.jobbook import JobSubmission
 from autoscaler.controller.loop import Controller, ControllerConfig
 from autoscaler.controller.ratelimit import (
     DEFAULT_REQUEST_LIMITS,

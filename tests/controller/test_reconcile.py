@@ -14,8 +14,8 @@ from autoscaler.controller.reconcile import (
 from providers.base import Instance, InstanceState, InterruptionKind, InterruptionNotice, Market
 
 NOW = 10_000.0
-POOL = "fake/us-east-1a/g4dn.xlarge/spot"
-OTHER = "fake/us-east-1a/p3.2xlarge/on-demand"
+POOL = "fake/g4dn.xlarge/us-east-1a/spot"
+OTHER = "fake/p3.2xlarge/us-east-1a/on-demand"
 CFG = ReconcileConfig(heartbeat_timeout_s=None)
 
 

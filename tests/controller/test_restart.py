@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autoscaler.controller.jobs import JobSubmission
+from autoscaler.controller.jobbook import JobSubmission
 from autoscaler.controller.lifecycle import InstanceStatus
 from autoscaler.controller.loop import Controller, ControllerConfig
 from autoscaler.controller.reconcile import ReconcileConfig

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from autoscaler.controller.api import ApiClient, ApiError, generate_tokens, load_tokens
-from autoscaler.controller.jobs import JobSubmission
+from autoscaler.controller.jobbook import JobSubmission
 from autoscaler.controller.service import ServiceError, UpConfig, UpReport, run_up
 from coadapt_common.procfs import PROC_ROOT, is_running, read_stat
 

@@ -9,20 +9,20 @@ from pathlib import Path
 
 import pytest
 
-from autoscaler.controller.jobs import JobSubmission
+from autoscaler.controller.jobbook import JobSubmission
 from autoscaler.controller.loop import Controller, ControllerConfig
 from autoscaler.controller.reconcile import ReconcileConfig
 from autoscaler.controller.store import JobStatus, Store
-from autoscaler.decide.jobs import OfferingRef
 from autoscaler.decide.sizing import SizingConfig
+from autoscaler.decide.views import OfferingRef
 from autoscaler.errors import InvalidInputError
 from coadapt_common.clock import FakeClock
 from emulators.reports import synthetic_report
 from providers.fake import FakeProvider
 
 CLUSTER = "limits1"
-# The spec's format (provider/instance_type/zone/market); the fake provider's own offering key
-# for it is fake/us-east-1b/g4dn.12xlarge/spot.
+# An offering key (provider/instance_type/zone/market): the spec's, the fake provider's and the
+# controller's rows' one format.
 ZONE_B = "fake/g4dn.12xlarge/us-east-1b/spot"
 
 

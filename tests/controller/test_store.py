@@ -84,7 +84,7 @@ def add(store: Store, key: str, **kw: object) -> InstanceRow:
     fields: dict[str, object] = {
         "instance_key": key,
         "request_id": f"c1-{key}",
-        "offering_key": "fake/us-east-1a/g4dn.xlarge/spot",
+        "offering_key": "fake/g4dn.xlarge/us-east-1a/spot",
         "provider": "fake",
         "instance_type": "g4dn.xlarge",
         "zone": "us-east-1a",
@@ -604,7 +604,7 @@ def test_models_are_upserted(store: Store, clock: FakeClock) -> None:
 
 
 def test_prices(store: Store) -> None:
-    key = "fake/us-east-1a/g4dn.xlarge/spot"
+    key = "fake/g4dn.xlarge/us-east-1a/spot"
     assert store.price_at(key, 100.0) is None
     store.record_price(key, 0.20, Market.SPOT, at_s=100.0)
     store.record_price(key, 0.30, "spot", at_s=200.0)

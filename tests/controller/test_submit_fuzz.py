@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from autoscaler.controller.api import generate_tokens, make_app, serve
-from autoscaler.controller.jobs import MAX_BATCH_SIZE, MAX_JOB_GPUS
+from autoscaler.controller.jobbook import MAX_BATCH_SIZE, MAX_JOB_GPUS
 from autoscaler.controller.loop import Controller, ControllerConfig
 from autoscaler.controller.reconcile import ReconcileConfig
 from autoscaler.controller.store import JobStatus, Store

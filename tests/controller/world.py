@@ -29,7 +29,7 @@ import signal
 import sys
 from pathlib import Path
 
-from autoscaler.controller.jobs import JobSubmission
+from autoscaler.controller.jobbook import JobSubmission
 from autoscaler.controller.lifecycle import InstanceStatus
 from autoscaler.controller.loop import CRASH_POINTS, Controller, ControllerConfig
 from autoscaler.controller.reconcile import ReconcileConfig

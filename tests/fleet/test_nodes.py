@@ -1,4 +1,4 @@
-"""Nodes by identity: allocations keyed by node id survive the fleet changing under them."""
+"""Nodes by identity: allocations keyed by instance key survive the fleet changing under them."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from autoscaler.decide.jobs import (
+from autoscaler.decide.policy.pollux import PolluxPolicy, PolluxState
+from autoscaler.decide.policy.tiresias import TiresiasPolicy
+from autoscaler.decide.views import (
     Allocation,
     BatchChoice,
     ClusterView,
@@ -15,8 +17,6 @@ from autoscaler.decide.jobs import (
     Plan,
     RoundInput,
 )
-from autoscaler.decide.policy.pollux import PolluxPolicy, PolluxState
-from autoscaler.decide.policy.tiresias import TiresiasPolicy
 from autoscaler.errors import InvalidInputError
 from tests.policy.conftest import model, view
 
@@ -114,11 +114,11 @@ def test_pollux_warm_start_maps_population_by_node_id() -> None:
     jobs = (view("a", model=model(0.001), profiled=4), view("b", model=model(0.001), profiled=4))
     d = policy.decide(RoundInput(_cluster(*nodes), jobs), policy.initial_state())
     state = d.state
-    assert isinstance(state, PolluxState) and state.node_ids == ("n0", "n1", "n2")
+    assert isinstance(state, PolluxState) and state.instance_keys == ("n0", "n1", "n2")
     # Drop n0 and add n9: the columns of n1 and n2 must follow their ids.
     after = _cluster(nodes[1], nodes[2], NodeView("n9", "T4", 4))
     pop = policy._initial_population(
-        [jobs[0], jobs[1]], after.node_ids, state.population[0] * 0, state
+        [jobs[0], jobs[1]], after.instance_keys, state.population[0] * 0, state
     )
     prev = state.population
     assert (pop[1:, :, 0] == prev[1:, :, 1]).all()

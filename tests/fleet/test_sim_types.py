@@ -11,17 +11,16 @@ import pytest
 from typer.testing import CliRunner
 
 from autoscaler.cli.main import app
-from autoscaler.decide.jobs import (
+from autoscaler.decide.policy import make_policy
+from autoscaler.decide.policy.base import Decision
+from autoscaler.decide.views import (
     ClusterView,
-    JobSpec,
     JobView,
     Plan,
     PolicyName,
     RoundInput,
     fixed_batch_choice,
 )
-from autoscaler.decide.policy import make_policy
-from autoscaler.decide.policy.base import Decision
 from autoscaler.errors import TraceFormatError
 from autoscaler.model.gputypes import default_speed_table
 from autoscaler.model.traces import load_app
@@ -29,6 +28,7 @@ from autoscaler.sim.cluster import TypeSpeed, load_cluster
 from autoscaler.sim.config import SimConfig
 from autoscaler.sim.engine import _limits, simulate
 from autoscaler.sim.results import results_payload
+from autoscaler.sim.workload import TraceJob
 
 MIXED = Path(__file__).resolve().parents[2] / "examples" / "clusters" / "mixed-64.yaml"
 SMALL_MIXED = """groups:
@@ -65,7 +65,7 @@ class ByType:
         node = next(n for n in c.nodes if n.gpu_type == gpu_type)
         allocs, batches = {}, {}
         for job in round_input.jobs:
-            allocs[job.name] = {node.node_id: self.gpus}
+            allocs[job.name] = {node.instance_key: self.gpus}
             batches[job.name] = fixed_batch_choice(job.fixed_batch_size, self.gpus, job.limits)
         return Decision(Plan(allocs, batches), state)
 
@@ -77,7 +77,7 @@ def _cluster(tmp_path: Path, text: str = SMALL_MIXED):
 
 
 def test_a_job_moved_between_types_progresses_at_the_new_types_speed(tmp_path: Path) -> None:
-    spec = JobSpec("c", "cifar10", 0.0, 2, 512)
+    spec = TraceJob("c", "cifar10", 0.0, 2, 512)
     cluster = _cluster(tmp_path)
     switch = 5
     policy = ByType(2, [(0, "T4"), (switch, "V100")])
@@ -108,7 +108,7 @@ def test_a_job_moved_between_types_progresses_at_the_new_types_speed(tmp_path: P
 
 def test_a_job_across_types_runs_at_its_slowest_types_pace(tmp_path: Path) -> None:
     cluster = _cluster(tmp_path)
-    spec = JobSpec("c", "cifar10", 0.0, 5, 640)
+    spec = TraceJob("c", "cifar10", 0.0, 5, 640)
 
     @dataclass
     class Across(ByType):
@@ -116,7 +116,7 @@ def test_a_job_across_types_runs_at_its_slowest_types_pace(tmp_path: Path) -> No
 
         def decide(self, round_input: RoundInput, state: Any) -> Decision:
             c = round_input.cluster
-            t4, v100 = (n.node_id for n in c.nodes)
+            t4, v100 = (n.instance_key for n in c.nodes)
             job = round_input.jobs[0]
             batch = fixed_batch_choice(job.fixed_batch_size, 5, job.limits)
             return Decision(Plan({job.name: {t4: 1, v100: 4}}, {job.name: batch}), state)
@@ -143,12 +143,12 @@ def test_type_aware_plans_may_not_mix_types(tmp_path: Path) -> None:
             c = round_input.cluster
             job = round_input.jobs[0]
             batch = fixed_batch_choice(job.fixed_batch_size, 2, job.limits)
-            alloc = {c.nodes[0].node_id: 1, c.nodes[1].node_id: 1}
+            alloc = {c.nodes[0].instance_key: 1, c.nodes[1].instance_key: 1}
             return Decision(Plan({job.name: alloc}, {job.name: batch}), state)
 
     with pytest.raises(SimulationError, match="spans GPU types"):
         simulate(
-            [JobSpec("c", "cifar10", 0.0, 2, 512)],
+            [TraceJob("c", "cifar10", 0.0, 2, 512)],
             Mixer(2, [(0, "T4")]),
             SimConfig(cluster=_cluster(tmp_path)),
         )

@@ -10,7 +10,7 @@ import os
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
-from autoscaler.decide.jobs import Allocation, ClusterView, JobView, Oracle, Plan, RoundInput
+from autoscaler.decide.views import Allocation, ClusterView, JobView, Oracle, Plan, RoundInput
 from autoscaler.model.goodput import BatchLimits, GoodputModel, GradParams, PerfParams
 
 LIMITS = BatchLimits(init_batch_size=128, max_batch_size=4096, max_local_bsz=512, min_local_bsz=32)
@@ -22,7 +22,7 @@ def cluster(nodes: int = 2, gpus: int = 4, **kwargs) -> ClusterView:
 
 
 def alloc_of(row: tuple[int, ...]) -> Allocation:
-    """A dense row over node-00, node-01, ... as an allocation by node id."""
+    """A dense row over node-00, node-01, ... as an allocation by instance key."""
     return Allocation((f"node-{i:02d}", g) for i, g in enumerate(row) if g)
 
 

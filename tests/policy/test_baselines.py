@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoscaler.decide.jobs import Oracle, fixed_batch_choice
 from autoscaler.decide.policy import make_policy
 from autoscaler.decide.policy.optimus import OptimusPolicy
 from autoscaler.decide.policy.placement import pack
 from autoscaler.decide.policy.tiresias import TiresiasPolicy, TiresiasState
+from autoscaler.decide.views import Oracle, fixed_batch_choice
 from autoscaler.errors import InvalidInputError
 from autoscaler.model.goodput import BatchLimits
 from tests.policy.conftest import cluster, round_input, rows, view

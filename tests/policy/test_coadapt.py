@@ -9,7 +9,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autoscaler.decide.jobs import Allocation, ClusterView, JobView, NodeView, Plan, RoundInput
 from autoscaler.decide.policy import make_policy
 from autoscaler.decide.policy.coadapt import (
     CoadaptOptions,
@@ -19,6 +18,7 @@ from autoscaler.decide.policy.coadapt import (
     pools_of,
     solve_choices,
 )
+from autoscaler.decide.views import Allocation, ClusterView, JobView, NodeView, Plan, RoundInput
 from autoscaler.errors import InvalidInputError
 from autoscaler.model.goodput import BatchLimits, GoodputModel, GradParams, PerfParams
 from tests.policy.conftest import LIMITS, alloc_of, cluster, model, round_input, rows, view
@@ -67,18 +67,18 @@ def rounds(draw: st.DrawFn) -> RoundInput:
         for i in range(draw(st.integers(1, 4))):
             nodes.append(NodeView(f"g{g}-{i}", gpu_type, size))
     c = ClusterView(tuple(nodes), now_s=3600.0, round_index=60)
-    free = {n.node_id: n.gpus for n in nodes}
+    free = {n.instance_key: n.gpus for n in nodes}
     jobs = []
     for j in range(draw(st.integers(0, 10))):
         alloc: dict[str, int] = {}
         if draw(st.booleans()):  # some current allocation inside one node group
             g = draw(st.integers(0, len(groups) - 1))
             for node in nodes:
-                if node.node_id.startswith(f"g{g}-") and draw(st.booleans()):
-                    take = draw(st.integers(0, free[node.node_id]))
+                if node.instance_key.startswith(f"g{g}-") and draw(st.booleans()):
+                    take = draw(st.integers(0, free[node.instance_key]))
                     if take:
-                        alloc[node.node_id] = take
-                        free[node.node_id] -= take
+                        alloc[node.instance_key] = take
+                        free[node.instance_key] -= take
         profiled = draw(st.sampled_from([0, 1, 2, 4, 8, 16]))
         fitted = profiled > 0 and draw(st.booleans())
         models = {}

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from autoscaler.decide.jobs import JobSpec
 from autoscaler.decide.policy import make_policy
 from autoscaler.model.traces import traces_folder
 from autoscaler.sim.config import SimConfig
 from autoscaler.sim.engine import SimulationError, simulate
+from autoscaler.sim.workload import TraceJob
 
 
 def big_batch_traces(root: Path) -> Path:
@@ -34,7 +34,7 @@ def big_batch_traces(root: Path) -> Path:
 
 def test_a_job_no_pool_can_hold_fails_the_simulation_at_once(tmp_path: Path) -> None:
     root = big_batch_traces(tmp_path / "traces")
-    jobs = [JobSpec("wide", "cifar10", 0.0, 1, 4096)]
+    jobs = [TraceJob("wide", "cifar10", 0.0, 1, 4096)]
     small = SimConfig(num_nodes=1, gpus_per_node=4, traces_dir=str(root))
     with pytest.raises(SimulationError, match=r"refused wide: needs at least 8 GPUs"):
         simulate(jobs, make_policy("coadapt"), small)

@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoscaler.decide.jobs import ClusterView, JobView
 from autoscaler.decide.policy.pollux import (
     PolluxOptions,
     PolluxPolicy,
@@ -17,6 +16,7 @@ from autoscaler.decide.policy.pollux import (
     _Search,
     power_mean,
 )
+from autoscaler.decide.views import ClusterView, JobView
 from autoscaler.errors import InvalidInputError
 from tests.policy.conftest import cluster, model, round_input, rows, view
 

@@ -8,7 +8,9 @@ import dataclasses
 
 import pytest
 
-from autoscaler.decide.jobs import (
+from autoscaler.decide.policy import make_policy
+from autoscaler.decide.policy.coadapt import pools_of
+from autoscaler.decide.views import (
     Allocation,
     ClusterView,
     JobView,
@@ -16,8 +18,7 @@ from autoscaler.decide.jobs import (
     OfferingRef,
     RoundInput,
 )
-from autoscaler.decide.policy import make_policy
-from autoscaler.decide.policy.coadapt import pools_of
+from providers.base import Market, Offering, offering_key
 from tests.policy.conftest import model, view
 
 SPOT_A = OfferingRef("fake", "g4dn.12xlarge", "us-east-1a", "spot")
@@ -130,11 +131,15 @@ def test_pools_split_only_when_a_job_limits_its_offerings() -> None:
 
 def test_the_offering_rule_compares_parts_not_key_formats() -> None:
     """A spec's offering key (``provider/instance_type/zone/market``) is parsed into an
-    OfferingRef, equal to the node's whatever format a key of the provider's has
-    (``provider/zone/instance_type/market``); a node of no known offering is never allowed to
-    a limited job; a job without limits allows every node."""
+    OfferingRef, equal to the node's; its key is the provider's offering key, the one format
+    of the system; a node of no known offering is never allowed to a limited job; a job without
+    limits allows every node."""
     assert OfferingRef.parse("fake/g4dn.12xlarge/us-east-1b/spot") == SPOT_B
     assert OfferingRef.parse(SPOT_B.key) == SPOT_B
+    parts = ("fake", "g4dn.12xlarge", "us-east-1b")
+    for market in Market:
+        offering = Offering(*parts[:2], "T4", 4, 48, 192.0, "us-east-1", parts[2], market)
+        assert OfferingRef(*parts, market.value).key == offering.key == offering_key(*parts, market)
     job = dataclasses.replace(view("j"), offerings=frozenset({SPOT_B}))
     assert job.allows_node(NodeView("x", "T4", 4, SPOT_B))
     assert not job.allows_node(NodeView("x", "T4", 4, SPOT_A))

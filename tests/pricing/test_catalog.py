@@ -12,19 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from autoscaler.decide.jobs import OfferingRef
+from autoscaler.decide.views import OfferingRef
 from autoscaler.errors import DuplicateOfferingError, InvalidInputError, TraceFormatError
-from autoscaler.market.pricing import (
+from autoscaler.market.catalog import (
     AWS_NETWORK_GBPS,
     CATALOG_COLUMNS,
-    ON_DEMAND,
-    SPOT,
     Catalog,
     PricedOffering,
     load_catalog,
     n1_host_for,
-    prices_dir,
 )
+from autoscaler.market.files import prices_dir
+from autoscaler.market.terms import ON_DEMAND, SPOT
 
 AWS_CSV = prices_dir() / "aws_gpu.csv"
 GCP_CSV = prices_dir() / "gcp_gpu.csv"

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from autoscaler.cli import prices as cli_prices
 from autoscaler.cli.main import app
-from autoscaler.market.pricing import CATALOG_COLUMNS, load_catalog
+from autoscaler.market.catalog import CATALOG_COLUMNS, load_catalog
 
 runner = CliRunner()
 

@@ -16,26 +16,26 @@ from pathlib import Path
 import pytest
 
 from autoscaler.errors import DuplicateOfferingError, InvalidInputError, TraceFormatError
-from autoscaler.market.pricing import (
-    AWS_SPOT_NOTICE_S,
+from autoscaler.market.catalog import Catalog, MarketOffering, load_catalog
+from autoscaler.market.preemption import (
     BAMBOO_TRACES,
-    BILLING_MINIMUM_S,
-    GCP_SPOT_NOTICE_S,
     HOURS_PER_MONTH,
-    ON_DEMAND,
-    SPOT,
-    SPOT_NOTICE_S,
     AvailabilityTrace,
-    Catalog,
-    MarketOffering,
     SpotHazardModel,
     bamboo_trace_path,
     band_hazard_per_hour,
+    load_availability_trace,
+    load_hazard_model,
+)
+from autoscaler.market.terms import (
+    AWS_SPOT_NOTICE_S,
+    BILLING_MINIMUM_S,
+    GCP_SPOT_NOTICE_S,
+    ON_DEMAND,
+    SPOT,
+    SPOT_NOTICE_S,
     billed_seconds,
     instance_cost_usd,
-    load_availability_trace,
-    load_catalog,
-    load_hazard_model,
 )
 
 

@@ -12,19 +12,18 @@ from pathlib import Path
 import pytest
 
 from autoscaler.errors import InvalidInputError, TraceFormatError
-from autoscaler.market.pricing import (
-    ON_DEMAND,
-    SPOT,
+from autoscaler.market.catalog import load_catalog
+from autoscaler.market.files import prices_dir
+from autoscaler.market.series import (
     ConstantPrice,
     CsvPriceSeries,
     GcpHistorySeries,
     PriceSeries,
     StepPriceSeries,
     StochasticSpotPrice,
-    load_catalog,
     load_gcp_price_history,
-    prices_dir,
 )
+from autoscaler.market.terms import ON_DEMAND, SPOT
 
 DAY_S = 86400.0
 

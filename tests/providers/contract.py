@@ -45,7 +45,7 @@ The harness interface (stable; additions only)
     provider cannot simulate interruptions.
 ``settle() -> None``
     Wait / advance time until the cloud's view is consistent (no-op for in-memory fakes).
-``cloud_launch_calls(pool_key) -> int``
+``cloud_launch_calls(offering_key) -> int``
     Monotonic count of real launch attempts that reached the cloud for that pool (a call that
     could place instances in several pools counts once for each of them).
 ``cloud_calls() -> int``
@@ -111,7 +111,7 @@ class ContractHarness(Protocol):
 
     def settle(self) -> None: ...
 
-    def cloud_launch_calls(self, pool_key: str) -> int: ...
+    def cloud_launch_calls(self, offering_key: str) -> int: ...
 
     def cloud_calls(self) -> int: ...
 
@@ -229,7 +229,7 @@ class ProviderContract:
         offerings = list(harness.provider.offerings())
         assert offerings, "a provider offers at least one pool"
         keys = [o.key for o in offerings]
-        assert len(keys) == len(set(keys)), "pool keys are unique"
+        assert len(keys) == len(set(keys)), "offering keys are unique"
         for o in offerings:
             assert isinstance(o, Offering)
             assert o.provider == harness.provider.name
@@ -273,7 +273,7 @@ class ProviderContract:
         for instance in result.instances:
             assert_owned(instance, harness, request_id)
             assert instance.tags.get("team") == "ml"
-            assert instance.pool_key in {a.key, b.key}
+            assert instance.offering_key in {a.key, b.key}
             assert instance.market is a.market
             assert instance.state in LIVE_STATES
 
@@ -287,7 +287,7 @@ class ProviderContract:
         for instance in listed.values():
             assert_owned(instance, harness, request_id)
             assert instance.state in LIVE_STATES
-            assert instance.pool_key == a.key
+            assert instance.offering_key == a.key
             assert harness.cloud_has_instance(instance.instance_id)
 
     def test_same_request_twice_launches_once(self, harness: ContractHarness) -> None:
@@ -497,7 +497,7 @@ class ProviderContract:
         assert result.instances == ()
         assert not result.fulfilled
         assert harness.cloud_launch_calls(a.key) > before, "the cloud was asked once"
-        assert [e.pool_key for e in result.errors] == [a.key]
+        assert [e.offering_key for e in result.errors] == [a.key]
         assert isinstance(result.errors[0].error, InsufficientCapacityError)
 
     def test_exhausted_pool_is_not_retried_and_the_other_pool_fills(
@@ -510,8 +510,8 @@ class ProviderContract:
         result = launch(harness, [a, b], 2)
         assert harness.cloud_launch_calls(a.key) == calls_a, "a dry pool was retried in place"
         assert result.fulfilled and len(result.instances) == 2
-        assert {i.pool_key for i in result.instances} == {b.key}
-        errors = {e.pool_key: e.error for e in result.errors}
+        assert {i.offering_key for i in result.instances} == {b.key}
+        errors = {e.offering_key: e.error for e in result.errors}
         assert set(errors) == {a.key}, "the skipped pool is still reported"
         assert isinstance(errors[a.key], InsufficientCapacityError)
 
@@ -523,8 +523,8 @@ class ProviderContract:
         calls_a = harness.cloud_launch_calls(a.key)
         result = launch(harness, [a, b], 2)
         assert result.fulfilled and len(result.instances) == 2
-        assert {i.pool_key for i in result.instances} == {b.key}
-        errors = {e.pool_key: e.error for e in result.errors}
+        assert {i.offering_key for i in result.instances} == {b.key}
+        errors = {e.offering_key: e.error for e in result.errors}
         assert b.key not in errors
         if harness.cloud_launch_calls(a.key) > calls_a:
             # The provider's strategy tried the dry pool: it must say so, typed.

@@ -109,10 +109,10 @@ def _iso(epoch_s: float) -> str:
     ],
 )
 def test_error_codes_map_to_typed_errors(code: str, status: int | None, expected: type) -> None:
-    err = error_from_code(code, "message", http_status=status, pool="aws/use1-az1/g5.xlarge/spot")
+    err = error_from_code(code, "message", http_status=status, pool="aws/g5.xlarge/use1-az1/spot")
     assert type(err) is expected
     assert err.code == (code or None)
-    assert err.pool == "aws/use1-az1/g5.xlarge/spot"
+    assert err.pool == "aws/g5.xlarge/use1-az1/spot"
     assert err.retryable is (expected is TransientError)
 
 
@@ -708,7 +708,7 @@ def test_list_never_returns_untagged_or_foreign(
     ours = provider.launch(_request(cluster_id, _pools(provider, 1), 1)).instances[0]
     listed = provider.list_instances(cluster_id)
     assert [i.instance_id for i in listed] == [ours.instance_id]
-    assert listed[0].pool_key == ours.pool_key and listed[0].private_ip
+    assert listed[0].offering_key == ours.offering_key and listed[0].private_ip
     result = provider.terminate(cluster_id, foreign, "term-foreign")
     assert result.refused == tuple(foreign)
     ec2.terminate_instances(InstanceIds=[*foreign, ours.instance_id])
@@ -751,8 +751,8 @@ def test_run_instances_falls_through_dry_pools(
     capacity.exhaust(a.key)
     capacity.exhaust(b.key)
     result = p.launch(_request(cluster_id, [a, b, c], 2))
-    assert result.fulfilled and {i.pool_key for i in result.instances} == {c.key}
-    assert {e.pool_key for e in result.errors} == {a.key, b.key}
+    assert result.fulfilled and {i.offering_key for i in result.instances} == {c.key}
+    assert {e.offering_key for e in result.errors} == {a.key, b.key}
     assert all(isinstance(e.error, InsufficientCapacityError) for e in result.errors)
     assert p.unavailable.unavailable() == {a.key, b.key}
 
@@ -823,11 +823,11 @@ def test_partial_fleet_maps_each_pool_error(
         "i-0000000000000000b",
         "i-000000000000000bb",
     ]
-    assert {i.pool_key for i in result.instances} == {b.key}
+    assert {i.offering_key for i in result.instances} == {b.key}
     assert all(i.market is Market.SPOT and i.tags["team"] == "ml" for i in result.instances)
     assert not result.fulfilled
-    errors = {e.pool_key: e.error for e in result.errors}
-    assert [e.pool_key for e in result.errors] == [a.key, c.key], "in request order"
+    errors = {e.offering_key: e.error for e in result.errors}
+    assert [e.offering_key for e in result.errors] == [a.key, c.key], "in request order"
     assert isinstance(errors[a.key], InsufficientCapacityError)
     assert isinstance(errors[c.key], QuotaExceededError)
     assert p.unavailable.unavailable() == {a.key}, "only the capacity error marks a pool"
@@ -885,7 +885,8 @@ def test_on_demand_fleet_uses_lowest_price(
         result = p.launch(_request(cluster_id, [a, b], 1))
     assert seen[0]["OnDemandOptions"] == {"AllocationStrategy": "lowest-price"}
     assert seen[0]["TargetCapacitySpecification"]["DefaultTargetCapacityType"] == "on-demand"
-    assert result.instances[0].market is Market.ON_DEMAND and result.instances[0].pool_key == b.key
+    first = result.instances[0]
+    assert first.market is Market.ON_DEMAND and first.offering_key == b.key
 
 
 def test_whole_fleet_capacity_error_marks_every_pool(
@@ -898,7 +899,7 @@ def test_whole_fleet_capacity_error_marks_every_pool(
         _empty_lookup(stub)
         stub.add_client_error("create_fleet", "InsufficientInstanceCapacity", "none", 500)
         result = p.launch(_request(cluster_id, [a, b], 2))
-    assert [e.pool_key for e in result.errors] == [a.key, b.key]
+    assert [e.offering_key for e in result.errors] == [a.key, b.key]
     assert all(isinstance(e.error, InsufficientCapacityError) for e in result.errors)
     assert p.unavailable.unavailable() == {a.key, b.key}
     assert p.clock.sleeps == [], "capacity errors are never retried in place"  # type: ignore[attr-defined]
@@ -1149,7 +1150,7 @@ def test_list_instances_follows_pages(stub_provider: AwsProvider, cluster_id: st
         )
         listed = p.list_instances(cluster_id)
     assert [i.instance_id for i in listed] == ["i-0000000000000000a", "i-0000000000000000b"]
-    assert all(i.pool_key == a.key and i.request_id == "req-1" for i in listed)
+    assert all(i.offering_key == a.key and i.request_id == "req-1" for i in listed)
 
 
 def _owned_running(p: AwsProvider, cluster_id: str, ids: list[str]) -> dict[str, Any]:

@@ -121,8 +121,8 @@ class AwsMotoHarness:
     def settle(self) -> None:
         return None
 
-    def cloud_launch_calls(self, pool_key: str) -> int:
-        return self._cloud.capacity.attempts(pool_key)
+    def cloud_launch_calls(self, offering_key: str) -> int:
+        return self._cloud.capacity.attempts(offering_key)
 
     def cloud_calls(self) -> int:
         return self._cloud.counter.total()

@@ -23,8 +23,8 @@ from providers.errors import (
 )
 from providers.fake import default_offerings
 
-POOL_A = "fake/us-east-1a/g4dn.xlarge/spot"
-POOL_B = "fake/us-east-1b/g4dn.xlarge/spot"
+POOL_A = "fake/g4dn.xlarge/us-east-1a/spot"
+POOL_B = "fake/g4dn.xlarge/us-east-1b/spot"
 
 
 def test_unmarked_pools_are_available() -> None:
@@ -96,7 +96,7 @@ def test_ttl_must_be_positive(ttl_s: float) -> None:
 
 
 class Cloud:
-    """A tiny cloud for the walk: pool key -> free slots; records every call it gets."""
+    """A tiny cloud for the walk: offering key -> free slots; records every call it gets."""
 
     def __init__(self, free: dict[str, int], errors: dict[str, ProviderError] | None = None):
         self.free = dict(free)
@@ -128,7 +128,8 @@ def test_walk_skips_marked_pools_with_the_one_skip_code_and_no_call() -> None:
     walk = walk_pools([A, B], 3, cache, cloud.place)
     assert cloud.calls == [((B.key,), 3)]
     assert len(walk.created) == 3 and walk.called
-    assert [(e.pool_key, e.error.code) for e in walk.errors] == [(A.key, SKIPPED_UNAVAILABLE_CODE)]
+    errors = [(e.offering_key, e.error.code) for e in walk.errors]
+    assert errors == [(A.key, SKIPPED_UNAVAILABLE_CODE)]
     assert walk.skipped == {A.key} and walk.call_errors == ()
 
 
@@ -138,7 +139,7 @@ def test_walk_asks_each_pool_for_the_shortfall_and_marks_a_short_pool() -> None:
     walk = walk_pools([A, B], 5, cache, cloud.place)
     assert cloud.calls == [((A.key,), 5), ((B.key,), 3)]
     assert len(walk.created) == 5
-    assert [(e.pool_key, e.error.code) for e in walk.errors] == [(A.key, PARTIAL_FILL_CODE)]
+    assert [(e.offering_key, e.error.code) for e in walk.errors] == [(A.key, PARTIAL_FILL_CODE)]
     assert isinstance(walk.errors[0].error, InsufficientCapacityError)
     assert cache.unavailable() == {A.key}
 
@@ -150,7 +151,7 @@ def test_walk_marks_capacity_errors_only() -> None:
         {A.key: QuotaExceededError("quota"), B.key: InsufficientCapacityError("dry")},
     )
     walk = walk_pools([A, B], 1, cache, cloud.place)
-    assert [e.pool_key for e in walk.errors] == [A.key, B.key]
+    assert [e.offering_key for e in walk.errors] == [A.key, B.key]
     assert walk.created == () and cache.unavailable() == {B.key}
 
 

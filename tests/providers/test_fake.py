@@ -121,8 +121,8 @@ def test_a_pool_running_dry_fills_what_remains_then_moves_on(
 ) -> None:
     fake.set_capacity(a.key, 3)
     result = fake.launch(req("r1", [a, b], 5))
-    assert [i.pool_key for i in result.instances] == [a.key] * 3 + [b.key] * 2
-    assert [e.pool_key for e in result.errors] == [a.key]
+    assert [i.offering_key for i in result.instances] == [a.key] * 3 + [b.key] * 2
+    assert [e.offering_key for e in result.errors] == [a.key]
     assert isinstance(result.errors[0].error, InsufficientCapacityError)
     assert fake.unavailable.is_unavailable(a.key)
     assert fake.remaining_capacity(a.key) == 0
@@ -138,11 +138,11 @@ def test_a_marked_pool_is_skipped_until_the_mark_expires(
     skipped = fake.launch(req("r2", [a, b], 1))
     assert fake.call_count("launch", pool=a.key) == 1
     assert skipped.errors[0].error.code == "skipped-unavailable"
-    assert [i.pool_key for i in skipped.instances] == [b.key]
+    assert [i.offering_key for i in skipped.instances] == [b.key]
     clock.advance(180.0)
     again = fake.launch(req("r3", [a, b], 1))
     assert fake.call_count("launch", pool=a.key) == 2
-    assert [i.pool_key for i in again.instances] == [a.key]
+    assert [i.offering_key for i in again.instances] == [a.key]
     assert again.errors == ()
 
 
@@ -188,10 +188,10 @@ def test_persistent_transient_errors_become_a_pool_error(
     for _ in range(3):
         fake.next_error("launch", TransientError("503"))
     result = fake.launch(req("r1", [a, b], 1))
-    assert [e.pool_key for e in result.errors] == [a.key]
+    assert [e.offering_key for e in result.errors] == [a.key]
     assert isinstance(result.errors[0].error, TransientError)
     assert not fake.unavailable.is_unavailable(a.key), "only capacity errors mark a pool"
-    assert [i.pool_key for i in result.instances] == [b.key]
+    assert [i.offering_key for i in result.instances] == [b.key]
 
 
 def test_quota_error_is_reported_per_pool_without_a_mark(
@@ -302,7 +302,7 @@ def test_same_request_id_with_a_larger_count_creates_only_the_shortfall(
     first = fake.launch(req("r1", [a], 2))
     second = fake.launch(req("r1", [b], 5))
     assert second.instances[:2] == first.instances
-    assert [i.pool_key for i in second.instances[2:]] == [b.key] * 3
+    assert [i.offering_key for i in second.instances[2:]] == [b.key] * 3
     assert fake.call_count("launch") == 2
     assert fake.call_count("launch", pool=b.key, count=3) == 1
     third = fake.launch(req("r1", [a], 1))  # more exist than asked: nothing created or ended

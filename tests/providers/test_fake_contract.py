@@ -40,8 +40,8 @@ class FakeHarness:
     def settle(self) -> None:
         """The fake is consistent at once; nothing to wait for."""
 
-    def cloud_launch_calls(self, pool_key: str) -> int:
-        return self.provider.call_count("launch", pool=pool_key)
+    def cloud_launch_calls(self, offering_key: str) -> int:
+        return self.provider.call_count("launch", pool=offering_key)
 
     def cloud_calls(self) -> int:
         return len(self.provider.calls)

@@ -130,7 +130,7 @@ def test_relaunching_a_request_after_a_restart_creates_nothing(
     third = FakeProvider(clock=FakeClock(T0 + 900.0), state_path=path)
     topped = third.launch(req("r1", [b], 3))
     assert topped.instances[:2] == first.instances[1:]
-    assert [i.pool_key for i in topped.instances[2:]] == [b.key]
+    assert [i.offering_key for i in topped.instances[2:]] == [b.key]
     assert third.call_count("launch") == 1
     assert len({i.instance_id for i in (*first.instances, *topped.instances)}) == 4, "no id reuse"
 
@@ -479,8 +479,8 @@ class FileBackedHarness(FakeHarness):
         self.providers.append(provider)
         return provider
 
-    def cloud_launch_calls(self, pool_key: str) -> int:
-        return sum(p.call_count("launch", pool=pool_key) for p in self.providers)
+    def cloud_launch_calls(self, offering_key: str) -> int:
+        return sum(p.call_count("launch", pool=offering_key) for p in self.providers)
 
     def cloud_calls(self) -> int:
         return sum(len(p.calls) for p in self.providers)

@@ -172,7 +172,7 @@ def test_instance_from_resource_reads_every_field() -> None:
     assert inst.tags["team"] == "ml"
     assert inst.launched_at_s == pytest.approx(1714582800.5)
     assert inst.private_ip == "10.128.0.7"
-    assert inst.pool_key == "gcp/us-central1-a/n1-standard-8+1xnvidia-tesla-t4/spot"
+    assert inst.offering_key == "gcp/n1-standard-8+1xnvidia-tesla-t4/us-central1-a/spot"
 
 
 def test_unlabelled_instance_parses_with_empty_ownership() -> None:
@@ -596,9 +596,9 @@ def test_partial_capacity_fills_then_falls_through(clean_env: FakeGcpEnv, cluste
     env.server.set_capacity(ZONE_A, "g2-standard-4", 2, market="spot")
     result = provider.launch(request(cluster, [a, b], 5))
     assert result.fulfilled
-    by_pool = {k: sum(i.pool_key == k for i in result.instances) for k in (a.key, b.key)}
+    by_pool = {k: sum(i.offering_key == k for i in result.instances) for k in (a.key, b.key)}
     assert by_pool == {a.key: 2, b.key: 3}
-    assert [(e.pool_key, type(e.error)) for e in result.errors] == [
+    assert [(e.offering_key, type(e.error)) for e in result.errors] == [
         (a.key, InsufficientCapacityError)
     ]
     assert provider.unavailable.is_unavailable(a.key)
@@ -613,7 +613,7 @@ def test_pool_exhausted_with_details_and_quota(clean_env: FakeGcpEnv, cluster: s
     env.server.exhaust(ZONE_A, "a2-highgpu-1g", code="ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS")
     env.server.set_gpu_quota("us-central1", "PREEMPTIBLE_NVIDIA_T4_GPUS", 0)
     result = provider.launch(request(cluster, [a, t4], 1))
-    errors = {e.pool_key: e.error for e in result.errors}
+    errors = {e.offering_key: e.error for e in result.errors}
     assert isinstance(errors[a.key], InsufficientCapacityError)
     assert errors[a.key].code == "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS"
     assert isinstance(errors[t4.key], QuotaExceededError)
@@ -656,7 +656,7 @@ def test_operation_timeout_reports_transient_and_keeps_the_names(cluster: str) -
         a = pool(provider.offerings(), "g2-standard-4", ZONE_A, Market.SPOT)
         b = pool(provider.offerings(), "g2-standard-4", ZONE_B, Market.SPOT)
         result = provider.launch(request(cluster, [a, b], 2))
-        assert [(e.pool_key, type(e.error)) for e in result.errors] == [(a.key, TransientError)]
+        assert [(e.offering_key, type(e.error)) for e in result.errors] == [(a.key, TransientError)]
         # The slow pool's names were not retried elsewhere: no risk of a double launch.
         assert slow.launch_attempts(b) == 0
         assert {i.state for i in result.instances} == {InstanceState.PENDING}
@@ -696,8 +696,9 @@ def test_name_taken_by_a_foreign_instance_is_not_adopted(
     squatter = naming.instance_name(cluster, req.request_id, 0)
     env.server.add_foreign_instance(ZONE_A, squatter)  # same name, not our labels
     result = provider.launch(req)
-    assert [(e.pool_key, type(e.error)) for e in result.errors] == [(a.key, InvalidRequestError)]
-    assert [i.pool_key for i in result.instances] == [b.key]  # fell through to the next pool
+    errors = [(e.offering_key, type(e.error)) for e in result.errors]
+    assert errors == [(a.key, InvalidRequestError)]
+    assert [i.offering_key for i in result.instances] == [b.key]  # fell through to the next pool
     assert env.has_live_instance(f"{ZONE_A}/{squatter}")
 
 

@@ -50,8 +50,8 @@ class GcpHarness:
     def settle(self) -> None:
         self.env.server.settle()
 
-    def cloud_launch_calls(self, pool_key: str) -> int:
-        offering = next(o for o in self.provider.offerings() if o.key == pool_key)
+    def cloud_launch_calls(self, offering_key: str) -> int:
+        offering = next(o for o in self.provider.offerings() if o.key == offering_key)
         return self.env.launch_attempts(offering)
 
     def cloud_calls(self) -> int:

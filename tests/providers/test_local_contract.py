@@ -104,8 +104,8 @@ class LocalHarness:
     def settle(self) -> None:
         """Local calls are synchronous; nothing to wait for."""
 
-    def cloud_launch_calls(self, pool_key: str) -> int:
-        return self.provider.launch_attempts[pool_key]
+    def cloud_launch_calls(self, offering_key: str) -> int:
+        return self.provider.launch_attempts[offering_key]
 
     def cloud_calls(self) -> int:
         return sum(self.provider.op_counts.values())

@@ -15,22 +15,22 @@ from pathlib import Path
 
 import pytest
 
-from autoscaler.decide.jobs import JobSpec
+from autoscaler.sim.workload import TraceJob
 
 HEADER = "name,time,application,num_replicas,batch_size"
 
 # Quick jobs (in simulated rounds): ncf and cifar10 finish in minutes to an hour on a few GPUs.
 SMALL = [
-    JobSpec("ncf-0", "ncf", 0.0, 1, 256),
-    JobSpec("cifar10-1", "cifar10", 30.0, 2, 256),
-    JobSpec("ncf-2", "ncf", 95.0, 2, 1024),
-    JobSpec("cifar10-3", "cifar10", 200.0, 4, 512),
-    JobSpec("ncf-4", "ncf", 200.0, 1, 512),
-    JobSpec("cifar10-5", "cifar10", 610.0, 1, 128),
+    TraceJob("ncf-0", "ncf", 0.0, 1, 256),
+    TraceJob("cifar10-1", "cifar10", 30.0, 2, 256),
+    TraceJob("ncf-2", "ncf", 95.0, 2, 1024),
+    TraceJob("cifar10-3", "cifar10", 200.0, 4, 512),
+    TraceJob("ncf-4", "ncf", 200.0, 1, 512),
+    TraceJob("cifar10-5", "cifar10", 610.0, 1, 128),
 ]
 
 
-def write_workload(path: Path, jobs: Sequence[JobSpec]) -> Path:
+def write_workload(path: Path, jobs: Sequence[TraceJob]) -> Path:
     lines = [HEADER]
     for job in jobs:
         time = int(job.submit_time_s) if job.submit_time_s.is_integer() else job.submit_time_s

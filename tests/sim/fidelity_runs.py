@@ -14,9 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from autoscaler.decide.jobs import PAPER_POLICIES
 from autoscaler.sim.config import SimConfig
-from autoscaler.sim.runner import RunSpec, paper_workloads, run_many
+from autoscaler.sim.runner import PAPER_POLICIES, RunSpec, paper_workloads, run_many
 
 PINNED_PATH = Path(__file__).with_name("fidelity_pinned.json")
 LOAD = "0.5"

@@ -8,22 +8,23 @@ from dataclasses import dataclass
 import pytest
 
 from autoscaler.accounting.costs import job_costs, summarize, usd_to_cents
-from autoscaler.decide.jobs import JobSpec, OfferingRef
 from autoscaler.decide.policy import make_policy
 from autoscaler.decide.sizing import SizingConfig
 from autoscaler.decide.strategies import FixedFleet, GoodputSizing
+from autoscaler.decide.views import OfferingRef
 from autoscaler.errors import InvalidInputError
-from autoscaler.market.pricing import ConstantPrice, StepPriceSeries
-from autoscaler.sim.cloud import BudgetExceededError, CloudConfig, CloudOffering
+from autoscaler.market.series import ConstantPrice, StepPriceSeries
+from autoscaler.sim.cloud_config import BudgetExceededError, CloudConfig, CloudOffering
 from autoscaler.sim.config import SimConfig
 from autoscaler.sim.engine import Simulator
 from autoscaler.sim.experiments import EXPERIMENTS, build_run
+from autoscaler.sim.workload import TraceJob
 
 T4_OD = OfferingRef("aws", "g4dn.12xlarge", "use1-az1", "on-demand")
 T4_SPOT = OfferingRef("aws", "g4dn.12xlarge", "use1-az1", "spot")
 JOBS = (
-    JobSpec("cifar10-0", "cifar10", 0.0, 4, 512),
-    JobSpec("ncf-0", "ncf", 300.0, 1, 256),
+    TraceJob("cifar10-0", "cifar10", 0.0, 4, 512),
+    TraceJob("ncf-0", "ncf", 300.0, 1, 256),
 )
 
 
@@ -140,7 +141,7 @@ def test_goodput_sizing_keeps_the_budget_at_every_round_and_a_tiny_budget_is_ref
 
 
 def test_goodput_sizing_grows_for_work_and_releases_when_idle():
-    jobs = (JobSpec("cifar10-0", "cifar10", 0.0, 4, 512), JobSpec("ncf-1", "ncf", 4000.0, 1, 256))
+    jobs = (TraceJob("cifar10-0", "cifar10", 0.0, 4, 512), TraceJob("ncf-1", "ncf", 4000.0, 1, 256))
     r = run([offering()], GoodputSizing("coadapt"), jobs=jobs)
     assert r.cost is not None
     ends = sorted(i.ended_s for i in r.cost.instances)
@@ -215,7 +216,7 @@ def test_stochastic_spot_prices_move_are_seeded_and_stay_under_on_demand():
 
 
 def test_a_replaced_spot_trace_keeps_the_other_families(tmp_path):
-    from autoscaler.market.pricing import bamboo_trace_path
+    from autoscaler.market.preemption import bamboo_trace_path
     from autoscaler.sim.experiments import load_traces
 
     p3 = bamboo_trace_path("p3-trace.csv")
@@ -288,11 +289,11 @@ def test_the_sizing_learns_how_long_a_running_job_has_left():
     length is unknown."""
     import dataclasses as dc
 
-    from autoscaler.decide.jobs import Allocation
     from autoscaler.decide.sizing import FleetOption
     from autoscaler.decide.strategies import demands_of
+    from autoscaler.decide.views import Allocation
     from autoscaler.model.gputypes import default_speed_table
-    from autoscaler.sim.cloud import FleetView
+    from autoscaler.sim.cloud_config import FleetView
     from tests.policy.conftest import cluster, model, view
 
     m = model(0.05)

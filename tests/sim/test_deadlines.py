@@ -10,20 +10,21 @@ from dataclasses import dataclass
 import pytest
 
 from autoscaler.controller.events import DEADLINE_REASON, EventKind, EventRecorder
-from autoscaler.controller.jobs import JobSubmission
-from autoscaler.decide.jobs import JobSpec, OfferingRef
+from autoscaler.controller.jobbook import JobSubmission
 from autoscaler.decide.policy import make_policy
 from autoscaler.decide.strategies import GoodputSizing, UniformProgress
-from autoscaler.market.pricing import ConstantPrice
-from autoscaler.sim.cloud import CloudConfig, CloudOffering
+from autoscaler.decide.views import OfferingRef
+from autoscaler.market.series import ConstantPrice
+from autoscaler.sim.cloud_config import CloudConfig, CloudOffering
 from autoscaler.sim.config import SimConfig
 from autoscaler.sim.engine import Simulator, isolated_jct_s
 from autoscaler.sim.experiments import with_deadlines
 from autoscaler.sim.results import results_payload
+from autoscaler.sim.workload import TraceJob
 
 T4_OD = OfferingRef("aws", "g4dn.12xlarge", "use1-az1", "on-demand")
 T4_SPOT = OfferingRef("aws", "g4dn.12xlarge", "use1-az1", "spot")
-JOB = JobSpec("cifar10-0", "cifar10", 0.0, 4, 512)
+JOB = TraceJob("cifar10-0", "cifar10", 0.0, 4, 512)
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autoscaler.decide.jobs import (
+from autoscaler.decide.policy import make_policy
+from autoscaler.decide.policy.base import Decision
+from autoscaler.decide.views import (
     BatchChoice,
     ClusterView,
-    JobSpec,
     JobView,
     Plan,
     PolicyName,
@@ -24,8 +25,6 @@ from autoscaler.decide.jobs import (
     fixed_batch_choice,
     num_nodes_of,
 )
-from autoscaler.decide.policy import make_policy
-from autoscaler.decide.policy.base import Decision
 from autoscaler.errors import InvalidInputError
 from autoscaler.model.traces import load_app
 from autoscaler.sim.engine import (
@@ -36,6 +35,7 @@ from autoscaler.sim.engine import (
     simulate,
 )
 from autoscaler.sim.results import results_payload, write_results_json
+from autoscaler.sim.workload import TraceJob
 from tests.sim.conftest import SMALL
 
 FAST_POLLUX = {"population": 24, "generations": 8}
@@ -74,7 +74,7 @@ class Scripted:
         return Decision(Plan(allocs, batches), state)
 
 
-def _expected_jct(spec: JobSpec, placement: tuple[int, ...], delay_s: float) -> float:
+def _expected_jct(spec: TraceJob, placement: tuple[int, ...], delay_s: float) -> float:
     app = load_app(spec.application)
     from autoscaler.sim.engine import _limits
 
@@ -86,7 +86,7 @@ def _expected_jct(spec: JobSpec, placement: tuple[int, ...], delay_s: float) -> 
 
 
 def test_single_job_jct_matches_traces() -> None:
-    spec = JobSpec("c", "cifar10", 0.0, 2, 512)
+    spec = TraceJob("c", "cifar10", 0.0, 2, 512)
     policy = Scripted({"c": (2, 0)})
     res = simulate([spec], policy, SimConfig(num_nodes=2))
     job = res.jobs[0]
@@ -96,7 +96,7 @@ def test_single_job_jct_matches_traces() -> None:
 
 
 def test_queueing_counts_and_rounds_are_aligned() -> None:
-    spec = JobSpec("n", "ncf", 107.0, 1, 256)
+    spec = TraceJob("n", "ncf", 107.0, 1, 256)
     policy = Scripted({"n": (1,)})
     res = simulate([spec], policy, SimConfig(num_nodes=1))
     # Seen first at the round starting at 120 s; 13 s of queueing count in the JCT.
@@ -105,7 +105,7 @@ def test_queueing_counts_and_rounds_are_aligned() -> None:
 
 
 def test_restart_delay_on_every_change() -> None:
-    spec = JobSpec("c", "cifar10", 0.0, 1, 128)
+    spec = TraceJob("c", "cifar10", 0.0, 1, 128)
 
     @dataclass
     class Flip(Scripted):
@@ -125,8 +125,8 @@ def test_restart_delay_on_every_change() -> None:
 
 
 def test_interference_slows_shared_multi_node_jobs() -> None:
-    a = JobSpec("a", "cifar10", 0.0, 4, 1024)
-    b = JobSpec("b", "cifar10", 0.0, 4, 1024)
+    a = TraceJob("a", "cifar10", 0.0, 4, 1024)
+    b = TraceJob("b", "cifar10", 0.0, 4, 1024)
     shared = {"a": (2, 2, 0), "b": (2, 2, 0)}
     apart = {"a": (2, 2, 0), "b": (0, 0, 4)}
     cfg = SimConfig(num_nodes=3, interference=0.5)
@@ -141,7 +141,7 @@ def test_interference_slows_shared_multi_node_jobs() -> None:
 
 
 def test_plan_violations_are_caught() -> None:
-    spec = [JobSpec("a", "ncf", 0.0, 1, 256), JobSpec("b", "ncf", 0.0, 1, 256)]
+    spec = [TraceJob("a", "ncf", 0.0, 1, 256), TraceJob("b", "ncf", 0.0, 1, 256)]
     over = Scripted({"a": (3,), "b": (2,)})
     with pytest.raises(SimulationError, match="over-allocated"):
         simulate(spec, over, SimConfig(num_nodes=1))
@@ -171,13 +171,13 @@ def test_plan_violations_are_caught() -> None:
 
 
 def test_starvation_is_bounded() -> None:
-    spec = [JobSpec("a", "ncf", 0.0, 1, 256)]
+    spec = [TraceJob("a", "ncf", 0.0, 1, 256)]
     with pytest.raises(SimulationError, match="unfinished"):
         simulate(spec, Scripted({}), SimConfig(num_nodes=1, max_time_s=600))
 
 
 def test_policy_view_is_what_a_controller_sees() -> None:
-    spec = JobSpec("c", "cifar10", 0.0, 2, 512)
+    spec = TraceJob("c", "cifar10", 0.0, 2, 512)
     policy = Scripted({"c": (2,)})
     simulate([spec], policy, SimConfig(num_nodes=1))
     first, second, later = policy.seen[0].jobs[0], policy.seen[1].jobs[0], policy.seen[5].jobs[0]
@@ -196,7 +196,7 @@ def test_policy_view_is_what_a_controller_sees() -> None:
 
 
 def test_isolated_jct_reference() -> None:
-    spec = JobSpec("c", "cifar10", 0.0, 4, 512)
+    spec = TraceJob("c", "cifar10", 0.0, 4, 512)
     one = isolated_jct_s(spec, 1.0, 4)
     half = isolated_jct_s(spec, 0.5, 4)
     assert half == pytest.approx(2 * one)
@@ -257,7 +257,7 @@ def test_real_policies_complete_small_workload_within_invariants(policy_name: Po
 
 
 job_strategy = st.builds(
-    JobSpec,
+    TraceJob,
     name=st.just("x"),
     application=st.sampled_from(["ncf", "cifar10"]),
     submit_time_s=st.floats(0, 1800).map(round),
@@ -274,9 +274,9 @@ job_strategy = st.builds(
     interference=st.sampled_from([0.0, 0.3]),
 )
 def test_random_workloads_complete_within_invariants(
-    jobs: list[JobSpec], policy_name: PolicyName, nodes: int, interference: float
+    jobs: list[TraceJob], policy_name: PolicyName, nodes: int, interference: float
 ) -> None:
-    jobs = [JobSpec(f"j{i}", *_fields(j)) for i, j in enumerate(jobs)]
+    jobs = [TraceJob(f"j{i}", *_fields(j)) for i, j in enumerate(jobs)]
     options = FAST_POLLUX if policy_name is PolicyName.POLLUX else {}
     policy = Recording(make_policy(policy_name, seed=1, **options))
     res = simulate(jobs, policy, SimConfig(num_nodes=nodes, interference=interference))
@@ -285,7 +285,7 @@ def test_random_workloads_complete_within_invariants(
     _check_invariants(policy.inputs, policy.plans, policy.inner)
 
 
-def _fields(job: JobSpec) -> tuple:
+def _fields(job: TraceJob) -> tuple:
     return job.application, job.submit_time_s, job.num_replicas, job.batch_size
 
 

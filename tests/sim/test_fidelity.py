@@ -42,7 +42,7 @@ def test_run_equals_its_pinned_record(records, key: str) -> None:
 
 
 def test_the_record_covers_every_run() -> None:
-    from autoscaler.decide.jobs import PAPER_POLICIES
+    from autoscaler.sim.runner import PAPER_POLICIES
 
     assert sorted(PINNED) == sorted(f"workload-{w}/{p}" for w in (1, 5) for p in PAPER_POLICIES)
     assert all(len(r["jct_s"]) == 80 for r in PINNED.values())

@@ -4,15 +4,15 @@ controller's store recorded, and its decisions are the controller's."""
 from __future__ import annotations
 
 from autoscaler.controller.store import JobStatus
-from autoscaler.decide.jobs import JobSpec
 from autoscaler.decide.policy import make_policy
 from autoscaler.sim.config import SimConfig
 from autoscaler.sim.engine import Simulator
+from autoscaler.sim.workload import TraceJob
 
 JOBS = (
-    JobSpec("cifar10-0", "cifar10", 0.0, 2, 512),
-    JobSpec("ncf-1", "ncf", 60.0, 1, 256),
-    JobSpec("cifar10-2", "cifar10", 200.0, 4, 512),
+    TraceJob("cifar10-0", "cifar10", 0.0, 2, 512),
+    TraceJob("ncf-1", "ncf", 60.0, 1, 256),
+    TraceJob("cifar10-2", "cifar10", 200.0, 4, 512),
 )
 
 

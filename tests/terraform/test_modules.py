@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from autoscaler.controller.cloud import INSTANCE_ARN_TAG
+from autoscaler.controller.cloud_setup import INSTANCE_ARN_TAG
 from autoscaler.controller.deploy import OUTPUTS, load_hcl
 from providers.aws.permissions import controller_iam_actions
 from providers.gcp.permissions import controller_permissions
@@ -126,7 +126,7 @@ def test_gcp_service_accounts_get_no_broad_project_role() -> None:
 
 def test_gcp_nodes_read_no_secret_and_the_controller_adds_only_the_users_token() -> None:
     """No shared agents' secret: each node's own credential comes in its startup script
-    (autoscaler/controller/cloud.py), so the node account reads nothing in Secret Manager."""
+    (autoscaler/controller/cloud_setup.py), so the node account reads nothing in Secret Manager."""
     secrets = [n for n, _ in _of_type(MODULES["gcp"], "google_secret_manager_secret")]
     assert secrets == ["user_token"]
     for _, binding in _of_type(MODULES["gcp"], "google_secret_manager_secret_iam_member"):

@@ -59,7 +59,7 @@ pytestmark = [
 
 N, EPOCHS, M0, SEQ, SEED, LR = 512, 32, 32, 12, 3, 1e-3
 SAMPLE_DELAY_S = 0.006  # per sample, as an accelerator's work: ~100 s on one slot in all
-TWO = "local/local-a/local-2gpu/spot"
+TWO = "local/local-2gpu/local-a/spot"
 
 
 def _status(state: Path) -> dict:

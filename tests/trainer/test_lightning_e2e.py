@@ -108,7 +108,7 @@ def test_a_lightning_job_is_rescaled_preempted_and_rebatched_on_the_local_cluste
         interval_s=2.0,
         max_gpu_slots=2,
         report_interval_s=2.0,
-        fixed_fleet=(("local/local-a/local-2gpu/spot", 1),),
+        fixed_fleet=(("local/local-2gpu/local-a/spot", 1),),
         release_on_stop=True,
     )
     thread = threading.Thread(

@@ -28,7 +28,7 @@ from autoscaler.accounting.report.source import RunFloor
 
 __all__ = [
     "FLOOR_CAPTION",
-    "Column",
+    "ReportColumn",
     "ReportTable",
     "floor_table",
     "fmt_cents",
@@ -48,7 +48,7 @@ _S_PER_HOUR = 3600.0
 
 
 @dataclass(frozen=True)
-class Column:
+class ReportColumn:
     """A column: its header (with the unit) and whether it holds numbers (right-aligned)."""
 
     header: str
@@ -61,7 +61,7 @@ class ReportTable:
 
     name: str
     title: str
-    columns: tuple[Column, ...]
+    columns: tuple[ReportColumn, ...]
     rows: tuple[tuple[str, ...], ...]
 
 
@@ -132,7 +132,7 @@ def summary_table(summary: CostSummary) -> ReportTable:
     return ReportTable(
         name="summary",
         title="Cost summary",
-        columns=(Column("figure", numeric=False), Column("value")),
+        columns=(ReportColumn("figure", numeric=False), ReportColumn("value")),
         rows=summary_rows(summary),
     )
 
@@ -154,14 +154,14 @@ def jobs_table(jobs: tuple[JobCost, ...]) -> ReportTable:
         for j in jobs
     )
     columns = (
-        Column("job", numeric=False),
-        Column("GPU hours"),
-        Column("cost (USD)"),
-        Column("useful samples"),
-        Column("samples per USD"),
-        Column("restarts"),
-        Column("preemptions"),
-        Column("JCT (h)"),
+        ReportColumn("job", numeric=False),
+        ReportColumn("GPU hours"),
+        ReportColumn("cost (USD)"),
+        ReportColumn("useful samples"),
+        ReportColumn("samples per USD"),
+        ReportColumn("restarts"),
+        ReportColumn("preemptions"),
+        ReportColumn("JCT (h)"),
     )
     return ReportTable("jobs", "Cost per job", columns, rows)
 
@@ -190,17 +190,17 @@ def offerings_table(offerings: tuple[OfferingCost, ...]) -> ReportTable:
             )
         )
     columns = (
-        Column("offering", numeric=False),
-        Column("market", numeric=False),
-        Column("GPU", numeric=False),
-        Column("instances"),
-        Column("preempted"),
-        Column("instance hours"),
-        Column("GPU hours"),
-        Column("cost (USD)"),
-        Column("on-demand (USD)"),
-        Column("savings (USD)"),
-        Column("savings (%)"),
+        ReportColumn("offering", numeric=False),
+        ReportColumn("market", numeric=False),
+        ReportColumn("GPU", numeric=False),
+        ReportColumn("instances"),
+        ReportColumn("preempted"),
+        ReportColumn("instance hours"),
+        ReportColumn("GPU hours"),
+        ReportColumn("cost (USD)"),
+        ReportColumn("on-demand (USD)"),
+        ReportColumn("savings (USD)"),
+        ReportColumn("savings (%)"),
     )
     return ReportTable("offerings", "Cost per offering and market", columns, tuple(rows))
 
@@ -238,12 +238,12 @@ def floor_table(floor: RunFloor) -> ReportTable:
         name="floor",
         title="Cost floor",
         columns=(
-            Column("run or application", numeric=False),
-            Column("floor (a) USD"),
-            Column("floor (b) USD"),
-            Column("cost USD"),
-            Column("cost / (a)"),
-            Column("cost / (b)"),
+            ReportColumn("run or application", numeric=False),
+            ReportColumn("floor (a) USD"),
+            ReportColumn("floor (b) USD"),
+            ReportColumn("cost USD"),
+            ReportColumn("cost / (a)"),
+            ReportColumn("cost / (b)"),
         ),
         rows=tuple(
             (name, fmt_usd(a), fmt_usd(b), fmt_usd(cost), over(cost, a), over(cost, b))

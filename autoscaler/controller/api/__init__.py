@@ -82,10 +82,10 @@ authentication and before the body is read: :mod:`autoscaler.controller.ratelimi
 Decisions made here, and why:
 
 * **A job's fields** are checked by one function, the one ``coadapt submit`` runs on a YAML
-  spec (:func:`~autoscaler.controller.jobs.submission_problems`; ranges in
-  :data:`~autoscaler.controller.jobs.BOUNDS_DOC`): the API and the CLI refuse the same jobs,
+  spec (:func:`~autoscaler.controller.jobbook.submission_problems`; ranges in
+  :data:`~autoscaler.controller.jobbook.BOUNDS_DOC`): the API and the CLI refuse the same jobs,
   and a refusal names the field. A ``deadline`` is fixed as a time at submission
-  (:func:`~autoscaler.controller.jobs.submission_deadline`): one in the past, or sooner than
+  (:func:`~autoscaler.controller.jobbook.submission_deadline`): one in the past, or sooner than
   any job could be done (an instance's provisioning and a start, estimated), is refused
   with that estimate; one that later becomes certain to be missed is said in the job's
   ``reason`` (and a ``deadline`` event). A name is a DNS label (a URL path segment, a
@@ -167,7 +167,7 @@ from autoscaler.controller.credentials import (
     load_token,
     load_tokens,
 )
-from autoscaler.controller.jobs import JOB_NAME_PATTERN
+from autoscaler.controller.jobbook import JOB_NAME_PATTERN
 
 __all__ = [
     "DEFAULT_JOBS_PAGE",

@@ -32,7 +32,7 @@ from autoscaler.controller.client import ApiError, instance_to_dict
 from autoscaler.controller.credentials import Role
 from autoscaler.controller.errors import StaleVersionError
 from autoscaler.controller.events import EventKind
-from autoscaler.controller.jobs import JOB_NAME_PATTERN, JobSubmission
+from autoscaler.controller.jobbook import JOB_NAME_PATTERN, JobSubmission
 from autoscaler.controller.lifecycle import InstanceStatus
 from autoscaler.controller.store import JobBatch, JobStatus
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Final
 
 from autoscaler.controller.client import LogChunk
-from autoscaler.controller.jobs import JOB_NAME_PATTERN
+from autoscaler.controller.jobbook import JOB_NAME_PATTERN
 from coadapt_common.logcap import LogSegments, dropped_note
 from coadapt_common.logcap import segments as log_segments
 

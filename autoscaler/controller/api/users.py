@@ -30,7 +30,7 @@ from autoscaler.controller.client import (
 )
 from autoscaler.controller.credentials import Role
 from autoscaler.controller.errors import StaleVersionError
-from autoscaler.controller.jobs import JOB_NAME_PATTERN, JobSubmission, submission_deadline
+from autoscaler.controller.jobbook import JOB_NAME_PATTERN, JobSubmission, submission_deadline
 from autoscaler.controller.lifecycle import InstanceStatus
 from autoscaler.controller.store import JobStatus
 
@@ -196,7 +196,7 @@ def _service_down(state: ApiState, request: Request) -> Response:
 def _submission(data: Mapping[str, Any]) -> JobSubmission:
     """A submission from a JSON object: :meth:`JobSubmission.from_mapping`, the one check of
     a job's fields that ``coadapt submit`` runs too (ranges in
-    :data:`~autoscaler.controller.jobs.BOUNDS_DOC`)."""
+    :data:`~autoscaler.controller.jobbook.BOUNDS_DOC`)."""
     return JobSubmission.from_mapping(data)
 
 

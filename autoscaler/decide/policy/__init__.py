@@ -1,10 +1,10 @@
 """Scheduling policies: pure functions from one round's state to a plan.
 
 Every policy has the same shape (:class:`~autoscaler.decide.policy.base.Policy`):
-``decide(round_input, state)`` takes the round's :class:`~autoscaler.decide.jobs.RoundInput` and the
-policy's own state from the previous round (``initial_state()`` at first) and returns a
-:class:`~autoscaler.decide.policy.base.Decision` — the :class:`~autoscaler.decide.jobs.Plan` and the
-state to pass next round. No I/O, no clock: the same input, state and seed give the same
+``decide(round_input, state)`` takes the round's :class:`~autoscaler.decide.views.RoundInput` and
+the policy's own state from the previous round (``initial_state()`` at first) and returns a
+:class:`~autoscaler.decide.policy.base.Decision` — the :class:`~autoscaler.decide.views.Plan` and
+the state to pass next round. No I/O, no clock: the same input, state and seed give the same
 decision. The simulator and the controller call the same objects.
 
 Policies:
@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from autoscaler.decide.jobs import PolicyName
 from autoscaler.decide.policy.base import Policy
+from autoscaler.decide.views import PolicyName
 from autoscaler.errors import InvalidInputError
 
 __all__ = ["make_policy"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from autoscaler.decide.jobs import ClusterView, JobView, Plan, PolicyName, RoundInput
+from autoscaler.decide.views import ClusterView, JobView, Plan, PolicyName, RoundInput
 
 __all__ = ["Decision", "Policy"]
 

@@ -8,7 +8,7 @@ runs on one GPU type at a time.
 T4s). A job's allocation lies in one pool. When a job of the round limits its markets or
 offerings, the nodes of one type and size are split further by which of those jobs allow them
 (``T4x4/0``, ``T4x4/1``, ...): a pool is then wholly allowed or wholly refused to every job
-(:meth:`~autoscaler.decide.jobs.JobView.allows_node`), and a job runs only on pools it allows. A
+(:meth:`~autoscaler.decide.views.JobView.allows_node`), and a job runs only on pools it allows. A
 round without such a job has exactly the pools above.
 
 **Menu.** Each job may take, in each pool, a *canonical* shape: ``k`` GPUs on one node with ``k`` a
@@ -102,8 +102,8 @@ gave 0.898 / 0.869): ``remaining_weight=0`` 0.951 / 0.972; ``admit_first=False``
 ``exploration_factor`` were chosen on a grid at 0.5x: neighbouring settings differ by about 1%
 there, as much as the margin to the issue's 0.90, so read that figure as met, not with room.
 
-Pure and deterministic: the same :class:`~autoscaler.decide.jobs.RoundInput` and state give the same
-plan; no seed. The state caches each (job, pool) goodput table with the model it came from.
+Pure and deterministic: the same :class:`~autoscaler.decide.views.RoundInput` and state give the
+same plan; no seed. The state caches each (job, pool) goodput table with the model it came from.
 """
 
 from __future__ import annotations
@@ -118,7 +118,8 @@ import numpy as np
 
 from autoscaler.decide.bounds import PoolCapacity, refusal
 from autoscaler.decide.deadlines import required_rate, time_left_s
-from autoscaler.decide.jobs import (
+from autoscaler.decide.policy.base import Decision
+from autoscaler.decide.views import (
     Allocation,
     BatchChoice,
     ClusterView,
@@ -129,11 +130,10 @@ from autoscaler.decide.jobs import (
     RoundInput,
     fixed_batch_choice,
 )
-from autoscaler.decide.policy.base import Decision
 from autoscaler.errors import InvalidInputError
 from autoscaler.model.goodput import (
-    BatchConfig,
     BatchLimits,
+    BatchOptimum,
     GoodputModel,
     PerfParams,
     optimistic_internode,
@@ -346,7 +346,7 @@ class _Table:
 
 @dataclass(frozen=True, eq=False)
 class CoadaptState:
-    """What coadapt carries between rounds: goodput tables per (job name, pool key), rebuilt
+    """What coadapt carries between rounds: goodput tables per (job name, offering key), rebuilt
     only when the job's model for the pool changes (``builds`` counts rebuilds), and ratio-rule
     estimates per (job name, GPU type), redone only when the fits they came from change.
     ``objective`` and ``bound`` are the last round's objective value and the solver's upper
@@ -723,7 +723,7 @@ class CoadaptPolicy:
                 [optimistic_internode(model) for _, _, _, model in stale]
             ).take(owner)
             best = optimize_many(hopeful, nodes, gpus, fixed_batch_size=fixed_or_none)
-            cfg = BatchConfig(
+            cfg = BatchOptimum(
                 *(np.where(unseen, getattr(best, f), getattr(cfg, f)) for f in _CONFIG_FIELDS)
             )
         batches = np.stack([cfg.batch_size, cfg.local_bsz, cfg.accum_steps], axis=1)
@@ -1076,8 +1076,8 @@ class CoadaptPolicy:
                 allocations[job.name] = Allocation()
             elif menu.current[c]:
                 allocations[job.name] = job.allocation
-                for node_id, g in job.allocation.items():
-                    i = cluster.index_of(node_id)
+                for instance_key, g in job.allocation.items():
+                    i = cluster.index_of(instance_key)
                     assert i is not None
                     free[i] -= g
             else:
@@ -1118,7 +1118,9 @@ class CoadaptPolicy:
             for o in options:
                 row = _fit(pool, int(menu.gpus[o]), int(menu.nodes[o]), free)
                 if row is not None:
-                    placed = Allocation((cluster.nodes[i].node_id, g) for i, g in row.items() if g)
+                    placed = Allocation(
+                        (cluster.nodes[i].instance_key, g) for i, g in row.items() if g
+                    )
                     for i, g in row.items():
                         free[i] -= g
                     choice[j] = o
@@ -1161,7 +1163,7 @@ class CoadaptPolicy:
 def _allows_pool(job: JobView, cluster: ClusterView, pool: Pool) -> bool:
     """Whether the job may run on ``pool``: on its nodes, which are all alike for the job's
     limits (:func:`pools_of` splits them so;
-    :meth:`~autoscaler.decide.jobs.JobView.allows_node`)."""
+    :meth:`~autoscaler.decide.views.JobView.allows_node`)."""
     return not job.restricts_nodes or job.allows_node(cluster.nodes[pool.nodes[0]])
 
 

@@ -5,7 +5,7 @@ last) gets one GPU; the remaining GPUs are then handed out one at a time to the 
 remaining running time drops the most with one more GPU:
 ``(T(g) - T(g + 1)) * remaining_iterations``, where ``T(g)`` is the job's seconds per
 iteration on ``g`` GPUs packed onto the fewest nodes. "Oracle" means both come from ground truth
-(:class:`~autoscaler.decide.jobs.Oracle`, supplied by the observer); without an oracle the job's
+(:class:`~autoscaler.decide.views.Oracle`, supplied by the observer); without an oracle the job's
 fitted goodput model predicts ``T`` and its remaining iterations count as 1 (pure speed-up greed).
 A job never gets more GPUs than ``batch_size // min_local_bsz`` (one micro-batch each), nor
 more than requested if its user opted it out of adaptation.
@@ -20,7 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoscaler.decide.jobs import (
+from autoscaler.decide.policy.base import Decision
+from autoscaler.decide.policy.placement import allowed_nodes, on_allowed, pack_on
+from autoscaler.decide.views import (
     Allocation,
     BatchChoice,
     ClusterView,
@@ -30,8 +32,6 @@ from autoscaler.decide.jobs import (
     RoundInput,
     fixed_batch_choice,
 )
-from autoscaler.decide.policy.base import Decision
-from autoscaler.decide.policy.placement import allowed_nodes, on_allowed, pack_on
 
 __all__ = ["OptimusPolicy"]
 

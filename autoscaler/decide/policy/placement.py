@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from autoscaler.decide.jobs import ClusterView, JobView
+from autoscaler.decide.views import ClusterView, JobView
 from autoscaler.errors import InvalidInputError
 
 __all__ = ["allowed_nodes", "on_allowed", "pack", "pack_on"]
@@ -33,7 +33,7 @@ def pack(num_gpus: int, free: np.ndarray) -> tuple[int, ...]:
 
 
 def allowed_nodes(job: JobView, cluster: ClusterView) -> np.ndarray | None:
-    """A mask of the nodes the job allows (:meth:`~autoscaler.decide.jobs.JobView.allows_node`: GPU
+    """A mask of the nodes the job allows (:meth:`~autoscaler.decide.views.JobView.allows_node`: GPU
     type, market, offering; ``None``: it allows every node)."""
     if not job.restricts_nodes:
         return None

@@ -53,7 +53,7 @@ allocation (via its :class:`~autoscaler.model.speedup.SpeedupTable`); a job with
 ``max(M0, min_local_bsz * GPUs)``. A job whose user opted out of adaptation
 (``JobView.adaptive`` false) keeps its own batch size and at most its requested GPUs.
 
-The policy is pure: the same :class:`~autoscaler.decide.jobs.RoundInput`, state and seed give the
+The policy is pure: the same :class:`~autoscaler.decide.views.RoundInput`, state and seed give the
 same plan. Its state (:class:`PolluxState`) carries the final population and the jobs' speedup
 tables (rebuilt only when a job's model or GPU cap changes).
 """
@@ -66,7 +66,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from autoscaler.decide.jobs import (
+from autoscaler.decide.policy.base import Decision
+from autoscaler.decide.views import (
     Allocation,
     BatchChoice,
     ClusterView,
@@ -76,7 +77,6 @@ from autoscaler.decide.jobs import (
     RoundInput,
     fixed_batch_choice,
 )
-from autoscaler.decide.policy.base import Decision
 from autoscaler.errors import InvalidInputError
 from autoscaler.model.goodput import GoodputModel
 from autoscaler.model.speedup import SpeedupTable
@@ -154,14 +154,14 @@ class _TableEntry:
 class PolluxState:
     """What Pollux carries from one round to the next.
 
-    ``job_names`` labels the job axis and ``node_ids`` the node axis of ``population`` (shape
+    ``job_names`` labels the job axis and ``instance_keys`` the node axis of ``population`` (shape
     population x jobs x nodes): the next round maps both by name, so nodes that joined or left
     the fleet in between shift nothing; ``tables`` caches each job's speedup table with the
     model it was built from.
     """
 
     job_names: tuple[str, ...] = ()
-    node_ids: tuple[str, ...] = ()
+    instance_keys: tuple[str, ...] = ()
     population: np.ndarray | None = None
     tables: Mapping[str, _TableEntry] = field(default_factory=dict)
     table_builds: int = 0
@@ -171,7 +171,7 @@ def _user_bounds(
     jobs: list[JobView], cluster: ClusterView
 ) -> tuple[np.ndarray | None, np.ndarray | None]:
     """The search's per-job GPU floor (``gpus.min``; exactly its GPUs for a job that does not
-    adapt) and its allowed nodes (:meth:`~autoscaler.decide.jobs.JobView.allows_node`:
+    adapt) and its allowed nodes (:meth:`~autoscaler.decide.views.JobView.allows_node`:
     ``gpu_types``, ``markets``, ``offerings``); ``None`` for either when no job sets it (the search
     is then exactly the paper's)."""
     floor = np.array([j.fewest_gpus for j in jobs], dtype=np.float32)
@@ -257,7 +257,7 @@ class PolluxPolicy:
             reset_prob=opt.reset_prob,
             zero_prob=opt.zero_prob,
         )
-        population = self._initial_population(jobs, cluster.node_ids, base, state)
+        population = self._initial_population(jobs, cluster.instance_keys, base, state)
         population, _ = search.run(population, opt.generations, opt.patience)
         best = population[0]
 
@@ -270,7 +270,7 @@ class PolluxPolicy:
                 batches[job.name] = self._batch(job, tables.get(job.name), row)
         names = tuple(job.name for job in jobs)
         population.setflags(write=False)
-        new_state = PolluxState(names, cluster.node_ids, population, tables, builds)
+        new_state = PolluxState(names, cluster.instance_keys, population, tables, builds)
         return Decision(Plan(allocations, batches, cluster.fleet()), new_state)
 
     # ---- helpers ---------------------------------------------------------------------------
@@ -338,7 +338,7 @@ class PolluxPolicy:
     def _initial_population(
         self,
         jobs: list[JobView],
-        node_ids: tuple[str, ...],
+        instance_keys: tuple[str, ...],
         base: np.ndarray,
         state: PolluxState,
     ) -> np.ndarray:
@@ -346,15 +346,15 @@ class PolluxPolicy:
         jobs and new nodes: no GPUs; nodes that left: dropped), or copies of the current
         allocation; the first individual is the current allocation."""
         size = self.options.population
-        pop = np.zeros((size, len(jobs), len(node_ids)), dtype=np.int16)
+        pop = np.zeros((size, len(jobs), len(instance_keys)), dtype=np.int16)
         prev = state.population
         if prev is not None and prev.shape[0] == size:
             jobs_before = {name: i for i, name in enumerate(state.job_names)}
-            nodes_before = {node_id: i for i, node_id in enumerate(state.node_ids)}
+            nodes_before = {instance_key: i for i, instance_key in enumerate(state.instance_keys)}
             cols = [
-                (n, nodes_before[node_id])
-                for n, node_id in enumerate(node_ids)
-                if node_id in nodes_before
+                (n, nodes_before[instance_key])
+                for n, instance_key in enumerate(instance_keys)
+                if instance_key in nodes_before
             ]
             now_cols = np.array([c[0] for c in cols], dtype=np.int64)
             old_cols = np.array([c[1] for c in cols], dtype=np.int64)

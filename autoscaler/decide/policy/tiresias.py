@@ -17,7 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoscaler.decide.jobs import (
+from autoscaler.decide.policy.base import Decision
+from autoscaler.decide.policy.placement import allowed_nodes, on_allowed, pack_on
+from autoscaler.decide.views import (
     Allocation,
     BatchChoice,
     ClusterView,
@@ -27,8 +29,6 @@ from autoscaler.decide.jobs import (
     RoundInput,
     fixed_batch_choice,
 )
-from autoscaler.decide.policy.base import Decision
-from autoscaler.decide.policy.placement import allowed_nodes, on_allowed, pack_on
 from autoscaler.errors import InvalidInputError
 
 __all__ = ["TiresiasPolicy", "TiresiasState"]

@@ -5,7 +5,7 @@ the YAML job spec of ``coadapt submit`` maps onto it). :class:`JobBook` turns tr
 into what the decision core reads: profiles go to a :class:`~autoscaler.model.fitting.ModelBook`
 (one fit per job and GPU type, refit together and warm-started only when a report changed a
 fit), gradient statistics, progress and the declared length are kept per job, and
-:meth:`JobBook.view` builds each job's :class:`~autoscaler.decide.jobs.JobView` with its goodput
+:meth:`JobBook.view` builds each job's :class:`~autoscaler.decide.views.JobView` with its goodput
 models by GPU type, its remaining work (from the length its script declared, by the trainer's
 own rule, :func:`trainer.report.remaining_progress`) and the bounds of its spec.
 
@@ -27,7 +27,7 @@ from pathlib import PurePosixPath
 from typing import Any, Final
 
 from autoscaler.accounting.costs import MARKETS
-from autoscaler.decide.jobs import Allocation, JobView, OfferingRef, Oracle
+from autoscaler.decide.views import Allocation, JobView, OfferingRef, Oracle
 from autoscaler.errors import InvalidInputError
 from autoscaler.model.fitting import ModelBook
 from autoscaler.model.goodput import (
@@ -514,9 +514,9 @@ class JobSubmission:
     after submission, or a time; ``None``: no deadline), fixed as a time at submission (the
     store's ``deadline_s``). ``markets`` and ``offerings``: the markets (``spot``,
     ``on-demand``) and offerings (keys ``provider/instance_type/zone/market``, the format of
-    :attr:`~autoscaler.decide.jobs.OfferingRef.key`, compared by their four parts) the job may run
+    :attr:`~autoscaler.decide.views.OfferingRef.key`, compared by their four parts) the job may run
     on (``None``: any). Every policy and the fleet sizing honour these bounds
-    (:meth:`~autoscaler.decide.jobs.JobView.allows_node`)."""
+    (:meth:`~autoscaler.decide.views.JobView.allows_node`)."""
 
     name: str
     init_batch_size: int
@@ -601,7 +601,7 @@ class JobSubmission:
         return cls(**values)
 
     def view_bounds(self) -> dict[str, Any]:
-        """The :class:`~autoscaler.decide.jobs.JobView` fields the spec's bounds fill."""
+        """The :class:`~autoscaler.decide.views.JobView` fields the spec's bounds fill."""
         return {
             "min_gpus": self.min_gpus,
             "gpu_limit": self.max_gpus,
@@ -631,7 +631,7 @@ class JobBook:
         self, refit_tolerance: float = 0.05, *, typed: bool = True, speeds: SpeedTable | None = None
     ) -> None:
         """``typed``: also fit each job per GPU type (what a type-aware policy reads); the
-        pooled fit over all its profiles (:attr:`~autoscaler.decide.jobs.JobView.model`, what a
+        pooled fit over all its profiles (:attr:`~autoscaler.decide.views.JobView.model`, what a
         type-unaware policy reads, and the sizing's fallback) is always kept. ``speeds``:
         where a per-type model takes the micro-batch that type's memory holds
         (:func:`~autoscaler.model.gputypes.limits_on`; default: the shipped table)."""

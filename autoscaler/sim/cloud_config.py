@@ -32,8 +32,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from autoscaler.decide.fleet import FleetStrategy, FleetView
-from autoscaler.decide.jobs import OfferingRef
+from autoscaler.decide.views import OfferingRef
 from autoscaler.errors import AutoscalerError, InvalidInputError
+from autoscaler.market.series import PriceSeries
 from autoscaler.sim.cluster import NodeGroup
 
 __all__ = [
@@ -42,14 +43,7 @@ __all__ = [
     "FleetStrategy",
     "FleetView",
     "PreemptionModel",
-    "PriceSeries",
 ]
-
-
-class PriceSeries(Protocol):
-    """Price per instance-hour in effect at a time (seconds from the start of the run)."""
-
-    def price_at(self, t_s: float) -> float: ...
 
 
 class PreemptionModel(Protocol):

@@ -1,18 +1,19 @@
-"""Jobs as the decision plane sees them: specifications, per-round views, allocations, plans.
+"""Jobs as the decision plane sees them: per-round views, allocations, plans.
 
-These are the values that flow between whoever observes the jobs (the simulator today, the
-controller later) and the policies in :mod:`autoscaler.decide.policy`:
+These are the values that flow between whoever observes the jobs (the controller, run live or
+in the simulator's world) and the policies in :mod:`autoscaler.decide.policy`:
 
-- :class:`JobSpec` — what a user submitted (validated on construction);
 - :class:`JobView` — what a policy may know about one active job in one round;
-- :class:`NodeView` / :class:`ClusterView` — the fleet's nodes, each with **our own node id**,
-  its GPU type and count and (optionally) the offering it came from, and the round's settings;
+- :class:`NodeView` / :class:`ClusterView` — the fleet's nodes (instances), each with **its
+  instance key** (the controller's own id of the instance, the one name of it across the
+  system), its GPU type and count and (optionally) the offering it came from, and the round's
+  settings;
 - :class:`RoundInput` — one round's complete input to a policy;
-- :class:`Plan` — a policy's output: GPUs per node id and a batch configuration for every job,
-  and the fleet (instances per offering) the plan assumes.
+- :class:`Plan` — a policy's output: GPUs per instance key and a batch configuration for every
+  job, and the fleet (instances per offering) the plan assumes.
 
-An :class:`Allocation` maps node ids to the number of GPUs (= replicas) a job holds there. It is
-keyed by node id, never by position: a node that disappears between rounds (a preempted
+An :class:`Allocation` maps instance keys to the number of GPUs (= replicas) a job holds there. It
+is keyed by instance key, never by position: a node that disappears between rounds (a preempted
 instance) changes nothing for jobs on the other nodes. Policies may build dense matrices over
 ``ClusterView.nodes`` internally each round (:meth:`ClusterView.dense` /
 :meth:`ClusterView.sparse`). A job's *placement* is its non-zero GPU counts sorted descending.
@@ -35,15 +36,13 @@ from typing import TYPE_CHECKING
 from autoscaler.accounting.costs import MARKETS
 from autoscaler.errors import InvalidInputError
 
-if TYPE_CHECKING:  # imported for annotations only; keeps ``import autoscaler.decide.jobs`` light
+if TYPE_CHECKING:  # imported for annotations only; keeps ``import autoscaler.decide.views`` light
     from autoscaler.model.goodput import BatchLimits, GoodputModel
 
 __all__ = [
-    "PAPER_POLICIES",
     "Allocation",
     "BatchChoice",
     "ClusterView",
-    "JobSpec",
     "JobView",
     "NodeView",
     "OfferingRef",
@@ -59,11 +58,11 @@ __all__ = [
 
 
 class Allocation(Mapping[str, int]):
-    """GPUs a job holds per node id: an immutable, hashable mapping without zero entries.
+    """GPUs a job holds per instance key: an immutable, hashable mapping without zero entries.
 
     ``Allocation({"node-03": 4, "node-07": 2})``; ``Allocation()`` is the empty allocation (the
     job waits). Equal to any mapping with the same non-zero entries. Raises
-    :class:`InvalidInputError` on an empty node id or a negative / non-integer count.
+    :class:`InvalidInputError` on an empty instance key or a negative / non-integer count.
     """
 
     __slots__ = ("_hash", "_items", "_map")
@@ -71,24 +70,24 @@ class Allocation(Mapping[str, int]):
     def __init__(self, gpus_by_node: Mapping[str, int] | Iterable[tuple[str, int]] = ()) -> None:
         pairs = gpus_by_node.items() if isinstance(gpus_by_node, Mapping) else gpus_by_node
         merged: dict[str, int] = {}
-        for node_id, gpus in pairs:
-            if not isinstance(node_id, str) or not node_id:
-                raise InvalidInputError(f"bad node id {node_id!r}", field="allocation")
+        for instance_key, gpus in pairs:
+            if not isinstance(instance_key, str) or not instance_key:
+                raise InvalidInputError(f"bad instance key {instance_key!r}", field="allocation")
             if isinstance(gpus, bool) or int(gpus) != gpus or gpus < 0:
                 raise InvalidInputError(
-                    f"bad GPU count {gpus!r} on node {node_id}", field="allocation"
+                    f"bad GPU count {gpus!r} on node {instance_key}", field="allocation"
                 )
             if gpus:
-                merged[node_id] = merged.get(node_id, 0) + int(gpus)
+                merged[instance_key] = merged.get(instance_key, 0) + int(gpus)
         self._items: tuple[tuple[str, int], ...] = tuple(sorted(merged.items()))
         self._map = dict(self._items)
         self._hash = hash(self._items)
 
-    def __getitem__(self, node_id: str) -> int:
-        return self._map[node_id]
+    def __getitem__(self, instance_key: str) -> int:
+        return self._map[instance_key]
 
-    def get(self, node_id: str, default: int = 0) -> int:  # type: ignore[override]
-        return self._map.get(node_id, default)
+    def get(self, instance_key: str, default: int = 0) -> int:  # type: ignore[override]
+        return self._map.get(instance_key, default)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._map)
@@ -122,9 +121,9 @@ class Allocation(Mapping[str, int]):
         """The GPU counts sorted descending (what throughput depends on)."""
         return tuple(sorted(self._map.values(), reverse=True))
 
-    def without(self, node_ids: Iterable[str]) -> Allocation:
+    def without(self, instance_keys: Iterable[str]) -> Allocation:
         """This allocation less the given nodes (e.g. nodes that left the fleet)."""
-        gone = set(node_ids)
+        gone = set(instance_keys)
         return Allocation((k, v) for k, v in self._items if k not in gone)
 
 
@@ -135,14 +134,6 @@ class PolicyName(StrEnum):
     POLLUX = "pollux"
     TIRESIAS = "tiresias"
     OPTIMUS = "optimus"
-
-
-#: The policies the Pollux paper compares, whose simulator results it published.
-PAPER_POLICIES: tuple[PolicyName, ...] = (
-    PolicyName.POLLUX,
-    PolicyName.TIRESIAS,
-    PolicyName.OPTIMUS,
-)
 
 
 def placement_of(allocation: Allocation | Sequence[int]) -> tuple[int, ...]:
@@ -156,45 +147,6 @@ def num_nodes_of(allocation: Allocation | Sequence[int]) -> int:
     """How many nodes ``allocation`` (a mapping, or a dense row) uses."""
     counts = allocation.values() if isinstance(allocation, Mapping) else allocation
     return sum(1 for g in counts if g)
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    """A submitted training job.
-
-    ``num_replicas`` and ``batch_size`` are the user's own settings (the paper's "TunedJobs"):
-    fixed-size baselines run the job with exactly these; Pollux ignores them and adapts both.
-    ``deadline_after_s``: the job's deadline, seconds after its submission (``None``: none).
-    """
-
-    name: str
-    application: str
-    submit_time_s: float
-    num_replicas: int
-    batch_size: int
-    deadline_after_s: float | None = None
-
-    def __post_init__(self) -> None:
-        if not self.name:
-            raise InvalidInputError("job name must not be empty", field="name")
-        if not math.isfinite(self.submit_time_s) or self.submit_time_s < 0:
-            raise InvalidInputError(
-                f"submit time must be finite and >= 0, got {self.submit_time_s}", field="time"
-            )
-        if self.num_replicas < 1:
-            raise InvalidInputError(
-                f"num_replicas must be >= 1, got {self.num_replicas}", field="num_replicas"
-            )
-        if self.batch_size < 1:
-            raise InvalidInputError(
-                f"batch_size must be >= 1, got {self.batch_size}", field="batch_size"
-            )
-        if self.deadline_after_s is not None and not (
-            math.isfinite(self.deadline_after_s) and self.deadline_after_s > 0
-        ):
-            raise InvalidInputError(
-                f"deadline_after_s must be > 0, got {self.deadline_after_s}", field="deadline"
-            )
 
 
 @dataclass(frozen=True)
@@ -259,7 +211,7 @@ class JobView:
         submit_time_s: submission time; ``age_s`` is the time since.
         attained_gpu_s: GPU-seconds held so far (restart delays included).
         num_restarts: allocation changes so far (the first allocation is not a restart).
-        allocation: GPUs held per node id now (only nodes of this round's cluster).
+        allocation: GPUs held per instance key now (only nodes of this round's cluster).
         limits: batch-size limits of the job (on the traces' reference GPU type).
         requested_gpus: the user's ``num_replicas`` (gang size for fixed-size policies).
         fixed_batch_size: the user's batch size (fixed-batch policies use it).
@@ -442,9 +394,11 @@ def offering_allowed(
 @dataclass(frozen=True)
 class OfferingRef:
     """Where a node came from: one pool of one provider (provider, instance type, zone,
-    market). ``key`` names the pool across the system (plans, sizing, ledgers), in the format
-    ``provider/instance_type/zone/market`` that a job spec's ``offerings`` use too
-    (:meth:`parse` reads it back)."""
+    market). ``key`` names the pool across the system (plans, sizing, ledgers, the controller's
+    rows), in the one format ``provider/instance_type/zone/market`` of
+    :func:`providers.base.offering_key` (the provider's ``Offering.key``) that a job spec's
+    ``offerings`` use too (:meth:`parse` reads it back; the decision core imports no provider,
+    so it spells the format here, and a test holds the two equal)."""
 
     provider: str
     instance_type: str
@@ -475,23 +429,23 @@ class OfferingRef:
 
 @dataclass(frozen=True)
 class NodeView:
-    """One node of the fleet: our own ``node_id`` (stable while the node lives, never reused
+    """One node of the fleet: our own ``instance_key`` (stable while the node lives, never reused
     for another node), its ``gpu_type`` (vendor model name: "T4", "V100", "A100", ...), its GPU
     count and, for cloud instances, the offering it came from."""
 
-    node_id: str
+    instance_key: str
     gpu_type: str
     gpus: int
     offering: OfferingRef | None = None
 
     def __post_init__(self) -> None:
-        if not self.node_id:
-            raise InvalidInputError("node id must not be empty", field="node_id")
+        if not self.instance_key:
+            raise InvalidInputError("instance key must not be empty", field="instance_key")
         if not self.gpu_type:
-            raise InvalidInputError(f"node {self.node_id}: empty GPU type", field="gpu_type")
+            raise InvalidInputError(f"node {self.instance_key}: empty GPU type", field="gpu_type")
         if isinstance(self.gpus, bool) or int(self.gpus) != self.gpus or self.gpus < 1:
             raise InvalidInputError(
-                f"node {self.node_id}: GPU count must be an integer >= 1, got {self.gpus!r}",
+                f"node {self.instance_key}: GPU count must be an integer >= 1, got {self.gpus!r}",
                 field="gpus",
             )
 
@@ -518,9 +472,11 @@ class ClusterView:
         object.__setattr__(self, "nodes", nodes)
         index: dict[str, int] = {}
         for i, node in enumerate(nodes):
-            if node.node_id in index:
-                raise InvalidInputError(f"duplicate node id {node.node_id}", field="nodes")
-            index[node.node_id] = i
+            if node.instance_key in index:
+                raise InvalidInputError(
+                    f"duplicate instance key {node.instance_key}", field="nodes"
+                )
+            index[node.instance_key] = i
         object.__setattr__(self, "_index", MappingProxyType(index))
 
     @classmethod
@@ -546,8 +502,8 @@ class ClusterView:
         return len(self.nodes)
 
     @property
-    def node_ids(self) -> tuple[str, ...]:
-        return tuple(node.node_id for node in self.nodes)
+    def instance_keys(self) -> tuple[str, ...]:
+        return tuple(node.instance_key for node in self.nodes)
 
     @property
     def gpus_per_node(self) -> tuple[int, ...]:
@@ -563,22 +519,22 @@ class ClusterView:
     def total_gpus(self) -> int:
         return sum(node.gpus for node in self.nodes)
 
-    def index_of(self, node_id: str) -> int | None:
-        """Position of ``node_id`` in ``nodes`` (``None`` if it is not in the fleet)."""
-        return self._index.get(node_id)
+    def index_of(self, instance_key: str) -> int | None:
+        """Position of ``instance_key`` in ``nodes`` (``None`` if it is not in the fleet)."""
+        return self._index.get(instance_key)
 
-    def node(self, node_id: str) -> NodeView:
-        i = self._index.get(node_id)
+    def node(self, instance_key: str) -> NodeView:
+        i = self._index.get(instance_key)
         if i is None:
-            raise InvalidInputError(f"unknown node id {node_id}", field="allocation")
+            raise InvalidInputError(f"unknown instance key {instance_key}", field="allocation")
         return self.nodes[i]
 
     def dense(self, allocation: Mapping[str, int]) -> tuple[int, ...]:
         """``allocation`` as one entry per node in ``nodes`` order; entries on nodes that are
         not in the fleet are dropped."""
         row = [0] * len(self.nodes)
-        for node_id, gpus in allocation.items():
-            i = self._index.get(node_id)
+        for instance_key, gpus in allocation.items():
+            i = self._index.get(instance_key)
             if i is not None:
                 row[i] += int(gpus)
         return tuple(row)
@@ -590,7 +546,7 @@ class ClusterView:
                 f"row has {len(row)} entries for {len(self.nodes)} nodes", field="allocation"
             )
         return Allocation(
-            (node.node_id, int(g)) for node, g in zip(self.nodes, row, strict=True) if g
+            (node.instance_key, int(g)) for node, g in zip(self.nodes, row, strict=True) if g
         )
 
     def gpu_types_of(self, allocation: Mapping[str, int]) -> tuple[str, ...]:
@@ -618,7 +574,7 @@ class RoundInput:
 class Plan:
     """A policy's decision for one round.
 
-    ``allocations`` holds every active job's GPUs per node id (empty = not running);
+    ``allocations`` holds every active job's GPUs per instance key (empty = not running);
     ``batches`` the batch configuration of every job that runs; ``fleet`` the instances per
     offering key the plan assumes (the observed fleet unless the policy or sizing asks for
     another one; the controller reconciles it); ``refused`` the jobs the policy can never run on
@@ -688,8 +644,8 @@ class Plan:
                     f"{name} spans GPU types {cluster.gpu_types_of(alloc)}", field="allocations"
                 )
             spread = alloc.num_nodes > 1
-            for node_id, g in alloc.items():
-                i = cluster.index_of(node_id)
+            for instance_key, g in alloc.items():
+                i = cluster.index_of(instance_key)
                 assert i is not None  # checked above
                 used[i] += g
                 if spread:
@@ -706,10 +662,10 @@ class Plan:
         for node, u, multi in zip(cluster.nodes, used, multi_node, strict=True):
             if u > node.gpus:
                 raise InvalidInputError(
-                    f"node {node.node_id} over-allocated: {u} > {node.gpus} GPUs",
+                    f"node {node.instance_key} over-allocated: {u} > {node.gpus} GPUs",
                     field="allocations",
                 )
             if cluster.interference_avoidance and multi > 1:
                 raise InvalidInputError(
-                    f"node {node.node_id} holds {multi} multi-node jobs", field="allocations"
+                    f"node {node.instance_key} holds {multi} multi-node jobs", field="allocations"
                 )

@@ -4,7 +4,7 @@ node's startup script.
 
 A deployment (``terraform/aws``, ``terraform/gcp``) writes ``provider.json`` on the controller
 machine; ``coadapt up --provider aws|gcp --provider-config FILE`` reads it with
-:func:`load_cloud_config`. Its keys (``kind`` says which cloud):
+:func:`load_provider_config`. Its keys (``kind`` says which cloud):
 
 * aws: ``region``, ``launch_template_id`` (the deployment's GPU node template: image, IMDSv2,
   instance profile, the user data that starts ``coadapt agent``), ``subnets_by_zone``,
@@ -75,10 +75,10 @@ from providers.gcp.metadata import (
 __all__ = [
     "INSTANCE_ARN_TAG",
     "AwsAgentCredentials",
-    "CloudConfig",
     "CredentialPublishError",
+    "ProviderConfig",
     "gcp_startup_script",
-    "load_cloud_config",
+    "load_provider_config",
     "make_cloud_provider",
     "publish_user_token",
 ]
@@ -109,7 +109,7 @@ class CredentialPublishError(ControllerError):
 
 
 @dataclass(frozen=True)
-class CloudConfig:
+class ProviderConfig:
     """A parsed ``provider.json`` (see the module docstring); ``settings`` keeps every key."""
 
     kind: str
@@ -117,7 +117,7 @@ class CloudConfig:
     checkpoint_root: str | None = None
 
 
-def load_cloud_config(path: str | Path) -> CloudConfig:
+def load_provider_config(path: str | Path) -> ProviderConfig:
     """Read and check ``provider.json``; :class:`InvalidInputError` names the file and what is
     wrong (missing, not JSON, an unknown ``kind``, a required key absent)."""
     p = Path(path)
@@ -138,11 +138,11 @@ def load_cloud_config(path: str | Path) -> CloudConfig:
     if missing:
         raise InvalidInputError(f"{p}: {kind} config lacks {', '.join(missing)}", field=missing[0])
     root = data.get("checkpoint_root")
-    return CloudConfig(kind, dict(data), root if isinstance(root, str) and root else None)
+    return ProviderConfig(kind, dict(data), root if isinstance(root, str) and root else None)
 
 
 def make_cloud_provider(
-    config: CloudConfig,
+    config: ProviderConfig,
     clock: Clock,
     *,
     endpoint_url: str | None = None,
@@ -184,7 +184,7 @@ def make_cloud_provider(
 
 
 def publish_user_token(
-    config: CloudConfig,
+    config: ProviderConfig,
     token: str,
     *,
     endpoint_url: str | None = None,
@@ -244,7 +244,7 @@ class AwsAgentCredentials:
     behind. Its SSM calls are ``CONTROLLER_SERVICE_ACTIONS`` (``providers/aws/permissions.py``),
     all of them and no other (tested)."""
 
-    def __init__(self, config: CloudConfig, *, endpoint_url: str | None = None) -> None:
+    def __init__(self, config: ProviderConfig, *, endpoint_url: str | None = None) -> None:
         import boto3
 
         s = config.settings
@@ -321,7 +321,7 @@ class AwsAgentCredentials:
 
 
 def gcp_startup_script(
-    config: CloudConfig, *, instance_key: str, api_url: str, credential: str
+    config: ProviderConfig, *, instance_key: str, api_url: str, credential: str
 ) -> str:
     """A GCP node's startup script: install coadapt, keep ``credential`` (this node's own
     agent credential, nothing shared) in its token file, then run ``coadapt agent`` as a
