@@ -202,16 +202,7 @@ LAYERS: dict[str, tuple[str, ...]] = {  # lowest first: each names only layers l
     CLI: (MODEL, MARKET, DECIDE, LEDGER, CONTROLLER, BILL, ANALYSIS, REPORTS, SIM),
 }
 """Rule 6: each layer (a package prefix) and the layers it may import."""
-LAYER_EXCEPTIONS: dict[tuple[str, str], str] = {
-    (MARKET, DECIDE): (
-        "market/pricing.py: Offering.ref() builds the old simulator's OfferingRef (decide/jobs.py),"
-        " whose key differs from Offering.key; issue 36 takes those types out of the core"
-    ),
-    (DECIDE, LEDGER): (
-        "decide/jobs.py reads MARKETS from accounting/costs.py, and market/pricing.py defines the"
-        " same two names again: one copy, in market, once pricing no longer imports decide"
-    ),
-}
+LAYER_EXCEPTIONS: dict[tuple[str, str], str] = {}
 """Imports between layers that break rule 6 today, each with its reason (by layer, so that they
 survive renames inside a package)."""
 

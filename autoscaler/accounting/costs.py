@@ -66,6 +66,7 @@ from decimal import ROUND_HALF_EVEN, ROUND_HALF_UP, Decimal
 from typing import Any, Final, Literal, cast
 
 from autoscaler.errors import InvalidInputError
+from autoscaler.market.terms import MARKETS
 
 __all__ = [
     "END_REASONS",
@@ -106,7 +107,6 @@ Market = Literal["spot", "on-demand"]
 EndReason = Literal["released", "preempted", "end_of_run"]
 JobEventKind = Literal["submitted", "finished", "restart", "preemption"]
 
-MARKETS: Final = ("spot", "on-demand")
 END_REASONS: Final = ("released", "preempted", "end_of_run")
 JOB_EVENT_KINDS: Final = ("submitted", "finished", "restart", "preemption")
 RECORD_VERSION: Final = 1

@@ -26,9 +26,9 @@ from dataclasses import MISSING, asdict, dataclass
 from pathlib import PurePosixPath
 from typing import Any, Final
 
-from autoscaler.accounting.costs import MARKETS
 from autoscaler.decide.views import Allocation, JobView, OfferingRef, Oracle
 from autoscaler.errors import InvalidInputError
+from autoscaler.market.terms import MARKETS
 from autoscaler.model.fitting import ModelBook
 from autoscaler.model.goodput import (
     BatchLimits,

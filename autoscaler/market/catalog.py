@@ -62,10 +62,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
-from autoscaler.decide.views import OfferingRef
 from autoscaler.errors import DuplicateOfferingError, InvalidInputError
 from autoscaler.market.files import CsvFile, prices_dir
-from autoscaler.market.terms import MARKETS, SPOT, check_market
+from autoscaler.market.terms import MARKETS, SPOT, OfferingRef, check_market
 
 __all__ = [
     "AWS_NETWORK_GBPS",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from types import MappingProxyType
 
 from autoscaler.errors import InvalidInputError
@@ -22,6 +23,7 @@ __all__ = [
     "ON_DEMAND",
     "SPOT",
     "SPOT_NOTICE_S",
+    "OfferingRef",
     "billed_seconds",
     "check_market",
     "instance_cost_usd",
@@ -73,3 +75,39 @@ def check_market(market: str) -> str:
             f"market must be one of {', '.join(MARKETS)}, got {market!r}", field="market"
         )
     return str(market)
+
+
+@dataclass(frozen=True)
+class OfferingRef:
+    """Where a node came from: one pool of one provider (provider, instance type, zone,
+    market). ``key`` names the pool across the system (plans, sizing, ledgers, the controller's
+    rows), in the one format ``provider/instance_type/zone/market`` of
+    :func:`providers.base.offering_key` (the provider's ``Offering.key``) that a job spec's
+    ``offerings`` use too (:meth:`parse` reads it back; the decision core imports no provider,
+    so it spells the format here, and a test holds the two equal)."""
+
+    provider: str
+    instance_type: str
+    zone: str
+    market: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.provider}/{self.instance_type}/{self.zone}/{self.market}"
+
+    @classmethod
+    def parse(cls, key: str) -> OfferingRef:
+        """The offering named by ``key`` (``provider/instance_type/zone/market``, the format
+        of :attr:`key`); :class:`InvalidInputError` for a key of another shape or market."""
+        parts = key.split("/") if isinstance(key, str) else []
+        if len(parts) != 4 or not all(parts):
+            raise InvalidInputError(
+                f"must be an offering key provider/instance_type/zone/market, got {key!r}",
+                field="offerings",
+            )
+        if parts[3] not in MARKETS:
+            raise InvalidInputError(
+                f"market must be one of {', '.join(MARKETS)}, got {parts[3]!r} (in {key!r})",
+                field="offerings",
+            )
+        return cls(*parts)
