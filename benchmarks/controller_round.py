@@ -1,7 +1,7 @@
 """How long a controller round takes at scale, cloud latency aside.
 
     python benchmarks/controller_round.py [--jobs 1000] [--instances 500] [--rounds 9]
-        [--out FILE]
+        [--history-days N] [--out FILE]
 
 A real store file (SQLite, WAL, in a temporary folder), the behavioural fake cloud in memory
 (no latency: what is measured is the controller), the default fleet strategy (goodput-per-
@@ -12,11 +12,22 @@ measured rounds follow, each after every placed job reported (a trainer report w
 profile and gradient statistics, written to the store as the API will) and every running
 instance heartbeat, the clock a minute later.
 
+``--history-days N`` first fills the store with N simulated days of a busy cluster's past,
+written through the store's own methods, as the controller writes them (an old store, to
+show a round's cost does not grow with the cluster's age): every day a generation of
+``--instances / 4`` instances is launched, run and, the next day, ended and billed; every
+six hours each job is moved onto one of them (an assignment change: spans, usage totals)
+with an event; every hour each offering's price is recorded. Then the jobs hold nothing and
+the past fleet is gone, as in a fresh store, and the run goes on as without it. (Trainer
+reports are not filled: the controller keeps a bounded number per job as it reads them.)
+
 Prints a table of the measured rounds split into observe / decide / reconcile / act, and
 writes ``{"round_s_median", "round_s_p95", "rss_mib", "store_mib", "phases_s_median":
-{...}, "jobs", "instances", "rounds", "fleet_gpus", "assigned_gpus", "placed_jobs"}``: after
-the last round, the GPUs of the running instances, those the jobs hold, and the jobs placed
-(the rounds measured are rounds that keep a fleet busy, not empty ones).
+{...}, "jobs", "instances", "rounds", "fleet_gpus", "assigned_gpus", "placed_jobs",
+"history_days", "history": {...}}``: after the last round, the GPUs of the running
+instances, those the jobs hold, and the jobs placed (the rounds measured are rounds that
+keep a fleet busy, not empty ones); ``history`` counts the rows the fill wrote (``spans``,
+``instances``, ``events``, ``prices``) and its wall time (``fill_s``).
 """
 
 from __future__ import annotations
@@ -105,7 +116,78 @@ def _agents(store: Store, rng: np.random.Generator, apps: dict[str, str]) -> Non
         store.add_report(job, report.to_json())
 
 
-def run(jobs: int, instances: int, rounds: int) -> dict:
+HISTORY_MOVE_S = 6 * 3600.0
+"""How often, in the filled past, every job is moved (a new assignment)."""
+
+
+def _fill_history(store: Store, days: int, jobs: list[str], instances: int) -> dict[str, float]:
+    """``days`` simulated days of history for ``jobs`` (see the module docstring), the clock
+    moved past them; returns what was written."""
+    t0 = time.perf_counter()
+    offerings = _fleet().offerings()
+    rng = np.random.default_rng(1)
+    store.set_durable(False)  # a fill, not a cluster: a crash loses only the benchmark
+    per_day = max(1, instances // 4)
+    counts = {"spans": 0, "instances": 0, "events": 0, "prices": 0}
+    live: list[tuple[str, int]] = []  # (key, version) of the running generation
+    for day in range(days):
+        generation: list[tuple[str, int]] = []
+        for k in range(per_day):
+            o = offerings[(day + k) % len(offerings)]
+            key = f"past-{day:03d}-{k:04d}"
+            row = store.add_instance(
+                instance_key=key,
+                request_id=f"{CLUSTER}-{key}",
+                offering_key=o.key,
+                provider=o.provider,
+                instance_type=o.instance_type,
+                zone=o.zone,
+                market=o.market.value,
+                gpu_type=o.gpu_type,
+                gpus=o.gpus,
+                price_usd_per_hour=o.price_usd_per_hour or 0.0,
+            )
+            row = store.transition(key, row.version, InstanceStatus.REQUESTED, reason="launch")
+            row = store.transition(
+                key, row.version, InstanceStatus.RUNNING, reason="listed", provider_instance_id=key
+            )
+            generation.append((key, row.version))
+        _end_generation(store, live)
+        live = generation
+        counts["instances"] += per_day
+        for _move in range(int(86_400 / HISTORY_MOVE_S)):
+            events = []
+            for job in jobs:
+                key = live[int(rng.integers(len(live)))][0]
+                store.set_assignments(job, {key: 1})
+                events.append((CLOCK.now_s(), "rescale", job, f"{job} moved to {key}"))
+            counts["spans"] += len(jobs)
+            store.add_events(events)
+            counts["events"] += len(events)
+            for _hour in range(int(HISTORY_MOVE_S / 3600)):
+                for o in offerings:
+                    price = (o.price_usd_per_hour or 0.0) * float(rng.uniform(0.8, 1.2))
+                    store.record_price(o.key, price, o.market)
+                counts["prices"] += len(offerings)
+                CLOCK.advance(3600.0)
+    for job in jobs:
+        store.set_assignments(job, {})
+    _end_generation(store, live)
+    store.set_durable(True)
+    return {**counts, "fill_s": time.perf_counter() - t0}
+
+
+def _end_generation(store: Store, generation: list[tuple[str, int]]) -> None:
+    """Release and bill a generation of past instances (they ran since their launch)."""
+    for key, version in generation:
+        row = store.transition(key, version, InstanceStatus.TERMINATING, reason="released")
+        row = store.transition(key, row.version, InstanceStatus.TERMINATED, reason="gone")
+        _, started = store.status_times(key)
+        assert started is not None
+        store.add_cost_record(key, started, CLOCK.now_s(), row.price_usd_per_hour)
+
+
+def run(jobs: int, instances: int, rounds: int, history_days: int = 0) -> dict:
     rng = np.random.default_rng(0)
     names = sorted({j.application for f in paper_workloads("1.0") for j in load_workload(f).jobs})
     tmp = Path(tempfile.mkdtemp(prefix="coadapt-bench-"))
@@ -125,6 +207,7 @@ def run(jobs: int, instances: int, rounds: int) -> dict:
         )
         store.add_job(spec.name, spec.to_json())
         apps[spec.name] = app
+    history = _fill_history(store, history_days, list(apps), instances) if history_days else {}
     config = ControllerConfig(
         CLUSTER,
         sizing=SizingConfig(min_instances=instances, max_instances=instances),
@@ -182,6 +265,8 @@ def run(jobs: int, instances: int, rounds: int) -> dict:
         "phases_s_median": {k: statistics.median(v) for k, v in phases.items()},
         "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "store_mib": store_mib,
+        "history_days": history_days,
+        "history": history,
     }
 
 
@@ -190,9 +275,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=1000)
     p.add_argument("--instances", type=int, default=500)
     p.add_argument("--rounds", type=int, default=9)
+    p.add_argument(
+        "--history-days",
+        type=int,
+        default=0,
+        help="fill the store with this many simulated days of history first (0: fresh)",
+    )
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
-    result = run(args.jobs, args.instances, args.rounds)
+    if args.history_days < 0:
+        p.error("--history-days must be >= 0")
+    result = run(args.jobs, args.instances, args.rounds, args.history_days)
     print(json.dumps(result, indent=2))
     if args.out:
         write_json_atomic(args.out, result)
