@@ -23,13 +23,14 @@ def test_writes_the_documented_json(tmp_path: Path) -> None:
     assert 8 <= doc["placed_jobs"] <= min(30, doc["assigned_gpus"]), doc
 
 
-def test_history_days_fills_an_old_store_before_timing(tmp_path: Path) -> None:
+def test_history_days_fills_an_old_store_and_compares_a_fresh_one(tmp_path: Path) -> None:
     """``--history-days``: the store holds that many days of a busy past (every job moved
     every six hours, a generation of instances a day, every offering's price every hour), and
-    the rounds timed after it are as busy as on a fresh store."""
+    the rounds timed after it are as busy as on a fresh store; ``--compare-fresh`` times a
+    fresh store's rounds beside them."""
     out = tmp_path / "round.json"
     argv = ["--jobs", "30", "--instances", "8", "--rounds", "2", "--history-days", "2"]
-    assert main([*argv, "--out", str(out)]) == 0
+    assert main([*argv, "--compare-fresh", "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert doc["history_days"] == 2
     history = doc["history"]
@@ -39,7 +40,7 @@ def test_history_days_fills_an_old_store_before_timing(tmp_path: Path) -> None:
     assert history["fill_s"] > 0
     assert doc["jobs"] == 30 and doc["instances"] == 8 and doc["rounds"] == 2
     assert doc["fleet_gpus"] >= 8 and doc["assigned_gpus"] == doc["fleet_gpus"], doc
-    fresh = tmp_path / "fresh.json"
-    assert main(["--jobs", "30", "--instances", "8", "--rounds", "1", "--out", str(fresh)]) == 0
-    assert json.loads(fresh.read_text())["history"] == {}
-    assert doc["store_mib"] > json.loads(fresh.read_text())["store_mib"]
+    fresh = doc["fresh"]
+    assert set(fresh) == {"round_s_median", "round_s_p95", "phases_s_median"}
+    assert fresh["round_s_p95"] >= fresh["round_s_median"] > 0
+    assert doc["aged_over_fresh"] == doc["round_s_median"] / fresh["round_s_median"]
