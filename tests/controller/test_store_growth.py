@@ -349,8 +349,7 @@ def round_on_a_store_with_a_past(path: Path, past: int) -> list[str]:
         store.transition(key, row.version, S.TERMINATED, reason="gone")
         store.add_events([(clock.now_s(), "note", key, "past")])
     for job in ("old-0", "old-1"):
-        row = store.get_job(job)
-        store.update_job(job, row.version, status="completed")
+        store.update_job(job, store.get_job(job).version, status="completed")
     config = ControllerConfig(
         "c1",
         sizing=SizingConfig(min_instances=4, max_instances=4),
