@@ -161,6 +161,7 @@ def test_usage_errors_are_one_line_in_the_one_error_style(args: list[str], words
         ["simulate", "--seed", "-1", "x.csv"],
         ["cost", "report"],
         ["prices", "list", "--max-usd-per-gpu-hour", "-1"],
+        ["up", "--retention-days", "-1"],
     ],
 )
 def test_input_errors_use_the_coadapt_prefix(args: list[str]) -> None:
