@@ -324,7 +324,7 @@ def round_on_a_store_with_a_past(path: Path, past: int) -> list[str]:
     """A controller's fourth round on a store whose cluster already ran ``past`` instances
     (launched, holding a job that is done now, ended), with an event each: the statements
     the round ran, with their values."""
-    from autoscaler.controller.jobs import JobSubmission
+    from autoscaler.controller.jobbook import JobSubmission
     from autoscaler.controller.loop import Controller, ControllerConfig
     from autoscaler.controller.reconcile import ReconcileConfig
     from autoscaler.decide.sizing import SizingConfig
