@@ -87,7 +87,7 @@ from autoscaler.controller.store.fleet_meta import FleetMeta
 from autoscaler.controller.store.instance_table import InstanceTable
 from autoscaler.controller.store.job_table import MAX_REASON_CHARS, JobTable
 from autoscaler.controller.store.price_table import PricePoint, PriceTable
-from autoscaler.controller.store.report_table import ModelRow, ReportTable
+from autoscaler.controller.store.report_table import ModelRow, TrainerReportTable
 from autoscaler.controller.store.retention import RETENTION_BATCH, Pruned, Retention
 from autoscaler.controller.store.schema import (
     MIGRATIONS,
@@ -129,7 +129,7 @@ class Store(
     JobTable,
     InstanceTable,
     AssignmentTable,
-    ReportTable,
+    TrainerReportTable,
     PriceTable,
     EventTable,
     CostTable,

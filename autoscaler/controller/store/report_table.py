@@ -11,7 +11,7 @@ from autoscaler.controller.records import ReportRow
 from autoscaler.controller.store.base import StoreBase
 from autoscaler.controller.store.validate import valid_count, valid_json_object, valid_text
 
-__all__ = ["ModelRow", "ReportTable"]
+__all__ = ["ModelRow", "TrainerReportTable"]
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class ModelRow:
     fitted_at_s: float
 
 
-class ReportTable(StoreBase):
+class TrainerReportTable(StoreBase):
     """The trainer reports and the goodput fits."""
 
     def add_report(self, job_name: str, payload_json: str) -> ReportRow:
