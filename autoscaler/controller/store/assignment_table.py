@@ -1,0 +1,196 @@
+"""Which job holds how many GPUs of which instance (``assignments``), and since when
+(``assignment_history``): the spans billing, the events and a policy's attained service read."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from autoscaler.controller.errors import UnknownRowError
+from autoscaler.controller.store.base import StoreBase
+from autoscaler.controller.store.validate import valid_count, valid_text
+
+__all__ = ["AssignmentRow", "AssignmentSpan", "AssignmentTable"]
+
+
+@dataclass(frozen=True)
+class AssignmentRow:
+    """``gpus`` GPUs of instance ``instance_key`` assigned to job ``job_name``; ``version``
+    counts the changes of this pair's GPU count since it was assigned."""
+
+    job_name: str
+    instance_key: str
+    gpus: int
+    version: int
+
+
+@dataclass(frozen=True)
+class AssignmentSpan:
+    """Job ``job_name`` held ``gpus`` GPUs of ``instance_key`` from ``from_s`` to ``to_s``
+    (``None``: still does)."""
+
+    job_name: str
+    instance_key: str
+    gpus: int
+    from_s: float
+    to_s: float | None
+
+
+class AssignmentTable(StoreBase):
+    """The assignments and their history."""
+
+    def set_assignments(self, job_name: str, gpus_by_instance: Mapping[str, int]) -> None:
+        """Make ``gpus_by_instance`` the whole of job ``job_name``'s assignments, atomically:
+        pairs not in it are removed, new ones added (version 1), changed GPU counts updated
+        (version + 1), unchanged ones left as they are. Zero counts mean "not assigned".
+        :class:`UnknownRowError` for an unknown job or instance (nothing changed)."""
+        wanted: dict[str, int] = {}
+        for key, gpus in gpus_by_instance.items():
+            count = valid_count(gpus, f"gpus on {key}")
+            if count:
+                wanted[valid_text(key, "instance_key")] = count
+        with self._write("set assignments") as conn:
+            if conn.execute("SELECT 1 FROM jobs WHERE name = ?", (job_name,)).fetchone() is None:
+                raise UnknownRowError("jobs", job_name)
+            for key in sorted(wanted):
+                found = conn.execute(
+                    "SELECT 1 FROM instances WHERE instance_key = ?", (key,)
+                ).fetchone()
+                if found is None:
+                    raise UnknownRowError("instances", key)
+            held = {
+                r[0]: r[1]
+                for r in conn.execute(
+                    "SELECT instance_key, gpus FROM assignments WHERE job_name = ?", (job_name,)
+                )
+            }
+            now = self._now()
+            for key in sorted(set(held) - set(wanted)):
+                conn.execute(
+                    "DELETE FROM assignments WHERE job_name = ? AND instance_key = ?",
+                    (job_name, key),
+                )
+            for key, gpus in sorted(wanted.items()):
+                if key not in held:
+                    conn.execute(
+                        "INSERT INTO assignments (job_name, instance_key, gpus, version) "
+                        "VALUES (?, ?, ?, 1)",
+                        (job_name, key, gpus),
+                    )
+                elif held[key] != gpus:
+                    conn.execute(
+                        "UPDATE assignments SET gpus = ?, version = version + 1 "
+                        "WHERE job_name = ? AND instance_key = ?",
+                        (gpus, job_name, key),
+                    )
+            for key in sorted(set(held) | set(wanted)):
+                if held.get(key) == wanted.get(key):
+                    continue
+                conn.execute(  # the span that ends now
+                    "UPDATE assignment_history SET to_s = ? "
+                    "WHERE job_name = ? AND instance_key = ? AND to_s IS NULL",
+                    (now, job_name, key),
+                )
+                if key in wanted:
+                    conn.execute(
+                        "INSERT INTO assignment_history "
+                        "(job_name, instance_key, gpus, from_s, to_s) VALUES (?, ?, ?, ?, NULL)",
+                        (job_name, key, wanted[key], now),
+                    )
+
+    def record_relaunch(self, job_name: str, instance_key: str) -> bool:
+        """``job_name``'s processes on ``instance_key`` were started again without a change
+        of assignment (its agent restarted and found them gone): its open span there ends
+        now and a new one begins, so the relaunch counts as a restart (:meth:`usage`, the one
+        place restarts are counted). False (nothing written) when it holds nothing there."""
+        with self._write("record a relaunch") as conn:
+            row = conn.execute(
+                "SELECT gpus FROM assignments WHERE job_name = ? AND instance_key = ?",
+                (job_name, instance_key),
+            ).fetchone()
+            if row is None:
+                return False
+            now = self._now()
+            conn.execute(
+                "UPDATE assignment_history SET to_s = ? "
+                "WHERE job_name = ? AND instance_key = ? AND to_s IS NULL",
+                (now, job_name, instance_key),
+            )
+            conn.execute(
+                "INSERT INTO assignment_history "
+                "(job_name, instance_key, gpus, from_s, to_s) VALUES (?, ?, ?, ?, NULL)",
+                (job_name, instance_key, row[0], now),
+            )
+        return True
+
+    def assignment_history(self, job: str | None = None) -> tuple[AssignmentSpan, ...]:
+        """Every span in which a job held GPUs of an instance (``to_s`` ``None``: still
+        holds them), oldest first; of one job if ``job`` is given."""
+        sql = "SELECT job_name, instance_key, gpus, from_s, to_s FROM assignment_history"
+        params: tuple[str, ...] = ()
+        if job is not None:
+            sql += " WHERE job_name = ?"
+            params = (job,)
+        return tuple(AssignmentSpan(*r) for r in self._read(sql + " ORDER BY seq", params))
+
+    def assignment_rows(
+        self, job: str | None = None, instance: str | None = None
+    ) -> tuple[AssignmentRow, ...]:
+        """Assignment rows, of one job and/or one instance when given, by (job, instance)."""
+        sql = "SELECT job_name, instance_key, gpus, version FROM assignments"
+        where, params = [], []
+        if job is not None:
+            where.append("job_name = ?")
+            params.append(job)
+        if instance is not None:
+            where.append("instance_key = ?")
+            params.append(instance)
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY job_name, instance_key"
+        return tuple(AssignmentRow(r[0], r[1], r[2], r[3]) for r in self._read(sql, params))
+
+    def assignments_of(self, jobs: Iterable[str]) -> dict[tuple[str, str], int]:
+        """GPUs by ``(job name, instance key)`` of ``jobs`` only (a page of a job list)."""
+        out: dict[tuple[str, str], int] = {}
+        names = list(dict.fromkeys(jobs))
+        for i in range(0, len(names), 500):  # SQLite's bound on parameters
+            chunk = names[i : i + 500]
+            marks = ", ".join("?" * len(chunk))
+            rows = self._read(
+                "SELECT job_name, instance_key, gpus FROM assignments "
+                f"WHERE job_name IN ({marks}) ORDER BY job_name, instance_key",
+                chunk,
+            )
+            out.update(((r[0], r[1]), r[2]) for r in rows)
+        return out
+
+    def list_assignments(
+        self, job: str | None = None, instance: str | None = None
+    ) -> dict[tuple[str, str], int]:
+        """GPUs by ``(job name, instance key)``, of one job and/or one instance when given."""
+        return {(a.job_name, a.instance_key): a.gpus for a in self.assignment_rows(job, instance)}
+
+    def restart_counts(self, jobs: Iterable[str]) -> dict[str, int]:
+        """How many times each job (of ``jobs``) was placed again after its first start: the
+        instants its assignments changed to a new placement, less the first (a change opens
+        its spans at one instant). Jobs never placed are left out."""
+        return {name: restarts for name, (_, restarts) in self.usage(jobs, 0.0).items()}
+
+    def usage(self, jobs: Iterable[str], now_s: float) -> dict[str, tuple[float, int]]:
+        """Each job's (GPU-seconds it has held, restarts) from the assignment history, to
+        ``now_s``: the attained service a policy weighs, and :meth:`restart_counts`. Jobs
+        never placed are left out."""
+        out: dict[str, tuple[float, int]] = {}
+        names = list(dict.fromkeys(jobs))
+        for i in range(0, len(names), 500):
+            chunk = names[i : i + 500]
+            marks = ", ".join("?" * len(chunk))
+            rows = self._read(
+                "SELECT job_name, total(gpus * (coalesce(to_s, ?) - from_s)), "
+                "count(DISTINCT from_s) FROM assignment_history "
+                f"WHERE job_name IN ({marks}) GROUP BY job_name",
+                [now_s, *chunk],
+            )
+            out.update((r[0], (max(0.0, float(r[1])), max(0, int(r[2]) - 1))) for r in rows)
+        return out

@@ -1,0 +1,50 @@
+"""The fleet's release, kept in the ``meta`` table: ``coadapt destroy`` marks the fleet
+released (the service terminates every instance and launches none, across restarts) and the
+service records what the cloud listed after its last release pass."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from autoscaler.controller.store.base import StoreBase
+
+__all__ = ["ReleaseMeta"]
+
+
+class ReleaseMeta(StoreBase):
+    """The fleet's release (rows of ``meta``)."""
+
+    def set_released(self, released: bool) -> None:
+        """Mark the fleet released (``coadapt destroy``: the service terminates every instance
+        and launches none, across restarts) or not (launching resumes)."""
+        with self._write("mark the fleet released") as conn:
+            if released:
+                conn.execute(
+                    "INSERT OR IGNORE INTO meta (key, value) VALUES ('released_at_s', ?)",
+                    (repr(self._now()),),
+                )
+            else:
+                conn.execute("DELETE FROM meta WHERE key IN ('released_at_s', 'release_listing')")
+
+    def record_release_listing(self, instance_ids: Sequence[str], error: str | None) -> None:
+        """What the cloud listed after the service's last release pass (``error``: the
+        listing failed, so what is left is unknown)."""
+        doc = json.dumps({"at_s": self._now(), "instances": sorted(instance_ids), "error": error})
+        with self._write("record the release listing") as conn:
+            conn.execute(
+                "INSERT INTO meta (key, value) VALUES ('release_listing', ?) "
+                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (doc,),
+            )
+
+    def release_listing(self) -> dict[str, Any] | None:
+        """The last :meth:`record_release_listing` (``at_s``, ``instances``, ``error``)."""
+        rows = self._read("SELECT value FROM meta WHERE key = 'release_listing'")
+        return dict(json.loads(rows[0][0])) if rows else None
+
+    def released_at_s(self) -> float | None:
+        """When the fleet was released (:meth:`set_released`); ``None`` when it is not."""
+        rows = self._read("SELECT value FROM meta WHERE key = 'released_at_s'")
+        return float(rows[0][0]) if rows else None

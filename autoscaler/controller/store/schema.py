@@ -1,0 +1,295 @@
+"""The store's schema: its forward migrations, and the check that a file's tables are those
+of its version.
+
+:data:`MIGRATIONS` lists the forward migrations in order, ``MIGRATIONS[n]`` taking a store
+from version ``n`` to ``n + 1``; :data:`SCHEMA_VERSION` is their count. A new store is built
+by applying all of them, and :meth:`Store.open <autoscaler.controller.store.Store.open>`
+applies those a store lacks, in one transaction. A migration, once released, is never edited:
+a change is a new migration. (One that rebuilds a table must run with foreign keys off, which
+SQLite allows only outside a transaction; none does yet.)
+
+* v1: ``meta`` (``schema_version``, ``cluster_id``), ``jobs``, ``instances``,
+  ``instance_history``, ``assignments``, ``plans``.
+* v2: what a cost-aware controller adds: ``reports`` (trainer reports), ``models`` (goodput
+  fits per job and GPU type), ``price_history``, ``cost_records``. Reports are not all kept:
+  once the controller has read them into its profiles, a job's older reports beyond a
+  bounded history are deleted (:meth:`Store.prune_reports
+  <autoscaler.controller.store.Store.prune_reports>`).
+* v3: ``assignment_history`` (who held which instance's GPUs when).
+* v4: ``jobs.reason`` (why a job was refused or failed) and ``job_batches`` (each job's
+  planned batch, what the API answers its trainer).
+* v5: an index of the jobs in submission order (a page of the job list reads only its rows).
+* v6: ``events``, the cluster's story (:mod:`autoscaler.controller.events`): launches,
+  notices, rescales, completions, ... one row each, in order.
+* v7: ``jobs.deadline_s``, a job's deadline (the clock's time; ``NULL``: none), resolved once
+  at submission from the spec's ``deadline`` (a duration or a time).
+"""
+
+from __future__ import annotations
+
+import functools
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from autoscaler.controller.errors import StoreCorruptError
+from autoscaler.errors import InvalidInputError
+
+__all__ = [
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "Migration",
+    "apply_migrations",
+    "check_schema",
+    "migrate",
+    "reference_schema",
+    "schema_of",
+]
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One schema step: the statements that take a store to ``version`` from the one before.
+    They run inside the caller's transaction (DDL is transactional in SQLite)."""
+
+    version: int
+    summary: str
+    statements: tuple[str, ...]
+
+
+MIGRATIONS: Final[tuple[Migration, ...]] = (
+    Migration(
+        1,
+        "the core: meta, jobs, instances and their history, assignments, plans",
+        (
+            """CREATE TABLE meta (
+                key TEXT PRIMARY KEY,
+                value TEXT NOT NULL
+            )""",
+            """CREATE TABLE jobs (
+                name TEXT PRIMARY KEY,
+                spec_json TEXT NOT NULL,
+                status TEXT NOT NULL,
+                retries INTEGER NOT NULL DEFAULT 0,
+                submitted_at_s REAL NOT NULL,
+                updated_at_s REAL NOT NULL,
+                version INTEGER NOT NULL DEFAULT 1
+            )""",
+            "CREATE INDEX jobs_by_status ON jobs (status)",
+            """CREATE TABLE instances (
+                instance_key TEXT PRIMARY KEY,
+                request_id TEXT NOT NULL UNIQUE,
+                offering_key TEXT NOT NULL,
+                provider TEXT NOT NULL,
+                instance_type TEXT NOT NULL,
+                zone TEXT NOT NULL,
+                market TEXT NOT NULL,
+                gpu_type TEXT NOT NULL,
+                gpus INTEGER NOT NULL,
+                price_usd_per_hour REAL NOT NULL,
+                provider_instance_id TEXT,
+                status TEXT NOT NULL,
+                request_tries INTEGER NOT NULL DEFAULT 0,
+                last_heartbeat_s REAL,
+                created_at_s REAL NOT NULL,
+                updated_at_s REAL NOT NULL,
+                version INTEGER NOT NULL DEFAULT 1,
+                UNIQUE (provider, provider_instance_id)
+            )""",
+            "CREATE INDEX instances_by_status ON instances (status)",
+            """CREATE TABLE instance_history (
+                seq INTEGER PRIMARY KEY AUTOINCREMENT,
+                instance_key TEXT NOT NULL REFERENCES instances (instance_key),
+                status TEXT NOT NULL,
+                at_s REAL NOT NULL,
+                reason TEXT NOT NULL
+            )""",
+            "CREATE INDEX instance_history_by_instance ON instance_history (instance_key, seq)",
+            """CREATE TABLE assignments (
+                job_name TEXT NOT NULL REFERENCES jobs (name),
+                instance_key TEXT NOT NULL REFERENCES instances (instance_key),
+                gpus INTEGER NOT NULL CHECK (gpus > 0),
+                version INTEGER NOT NULL DEFAULT 1,
+                PRIMARY KEY (job_name, instance_key)
+            )""",
+            "CREATE INDEX assignments_by_instance ON assignments (instance_key)",
+            """CREATE TABLE plans (
+                round_id INTEGER PRIMARY KEY AUTOINCREMENT,
+                at_s REAL NOT NULL,
+                plan_json TEXT NOT NULL
+            )""",
+        ),
+    ),
+    Migration(
+        2,
+        "cost-aware controller: trainer reports, goodput models, price history, cost records",
+        (
+            """CREATE TABLE reports (
+                report_id INTEGER PRIMARY KEY AUTOINCREMENT,
+                job_name TEXT NOT NULL REFERENCES jobs (name),
+                at_s REAL NOT NULL,
+                payload_json TEXT NOT NULL
+            )""",
+            "CREATE INDEX reports_by_job ON reports (job_name, report_id)",
+            """CREATE TABLE models (
+                job_name TEXT NOT NULL REFERENCES jobs (name),
+                gpu_type TEXT NOT NULL,
+                params_json TEXT NOT NULL,
+                fitted_at_s REAL NOT NULL,
+                PRIMARY KEY (job_name, gpu_type)
+            )""",
+            """CREATE TABLE price_history (
+                seq INTEGER PRIMARY KEY AUTOINCREMENT,
+                offering_key TEXT NOT NULL,
+                at_s REAL NOT NULL,
+                price_usd_per_hour REAL NOT NULL,
+                market TEXT NOT NULL
+            )""",
+            "CREATE INDEX price_history_by_offering ON price_history (offering_key, at_s)",
+            """CREATE TABLE cost_records (
+                record_id INTEGER PRIMARY KEY AUTOINCREMENT,
+                instance_key TEXT NOT NULL REFERENCES instances (instance_key),
+                start_s REAL NOT NULL,
+                end_s REAL NOT NULL,
+                price_usd_per_hour REAL NOT NULL,
+                usd REAL NOT NULL
+            )""",
+            "CREATE INDEX cost_records_by_instance ON cost_records (instance_key)",
+        ),
+    ),
+    Migration(
+        3,
+        "assignment history: who held which instance's GPUs when (per-job cost)",
+        (
+            """CREATE TABLE assignment_history (
+                seq INTEGER PRIMARY KEY AUTOINCREMENT,
+                job_name TEXT NOT NULL REFERENCES jobs (name),
+                instance_key TEXT NOT NULL REFERENCES instances (instance_key),
+                gpus INTEGER NOT NULL CHECK (gpus > 0),
+                from_s REAL NOT NULL,
+                to_s REAL
+            )""",
+            "CREATE INDEX assignment_history_by_job ON assignment_history (job_name, seq)",
+            # Assignments held when the store is migrated start at its last plan.
+            """INSERT INTO assignment_history (job_name, instance_key, gpus, from_s, to_s)
+               SELECT job_name, instance_key, gpus,
+                      coalesce((SELECT max(at_s) FROM plans), 0.0), NULL
+               FROM assignments ORDER BY job_name, instance_key""",
+        ),
+    ),
+    Migration(
+        4,
+        "the whole plan: why a job was refused or failed, and each job's planned batch",
+        (
+            "ALTER TABLE jobs ADD COLUMN reason TEXT",
+            """CREATE TABLE job_batches (
+                job_name TEXT PRIMARY KEY REFERENCES jobs (name),
+                global_batch_size INTEGER NOT NULL CHECK (global_batch_size > 0),
+                local_batch_size INTEGER NOT NULL CHECK (local_batch_size > 0),
+                accum_steps INTEGER NOT NULL CHECK (accum_steps > 0),
+                gpus INTEGER NOT NULL CHECK (gpus > 0),
+                at_s REAL NOT NULL
+            )""",
+        ),
+    ),
+    Migration(
+        5,
+        "jobs listed a page at a time: an index in submission order",
+        ("CREATE INDEX jobs_by_submission ON jobs (submitted_at_s, name)",),
+    ),
+    Migration(
+        6,
+        "the cluster's story: one row per event that matters (launch, notice, rescale, ...)",
+        (
+            """CREATE TABLE events (
+                seq INTEGER PRIMARY KEY AUTOINCREMENT,
+                at_s REAL NOT NULL,
+                kind TEXT NOT NULL,
+                subject TEXT NOT NULL,
+                message TEXT NOT NULL
+            )""",
+        ),
+    ),
+    Migration(
+        7,
+        "deadlines: when a job must be done (the clock's time), fixed at submission",
+        ("ALTER TABLE jobs ADD COLUMN deadline_s REAL",),
+    ),
+)
+
+SCHEMA_VERSION: Final = len(MIGRATIONS)
+
+
+def apply_migrations(conn: sqlite3.Connection, from_version: int, to_version: int) -> None:
+    """Apply ``MIGRATIONS[from_version:to_version]`` on ``conn`` inside the caller's
+    transaction, recording each new version in ``meta``. :meth:`Store.create` and
+    :meth:`Store.open` use it; tests use it to build stores of past versions."""
+    if not 0 <= from_version <= to_version <= SCHEMA_VERSION:
+        raise InvalidInputError(
+            f"cannot migrate from version {from_version} to {to_version} "
+            f"(known: 0..{SCHEMA_VERSION})",
+            field="to_version",
+        )
+    for migration in MIGRATIONS[from_version:to_version]:
+        for statement in migration.statements:
+            conn.execute(statement)
+        conn.execute(
+            "INSERT INTO meta (key, value) VALUES ('schema_version', ?) "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (str(migration.version),),
+        )
+
+
+def schema_of(conn: sqlite3.Connection) -> tuple[tuple[str, str, str, str], ...]:
+    """The schema of a database, normalized for comparison: ``(type, name, table, sql)`` of
+    every table and index SQLite did not make itself, sorted, whitespace collapsed."""
+    rows = conn.execute(
+        "SELECT type, name, tbl_name, sql FROM sqlite_master "
+        "WHERE name NOT LIKE 'sqlite\\_%' ESCAPE '\\' ORDER BY type, name"
+    ).fetchall()
+    return tuple((r[0], r[1], r[2], " ".join((r[3] or "").split())) for r in rows)
+
+
+@functools.cache
+def reference_schema(version: int) -> tuple[tuple[str, str, str, str], ...]:
+    """The schema that the first ``version`` migrations create (built in memory)."""
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    try:
+        conn.execute("BEGIN")
+        apply_migrations(conn, 0, version)
+        conn.execute("COMMIT")
+        return schema_of(conn)
+    finally:
+        conn.close()
+
+
+def check_schema(conn: sqlite3.Connection, path: Path, version: int) -> None:
+    """The file's tables and indexes are exactly those of its version's migrations."""
+    have, want = set(schema_of(conn)), set(reference_schema(version))
+    if have != want:
+        missing = sorted(f"{t} {n}" for t, n, _, _ in want - have)
+        extra = sorted(f"{t} {n}" for t, n, _, _ in have - want)
+        raise StoreCorruptError(
+            f"{path}: its tables differ from schema version {version}: "
+            f"missing or changed {missing or 'nothing'}, unexpected {extra or 'nothing'}",
+            path=str(path),
+        )
+
+
+def migrate(conn: sqlite3.Connection, path: Path) -> int:
+    """Bring the store to :data:`SCHEMA_VERSION` in one transaction; returns it. Another
+    process may have migrated it meanwhile: the version is read again under the lock."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        version = int(row[0])
+        if version < SCHEMA_VERSION:
+            apply_migrations(conn, version, SCHEMA_VERSION)
+            check_schema(conn, path, SCHEMA_VERSION)
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return SCHEMA_VERSION
