@@ -42,7 +42,6 @@ from typing import Final
 
 from autoscaler.controller.errors import ControllerError
 from autoscaler.controller.lifecycle import InstanceStatus, StatusChange
-from autoscaler.controller.reconcile import NOTICE_REASON, VANISHED_REASON
 from autoscaler.controller.store import (
     EventRow,
     InstanceRow,
@@ -103,7 +102,6 @@ DEADLINE_REASON: Final = "cannot meet its deadline"
 """How the reason of an active job that can no longer meet its deadline starts (the
 controller's round sets it; a ``deadline`` event tells it)."""
 
-_PREEMPTIBLE: Final = frozenset({InstanceStatus.RUNNING, InstanceStatus.DRAINING})
 _ENDED: Final = frozenset(
     {JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.REFUSED}
 )
@@ -172,8 +170,10 @@ class EventRecorder:
             r.instance_key: r.status for r in store.list_instances()
         }
         self._launched: set[str] = set(self._status)
-        self._noticed: set[str] = {
-            key for _, key, change in history if change.reason == NOTICE_REASON
+        self._noticed: set[str] = {  # a spot notice: a preemption recorded on a drain
+            key
+            for _, key, change in history
+            if change.preemption and change.status is InstanceStatus.DRAINING
         }
         self._jobs: dict[str, JobRow] = {j.name: j for j in store.list_jobs()}
         self._placements = self._read_placements()
@@ -245,7 +245,7 @@ class EventRecorder:
             return Event(at, EventKind.READY, key, f"running as {cloud_id} ({reason})")
         if s is InstanceStatus.ALLOCATION_FAILED:
             return Event(at, EventKind.LAUNCH_FAILED, key, reason)
-        if s is InstanceStatus.DRAINING and reason == NOTICE_REASON:
+        if s is InstanceStatus.DRAINING and change.preemption:
             if key in self._noticed:
                 return None
             self._noticed.add(key)
@@ -267,7 +267,7 @@ class EventRecorder:
                 return Event(
                     at, EventKind.PREEMPTION, key, f"ended after its spot notice ({reason}){billed}"
                 )
-            if reason == VANISHED_REASON and before in _PREEMPTIBLE:
+            if change.preemption and before is not None:
                 return Event(
                     at,
                     EventKind.PREEMPTION,

@@ -31,7 +31,7 @@ import numpy as np
 from autoscaler.decide.bounds import gpu_ceiling
 from autoscaler.decide.jobs import JobView
 from autoscaler.decide.sizing import with_unseen_hope
-from autoscaler.model.goodput import optimistic_internode
+from autoscaler.model.goodput import GoodputModel, optimistic_internode
 from autoscaler.model.gputypes import REFERENCE_GPU_TYPE, SpeedTable, estimate_model, limits_on
 
 __all__ = [
@@ -171,15 +171,14 @@ def goodput_curves(
         nodes = -(-g // per)
         goodput = np.ravel(model.optimize(nodes, g, fixed_batch_size=fixed).goodput)
         if optimistic:
-            goodput = with_unseen_hope(
-                goodput,
-                nodes,
-                g,
-                job.max_profiled_nodes,
-                job.max_profiled_gpus,
-                lambda m=model, n=nodes: np.ravel(
+
+            def hopeful(m: GoodputModel = model, n: np.ndarray = nodes) -> np.ndarray:
+                return np.ravel(
                     optimistic_internode(m).optimize(n, g, fixed_batch_size=fixed).goodput
-                ),
+                )
+
+            goodput = with_unseen_hope(
+                goodput, nodes, g, job.max_profiled_nodes, job.max_profiled_gpus, hopeful
             )
         out[(gpu_type, per)] = [float(x) for x in goodput]
     return out
