@@ -16,7 +16,13 @@ from typing import Final
 
 from autoscaler.accounting.costs import CostLedger, CostRecord
 from autoscaler.controller.lifecycle import InstanceStatus, preempted_at
-from autoscaler.controller.store import AssignmentSpan, CostRecordRow, JobStatus, Store
+from autoscaler.controller.store import (
+    AssignmentSpan,
+    CostRecordRow,
+    JobStatus,
+    Store,
+    placement_instants,
+)
 from autoscaler.errors import InvalidInputError
 from autoscaler.market.pricing import BILLING_INCREMENT_S, BILLING_MINIMUM_S
 
@@ -129,7 +135,9 @@ def cost_record_from_store(store: Store, now_s: float) -> CostRecord:
     * Each job's GPU-time from the assignment history (clamped to the instance's life, its
       boundaries snapped within :data:`ROUND_WRITE_TOLERANCE_S`: :func:`_snap_spans`); a
       ``preemption`` event for each job that held GPUs on an instance when the provider ended
-      it; a ``restart`` each time it was placed again after its first start; submission, and
+      it; a ``restart`` at each of its placements after the first (the store's one
+      definition of a restart: :func:`~autoscaler.controller.store.placement_instants`, whose
+      count is :meth:`~autoscaler.controller.store.Store.restart_counts`); submission, and
       completion at the job's last update; its useful samples from its latest trainer report
       (:func:`_useful_samples`).
     * The record closes at ``now_s`` while anything still runs (an instance not terminated, a
@@ -193,7 +201,6 @@ def cost_record_from_store(store: Store, now_s: float) -> CostRecord:
         ledger.job_event(job.name, rel(job.submitted_at_s), "submitted")
         latest = max(latest, rel(job.submitted_at_s))
     last_use: dict[str, float] = {}
-    placements: dict[str, set[float]] = {}
     middle: dict[str, set[tuple[float, str]]] = {}
     for span in spans:
         if span.instance_key not in life:
@@ -214,12 +221,9 @@ def cost_record_from_store(store: Store, now_s: float) -> CostRecord:
         hit = preempted.get(span.instance_key)
         if hit is not None and span.from_s <= hit and (span.to_s is None or span.to_s >= hit):
             middle.setdefault(span.job_name, set()).add((rel(hit), "preemption"))
-    for span in raw_spans:  # a placement opens all its spans at one instant (unsnapped)
-        if span.instance_key in life:
-            placements.setdefault(span.job_name, set()).add(rel(span.from_s))
-    for name, starts in placements.items():
-        for t in sorted(starts)[1:]:
-            middle.setdefault(name, set()).add((t, "restart"))
+    for name, starts in placement_instants(raw_spans).items():
+        for t in starts[1:]:  # the store's restarts: every placement after the first
+            middle.setdefault(name, set()).add((rel(t), "restart"))
     order = {"preemption": 0, "restart": 1}
     for name, events in middle.items():
         for t, kind in sorted(events, key=lambda e: (e[0], order[e[1]])):

@@ -495,17 +495,29 @@ class Controller:
 
     def job_views(self, now_s: float) -> tuple[JobView, ...]:
         """Every active job as the policy would see it now (from the store and the job
-        book; no side effects: a job whose spec cannot be read is left out)."""
+        book, its attained service and restarts from :meth:`Store.usage` as a round reads
+        them; no side effects: a job whose spec cannot be read is left out)."""
         alloc: dict[str, dict[str, int]] = {}
         for (job, key), gpus in self.store.list_assignments().items():
             alloc.setdefault(job, {})[key] = gpus
+        rows = self.store.list_jobs(statuses=ACTIVE_JOBS)
+        usage = self.store.usage([row.name for row in rows], now_s)
         out = []
-        for row in self.store.list_jobs(statuses=ACTIVE_JOBS):
+        for row in rows:
             with contextlib.suppress(InvalidInputError):
                 spec = JobSubmission.from_json(row.spec_json)
                 held = Allocation(alloc.get(row.name, {}))
+                attained, restarts = usage.get(row.name, (0.0, 0))
                 out.append(
-                    self.book.view(spec, row.submitted_at_s, now_s, held, deadline_s=row.deadline_s)
+                    self.book.view(
+                        spec,
+                        row.submitted_at_s,
+                        now_s,
+                        held,
+                        attained_gpu_s=attained,
+                        num_restarts=restarts,
+                        deadline_s=row.deadline_s,
+                    )
                 )
         return tuple(out)
 

@@ -84,6 +84,7 @@ from autoscaler.controller.store.event_table import (
 )
 from autoscaler.controller.store.instance_table import InstanceTable
 from autoscaler.controller.store.job_table import MAX_REASON_CHARS, JobTable
+from autoscaler.controller.store.placements import placement_instants
 from autoscaler.controller.store.plan_table import PlanRow, PlanTable
 from autoscaler.controller.store.price_table import PricePoint, PriceTable
 from autoscaler.controller.store.release import ReleaseMeta
@@ -118,6 +119,7 @@ __all__ = [
     "ReportRow",
     "Store",
     "apply_migrations",
+    "placement_instants",
     "schema_of",
 ]
 

@@ -174,7 +174,10 @@ class AssignmentTable(StoreBase):
     def restart_counts(self, jobs: Iterable[str]) -> dict[str, int]:
         """How many times each job (of ``jobs``) was placed again after its first start: the
         instants its assignments changed to a new placement, less the first (a change opens
-        its spans at one instant). Jobs never placed are left out."""
+        its new spans at one instant; a relaunch opens one). The one count of restarts: the
+        policy's ``num_restarts``, the API's, the bill's ``restart`` events
+        (:func:`~autoscaler.controller.store.placement_instants`), the events' ``rescale`` and
+        ``resume`` and the simulator's results. Jobs never placed are left out."""
         return {name: restarts for name, (_, restarts) in self.usage(jobs, 0.0).items()}
 
     def usage(self, jobs: Iterable[str], now_s: float) -> dict[str, tuple[float, int]]:
