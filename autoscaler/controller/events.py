@@ -425,8 +425,8 @@ class EventRecorder:
                         now,
                         EventKind.RESUME,
                         name,
-                        "started again on the same GPUs (its agent relaunched it), "
-                        f"{self._resume_text(name)}",
+                        "started again on the same GPUs: its agent relaunched it (a "
+                        "restart), from its checkpoint",
                     )
                 )
         self._restarts.update(counts)
