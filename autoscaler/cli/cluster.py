@@ -157,6 +157,13 @@ def up(
             "stops with one line and a disk-full event, and no job is started."
         ),
     ] = 64.0,
+    retention_days: Annotated[
+        float,
+        typer.Option(
+            help="Days the store keeps trainer reports, prices and events (0: forever); "
+            "what the bill reads is always kept."
+        ),
+    ] = 30.0,
 ) -> None:
     """Run the controller (API, rounds, fleet) in the foreground. Ctrl-C or SIGTERM stops it
     and leaves the fleet and its jobs running (the next coadapt up takes them back, at the
@@ -197,6 +204,8 @@ def up(
         fail("--quiet and --verbose: choose one", 2)
     if not 0.0625 <= job_log_max_mib <= 1 << 20 or not 0 <= min_free_mib <= 1 << 30:
         fail("--job-log-max-mib must be 0.0625-1048576 and --min-free-mib 0-2**30", 2)
+    if not 0 <= retention_days <= 36_500:
+        fail(f"--retention-days {retention_days}: give 0 (forever) to 36500", 2)
     _configure_logging(verbose=verbose)
     state = resolve_state_dir(state_dir)
     if state.exists() and not state.is_dir():
@@ -227,6 +236,7 @@ def up(
         min_free_bytes=int(min_free_mib * (1 << 20)),
         agent_interval_s=agent_interval_s,
         heartbeat_timeout_s=heartbeat_timeout_s,
+        retention_s=retention_days * 86_400.0 or None,
     )
 
     def ready(url: str) -> None:

@@ -44,7 +44,6 @@ call (:data:`CRASH_POINTS`); the crash-safety tests kill the process there.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import time
@@ -108,6 +107,13 @@ ACTIVE_JOBS: Final = (JobStatus.QUEUED, JobStatus.RUNNING)
 DEFAULT_REPORT_HISTORY: Final = 100
 """Reports kept per job once read (a report every 5 s: the last ~8 minutes; every 30 s: the
 last 50 minutes)."""
+DEFAULT_RETENTION_S: Final = 30 * 86_400.0
+"""How long the store keeps old reports, prices and events (30 days; the bill's records are
+kept whole: :mod:`autoscaler.controller.store.retention`)."""
+RETENTION_EVERY_S: Final = 600.0
+"""How often (the clock's seconds) a round prunes the store, unless the last pass left more."""
+RETENTION_BATCHES: Final = 10
+"""The most :meth:`Store.prune_old` batches one round runs (a backlog drains over rounds)."""
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
@@ -135,7 +141,10 @@ class ControllerConfig:
     which the service calls every second) is a stall of the controller, never counted
     against an agent's silence (:mod:`autoscaler.controller.liveness`); ``None`` (default):
     only the time before the controller started is (a controller driven by another's
-    rounds, like the simulator's, has no ticker)."""
+    rounds, like the simulator's, has no ticker). ``retention_s``: how long the store keeps
+    trainer reports, prices and events (older ones are pruned a batch at a time, at most
+    every :data:`RETENTION_EVERY_S`; the bill's records never are:
+    :mod:`autoscaler.controller.store.retention`); ``None``: forever."""
 
     cluster_id: str
     interval_s: float = 60.0
@@ -153,6 +162,7 @@ class ControllerConfig:
     refit_tolerance: float = 0.05
     report_history: int = DEFAULT_REPORT_HISTORY
     stall_gap_s: float | None = None
+    retention_s: float | None = DEFAULT_RETENTION_S
 
     def unavailable_offerings(self, clock: Clock) -> UnavailableOfferings:
         """The unavailable-offerings memory of this config (capacity errors kept for
@@ -165,6 +175,10 @@ class ControllerConfig:
             raise InvalidInputError(
                 "unavailable_ttl_s and quota_ttl_s must be > 0", field="unavailable_ttl_s"
             )
+        if self.retention_s is not None and not (
+            self.retention_s > 0 and math.isfinite(self.retention_s)
+        ):
+            raise InvalidInputError("retention_s must be a finite number > 0", field="retention_s")
         if (
             isinstance(self.report_history, bool)
             or not isinstance(self.report_history, int)
@@ -280,6 +294,8 @@ class Controller:
         self._report_cursor = -1  # -1: restore from the store first
         self._round = 0
         self._planned = False  # the store has recorded a plan (checked until it has)
+        self._pruned_at_s: float | None = None  # the last retention pass (the clock's time)
+        self._prune_more = False  # it left rows to prune
         self._offerings: dict[str, Offering] = {}
         self._offerings_read_s = -math.inf  # monotonic, when they were last read
         # No heartbeat could reach a controller that was not running: an agent's silence
@@ -410,6 +426,7 @@ class Controller:
         t4 = time.perf_counter()
 
         calls = 2 + self._act(actions, allocations, plan.batches, jobs, rows, assignments, now)
+        self._prune_old(now)
         t5 = time.perf_counter()
         return RoundReport(
             self._round,
@@ -773,6 +790,22 @@ class Controller:
                 self.provider.terminate(self.config.cluster_id, ids, "down")
         return calls
 
+    def _prune_old(self, now: float) -> None:
+        """Retention: prune what is older than ``retention_s`` (see :class:`ControllerConfig`),
+        at most every :data:`RETENTION_EVERY_S` unless the last pass left more, in at most
+        :data:`RETENTION_BATCHES` short transactions per table."""
+        if self.config.retention_s is None:
+            return
+        due = self._pruned_at_s is None or now - self._pruned_at_s >= RETENTION_EVERY_S
+        if not (due or self._prune_more):
+            return
+        self._pruned_at_s = now
+        for _ in range(RETENTION_BATCHES):
+            pruned = self.store.prune_old(now - self.config.retention_s)
+            self._prune_more = pruned.more
+            if not pruned.more:
+                return
+
     # ---- observe ---------------------------------------------------------------------------
 
     def _refuse_unknown_fleet(self, observed: Sequence[Instance]) -> None:
@@ -781,7 +814,7 @@ class Controller:
         so a store that never planned cannot own any instance.)"""
         if self._planned or not observed:
             return
-        if self.store.latest_plan() is not None:
+        if self.store.planned_at_s() is not None:
             self._planned = True
             return
         known = {r.request_id for r in self.store.list_instances()}
@@ -969,7 +1002,7 @@ class Controller:
                 gpus=o.gpus,
                 price_usd_per_hour=o.price_usd_per_hour or 0.0,
             )
-        store.record_plan(json.dumps({k: dict(a) for k, a in sorted(allocations.items())}))
+        store.mark_planned()  # before the launches: a store that never planned owns nothing
         active = {j.name for j in jobs}
         for name in sorted({job for job, _ in assignments} - active):
             store.set_assignments(name, {})  # ended (completed, failed, cancelled): released

@@ -109,6 +109,7 @@ from autoscaler.controller.errors import (
 )
 from autoscaler.controller.events import Event, EventKind, EventRecorder
 from autoscaler.controller.loop import (
+    DEFAULT_RETENTION_S,
     Controller,
     ControllerConfig,
     instance_key_from_request_id,
@@ -193,7 +194,8 @@ class UpConfig:
     ``max(60, 10 x agent_interval_s)``); ``stall_gap_s``: a pause of the service's own
     one-second ticker longer than this is a stall of the controller (SIGSTOP, a suspended
     machine), whose time is not held against the agents (:mod:`~autoscaler.controller.
-    liveness`)."""
+    liveness`). ``retention_s``: how long the store keeps reports, prices and events
+    (``ControllerConfig.retention_s``; ``None``: forever)."""
 
     state_dir: Path
     cluster_id: str = "coadapt-local"
@@ -220,6 +222,7 @@ class UpConfig:
     min_free_bytes: int = DEFAULT_MIN_FREE_BYTES
     heartbeat_timeout_s: float | None = None
     stall_gap_s: float = STALL_GAP_S
+    retention_s: float | None = DEFAULT_RETENTION_S
 
     @property
     def effective_heartbeat_timeout_s(self) -> float:
@@ -699,6 +702,7 @@ def _run_up(
             gpu_type_aliases={"cpu-slot": "T4"} if cloud is None else {},
             offerings_refresh_s=cfg.offerings_refresh_s,
             stall_gap_s=cfg.stall_gap_s,
+            retention_s=cfg.retention_s,
         )
         # One unavailable-offerings memory, with the controller's TTLs: the provider's launch
         # walk marks capacity and quota errors in it and skips what it holds, the controller
@@ -890,7 +894,7 @@ def _leave(controller: Controller, store: Store, *, release: bool) -> UpReport:
     store owns it (the store has planned: a store that never did has launched nothing, and
     what the cloud lists under its cluster is a stranger's); otherwise leaves every instance
     and job running."""
-    if release and store.latest_plan() is not None:
+    if release and store.planned_at_s() is not None:
         down = controller.down(timeout_s=120.0, poll_s=1.0)
         return UpReport(True, down.remaining, down.error)
     if release:

@@ -4,6 +4,7 @@ outcomes, job specs, offerings the decision core cannot value."""
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -440,3 +441,24 @@ def test_a_queued_launch_into_an_unavailable_offering_fails_by_one_rule(tmp_path
         ("late", UNAVAILABLE_REASON)
     ]
     assert len([c for c in cloud.calls if c.op == "launch"]) == 1
+
+
+def test_rounds_prune_what_is_older_than_the_retention(tmp_path: Path) -> None:
+    """A round prunes the store's old events and prices (``retention_s``), a backlog a batch
+    at a time over rounds, and keeps every job's latest report; ``None`` keeps all."""
+    store, cloud, clock = _setup(tmp_path)
+    old = clock.now_s()
+    store.add_events([(old, "note", "c", f"old {i}") for i in range(2500)])
+    store.add_report("job-0", _report("job-0", 1, old, 0.1))
+    store.record_price("fake/z/t/spot", 0.5, Market.SPOT, at_s=old)
+    store.record_price("fake/z/t/spot", 0.6, Market.SPOT, at_s=old + 1)
+    clock.advance(7200.0)
+    Controller(store, cloud, clock, replace(CONFIG, retention_s=None)).run_round()
+    assert len(store.events_after(0)) == 2500
+    ctl = Controller(store, cloud, clock, replace(CONFIG, retention_s=3600.0))
+    ctl.run_round()  # up to 10 batches of 1,000 a round: the backlog is gone at once
+    assert [e for e in store.events_after(0) if e.message.startswith("old")] == []
+    assert store.report_count("job-0") == 1  # its latest
+    assert [p.price_usd_per_hour for p in store.prices("fake/z/t/spot")] == [0.6]
+    with pytest.raises(InvalidInputError):
+        ControllerConfig(CLUSTER, retention_s=0.0)

@@ -560,15 +560,19 @@ def test_assignments_are_replaced_atomically(store: Store, path: Path) -> None:
     assert store.list_assignments() == {("j2", "i-2"): 1}
 
 
-def test_plans(store: Store, clock: FakeClock) -> None:
-    assert store.latest_plan() is None
-    first = store.record_plan(json.dumps({"j1": {"i-1": 2}}))
+def test_the_first_plan_is_marked_once(store: Store, path: Path, clock: FakeClock) -> None:
+    assert store.planned_at_s() is None
+    first = clock.now_s()
+    store.mark_planned()
+    assert store.planned_at_s() == first
     clock.advance(60)
-    second = store.record_plan(json.dumps({"j1": {}}))
-    assert second.round_id == first.round_id + 1
-    assert store.latest_plan() == second and second.at_s == clock.now_s()
-    with pytest.raises(InvalidInputError):
-        store.record_plan("not json")
+    before = snapshot(path)
+    store.mark_planned()  # every round calls it: once marked, nothing is written
+    assert snapshot(path) == before
+    with Store.open(path, clock) as other:
+        assert other.planned_at_s() == first
+        other.mark_planned()  # another object on the file: the first time is kept
+        assert other.planned_at_s() == first
 
 
 # ---- v2: reports, models, prices, costs ----------------------------------------------------
@@ -649,7 +653,8 @@ def test_money_is_stored_exactly_and_summed_with_fsum(store: Store) -> None:
 # ---- migrations ----------------------------------------------------------------------------
 
 # Rows written by the code of each past version, with that version's SQL: SEED[v] is run
-# against a store at version >= v. A new schema version adds its own entry.
+# right after migration v, and the later migrations carry the rows on (v8 drops ``plans``,
+# so its row can only be written before). A new schema version adds its own entry.
 SEED: dict[int, list[str]] = {
     1: [
         "INSERT INTO jobs (name, spec_json, status, retries, submitted_at_s, updated_at_s, "
@@ -685,7 +690,8 @@ SEED: dict[int, list[str]] = {
         "(23.0, 'launch', 'i-1', 'requested')",
     ],
     7: ["UPDATE jobs SET deadline_s = 3610.0 WHERE name = 'j1'"],
-    8: [],  # a column, back-filled from the reason strings (test_typed_preemptions_...)
+    8: [],  # usage totals back-filled from the history, plans become a meta row, indexes
+    9: [],  # a column, back-filled from the reason strings (test_typed_preemptions_...)
 }
 
 
@@ -695,9 +701,10 @@ def build_store_at(path: Path, version: int) -> None:
     try:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("BEGIN")
-        apply_migrations(conn, 0, version)
-        conn.execute("INSERT INTO meta VALUES ('cluster_id', 'c1')")
         for v in range(1, version + 1):
+            apply_migrations(conn, v - 1, v)
+            if v == 1:
+                conn.execute("INSERT INTO meta VALUES ('cluster_id', 'c1')")
             for sql in SEED[v]:
                 conn.execute(sql)
         conn.execute("COMMIT")
@@ -718,8 +725,8 @@ def check_seeded_rows(store: Store, version: int) -> None:
     assert [c.status for c in store.history("i-1")][-1] is S.RUNNING
     assert request_retries(store.history("i-1")) == row.request_tries
     assert store.list_assignments() == {("j1", "i-1"): 4}
-    plan = store.latest_plan()
-    assert plan is not None and json.loads(plan.plan_json) == {"j1": {"i-1": 4}}
+    # The one plan, as what it stood for (v8): the store planned, at that plan's time.
+    assert store.planned_at_s() == 20.0
     if version >= 2:
         assert store.reports_after(0)[1] == (("j1", '{"s": 1}'),)
         assert store.price_at("fake/z/t/spot", 6.0) == 0.5
@@ -731,10 +738,14 @@ def check_seeded_rows(store: Store, version: int) -> None:
     spans = [
         (a.job_name, a.instance_key, a.gpus, a.from_s, a.to_s) for a in store.assignment_history()
     ]
-    if version >= 3:
-        assert spans == [("j1", "i-1", 2, 15.0, 18.0)]
-    else:  # the held assignment, from the last plan on
-        assert spans == [("j1", "i-1", 4, 20.0, None)]
+    # The held assignment, from the last plan on (the v3 migration), and a span of v3.
+    assert spans == [("j1", "i-1", 4, 20.0, None)] + (
+        [("j1", "i-1", 2, 15.0, 18.0)] if version >= 3 else []
+    )
+    # The usage totals back-filled from those spans (the v8 migration): two placements.
+    assert store.usage(["j1"], 100.0) == (
+        {"j1": (326.0, 1)} if version >= 3 else {"j1": (320.0, 0)}
+    )
     events = [(e.at_s, e.kind, e.subject, e.message) for e in store.events_after(0)]
     if version >= 6:
         assert events == [(23.0, "launch", "i-1", "requested")]
@@ -779,13 +790,14 @@ def test_every_past_version_opens_and_migrates(
         "instances",
         "instance_history",
         "assignments",
-        "plans",
         "reports",
         "models",
         "price_history",
         "cost_records",
         "assignment_history",
+        "job_usage",
     }
+    assert "plans" not in {name for kind, name, _, _ in schemas[0] if kind == "table"}
     with Store.open(old, clock) as s:  # opening again migrates nothing; the rows move on
         check_seeded_rows(s, version)
         row = s.get_instance("i-1")
@@ -883,7 +895,7 @@ def test_a_newer_schema_is_refused(path: Path, clock: FakeClock) -> None:
 @pytest.mark.parametrize(
     "damage",
     [
-        "DROP TABLE plans",
+        "DROP TABLE job_usage",
         "DELETE FROM meta WHERE key = 'cluster_id'",
         "UPDATE meta SET value = 'two' WHERE key = 'schema_version'",
         "ALTER TABLE jobs ADD COLUMN owner TEXT",

@@ -42,7 +42,7 @@ def test_a_run_is_what_the_controllers_store_recorded() -> None:
         assert len(instances) == 2 and all(r.status.value == "running" for r in instances)
         # The controller planned a batch for a job whenever it ran (none is left now).
         assert store.list_batches() == {}
-        assert store.latest_plan() is not None
+        assert store.planned_at_s() is not None
     finally:
         sim.world.close()
     assert not sim.world.store.path.parent.exists()  # the world's folder is removed

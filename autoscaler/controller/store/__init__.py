@@ -1,9 +1,9 @@
 """The controller's store: one SQLite file holding what the controller knows and intends.
 
 One :class:`Store` per file and process. It holds the jobs, the instance rows with their
-status history, the jobs' assignments to instances, the plans of past rounds and, from schema
-version 2, the trainer reports, the fitted goodput models, the price history and the cost
-records. The cloud is never called from here.
+status history, the jobs' assignments to instances with their history and usage totals, the
+trainer reports, the fitted goodput models, the price history, the cost records and the
+cluster's events. The cloud is never called from here.
 
 Intent first
     The controller writes what it is about to do (a launch with its request id, a terminate)
@@ -61,9 +61,10 @@ Layout
     :mod:`.base` holds the file and its transactions (:class:`~.base.StoreBase`); each table
     group is a subclass of it in its own module (:mod:`.job_table`, :mod:`.instance_table`,
     :mod:`.assignment_table`, :mod:`.report_table`, :mod:`.price_table`, :mod:`.cost_table`,
-    :mod:`.event_table`, :mod:`.plan_table`, :mod:`.release`), and :class:`Store` is all of
-    them. :mod:`.schema` holds the migrations, :mod:`.connection` the opening checks,
-    :mod:`.validate` the checks of what callers pass in.
+    :mod:`.event_table`, :mod:`.fleet_meta`), and :class:`Store` is all of them.
+    :mod:`.retention` says what is pruned with age and what never is, :mod:`.schema` holds
+    the migrations, :mod:`.connection` the opening checks, :mod:`.validate` the checks of
+    what callers pass in.
 """
 
 from __future__ import annotations
@@ -82,13 +83,13 @@ from autoscaler.controller.store.event_table import (
     EventRow,
     EventTable,
 )
+from autoscaler.controller.store.fleet_meta import FleetMeta
 from autoscaler.controller.store.instance_table import InstanceTable
 from autoscaler.controller.store.job_table import MAX_REASON_CHARS, JobTable
 from autoscaler.controller.store.placements import placement_instants
-from autoscaler.controller.store.plan_table import PlanRow, PlanTable
 from autoscaler.controller.store.price_table import PricePoint, PriceTable
-from autoscaler.controller.store.release import ReleaseMeta
 from autoscaler.controller.store.report_table import ModelRow, ReportTable
+from autoscaler.controller.store.retention import RETENTION_BATCH, Pruned, Retention
 from autoscaler.controller.store.schema import (
     MIGRATIONS,
     SCHEMA_VERSION,
@@ -103,6 +104,7 @@ __all__ = [
     "MAX_EVENT_CHARS",
     "MAX_REASON_CHARS",
     "MIGRATIONS",
+    "RETENTION_BATCH",
     "SCHEMA_VERSION",
     "AssignmentRow",
     "AssignmentSpan",
@@ -114,8 +116,8 @@ __all__ = [
     "JobStatus",
     "Migration",
     "ModelRow",
-    "PlanRow",
     "PricePoint",
+    "Pruned",
     "ReportRow",
     "Store",
     "apply_migrations",
@@ -125,7 +127,7 @@ __all__ = [
 
 
 class Store(
-    ReleaseMeta,
+    FleetMeta,
     JobTable,
     InstanceTable,
     AssignmentTable,
@@ -133,7 +135,7 @@ class Store(
     PriceTable,
     EventTable,
     CostTable,
-    PlanTable,
+    Retention,
 ):
     """The controller's SQLite store (see the package docstring). Build it with
     :meth:`create` or :meth:`open`; close it with :meth:`close` or a ``with`` block. One

@@ -1,8 +1,31 @@
 """Which job holds how many GPUs of which instance (``assignments``), and since when
-(``assignment_history``): the spans billing, the events and a policy's attained service read."""
+(``assignment_history``): the spans billing, the events and a policy's attained service read.
+
+Usage and restarts (the one definition; billing, the events and the API read it from here)
+    A job's **attained service** at time ``t`` is the sum over its spans of ``gpus x (end -
+    from_s)``, ``end`` being ``to_s`` or, for a span still open, ``t`` (floored at 0). Its
+    **restarts** are the number of distinct instants at which a span of it opened (its
+    placements: a change of assignment opens all its new spans at one instant, and
+    :meth:`AssignmentTable.record_relaunch` opens one), less the first. A job never placed
+    has neither.
+
+    The store keeps both as running totals in ``job_usage`` (schema v8), updated in the
+    transaction that opens or closes a span: the GPU-seconds of the closed spans, the count
+    of placements and the latest placement instant. A round reads those and the open spans
+    (a partial index), never the whole history, so its cost does not grow with the cluster's
+    age. The totals equal the full-history computation (``tests/controller/test_store.py``
+    checks it over random histories): the placement count exactly, also under a clock stepped
+    back (an opening before the latest instant counts only if no span of the job opened at
+    that very instant), the GPU-seconds up to floating-point summation order.
+
+    Only :meth:`AssignmentTable._open_span` and :meth:`AssignmentTable._close_spans` write
+    ``assignment_history`` (the v3 migration aside), so the totals cannot miss a change.
+"""
 
 from __future__ import annotations
 
+import math
+import sqlite3
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -86,17 +109,9 @@ class AssignmentTable(StoreBase):
             for key in sorted(set(held) | set(wanted)):
                 if held.get(key) == wanted.get(key):
                     continue
-                conn.execute(  # the span that ends now
-                    "UPDATE assignment_history SET to_s = ? "
-                    "WHERE job_name = ? AND instance_key = ? AND to_s IS NULL",
-                    (now, job_name, key),
-                )
+                self._close_spans(conn, job_name, key, now)  # the span that ends now
                 if key in wanted:
-                    conn.execute(
-                        "INSERT INTO assignment_history "
-                        "(job_name, instance_key, gpus, from_s, to_s) VALUES (?, ?, ?, ?, NULL)",
-                        (job_name, key, wanted[key], now),
-                    )
+                    self._open_span(conn, job_name, key, wanted[key], now)
 
     def record_relaunch(self, job_name: str, instance_key: str) -> bool:
         """``job_name``'s processes on ``instance_key`` were started again without a change
@@ -111,17 +126,70 @@ class AssignmentTable(StoreBase):
             if row is None:
                 return False
             now = self._now()
-            conn.execute(
-                "UPDATE assignment_history SET to_s = ? "
-                "WHERE job_name = ? AND instance_key = ? AND to_s IS NULL",
-                (now, job_name, instance_key),
-            )
-            conn.execute(
-                "INSERT INTO assignment_history "
-                "(job_name, instance_key, gpus, from_s, to_s) VALUES (?, ?, ?, ?, NULL)",
-                (job_name, instance_key, row[0], now),
-            )
+            self._close_spans(conn, job_name, instance_key, now)
+            self._open_span(conn, job_name, instance_key, row[0], now)
         return True
+
+    @staticmethod
+    def _close_spans(
+        conn: sqlite3.Connection, job_name: str, instance_key: str, now: float
+    ) -> None:
+        """End ``job_name``'s open span on ``instance_key`` at ``now`` (if it has one), its
+        GPU-seconds added to the job's closed total, in the caller's transaction."""
+        rows = conn.execute(
+            "SELECT gpus, from_s FROM assignment_history "
+            "WHERE job_name = ? AND instance_key = ? AND to_s IS NULL",
+            (job_name, instance_key),
+        ).fetchall()
+        if not rows:
+            return
+        conn.execute(
+            "UPDATE assignment_history SET to_s = ? "
+            "WHERE job_name = ? AND instance_key = ? AND to_s IS NULL",
+            (now, job_name, instance_key),
+        )
+        conn.execute(
+            "UPDATE job_usage SET closed_gpu_s = closed_gpu_s + ? WHERE job_name = ?",
+            (math.fsum(gpus * (now - from_s) for gpus, from_s in rows), job_name),
+        )
+
+    @staticmethod
+    def _open_span(
+        conn: sqlite3.Connection, job_name: str, instance_key: str, gpus: int, now: float
+    ) -> None:
+        """Open a span of ``job_name`` on ``instance_key`` at ``now``, counting ``now`` as a
+        new placement unless one of the job's spans already opened at that instant (the
+        module docstring), in the caller's transaction."""
+        usage = conn.execute(
+            "SELECT last_placed_at_s FROM job_usage WHERE job_name = ?", (job_name,)
+        ).fetchone()
+        if usage is None:
+            conn.execute(
+                "INSERT INTO job_usage (job_name, closed_gpu_s, placements, last_placed_at_s) "
+                "VALUES (?, 0.0, 1, ?)",
+                (job_name, now),
+            )
+        elif now > usage[0]:
+            conn.execute(
+                "UPDATE job_usage SET placements = placements + 1, last_placed_at_s = ? "
+                "WHERE job_name = ?",
+                (now, job_name),
+            )
+        elif now < usage[0]:  # the clock was stepped back: new unless that instant was seen
+            seen = conn.execute(
+                "SELECT 1 FROM assignment_history WHERE job_name = ? AND from_s = ? LIMIT 1",
+                (job_name, now),
+            ).fetchone()
+            if seen is None:
+                conn.execute(
+                    "UPDATE job_usage SET placements = placements + 1 WHERE job_name = ?",
+                    (job_name,),
+                )
+        conn.execute(
+            "INSERT INTO assignment_history "
+            "(job_name, instance_key, gpus, from_s, to_s) VALUES (?, ?, ?, ?, NULL)",
+            (job_name, instance_key, gpus, now),
+        )
 
     def assignment_history(self, job: str | None = None) -> tuple[AssignmentSpan, ...]:
         """Every span in which a job held GPUs of an instance (``to_s`` ``None``: still
@@ -172,28 +240,36 @@ class AssignmentTable(StoreBase):
         return {(a.job_name, a.instance_key): a.gpus for a in self.assignment_rows(job, instance)}
 
     def restart_counts(self, jobs: Iterable[str]) -> dict[str, int]:
-        """How many times each job (of ``jobs``) was placed again after its first start: the
-        instants its assignments changed to a new placement, less the first (a change opens
-        its new spans at one instant; a relaunch opens one). The one count of restarts: the
-        policy's ``num_restarts``, the API's, the bill's ``restart`` events
+        """How many times each job (of ``jobs``) was placed again after its first start (the
+        module docstring's definition). The one count of restarts: the policy's
+        ``num_restarts``, the API's, the bill's ``restart`` events
         (:func:`~autoscaler.controller.store.placement_instants`), the events' ``rescale`` and
         ``resume`` and the simulator's results. Jobs never placed are left out."""
         return {name: restarts for name, (_, restarts) in self.usage(jobs, 0.0).items()}
 
     def usage(self, jobs: Iterable[str], now_s: float) -> dict[str, tuple[float, int]]:
-        """Each job's (GPU-seconds it has held, restarts) from the assignment history, to
-        ``now_s``: the attained service a policy weighs, and :meth:`restart_counts`. Jobs
-        never placed are left out."""
+        """Each job's (GPU-seconds it has held to ``now_s``, restarts), as the module
+        docstring defines them: the attained service a policy weighs, and
+        :meth:`restart_counts`. Read from the running totals and the open spans, never the
+        whole history. Jobs never placed are left out."""
         out: dict[str, tuple[float, int]] = {}
         names = list(dict.fromkeys(jobs))
-        for i in range(0, len(names), 500):
+        for i in range(0, len(names), 500):  # SQLite's bound on parameters
             chunk = names[i : i + 500]
             marks = ", ".join("?" * len(chunk))
-            rows = self._read(
-                "SELECT job_name, total(gpus * (coalesce(to_s, ?) - from_s)), "
-                "count(DISTINCT from_s) FROM assignment_history "
-                f"WHERE job_name IN ({marks}) GROUP BY job_name",
-                [now_s, *chunk],
+            totals = self._read(
+                "SELECT job_name, closed_gpu_s, placements FROM job_usage "
+                f"WHERE job_name IN ({marks})",
+                chunk,
             )
-            out.update((r[0], (max(0.0, float(r[1])), max(0, int(r[2]) - 1))) for r in rows)
+            open_gpu_s: dict[str, list[float]] = {}
+            for job, gpus, from_s in self._read(
+                "SELECT job_name, gpus, from_s FROM assignment_history "
+                f"WHERE job_name IN ({marks}) AND to_s IS NULL",
+                chunk,
+            ):
+                open_gpu_s.setdefault(job, []).append(gpus * (now_s - from_s))
+            for job, closed, placements in totals:
+                served = math.fsum([closed, *open_gpu_s.get(job, ())])
+                out[job] = (max(0.0, served), max(0, int(placements) - 1))
         return out

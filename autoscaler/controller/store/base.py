@@ -60,6 +60,7 @@ class StoreBase:
         self._wal_identity = file_identity(wal_path(path))
         self._writer = writer_lock(path)
         self._read_only = False  # opened with open_read_only: no write is tried
+        self._planned = False  # the meta row planned_at_s is known to exist
 
     def ensure_present(self) -> None:
         """Raise :class:`StoreMissingError` if the file this store opened, or its

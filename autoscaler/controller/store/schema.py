@@ -23,6 +23,13 @@ SQLite allows only outside a transaction; none does yet.)
   notices, rescales, completions, ... one row each, in order.
 * v7: ``jobs.deadline_s``, a job's deadline (the clock's time; ``NULL``: none), resolved once
   at submission from the spec's ``deadline`` (a duration or a time).
+* v8: a round's cost does not grow with the cluster's age. ``job_usage``: each job's attained
+  service of closed spans and its placements, kept by the store as spans open and close and
+  back-filled from ``assignment_history`` (whose open spans get a partial index). ``plans``
+  is dropped: the one thing read from it, "has this store ever planned", is the ``meta`` row
+  ``planned_at_s`` (the first plan's time). Time indexes on ``reports``, ``events`` and
+  ``price_history`` serve retention (:meth:`Store.prune_old
+  <autoscaler.controller.store.Store.prune_old>`).
 """
 
 from __future__ import annotations
@@ -218,6 +225,38 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
     ),
     Migration(
         8,
+        "a round's cost does not grow with the cluster's age: usage totals, no plans table",
+        (
+            # Each job's attained service and placements, kept as its spans open and close
+            # (the job_usage rule is assignment_table's); back-filled from the history.
+            """CREATE TABLE job_usage (
+                job_name TEXT PRIMARY KEY REFERENCES jobs (name),
+                closed_gpu_s REAL NOT NULL,
+                placements INTEGER NOT NULL CHECK (placements > 0),
+                last_placed_at_s REAL NOT NULL
+            )""",
+            """INSERT INTO job_usage (job_name, closed_gpu_s, placements, last_placed_at_s)
+               SELECT job_name,
+                      total(CASE WHEN to_s IS NULL THEN 0.0 ELSE gpus * (to_s - from_s) END),
+                      count(DISTINCT from_s), max(from_s)
+               FROM assignment_history GROUP BY job_name ORDER BY job_name""",
+            # The spans still open: what a round reads, however long the history.
+            """CREATE INDEX assignment_history_open ON assignment_history (job_name, instance_key)
+               WHERE to_s IS NULL""",
+            # A plan row was written every round and read only as "has this store planned";
+            # that is now one meta row, the time of the first plan.
+            """INSERT INTO meta (key, value)
+               SELECT 'planned_at_s', printf('%!.17g', t) FROM (SELECT min(at_s) AS t FROM plans)
+               WHERE t IS NOT NULL""",
+            "DROP TABLE plans",
+            # Retention reads the oldest rows first, by time.
+            "CREATE INDEX reports_by_time ON reports (at_s)",
+            "CREATE INDEX events_by_time ON events (at_s)",
+            "CREATE INDEX price_history_by_time ON price_history (at_s)",
+        ),
+    ),
+    Migration(
+        9,
         "preemptions typed: a history entry records whether the provider took the instance back",
         (
             "ALTER TABLE instance_history ADD COLUMN preemption INTEGER NOT NULL DEFAULT 0",

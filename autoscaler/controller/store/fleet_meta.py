@@ -1,6 +1,7 @@
-"""The fleet's release, kept in the ``meta`` table: ``coadapt destroy`` marks the fleet
-released (the service terminates every instance and launches none, across restarts) and the
-service records what the cloud listed after its last release pass."""
+"""What the ``meta`` table says about the fleet: whether this store has ever planned one (so
+owns what it launched), and its release: ``coadapt destroy`` marks the fleet released (the
+service terminates every instance and launches none, across restarts) and the service
+records what the cloud listed after its last release pass."""
 
 from __future__ import annotations
 
@@ -10,11 +11,33 @@ from typing import Any
 
 from autoscaler.controller.store.base import StoreBase
 
-__all__ = ["ReleaseMeta"]
+__all__ = ["FleetMeta"]
 
 
-class ReleaseMeta(StoreBase):
-    """The fleet's release (rows of ``meta``)."""
+class FleetMeta(StoreBase):
+    """The fleet's plan mark and release (rows of ``meta``)."""
+
+    def mark_planned(self) -> None:
+        """Record that this store planned a fleet (a round's plan, written before its first
+        launch: a store that never planned owns no instance). The first call writes the time
+        (``planned_at_s``); later ones change nothing and, once this object has seen the mark,
+        write nothing (a round calls it every time)."""
+        if self._planned:
+            return
+        with self._write("mark the store planned") as conn:
+            conn.execute(
+                "INSERT OR IGNORE INTO meta (key, value) VALUES ('planned_at_s', ?)",
+                (repr(self._now()),),
+            )
+        self._planned = True
+
+    def planned_at_s(self) -> float | None:
+        """When this store first planned a fleet (:meth:`mark_planned`); ``None``: never (it
+        has launched nothing, so what the cloud lists under its cluster is not its own)."""
+        rows = self._read("SELECT value FROM meta WHERE key = 'planned_at_s'")
+        if rows:
+            self._planned = True
+        return float(rows[0][0]) if rows else None
 
     def set_released(self, released: bool) -> None:
         """Mark the fleet released (``coadapt destroy``: the service terminates every instance
