@@ -1,7 +1,8 @@
 """Unavailable-offerings cache: after a capacity error, skip that pool for a while.
 
 A pool (``Offering.key``) that reported ``InsufficientCapacityError`` is marked unavailable for
-``ttl_s`` (default 3 minutes) on the injected clock. Launch paths skip marked pools and report a
+``ttl_s`` (default 3 minutes) on the injected clock, one over a quota for ``quota_ttl_s`` when
+the memory keeps quotas (the controller's does). Launch paths skip marked pools and report a
 capacity error for them without a cloud call; sizing reads ``unavailable()`` to route around.
 
 ``walk_pools`` is the one pool walk of every provider's launch (skip marked pools, call, mark
@@ -16,24 +17,64 @@ from typing import Final, Generic, TypeVar
 
 from coadapt_common.clock import Clock
 from providers.base import Offering, PoolError
-from providers.errors import InsufficientCapacityError, ProviderError
+from providers.errors import InsufficientCapacityError, ProviderError, QuotaExceededError
 
 
 class UnavailableOfferings:
-    """Time-bounded set of offering keys with no capacity."""
+    """Time-bounded set of offering keys with no capacity (or over a quota).
 
-    def __init__(self, clock: Clock, ttl_s: float = 180.0) -> None:
+    The one memory of unavailable offerings: a provider's pool walk and the controller that
+    drives it share one object, and :meth:`mark_error` is the one rule of which error marks an
+    offering for how long: a capacity error for ``ttl_s``, a quota error for ``quota_ttl_s``
+    (``None``, the default: a quota error is not remembered), nothing else."""
+
+    def __init__(
+        self, clock: Clock, ttl_s: float = 180.0, quota_ttl_s: float | None = None
+    ) -> None:
         if ttl_s <= 0:
             raise ValueError("ttl_s must be positive")
+        if quota_ttl_s is not None and quota_ttl_s <= 0:
+            raise ValueError("quota_ttl_s must be positive")
         self._clock = clock
         self._ttl_s = ttl_s
+        self._quota_ttl_s = quota_ttl_s
         self._until_s: dict[str, float] = {}
+
+    @property
+    def ttl_s(self) -> float:
+        """How long a capacity error marks an offering."""
+        return self._ttl_s
+
+    @property
+    def quota_ttl_s(self) -> float | None:
+        """How long a quota error marks an offering (``None``: not at all)."""
+        return self._quota_ttl_s
 
     def mark(self, offering_key: str, ttl_s: float | None = None) -> None:
         """Mark ``offering_key`` unavailable for ``ttl_s`` (default: the cache's TTL) from now."""
         self._until_s[offering_key] = self._clock.monotonic_s() + (
             self._ttl_s if ttl_s is None else ttl_s
         )
+
+    def mark_error(self, offering_key: str, error: BaseException) -> bool:
+        """Mark ``offering_key`` for what ``error`` says of it: a capacity error (not the skip
+        error of an offering already marked) for ``ttl_s``, a quota error for ``quota_ttl_s``;
+        whether it marked."""
+        if isinstance(error, InsufficientCapacityError):
+            if error.code == SKIPPED_UNAVAILABLE_CODE:
+                return False
+            ttl_s: float | None = self._ttl_s
+        elif isinstance(error, QuotaExceededError):
+            ttl_s = self._quota_ttl_s
+        else:
+            ttl_s = None
+        if ttl_s is None:
+            return False
+        self.mark(offering_key, ttl_s)
+        return True
+
+    def __contains__(self, offering_key: object) -> bool:
+        return isinstance(offering_key, str) and self.is_unavailable(offering_key)
 
     def is_unavailable(self, offering_key: str) -> bool:
         until = self._until_s.get(offering_key)
@@ -55,7 +96,7 @@ class UnavailableOfferings:
 # ------------------------------------------------------------------ the pool walk
 
 SKIPPED_UNAVAILABLE_CODE: Final = "skipped-unavailable"
-"""``ProviderError.code`` of the capacity error reported for a pool skipped because it is marked
+"""``ProviderError.code`` of the capacity error reported for an offering skipped because it is marked
 unavailable (every provider uses this one code)."""
 
 PARTIAL_FILL_CODE: Final = "partial-fill"
@@ -98,7 +139,7 @@ class PoolWalk(Generic[T]):
 
 
 def skipped_error(offering_key: str) -> InsufficientCapacityError:
-    """The capacity error reported, without a call, for a pool marked unavailable."""
+    """The capacity error reported, without a call, for an offering marked unavailable."""
     return InsufficientCapacityError(
         f"pool {offering_key} is marked unavailable after a recent capacity error; skipped",
         code=SKIPPED_UNAVAILABLE_CODE,
@@ -122,8 +163,9 @@ def walk_pools(
        for ``n`` that placed fewer and reported no error ran dry: the walk reports a
        ``PARTIAL_FILL_CODE`` capacity error for it. ``together=True`` (a fleet call that
        chooses among pools itself): one ``place(usable, wanted)`` call.
-    3. Every pool with an ``InsufficientCapacityError`` is marked unavailable; other errors
-       (quota, invalid, transient) are reported without a mark.
+    3. Every pool whose error marks it (:meth:`UnavailableOfferings.mark_error`: a capacity
+       error; a quota error when the memory keeps quotas) is marked unavailable; other errors
+       (invalid, transient) are reported without a mark.
 
     ``place`` decides which cloud errors become pool errors (returned in ``Placement.errors``)
     and which are raised (auth, unreachable); the walk lets raised errors through. The walk
@@ -164,8 +206,8 @@ def walk_pools(
                 pool=key,
             )
     for key, err in errors.items():
-        if key not in skipped and isinstance(err, InsufficientCapacityError):
-            unavailable.mark(key)
+        if key not in skipped:
+            unavailable.mark_error(key, err)
     order = {p.key: n for n, p in enumerate(pools)}
     return PoolWalk(
         created=tuple(created),

@@ -322,3 +322,41 @@ def test_deadline_jobs_share_the_instances_bought_for_them() -> None:
         [demand("a", 3), demand("b", 3, urgent=True)], [v100, v100_od], {}, config, speeds
     )
     assert dict(mixed.counts) == {v100.key: 1, v100_od.key: 1}
+
+
+def test_one_unseen_shape_rule_serves_the_sizing_and_the_deadline_curves() -> None:
+    """The optimistic valuation of shapes a fit has not seen has one rule
+    (:func:`autoscaler.decide.sizing.unseen_shapes`) and one application
+    (:func:`~autoscaler.decide.sizing.with_unseen_hope`), read by the sizing's value curves
+    (one job, and many batched) and the deadline curves alike. A job that ran on two instances
+    of one GPU each: two instances of four GPUs are unseen for every caller (the deadline
+    curves once called them seen), one instance of four is seen for every caller."""
+    from autoscaler.decide.sizing import job_demand, job_demands, unseen_shapes
+    from autoscaler.model.goodput import optimistic_internode
+
+    per = 4
+    g = np.arange(1, 13)
+    nodes = -(-g // per)
+    unseen = unseen_shapes(nodes, g, 2, 2)
+    assert list(unseen) == [False] * 4 + [True] * 8  # 2 x 4 GPUs: more GPUs than it has run on
+    assert list(unseen_shapes(nodes, g, 3, 12)) == [False] * 12
+    assert list(unseen_shapes(nodes, g, 0, 0)) == [False] * 4 + [True] * 8  # never ran
+
+    job = dataclasses.replace(_sized_job(None, 100.0), max_profiled_gpus=2, max_profiled_nodes=2)
+    speeds = default_speed_table()
+    fit = np.ravel(MODEL.optimize(nodes, g).goodput)
+    hope = np.ravel(optimistic_internode(MODEL).optimize(nodes, g).goodput)
+    assert (hope[unseen] > fit[unseen]).all()  # the hope is worth something on these shapes
+    want = np.where(unseen, np.maximum(fit, hope), fit)
+
+    deadline = goodput_curves(job, [("T4", per)], speeds, most_gpus=12)[("T4", per)]
+    assert deadline == pytest.approx(list(want), rel=1e-12)
+    one = job_demand(job, [("T4", per)], speeds, max_gpus=12, optimistic=True).curves[("T4", per)]
+    many = job_demands(
+        [job, job], [("T4", per)], speeds, max_gpus=[12, 12], gpu_types=[None, None],
+        optimistic=True,
+    )  # fmt: skip
+    scale = float(np.ravel(MODEL.optimize(1, 1).goodput)[0])
+    sized = np.maximum.accumulate(want) / scale  # the sizing's curve: best so far, in T4 units
+    assert one == pytest.approx(list(sized), rel=1e-9)
+    assert [d.curves[("T4", per)] for d in many] == [one, one]

@@ -9,16 +9,20 @@ together sum to the fleet's total.
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
 from autoscaler.accounting.costs import CostLedger, CostRecord
-from autoscaler.controller.lifecycle import InstanceStatus, StatusChange
-from autoscaler.controller.reconcile import NOTICE_REASON, VANISHED_REASON
-from autoscaler.controller.store import AssignmentSpan, CostRecordRow, JobStatus, Store
+from autoscaler.controller.lifecycle import InstanceStatus, preempted_at
+from autoscaler.controller.store import (
+    AssignmentSpan,
+    CostRecordRow,
+    JobStatus,
+    Store,
+    placement_instants,
+)
 from autoscaler.errors import InvalidInputError
 from autoscaler.market.terms import BILLING_INCREMENT_S, BILLING_MINIMUM_S
 
@@ -26,9 +30,6 @@ __all__ = ["IDLE", "cost_record_from_store", "job_costs", "run_origin_s"]
 
 IDLE: Final = "(idle)"
 """The share of a fleet's cost no job held."""
-
-_PREEMPTIBLE: Final = frozenset({InstanceStatus.RUNNING, InstanceStatus.DRAINING})
-"""Statuses in which an instance that vanishes was ended by the provider (not released)."""
 
 
 def job_costs(
@@ -74,19 +75,6 @@ def _useful_samples(payload_json: str) -> float:
     if not (math.isfinite(progress) and math.isfinite(batch)) or progress < 0 or batch < 1:
         return 0.0
     return progress * batch
-
-
-def _preempted_at(history: Sequence[StatusChange]) -> float | None:
-    """When the provider ended an instance (``None``: it did not): its first spot notice, else
-    the moment it vanished while running or draining. An instance that vanished after the
-    controller asked it to terminate (``terminating``) was released, not preempted."""
-    for change in history:
-        if change.reason == NOTICE_REASON:
-            return change.at_s
-    for before, change in itertools.pairwise(history):
-        if change.reason == VANISHED_REASON and before.status in _PREEMPTIBLE:
-            return change.at_s
-    return None
 
 
 ROUND_WRITE_TOLERANCE_S: Final = 1.0
@@ -141,13 +129,15 @@ def cost_record_from_store(store: Store, now_s: float) -> CostRecord:
       the provider minimum: the billed length of the controller's own cost record of it when it
       has one (whole seconds, so the report's total is what the store billed), else when it was
       seen gone, else (still running) ``now_s``.
-    * An instance the provider ended (:func:`_preempted_at`: a spot notice, or vanishing while
-      running) ended ``preempted``; every other end is ``released`` or, still running,
-      ``end_of_run``.
+    * An instance the provider ended (:func:`~autoscaler.controller.lifecycle.preempted_at`:
+      its history records a preemption, as the round decided it) ended ``preempted``; every
+      other end is ``released`` or, still running, ``end_of_run``.
     * Each job's GPU-time from the assignment history (clamped to the instance's life, its
       boundaries snapped within :data:`ROUND_WRITE_TOLERANCE_S`: :func:`_snap_spans`); a
       ``preemption`` event for each job that held GPUs on an instance when the provider ended
-      it; a ``restart`` each time it was placed again after its first start; submission, and
+      it; a ``restart`` at each of its placements after the first (the store's one
+      definition of a restart: :func:`~autoscaler.controller.store.placement_instants`, whose
+      count is :meth:`~autoscaler.controller.store.Store.restart_counts`); submission, and
       completion at the job's last update; its useful samples from its latest trainer report
       (:func:`_useful_samples`).
     * The record closes at ``now_s`` while anything still runs (an instance not terminated, a
@@ -199,7 +189,7 @@ def cost_record_from_store(store: Store, now_s: float) -> CostRecord:
         )
         life[row.instance_key] = (started, ended)
         latest = max(latest, rel(started if ended is None else ended))
-        at = _preempted_at(history)
+        at = preempted_at(history)
         if at is not None:
             preempted[row.instance_key] = at
     jobs = store.list_jobs()
@@ -211,7 +201,6 @@ def cost_record_from_store(store: Store, now_s: float) -> CostRecord:
         ledger.job_event(job.name, rel(job.submitted_at_s), "submitted")
         latest = max(latest, rel(job.submitted_at_s))
     last_use: dict[str, float] = {}
-    placements: dict[str, set[float]] = {}
     middle: dict[str, set[tuple[float, str]]] = {}
     for span in spans:
         if span.instance_key not in life:
@@ -232,12 +221,9 @@ def cost_record_from_store(store: Store, now_s: float) -> CostRecord:
         hit = preempted.get(span.instance_key)
         if hit is not None and span.from_s <= hit and (span.to_s is None or span.to_s >= hit):
             middle.setdefault(span.job_name, set()).add((rel(hit), "preemption"))
-    for span in raw_spans:  # a placement opens all its spans at one instant (unsnapped)
-        if span.instance_key in life:
-            placements.setdefault(span.job_name, set()).add(rel(span.from_s))
-    for name, starts in placements.items():
-        for t in sorted(starts)[1:]:
-            middle.setdefault(name, set()).add((t, "restart"))
+    for name, starts in placement_instants(raw_spans).items():
+        for t in starts[1:]:  # the store's restarts: every placement after the first
+            middle.setdefault(name, set()).add((rel(t), "restart"))
     order = {"preemption": 0, "restart": 1}
     for name, events in middle.items():
         for t, kind in sorted(events, key=lambda e: (e[0], order[e[1]])):

@@ -632,37 +632,27 @@ def down(
     time and command line) and that this state folder's user token is the cluster's."""
     from autoscaler.controller.api import ApiClient, ApiError, load_tokens
     from autoscaler.controller.errors import ControllerError
-    from autoscaler.controller.service import up_is_stale
+    from autoscaler.controller.service import UpProcess, UpRecord
     from autoscaler.errors import InvalidInputError
-    from coadapt_common.procfs import process_start_time, read_proc_strings
 
     state = resolve_state_dir(state_dir)
     up_file = state / "up.json"
     if not up_file.exists():
         fail(f"no cluster is up in {state}")
-    try:
-        doc = json.loads(up_file.read_text())
-        pid, started, cmdline, url = doc["pid"], doc["started"], doc["cmdline"], doc["url"]
-        if not (isinstance(pid, int) and pid > 1 and isinstance(cmdline, list)):
-            raise ValueError("not an up record")
-        if not (isinstance(url, str) and url.startswith(("http://", "https://"))):
-            raise ValueError("not an API URL")
-    except (OSError, ValueError, KeyError, TypeError):
+    record = UpRecord.read(up_file)
+    if record is None:
         fail(f"{up_file} is not a record of a running coadapt up; nothing was stopped. If no "
              f"coadapt up runs for {state}, remove it")  # fmt: skip
-
-    def same_process() -> bool:
-        live = [p.decode(errors="replace") for p in read_proc_strings(pid, "cmdline")]
-        return started is not None and process_start_time(pid) == started and live == cmdline
-
-    if not same_process():
-        if up_is_stale(up_file):  # killed, crashed, rebooted: the next up takes over
-            fail(
-                f"the coadapt up that ran this cluster (pid {pid}) is gone (killed or "
-                "crashed); nothing was stopped and its instances keep running: coadapt up "
-                f"--state-dir {state} takes them back, then coadapt down --state-dir {state} "
-                "releases them"
-            )
+    pid, started, url = record.pid, record.started, record.url
+    process = record.process()
+    if process is UpProcess.GONE:  # killed, crashed, rebooted: the next up takes over
+        fail(
+            f"the coadapt up that ran this cluster (pid {pid}) is gone (killed or "
+            "crashed); nothing was stopped and its instances keep running: coadapt up "
+            f"--state-dir {state} takes them back, then coadapt down --state-dir {state} "
+            "releases them"
+        )
+    if process is not UpProcess.OURS:
         fail(
             f"{up_file} names pid {pid}, which is not the coadapt up that wrote it (its "
             "command line differs): nothing was stopped. If no coadapt up runs for "
@@ -689,9 +679,9 @@ def down(
     except ApiError as e:
         fail(f"could not ask coadapt up (pid {pid}) to stop: {e.message}; nothing was stopped")
     deadline = time.monotonic() + timeout_s
-    while same_process() and time.monotonic() < deadline:
+    while record.process() is UpProcess.OURS and time.monotonic() < deadline:
         time.sleep(0.5)
-    if same_process():
+    if record.process() is UpProcess.OURS:
         fail(f"`coadapt up` (pid {pid}) is still releasing after {timeout_s:.0f} s; run coadapt "
              "down again to wait longer")  # fmt: skip
     typer.echo("coadapt: down")

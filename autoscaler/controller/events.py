@@ -14,11 +14,15 @@ returns (``coadapt up`` prints them; ``coadapt events`` reads the same rows back
   is retried), ``refusal`` (with the policy's reason), ``cancel``, ``deadline`` (the
   controller found that an active job can no longer meet its deadline, with its estimate:
   the job's ``reason`` says so);
-* placements, from the assignments: ``start``, ``resume`` (after a stop), ``stop``,
-  ``rescale`` (GPUs and instances before and after, and why: the instance it left was
-  preempted or released, or the policy's goodput-per-dollar plan moved it, with what the
-  job's fitted goodput model predicts for its GPUs before and after and what they cost per
-  hour);
+* placements, from the assignments: ``start``, ``resume`` (after a stop, or after its agent
+  relaunched it on the same GPUs: a restart the store counted that no assignment change
+  shows), ``stop``, ``rescale`` (GPUs and instances before and after, and why: the instance it
+  left was preempted or released, or the policy's goodput-per-dollar plan moved it, with what
+  the job's fitted goodput model predicts for its GPUs before and after and what they cost per
+  hour). A job's ``rescale`` and ``resume`` events are its restarts as the store counts them
+  (:meth:`~autoscaler.controller.store.Store.restart_counts`), but for a change that leaves
+  some instances and keeps the others with the same GPUs: the agent restarts the job then,
+  the store's definition does not count it;
 * batches, from the planned batch of each job: ``re-batch`` (a new batch size or split for
   the same placement);
 * the service itself: ``disk-full`` (its state folder's disk has less free than it keeps:
@@ -42,7 +46,6 @@ from typing import Final
 
 from autoscaler.controller.errors import ControllerError
 from autoscaler.controller.lifecycle import InstanceStatus, StatusChange
-from autoscaler.controller.reconcile import NOTICE_REASON, VANISHED_REASON
 from autoscaler.controller.store import (
     EventRow,
     InstanceRow,
@@ -103,7 +106,8 @@ DEADLINE_REASON: Final = "cannot meet its deadline"
 """How the reason of an active job that can no longer meet its deadline starts (the
 controller's round sets it; a ``deadline`` event tells it)."""
 
-_PREEMPTIBLE: Final = frozenset({InstanceStatus.RUNNING, InstanceStatus.DRAINING})
+_RESTART_KINDS: Final = frozenset({EventKind.RESCALE, EventKind.RESUME})
+"""The placement events that are restarts of a job (its placements after the first)."""
 _ENDED: Final = frozenset(
     {JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.REFUSED}
 )
@@ -172,8 +176,10 @@ class EventRecorder:
             r.instance_key: r.status for r in store.list_instances()
         }
         self._launched: set[str] = set(self._status)
-        self._noticed: set[str] = {
-            key for _, key, change in history if change.reason == NOTICE_REASON
+        self._noticed: set[str] = {  # a spot notice: a preemption recorded on a drain
+            key
+            for _, key, change in history
+            if change.preemption and change.status is InstanceStatus.DRAINING
         }
         self._jobs: dict[str, JobRow] = {j.name: j for j in store.list_jobs()}
         self._placements = self._read_placements()
@@ -182,6 +188,9 @@ class EventRecorder:
             s.job_name for s in store.assignment_history()
         }
         self._stopped_by: dict[str, str] = {}
+        self._restarts: dict[str, int] = store.restart_counts(
+            name for name, job in self._jobs.items() if job.status not in _ENDED
+        )
 
     def _read_placements(self) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = {}
@@ -198,7 +207,7 @@ class EventRecorder:
         jobs = {j.name: j for j in self._store.list_jobs()}
         placements = self._read_placements()
         batches = self._store.list_batches()
-        events += self._placement_events(jobs, placements, batches, now)
+        events += self._restart_events(self._placement_events(jobs, placements, batches, now), now)
         events += self._job_events(jobs)
         events.sort(key=lambda e: e.at_s)  # stable: one moment keeps the order of its causes
         self._jobs, self._placements, self._batches = jobs, placements, batches
@@ -245,7 +254,7 @@ class EventRecorder:
             return Event(at, EventKind.READY, key, f"running as {cloud_id} ({reason})")
         if s is InstanceStatus.ALLOCATION_FAILED:
             return Event(at, EventKind.LAUNCH_FAILED, key, reason)
-        if s is InstanceStatus.DRAINING and reason == NOTICE_REASON:
+        if s is InstanceStatus.DRAINING and change.preemption:
             if key in self._noticed:
                 return None
             self._noticed.add(key)
@@ -267,7 +276,7 @@ class EventRecorder:
                 return Event(
                     at, EventKind.PREEMPTION, key, f"ended after its spot notice ({reason}){billed}"
                 )
-            if reason == VANISHED_REASON and before in _PREEMPTIBLE:
+            if change.preemption and before is not None:
                 return Event(
                     at,
                     EventKind.PREEMPTION,
@@ -397,6 +406,30 @@ class EventRecorder:
                     f"it checkpoints, then restarts from that checkpoint{self._progress(name)}",
                 )
             )
+        return out
+
+    def _restart_events(self, told: list[Event], now: float) -> list[Event]:
+        """``told`` (the placement events), with the restarts the store counted that no
+        placement change tells (:meth:`~autoscaler.controller.store.Store.restart_counts`, the
+        one definition: an agent that relaunched a job on the same GPUs), each told as a
+        ``resume``. So the ``rescale`` and ``resume`` events of a job are its restarts as the
+        store, the bill and the policy count them."""
+        active = {name for name, job in self._jobs.items() if job.status not in _ENDED}
+        counts = self._store.restart_counts(sorted({e.subject for e in told} | active))
+        out = list(told)
+        for name, count in sorted(counts.items()):
+            seen = sum(1 for e in told if e.subject == name and e.kind in _RESTART_KINDS)
+            for _ in range(count - self._restarts.get(name, 0) - seen):
+                out.append(
+                    Event(
+                        now,
+                        EventKind.RESUME,
+                        name,
+                        "started again on the same GPUs: its agent relaunched it (a "
+                        "restart), from its checkpoint",
+                    )
+                )
+        self._restarts.update(counts)
         return out
 
     def _prediction(

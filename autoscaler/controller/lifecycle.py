@@ -68,6 +68,7 @@ __all__ = [
     "TimeoutAction",
     "check_transition",
     "is_terminal",
+    "preempted_at",
     "request_retries",
     "terminate_retries",
     "timed_out",
@@ -276,11 +277,21 @@ class LifecycleTimeouts:
 @dataclass(frozen=True)
 class StatusChange:
     """One entry of an instance's status history: it entered ``status`` at ``at_s`` because
-    of ``reason``."""
+    of ``reason``; ``preemption``: this change is the provider taking the instance back (set
+    where it is decided, :class:`~autoscaler.controller.reconcile.Transition`, and read by
+    :func:`preempted_at`)."""
 
     status: InstanceStatus
     at_s: float
     reason: str = ""
+    preemption: bool = False
+
+
+def preempted_at(history: Sequence[StatusChange]) -> float | None:
+    """When the provider took the instance back (``None``: it never did): its first change
+    recorded as a preemption (a spot notice, or vanishing while running or draining). The one
+    reading of a preemption that billing, the events and the round share."""
+    return next((change.at_s for change in history if change.preemption), None)
 
 
 def timed_out(

@@ -55,16 +55,16 @@ from typing import Final, TypeVar
 from autoscaler.controller.errors import RoundError, StaleVersionError, UnknownFleetError
 from autoscaler.controller.events import DEADLINE_REASON
 from autoscaler.controller.jobbook import MAX_JOB_GPUS, JobBook, JobSubmission
-from autoscaler.controller.lifecycle import InstanceStatus, terminate_retries
+from autoscaler.controller.lifecycle import InstanceStatus, preempted_at, terminate_retries
 from autoscaler.controller.liveness import AwakeLog
 from autoscaler.controller.reconcile import (
     HELD,
-    NOTICE_REASON,
     Actions,
     ReconcileConfig,
     ReconcileInput,
     RowView,
     reconcile,
+    unavailable_launch,
 )
 from autoscaler.controller.store import InstanceRow, JobRow, JobStatus, Store
 from autoscaler.decide.bounds import PoolCapacity, refusal
@@ -165,7 +165,17 @@ class ControllerConfig:
     stall_gap_s: float | None = None
     retention_s: float | None = DEFAULT_RETENTION_S
 
+    def unavailable_offerings(self, clock: Clock) -> UnavailableOfferings:
+        """The unavailable-offerings memory of this config (capacity errors kept for
+        ``unavailable_ttl_s``, quotas for ``quota_ttl_s``): the one object the controller and
+        its provider share (build the provider with it, and pass it to the controller)."""
+        return UnavailableOfferings(clock, self.unavailable_ttl_s, self.quota_ttl_s)
+
     def __post_init__(self) -> None:
+        if not (self.unavailable_ttl_s > 0 and self.quota_ttl_s > 0):
+            raise InvalidInputError(
+                "unavailable_ttl_s and quota_ttl_s must be > 0", field="unavailable_ttl_s"
+            )
         if self.retention_s is not None and not (
             self.retention_s > 0 and math.isfinite(self.retention_s)
         ):
@@ -258,9 +268,21 @@ class Controller:
         self.hazards = load_hazard_model()
         self._speed_known: dict[str, bool] = {}
         self.strategy = strategy or GoodputSizing("coadapt", config.sizing, self.speeds)
-        # One unavailable-offerings memory: the provider's own walk skips what is marked
-        # here (pass the provider the same object), and sizing routes around it.
-        self.unavailable = unavailable or UnavailableOfferings(clock, config.unavailable_ttl_s)
+        # One unavailable-offerings memory: the provider's own walk marks and skips what is
+        # marked here (pass the provider the same object: config.unavailable_offerings), and
+        # sizing routes around it. Its TTLs are the config's, or it is refused.
+        if unavailable is not None and (unavailable.ttl_s, unavailable.quota_ttl_s) != (
+            config.unavailable_ttl_s,
+            config.quota_ttl_s,
+        ):
+            raise InvalidInputError(
+                f"the unavailable-offerings memory keeps marks for {unavailable.ttl_s} s "
+                f"(quota {unavailable.quota_ttl_s} s), the config says "
+                f"{config.unavailable_ttl_s} s (quota {config.quota_ttl_s} s): build it with "
+                "ControllerConfig.unavailable_offerings",
+                field="unavailable",
+            )
+        self.unavailable = unavailable or config.unavailable_offerings(clock)
         self._type_aware = bool(getattr(self.policy, "type_aware", False))
         self.book = JobBook(config.refit_tolerance, typed=self._type_aware, speeds=self.speeds)
         self._new_key = instance_keys or (lambda: f"i-{uuid.uuid4().hex[:16]}")
@@ -385,8 +407,7 @@ class Controller:
             )
         self._suspected = actions.suspected
         t3 = time.perf_counter()
-        leaving = {t.key for t in actions.transitions if t.to is not InstanceStatus.RUNNING}
-        staying = [r for r in ready if r.instance_key not in leaving]
+        staying = [r for r in ready if r.instance_key not in actions.leaving]
         cluster = self._cluster(staying, now, held_by=pinned)
         on_nodes = {n.instance_key for n in cluster.nodes}
         views = tuple(
@@ -492,17 +513,29 @@ class Controller:
 
     def job_views(self, now_s: float) -> tuple[JobView, ...]:
         """Every active job as the policy would see it now (from the store and the job
-        book; no side effects: a job whose spec cannot be read is left out)."""
+        book, its attained service and restarts from :meth:`Store.usage` as a round reads
+        them; no side effects: a job whose spec cannot be read is left out)."""
         alloc: dict[str, dict[str, int]] = {}
         for (job, key), gpus in self.store.list_assignments().items():
             alloc.setdefault(job, {})[key] = gpus
+        rows = self.store.list_jobs(statuses=ACTIVE_JOBS)
+        usage = self.store.usage([row.name for row in rows], now_s)
         out = []
-        for row in self.store.list_jobs(statuses=ACTIVE_JOBS):
+        for row in rows:
             with contextlib.suppress(InvalidInputError):
                 spec = JobSubmission.from_json(row.spec_json)
                 held = Allocation(alloc.get(row.name, {}))
+                attained, restarts = usage.get(row.name, (0.0, 0))
                 out.append(
-                    self.book.view(spec, row.submitted_at_s, now_s, held, deadline_s=row.deadline_s)
+                    self.book.view(
+                        spec,
+                        row.submitted_at_s,
+                        now_s,
+                        held,
+                        attained_gpu_s=attained,
+                        num_restarts=restarts,
+                        deadline_s=row.deadline_s,
+                    )
                 )
         return tuple(out)
 
@@ -740,12 +773,16 @@ class Controller:
                     self._terminated(row, "down: gone from the listing")
                 continue
             if row.status is not InstanceStatus.TERMINATING:
+                adopted: dict[str, object] = {}
+                if row.provider_instance_id is None:
+                    adopted["provider_instance_id"] = pid
                 row = self.store.transition(
                     row.instance_key,
                     row.version,
                     InstanceStatus.TERMINATING,
                     reason="down: releasing every instance",
-                    **({"provider_instance_id": pid} if row.provider_instance_id is None else {}),
+                    preemption=False,
+                    **adopted,
                 )
         ids = sorted(listed)  # ours by row, and any leak the listing shows
         if ids:
@@ -907,7 +944,7 @@ class Controller:
         if r.status is InstanceStatus.TERMINATING:
             retries = terminate_retries(self.store.history(r.instance_key))
         elif r.status is InstanceStatus.DRAINING:
-            noticed = any(h.reason == NOTICE_REASON for h in self.store.history(r.instance_key))
+            noticed = preempted_at(self.store.history(r.instance_key)) is not None
         return RowView(
             key=r.instance_key,
             request_id=r.request_id,
@@ -944,7 +981,9 @@ class Controller:
             changes: dict[str, object] = {}
             if t.provider_instance_id is not None:
                 changes["provider_instance_id"] = t.provider_instance_id
-            by_key[t.key] = store.transition(t.key, row.version, t.to, reason=t.reason, **changes)
+            by_key[t.key] = store.transition(
+                t.key, row.version, t.to, reason=t.reason, preemption=t.preemption, **changes
+            )
             if t.to is InstanceStatus.TERMINATED:
                 self._record_cost(by_key[t.key])
         new_keys: list[str] = []
@@ -1047,15 +1086,12 @@ class Controller:
         o = self._offerings.get(row.offering_key)
         if o is None:
             return 0
-        if self.unavailable.is_unavailable(o.key):
-            if row.status is InstanceStatus.QUEUED:
-                by_key[key] = self.store.transition(
-                    key,
-                    row.version,
-                    InstanceStatus.ALLOCATION_FAILED,
-                    reason="offering unavailable (capacity error this round)",
-                )
+        refused = unavailable_launch(key, row.status, o.key, self.unavailable)
+        if refused is not None:  # marked by an earlier launch of this round
+            by_key[key] = self.store.transition(key, row.version, refused.to, reason=refused.reason)
             return 0
+        if o.key in self.unavailable:
+            return 0  # a requested row is not re-issued into it: it waits for its timeout
         if row.status is InstanceStatus.QUEUED:
             row = by_key[key] = self.store.transition(
                 key,
@@ -1071,8 +1107,8 @@ class Controller:
         self._issued.add(row.request_id)
         try:
             result = self.provider.launch(request)
-        except QuotaExceededError:
-            self.unavailable.mark(o.key, self.config.quota_ttl_s)
+        except QuotaExceededError as e:  # raised before the provider's pool walk saw it
+            self.unavailable.mark_error(o.key, e)
             by_key[key] = self.store.transition(
                 key, row.version, InstanceStatus.ALLOCATION_FAILED, reason="quota exceeded"
             )
@@ -1089,15 +1125,18 @@ class Controller:
                 reason="launched",
                 provider_instance_id=inst.instance_id,
             )
-        elif any(isinstance(e.error, InsufficientCapacityError) for e in result.errors):
-            self.unavailable.mark(o.key)
+            return 1
+        # The provider's pool walk marked the offering by the memory's one rule; marked again
+        # here by the same rule (a no-op in the memory it shares; the mark itself for a
+        # provider that keeps its own). A quota lasts longer: the next round's sizing routes
+        # around it (another zone, type or market).
+        for error in result.errors:
+            self.unavailable.mark_error(error.offering_key, error.error)
+        if any(isinstance(e.error, InsufficientCapacityError) for e in result.errors):
             by_key[key] = self.store.transition(
                 key, row.version, InstanceStatus.ALLOCATION_FAILED, reason="capacity error"
             )
         elif any(isinstance(e.error, QuotaExceededError) for e in result.errors):
-            # A quota lasts: the offering is avoided for longer, and the next round's sizing
-            # routes around it (another zone, type or market).
-            self.unavailable.mark(o.key, self.config.quota_ttl_s)
             by_key[key] = self.store.transition(
                 key, row.version, InstanceStatus.ALLOCATION_FAILED, reason="quota exceeded"
             )

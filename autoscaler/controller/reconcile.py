@@ -51,8 +51,9 @@ makes idempotent (no duplicate), and later rounds wait for the listing or the ti
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from dataclasses import dataclass, field
+from typing import Final
 
 from autoscaler.controller.lifecycle import (
     InstanceStatus,
@@ -66,6 +67,7 @@ from providers.base import Instance, InterruptionKind, InterruptionNotice
 
 __all__ = [
     "NOTICE_REASON",
+    "UNAVAILABLE_REASON",
     "VANISHED_REASON",
     "Actions",
     "LaunchIntent",
@@ -75,16 +77,23 @@ __all__ = [
     "RowView",
     "Transition",
     "reconcile",
+    "unavailable_launch",
 ]
 
 HELD = frozenset({InstanceStatus.QUEUED, InstanceStatus.REQUESTED, InstanceStatus.RUNNING})
 """Statuses that count as holding an instance of an offering (what sizing's target is
 compared with)."""
 
+UNAVAILABLE_REASON: Final = "offering unavailable (capacity error)"
+"""The history reason of a queued row failed because its offering is marked unavailable."""
 NOTICE_REASON = "spot interruption notice"
 """The history reason of a drain for a spot notice (a preemption)."""
 VANISHED_REASON = "no longer listed by the cloud"
 """The history reason of an instance that vanished (preempted without a notice read)."""
+
+PREEMPTIBLE: Final = frozenset({InstanceStatus.RUNNING, InstanceStatus.DRAINING})
+"""Statuses in which an instance that vanishes from the listing was ended by the provider (a
+preemption), not released."""
 
 _LISTED = frozenset(
     {
@@ -189,7 +198,10 @@ class ReconcileInput:
 @dataclass(frozen=True)
 class Transition:
     """Move row ``key`` to ``to`` because of ``reason``; ``provider_instance_id`` is set with
-    it when given (adoption)."""
+    it when given (adoption). ``preemption``: the provider is taking the instance back (a spot
+    notice, or it vanished while running or draining): the one place a preemption is decided,
+    recorded typed in the row's history (:attr:`~autoscaler.controller.lifecycle.StatusChange.
+    preemption`), where billing, the events and the next rounds read it."""
 
     key: str
     to: InstanceStatus
@@ -219,17 +231,22 @@ class Actions:
     ``queued``), then the cloud calls: ``launch`` (row keys to launch: each goes ``queued ->
     requested`` in the store before its call, or is re-issued if already requested),
     ``terminate`` (row keys whose instance to terminate: rows already ``terminating``) and
-    ``leaks``. ``drained``: instance keys newly draining (their jobs must stop);
-    ``suspected``: running instances whose agents look dead but are kept, the silence being
-    too widespread to believe (see the module docstring)."""
+    ``leaks``. ``suspected``: running instances whose agents look dead but are kept, the
+    silence being too widespread to believe (see the module docstring)."""
 
     transitions: tuple[Transition, ...] = ()
     new_rows: tuple[LaunchIntent, ...] = ()
     launch: tuple[str, ...] = ()
     terminate: tuple[str, ...] = ()
     leaks: tuple[Leak, ...] = ()
-    drained: tuple[str, ...] = ()
     suspected: tuple[str, ...] = ()
+
+    @property
+    def leaving(self) -> frozenset[str]:
+        """Instance keys that take no job from this round on: every row moved to a status
+        other than ``running`` (draining for a notice or for cost, released, gone); the
+        policy decides on the others."""
+        return frozenset(t.key for t in self.transitions if t.to is not InstanceStatus.RUNNING)
 
     @property
     def cloud_calls(self) -> int:
@@ -247,7 +264,6 @@ class _Builder:
         self.status: dict[str, InstanceStatus] = {}
         self.launch: list[str] = []
         self.terminate: list[str] = []
-        self.drained: list[str] = []
         self.leaks: list[Leak] = []
         self.silent: list[tuple[RowView, float]] = []  # (row, silence) of agents judged dead
         self.watched = 0  # running instances whose liveness was judged
@@ -299,7 +315,14 @@ def reconcile(inp: ReconcileInput, config: ReconcileConfig | None = None) -> Act
             own = mine[0]
         b.leaks.extend(Leak(i, "second instance of one request") for i in mine if i is not own)
         if own is None and row.provider_instance_id is not None and row.status in _LISTED:
-            b.move(row, InstanceStatus.TERMINATED, VANISHED_REASON)
+            # Gone while running or draining: the provider ended it (a preemption, noticed
+            # or not); gone while terminating: released.
+            b.move(
+                row,
+                InstanceStatus.TERMINATED,
+                VANISHED_REASON,
+                preemption=row.status in PREEMPTIBLE,
+            )
         elif own is not None and row.provider_instance_id is None:
             _adopt(b, row, own)
         else:
@@ -312,9 +335,22 @@ def reconcile(inp: ReconcileInput, config: ReconcileConfig | None = None) -> Act
         launch=tuple(b.launch),
         terminate=tuple(b.terminate),
         leaks=tuple(b.leaks),
-        drained=tuple(b.drained),
         suspected=tuple(b.suspected),
     )
+
+
+def unavailable_launch(
+    key: str, status: InstanceStatus, offering_key: str, unavailable: Container[str]
+) -> Transition | None:
+    """The one rule of a launch into an offering marked unavailable (``unavailable``: the
+    round's snapshot of the marks, or the live memory while the act phase launches): a
+    ``queued`` row fails (``allocation_failed``) without a cloud call; ``None`` for any other
+    row, or an offering not marked. Reconcile applies it to the rows it reads; the act phase
+    to each launch it is about to make, for a mark an earlier launch of the same round
+    made."""
+    if status is InstanceStatus.QUEUED and offering_key in unavailable:
+        return Transition(key, InstanceStatus.ALLOCATION_FAILED, UNAVAILABLE_REASON)
+    return None
 
 
 def _adopt(b: _Builder, row: RowView, own: Instance) -> None:
@@ -345,8 +381,9 @@ def _act_on_row(b: _Builder, row: RowView, own: Instance | None, noticed: set[st
     s = row.status
     timeout = timed_out(s, row.since_s, inp.now_s, row.retries, cfg.timeouts)
     if s is InstanceStatus.QUEUED:
-        if row.offering_key in inp.unavailable:
-            b.move(row, InstanceStatus.ALLOCATION_FAILED, "offering unavailable (capacity error)")
+        refused = unavailable_launch(row.key, s, row.offering_key, inp.unavailable)
+        if refused is not None:
+            b.move(row, refused.to, refused.reason)
         else:
             b.launch.append(row.key)
     elif s is InstanceStatus.REQUESTED:
@@ -359,7 +396,6 @@ def _act_on_row(b: _Builder, row: RowView, own: Instance | None, noticed: set[st
     elif s is InstanceStatus.RUNNING and own is not None:
         if own.instance_id in noticed:
             b.move(row, InstanceStatus.DRAINING, NOTICE_REASON, preemption=True)
-            b.drained.append(row.key)
         else:
             b.watched += 1
             silent = _silence_past_timeout(row, inp, cfg)
@@ -463,5 +499,4 @@ def _size(b: _Builder, rows: list[RowView]) -> list[LaunchIntent]:
     surplus.sort(key=lambda r: (inp.used_gpus.get(r.key, 0), r.key))
     for row in surplus[: cfg.disruption_budget]:
         b.move(row, InstanceStatus.DRAINING, "fleet target lowered (cost)")
-        b.drained.append(row.key)
     return new_rows

@@ -60,6 +60,7 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from enum import StrEnum
 from pathlib import Path
 from typing import Final
 
@@ -128,10 +129,19 @@ from coadapt_common.jobexec import probe as probe_isolation
 from coadapt_common.logcap import DEFAULT_LOG_MAX_BYTES, MIN_LOG_MAX_BYTES
 from coadapt_common.procfs import process_start_time, read_proc_strings
 from providers.base import Provider
-from providers.capacity import UnavailableOfferings
 from providers.errors import ProviderError
 
-__all__ = ["ServiceError", "UpConfig", "UpReport", "agent_main", "describe_store_error", "run_up"]
+__all__ = [
+    "ServiceError",
+    "UpConfig",
+    "UpProcess",
+    "UpRecord",
+    "UpReport",
+    "agent_main",
+    "describe_store_error",
+    "run_up",
+    "up_is_stale",
+]
 
 log = logging.getLogger(__name__)
 
@@ -319,17 +329,68 @@ class _CloudSecrets:
             log.warning("publishing credentials: %s (retried next round)", e)
 
 
+class UpProcess(StrEnum):
+    """What the process an ``up.json`` names is now (:meth:`UpRecord.process`)."""
+
+    OURS = "ours"
+    """The ``coadapt up`` that wrote it: its pid runs, with the recorded start time and command
+    line."""
+    GONE = "gone"
+    """It is gone (killed, a crash, a reboot): its pid runs no process, or another one (a
+    recycled pid has another start time)."""
+    OTHER = "other"
+    """Its pid and start time, another command line: the process is no longer that ``coadapt
+    up`` (it replaced itself with another program), yet it runs."""
+
+
+@dataclass(frozen=True)
+class UpRecord:
+    """What ``up.json`` records of the running service (written by :func:`run_up`): its API
+    ``url``, and the identity of its process (``pid``, kernel ``started`` time, ``cmdline``)."""
+
+    url: str
+    pid: int
+    started: str
+    cmdline: tuple[str, ...]
+
+    @classmethod
+    def read(cls, up_file: Path) -> UpRecord | None:
+        """The record in ``up_file``; ``None`` when it cannot be read or is not a whole record
+        (nothing is judged of it then)."""
+        try:
+            doc = json.loads(up_file.read_text())
+            url, pid, started, cmdline = doc["url"], doc["pid"], doc["started"], doc["cmdline"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if (
+            isinstance(pid, bool)
+            or not isinstance(pid, int)
+            or pid <= 1
+            or not isinstance(started, str)
+            or not isinstance(cmdline, list)
+            or not all(isinstance(part, str) for part in cmdline)
+            or not (isinstance(url, str) and url.startswith(("http://", "https://")))
+        ):
+            return None
+        return cls(url, pid, started, tuple(cmdline))
+
+    def process(self) -> UpProcess:
+        """The one check of "is this record's process still ours" (``coadapt up`` taking over
+        a stale record, ``coadapt down`` before it asks and while it waits): the pid, its start
+        time and its command line, all three."""
+        if process_start_time(self.pid) != self.started:
+            return UpProcess.GONE
+        if tuple(_cmdline(self.pid)) != self.cmdline:
+            return UpProcess.OTHER
+        return UpProcess.OURS
+
+
 def up_is_stale(up_file: Path) -> bool:
-    """Whether ``up.json`` was left by a ``coadapt up`` that is gone (killed, a crash, a
-    reboot): its pid is not running, or runs another process (a recycled pid has another
-    start time). An unreadable file is not judged stale."""
-    try:
-        doc = json.loads(up_file.read_text())
-        pid = int(doc["pid"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-    started = process_start_time(pid)
-    return started is None or ("started" in doc and doc["started"] != started)
+    """Whether ``up.json`` was left by a ``coadapt up`` that is gone (:attr:`UpProcess.GONE`):
+    the next ``up`` may take over. An unreadable file, or one whose process runs, is not
+    judged stale."""
+    record = UpRecord.read(up_file)
+    return record is not None and record.process() is UpProcess.GONE
 
 
 class ServiceError(ControllerError):
@@ -636,11 +697,19 @@ def _run_up(
     try:
         tokens = open_tokens(state / "tokens.json")
         max_gpus = cfg.max_gpus
-        # One unavailable-offerings memory: the controller marks capacity and quota errors
-        # in it, the provider's launch walk skips what it holds, the sizing routes around it.
-        unavailable = UnavailableOfferings(
-            clock, ControllerConfig(cfg.cluster_id).unavailable_ttl_s
+        controller_cfg = ControllerConfig(
+            store.cluster_id,
+            interval_s=cfg.interval_s,
+            reconcile=ReconcileConfig(heartbeat_timeout_s=cfg.effective_heartbeat_timeout_s),
+            gpu_type_aliases={"cpu-slot": "T4"} if cloud is None else {},
+            offerings_refresh_s=cfg.offerings_refresh_s,
+            stall_gap_s=cfg.stall_gap_s,
+            retention_s=cfg.retention_s,
         )
+        # One unavailable-offerings memory, with the controller's TTLs: the provider's launch
+        # walk marks capacity and quota errors in it and skips what it holds, the controller
+        # fails queued launches into it, the sizing routes around it.
+        unavailable = controller_cfg.unavailable_offerings(clock)
         if cloud is None:
             local = LocalProvider(
                 state / "local",
@@ -683,16 +752,7 @@ def _run_up(
     sizing = SizingConfig(max_instances=cfg.max_instances, max_gpus=max_gpus)
     if cloud is None:
         sizing = replace(sizing, provisioning_delay_s=LOCAL_PROVISIONING_DELAY_S)
-    controller_cfg = ControllerConfig(
-        store.cluster_id,
-        interval_s=cfg.interval_s,
-        sizing=sizing,
-        reconcile=ReconcileConfig(heartbeat_timeout_s=cfg.effective_heartbeat_timeout_s),
-        gpu_type_aliases={"cpu-slot": "T4"} if cloud is None else {},
-        offerings_refresh_s=cfg.offerings_refresh_s,
-        stall_gap_s=cfg.stall_gap_s,
-        retention_s=cfg.retention_s,
-    )
+    controller_cfg = replace(controller_cfg, sizing=sizing)
     if cloud is None:
         controller_cfg = replace(controller_cfg, restart_delay_s=LOCAL_RESTART_DELAY_S)
 

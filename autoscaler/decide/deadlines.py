@@ -30,7 +30,8 @@ import numpy as np
 
 from autoscaler.decide.bounds import gpu_ceiling
 from autoscaler.decide.views import JobView
-from autoscaler.model.goodput import optimistic_internode
+from autoscaler.decide.sizing import with_unseen_hope
+from autoscaler.model.goodput import GoodputModel, optimistic_internode
 from autoscaler.model.gputypes import REFERENCE_GPU_TYPE, SpeedTable, estimate_model, limits_on
 
 __all__ = [
@@ -141,9 +142,11 @@ def goodput_curves(
     model there, or the ratio rule's estimate from its other types (at its fixed batch if
     it does not adapt). Empty when it has no model yet. Not capped by the policy's
     exploration: what a deadline could still be met with, not what the job has shown; with
-    ``optimistic``, a shape on more instances than the job has run on is valued at the better
-    of its fit and its fit with the inter-node sync taken as the intra-node one
-    (:func:`~autoscaler.model.goodput.optimistic_internode`, as the sizing's ``optimistic_nodes``):
+    ``optimistic``, a shape its fit has not seen (:func:`~autoscaler.decide.sizing.
+    unseen_shapes`: more instances than it has run on, or several instances with more GPUs
+    than it has run on) is valued at the better of its fit and its fit with the inter-node
+    sync taken as the intra-node one (:func:`~autoscaler.model.goodput.optimistic_internode`,
+    the one rule the sizing's ``optimistic_nodes`` applies too):
     a fit from one instance knows nothing of the network, and a deadline judged on its
     worst guess buys on demand for nothing."""
     models = job.models or ({REFERENCE_GPU_TYPE: job.model} if job.model is not None else {})
@@ -167,10 +170,16 @@ def goodput_curves(
         )
         nodes = -(-g // per)
         goodput = np.ravel(model.optimize(nodes, g, fixed_batch_size=fixed).goodput)
-        unseen = nodes > max(1, job.max_profiled_nodes)
-        if optimistic and unseen.any():
-            hopeful = optimistic_internode(model).optimize(nodes, g, fixed_batch_size=fixed)
-            goodput = np.where(unseen, np.maximum(goodput, np.ravel(hopeful.goodput)), goodput)
+        if optimistic:
+
+            def hopeful(m: GoodputModel = model, n: np.ndarray = nodes) -> np.ndarray:
+                return np.ravel(
+                    optimistic_internode(m).optimize(n, g, fixed_batch_size=fixed).goodput
+                )
+
+            goodput = with_unseen_hope(
+                goodput, nodes, g, job.max_profiled_nodes, job.max_profiled_gpus, hopeful
+            )
         out[(gpu_type, per)] = [float(x) for x in goodput]
     return out
 

@@ -63,7 +63,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
@@ -248,6 +248,41 @@ class FleetProposal:
 # ---- value curves ---------------------------------------------------------------------------
 
 
+def unseen_shapes(
+    nodes: np.ndarray,
+    gpus: np.ndarray,
+    profiled_nodes: int | np.ndarray,
+    profiled_gpus: int | np.ndarray,
+) -> np.ndarray:
+    """Which shapes (``nodes`` instances holding ``gpus`` GPUs, elementwise) a job's fit has
+    not seen: more instances than it has run on (at least one counts as seen), or several
+    instances with more GPUs than it has run on. The one rule of "unseen" for every optimistic
+    valuation (the sizing's ``optimistic_nodes`` and the deadline curves,
+    :func:`~autoscaler.decide.deadlines.goodput_curves`): a fit from one instance knows nothing
+    of the network, and one from two instances of one GPU each knows nothing of a ring of
+    sixteen."""
+    seen_nodes = np.maximum(1, profiled_nodes)
+    return (nodes > seen_nodes) | ((nodes > 1) & (gpus > profiled_gpus))
+
+
+def with_unseen_hope(
+    values: np.ndarray,
+    nodes: np.ndarray,
+    gpus: np.ndarray,
+    profiled_nodes: int | np.ndarray,
+    profiled_gpus: int | np.ndarray,
+    hopeful: Callable[[], np.ndarray],
+) -> np.ndarray:
+    """``values`` with each unseen shape (:func:`unseen_shapes`) valued at the better of its
+    value and its ``hopeful`` one (the same shapes valued by
+    :func:`~autoscaler.model.goodput.optimistic_internode` of the model; called only when
+    some shape is unseen)."""
+    unseen = unseen_shapes(nodes, gpus, profiled_nodes, profiled_gpus)
+    if not unseen.any():
+        return values
+    return np.where(unseen, np.maximum(values, hopeful()), values)
+
+
 def _raw(model: GoodputModel, nodes: np.ndarray, g: np.ndarray, value: ValueKind) -> np.ndarray:
     if value == "goodput":
         return model.optimize(nodes, g).goodput
@@ -268,10 +303,15 @@ def _curve(
     g = np.arange(1, max_gpus + 1)
     nodes = -(-g // per_node)
     raw = _raw(model, nodes, g, value)
-    unseen = (nodes > max(1, profiled_nodes)) | ((nodes > 1) & (g > profiled_gpus))
-    if optimistic and unseen.any():
-        hopeful = _raw(optimistic_internode(model), nodes, g, value)
-        raw = np.where(unseen, np.maximum(raw, hopeful), raw)
+    if optimistic:
+        raw = with_unseen_hope(
+            raw,
+            nodes,
+            g,
+            profiled_nodes,
+            profiled_gpus,
+            lambda: _raw(optimistic_internode(model), nodes, g, value),
+        )
     out = np.maximum.accumulate(np.maximum(raw, 0.0)) / scale
     return tuple(float(x) for x in out)
 
@@ -398,14 +438,19 @@ def _curves(
     g = np.broadcast_to(np.arange(1, width + 1), (len(models), width))
     nodes = -(-g // per_node)
     raw = optimize_many(JobArrays.from_models(models), nodes, g).goodput
-    pn = np.array([max(1, n) for n, _ in profiled])[:, None]
-    pg = np.array([p for _, p in profiled])[:, None]
-    unseen = (nodes > pn) | ((nodes > 1) & (g > pg))
-    if optimistic and unseen.any():
-        hopeful = optimize_many(
-            JobArrays.from_models([optimistic_internode(m) for m in models]), nodes, g
-        ).goodput
-        raw = np.where(unseen, np.maximum(raw, hopeful), raw)
+    if optimistic:
+        raw = with_unseen_hope(
+            raw,
+            nodes,
+            g,
+            np.array([n for n, _ in profiled])[:, None],
+            np.array([p for _, p in profiled])[:, None],
+            lambda: (
+                optimize_many(
+                    JobArrays.from_models([optimistic_internode(m) for m in models]), nodes, g
+                ).goodput
+            ),
+        )
     out = []
     for k, cap in enumerate(caps):
         row = np.maximum.accumulate(np.maximum(raw[k, :cap], 0.0)) / scale[k]

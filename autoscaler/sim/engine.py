@@ -34,7 +34,8 @@ which replay the traces:
 So the policy learns what the controller learns, when it learns it: throughput models fitted
 online from the reports (the controller's :class:`~autoscaler.controller.jobbook.JobBook`), the
 remaining work only from a declared length and only after the first report, attained service
-and restarts from the store's assignment history. The one exception is an oracle baseline
+and restarts from the store's assignment history (the results' restarts are the store's
+count too: one definition). The one exception is an oracle baseline
 (``optimus``, the Pollux paper's Optimus+Oracle), which is handed the true remaining iterations
 by a hook a real cluster does not have.
 
@@ -114,10 +115,7 @@ class _Job:
     profiles: dict[tuple[int, int, int, int], ProfileEntry] = field(default_factory=dict)
     ran: bool = False  # ran this round: it reports at the round's end
     last_run: tuple[BatchChoice, Allocation] | None = None  # what it last ran on
-
-    @property
-    def restarts(self) -> int:
-        return max(0, self.starts - 1)
+    restarts: int = 0  # as the controller's store counts them (its one definition)
 
 
 def _limits(app: AppTrace, max_local_bsz: int | None = None) -> BatchLimits:
@@ -362,13 +360,22 @@ class Simulator:
         allocs, batches = world.plan()
         self._group = {key: self._group_of_key[okey] for key, okey in world.offering_keys().items()}
         self._iid = world.instance_ids()
+        restarts = world.store.restart_counts([job.spec.name for job in active])
         for job in active:
-            self._obey(job, allocs.get(job.spec.name, Allocation()), batches.get(job.spec.name))
+            name = job.spec.name
+            restarted = restarts.get(name, 0) > job.restarts
+            job.restarts = restarts.get(name, job.restarts)
+            self._obey(job, allocs.get(name, Allocation()), batches.get(name), restarted)
         self._check_ended(active)
         used = sum(job.allocation.num_gpus for job in active)
         self.rounds.append(RoundStats(self.now_s, len(active), used, report.policy_s, report.fit_s))
 
-    def _obey(self, job: _Job, alloc: Allocation, batch: BatchChoice | None) -> None:
+    def _obey(
+        self, job: _Job, alloc: Allocation, batch: BatchChoice | None, restarted: bool
+    ) -> None:
+        """``job`` takes the allocation and batch the controller planned; ``restarted``: the
+        store counted a restart of it this round (the bill's ``restart`` event follows the
+        store's one definition, :mod:`autoscaler.controller.store.assignment_table`)."""
         gpus = alloc.num_gpus
         if gpus and batch is None:
             raise SimulationError(f"{job.spec.name} holds {gpus} GPUs without a planned batch")
@@ -383,7 +390,7 @@ class Simulator:
                 job.preemptions += 1
                 assert self.cloud is not None
                 self.cloud.ledger.job_event(job.spec.name, self.now_s, "preemption")
-            elif gpus and self.cloud is not None and job.starts:
+            if restarted and self.cloud is not None:
                 self.cloud.ledger.job_event(job.spec.name, self.now_s, "restart")
             if gpus:
                 job.starts += 1

@@ -93,27 +93,36 @@ class World:
         try:
             self.store = Store.create(self._dir / "store.db", CLUSTER_ID, self.clock)
             self.store.set_durable(False)
+            controller_config = ControllerConfig(
+                cluster_id=CLUSTER_ID,
+                interval_s=config.interval_s,
+                policy=str(policy.name),
+                restart_delay_s=config.restart_delay_s,
+                max_job_retries=config.max_job_retries,
+                interference_avoidance=config.interference_avoidance,
+                refit_tolerance=config.refit_tolerance,
+                reconcile=ReconcileConfig(),
+                offerings_refresh_s=config.interval_s,
+            )
+            # One unavailable-offerings memory, with the controller's TTLs, shared with the
+            # cloud's pool walk.
+            unavailable = controller_config.unavailable_offerings(self.clock)
             self.provider = FakeProvider(
-                offerings, capacity, clock=self.clock, name=provider_name, boot_s=boot_s
+                offerings,
+                capacity,
+                clock=self.clock,
+                name=provider_name,
+                boot_s=boot_s,
+                unavailable=unavailable,
             )
             counter = iter(range(1, 1 << 62))
             self.controller = Controller(
                 self.store,
                 self.provider,
                 self.clock,
-                ControllerConfig(
-                    cluster_id=CLUSTER_ID,
-                    interval_s=config.interval_s,
-                    policy=str(policy.name),
-                    restart_delay_s=config.restart_delay_s,
-                    max_job_retries=config.max_job_retries,
-                    interference_avoidance=config.interference_avoidance,
-                    refit_tolerance=config.refit_tolerance,
-                    reconcile=ReconcileConfig(),
-                    offerings_refresh_s=config.interval_s,
-                ),
+                controller_config,
                 strategy=strategy,
-                unavailable=self.provider.unavailable,
+                unavailable=unavailable,
                 policy=policy,
                 instance_keys=lambda: f"n{next(counter):05d}",
                 oracle=oracle,

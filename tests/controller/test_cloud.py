@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -43,6 +44,8 @@ from autoscaler.controller.store import InstanceRow
 from autoscaler.errors import InvalidInputError
 from providers.base import Market
 from providers.tags import CLUSTER_ID_TAG, REQUEST_ID_TAG
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _write(path: Path, data: Any) -> Path:
@@ -451,18 +454,75 @@ def test_aws_node_credentials_make_exactly_the_declared_calls_and_follow_a_rotat
 def test_a_stale_up_file_is_told_from_a_live_one(tmp_path: Path) -> None:
     import os
 
-    from autoscaler.controller.service import up_is_stale
-    from coadapt_common.procfs import process_start_time
+    from autoscaler.controller.service import UpRecord, up_is_stale
+    from coadapt_common.procfs import process_start_time, read_proc_strings
 
+    def record(pid: int, started: str | None, cmdline: list[str]) -> dict[str, object]:
+        return {"url": "http://127.0.0.1:9", "pid": pid, "started": started, "cmdline": cmdline}
+
+    me = os.getpid()
+    mine = [p.decode() for p in read_proc_strings(me, "cmdline")]
     up = tmp_path / "up.json"
-    up.write_text(json.dumps({"url": "u", "pid": os.getpid(),
-                              "started": process_start_time(os.getpid())}))  # fmt: skip
+    up.write_text(json.dumps(record(me, process_start_time(me), mine)))
     assert not up_is_stale(up)  # this very process
     gone = subprocess.Popen(["true"])
     gone.wait()
-    up.write_text(json.dumps({"url": "u", "pid": gone.pid}))
+    up.write_text(json.dumps(record(gone.pid, "1", ["true"])))
     assert up_is_stale(up)  # a reboot or a kill -9 left it
-    up.write_text(json.dumps({"url": "u", "pid": os.getpid(), "started": "0"}))
+    up.write_text(json.dumps(record(me, "0", mine)))
     assert up_is_stale(up)  # a recycled pid
+    up.write_text(json.dumps(record(me, process_start_time(me), ["coadapt", "up"])))
+    assert not up_is_stale(up)  # it runs, as another program: not ours, and not gone either
     up.write_text("{damaged")
     assert not up_is_stale(up)  # not judged: up refuses and says where
+    up.write_text(json.dumps({"url": "http://127.0.0.1:9", "pid": me}))
+    assert not up_is_stale(up) and UpRecord.read(up) is None  # not a whole record
+
+
+def test_up_and_down_judge_an_up_file_by_one_check(tmp_path: Path) -> None:
+    """``coadapt up`` (taking over a stale record) and ``coadapt down`` (stopping the recorded
+    process, and waiting for it to go) ask the one :meth:`UpRecord.process`: pid, start time
+    and command line together. Each record is judged the same by both: ``up`` takes over
+    exactly the records ``down`` calls gone, and ``down`` stops only a process it calls ours."""
+    from autoscaler.controller.service import UpProcess, UpRecord, up_is_stale
+    from coadapt_common.procfs import process_start_time, read_proc_strings
+
+    sleeper = subprocess.Popen(["sleep", "300"])
+    try:
+        pid = sleeper.pid
+        started = process_start_time(pid)
+        assert started is not None
+        cmdline = [p.decode() for p in read_proc_strings(pid, "cmdline")]
+        cases = {
+            UpProcess.OURS: (pid, started, cmdline),
+            UpProcess.GONE: (pid, "1", cmdline),  # a recycled pid
+            UpProcess.OTHER: (pid, started, ["coadapt", "up"]),  # crafted: another program
+        }
+        state = tmp_path / "state"
+        state.mkdir()
+        generate_tokens(state / "tokens.json")
+        up = state / "up.json"
+        for want, (p, s, c) in cases.items():
+            up.write_text(
+                json.dumps({"url": "http://127.0.0.1:9", "pid": p, "started": s, "cmdline": c})
+            )
+            got = UpRecord.read(up)
+            assert got is not None and got.process() is want
+            assert up_is_stale(up) is (want is UpProcess.GONE)
+            down = subprocess.run(
+                [sys.executable, "-m", "autoscaler.cli", "down", "--state-dir", str(state),
+                 "--timeout-s", "1"],
+                capture_output=True, text=True, check=False, cwd=ROOT,
+            )  # fmt: skip
+            assert down.returncode == 1, down.stderr
+            if want is UpProcess.GONE:
+                assert "is gone" in down.stderr
+            elif want is UpProcess.OTHER:
+                assert "not the coadapt up that wrote it" in down.stderr
+            else:  # ours by the check: down went on to ask its API (nobody listens there)
+                assert "could not ask coadapt up" in down.stderr
+            assert sleeper.poll() is None  # never signalled
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert UpRecord.read(tmp_path / "missing.json") is None

@@ -3,6 +3,7 @@ outcomes, job specs, offerings the decision core cannot value."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from autoscaler.errors import InvalidInputError
 from coadapt_common.clock import FakeClock
 from emulators.reports import synthetic_report
 from providers.base import Market
+from providers.capacity import UnavailableOfferings
 from providers.fake import FakeProvider
 
 CLUSTER = "loop1"
@@ -143,7 +145,7 @@ def test_drained_instances_take_their_jobs_off_first(tmp_path: Path) -> None:
     assert victim.provider_instance_id is not None
     cloud.preempt(victim.provider_instance_id, notice_s=120.0)
     report = ctl.run_round()
-    assert victim.instance_key in report.actions.drained
+    assert victim.instance_key in report.actions.leaving
     assert all(victim.instance_key not in alloc for alloc in report.allocations.values())
 
 
@@ -227,11 +229,10 @@ def test_a_quota_error_is_remembered_and_the_next_round_launches_elsewhere(
     time), its row fails at once instead of waiting ``requested`` round after round, and the
     next round's sizing routes around it: the next launch goes to another offering. One
     memory: the provider's launch walk shares it (its own skip makes no call)."""
-    from providers.capacity import UnavailableOfferings
     from providers.errors import QuotaExceededError
 
     store, _, clock = _setup(tmp_path, jobs=1)
-    memory = UnavailableOfferings(clock, CONFIG.unavailable_ttl_s)
+    memory = CONFIG.unavailable_offerings(clock)
     cloud = FakeProvider(clock=clock, unavailable=memory)
     ctl = Controller(store, cloud, clock, CONFIG, unavailable=memory)
     cloud.next_error("launch", QuotaExceededError("vCPU quota of the family reached"))
@@ -353,6 +354,93 @@ def test_a_finished_job_keeps_its_gpus_until_it_exits_and_is_never_moved(
     assert ctl.job_exited("job-0", failed=False) is JobStatus.COMPLETED
     ctl.run_round()
     assert not store.list_assignments(job="job-0")
+
+
+# ---- unavailable offerings: one memory, one rule, the config's TTL ---------------------------
+
+
+def _dry_cloud(
+    clock: FakeClock, memory: UnavailableOfferings | None = None
+) -> tuple[FakeProvider, str]:
+    """A cloud of one offering (1 x T4, spot) that has no capacity."""
+    from providers.fake import default_offerings
+
+    only = default_offerings("fake")[0]
+    return FakeProvider([only], {only.key: 0}, clock=clock, unavailable=memory), only.key
+
+
+def test_the_unavailable_ttl_of_the_config_decides_when_an_offering_is_tried_again(
+    tmp_path: Path,
+) -> None:
+    """A capacity error keeps the offering out for the config's ``unavailable_ttl_s``, not a
+    default: with 60 s it is tried again two minutes later, with 600 s it is not. The one
+    memory is built from the config (``ControllerConfig.unavailable_offerings``, as the
+    service and the simulator build it) and shared by the provider's pool walk."""
+    tried_again = {}
+    for ttl_s in (60.0, 600.0):
+        store, _, clock = _setup(tmp_path / f"{ttl_s:.0f}", jobs=1)
+        config = dataclasses.replace(CONFIG, unavailable_ttl_s=ttl_s)
+        memory = config.unavailable_offerings(clock)
+        cloud, key = _dry_cloud(clock, memory)
+        ctl = Controller(store, cloud, clock, config, unavailable=memory)
+        ctl.run_round()
+        first = [c for c in cloud.calls if c.op == "launch"]
+        assert len(first) == 1 and key in ctl.unavailable
+        clock.advance(120.0)
+        ctl.run_round()
+        tried_again[ttl_s] = len([c for c in cloud.calls if c.op == "launch"]) > 1
+    assert tried_again == {60.0: True, 600.0: False}
+
+
+def test_a_memory_with_other_ttls_than_the_config_is_refused(tmp_path: Path) -> None:
+    store, cloud, clock = _setup(tmp_path)
+    with pytest.raises(InvalidInputError, match="unavailable_offerings"):
+        Controller(store, cloud, clock, CONFIG, unavailable=UnavailableOfferings(clock, 180.0))
+    ok = CONFIG.unavailable_offerings(clock)
+    assert (ok.ttl_s, ok.quota_ttl_s) == (CONFIG.unavailable_ttl_s, CONFIG.quota_ttl_s)
+    Controller(store, cloud, clock, CONFIG, unavailable=ok)
+
+
+def test_a_queued_launch_into_an_unavailable_offering_fails_by_one_rule(tmp_path: Path) -> None:
+    """The rule "a queued row of an offering marked unavailable fails without a cloud call"
+    is :func:`~autoscaler.controller.reconcile.unavailable_launch`, applied by reconcile to the
+    rows it reads and by the act phase to a mark an earlier launch of the same round made:
+    two new rows for a dry offering make one launch call, the second row fails by the rule
+    (its reason is the rule's), and a queued row read the next round fails by it as well."""
+    from autoscaler.controller.reconcile import UNAVAILABLE_REASON
+
+    store, _, clock = _setup(tmp_path, jobs=2)
+    config = dataclasses.replace(CONFIG, sizing=dataclasses.replace(CONFIG.sizing, max_instances=8))
+    memory = config.unavailable_offerings(clock)
+    cloud, key = _dry_cloud(clock, memory)
+    ctl = Controller(store, cloud, clock, config, unavailable=memory)
+    report = ctl.run_round()
+    assert len(report.actions.new_rows) >= 2
+    launches = [c for c in cloud.calls if c.op == "launch"]
+    assert len(launches) == 1  # the first found the offering dry; the others made no call
+    reasons = [store.history(r.instance_key)[-1].reason for r in store.list_instances()]
+    assert sorted(set(reasons)) == ["capacity error", UNAVAILABLE_REASON]
+    assert reasons.count(UNAVAILABLE_REASON) == len(reasons) - 1
+    # A row still queued when a round reads it (a launch that timed back): reconcile's turn.
+    row = store.add_instance(
+        instance_key="late",
+        request_id="loop1-late",
+        offering_key=key,
+        provider="fake",
+        instance_type="g4dn.xlarge",
+        zone="us-east-1a",
+        market="spot",
+        gpu_type="T4",
+        gpus=1,
+        price_usd_per_hour=0.1578,
+    )
+    assert row.status is InstanceStatus.QUEUED
+    clock.advance(10.0)
+    report = ctl.run_round()
+    assert [(t.key, t.reason) for t in report.actions.transitions if t.key == "late"] == [
+        ("late", UNAVAILABLE_REASON)
+    ]
+    assert len([c for c in cloud.calls if c.op == "launch"]) == 1
 
 
 def test_rounds_prune_what_is_older_than_the_retention(tmp_path: Path) -> None:

@@ -86,6 +86,9 @@ def test_vanished_instances_are_terminated() -> None:
         ("b", S.TERMINATED),
         ("c", S.TERMINATED),
     }
+    # The provider ended the running and the draining one (a preemption, decided here and
+    # recorded typed); the terminating one was released.
+    assert {t.key: t.preemption for t in out.transitions} == {"a": True, "b": True, "c": False}
 
 
 def test_spot_notice_drains_outside_the_disruption_budget() -> None:
@@ -99,7 +102,7 @@ def test_spot_notice_drains_outside_the_disruption_budget() -> None:
     out = reconcile(
         ReconcileInput(NOW, rows, seen, notices, target={POOL: 3}, used_gpus={"a": 1}), cfg
     )
-    assert sorted(out.drained) == ["a", "b", "c"]
+    assert out.leaving == {"a", "b", "c"}
     assert all(t.preemption and t.to is S.DRAINING for t in out.transitions)
 
 
@@ -115,7 +118,7 @@ def test_a_notice_on_an_instance_draining_for_cost_is_recorded_once() -> None:
     assert [(t.to, t.reason, t.preemption) for t in out.transitions] == [
         (S.DRAINING, NOTICE_REASON, True)
     ]
-    assert not out.drained and not out.terminate
+    assert not out.terminate
     again = row("a", S.DRAINING, pid="i-a", noticed=True)
     out = reconcile(ReconcileInput(NOW, (again,), seen, notice, used_gpus={"a": 1}), CFG)
     assert not out.transitions
@@ -162,7 +165,8 @@ def test_surplus_drains_the_emptiest_within_the_budget() -> None:
     used = {"a": 4, "b": 0, "c": 2, "d": 0}
     cfg = ReconcileConfig(heartbeat_timeout_s=None, disruption_budget=2)
     out = reconcile(ReconcileInput(NOW, rows, seen, target={POOL: 1}, used_gpus=used), cfg)
-    assert sorted(out.drained) == ["b", "d"]
+    assert out.leaving == {"b", "d"}
+    assert {t.to for t in out.transitions} == {S.DRAINING}
 
 
 def test_no_cost_drain_while_replacements_launch() -> None:
@@ -177,7 +181,7 @@ def test_no_cost_drain_while_replacements_launch() -> None:
         ),
         CFG,
     )
-    assert not out.drained and not out.transitions
+    assert not out.leaving and not out.transitions
 
 
 def test_drained_instance_without_jobs_is_terminated() -> None:

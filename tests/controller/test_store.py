@@ -691,6 +691,7 @@ SEED: dict[int, list[str]] = {
     ],
     7: ["UPDATE jobs SET deadline_s = 3610.0 WHERE name = 'j1'"],
     8: [],  # usage totals back-filled from the history, plans become a meta row, indexes
+    9: [],  # a column, back-filled from the reason strings (test_typed_preemptions_...)
 }
 
 
@@ -1213,3 +1214,39 @@ def test_a_read_only_open_neither_migrates_nor_opens_what_open_refuses(
     (tmp_path / "junk.db").write_bytes(b"not a database" * 512)
     with pytest.raises(StoreCorruptError):
         Store.open_read_only(tmp_path / "junk.db", clock)
+
+
+def test_typed_preemptions_are_back_filled_from_the_reason_strings(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """A store of schema 7 knew a preemption only by its history's reason strings: the
+    migration records them typed (a spot notice; vanishing while running or draining), and
+    leaves a release (vanishing while terminating) a release."""
+    from autoscaler.controller.lifecycle import preempted_at
+
+    old = tmp_path / "v7.db"
+    build_store_at(old, 7)
+    conn = sqlite3.connect(old, isolation_level=None)
+    conn.execute(
+        "INSERT INTO instances VALUES ('i-2', 'c1-i-2', 'fake/z/t/spot', 'fake', 't', 'z', "
+        "'spot', 'T4', 4, 0.5, 'x-2', 'terminated', 0, NULL, 11.0, 30.0, 4)"
+    )
+    conn.execute(
+        "INSERT INTO instances VALUES ('i-3', 'c1-i-3', 'fake/z/t/spot', 'fake', 't', 'z', "
+        "'spot', 'T4', 4, 0.5, 'x-3', 'terminated', 0, NULL, 11.0, 30.0, 4)"
+    )
+    conn.execute(
+        "INSERT INTO instance_history (instance_key, status, at_s, reason) VALUES "
+        "('i-2', 'queued', 11.0, 'w'), ('i-2', 'running', 12.0, 'l'), "
+        "('i-2', 'draining', 20.0, 'spot interruption notice'), "
+        "('i-2', 'terminated', 30.0, 'no longer listed by the cloud'), "
+        "('i-3', 'queued', 11.0, 'w'), ('i-3', 'running', 12.0, 'l'), "
+        "('i-3', 'terminating', 25.0, 'drained: no job left on it'), "
+        "('i-3', 'terminated', 30.0, 'no longer listed by the cloud')"
+    )
+    conn.close()
+    with Store.open(old, clock) as s:
+        assert [c.preemption for c in s.history("i-2")] == [False, False, True, True]
+        assert preempted_at(s.history("i-2")) == 20.0
+        assert preempted_at(s.history("i-3")) is None
+        assert preempted_at(s.history("i-1")) is None

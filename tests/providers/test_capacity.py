@@ -187,3 +187,32 @@ def test_walk_on_only_marked_pools_makes_no_call() -> None:
     cloud = Cloud({A.key: 5, B.key: 5})
     walk = walk_pools([A, B], 2, cache, cloud.place, together=True)
     assert cloud.calls == [] and not walk.called and walk.skipped == {A.key, B.key}
+
+
+def test_one_marking_rule_for_the_walk_and_its_caller() -> None:
+    """``mark_error`` is the one rule of what marks a pool for how long: the walk applies it
+    to every pool error, the controller to an error raised before the walk saw it. A memory
+    that keeps quotas marks a quota for its ``quota_ttl_s``; one that does not, never; a
+    transient error and the walk's own skip error never mark."""
+    clock = FakeClock()
+    keeps = UnavailableOfferings(clock, ttl_s=60.0, quota_ttl_s=600.0)
+    cloud = Cloud(
+        {A.key: 0, B.key: 0},
+        {A.key: QuotaExceededError("quota"), B.key: InsufficientCapacityError("dry")},
+    )
+    walk_pools([A, B], 1, keeps, cloud.place)
+    assert keeps.unavailable() == {A.key, B.key}
+    clock.advance(60.0)
+    assert keeps.unavailable() == {A.key}, "a quota lasts longer than a dry pool"
+    clock.advance(540.0)
+    assert keeps.unavailable() == frozenset()
+    assert not keeps.mark_error(A.key, TransientError("slow"))
+    skip = walk_pools([A], 1, UnavailableOfferings(clock), cloud.place)  # nothing marked yet
+    assert skip.called
+    marked = UnavailableOfferings(clock)
+    marked.mark(A.key)
+    walk = walk_pools([A], 1, marked, cloud.place)
+    assert not marked.mark_error(A.key, walk.errors[0].error), "a skip never re-marks"
+    assert A.key in marked and B.key not in marked
+    with pytest.raises(ValueError):
+        UnavailableOfferings(clock, quota_ttl_s=0.0)

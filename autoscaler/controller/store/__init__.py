@@ -86,6 +86,7 @@ from autoscaler.controller.store.event_table import (
 from autoscaler.controller.store.fleet_meta import FleetMeta
 from autoscaler.controller.store.instance_table import InstanceTable
 from autoscaler.controller.store.job_table import MAX_REASON_CHARS, JobTable
+from autoscaler.controller.store.placements import placement_instants
 from autoscaler.controller.store.price_table import PricePoint, PriceTable
 from autoscaler.controller.store.report_table import ModelRow, TrainerReportTable
 from autoscaler.controller.store.retention import RETENTION_BATCH, Pruned, Retention
@@ -120,6 +121,7 @@ __all__ = [
     "ReportRow",
     "Store",
     "apply_migrations",
+    "placement_instants",
     "schema_of",
 ]
 

@@ -241,7 +241,10 @@ class AssignmentTable(StoreBase):
 
     def restart_counts(self, jobs: Iterable[str]) -> dict[str, int]:
         """How many times each job (of ``jobs``) was placed again after its first start (the
-        module docstring's definition). Jobs never placed are left out."""
+        module docstring's definition). The one count of restarts: the policy's
+        ``num_restarts``, the API's, the bill's ``restart`` events
+        (:func:`~autoscaler.controller.store.placement_instants`), the events' ``rescale`` and
+        ``resume`` and the simulator's results. Jobs never placed are left out."""
         return {name: restarts for name, (_, restarts) in self.usage(jobs, 0.0).items()}
 
     def usage(self, jobs: Iterable[str], now_s: float) -> dict[str, tuple[float, int]]:

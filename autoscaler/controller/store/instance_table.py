@@ -168,6 +168,7 @@ class InstanceTable(StoreBase):
         to_status: InstanceStatus,
         *,
         reason: str,
+        preemption: bool = False,
         **field_changes: object,
     ) -> InstanceRow:
         """Move instance ``instance_key`` to ``to_status`` because of ``reason``, written
@@ -176,7 +177,9 @@ class InstanceTable(StoreBase):
         In one transaction: the version is checked (:class:`StaleVersionError`, with the
         actual version), then the lifecycle edge (:class:`IllegalTransitionError`), then the
         row is updated with ``field_changes`` (``provider_instance_id``,
-        ``last_heartbeat_s``) and ``(to_status, now, reason)`` is appended to its history. On
+        ``last_heartbeat_s``) and ``(to_status, now, reason, preemption)`` is appended to its
+        history (``preemption``: the provider is taking it back, as the round's reconcile
+        decided: :attr:`~autoscaler.controller.reconcile.Transition.preemption`). On
         ``requested -> queued`` the store counts the retry in ``request_tries``; a caller may
         restate that count (``request_tries=row.request_tries + 1``) but not set another.
         A refused transition changes nothing.
@@ -184,6 +187,8 @@ class InstanceTable(StoreBase):
         expected_version = valid_version(expected_version)
         to_status = valid_enum(InstanceStatus, to_status, "to_status")
         reason = valid_text(reason, "reason")
+        if not isinstance(preemption, bool):
+            raise InvalidInputError("preemption must be a bool", field="preemption")
         restated_tries = field_changes.pop("request_tries", None)
         changes = _instance_changes(field_changes)
         now = self._now()
@@ -217,7 +222,7 @@ class InstanceTable(StoreBase):
                 ),
             )
             self._check_updated(conn, cursor, "instances", instance_key, expected_version)
-            self._append_history(conn, instance_key, to_status, at, reason)
+            self._append_history(conn, instance_key, to_status, at, reason, preemption)
             return self._instance(conn, instance_key)
 
     def update_instance_fields(
@@ -263,12 +268,13 @@ class InstanceTable(StoreBase):
         """The status history of an instance row, oldest first (its first entry is
         ``queued``, its last the row's status); :class:`UnknownRowError` if no such row."""
         rows = self._read(
-            "SELECT status, at_s, reason FROM instance_history WHERE instance_key = ? ORDER BY seq",
+            "SELECT status, at_s, reason, preemption FROM instance_history "
+            "WHERE instance_key = ? ORDER BY seq",
             (instance_key,),
         )
         if not rows:
             raise UnknownRowError("instances", instance_key)
-        return tuple(StatusChange(InstanceStatus(r[0]), r[1], r[2]) for r in rows)
+        return tuple(StatusChange(InstanceStatus(r[0]), r[1], r[2], bool(r[3])) for r in rows)
 
     def status_times(self, instance_key: str) -> tuple[float, float | None]:
         """``(since_s, started_s)`` of an instance row: when it entered its status (or last
@@ -328,11 +334,17 @@ class InstanceTable(StoreBase):
 
     @staticmethod
     def _append_history(
-        conn: sqlite3.Connection, key: str, status: InstanceStatus, at_s: float, reason: str
+        conn: sqlite3.Connection,
+        key: str,
+        status: InstanceStatus,
+        at_s: float,
+        reason: str,
+        preemption: bool = False,
     ) -> None:
         conn.execute(
-            "INSERT INTO instance_history (instance_key, status, at_s, reason) VALUES (?, ?, ?, ?)",
-            (key, status.value, at_s, reason),
+            "INSERT INTO instance_history (instance_key, status, at_s, reason, preemption) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (key, status.value, at_s, reason, int(preemption)),
         )
 
     def history_after(self, cursor: int) -> tuple[tuple[int, str, StatusChange], ...]:
@@ -340,11 +352,13 @@ class InstanceTable(StoreBase):
         first, as ``(seq, instance_key, change)``."""
         cursor = valid_count(cursor, "cursor")
         rows = self._read(
-            "SELECT seq, instance_key, status, at_s, reason FROM instance_history "
+            "SELECT seq, instance_key, status, at_s, reason, preemption FROM instance_history "
             "WHERE seq > ? ORDER BY seq",
             (cursor,),
         )
-        return tuple((r[0], r[1], StatusChange(InstanceStatus(r[2]), r[3], r[4])) for r in rows)
+        return tuple(
+            (r[0], r[1], StatusChange(InstanceStatus(r[2]), r[3], r[4], bool(r[5]))) for r in rows
+        )
 
 
 @dataclass(frozen=True)

@@ -255,6 +255,22 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             "CREATE INDEX price_history_by_time ON price_history (at_s)",
         ),
     ),
+    Migration(
+        9,
+        "preemptions typed: a history entry records whether the provider took the instance back",
+        (
+            "ALTER TABLE instance_history ADD COLUMN preemption INTEGER NOT NULL DEFAULT 0",
+            # What the reason strings said before: a spot notice, or vanishing from the
+            # listing while running or draining (the entry before it).
+            """UPDATE instance_history SET preemption = 1
+               WHERE reason = 'spot interruption notice'
+                  OR (reason = 'no longer listed by the cloud' AND (
+                      SELECT h.status FROM instance_history AS h
+                      WHERE h.instance_key = instance_history.instance_key
+                        AND h.seq < instance_history.seq
+                      ORDER BY h.seq DESC LIMIT 1) IN ('running', 'draining'))""",
+        ),
+    ),
 )
 
 SCHEMA_VERSION: Final = len(MIGRATIONS)
