@@ -692,6 +692,11 @@ SEED: dict[int, list[str]] = {
     7: ["UPDATE jobs SET deadline_s = 3610.0 WHERE name = 'j1'"],
     8: [],  # usage totals back-filled from the history, plans become a meta row, indexes
     9: [],  # a column, back-filled from the reason strings (test_typed_preemptions_...)
+    # Keys in the one format from v10 on: provider/instance_type/zone/market.
+    10: [
+        "INSERT INTO price_history (offering_key, at_s, price_usd_per_hour, market) "
+        "VALUES ('fake/t/z/on-demand', 7.0, 1.5, 'on-demand')",
+    ],
 }
 
 
@@ -722,6 +727,7 @@ def check_seeded_rows(store: Store, version: int) -> None:
         1,
         5,
     )
+    assert row.offering_key == "fake/t/z/spot"  # the one key format (v10)
     assert [c.status for c in store.history("i-1")][-1] is S.RUNNING
     assert request_retries(store.history("i-1")) == row.request_tries
     assert store.list_assignments() == {("j1", "i-1"): 4}
@@ -729,7 +735,11 @@ def check_seeded_rows(store: Store, version: int) -> None:
     assert store.planned_at_s() == 20.0
     if version >= 2:
         assert store.reports_after(0)[1] == (("j1", '{"s": 1}'),)
-        assert store.price_at("fake/z/t/spot", 6.0) == 0.5
+        # The old key ('fake/z/t/spot', zone before type) in the one format (v10).
+        assert store.price_at("fake/t/z/spot", 6.0) == 0.5
+        assert store.price_at("fake/z/t/spot", 6.0) is None
+        # A key written in the one format is left as it was.
+        assert store.price_at("fake/t/z/on-demand", 8.0) == (1.5 if version >= 10 else None)
         assert store.total_cost_usd() == 0.5
         assert store.get_model("j1", "T4") is not None
     else:  # tables of later versions start empty

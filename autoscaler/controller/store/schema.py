@@ -30,6 +30,12 @@ SQLite allows only outside a transaction; none does yet.)
   ``planned_at_s`` (the first plan's time). Time indexes on ``reports``, ``events`` and
   ``price_history`` serve retention (:meth:`Store.prune_old
   <autoscaler.controller.store.Store.prune_old>`).
+* v9: ``instance_history.preemption``: whether the provider took the instance back, recorded
+  by the round that saw it (back-filled from the reason strings that said it before).
+* v10: one offering key format, :func:`providers.base.offering_key`'s
+  ``provider/instance_type/zone/market`` (it was ``provider/zone/instance_type/market``):
+  ``instances.offering_key`` is rebuilt from the row's own columns, ``price_history``'s keys
+  have their two middle parts swapped.
 """
 
 from __future__ import annotations
@@ -53,6 +59,18 @@ __all__ = [
     "reference_schema",
     "schema_of",
 ]
+
+
+def _old_key_to_new(column: str) -> str:
+    """SQL for the v10 key of an old ``provider/zone/instance_type/market`` key in ``column``:
+    ``provider/instance_type/zone/market`` (the two middle parts swapped)."""
+    tail = f"substr({column}, instr({column}, '/') + 1)"  # zone/type/market
+    zone = f"substr({tail}, 1, instr({tail}, '/') - 1)"
+    rest = f"substr({tail}, instr({tail}, '/') + 1)"  # type/market
+    instance_type = f"substr({rest}, 1, instr({rest}, '/') - 1)"
+    market = f"substr({rest}, instr({rest}, '/') + 1)"
+    provider = f"substr({column}, 1, instr({column}, '/') - 1)"
+    return f"{provider} || '/' || {instance_type} || '/' || {zone} || '/' || {market}"
 
 
 @dataclass(frozen=True)
@@ -269,6 +287,16 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
                       WHERE h.instance_key = instance_history.instance_key
                         AND h.seq < instance_history.seq
                       ORDER BY h.seq DESC LIMIT 1) IN ('running', 'draining'))""",
+        ),
+    ),
+    Migration(
+        10,
+        "one offering key format: provider/instance_type/zone/market",
+        (
+            """UPDATE instances
+               SET offering_key = provider || '/' || instance_type || '/' || zone || '/' || market""",
+            f"""UPDATE price_history SET offering_key = {_old_key_to_new("offering_key")}
+               WHERE length(offering_key) - length(replace(offering_key, '/', '')) = 3""",
         ),
     ),
 )
