@@ -33,6 +33,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("autoscaler", "coadapt_common", "providers", "trainer", "benchmarks", "tests")
 LIBRARY = ("autoscaler", "coadapt_common", "providers", "trainer")  # rule 5 applies to these
@@ -305,11 +307,13 @@ def check(root: Path) -> list[str]:
 # ---------------------------------------------------------------------- the tree itself
 
 
+@pytest.mark.slow
 def test_the_tree_follows_the_import_rules() -> None:
     problems = check(ROOT)
     assert not problems, "import rules broken:\n" + "\n".join(problems)
 
 
+@pytest.mark.slow
 def test_the_graph_sees_the_real_edges() -> None:
     """Guards the checker against silently seeing nothing (e.g. a path change)."""
     modules = discover(ROOT)

@@ -52,6 +52,7 @@ LAUNCH_TIMEOUT_S = 180
 # The declared length, in the unit of the one "done" rule.
 
 
+@pytest.mark.slow
 def test_length_is_declared_from_max_steps_or_num_train_epochs() -> None:
     from trainer.integrations.hf import declared_length
 
@@ -72,6 +73,7 @@ def test_length_is_declared_from_max_steps_or_num_train_epochs() -> None:
         declared_length(max_steps=5, num_train_epochs=1, num_samples=0, initial_batch_size=32)
 
 
+@pytest.mark.slow
 def test_importing_trainer_does_not_import_transformers() -> None:
     code = (
         "import sys, trainer, trainer.api, trainer.integrations, trainer.launch\n"
@@ -89,6 +91,7 @@ def test_importing_trainer_does_not_import_transformers() -> None:
 # accumulation is the batch configuration, reports carry profiles and gradient statistics.
 
 
+@pytest.mark.slow
 def test_standalone_trainer_declares_its_length_and_reports_like_our_loop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -139,6 +142,7 @@ def test_standalone_trainer_declares_its_length_and_reports_like_our_loop(
     assert list((tmp_path / "ckpt").glob("ckpt-*"))
 
 
+@pytest.mark.slow
 def test_trainer_keeps_given_optimizer_declares_fractional_epochs_and_evaluates_after(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -40,6 +40,7 @@ LAUNCH_TIMEOUT_S = 180
 # The core stays light: only trainer.integrations.lightning imports Lightning.
 
 
+@pytest.mark.slow
 def test_importing_the_trainer_does_not_import_lightning() -> None:
     code = (
         "import sys, trainer, trainer.api, trainer.launch, trainer.integrations\n"
@@ -53,6 +54,7 @@ def test_importing_the_trainer_does_not_import_lightning() -> None:
 # The declared length, from the Trainer's own limits, in initial-batch-size iterations.
 
 
+@pytest.mark.slow
 def test_declared_length_comes_from_max_steps_and_max_epochs() -> None:
     # Imported here, not at collection (Lightning takes seconds to import, and every
     # pytest-xdist worker collects this file).
