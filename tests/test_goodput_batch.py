@@ -356,6 +356,7 @@ def test_batched_fit_matches_the_scalar_fit_on_trace_profiles(trace_fits: dict[s
         assert delta <= 0.01, (name, delta)
 
 
+@pytest.mark.slow
 def test_warm_fit_after_one_more_sample_reaches_the_same_quality(
     trace_fits: dict[str, Any],
 ) -> None:
@@ -445,6 +446,7 @@ def reference_objective(samples: Sequence[ProfileSample], perf: PerfParams) -> f
     )
 
 
+@pytest.mark.slow
 def test_objective_is_that_of_the_scalar_fit(trace_fits: dict[str, Any]) -> None:
     sets, fits = trace_fits["short"], trace_fits["scalar"]
     got = fit_objective_many(sets, fits)
