@@ -228,6 +228,7 @@ def test_status_says_why_a_job_failed_or_was_refused_in_one_line_each(capsys) ->
     assert max(len(x) for x in lines if x not in said) <= 80  # the tables
 
 
+@pytest.mark.slow
 def test_agent_takes_the_options_a_cloud_node_starts_it_with(tmp_path: Path) -> None:
     """The AWS node's command line (terraform/aws/templates/node-user-data.sh.tftpl) reaches
     the agent: here it stops at the missing token file, in one line."""

@@ -44,6 +44,7 @@ def test_new_configurations_refit_only_when_mispredicted() -> None:
     assert book.refit() == 1 and book.perf("a", None) != perf
 
 
+@pytest.mark.slow
 def test_refits_are_batched_and_match_the_scalar_fit() -> None:
     book = ModelBook(refit_tolerance=0.0)
     profiles = {app: samples(app) for app in ("cifar10", "bert", "imagenet")}

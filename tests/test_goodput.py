@@ -267,6 +267,7 @@ def test_fit_recovers_a_known_model() -> None:
         )
 
 
+@pytest.mark.slow
 @given(perf=perf_params())
 def test_fitted_parameters_are_within_bounds_and_fit_is_deterministic(perf: PerfParams) -> None:
     samples = _synthetic_samples(perf)
@@ -359,6 +360,7 @@ def _mape(train: list, test: list) -> float:
     return float(np.mean(np.abs(pred - actual) / actual))
 
 
+@pytest.mark.slow
 def test_throughput_model_accuracy_on_the_pollux_traces() -> None:
     """Acceptance: MAPE <= 20% per model and <= 10% on average, in both protocols."""
     interp, extrap = [], []

@@ -109,6 +109,7 @@ def assert_equal_to_scalar(
             np.testing.assert_array_equal(getattr(got, name)[j], getattr(ref, name))
 
 
+@pytest.mark.slow
 @settings(max_examples=150)
 @given(data=st.data(), n_jobs=st.integers(1, 5), n_alloc=st.integers(1, 6))
 def test_optimize_many_equals_per_job_optimize(data: Any, n_jobs: int, n_alloc: int) -> None:
@@ -333,6 +334,7 @@ def trace_fits() -> dict[str, Any]:
     }
 
 
+@pytest.mark.slow
 def test_batched_fit_matches_the_scalar_fit_on_trace_profiles(trace_fits: dict[str, Any]) -> None:
     assert_quality(trace_fits["short"], trace_fits["scalar"], trace_fits["cold"])
     # Step-time predictions on all of each application's rows: MAPE within 0.01 of the scalar
@@ -354,6 +356,7 @@ def test_batched_fit_matches_the_scalar_fit_on_trace_profiles(trace_fits: dict[s
         assert delta <= 0.01, (name, delta)
 
 
+@pytest.mark.slow
 def test_warm_fit_after_one_more_sample_reaches_the_same_quality(
     trace_fits: dict[str, Any],
 ) -> None:
@@ -443,6 +446,7 @@ def reference_objective(samples: Sequence[ProfileSample], perf: PerfParams) -> f
     )
 
 
+@pytest.mark.slow
 def test_objective_is_that_of_the_scalar_fit(trace_fits: dict[str, Any]) -> None:
     sets, fits = trace_fits["short"], trace_fits["scalar"]
     got = fit_objective_many(sets, fits)
@@ -557,6 +561,7 @@ def run_benchmark(tmp_path: Path, *args: str) -> dict[str, Any]:
     return result
 
 
+@pytest.mark.slow
 def test_benchmark_runs_and_reports_exactness(tmp_path: Path) -> None:
     args = ["--jobs", "64", "--allocations", "8", "--repeats", "1", "--cases", "1"]
     result = run_benchmark(tmp_path, *args, "--check-jobs", "64")

@@ -430,11 +430,13 @@ def check(root: Path, exceptions: Iterable[tuple[str, str]] = ()) -> list[str]:
 # ---------------------------------------------------------------------- the tree itself
 
 
+@pytest.mark.slow
 def test_the_tree_follows_the_import_rules() -> None:
     problems = check(ROOT, LAYER_EXCEPTIONS)
     assert not problems, "import rules broken:\n" + "\n".join(problems)
 
 
+@pytest.mark.slow
 def test_the_graph_sees_the_real_edges() -> None:
     """Guards the checker against silently seeing nothing (e.g. a path change)."""
     modules = discover(ROOT)

@@ -94,6 +94,7 @@ def _closed_by_server(s: socket.socket) -> bool:
         return True
 
 
+@pytest.mark.slow
 def test_a_thousand_half_open_requests_hold_no_thread_and_block_no_one(
     app: ApiApp, tokens: ApiTokens
 ) -> None:
@@ -133,6 +134,7 @@ def test_a_thousand_half_open_requests_hold_no_thread_and_block_no_one(
                 s.close()
 
 
+@pytest.mark.slow
 def test_a_request_trickled_byte_by_byte_is_dropped_at_the_request_deadline(
     app: ApiApp, tokens: ApiTokens
 ) -> None:

@@ -114,6 +114,7 @@ def _cmdline(pid: int) -> list[str]:
     return [p.decode() for p in (PROC_ROOT / str(pid) / "cmdline").read_bytes().split(b"\0") if p]
 
 
+@pytest.mark.slow
 def test_down_refuses_an_up_file_naming_another_process(
     tmp_path: Path, sleeper: subprocess.Popen[bytes]
 ) -> None:
@@ -205,6 +206,7 @@ def test_a_write_ahead_log_deleted_under_up_ends_it_in_one_line(tmp_path: Path) 
 # ---- read commands read only -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_read_commands_work_on_a_read_only_state_folder(unprivileged: Unprivileged) -> None:
     """events, logs, cost report and status (of a cluster that is not up) on a state folder
     its reader may not write (a stopped cluster's, another user's copy): the audit found
@@ -256,6 +258,7 @@ HOSTILE_LOG = (
 )
 
 
+@pytest.mark.slow
 def test_logs_show_a_jobs_terminal_escapes_as_text_unless_raw(tmp_path: Path) -> None:
     """The audit: `coadapt logs` wrote a job's escapes raw (title change, screen clear, fake
     coloured lines) where status and events clean them. By the same rule

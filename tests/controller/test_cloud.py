@@ -252,6 +252,7 @@ def _fake_aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv(key, value)
 
 
+@pytest.mark.slow
 def test_up_on_aws_publishes_the_credentials_launches_from_the_template_and_releases(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

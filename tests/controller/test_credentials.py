@@ -652,6 +652,7 @@ def test_an_old_tokens_file_loses_its_shared_agent_token(tmp_path: Path) -> None
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
 
 
+@pytest.mark.slow
 def test_the_tokens_file_refusals_reach_the_user_as_one_line(tmp_path: Path) -> None:
     """`coadapt status` and `coadapt agent` with a missing, open or damaged tokens file: a
     one-line `coadapt: <what>; <how to fix>`, no traceback."""

@@ -38,6 +38,7 @@ def _dom(url: str) -> str:
     return out.stdout
 
 
+@pytest.mark.slow
 def test_the_dashboard_shows_jobs_fleet_and_cost_only_with_the_token(tmp_path: Path) -> None:
     clock = FakeClock()
     store = Store.create(tmp_path / "store.db", "c1", clock)
@@ -177,6 +178,7 @@ class _Browser:
         os.close(self._from_chrome)
 
 
+@pytest.mark.slow
 def test_the_token_leaves_the_address_and_history_and_no_page_may_frame_the_dashboard(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

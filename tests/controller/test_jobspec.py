@@ -140,7 +140,12 @@ def test_anchors_and_aliases_work() -> None:
     assert parse_job_spec(text).max_accum_steps == 128
 
 
-@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path",
+    # the Lightning example imports Lightning (seconds): slow
+    [pytest.param(p, marks=pytest.mark.slow) if "lightning" in p.name else p for p in EXAMPLES],
+    ids=lambda p: p.name,
+)
 def test_example_specs_run_their_script_under_the_launcher(path: Path) -> None:
     """Each example loads; the argv the node agent builds from it is a valid launcher command
     for its example script whose arguments the script accepts, with the script's initial
@@ -776,6 +781,7 @@ def _specs(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, Any]]:
     return {key: data[key] for key in order}, want
 
 
+@pytest.mark.slow
 @given(_specs(), st.sampled_from([None, False, True]))
 def test_random_valid_specs_parse_back(
     case: tuple[dict[str, Any], dict[str, Any]], flow: bool | None

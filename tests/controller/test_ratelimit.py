@@ -344,6 +344,7 @@ def _flood(url: str, token: str, body: bytes, rate_per_s: float, seconds: float)
     return answers
 
 
+@pytest.mark.slow
 def test_200_reports_a_second_from_one_job_are_throttled_and_the_store_stays_bounded(
     tmp_path: Path,
 ) -> None:
@@ -387,6 +388,7 @@ def test_200_reports_a_second_from_one_job_are_throttled_and_the_store_stays_bou
         store.close()
 
 
+@pytest.mark.slow
 def test_a_job_flooding_the_api_does_not_outgrow_its_history_in_rows_or_bytes(
     tmp_path: Path,
 ) -> None:

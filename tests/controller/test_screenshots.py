@@ -16,6 +16,7 @@ import struct
 import subprocess
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from autoscaler.accounting.billing import cost_record_from_store
@@ -103,6 +104,7 @@ def _store_with_a_story(tmp_path: Path):  # type: ignore[no-untyped-def]
     return store, clock
 
 
+@pytest.mark.slow
 def test_the_dashboard_and_the_cluster_report_in_chromium_at_desktop_and_phone_sizes(
     tmp_path: Path,
 ) -> None:

@@ -97,6 +97,7 @@ def _job(name: str) -> JobSubmission:
     return JobSubmission(name, 64, 512, 64, command=("examples/elastic_mlp.py", "--epochs", "50"))
 
 
+@pytest.mark.slow
 def test_stopping_keeps_the_fleet_a_restart_takes_it_back_and_down_releases_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

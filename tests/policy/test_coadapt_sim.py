@@ -32,6 +32,7 @@ def big_batch_traces(root: Path) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_a_job_no_pool_can_hold_fails_the_simulation_at_once(tmp_path: Path) -> None:
     root = big_batch_traces(tmp_path / "traces")
     jobs = [TraceJob("wide", "cifar10", 0.0, 1, 4096)]

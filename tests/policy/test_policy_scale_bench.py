@@ -6,9 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from benchmarks.policy_scale import main
 
 
+@pytest.mark.slow
 def test_writes_the_documented_json(tmp_path: Path) -> None:
     out = tmp_path / "scale.json"
     argv = ["--sizes", "64", "--policies", "coadapt,pollux", "--rounds", "2"]

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
+
 from coadapt_common.clock import FakeClock
 from emulators.aws_moto import (
     OperationLog,
@@ -44,6 +46,7 @@ def _request(cluster_id: str, provider, n: int, **kw) -> LaunchRequest:
     )
 
 
+@pytest.mark.slow
 def test_the_adapter_calls_exactly_the_declared_operations() -> None:
     moto = shared_moto_server()
     cluster_id = f"perm-{uuid.uuid4().hex[:10]}"

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
+
 from emulators.gcp_env import TEST_ZONES, FakeGcpEnv
 from providers.base import LaunchRequest, Market
 from providers.gcp.permissions import ADAPTER_METHODS, controller_permissions
@@ -21,6 +23,7 @@ def _request(cluster: str, pools, count: int) -> LaunchRequest:
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_the_adapter_calls_exactly_the_declared_methods() -> None:
     cluster = f"perm-{uuid.uuid4().hex[:8]}"
     with FakeGcpEnv() as env:

@@ -202,6 +202,7 @@ def test_the_agent_alone_stops_its_workload_on_sigterm(
     wait_until(lambda: local.list_instances(CLUSTER) == [])
 
 
+@pytest.mark.slow
 def test_a_workload_that_crashes_is_started_again_one_that_finishes_is_not(
     local: LocalProvider, state_dir: Path
 ) -> None:

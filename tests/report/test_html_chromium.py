@@ -72,6 +72,7 @@ def _png_size(data: bytes) -> tuple[int, int]:
     return width, height
 
 
+@pytest.mark.slow
 def test_html_report_in_headless_chromium(tmp_path: Path) -> None:
     binary = _chromium()
     page = tmp_path / "report.html"

@@ -266,6 +266,7 @@ job_strategy = st.builds(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=6, suppress_health_check=[HealthCheck.too_slow])
 @given(
     jobs=st.lists(job_strategy, min_size=1, max_size=6),

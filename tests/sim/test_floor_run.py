@@ -88,6 +88,7 @@ def test_floors_bound_the_bill_and_the_envelope_bounds_every_rate(experiment, st
     assert checked >= len(problem.jobs)
 
 
+@pytest.mark.slow
 def test_the_floor_buys_from_the_whole_menu_not_the_strategys():
     """static-ondemand runs on on-demand g4dn.12xlarge only; its floor may buy anything the
     experiment offers (the least any fleet could have paid)."""
@@ -100,6 +101,7 @@ def test_the_floor_buys_from_the_whole_menu_not_the_strategys():
     assert cost_floor(whole).no_limit_usd < cost_floor(own).no_limit_usd
 
 
+@pytest.mark.slow
 def test_simulate_floor_reaches_the_cost_report(tmp_path):
     """``coadapt simulate --fleet ... --floor`` keeps the floors in its results JSON and
     ``coadapt cost report`` shows them (table and JSON); a malformed floor is refused."""

@@ -16,6 +16,7 @@ c,60,cifar10,2,256
 """
 
 
+@pytest.mark.slow
 def test_writes_the_documented_json(tmp_path: Path, capsys) -> None:
     folder = tmp_path / "workloads"
     folder.mkdir()
@@ -54,6 +55,7 @@ def test_runs_on_a_cluster_file(tmp_path: Path) -> None:
     assert doc["policies"]["tiresias"]["mean_jct_s"] > 0
 
 
+@pytest.mark.slow
 def test_arrival_scale_compresses_submissions_and_reports_ratios(tmp_path: Path) -> None:
     folder = tmp_path / "workloads"
     folder.mkdir()
@@ -160,6 +162,7 @@ def _without_wall_times(doc: object) -> object:
     return doc
 
 
+@pytest.mark.slow
 def test_same_seed_same_json_byte_for_byte_but_wall_times(tmp_path: Path) -> None:
     """Through the controller (its store, its fleet, its rounds) a run is still one run per
     seed: the JSON of two runs is the same, byte for byte, once the measured wall times are

@@ -6,6 +6,7 @@ the adapters are tested to call (``providers/aws/permissions.py``,
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -31,10 +32,17 @@ def _files(directory: Path) -> list[Path]:
     return sorted(directory.glob("*.tf"))
 
 
+@functools.cache
+def _parsed(tf: Path) -> dict[str, Any]:
+    """``load_hcl(tf)``, read once per test session: python-hcl2 takes about a second for a
+    module, and the checks below read each module many times (read-only)."""
+    return load_hcl(tf)
+
+
 def _merged(directory: Path) -> dict[str, list[Any]]:
     merged: dict[str, list[Any]] = {}
     for tf in _files(directory):
-        for kind, blocks in load_hcl(tf).items():
+        for kind, blocks in _parsed(tf).items():
             merged.setdefault(kind, []).extend(blocks)
     return merged
 
@@ -67,7 +75,7 @@ def _one(value: Any) -> Any:
 def test_every_file_parses(directory: Path) -> None:
     assert _files(directory), f"no .tf files in {directory}"
     for tf in _files(directory):
-        assert isinstance(load_hcl(tf), dict)
+        assert isinstance(_parsed(tf), dict)
 
 
 @pytest.mark.parametrize("cloud", MODULES)

@@ -23,6 +23,7 @@ controller's rounds; the job's length leaves room for all of them.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -37,20 +38,13 @@ import torch
 
 from coadapt_common.clock import FakeClock
 from coadapt_common.procfs import PROC_ROOT
-from tests.trainer.harness import ROOT, read_jsonl
-from trainer.report import TrainerReport
-
-pytest.importorskip("transformers")
-
-import itertools
-
-from tests.trainer.harness import load_example
+from tests.trainer.harness import ROOT, load_example, read_jsonl
 from tests.trainer.test_hf_integration import (
     HF_EXAMPLE,
     _reference_weights,
     _steps_of,
 )
-from trainer.integrations.hf import declared_length
+from trainer.report import TrainerReport
 
 pytestmark = [
     pytest.mark.slow,
@@ -83,6 +77,7 @@ def test_hf_job_rescaled_and_preempted_on_the_local_cluster(
     from autoscaler.controller.service import UpConfig, UpReport, run_up
     from autoscaler.controller.store import Store
     from providers.local import LocalProvider
+    from trainer.integrations.hf import declared_length
 
     monkeypatch.chdir(ROOT)  # the spec names examples/hf_classifier.py from the repo root
     # The job writes its sample log, final weights and outputs where its own user may write.

@@ -12,6 +12,7 @@ clipping and learning-rate scaling.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import subprocess
 import sys
@@ -38,9 +39,10 @@ from trainer.launch import ExitCode
 from trainer.report import BatchConfig, ReportReply, is_done
 from trainer.reporter import read_reports
 
-transformers = pytest.importorskip("transformers")
-
-from trainer.integrations.hf import CoadaptTrainer, declared_length  # noqa: E402
+if importlib.util.find_spec("transformers") is None:
+    pytest.skip("needs transformers", allow_module_level=True)
+# transformers and trainer.integrations.hf (seconds of imports) are imported in the tests that
+# use them, not at collection: every pytest-xdist worker collects this file, one runs it.
 
 HF_EXAMPLE = ROOT / "examples" / "hf_classifier.py"
 LAUNCH_TIMEOUT_S = 180
@@ -50,7 +52,10 @@ LAUNCH_TIMEOUT_S = 180
 # The declared length, in the unit of the one "done" rule.
 
 
+@pytest.mark.slow
 def test_length_is_declared_from_max_steps_or_num_train_epochs() -> None:
+    from trainer.integrations.hf import declared_length
+
     # max_steps wins: a step at the initial batch size is one initial-batch iteration.
     by_steps = declared_length(
         max_steps=30, num_train_epochs=3.0, num_samples=100, initial_batch_size=32
@@ -68,6 +73,7 @@ def test_length_is_declared_from_max_steps_or_num_train_epochs() -> None:
         declared_length(max_steps=5, num_train_epochs=1, num_samples=0, initial_batch_size=32)
 
 
+@pytest.mark.slow
 def test_importing_trainer_does_not_import_transformers() -> None:
     code = (
         "import sys, trainer, trainer.api, trainer.integrations, trainer.launch\n"
@@ -85,9 +91,14 @@ def test_importing_trainer_does_not_import_transformers() -> None:
 # accumulation is the batch configuration, reports carry profiles and gradient statistics.
 
 
+@pytest.mark.slow
 def test_standalone_trainer_declares_its_length_and_reports_like_our_loop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import transformers
+
+    from trainer.integrations.hf import CoadaptTrainer
+
     for name in [n for n in list(__import__("os").environ) if n.startswith("COADAPT_")]:
         monkeypatch.delenv(name)
     reports_file = tmp_path / "reports.jsonl"
@@ -131,12 +142,17 @@ def test_standalone_trainer_declares_its_length_and_reports_like_our_loop(
     assert list((tmp_path / "ckpt").glob("ckpt-*"))
 
 
+@pytest.mark.slow
 def test_trainer_keeps_given_optimizer_declares_fractional_epochs_and_evaluates_after(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An optimizer given to the Trainer (``optimizers=``) is the one stepped (SGD: the AdaScale
     rule); ``num_train_epochs=1.5`` declares 1.5 epochs' progress; ``evaluate()`` works after
     ``train()`` (the Trainer wraps the model again, not the closed job's DDP)."""
+    import transformers
+
+    from trainer.integrations.hf import CoadaptTrainer
+
     for name in [n for n in list(__import__("os").environ) if n.startswith("COADAPT_")]:
         monkeypatch.delenv(name)
     reports_file = tmp_path / "reports.jsonl"
@@ -236,6 +252,8 @@ def _reference_weights(
 ) -> dict[str, torch.Tensor]:
     """A plain loop over the logged global batches: the Trainer's own optimizer and scheduler
     (its create_optimizer_and_scheduler), clipping at 1.0, the square-root LR rule."""
+    import transformers
+
     dataset = ex.SyntheticText(n, seq_len, seed + 1)
     model = ex.build_model(seed, torch.float64)
     plain = transformers.Trainer(
@@ -271,6 +289,8 @@ def _reference_weights(
 def test_hf_job_stops_resumes_exactly_and_takes_the_controllers_batch(
     cluster: Cluster, tmp_path: Path, controller
 ) -> None:
+    from trainer.integrations.hf import declared_length
+
     n, seq_len, m0, epochs, seed, lr = 205, 12, 25, 6, 5, 1e-3  # 9 steps per epoch at 25
     logs, ckpt = tmp_path / "logs", tmp_path / "ckpt"
     final = tmp_path / "final.pt"

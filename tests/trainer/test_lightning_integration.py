@@ -28,7 +28,6 @@ from tests.trainer.harness import (
 )
 from trainer.checkpoint import CheckpointManager
 from trainer.data import epoch_order
-from trainer.integrations.lightning import declared_length
 from trainer.launch import ExitCode
 from trainer.reporter import read_reports
 from trainer.storage import open_store
@@ -41,6 +40,7 @@ LAUNCH_TIMEOUT_S = 180
 # The core stays light: only trainer.integrations.lightning imports Lightning.
 
 
+@pytest.mark.slow
 def test_importing_the_trainer_does_not_import_lightning() -> None:
     code = (
         "import sys, trainer, trainer.api, trainer.launch, trainer.integrations\n"
@@ -54,7 +54,12 @@ def test_importing_the_trainer_does_not_import_lightning() -> None:
 # The declared length, from the Trainer's own limits, in initial-batch-size iterations.
 
 
+@pytest.mark.slow
 def test_declared_length_comes_from_max_steps_and_max_epochs() -> None:
+    # Imported here, not at collection (Lightning takes seconds to import, and every
+    # pytest-xdist worker collects this file).
+    from trainer.integrations.lightning import declared_length
+
     # max_steps optimizer steps at the initial batch are max_steps iterations.
     assert (
         declared_length(max_steps=40, max_epochs=None, num_samples=1000, initial_batch_size=32)
