@@ -96,8 +96,8 @@ class UnavailableOfferings:
 # ------------------------------------------------------------------ the pool walk
 
 SKIPPED_UNAVAILABLE_CODE: Final = "skipped-unavailable"
-"""``ProviderError.code`` of the capacity error reported for an offering skipped because it is marked
-unavailable (every provider uses this one code)."""
+"""``ProviderError.code`` of the capacity error reported for an offering skipped because it is
+marked unavailable (every provider uses this one code)."""
 
 PARTIAL_FILL_CODE: Final = "partial-fill"
 """Code of the capacity error the walk adds when a one-pool call placed fewer than it was asked

@@ -560,7 +560,7 @@ LAYERED = {  # one module in each layer, each importing nothing
     "autoscaler/sim/world.py": "",
     "autoscaler/cli/main.py": "",
     "benchmarks/round.py": "",
-    "tests/test_cli.py": "",
+    "tests/cli/test_cli.py": "",
 }
 
 
@@ -608,7 +608,7 @@ def test_checker_flags_an_import_against_the_layers(
         ("autoscaler/cli/main.py", "autoscaler.sim.world"),
         ("autoscaler/model/goodput.py", "autoscaler.errors"),
         ("autoscaler/cli/main.py", "autoscaler"),
-        ("tests/test_cli.py", "autoscaler.cli.main"),
+        ("tests/cli/test_cli.py", "autoscaler.cli.main"),
     ],
 )
 def test_checker_lets_the_layers_import_downwards(
@@ -774,3 +774,26 @@ def test_checker_flags_two_classes_of_one_name(tmp_path: Path) -> None:
         "class JobSpec is defined 2 times: autoscaler/controller/jobspec.py:6, "
         "autoscaler/decide/jobs.py:1"
     ]
+
+
+# Whole-tree checks: the only test modules at the top of tests/.
+WHOLE_TREE_TESTS = frozenset({"test_imports.py", "test_lint.py", "test_suite_cpu_bench.py"})
+
+
+def test_tests_mirror_the_packages() -> None:
+    """Every test package names a package of the tree (``tests/decide/policy`` tests
+    ``autoscaler/decide/policy``, ``tests/providers`` tests ``providers``, ``tests/common``
+    tests ``coadapt_common``, ``tests/terraform`` the modules); no test module sits at the top
+    of ``tests/`` but the whole-tree checks."""
+    tests = ROOT / "tests"
+    unmatched = []
+    for init in sorted(tests.rglob("__init__.py")):
+        rel = init.parent.relative_to(tests)
+        if rel == Path("."):
+            continue
+        homes = (ROOT / "autoscaler" / rel, ROOT / rel, ROOT / f"coadapt_{rel}")
+        if not any(home.is_dir() for home in homes):
+            unmatched.append(str(rel))
+    assert unmatched == [], f"test packages with no package of that name: {unmatched}"
+    top = sorted(p.name for p in tests.glob("test_*.py"))
+    assert set(top) <= WHOLE_TREE_TESTS, f"tests at the top of tests/: {top}"

@@ -29,8 +29,8 @@ from types import MappingProxyType
 import numpy as np
 
 from autoscaler.decide.bounds import gpu_ceiling
-from autoscaler.decide.views import JobView
 from autoscaler.decide.sizing import with_unseen_hope
+from autoscaler.decide.views import JobView
 from autoscaler.model.goodput import GoodputModel, optimistic_internode
 from autoscaler.model.gputypes import REFERENCE_GPU_TYPE, SpeedTable, estimate_model, limits_on
 

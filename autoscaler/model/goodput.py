@@ -31,7 +31,8 @@ bandwidth term ``2(K-1)/K`` also saturates. Measured on the Pollux traces
 applications): interpolating, all forms fit equally well (log2 0.092, linear 0.091, sqrt 0.090);
 extrapolating from at most 4 nodes to 6-16 nodes, the linear term overshoots (log2 0.098,
 linear 0.125, sqrt 0.096). ``sqrt(K)`` fits as well as ``log2(K)``; log2 is kept for the
-all-reduce latency argument above (``tests/test_goodput_fit_bench.py`` checks these relations).
+all-reduce latency argument above (``tests/model/test_goodput_fit_bench.py`` checks these
+relations).
 
 Statistical efficiency (McCandlish et al. gradient noise scale, as used by Pollux)::
 

@@ -662,7 +662,7 @@ class AppTrace:
         nearest validated batch size outside that range. Integrated over a run, this gives
         iteration counts within 4% of the paper's piecewise-constant rule, and never more (worst
         measured: 3.9% fewer, deepspeech2 at its largest batch; most batch sizes within 1%;
-        ``tests/test_traces.py::test_progress_interpolation_matches_paper_rule``).
+        ``tests/model/test_traces.py::test_progress_interpolation_matches_paper_rule``).
         Vectorised: ``progress`` and ``batch_size`` broadcast; returns float arrays (0-d for
         scalars).
         """

@@ -1,7 +1,7 @@
 """Failures as a user meets them on a real local cluster (`coadapt up` in its own process,
 the other commands from others, at 80 columns): a failing job's cause in `status` (one line)
 and `status --json` from its first failure (how the line reads once it has failed for good:
-tests/test_cli_ux.py); `logs -f` on a queued job (queued while no `coadapt up` runs: `logs`
+tests/cli/test_cli_ux.py); `logs -f` on a queued job (queued while no `coadapt up` runs: `logs`
 reads the state folder) waits for it and follows it to its end once an `up` runs it; once
 `coadapt up` was killed (SIGKILL), `status` says in one line that the controller cannot be
 reached, `logs` still reads the state folder, and `down` says how to take the fleet back

@@ -26,8 +26,8 @@ from autoscaler.controller.api import ApiClient, generate_tokens, make_app, serv
 from autoscaler.controller.lifecycle import InstanceStatus
 from autoscaler.controller.store import JobStatus
 from emulators.reports import synthetic_report
+from tests.accounting.report.test_html_chromium import FLAGS, PROBE, _chromium
 from tests.controller.fakes import fake_controller
-from tests.report.test_html_chromium import FLAGS, PROBE, _chromium
 
 ROOT = Path(__file__).resolve().parents[2]
 VIEWPORTS = ((1280, 800), (390, 844))

@@ -294,7 +294,7 @@ def test_the_sizing_learns_how_long_a_running_job_has_left():
     from autoscaler.decide.views import Allocation
     from autoscaler.model.gputypes import default_speed_table
     from autoscaler.sim.cloud_config import FleetView
-    from tests.policy.conftest import cluster, model, view
+    from tests.decide.policy.conftest import cluster, model, view
 
     m = model(0.05)
     running = dc.replace(

@@ -387,6 +387,8 @@ def test_a_batch_change_lands_mid_epoch_at_the_next_step_without_a_restart(
     attempt in the reports). The rest of the epoch is re-planned at 40 (every sample once), and
     the weights are those of a plain loop over the same global batches with the Trainer's AdamW,
     scheduler and clipping and the square-root LR rule at each step's own batch."""
+    from trainer.integrations.hf import declared_length
+
     n, seq_len, m0, seed, lr = 96, 8, 16, 3, 1e-3
     logs, final, reports = tmp_path / "logs", tmp_path / "final.pt", tmp_path / "reports.jsonl"
     launch = cluster.launch(

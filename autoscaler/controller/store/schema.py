@@ -293,8 +293,8 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
         10,
         "one offering key format: provider/instance_type/zone/market",
         (
-            """UPDATE instances
-               SET offering_key = provider || '/' || instance_type || '/' || zone || '/' || market""",
+            """UPDATE instances SET offering_key =
+               provider || '/' || instance_type || '/' || zone || '/' || market""",
             f"""UPDATE price_history SET offering_key = {_old_key_to_new("offering_key")}
                WHERE length(offering_key) - length(replace(offering_key, '/', '')) = 3""",
         ),

@@ -73,7 +73,7 @@ subgradient steps) and builds a second plan the same way from every job's best c
 those prices; the better plan wins. The dual value bounds the optimum from above, so every
 decision reports its gap (``CoadaptState.gap``). ``"milp"`` solves the same problem exactly
 with HiGHS (:func:`scipy.optimize.milp`); it is the reference the fast solver is measured
-against (``benchmarks/policy_scale.py``, and ``tests/policy/test_coadapt.py``).
+against (``benchmarks/policy_scale.py``, and ``tests/decide/policy/test_coadapt.py``).
 
 **Deadlines.** A job with a deadline whose remaining work is known needs the goodput
 :func:`autoscaler.decide.deadlines.required_rate` gives (to be done a restart and a round early):

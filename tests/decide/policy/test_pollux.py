@@ -18,7 +18,7 @@ from autoscaler.decide.policy.pollux import (
 )
 from autoscaler.decide.views import ClusterView, JobView
 from autoscaler.errors import InvalidInputError
-from tests.policy.conftest import cluster, model, round_input, rows, view
+from tests.decide.policy.conftest import cluster, model, round_input, rows, view
 
 FAST = {"population": 40, "generations": 40}
 

@@ -18,7 +18,7 @@ from autoscaler.decide.views import (
     RoundInput,
 )
 from autoscaler.errors import InvalidInputError
-from tests.policy.conftest import model, view
+from tests.decide.policy.conftest import model, view
 
 
 def _cluster(*nodes: NodeView, **kw) -> ClusterView:

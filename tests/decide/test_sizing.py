@@ -25,7 +25,7 @@ from autoscaler.decide.sizing import (
 )
 from autoscaler.errors import InvalidInputError
 from autoscaler.model.gputypes import default_speed_table
-from tests.policy.conftest import model, view
+from tests.decide.policy.conftest import model, view
 
 SPEEDS = default_speed_table()
 T4_OD = FleetOption("aws/g4dn.12xlarge/use1-az1/on-demand", "T4", 4, "on-demand", 3.912)

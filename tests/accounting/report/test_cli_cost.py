@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from autoscaler.accounting.costs import record_to_json
 from autoscaler.cli.main import app
-from tests.report.conftest import build_record
+from tests.accounting.report.conftest import build_record
 
 runner = CliRunner()
 
@@ -173,7 +173,7 @@ def test_cost_is_listed_in_the_main_help() -> None:
 
 def test_table_at_80_columns_says_how_to_see_all_and_wide_shows_them(record_file: Path) -> None:
     from autoscaler.accounting.report.rows import report_tables
-    from tests.report.conftest import build_record
+    from tests.accounting.report.conftest import build_record
 
     narrow = runner.invoke(app, ["cost", "report", str(record_file)], env={"COLUMNS": "80"})
     assert narrow.exit_code == 0, narrow.output

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from autoscaler.accounting.report.html import write_html
-from tests.report.conftest import build_record
+from tests.accounting.report.conftest import build_record
 
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 FLAGS = (

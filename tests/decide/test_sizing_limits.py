@@ -13,7 +13,7 @@ from autoscaler.decide.sizing import FleetOption, JobDemand, SizingConfig, size_
 from autoscaler.decide.strategies import GoodputSizing, PerJobCheapest, demands_of
 from autoscaler.decide.views import ClusterView, OfferingRef
 from autoscaler.model.gputypes import default_speed_table
-from tests.policy.conftest import model, view
+from tests.decide.policy.conftest import model, view
 
 SPEEDS = default_speed_table()
 SPOT = OfferingRef("aws", "g4dn.12xlarge", "use1-az1", "spot")

@@ -26,7 +26,7 @@ from autoscaler.errors import InvalidInputError
 from coadapt_common.clock import FakeClock
 from providers.base import Market
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 FAKE_TERRAFORM = """#!{python}
 import json, os, sys

@@ -24,7 +24,7 @@ from autoscaler.controller.jobbook import JobSubmission
 from autoscaler.controller.lifecycle import InstanceStatus
 from autoscaler.controller.store import JobStatus, Store
 from coadapt_common.clock import FakeClock
-from tests.report.test_html_chromium import FLAGS, _chromium
+from tests.accounting.report.test_html_chromium import FLAGS, _chromium
 
 
 def _dom(url: str) -> str:

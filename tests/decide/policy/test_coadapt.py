@@ -21,7 +21,7 @@ from autoscaler.decide.policy.coadapt import (
 from autoscaler.decide.views import Allocation, ClusterView, JobView, NodeView, Plan, RoundInput
 from autoscaler.errors import InvalidInputError
 from autoscaler.model.goodput import BatchLimits, GoodputModel, GradParams, PerfParams
-from tests.policy.conftest import LIMITS, alloc_of, cluster, model, round_input, rows, view
+from tests.decide.policy.conftest import LIMITS, alloc_of, cluster, model, round_input, rows, view
 
 
 def mixed_cluster(t4: int = 2, v100: int = 1, a100: int = 1) -> ClusterView:

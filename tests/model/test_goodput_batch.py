@@ -546,7 +546,7 @@ def run_benchmark(tmp_path: Path, *args: str) -> dict[str, Any]:
     """``benchmarks/goodput_batch.py`` in its own process (it pins BLAS to one thread before
     numpy loads, as its figures assume)."""
     out = tmp_path / "batch.json"
-    script = Path(__file__).resolve().parent.parent / "benchmarks" / "goodput_batch.py"
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "goodput_batch.py"
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
         [sys.executable, str(script), *args, "--out", str(out)],

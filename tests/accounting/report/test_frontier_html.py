@@ -21,7 +21,7 @@ from autoscaler.accounting.report.frontier import (
 from autoscaler.analysis.frontier import check_frontiers
 from autoscaler.cli.main import app
 from autoscaler.errors import InvalidInputError
-from tests.report.test_html_chromium import FLAGS, _chromium
+from tests.accounting.report.test_html_chromium import FLAGS, _chromium
 
 runner = CliRunner()
 

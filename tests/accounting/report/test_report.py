@@ -33,7 +33,7 @@ from autoscaler.accounting.report.rows import report_tables
 from autoscaler.accounting.report.source import find_cost_records
 from autoscaler.accounting.report.tables import print_report
 from autoscaler.errors import InvalidInputError
-from tests.report.conftest import ON_DEMAND, SPOT_A, SPOT_B, build_record
+from tests.accounting.report.conftest import ON_DEMAND, SPOT_A, SPOT_B, build_record
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -14,7 +14,7 @@ from autoscaler.decide.policy.tiresias import TiresiasPolicy, TiresiasState
 from autoscaler.decide.views import Oracle, fixed_batch_choice
 from autoscaler.errors import InvalidInputError
 from autoscaler.model.goodput import BatchLimits
-from tests.policy.conftest import cluster, round_input, rows, view
+from tests.decide.policy.conftest import cluster, round_input, rows, view
 
 # ---- placement and batch helpers ----------------------------------------------------------
 
@@ -136,7 +136,7 @@ def test_optimus_respects_batch_cap_and_keeps_unchanged_allocations() -> None:
 
 
 def test_optimus_without_oracle_uses_model_or_one_gpu() -> None:
-    from tests.policy.conftest import model
+    from tests.decide.policy.conftest import model
 
     c = cluster(nodes=2, gpus=4)
     unknown = view("u")

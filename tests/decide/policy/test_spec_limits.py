@@ -19,7 +19,7 @@ from autoscaler.decide.views import (
     RoundInput,
 )
 from providers.base import Market, Offering, offering_key
-from tests.policy.conftest import model, view
+from tests.decide.policy.conftest import model, view
 
 SPOT_A = OfferingRef("fake", "g4dn.12xlarge", "us-east-1a", "spot")
 SPOT_B = OfferingRef("fake", "g4dn.12xlarge", "us-east-1b", "spot")
