@@ -668,6 +668,7 @@ def test_checker_lets_an_exception_through_and_flags_one_no_longer_needed(
     assert len(check(root)) == 1
 
 
+@pytest.mark.slow
 def test_the_layer_table_runs_one_way_over_packages_of_the_tree() -> None:
     """Each layer names only layers listed before it (so no two may import each other), every
     layer and every exception's layer is a package or module of the tree, and the layers of the

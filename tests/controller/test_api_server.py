@@ -192,6 +192,7 @@ def test_limits_are_checked() -> None:
             ServerLimits(**bad)  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 def test_the_event_loop_waits_while_workers_answer(
     app: ApiApp, tokens: ApiTokens, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -58,6 +58,7 @@ def sleeper() -> Iterator[subprocess.Popen[bytes]]:
 # ---- one line each, with its fix -------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_bad_up_arguments_are_refused_in_one_line(tmp_path: Path) -> None:
     slots = _run("up", "--state-dir", str(tmp_path / "s"), "--max-gpu-slots", "0")
     assert slots.returncode == 2

@@ -394,6 +394,7 @@ def _row(key: str, cloud_id: str | None, status: InstanceStatus) -> InstanceRow:
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_aws_node_credentials_make_exactly_the_declared_calls_and_follow_a_rotation(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -480,6 +481,7 @@ def test_a_stale_up_file_is_told_from_a_live_one(tmp_path: Path) -> None:
     assert not up_is_stale(up) and UpRecord.read(up) is None  # not a whole record
 
 
+@pytest.mark.slow
 def test_up_and_down_judge_an_up_file_by_one_check(tmp_path: Path) -> None:
     """``coadapt up`` (taking over a stale record) and ``coadapt down`` (stopping the recorded
     process, and waiting for it to go) ask the one :meth:`UpRecord.process`: pid, start time

@@ -52,6 +52,7 @@ def _wait_drained(path: Path, text: bytes, timeout_s: float = 30) -> None:
     raise AssertionError(f"{text!r} never reached {path}")
 
 
+@pytest.mark.slow
 def test_a_1_gib_log_is_capped_at_the_configured_size(tmp_path: Path) -> None:
     script = tmp_path / "flood.py"
     script.write_text(FLOOD)

@@ -824,6 +824,7 @@ _VALUES = st.recursive(
     ),
     _VALUES,
 )
+@pytest.mark.slow
 def test_random_documents_give_a_spec_or_a_located_error(
     case: tuple[dict[str, Any], dict[str, Any]], key: str, value: Any
 ) -> None:

@@ -217,6 +217,7 @@ def moto_url() -> str:
     return shared_moto_server().url
 
 
+@pytest.mark.slow
 def test_refresh_aws_against_moto(
     moto_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

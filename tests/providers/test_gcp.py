@@ -455,6 +455,7 @@ def test_offerings_cover_machines_zones_and_markets(env: FakeGcpEnv) -> None:
     assert all(p.timestamp_s == catalog.PRICES_RECORDED_EPOCH_S for p in prices)
 
 
+@pytest.mark.slow
 def test_zone_availability_check_drops_pools_without_the_gpu(clean_env: FakeGcpEnv) -> None:
     env = clean_env
     env.server.set_zone_accelerators(ZONE_C, {"nvidia-tesla-t4", "nvidia-l4"})

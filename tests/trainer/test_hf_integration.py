@@ -377,6 +377,7 @@ def test_hf_job_stops_resumes_exactly_and_takes_the_controllers_batch(
         torch.testing.assert_close(got[name], ref, rtol=1e-7, atol=1e-10, msg=name)
 
 
+@pytest.mark.slow
 def test_a_batch_change_lands_mid_epoch_at_the_next_step_without_a_restart(
     cluster: Cluster, tmp_path: Path
 ) -> None:

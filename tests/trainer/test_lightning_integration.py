@@ -203,6 +203,7 @@ def test_stop_and_resume_at_new_world_sizes_is_exact(cluster: Cluster, tmp_path:
 # Batch changes mid-epoch, without a restart; one agreed before a stop is in force after it.
 
 
+@pytest.mark.slow
 def test_batch_changes_land_mid_epoch_and_an_agreed_one_survives_a_stop(
     cluster: Cluster, tmp_path: Path
 ) -> None:

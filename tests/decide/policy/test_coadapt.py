@@ -111,6 +111,7 @@ def rounds(draw: st.DrawFn) -> RoundInput:
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ri=rounds(), power=st.sampled_from([-4.0, -1.0, 0.0, 0.5]), milp=st.booleans())
+@pytest.mark.slow
 def test_plans_keep_every_invariant(ri: RoundInput, power: float, milp: bool) -> None:
     policy = CoadaptPolicy(power=power, solver="milp" if milp else "lagrange")
     decision = policy.decide(ri, policy.initial_state())
