@@ -1,0 +1,367 @@
+"""Each job's own checkpoint credential on a cloud node: the session policy and access boundary
+(table-driven), the AWS credential on a real moto server (the AssumeRole request as sent; a
+job process whose boto3 is configured only by the environment the agent gives it), and the GCP
+downscoped token over real HTTP (a local stand-in for the metadata server, Google's STS and
+GCS). moto enforces no session policy and the STS here is a stand-in: what these tests hold is
+the request made and that the job uses what it is handed, not the clouds' enforcement."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+import threading
+import time
+import urllib.parse
+import uuid
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from autoscaler.controller.agent import JobAssignment, Supervisor
+from autoscaler.controller.job_storage import (
+    AwsJobCredentials,
+    GcpJobCredentials,
+    JobCredentialError,
+    aws_session_name,
+    aws_session_policy,
+    gcs_access_boundary,
+)
+from trainer.aws_credentials import main as credential_process
+from trainer.storage import GcsStore
+
+JOB_SCRIPT = """
+import json, sys
+from trainer.storage import open_store
+store = open_store(sys.argv[1])
+store.write("step-1", b"weights")
+out = {"read": store.read("step-1").decode(), "names": store.names()}
+if sys.argv[1].startswith("s3://"):
+    import boto3
+    creds = boto3.Session().get_credentials()
+    out.update(key=creds.access_key, method=creds.method)
+print("JOB " + json.dumps(out), flush=True)
+"""
+
+
+@pytest.mark.parametrize(
+    ("root", "job", "objects", "listed"),
+    [
+        ("s3://b/checkpoints", "train-1", "arn:aws:s3:::b/checkpoints/train-1/*",
+         "checkpoints/train-1/*"),
+        ("s3://b/a/b/", "j", "arn:aws:s3:::b/a/b/j/*", "a/b/j/*"),
+        ("s3://b", "j", "arn:aws:s3:::b/j/*", "j/*"),
+    ],
+)  # fmt: skip
+def test_the_session_policy_opens_the_jobs_own_prefix_only(
+    root: str, job: str, objects: str, listed: str
+) -> None:
+    assert aws_session_policy(root, job) == {
+        "Version": "2012-10-17",
+        "Statement": [
+            {"Sid": "OwnCheckpoints", "Effect": "Allow",
+             "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"],
+             "Resource": [objects]},
+            {"Sid": "ListOwnCheckpoints", "Effect": "Allow", "Action": ["s3:ListBucket"],
+             "Resource": ["arn:aws:s3:::b"],
+             "Condition": {"StringLike": {"s3:prefix": [listed]}}},
+        ],
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("job", "name"),
+    [
+        ("train-1", "coadapt-train-1"),
+        ("a b/c:d", "coadapt-a-b-c-d"),
+        ("x" * 100, "coadapt-" + "x" * 56),
+        ("ok_+=,.@-", "coadapt-ok_+=,.@-"),
+    ],
+)
+def test_the_session_name_is_the_job_sanitised_within_64(job: str, name: str) -> None:
+    assert aws_session_name(job) == name and len(name) <= 64
+
+
+@pytest.mark.parametrize(
+    ("root", "bad"), [("gs://b/p", "s3"), ("s3:///p", "s3"), ("/local", "s3"), ("s3://b", "gs")]
+)
+def test_a_root_of_another_kind_is_refused(root: str, bad: str) -> None:
+    with pytest.raises(ValueError, match="is not"):
+        (aws_session_policy if bad == "s3" else gcs_access_boundary)(root, "j")
+
+
+@pytest.mark.parametrize(
+    ("root", "objects", "listed"),
+    [
+        ("gs://b/checkpoints", "projects/_/buckets/b/objects/checkpoints/j/", "checkpoints/j/"),
+        ("gs://b", "projects/_/buckets/b/objects/j/", "j/"),
+    ],
+)
+def test_the_access_boundary_opens_the_jobs_own_prefix_only(
+    root: str, objects: str, listed: str
+) -> None:
+    assert gcs_access_boundary(root, "j") == {
+        "accessBoundary": {
+            "accessBoundaryRules": [
+                {
+                    "availablePermissions": ["inRole:roles/storage.objectAdmin"],
+                    "availableResource": "//storage.googleapis.com/projects/_/buckets/b",
+                    "availabilityCondition": {
+                        "title": "own-checkpoints",
+                        "expression": f"resource.name.startsWith('{objects}') || "
+                        "api.getAttribute('storage.googleapis.com/objectListPrefix', '')"
+                        f".startsWith('{listed}')",
+                    },
+                }
+            ]
+        }
+    }
+
+
+def test_the_credential_process_prints_a_whole_credential_or_says_what_is_wrong(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = {"Version": 1, "AccessKeyId": "AK", "SecretAccessKey": "S", "SessionToken": "T",
+            "Expiration": "2030-01-01T00:00:00+00:00"}  # fmt: skip
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(good))
+    assert credential_process([str(path)]) == 0
+    assert json.loads(capsys.readouterr().out) == good
+    path.write_text(json.dumps({**good, "SessionToken": ""}))
+    assert credential_process([str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err == f"coadapt aws credentials: {path}: lacks SessionToken\n"
+    assert credential_process([]) == 2
+
+
+def _wait_exit(sup: Supervisor, job: str) -> None:
+    deadline = time.monotonic() + 60
+    while job in sup.running and time.monotonic() < deadline:
+        sup.poll()
+        time.sleep(0.05)
+    assert job not in sup.running
+
+
+def _job_said(sup: Supervisor, job: str) -> dict[str, Any]:
+    text = sup.log_path(job).read_text()
+    lines = [x for x in text.splitlines() if x.startswith("JOB ")]
+    assert lines, text
+    return dict(json.loads(lines[-1][4:]))
+
+
+def _assignment(job: str, argv: list[str]) -> JobAssignment:
+    return JobAssignment(job, 1, (("i-1", 1),), "127.0.0.1:1", tuple(argv))
+
+
+def _private(path: Path) -> bool:
+    return stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+# ------------------------------------------------------------------------- AWS, on moto
+
+
+@pytest.fixture
+def moto_s3(monkeypatch: pytest.MonkeyPatch) -> tuple[str, str]:
+    """A moto server, a bucket of its own and the agent's (dummy) credentials."""
+    from emulators.aws_moto import admin_client, shared_moto_server
+
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "agent-key", "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_SESSION_TOKEN": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():  # fmt: skip
+        monkeypatch.setenv(key, value)
+    moto = shared_moto_server()
+    bucket = f"ckpt-{uuid.uuid4().hex[:10]}"
+    admin_client(moto.url, "s3").create_bucket(Bucket=bucket)
+    return moto.url, bucket
+
+
+def test_aws_a_job_gets_its_own_assumed_role_credential_and_uses_only_it(
+    tmp_path: Path, moto_s3: tuple[str, str]
+) -> None:
+    from emulators.aws_moto import admin_client
+
+    url, bucket = moto_s3
+    root = f"s3://{bucket}/checkpoints"
+    iam = admin_client(url, "iam")
+    node = "arn:aws:iam::123456789012:role/node"
+    trust = {"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Action": "sts:AssumeRole", "Principal": {"AWS": node}}]}  # fmt: skip
+    role = iam.create_role(
+        RoleName=f"job-storage-{uuid.uuid4().hex[:8]}", AssumeRolePolicyDocument=json.dumps(trust)
+    )["Role"]["Arn"]
+    broker = AwsJobCredentials(role, root, region="us-east-1", endpoint_url=url)
+    sent: list[dict[str, Any]] = []
+    broker.clients()[0].meta.events.register(
+        "provide-client-params.sts.AssumeRole", lambda params, **_: sent.append(dict(params))
+    )
+    sup = Supervisor(
+        "agent-aws", tmp_path / "w", storage=broker, env={"AWS_ENDPOINT_URL": url},
+        argv_for=lambda a: [sys.executable, "-c", JOB_SCRIPT, f"{root}/{a.job}"],
+    )  # fmt: skip
+    assert sup.start(_assignment("train-1", ["x"])) is not None
+    _wait_exit(sup, "train-1")
+    (request,) = sent
+    assert json.loads(request.pop("Policy")) == aws_session_policy(root, "train-1")
+    assert request == {
+        "RoleArn": role, "RoleSessionName": "coadapt-train-1", "DurationSeconds": 3600
+    }  # fmt: skip
+    said = _job_said(sup, "train-1")
+    assert said["read"] == "weights" and said["names"] == ["step-1"]
+    assert said["method"] == "custom-process"  # the agent's variables were not handed on
+    assert said["key"] != "agent-key" and said["key"].startswith("ASIA")
+    got = admin_client(url, "s3").get_object(Bucket=bucket, Key="checkpoints/train-1/step-1")
+    assert got["Body"].read() == b"weights"
+    credential, _ = sup.storage_paths("train-1")
+    assert not credential.exists()  # gone with its job
+
+
+def test_aws_the_agent_renews_a_running_jobs_credential_in_place(
+    tmp_path: Path, moto_s3: tuple[str, str]
+) -> None:
+    url, bucket = moto_s3
+    role = "arn:aws:iam::123456789012:role/job-storage"
+    broker = AwsJobCredentials(role, f"s3://{bucket}/c", region="us-east-1", endpoint_url=url)
+    sup = Supervisor(
+        "agent-renew", tmp_path / "w", stop_grace_s=1.0, storage=broker,
+        argv_for=lambda a: [sys.executable, "-c", "import time; time.sleep(120)"],
+    )  # fmt: skip
+    sup.start(_assignment("long", ["x"]))
+    try:
+        credential, config = sup.storage_paths("long")
+        assert _private(credential) and _private(config)
+        first = json.loads(credential.read_text())
+        assert "trainer.aws_credentials" in config.read_text()
+        expires = first["Expiration"]
+        assert sup.renew_storage_credentials(time.time()) == []  # not yet: 2/3 of an hour
+        assert sup.renew_storage_credentials(time.time() + 2401) == ["long"]
+        second = json.loads(credential.read_text())
+        assert second["AccessKeyId"] != first["AccessKeyId"] and second["Expiration"] >= expires
+    finally:
+        sup.stop_all()
+
+
+def test_aws_a_refused_assume_role_starts_nothing_and_says_why_once(
+    tmp_path: Path, moto_s3: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, bucket = moto_s3
+    broker = AwsJobCredentials("not-an-arn", f"s3://{bucket}/c", region="us-east-1",
+                               endpoint_url=url)  # fmt: skip
+    sup = Supervisor("agent-refused", tmp_path / "w", storage=broker,
+                     argv_for=lambda a: [sys.executable, "-c", "pass"])  # fmt: skip
+    with pytest.raises(JobCredentialError):
+        broker.mint("j")
+    assert sup.start(_assignment("j", ["x"])) is None
+    assert sup.start(_assignment("j", ["x"])) is None
+    err = capsys.readouterr().err
+    assert err.count("not starting j: no checkpoint credential: sts:AssumeRole") == 1, err
+    assert sup.running == {}
+
+
+# ---------------------------------------------------------------- GCP, over real HTTP
+
+
+class _FakeGoogle(BaseHTTPRequestHandler):
+    """The metadata server's token, Google's STS token exchange, GCS uploads and reads."""
+
+    exchanges: ClassVar[list[dict[str, str]]] = []
+    bearers: ClassVar[list[str]] = []
+    objects: ClassVar[dict[str, bytes]] = {}
+
+    def do_GET(self) -> None:
+        if self.path.startswith("/computeMetadata/"):
+            ok = self.headers.get("Metadata-Flavor") == "Google"
+            self._answer(200 if ok else 403, {"access_token": "ya29.node", "expires_in": 3599})
+            return
+        self.bearers.append(self.headers.get("Authorization", ""))
+        parsed = urllib.parse.urlparse(self.path)
+        if parsed.path.endswith("/o"):  # a listing
+            prefix = urllib.parse.parse_qs(parsed.query)["prefix"][0]
+            names = [{"name": n} for n in self.objects if n.startswith(prefix)]
+            self._answer(200, {"items": names})
+            return
+        name = urllib.parse.unquote(parsed.path.rsplit("/o/", 1)[1])
+        self._answer(200, self.objects[name], raw=True)
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.path == "/v1/token":
+            form = dict(urllib.parse.parse_qsl(body.decode(), strict_parsing=True))
+            self.exchanges.append(form)
+            token = f"ya29.down-{len(self.exchanges)}"
+            self._answer(200, {"access_token": token, "token_type": "Bearer", "expires_in": 3599,
+                               "issued_token_type": form["requested_token_type"]})  # fmt: skip
+            return
+        self.bearers.append(self.headers.get("Authorization", ""))
+        query = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)
+        self.objects[query["name"][0]] = body
+        self._answer(200, {})
+
+    def _answer(self, status: int, body: Any, raw: bool = False) -> None:
+        data = body if raw else json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Metadata-Flavor", "Google")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def fake_google() -> Iterator[str]:
+    _FakeGoogle.exchanges, _FakeGoogle.bearers, _FakeGoogle.objects = [], [], {}
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeGoogle)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_gcp_a_job_gets_a_downscoped_token_in_a_file_its_store_reads_again(
+    tmp_path: Path, fake_google: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = "gs://ckpt/checkpoints"
+    broker = GcpJobCredentials(root, metadata_url=fake_google, sts_url=f"{fake_google}/v1/token")
+    monkeypatch.setenv("COADAPT_GCS_TOKEN", "the-agents-own")  # never handed on to a job
+    sup = Supervisor(
+        "agent-gcp", tmp_path / "w", storage=broker,
+        env={"STORAGE_EMULATOR_HOST": fake_google},
+        argv_for=lambda a: [sys.executable, "-c", JOB_SCRIPT, f"{root}/{a.job}"],
+    )  # fmt: skip
+    sup.start(_assignment("train-1", ["x"]))
+    _wait_exit(sup, "train-1")
+    (exchange,) = _FakeGoogle.exchanges
+    options = json.loads(exchange.pop("options"))
+    assert exchange == {
+        "grant_type": "urn:ietf:params:oauth:grant-type:token-exchange",
+        "subject_token_type": "urn:ietf:params:oauth:token-type:access_token",
+        "requested_token_type": "urn:ietf:params:oauth:token-type:access_token",
+        "subject_token": "ya29.node",
+    }
+    assert options == gcs_access_boundary(root, "train-1")
+    said = _job_said(sup, "train-1")
+    assert said == {"read": "weights", "names": ["step-1"]}
+    assert set(_FakeGoogle.bearers) == {"Bearer ya29.down-1"}
+    assert _FakeGoogle.objects["checkpoints/train-1/step-1"] == b"weights"
+
+    sup.argv_for = lambda a: [sys.executable, "-c", "import time; time.sleep(120)"]
+    sup.stop_grace_s = 1.0
+    sup.start(_assignment("long", ["x"]))
+    try:
+        token_file, _ = sup.storage_paths("long")
+        assert _private(token_file) and token_file.read_text() == "ya29.down-2\n"
+        monkeypatch.setenv("COADAPT_GCS_TOKEN_FILE", str(token_file))
+        store = GcsStore("ckpt", "checkpoints/long", endpoint=fake_google)
+        store.write("a", b"1")
+        assert sup.renew_storage_credentials(time.time() + 2400) == ["long"]
+        store.write("b", b"2")
+        assert _FakeGoogle.bearers[-2:] == ["Bearer ya29.down-2", "Bearer ya29.down-3"]
+    finally:
+        sup.stop_all()
+    assert os.environ["COADAPT_GCS_TOKEN"] == "the-agents-own"
