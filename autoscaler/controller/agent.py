@@ -398,7 +398,10 @@ class Supervisor:
 
     def storage_paths(self, job: str, space: Path | None = None) -> tuple[Path, Path]:
         """Where ``job``'s checkpoint credential and its AWS config file are kept while it
-        runs here (0600, the job's user's in an isolated job's folder)."""
+        runs here (0600; in an isolated job's folder, ``space``, they are its user's)."""
+        proc = self._procs.get(job)
+        if space is None and proc is not None:
+            space = proc.space
         if space is not None:
             return space / "storage.credential", space / "aws-config"
         folder = self.work_dir / "credentials"

@@ -365,3 +365,62 @@ def test_gcp_a_job_gets_a_downscoped_token_in_a_file_its_store_reads_again(
     finally:
         sup.stop_all()
     assert os.environ["COADAPT_GCS_TOKEN"] == "the-agents-own"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="jobs get users of their own as root")
+def test_aws_an_isolated_job_reads_its_credential_as_its_own_user(
+    tmp_path: Path, moto_s3: tuple[str, str]
+) -> None:
+    """As root with ``isolate``: the credential and config files are the job's user's, 0600,
+    in its own folder, and the job, running as that user, checkpoints with them."""
+    from coadapt_common.jobexec import job_uid, probe
+
+    if probe() is not None:
+        pytest.skip(f"no isolation here: {probe()}")
+    url, bucket = moto_s3
+    root = f"s3://{bucket}/checkpoints"
+    role = "arn:aws:iam::123456789012:role/job-storage"
+    broker = AwsJobCredentials(role, root, region="us-east-1", endpoint_url=url)
+    script = JOB_SCRIPT + "import os; print('JOB ' + json.dumps({'uid': os.getuid()}))\n"
+    seen: list[tuple[int, int, int]] = []
+
+    def argv_for(a: JobAssignment) -> list[str]:
+        return [sys.executable, "-c", script, f"{root}/{a.job}"]
+
+    sup = Supervisor("agent-iso", tmp_path / "w", storage=broker, isolate=True,
+                     env={"AWS_ENDPOINT_URL": url}, argv_for=argv_for)  # fmt: skip
+    sup.start(_assignment("iso-1", ["x"]))
+    for path in sup.storage_paths("iso-1"):
+        st = path.stat()
+        seen.append((st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)))
+    _wait_exit(sup, "iso-1")
+    uid = job_uid("iso-1")
+    assert seen == [(uid, uid, 0o600)] * 2
+    lines = [x for x in sup.log_path("iso-1").read_text().splitlines() if x.startswith("JOB ")]
+    assert [json.loads(x[4:]) for x in lines][-1] == {"uid": uid}, lines
+    said = json.loads(lines[0][4:])
+    assert said["read"] == "weights" and said["method"] == "custom-process"
+
+
+@pytest.mark.parametrize("root", ["gs://b/c", "/var/lib/ckpt", None])
+def test_the_agent_refuses_a_job_storage_role_without_an_s3_root(
+    tmp_path: Path, root: str | None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from autoscaler.controller.credentials import write_token_file
+    from autoscaler.controller.service import agent_main
+
+    token = tmp_path / "agent-token.json"
+    write_token_file(token, "agent", "a" * 43)
+    argv = ["--api", "http://127.0.0.1:9", "--token-file", str(token), "--instance-key", "i-1",
+            "--work-dir", str(tmp_path / "w"),
+            "--job-storage-role-arn", "arn:aws:iam::1:role/j"]  # fmt: skip
+    if root is not None:
+        argv += ["--checkpoint-root", root]
+    umask = os.umask(0o022)
+    try:
+        assert agent_main(argv) == 2
+    finally:
+        os.umask(umask)  # agent_main sets its process's
+    assert capsys.readouterr().err == (
+        "coadapt agent: --job-storage-role-arn needs an s3:// --checkpoint-root\n"
+    )
