@@ -157,6 +157,10 @@ def _assignment(job: str, argv: list[str]) -> JobAssignment:
     return JobAssignment(job, 1, (("i-1", 1),), "127.0.0.1:1", tuple(argv))
 
 
+def _sleeper(a: JobAssignment) -> list[str]:
+    return [sys.executable, "-c", "import time; time.sleep(120)"]
+
+
 def _private(path: Path) -> bool:
     return stat.S_IMODE(path.stat().st_mode) == 0o600
 
@@ -269,6 +273,7 @@ class _FakeGoogle(BaseHTTPRequestHandler):
     """The metadata server's token, Google's STS token exchange, GCS uploads and reads."""
 
     exchanges: ClassVar[list[dict[str, str]]] = []
+    lifetime_s: ClassVar[int] = 3599  # of the tokens STS hands out
     bearers: ClassVar[list[str]] = []
     objects: ClassVar[dict[str, bytes]] = {}
 
@@ -293,7 +298,8 @@ class _FakeGoogle(BaseHTTPRequestHandler):
             form = dict(urllib.parse.parse_qsl(body.decode(), strict_parsing=True))
             self.exchanges.append(form)
             token = f"ya29.down-{len(self.exchanges)}"
-            self._answer(200, {"access_token": token, "token_type": "Bearer", "expires_in": 3599,
+            self._answer(200, {"access_token": token, "token_type": "Bearer",
+                               "expires_in": self.lifetime_s,
                                "issued_token_type": form["requested_token_type"]})  # fmt: skip
             return
         self.bearers.append(self.headers.get("Authorization", ""))
@@ -316,6 +322,7 @@ class _FakeGoogle(BaseHTTPRequestHandler):
 @pytest.fixture
 def fake_google() -> Iterator[str]:
     _FakeGoogle.exchanges, _FakeGoogle.bearers, _FakeGoogle.objects = [], [], {}
+    _FakeGoogle.lifetime_s = 3599
     server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeGoogle)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
@@ -424,3 +431,100 @@ def test_the_agent_refuses_a_job_storage_role_without_an_s3_root(
     assert capsys.readouterr().err == (
         "coadapt agent: --job-storage-role-arn needs an s3:// --checkpoint-root\n"
     )
+
+
+def test_gcp_a_restarted_agent_renews_an_adopted_jobs_token_at_once(
+    tmp_path: Path, fake_google: str
+) -> None:
+    """A job adopted from the agent's previous life (kill -9: nothing stopped) gets a new
+    token at the first renewal: how old the one it has is, the new life cannot know."""
+    broker = GcpJobCredentials(
+        "gs://b/c", metadata_url=fake_google, sts_url=f"{fake_google}/v1/token"
+    )
+    agent_id = f"agent-{uuid.uuid4().hex[:8]}"
+
+    def life() -> Supervisor:
+        return Supervisor(
+            agent_id, tmp_path / "w", stop_grace_s=1.0, storage=broker, argv_for=_sleeper
+        )
+
+    first = life()
+    first.start(_assignment("long", ["x"]))
+    second = life()  # the first life "died": its job runs on
+    try:
+        adoption = second.adopt()
+        assert adoption is not None and adoption.adopted == ("long",)
+        token_file, _ = second.storage_paths("long")
+        assert token_file.read_text() == "ya29.down-1\n"
+        assert second.renew_storage_credentials() == ["long"]
+        assert token_file.read_text() == "ya29.down-2\n"
+        assert second.renew_storage_credentials() == []  # the next one at 2/3 of its life
+    finally:
+        second.stop_all()
+        first.sweep()
+
+
+@pytest.mark.slow
+def test_the_agents_step_renews_a_running_jobs_token_at_two_thirds_of_its_life(
+    tmp_path: Path, fake_google: str
+) -> None:
+    """Over a real API: the step that starts the job hands it a token; a step before 2/3 of
+    the token's life leaves it; the first step after writes a new one (tokens of 3 s here)."""
+    from autoscaler.controller.agent import AgentRunner
+    from autoscaler.controller.api import ApiClient, generate_tokens, make_app, serve
+    from autoscaler.controller.jobbook import JobSubmission
+    from autoscaler.controller.lifecycle import InstanceStatus
+    from autoscaler.controller.store import JobStatus, Store
+    from coadapt_common.clock import FakeClock
+
+    _FakeGoogle.lifetime_s = 3
+    clock = FakeClock()
+    store = Store.create(tmp_path / "store.db", "c1", clock)
+    row = store.add_instance(
+        instance_key="i-1", request_id="c1-i-1", offering_key="local/slot/local-a/on-demand",
+        provider="local", instance_type="slot", zone="local-a", market="on-demand",
+        gpu_type="T4", gpus=1, price_usd_per_hour=0.1,
+    )  # fmt: skip
+    row = store.transition("i-1", row.version, InstanceStatus.REQUESTED, reason="launch")
+    store.transition(
+        "i-1", row.version, InstanceStatus.RUNNING, reason="up", provider_instance_id="p"
+    )
+    store.add_job("a", JobSubmission("a", 64, 512, 64, command=("x.py",)).to_json())
+    store.set_assignments("a", {"i-1": 1})
+    store.update_job("a", store.get_job("a").version, status=JobStatus.RUNNING)
+    tokens = generate_tokens(tmp_path / "tokens.json")
+    app = make_app(
+        tmp_path / "store.db",
+        tokens,
+        clock,
+        logs_dir=tmp_path / "logs",
+        on_job_exit=lambda name, *, failed: JobStatus.FAILED,  # the job never ends on its own
+    )
+    server = serve(app)
+    broker = GcpJobCredentials(
+        "gs://b/c", metadata_url=fake_google, sts_url=f"{fake_google}/v1/token"
+    )
+    sup = Supervisor(f"agent-{uuid.uuid4().hex[:8]}", tmp_path / "agent", stop_grace_s=1.0,
+                     storage=broker, argv_for=_sleeper)  # fmt: skip
+    runner = AgentRunner(
+        ApiClient(server.url, tokens.agent_credential("i-1"), timeout_s=10),
+        "i-1",
+        sup,
+        address="127.0.0.1",
+    )
+    try:
+        assert [(x.kind.value, x.job) for x in runner.step()] == [("start", "a")]
+        started = time.time()
+        token_file, _ = sup.storage_paths("a")
+        assert token_file.read_text() == "ya29.down-1\n"
+        runner.step()
+        if time.time() - started < 1.5:  # well before 2 s (a loaded machine may be late)
+            assert token_file.read_text() == "ya29.down-1\n"
+        time.sleep(max(0.0, started + 2.2 - time.time()))
+        runner.step()
+        assert token_file.read_text() == f"ya29.down-{len(_FakeGoogle.exchanges)}\n"
+        assert len(_FakeGoogle.exchanges) >= 2
+    finally:
+        runner.close()
+        server.shutdown()
+        app.close()
