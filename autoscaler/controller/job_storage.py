@@ -125,12 +125,14 @@ def aws_session_name(job: str) -> str:
     return _SESSION_NAME_CHARS.sub("-", f"coadapt-{job}")[:64]
 
 
-def aws_session_policy(root: str, job: str) -> dict[str, Any]:
+def aws_session_policy(root: str, job: str, partition: str = "aws") -> dict[str, Any]:
     """The session policy that narrows the job-storage role to ``job``'s checkpoints under
     ``root`` (``s3://BUCKET/PREFIX``): Get/Put/DeleteObject on ``BUCKET/PREFIX/<job>/*`` and
-    ListBucket on ``BUCKET`` when ``s3:prefix`` is like ``PREFIX/<job>/*``."""
+    ListBucket on ``BUCKET`` when ``s3:prefix`` is like ``PREFIX/<job>/*`` (ARNs of
+    ``partition``: ``aws``, ``aws-cn``, ``aws-us-gov``)."""
     bucket, prefix = split_root(root, "s3")
     own = _job_prefix(prefix, job)
+    arn = f"arn:{partition}:s3:::{bucket}"
     return {
         "Version": "2012-10-17",
         "Statement": [
@@ -138,13 +140,13 @@ def aws_session_policy(root: str, job: str) -> dict[str, Any]:
                 "Sid": "OwnCheckpoints",
                 "Effect": "Allow",
                 "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"],
-                "Resource": [f"arn:aws:s3:::{bucket}/{own}*"],
+                "Resource": [f"{arn}/{own}*"],
             },
             {
                 "Sid": "ListOwnCheckpoints",
                 "Effect": "Allow",
                 "Action": ["s3:ListBucket"],
-                "Resource": [f"arn:aws:s3:::{bucket}"],
+                "Resource": [arn],
                 "Condition": {"StringLike": {"s3:prefix": [f"{own}*"]}},
             },
         ],
@@ -153,7 +155,8 @@ def aws_session_policy(root: str, job: str) -> dict[str, Any]:
 
 class AwsJobCredentials:
     """Mints a job's S3 credential (see the module docstring) with the agent's own AWS
-    credentials (the node role, from instance metadata). ``endpoint_url``: a test server."""
+    credentials (the node role, from instance metadata), in the partition of ``role_arn``
+    (``arn:PARTITION:iam::...``). ``endpoint_url``: a test server."""
 
     def __init__(
         self,
@@ -167,6 +170,8 @@ class AwsJobCredentials:
         import boto3
 
         split_root(root, "s3")
+        parts = role_arn.split(":")
+        self.partition = parts[1] if len(parts) > 1 and parts[0] == "arn" and parts[1] else "aws"
         self.role_arn = role_arn
         self.root = root
         self.python = python
@@ -187,7 +192,9 @@ class AwsJobCredentials:
             answer = self._sts.assume_role(
                 RoleArn=self.role_arn,
                 RoleSessionName=aws_session_name(job),
-                Policy=json.dumps(aws_session_policy(self.root, job), separators=(",", ":")),
+                Policy=json.dumps(
+                    aws_session_policy(self.root, job, self.partition), separators=(",", ":")
+                ),
                 DurationSeconds=JOB_CREDENTIAL_LIFETIME_S,
             )
         except (BotoCoreError, ClientError) as e:

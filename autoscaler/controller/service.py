@@ -953,18 +953,29 @@ def _firewall_jobs(cloud: str, *, allow_metadata: bool) -> str | None:
 
 
 def _job_storage(
-    cloud: str | None, root: str | None, role_arn: str | None, metadata_url: str | None
+    cloud: str | None,
+    root: str | None,
+    role_arn: str | None,
+    metadata_url: str | None,
+    *,
+    allow_metadata: bool = False,
 ) -> JobCredentialSource | None:
     """What mints each job's checkpoint credential on this node (``None``: jobs get none):
     with ``role_arn`` and an ``s3://`` root, :class:`AwsJobCredentials`; on a GCP node with a
     ``gs://`` root, :class:`GcpJobCredentials`. :class:`ValueError`: a role without an
-    ``s3://`` root."""
+    ``s3://`` root, or an AWS node with an ``s3://`` root and no role (its jobs, kept off the
+    metadata service, would have no credential), unless ``allow_metadata``."""
     from autoscaler.controller.job_storage import AwsJobCredentials, GcpJobCredentials
 
     if role_arn:
         if root is None or not root.startswith("s3://"):
             raise ValueError("--job-storage-role-arn needs an s3:// --checkpoint-root")
         return AwsJobCredentials(role_arn, root)
+    if cloud == "aws" and root is not None and root.startswith("s3://") and not allow_metadata:
+        raise ValueError(
+            "an s3:// --checkpoint-root on an AWS node needs --job-storage-role-arn (jobs "
+            "cannot reach the node's role)"
+        )
     if cloud == "gcp" and root is not None and root.startswith("gs://"):
         return GcpJobCredentials(root, metadata_url=metadata_url)
     return None
@@ -1071,16 +1082,22 @@ def agent_main(argv: list[str] | None = None) -> int:
         return 2
     root = _checkpoint_root(args.checkpoint_root)
     cloud = args.notice_source if args.notice_source in ("aws", "gcp") else None
-    if cloud is not None:
+    try:
+        storage = _job_storage(
+            cloud,
+            root,
+            args.job_storage_role_arn,
+            args.metadata_url,
+            allow_metadata=args.allow_job_metadata,
+        )
+    except (ValueError, ImportError) as e:
+        print(f"coadapt agent: {e}", file=sys.stderr)
+        return 2
+    if cloud is not None:  # before any job runs
         refusal = _firewall_jobs(cloud, allow_metadata=args.allow_job_metadata)
         if refusal is not None:
             print(refusal, file=sys.stderr, flush=True)
             return EXIT_NO_FIREWALL
-    try:
-        storage = _job_storage(cloud, root, args.job_storage_role_arn, args.metadata_url)
-    except (ValueError, ImportError) as e:
-        print(f"coadapt agent: {e}", file=sys.stderr)
-        return 2
 
     def keep_credential(credential: str) -> None:  # renewed: read at the next start too
         try:

@@ -60,6 +60,8 @@ print("JOB " + json.dumps(out), flush=True)
 def test_the_session_policy_opens_the_jobs_own_prefix_only(
     root: str, job: str, objects: str, listed: str
 ) -> None:
+    other = json.dumps(aws_session_policy(root, job, "aws-cn"))
+    assert other == json.dumps(aws_session_policy(root, job)).replace("arn:aws:", "arn:aws-cn:")
     assert aws_session_policy(root, job) == {
         "Version": "2012-10-17",
         "Statement": [
@@ -259,6 +261,9 @@ def test_aws_a_refused_assume_role_starts_nothing_and_says_why_once(
                      argv_for=lambda a: [sys.executable, "-c", "pass"])  # fmt: skip
     with pytest.raises(JobCredentialError):
         broker.mint("j")
+    assert broker.partition == "aws"
+    gov = AwsJobCredentials("arn:aws-us-gov:iam::1:role/j", "s3://b", region="us-gov-west-1")
+    assert gov.partition == "aws-us-gov"  # its session policy names ARNs of that partition
     assert sup.start(_assignment("j", ["x"])) is None
     assert sup.start(_assignment("j", ["x"])) is None
     err = capsys.readouterr().err
@@ -409,18 +414,31 @@ def test_aws_an_isolated_job_reads_its_credential_as_its_own_user(
     assert said["read"] == "weights" and said["method"] == "custom-process"
 
 
-@pytest.mark.parametrize("root", ["gs://b/c", "/var/lib/ckpt", None])
-def test_the_agent_refuses_a_job_storage_role_without_an_s3_root(
-    tmp_path: Path, root: str | None, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("root", "extra", "says"),
+    [
+        ("gs://b/c", ["--job-storage-role-arn", "arn:aws:iam::1:role/j"], "ROLE"),
+        ("/var/lib/ckpt", ["--job-storage-role-arn", "arn:aws:iam::1:role/j"], "ROLE"),
+        (None, ["--job-storage-role-arn", "arn:aws:iam::1:role/j"], "ROLE"),
+        ("s3://b/c", ["--notice-source", "aws"], "AWS"),
+    ],
+)
+def test_the_agent_refuses_a_job_storage_config_that_leaves_jobs_without_one(
+    tmp_path: Path,
+    root: str | None,
+    extra: list[str],
+    says: str,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
+    """Before it touches the firewall (no iptables here: the AWS case would otherwise end
+    with status 3)."""
     from autoscaler.controller.credentials import write_token_file
     from autoscaler.controller.service import agent_main
 
     token = tmp_path / "agent-token.json"
     write_token_file(token, "agent", "a" * 43)
     argv = ["--api", "http://127.0.0.1:9", "--token-file", str(token), "--instance-key", "i-1",
-            "--work-dir", str(tmp_path / "w"),
-            "--job-storage-role-arn", "arn:aws:iam::1:role/j"]  # fmt: skip
+            "--work-dir", str(tmp_path / "w"), *extra]  # fmt: skip
     if root is not None:
         argv += ["--checkpoint-root", root]
     umask = os.umask(0o022)
@@ -428,9 +446,12 @@ def test_the_agent_refuses_a_job_storage_role_without_an_s3_root(
         assert agent_main(argv) == 2
     finally:
         os.umask(umask)  # agent_main sets its process's
-    assert capsys.readouterr().err == (
-        "coadapt agent: --job-storage-role-arn needs an s3:// --checkpoint-root\n"
-    )
+    expected = {
+        "ROLE": "--job-storage-role-arn needs an s3:// --checkpoint-root",
+        "AWS": "an s3:// --checkpoint-root on an AWS node needs --job-storage-role-arn (jobs "
+        "cannot reach the node's role)",
+    }
+    assert capsys.readouterr().err == f"coadapt agent: {expected[says]}\n"
 
 
 def test_gcp_a_restarted_agent_renews_an_adopted_jobs_token_at_once(
