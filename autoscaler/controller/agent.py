@@ -702,10 +702,10 @@ class Supervisor:
                 continue
             try:
                 credential = self.storage.mint(job)
-            except JobCredentialError as e:
+                self._write_storage(job, credential, proc.space)
+            except (JobCredentialError, OSError) as e:  # OSError: a full disk, say
                 log.warning("agent %s: checkpoint credential of %s: %s", self.agent_id, job, e)
                 continue
-            self._write_storage(job, credential, proc.space)
             proc.storage_renew_s = credential.renew_at_s()
             renewed.append(job)
         return renewed
@@ -971,7 +971,8 @@ def dump(assignments: Mapping[str, JobAssignment]) -> str:
 class AgentRunner:
     """One instance's agent loop over the controller API (``client``, with the instance's
     credential): :meth:`step` heartbeats, reads the assignments, starts / stops / restarts
-    launchers (:func:`plan`), hands running jobs their new report credentials, and reports
+    launchers (:func:`plan`), hands running jobs their new report credentials (and, with the
+    supervisor's ``storage``, renews their checkpoint credentials when due), and reports
     launchers that ended on their own (done or failed; a stop with a checkpoint is never
     reported). A heartbeat answer that carries a new credential (the agent key was rotated)
     replaces the client's, and ``on_credential`` is told (to keep it where the agent reads it
