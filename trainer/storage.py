@@ -162,9 +162,12 @@ class GcsStore:
     """A GCS bucket and prefix through the GCS JSON API (``urllib``; no SDK needed).
 
     Authentication: a bearer token from ``token`` (a string or a zero-argument callable), else
-    the ``COADAPT_GCS_TOKEN`` or ``GOOGLE_OAUTH_ACCESS_TOKEN`` variable, else the GCE metadata
-    server (the VM's service account; cached until shortly before it expires). No token is sent
-    to an emulator (``STORAGE_EMULATOR_HOST`` or an explicit ``endpoint``) unless given.
+    the file ``COADAPT_GCS_TOKEN_FILE`` names (its first line: the job's own token, which its
+    node agent writes and renews there; the file is read again whenever its size, time or inode
+    changed), else the ``COADAPT_GCS_TOKEN`` or ``GOOGLE_OAUTH_ACCESS_TOKEN`` variable, else the
+    GCE metadata server (the VM's service account; cached until shortly before it expires). No
+    token is sent to an emulator (``STORAGE_EMULATOR_HOST`` or an explicit ``endpoint``) unless
+    given (a token file counts as given).
     Service-account key files are not supported: use the metadata server or pass a token.
     """
 
@@ -193,6 +196,7 @@ class GcsStore:
         self._token = token
         self._timeout_s = timeout_s
         self._cached: tuple[str, float] | None = None
+        self._from_file: tuple[tuple[str, int, int, int], str] | None = None  # (stat, token)
         self._lock = threading.Lock()
         # The bearer goes to the storage endpoint only: never re-sent to a redirect's target
         # (an https proxy, which tunnels TLS, is allowed).
@@ -204,6 +208,8 @@ class GcsStore:
             return str(self._token())
         if isinstance(self._token, str):
             return self._token
+        if os.environ.get("COADAPT_GCS_TOKEN_FILE"):
+            return self._token_file(os.environ["COADAPT_GCS_TOKEN_FILE"])
         for var in ("COADAPT_GCS_TOKEN", "GOOGLE_OAUTH_ACCESS_TOKEN"):
             if os.environ.get(var):
                 return os.environ[var]
@@ -226,6 +232,24 @@ class GcsStore:
             token = str(body["access_token"])
             self._cached = (token, time.monotonic() + float(body.get("expires_in", 300)) - 60)
             return token
+
+    def _token_file(self, path: str) -> str:
+        """The token in ``path``, read again when the file changed since the last read."""
+        try:
+            st = os.stat(path)
+            seen = (path, st.st_mtime_ns, st.st_size, st.st_ino)
+            with self._lock:
+                if self._from_file is not None and self._from_file[0] == seen:
+                    return self._from_file[1]
+            with open(path, encoding="utf-8") as handle:
+                token = handle.readline().strip()
+        except OSError as e:
+            raise CheckpointStorageError(f"COADAPT_GCS_TOKEN_FILE {path}: {e}") from e
+        if not token:
+            raise CheckpointStorageError(f"COADAPT_GCS_TOKEN_FILE {path}: empty")
+        with self._lock:
+            self._from_file = (seen, token)
+        return token
 
     # --- HTTP -----------------------------------------------------------------------------
     def _object(self, name: str) -> str:

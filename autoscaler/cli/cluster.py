@@ -857,6 +857,23 @@ def agent(
             "reach (needs root).",
         ),
     ] = False,
+    allow_job_metadata: Annotated[
+        bool,
+        typer.Option(
+            "--allow-job-metadata",
+            help="UNSAFE: on a cloud node (--notice-source aws or gcp), run jobs even where "
+            "iptables cannot keep them off the instance metadata service (they could then take "
+            "this node's credentials). Without it such an agent exits (status 3).",
+        ),
+    ] = False,
+    job_storage_role_arn: Annotated[
+        str | None,
+        typer.Option(
+            "--job-storage-role-arn",
+            help="AWS: the role this node assumes to hand each job a credential for its own "
+            "checkpoints (under an s3:// --checkpoint-root) and nothing else.",
+        ),
+    ] = None,
     job_log_max_bytes: Annotated[
         int | None,
         typer.Option(
@@ -903,12 +920,15 @@ def agent(
         "--job-log-max-bytes": job_log_max_bytes,
         "--min-free-bytes": min_free_bytes,
         "--stop-grace-s": stop_grace_s,
+        "--job-storage-role-arn": job_storage_role_arn,
     }
     for flag, value in named.items():
         if value is not None:
             argv += [flag, str(value)]
     if isolate_jobs:
         argv.append("--isolate-jobs")
+    if allow_job_metadata:
+        argv.append("--allow-job-metadata")
     raise typer.Exit(agent_main(argv))
 
 

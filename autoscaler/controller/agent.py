@@ -35,7 +35,14 @@ carries its job's report credential; the supervisor writes it to a 0600 file of 
 (``<work_dir>/credentials/<job>.token``, rewritten when the controller hands out a new one)
 and gives the launcher the file's path in ``COADAPT_REPORT_TOKEN_FILE``: the trainer reads it
 before each report. A job's command follows the launcher's options after ``--``, so nothing
-in it is ever read as a launcher option (:func:`launch_argv`).
+in it is ever read as a launcher option (:func:`launch_argv`). With ``storage`` (a cloud node:
+:mod:`autoscaler.controller.job_storage`) each job is also handed a credential for its own
+checkpoints only: minted before it starts (a job whose credential cannot be made does not start;
+the agent says why once, and tries again at the next step), written to a 0600 file of the job
+(:meth:`Supervisor.storage_paths`; on AWS with an ``AWS_CONFIG_FILE`` whose
+``credential_process`` reads it), renewed there at 2/3 of its lifetime by every
+:meth:`AgentRunner.step` (:meth:`Supervisor.renew_storage_credentials`), and the job starts
+without the agent's own cloud credential variables (:data:`CLOUD_CREDENTIAL_ENV`).
 
 A launcher's output goes through a pipe to a capped log writer of its own
 (:mod:`coadapt_common.logcap`), which writes :meth:`Supervisor.log_path`: not the agent, so an
@@ -68,6 +75,11 @@ from typing import Final
 
 import trainer
 from autoscaler.controller.client import ApiClient, ApiError
+from autoscaler.controller.job_storage import (
+    JobCredential,
+    JobCredentialError,
+    JobCredentialSource,
+)
 from autoscaler.errors import InvalidInputError
 from coadapt_common.atomic import rotate_file, write_bytes_atomic, write_json_atomic
 from coadapt_common.clock import Clock
@@ -283,6 +295,7 @@ class _Proc:
     started: str | None = None  # the kernel's start time of ``pid``
     run_dir: Path | None = None
     space: Path | None = None  # an isolated job's own folder (Supervisor.isolate)
+    storage_renew_s: float = 0.0  # when its checkpoint credential is renewed (Supervisor.storage)
     writer: subprocess.Popen[bytes] | None = None  # its log writer (coadapt_common.logcap)
 
     def poll(self) -> int | None:
@@ -342,6 +355,7 @@ class Supervisor:
     isolate: bool = False
     checkpoint_root: Path | None = None
     min_free_bytes: int = 0
+    storage: JobCredentialSource | None = None
     _procs: dict[str, _Proc] = field(default_factory=dict, init=False)
     _refused: dict[str, str] = field(default_factory=dict, init=False)
 
@@ -379,20 +393,34 @@ class Supervisor:
         if a.report_token is None:
             return {}
         path = space / "report.token" if space is not None else self.credential_path(a.job)
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        data = (a.report_token + "\n").encode()
-        if space is None:
-            write_bytes_atomic(path, data, mode=0o600)
-        else:  # the folder is root's (the job cannot plant a link in it); the file its user's
-            uid = job_uid(a.job)
-            tmp = space / ".report.token.new"
-            tmp.unlink(missing_ok=True)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as handle:
-                os.fchown(handle.fileno(), uid, uid)
-                handle.write(data)
-            rotate_file(tmp, path)
+        _write_private(path, (a.report_token + "\n").encode(), a.job, space is not None)
         return {REPORT_TOKEN_FILE: str(path)}
+
+    def storage_paths(self, job: str, space: Path | None = None) -> tuple[Path, Path]:
+        """Where ``job``'s checkpoint credential and its AWS config file are kept while it
+        runs here (0600; in an isolated job's folder, ``space``, they are its user's)."""
+        proc = self._procs.get(job)
+        if space is None and proc is not None:
+            space = proc.space
+        if space is not None:
+            return space / "storage.credential", space / "aws-config"
+        folder = self.work_dir / "credentials"
+        return folder / f"{job}.storage", folder / f"{job}.aws-config"
+
+    def _write_storage(
+        self, job: str, credential: JobCredential, space: Path | None
+    ) -> dict[str, str]:
+        """Write ``job``'s checkpoint credential (and AWS config file); the environment that
+        names them."""
+        path, config_path = self.storage_paths(job, space)
+        _write_private(path, credential.data, job, space is not None)
+        env = credential.job_env(path)
+        config = credential.aws_config(path)
+        if config is not None:
+            _write_private(config_path, config.encode(), job, space is not None)
+            env["AWS_CONFIG_FILE"] = str(config_path)
+            env["AWS_SHARED_CREDENTIALS_FILE"] = str(config_path.with_name("no-credentials"))
+        return env
 
     def run_dir(self, job: str) -> Path:
         """``<work_dir>/runs/<job>``: the launcher's run folder (given as ``--run-dir``), but
@@ -401,6 +429,8 @@ class Supervisor:
 
     def _forget(self, job: str, space: Path | None = None) -> None:
         self.credential_path(job).unlink(missing_ok=True)
+        for path in self.storage_paths(job):
+            path.unlink(missing_ok=True)
         shutil.rmtree(self.run_dir(job), ignore_errors=True)
         if space is not None:
             shutil.rmtree(space, ignore_errors=True)  # links in it are removed, not followed
@@ -530,14 +560,21 @@ class Supervisor:
         ``isolate`` the launcher runs as the job's own user (:meth:`_isolation`)."""
         refusal = self._disk_refusal(a.job)
         if refusal is not None:
-            if self._refused.get(a.job) != refusal:
-                log.warning("agent %s: %s", self.agent_id, refusal)
-                print(f"coadapt agent {self.agent_id}: {refusal}", file=sys.stderr, flush=True)
-            self._refused[a.job] = refusal
+            self._refuse(a.job, refusal)
             return None
+        credential = None
+        if self.storage is not None:
+            try:
+                credential = self.storage.mint(a.job)
+            except JobCredentialError as e:
+                self._refuse(a.job, f"not starting {a.job}: no checkpoint credential: {e}")
+                return None
         self._refused.pop(a.job, None)
         env = {**os.environ, **self.env, AGENT_ENV: self.agent_id, "COADAPT_JOB_ID": a.job}
         env.pop(REPORT_TOKEN_FILE, None)  # never another job's (or the agent's own)
+        if credential is not None:  # the job's own credential, none of the agent's
+            for name in CLOUD_CREDENTIAL_ENV:
+                env.pop(name, None)
         space = None
         prefix: list[str] = []
         if self.isolate:
@@ -559,6 +596,8 @@ class Supervisor:
             cut = argv.index("--")
             argv = [*argv[:cut], "--run-dir", str(run_dir), *argv[cut:]]
         env.update(self._write_credential(a, space))
+        if credential is not None:
+            env.update(self._write_storage(a.job, credential, space))
         writer_env = {
             k: v for k, v in os.environ.items() if k not in (AGENT_ENV, REPORT_TOKEN_FILE)
         }
@@ -596,9 +635,17 @@ class Supervisor:
             run_dir=run_dir,
             space=space,
             writer=writer,
+            storage_renew_s=0.0 if credential is None else credential.renew_at_s(),
         )
         self._record()
         return popen.pid
+
+    def _refuse(self, job: str, refusal: str) -> None:
+        """Say once (in the agent's log and on stderr) why ``job`` does not start now."""
+        if self._refused.get(job) != refusal:
+            log.warning("agent %s: %s", self.agent_id, refusal)
+            print(f"coadapt agent {self.agent_id}: {refusal}", file=sys.stderr, flush=True)
+        self._refused[job] = refusal
 
     def stop(self, job: str, reason: str = "") -> int | None:
         """Stop ``job``'s launcher: one line in the job's log saying why, SIGTERM to the
@@ -640,6 +687,28 @@ class Supervisor:
                 self._write_credential(proc.assignment, proc.space)
                 changed.append(job)
         return changed
+
+    def renew_storage_credentials(self, now_s: float | None = None) -> list[str]:
+        """With ``storage``: write a new checkpoint credential for each running job whose
+        credential is :data:`~autoscaler.controller.job_storage.RENEW_AT` of the way to its
+        expiry (an adopted job's at once: its age is not known). The jobs renewed; one that
+        fails is said and tried again at the next call (its job keeps the old one)."""
+        if self.storage is None:
+            return []
+        now = time.time() if now_s is None else now_s
+        renewed = []
+        for job, proc in self._procs.items():
+            if proc.storage_renew_s > now:
+                continue
+            try:
+                credential = self.storage.mint(job)
+                self._write_storage(job, credential, proc.space)
+            except (JobCredentialError, OSError) as e:  # OSError: a full disk, say
+                log.warning("agent %s: checkpoint credential of %s: %s", self.agent_id, job, e)
+                continue
+            proc.storage_renew_s = credential.renew_at_s()
+            renewed.append(job)
+        return renewed
 
     def poll(self) -> list[tuple[str, Outcome, int]]:
         """Launchers that exited on their own since the last poll: (job, outcome, status)."""
@@ -712,6 +781,44 @@ def _job_needs(a: JobAssignment) -> list[str]:
     code = Path(trainer.__file__).resolve().parents[1]
     wanted = [Path(sys.base_prefix), Path(sys.prefix), code, cwd, cwd / a.command[0]]
     return [str(p) for p in wanted if p.exists()]
+
+
+CLOUD_CREDENTIAL_ENV: Final = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_PROFILE",
+    "AWS_DEFAULT_PROFILE",
+    "AWS_CONFIG_FILE",
+    "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_ROLE_ARN",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    "AWS_CONTAINER_AUTHORIZATION_TOKEN",
+    "COADAPT_GCS_TOKEN",
+    "GOOGLE_OAUTH_ACCESS_TOKEN",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+)
+"""Variables of the agent's environment that would hand a job credentials other than its
+own checkpoint credential: a job handed one (``Supervisor.storage``) starts without them."""
+
+
+def _write_private(path: Path, data: bytes, job: str, as_job: bool) -> None:
+    """Write ``data`` to ``path``, 0600: the agent's own file, or with ``as_job`` the job's
+    user's (in its folder, which is root's: the job cannot plant a link there)."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not as_job:
+        write_bytes_atomic(path, data, mode=0o600)
+        return
+    uid = job_uid(job)
+    tmp = path.with_name(f".{path.name}.new")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        os.fchown(handle.fileno(), uid, uid)
+        handle.write(data)
+    rotate_file(tmp, path)
 
 
 def _give(folder: Path, uid: int) -> None:
@@ -864,7 +971,8 @@ def dump(assignments: Mapping[str, JobAssignment]) -> str:
 class AgentRunner:
     """One instance's agent loop over the controller API (``client``, with the instance's
     credential): :meth:`step` heartbeats, reads the assignments, starts / stops / restarts
-    launchers (:func:`plan`), hands running jobs their new report credentials, and reports
+    launchers (:func:`plan`), hands running jobs their new report credentials (and, with the
+    supervisor's ``storage``, renews their checkpoint credentials when due), and reports
     launchers that ended on their own (done or failed; a stop with a checkpoint is never
     reported). A heartbeat answer that carries a new credential (the agent key was rotated)
     replaces the client's, and ``on_credential`` is told (to keep it where the agent reads it
@@ -935,6 +1043,7 @@ class AgentRunner:
             except ApiError as e:  # no longer assigned here: the controller moved on
                 log.info("agent %s: exit of %s not recorded: %s", self.instance_key, job, e)
         self.supervisor.refresh_credentials(assigned)
+        self.supervisor.renew_storage_credentials()
         return actions
 
     def beat(self) -> None:

@@ -11,8 +11,10 @@ machine; ``coadapt up --provider aws|gcp --provider-config FILE`` reads it with
   ``security_group_ids``, ``instance_types`` (optional), ``interruption_queue_url``,
   ``checkpoint_root`` (``s3://...``), ``agent_credential_path`` (the SSM path under which
   each node's credential parameter is kept), ``instance_arn_prefix``
-  (``arn:<partition>:ec2:<region>:<account>:instance/``) and ``user_token_parameter`` (an SSM
-  SecureString name);
+  (``arn:<partition>:ec2:<region>:<account>:instance/``), ``user_token_parameter`` (an SSM
+  SecureString name) and ``job_storage_role_arn`` (the role each node's agent assumes to hand
+  its jobs their checkpoint credentials: the nodes get it in their user data as
+  ``--job-storage-role-arn``; the controller does not use it);
 * gcp: ``project``, ``zones``, ``image``, ``network``, ``subnetwork``,
   ``service_account_email``, ``external_ip``, ``network_tags``, ``checkpoint_root``
   (``gs://...``), ``user_token_secret`` (a Secret Manager secret id), ``controller_url``,
@@ -36,13 +38,23 @@ good for its own instance only, and nothing else:
   under that path only when that tag equals the ARN of the instance making the call
   (``ssm:resourceTag/coadapt-instance-arn`` = ``${ec2:SourceInstanceARN}``), so a node reads its
   own and no other. A node learns its instance key from its own ``coadapt-request-id`` tag.
-  Limits: the role's credentials are reachable from every process on the node (instance
-  metadata), as the node's own file is to processes of its user; and this IAM condition has
-  been checked against the module's policy text only, not on a real account.
+  Limits: the role's credentials are reachable from every process on the node that may reach
+  instance metadata, as the node's own file is to processes of its user; and this IAM
+  condition has been checked against the module's policy text only, not on a real account.
 
-Jobs are not sandboxed from the agent of their node: a process that runs as the agent's user
-(or reaches the node's metadata) can obtain that node's credential. What a job is handed is its
-own report credential only (:mod:`autoscaler.controller.agent`).
+Jobs and their node's secrets: each job runs as its own unprivileged user
+(``--isolate-jobs``, :mod:`coadapt_common.jobexec`), so the agent's files are out of its
+reach, and the agent of a cloud node rejects, with netfilter rules it adds before it starts
+any job, whatever jobs send to the metadata service (:mod:`autoscaler.controller.job_firewall`;
+it exits when it cannot add them, unless told ``--allow-job-metadata``, unsafe): a job can
+take neither the node role's credentials (AWS) nor the startup script that carries the node's
+credential (GCP). What a job is handed is its own report credential and a credential for its
+own checkpoints under ``checkpoint_root`` (:mod:`autoscaler.controller.job_storage`). Limits:
+the rules were tested with a stand-in ``iptables``, never on a real kernel, and the scoped
+credentials against moto and a stand-in STS, never on a real account (neither enforces those
+policies); a job still shares its node's network (the controller, its peers, the internet);
+a process that runs as the agent's user (root) is not a job and can read everything of its
+node; GCP's IPv6 metadata address (``fd20:ce::254``) is not filtered.
 """
 
 from __future__ import annotations

@@ -108,6 +108,7 @@ from autoscaler.controller.errors import (
     UnknownFleetError,
 )
 from autoscaler.controller.events import Event, EventKind, EventRecorder
+from autoscaler.controller.job_storage import JobCredentialSource
 from autoscaler.controller.loop import (
     DEFAULT_RETENTION_S,
     Controller,
@@ -923,6 +924,63 @@ def _checkpoint_root(value: str | None) -> str | None:
     return str(Path(value).resolve())
 
 
+EXIT_NO_FIREWALL: Final = 3
+"""``coadapt agent``'s exit status when it cannot keep jobs off the metadata service."""
+
+
+def _firewall_jobs(cloud: str, *, allow_metadata: bool) -> str | None:
+    """Install the jobs' metadata firewall (:mod:`autoscaler.controller.job_firewall`) on a
+    cloud node; ``None`` when done (or skipped, said on stderr, with ``allow_metadata``),
+    else the one line the agent exits with."""
+    from autoscaler.controller.job_firewall import FirewallError, install_metadata_firewall
+
+    try:
+        install_metadata_firewall(cloud)
+    except FirewallError as e:
+        if allow_metadata:
+            print(
+                f"coadapt agent: UNSAFE: jobs can reach the instance metadata ({e}); "
+                "--allow-job-metadata given",
+                file=sys.stderr,
+                flush=True,
+            )
+            return None
+        return (
+            f"coadapt agent: not starting jobs: cannot firewall them off the instance metadata "
+            f"({e}); install iptables, or give --allow-job-metadata (unsafe)"
+        )
+    return None
+
+
+def _job_storage(
+    cloud: str | None,
+    root: str | None,
+    role_arn: str | None,
+    metadata_url: str | None,
+    *,
+    allow_metadata: bool = False,
+) -> JobCredentialSource | None:
+    """What mints each job's checkpoint credential on this node (``None``: jobs get none):
+    with ``role_arn`` and an ``s3://`` root, :class:`AwsJobCredentials`; on a GCP node with a
+    ``gs://`` root, :class:`GcpJobCredentials`. :class:`ValueError`: a role without an
+    ``s3://`` root, or an AWS node with an ``s3://`` root and no role (its jobs, kept off the
+    metadata service, would have no credential), unless ``allow_metadata``."""
+    from autoscaler.controller.job_storage import AwsJobCredentials, GcpJobCredentials
+
+    if role_arn:
+        if root is None or not root.startswith("s3://"):
+            raise ValueError("--job-storage-role-arn needs an s3:// --checkpoint-root")
+        return AwsJobCredentials(role_arn, root)
+    if cloud == "aws" and root is not None and root.startswith("s3://") and not allow_metadata:
+        raise ValueError(
+            "an s3:// --checkpoint-root on an AWS node needs --job-storage-role-arn (jobs "
+            "cannot reach the node's role)"
+        )
+    if cloud == "gcp" and root is not None and root.startswith("gs://"):
+        return GcpJobCredentials(root, metadata_url=metadata_url)
+    return None
+
+
 def agent_main(argv: list[str] | None = None) -> int:
     """``coadapt agent``: one instance's agent (see :class:`~autoscaler.controller.agent.
     AgentRunner`) until SIGTERM/SIGINT, then every job stops with a checkpoint and nothing is
@@ -972,6 +1030,18 @@ def agent_main(argv: list[str] | None = None) -> int:
         help="run each job as its own unprivileged user (needs root; see coadapt up)",
     )
     p.add_argument(
+        "--allow-job-metadata",
+        action="store_true",
+        help="UNSAFE: on a cloud node, run jobs even where they cannot be firewalled off the "
+        "instance metadata service (they could then take the node's credentials)",
+    )
+    p.add_argument(
+        "--job-storage-role-arn",
+        default=None,
+        help="AWS: the role this node assumes to hand each job a credential for its own "
+        "checkpoints under an s3:// --checkpoint-root",
+    )
+    p.add_argument(
         "--job-log-max-bytes",
         type=int,
         default=DEFAULT_LOG_MAX_BYTES,
@@ -1011,6 +1081,23 @@ def agent_main(argv: list[str] | None = None) -> int:
         print("coadapt: --isolate-jobs needs root (jobs get users of their own)", file=sys.stderr)
         return 2
     root = _checkpoint_root(args.checkpoint_root)
+    cloud = args.notice_source if args.notice_source in ("aws", "gcp") else None
+    try:
+        storage = _job_storage(
+            cloud,
+            root,
+            args.job_storage_role_arn,
+            args.metadata_url,
+            allow_metadata=args.allow_job_metadata,
+        )
+    except (ValueError, ImportError) as e:
+        print(f"coadapt agent: {e}", file=sys.stderr)
+        return 2
+    if cloud is not None:  # before any job runs
+        refusal = _firewall_jobs(cloud, allow_metadata=args.allow_job_metadata)
+        if refusal is not None:
+            print(refusal, file=sys.stderr, flush=True)
+            return EXIT_NO_FIREWALL
 
     def keep_credential(credential: str) -> None:  # renewed: read at the next start too
         try:
@@ -1038,6 +1125,7 @@ def agent_main(argv: list[str] | None = None) -> int:
         isolate=args.isolate_jobs,
         checkpoint_root=Path(root) if root is not None and "://" not in root else None,
         min_free_bytes=args.min_free_bytes,
+        storage=storage,
     )
     source = args.notice_source
     notice_file = None

@@ -3,8 +3,12 @@
 #   controller_iam_actions(); tests/terraform checks this policy against that list), scoped to
 #   the cluster's tag, its launch template, subnets, node role, queue, the users' token
 #   parameter and the nodes' credential parameters;
-# * node: the checkpoint bucket and its own credential parameter (tag-conditioned on the
-#   calling instance's ARN).
+# * node: its own credential parameter (tag-conditioned on the calling instance's ARN), and
+#   assuming job_storage;
+# * job_storage: objects under checkpoints/ in the bucket, assumable by the node role only. A
+#   node's agent assumes it for each job with a session policy that narrows it to that job's
+#   own prefix (autoscaler/controller/job_storage.py): jobs cannot reach instance metadata
+#   (the agent firewalls them off it), so the node role's credentials are the agent's alone.
 
 locals {
   ec2_arn       = "arn:${local.partition}:ec2:${var.region}:${local.account_id}"
@@ -202,21 +206,11 @@ resource "aws_iam_instance_profile" "controller" {
 }
 
 data "aws_iam_policy_document" "node" {
+  # The agent hands each job a credential for its own checkpoints (a session of this role).
   statement {
-    sid       = "Checkpoints"
-    actions   = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"]
-    resources = ["${aws_s3_bucket.checkpoints.arn}/checkpoints/*"]
-  }
-
-  statement {
-    sid       = "ListCheckpoints"
-    actions   = ["s3:ListBucket"]
-    resources = [aws_s3_bucket.checkpoints.arn]
-    condition {
-      test     = "StringLike"
-      variable = "s3:prefix"
-      values   = ["checkpoints/*"]
-    }
+    sid       = "JobStorage"
+    actions   = ["sts:AssumeRole"]
+    resources = [aws_iam_role.job_storage.arn]
   }
 
   # A node reads its own credential and no other's: the parameter's tag must be the ARN of
@@ -264,4 +258,56 @@ resource "aws_iam_instance_profile" "node" {
   name_prefix = "${substr(local.prefix, 0, 24)}-node-"
   role        = aws_iam_role.node.name
   tags        = local.tags
+}
+
+data "aws_iam_policy_document" "assume_from_nodes" {
+  statement {
+    actions = ["sts:AssumeRole"]
+    principals {
+      type        = "AWS"
+      identifiers = [aws_iam_role.node.arn]
+    }
+  }
+}
+
+data "aws_iam_policy_document" "job_storage" {
+  statement {
+    sid       = "Checkpoints"
+    actions   = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"]
+    resources = ["${aws_s3_bucket.checkpoints.arn}/checkpoints/*"]
+  }
+
+  statement {
+    sid       = "ListCheckpoints"
+    actions   = ["s3:ListBucket"]
+    resources = [aws_s3_bucket.checkpoints.arn]
+    condition {
+      test     = "StringLike"
+      variable = "s3:prefix"
+      values   = ["checkpoints/*"]
+    }
+  }
+
+  dynamic "statement" {
+    for_each = var.kms_key_arn == null ? [] : [var.kms_key_arn]
+    content {
+      sid       = "Key"
+      actions   = ["kms:Decrypt", "kms:GenerateDataKey"]
+      resources = [statement.value]
+    }
+  }
+}
+
+resource "aws_iam_role" "job_storage" {
+  name_prefix          = "${substr(local.prefix, 0, 24)}-jobs-"
+  description          = "coadapt ${var.cluster_id}: jobs' checkpoints (each job's session narrowed to its own prefix)"
+  assume_role_policy   = data.aws_iam_policy_document.assume_from_nodes.json
+  max_session_duration = 3600
+  tags                 = local.tags
+}
+
+resource "aws_iam_role_policy" "job_storage" {
+  name   = "coadapt-job-storage"
+  role   = aws_iam_role.job_storage.id
+  policy = data.aws_iam_policy_document.job_storage.json
 }

@@ -36,5 +36,6 @@ locals {
     agent_credential_path  = local.agent_credential_path
     instance_arn_prefix    = "${local.ec2_arn}:instance/"
     user_token_parameter   = local.user_token_parameter
+    job_storage_role_arn   = aws_iam_role.job_storage.arn
   }
 }

@@ -91,6 +91,7 @@ resource "aws_launch_template" "nodes" {
     api_url         = local.controller_url
     credential_path = local.agent_credential_path
     checkpoint_root = local.checkpoint_root
+    job_role_arn    = aws_iam_role.job_storage.arn
     pip_spec        = var.coadapt_pip_spec
   }))
 

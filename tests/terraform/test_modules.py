@@ -208,11 +208,35 @@ def test_aws_controller_policy_grants_exactly_the_adapters_calls() -> None:
     assert _policy_actions("controller") == controller_iam_actions()
 
 
-def test_aws_node_policy_is_the_bucket_and_the_token() -> None:
-    allowed = {"s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:ListBucket",
-               "ssm:GetParameter", "kms:Decrypt", "kms:GenerateDataKey"}  # fmt: skip
+def test_aws_node_policy_is_its_token_and_the_job_storage_role() -> None:
+    """No S3 right of its own: a node's agent hands each job a session of the job-storage
+    role (autoscaler/controller/job_storage.py), and jobs cannot reach the node role."""
+    allowed = {"sts:AssumeRole", "ssm:GetParameter", "kms:Decrypt", "kms:GenerateDataKey"}
     actions = _policy_actions("node")
-    assert actions <= allowed and {"s3:PutObject", "ssm:GetParameter"} <= actions
+    assert actions <= allowed and {"sts:AssumeRole", "ssm:GetParameter"} <= actions
+    assert _statements("node")["JobStorage"]["resources"] == ["${aws_iam_role.job_storage.arn}"]
+
+
+def test_aws_job_storage_role_is_the_checkpoint_prefix_assumable_by_nodes_only() -> None:
+    allowed = {"s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:ListBucket",
+               "kms:Decrypt", "kms:GenerateDataKey"}  # fmt: skip
+    actions = _policy_actions("job_storage")
+    assert actions <= allowed and {"s3:PutObject", "s3:ListBucket"} <= actions
+    jobs = _statements("job_storage")
+    assert jobs["Checkpoints"]["resources"] == ["${aws_s3_bucket.checkpoints.arn}/checkpoints/*"]
+    (listing,) = jobs["ListCheckpoints"]["condition"]
+    assert listing == {"test": "StringLike", "variable": "s3:prefix", "values": ["checkpoints/*"]}
+    docs = dict(_of_type(MODULES["aws"], "aws_iam_policy_document", "data"))
+    (trust,) = docs["assume_from_nodes"]["statement"]
+    assert trust["actions"] == ["sts:AssumeRole"]
+    assert trust["principals"] == [{"type": "AWS", "identifiers": ["${aws_iam_role.node.arn}"]}]
+    role = dict(_of_type(MODULES["aws"], "aws_iam_role"))["job_storage"]
+    assert "assume_from_nodes" in role["assume_role_policy"]
+    assert role["max_session_duration"] == 3600  # the agent's DurationSeconds
+    config = str(_named(MODULES["aws"], "locals")["provider_config"])
+    assert "job_storage_role_arn" in config
+    template = (MODULES["aws"] / "templates" / "node-user-data.sh.tftpl").read_text()
+    assert "--job-storage-role-arn '${job_role_arn}'" in template
 
 
 def _statements(doc: str) -> dict[str, Any]:

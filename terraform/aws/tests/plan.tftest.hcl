@@ -57,6 +57,11 @@ override_resource {
 }
 override_resource {
   override_during = plan
+  target          = aws_iam_role.job_storage
+  values          = { arn = "arn:aws:iam::123456789012:role/coadapt-team-a-jobs-x", name = "coadapt-team-a-jobs-x" }
+}
+override_resource {
+  override_during = plan
   target          = aws_sqs_queue.interruptions
   values          = { arn = "arn:aws:sqs:us-east-1:123456789012:coadapt-team-a-interruptions", url = "https://sqs.us-east-1.amazonaws.com/123456789012/coadapt-team-a-interruptions", id = "https://sqs.us-east-1.amazonaws.com/123456789012/coadapt-team-a-interruptions" }
 }
