@@ -14,12 +14,14 @@ Mirror (what already happened):
   ``requested`` first, with the same request id);
 * a listed instance whose request id no row knows, or whose row is already terminal, or
   that is a second instance of one request: a leak, terminated;
-* a row whose instance is no longer listed: ``running``/``draining``/``terminating`` ->
-  ``terminated`` (preempted without notice, or terminated);
-* an interruption notice on a running instance: ``running -> draining`` (its jobs checkpoint
-  and stop; the policy re-places them). Preemptions are exempt from the disruption budget.
-  A notice on an instance already draining for cost is recorded once (``draining ->
-  draining``), so its end is billed as a preemption; its drain clock restarts with it.
+* a row whose instance is no longer listed: ``running``/``draining``/``terminating``/
+  ``termination_failed`` -> ``terminated`` (preempted without notice, or terminated);
+* an interruption notice on a running instance (one adopted this round included):
+  ``running -> draining`` (its jobs checkpoint and stop; the policy re-places them).
+  Preemptions are exempt from the disruption budget. A notice on an instance already
+  draining for cost is recorded once (``draining -> draining``), so its end is billed as a
+  preemption; its drain clock restarts with it (that round does not end it as draining too
+  long).
 
 Act (what to change):
 
@@ -179,7 +181,8 @@ class ReconcileInput:
     terminal (an instance listed under one is a late leak); ``target``: instances wanted per
     offering key; ``used_gpus``: GPUs jobs hold per instance key (the current assignments);
     ``unavailable``: offering keys marked after capacity errors; ``issued``: request ids
-    whose launch this controller process already sent (a restarted one knows none);
+    whose launch or termination this controller process already sent (a restarted one knows
+    none, and sends each again once);
     ``stalls``: the spans in which the controller was not running (its
     :class:`~autoscaler.controller.liveness.AwakeLog`), never counted as an agent's silence."""
 
@@ -324,7 +327,7 @@ def reconcile(inp: ReconcileInput, config: ReconcileConfig | None = None) -> Act
                 preemption=row.status in PREEMPTIBLE,
             )
         elif own is not None and row.provider_instance_id is None:
-            _adopt(b, row, own)
+            _adopt(b, row, own, noticed)
         else:
             _act_on_row(b, row, own, noticed)
     _release_silent(b)
@@ -353,9 +356,11 @@ def unavailable_launch(
     return None
 
 
-def _adopt(b: _Builder, row: RowView, own: Instance) -> None:
+def _adopt(b: _Builder, row: RowView, own: Instance, noticed: set[str]) -> None:
     """A listed instance carries the request id of a row that has no cloud id yet: adopted,
-    unless the row gave its launch up (then the late fill is terminated through the row)."""
+    unless the row gave its launch up (then the late fill is terminated through the row). An
+    instance adopted with a notice on it drains at once, like any running one (the provider
+    tells a notice once: left for the next round, it would be lost)."""
     if row.status is InstanceStatus.ALLOCATION_FAILED:
         b.move(
             row,
@@ -373,6 +378,8 @@ def _adopt(b: _Builder, row: RowView, own: Instance) -> None:
         "listed by the cloud under its request id",
         provider_instance_id=own.instance_id,
     )
+    if own.instance_id in noticed:
+        b.move(row, InstanceStatus.DRAINING, NOTICE_REASON, preemption=True)
 
 
 def _act_on_row(b: _Builder, row: RowView, own: Instance | None, noticed: set[str]) -> None:
@@ -402,11 +409,14 @@ def _act_on_row(b: _Builder, row: RowView, own: Instance | None, noticed: set[st
             if silent is not None:
                 b.silent.append((row, silent))
     elif s is InstanceStatus.DRAINING:
-        if own is not None and own.instance_id in noticed and not row.noticed:
+        # A first notice on an instance draining (for cost) restarts its drain clock: the
+        # jobs on it get the notice's window to checkpoint, whatever the drain's age.
+        fresh_notice = own is not None and own.instance_id in noticed and not row.noticed
+        if fresh_notice:
             b.move(row, InstanceStatus.DRAINING, NOTICE_REASON, preemption=True)
         if inp.used_gpus.get(row.key, 0) == 0:
             b.stop(row, "drained: no job left on it")
-        elif timeout is TimeoutAction.FORCE_TERMINATE_DRAIN:
+        elif timeout is TimeoutAction.FORCE_TERMINATE_DRAIN and not fresh_notice:
             b.stop(row, "draining too long")
     elif s is InstanceStatus.TERMINATING:
         if timeout is TimeoutAction.FAIL_TERMINATION:

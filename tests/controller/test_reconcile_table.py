@@ -130,7 +130,6 @@ class Case:
     booting: bool = False  # running: no heartbeat yet
     adopt_at: int | None = None
     reason: str | None = None  # the documented reason of the first transition
-    reported: str | None = None  # the code disagrees with its docstring: a strict xfail
 
 
 def case_id(c: Case) -> str:
@@ -216,16 +215,6 @@ STOP = ((S.TERMINATING, False),)
 NOTICED = ((S.DRAINING, True),)
 
 
-NOTICE_LOST = (
-    "a notice on an instance adopted in the same round is dropped (the module docstring's "
-    "mirror rules: listed -> adopted (running), notice on a running instance -> draining; "
-    "Provider.interruptions drains its notices, so the next round no longer sees it)"
-)
-DRAIN_CLOCK = (
-    "a spot notice on an instance draining for cost 'restarts its drain clock', but the "
-    "round that records it still judges the old clock and terminates it as draining too long"
-)
-
 _C = Case
 CASES = [
     # No live row: an instance under an unknown request id, or under one that already ended.
@@ -253,7 +242,6 @@ CASES = [
         Cloud.SPOT,
         ((S.REQUESTED, False), *ADOPTED, *NOTICED),
         adopt_at=1,
-        reported=NOTICE_LOST,
     ),
     # requested: re-issued once per process, timed out back to queued or failed; adopted.
     _C(S.REQUESTED, Cloud.ABSENT),
@@ -270,7 +258,7 @@ CASES = [
     _C(S.REQUESTED, Cloud.STOPPING, ADOPTED, adopt_at=0),
     _C(S.REQUESTED, Cloud.TWICE, ADOPTED, adopt_at=0, leaks=(SECOND,)),
     _C(S.REQUESTED, Cloud.REBALANCE, ADOPTED, adopt_at=0),
-    _C(S.REQUESTED, Cloud.SPOT, (*ADOPTED, *NOTICED), adopt_at=0, reported=NOTICE_LOST),
+    _C(S.REQUESTED, Cloud.SPOT, (*ADOPTED, *NOTICED), adopt_at=0),
     # running: vanished = preempted; a notice drains it; a silent agent is released.
     _C(S.RUNNING, Cloud.ABSENT, GONE, reason=VANISHED_REASON),
     _C(S.RUNNING, Cloud.ABSENT, GONE, late=True),
@@ -300,7 +288,7 @@ CASES = [
     _C(S.DRAINING, Cloud.SPOT, noticed=True),
     _C(S.DRAINING, Cloud.SPOT, (*NOTICED, *STOP), terminate=True, jobs=0),
     _C(S.DRAINING, Cloud.SPOT, STOP, terminate=True, jobs=0, noticed=True),
-    _C(S.DRAINING, Cloud.SPOT, NOTICED, late=True, reported=DRAIN_CLOCK),
+    _C(S.DRAINING, Cloud.SPOT, NOTICED, late=True),
     _C(S.DRAINING, Cloud.REBALANCE),
     _C(S.DRAINING, Cloud.TWICE, leaks=(SECOND,)),
     _C(S.DRAINING, Cloud.OTHER, GONE, leaks=(OTHER,)),
@@ -340,8 +328,7 @@ CASES = [
 
 
 def _param(c: Case) -> object:
-    marks = () if c.reported is None else pytest.mark.xfail(strict=True, reason=c.reported)
-    return pytest.param(c, marks=marks, id=case_id(c))
+    return pytest.param(c, id=case_id(c))
 
 
 def test_the_table_covers_every_status_reconcile_acts_on() -> None:
@@ -733,12 +720,16 @@ def test_preemption_is_a_notice_or_vanishing_while_running_or_draining(w: World)
     after = final_status(inp, out)
     own, ends = own_listed(inp), interrupted(inp)
     status = {r.key: r.status for r in inp.rows}
+    instance_of = {k: i.instance_id for k, i in own.items()}
     for t in out.transitions:
+        if t.provider_instance_id is not None:  # adopted this round
+            instance_of[t.key] = t.provider_instance_id
         if t.to is S.TERMINATED and status[t.key] in (S.RUNNING, S.DRAINING):
             assert t.preemption and t.reason == VANISHED_REASON
         elif t.preemption:
             assert t.to is S.DRAINING and t.reason == NOTICE_REASON
-            assert own[t.key].instance_id in ends
+            assert status[t.key] in (S.RUNNING, S.DRAINING)
+            assert instance_of[t.key] in ends
         status[t.key] = t.to
     for r in inp.rows:
         if r.status is S.RUNNING and r.key in own and own[r.key].instance_id in ends:
