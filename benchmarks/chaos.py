@@ -38,7 +38,8 @@ Bounded: it stops after ``--minutes`` or ``--max-events`` events, whichever come
 * ``false_events``: events the trainers' own step logs contradict: a ``resume`` that names a
   checkpoint at progress C while the job's next launch restored less (or nothing); an
   ``agent-restart`` that says it adopted a job's launcher while that job launched again
-  around it, or that a job starts again from its checkpoint while no launch of it followed;
+  around it (with no rescale, stop, start, resume or preemption of it in between), or that
+  a job starts again from its checkpoint while no launch of it followed;
 * ``duplicate_launchers``: times a job had launchers of two allocations (two rendezvous
   endpoints) running at once for more than ``DUPLICATE_GRACE_S`` (a hand-over between agents
   takes an agent's poll and a checkpoint);
@@ -550,6 +551,20 @@ SILENCE_REASON: Final = "agent stopped heartbeating"
 EVENT_SLACK_S: Final = 2.0  # a launch starts after the event that placed it, never long before
 
 
+_PLACING: Final = frozenset({"rescale", "stop", "start", "resume", "preemption"})
+"""Event kinds by which the controller itself ends or moves a job's launch."""
+
+
+def _placed_between(
+    events: list[tuple[float, str, str, str]], job: str, from_s: float, to_s: float
+) -> bool:
+    """Whether an event of :data:`_PLACING` names ``job`` in ``[from_s, to_s]``."""
+    return any(
+        kind in _PLACING and subject == job and from_s <= at_s <= to_s
+        for at_s, kind, subject, _ in events
+    )
+
+
 def false_events(
     events: list[tuple[float, str, str, str]], runs: dict[str, list[Launch]]
 ) -> list[str]:
@@ -566,8 +581,15 @@ def false_events(
                 for job in m.group(1).split(", "):
                     # A launch that began before the restart and another right after it;
                     # one launch alone is the adopted one (its "start" line may come late).
+                    # A launch the controller's own word explains (the job was moved,
+                    # stopped or started again after the restart) contradicts nothing.
                     had = [r for r in runs.get(job, []) if r[0] < at_s]
-                    again = [r for r in runs.get(job, []) if at_s <= r[0] < at_s + 15.0]
+                    again = [
+                        r
+                        for r in runs.get(job, [])
+                        if at_s <= r[0] < at_s + 15.0
+                        and not _placed_between(events, job, at_s, r[0] + EVENT_SLACK_S)
+                    ]
                     if had and again:
                         false.append(f"{subject}: adopted {job}, yet it launched again")
             for m in _RELAUNCHED.finditer(message):

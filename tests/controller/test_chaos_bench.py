@@ -70,8 +70,9 @@ def test_bad_job_options_are_refused_before_anything_starts(argv: list[str], cap
 
 def test_events_are_judged_against_the_trainers_step_logs(tmp_path: Path) -> None:
     """The soak's truth check on made-up step logs: a resume that claims a newer checkpoint
-    than the next launch restored, and an adoption while the job launched again, are false;
-    the true ones are not."""
+    than the next launch restored, and an adoption while the job launched again (nothing but
+    the restart to explain it), are false; the true ones are not (an adoption followed by a
+    move of the job and its new launch among them)."""
     from benchmarks.chaos import false_events, launches, progress_lost
 
     job = tmp_path / "steps" / "j"
@@ -89,7 +90,10 @@ def test_events_are_judged_against_the_trainers_step_logs(tmp_path: Path) -> Non
     true = [(90.0, "resume", "j", resumed.format(20)), (50.0, "agent-restart", "i-1", gone),
             (300.0, "agent-restart", "i-1", "its agent restarted; it adopted the running "
              "launcher of j"),
-            (5.0, "agent-restart", "i-1", "it adopted the running launcher of j")]  # fmt: skip
+            (5.0, "agent-restart", "i-1", "it adopted the running launcher of j"),
+            # adopted, then moved by the policy: the launch at 100 is the move's
+            (95.0, "agent-restart", "i-2", "it adopted the running launcher of j"),
+            (97.0, "rescale", "j", "from 1 to 2 GPUs")]  # fmt: skip
     assert false_events(true, runs) == []
     false = [(90.0, "resume", "j", resumed.format(25)),
              (99.0, "agent-restart", "i-1", "it adopted the running launcher of j"),
