@@ -243,7 +243,7 @@ data "aws_iam_policy_document" "node" {
 
 resource "aws_iam_role" "node" {
   name_prefix        = "${substr(local.prefix, 0, 24)}-node-"
-  description        = "coadapt ${var.cluster_id}: GPU nodes (checkpoints, each its own agent credential)"
+  description        = "coadapt ${var.cluster_id}: GPU nodes (each its own agent credential; checkpoints through the job-storage role)"
   assume_role_policy = data.aws_iam_policy_document.assume_ec2.json
   tags               = local.tags
 }
