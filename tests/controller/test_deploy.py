@@ -288,6 +288,7 @@ def test_destroy_without_a_deployment_says_how_to_make_one(tmp_path: Path) -> No
     assert result.exit_code == 2 and "coadapt deploy aws|gcp" in result.output
 
 
+@pytest.mark.slow
 def test_a_deployed_cluster_is_reached_with_the_token_the_controller_published(
     tmp_path: Path, module: Path, controller: tuple[str, Store], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -467,6 +467,7 @@ def test_zone_availability_check_drops_pools_without_the_gpu(clean_env: FakeGcpE
     assert types_in_c == {"g2-standard-4", "n1-standard-8+1xnvidia-tesla-t4"}
 
 
+@pytest.mark.slow
 def test_spot_launch_request_shape(env: FakeGcpEnv, cluster: str) -> None:
     provider = env.provider(env.config(network_tags=("coadapt-c1-node",)))
     t4 = pool(provider.offerings(), "n1-standard-8+1xnvidia-tesla-t4", ZONE_B, Market.SPOT)

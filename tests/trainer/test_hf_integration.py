@@ -471,6 +471,7 @@ def test_gradient_noise_agrees_with_our_own_loop(cluster: Cluster, tmp_path: Pat
 # The example job spec.
 
 
+@pytest.mark.slow
 def test_the_hf_example_spec_runs_the_hf_example_under_the_launcher() -> None:
     """``examples/jobs/hf-classifier.yaml`` loads; the argv the node agent builds from it is a
     valid launcher command for examples/hf_classifier.py, whose arguments the script accepts,
