@@ -24,6 +24,9 @@ CONTROLLER_URL = "COADAPT_CONTROLLER_URL"
 # The file holding this job's report credential (set by the agent; the credential is good for
 # this job's reports only, and the agent rewrites the file when it changes).
 REPORT_TOKEN_FILE = "COADAPT_REPORT_TOKEN_FILE"
+# The file holding this job's own GCS token on a GCP node (its agent writes and renews it;
+# read by trainer.storage.GcsStore).
+GCS_TOKEN_FILE = "COADAPT_GCS_TOKEN_FILE"
 REPORT_FILE = "COADAPT_REPORT_FILE"
 REPORT_INTERVAL_S = "COADAPT_REPORT_INTERVAL_S"
 BATCH_SIZE = "COADAPT_BATCH_SIZE"

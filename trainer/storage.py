@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 from coadapt_common.atomic import write_bytes_atomic
 from coadapt_common.http import credential_opener
+from trainer.env import GCS_TOKEN_FILE
 from trainer.errors import CheckpointNotFoundError, CheckpointStorageError, TrainerConfigError
 
 
@@ -208,8 +209,8 @@ class GcsStore:
             return str(self._token())
         if isinstance(self._token, str):
             return self._token
-        if os.environ.get("COADAPT_GCS_TOKEN_FILE"):
-            return self._token_file(os.environ["COADAPT_GCS_TOKEN_FILE"])
+        if os.environ.get(GCS_TOKEN_FILE):
+            return self._token_file(os.environ[GCS_TOKEN_FILE])
         for var in ("COADAPT_GCS_TOKEN", "GOOGLE_OAUTH_ACCESS_TOKEN"):
             if os.environ.get(var):
                 return os.environ[var]
@@ -244,9 +245,9 @@ class GcsStore:
             with open(path, encoding="utf-8") as handle:
                 token = handle.readline().strip()
         except OSError as e:
-            raise CheckpointStorageError(f"COADAPT_GCS_TOKEN_FILE {path}: {e}") from e
+            raise CheckpointStorageError(f"{GCS_TOKEN_FILE} {path}: {e}") from e
         if not token:
-            raise CheckpointStorageError(f"COADAPT_GCS_TOKEN_FILE {path}: empty")
+            raise CheckpointStorageError(f"{GCS_TOKEN_FILE} {path}: empty")
         with self._lock:
             self._from_file = (seen, token)
         return token

@@ -36,9 +36,9 @@ from typing import Any, Final, Protocol
 
 from autoscaler.controller.errors import ControllerError
 from coadapt_common.http import credential_opener
+from trainer.env import GCS_TOKEN_FILE
 
 __all__ = [
-    "GCS_TOKEN_FILE",
     "JOB_CREDENTIAL_LIFETIME_S",
     "AwsJobCredentials",
     "GcpJobCredentials",
@@ -55,8 +55,6 @@ JOB_CREDENTIAL_LIFETIME_S: Final = 3600
 """How long an AWS job credential lasts (``DurationSeconds``)."""
 RENEW_AT: Final = 2 / 3
 """The share of a credential's lifetime after which the agent renews it."""
-GCS_TOKEN_FILE: Final = "COADAPT_GCS_TOKEN_FILE"
-"""The variable naming a job's GCS token file (read by :class:`trainer.storage.GcsStore`)."""
 STS_TOKEN_URL: Final = "https://sts.googleapis.com/v1/token"
 TOKEN_EXCHANGE: Final = "urn:ietf:params:oauth:grant-type:token-exchange"
 ACCESS_TOKEN_TYPE: Final = "urn:ietf:params:oauth:token-type:access_token"
