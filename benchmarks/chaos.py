@@ -551,8 +551,10 @@ SILENCE_REASON: Final = "agent stopped heartbeating"
 EVENT_SLACK_S: Final = 2.0  # a launch starts after the event that placed it, never long before
 
 
-_PLACING: Final = frozenset({"rescale", "stop", "start", "resume", "preemption"})
+_PLACING: Final = frozenset({"rescale", "move", "stop", "start", "resume", "preemption"})
 """Event kinds by which the controller itself ends or moves a job's launch."""
+_LAUNCHING: Final = frozenset({"rescale", "move", "start", "resume"})
+"""Event kinds by which the controller places a new launch of a job."""
 
 
 def _placed_between(
@@ -563,6 +565,20 @@ def _placed_between(
         kind in _PLACING and subject == job and from_s <= at_s <= to_s
         for at_s, kind, subject, _ in events
     )
+
+
+def _pending_launch(
+    events: list[tuple[float, str, str, str]], job: str, runs: list[Launch], at_s: float
+) -> bool:
+    """Whether ``job`` had a launch placed before ``at_s`` whose rank 0 had not written its
+    ``start`` line by then: the line comes after ``trainer.init`` (torch imported, the
+    rendezvous formed, the checkpoint read), seconds after the launcher started, so an agent
+    restarted in between adopts a launcher whose first line comes after the restart."""
+    placed = [t for t, kind, subject, _ in events if kind in _LAUNCHING and subject == job]
+    last = max((t for t in placed if t <= at_s), default=None)
+    if last is None:
+        return False
+    return not any(last - EVENT_SLACK_S <= r[0] < at_s for r in runs)
 
 
 def false_events(
@@ -580,18 +596,27 @@ def false_events(
             for m in _ADOPTED.finditer(message):
                 for job in m.group(1).split(", "):
                     # A launch that began before the restart and another right after it;
-                    # one launch alone is the adopted one (its "start" line may come late).
-                    # A launch the controller's own word explains (the job was moved,
-                    # stopped or started again after the restart) contradicts nothing.
-                    had = [r for r in runs.get(job, []) if r[0] < at_s]
+                    # one launch alone is the adopted one, and so is the first after the
+                    # restart when the launch placed before it had not said "start" yet
+                    # (:func:`_pending_launch`). A launch the controller's own word
+                    # explains (the job was moved, stopped or started again after the
+                    # restart) contradicts nothing.
+                    job_runs = runs.get(job, [])
+                    had = [r for r in job_runs if r[0] < at_s]
                     again = [
                         r
-                        for r in runs.get(job, [])
+                        for r in job_runs
                         if at_s <= r[0] < at_s + 15.0
                         and not _placed_between(events, job, at_s, r[0] + EVENT_SLACK_S)
                     ]
+                    if again and _pending_launch(events, job, job_runs, at_s):
+                        again = again[1:]
                     if had and again:
-                        false.append(f"{subject}: adopted {job}, yet it launched again")
+                        starts = ", ".join(f"{r[0]:.1f}" for r in job_runs)
+                        false.append(
+                            f"{subject}: adopted {job} at {at_s:.1f}, yet it launched again "
+                            f"(its launches started at {starts})"
+                        )
             for m in _RELAUNCHED.finditer(message):
                 for job in m.group(1).split(", "):
                     if not [r for r in runs.get(job, []) if r[0] >= at_s - EVENT_SLACK_S]:

@@ -72,7 +72,8 @@ def test_events_are_judged_against_the_trainers_step_logs(tmp_path: Path) -> Non
     """The soak's truth check on made-up step logs: a resume that claims a newer checkpoint
     than the next launch restored, and an adoption while the job launched again (nothing but
     the restart to explain it), are false; the true ones are not (an adoption followed by a
-    move of the job and its new launch among them)."""
+    move of the job and its new launch among them; a launch placed before the restart whose
+    rank 0 says "start" only after it)."""
     from benchmarks.chaos import false_events, launches, progress_lost
 
     job = tmp_path / "steps" / "j"
@@ -95,7 +96,18 @@ def test_events_are_judged_against_the_trainers_step_logs(tmp_path: Path) -> Non
             (95.0, "agent-restart", "i-2", "it adopted the running launcher of j"),
             (97.0, "rescale", "j", "from 1 to 2 GPUs")]  # fmt: skip
     assert false_events(true, runs) == []
+    # placed at 90 (the resume), adopted at 99 before its rank 0 said "start" (at 100, after
+    # trainer.init): the launch at 100 is the adopted one
+    pending = [(90.0, "resume", "j", resumed.format(20)),
+               (99.0, "agent-restart", "i-1", "it adopted the running launcher of j")]  # fmt: skip
+    assert false_events(pending, runs) == []
     false = [(90.0, "resume", "j", resumed.format(25)),
-             (99.0, "agent-restart", "i-1", "it adopted the running launcher of j"),
              (200.0, "agent-restart", "i-1", gone)]  # fmt: skip
-    assert len(false_events(false, runs)) == 3
+    assert len(false_events(false, runs)) == 2
+    # nothing placed it: the launch at 100 is a second one beside the adopted launcher
+    adopted = [(99.0, "agent-restart", "i-1", "it adopted the running launcher of j")]
+    (said,) = false_events(adopted, runs)
+    assert "adopted j at 99.0, yet it launched again (its launches started at 10.0, 100.0)" in said
+    # placed at 90 and started at 91, adopted at 99: the launch at 100 is another one
+    runs_started = {"j": [(10.0, 0, None, 30), (91.0, 20, 20.0, 35), (100.0, 20, 20.0, 40)]}
+    assert len(false_events(pending, runs_started)) == 1
