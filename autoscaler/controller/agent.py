@@ -123,6 +123,9 @@ STOP_GRACE_S: Final = 60.0
 """A job's checkpoint grace: how long its workers have, once asked to stop, to save a
 checkpoint and exit before their launcher kills them (the launcher's
 ``--shutdown-timeout-s``). The local provider's own grace is longer (``service.py``)."""
+RENEW_RETRY_S: Final = 60.0
+"""After a failed renewal of a job's checkpoint credential, how long before it is tried again
+(the credential it has is still good for a third of its life: minutes)."""
 KILL_MARGIN_S: Final = 10.0
 """After the grace, how long a launcher has to end torchrun and exit before the agent kills
 its process group."""
@@ -358,6 +361,7 @@ class Supervisor:
     storage: JobCredentialSource | None = None
     _procs: dict[str, _Proc] = field(default_factory=dict, init=False)
     _refused: dict[str, str] = field(default_factory=dict, init=False)
+    _renewal_said: dict[str, str] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         self.work_dir = Path(self.work_dir)
@@ -692,7 +696,9 @@ class Supervisor:
         """With ``storage``: write a new checkpoint credential for each running job whose
         credential is :data:`~autoscaler.controller.job_storage.RENEW_AT` of the way to its
         expiry (an adopted job's at once: its age is not known). The jobs renewed; one that
-        fails is said and tried again at the next call (its job keeps the old one)."""
+        fails keeps its old credential and is tried again :data:`RENEW_RETRY_S` later, its
+        failure said once in the agent's log (again only when it changes, and a renewal that
+        works again is said too)."""
         if self.storage is None:
             return []
         now = time.time() if now_s is None else now_s
@@ -704,8 +710,16 @@ class Supervisor:
                 credential = self.storage.mint(job)
                 self._write_storage(job, credential, proc.space)
             except (JobCredentialError, OSError) as e:  # OSError: a full disk, say
-                log.warning("agent %s: checkpoint credential of %s: %s", self.agent_id, job, e)
+                proc.storage_renew_s = now + RENEW_RETRY_S
+                said = f"checkpoint credential of {job} not renewed: {e}"
+                if self._renewal_said.get(job) != said:
+                    log.warning("agent %s: %s (tried again every %.0f s)", self.agent_id, said,
+                                RENEW_RETRY_S)  # fmt: skip
+                self._renewal_said[job] = said
                 continue
+            if self._renewal_said.pop(job, None) is not None:
+                log.warning("agent %s: checkpoint credential of %s renewed again", self.agent_id,
+                            job)  # fmt: skip
             proc.storage_renew_s = credential.renew_at_s()
             renewed.append(job)
         return renewed

@@ -251,6 +251,38 @@ def test_aws_the_agent_renews_a_running_jobs_credential_in_place(
         sup.stop_all()
 
 
+def test_aws_a_renewal_that_fails_keeps_the_old_credential_says_so_once_and_backs_off(
+    tmp_path: Path, moto_s3: tuple[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    url, bucket = moto_s3
+    good = AwsJobCredentials("arn:aws:iam::123456789012:role/job-storage", f"s3://{bucket}/c",
+                             region="us-east-1", endpoint_url=url)  # fmt: skip
+    sup = Supervisor(
+        "agent-renew-fails", tmp_path / "w", stop_grace_s=1.0, storage=good,
+        argv_for=lambda a: [sys.executable, "-c", "import time; time.sleep(120)"],
+    )  # fmt: skip
+    sup.start(_assignment("long", ["x"]))
+    try:
+        credential, _ = sup.storage_paths("long")
+        first = credential.read_text()
+        sup.storage = AwsJobCredentials("not-an-arn", f"s3://{bucket}/c", region="us-east-1",
+                                        endpoint_url=url)  # fmt: skip
+        due = time.time() + 2401
+        with caplog.at_level("WARNING", logger="autoscaler.controller.agent"):
+            for step_s in range(0, 60, 1):  # an agent steps every second or so
+                assert sup.renew_storage_credentials(due + step_s) == []
+        said = [r.getMessage() for r in caplog.records if "not renewed" in r.getMessage()]
+        assert len(said) == 1 and "sts:AssumeRole" in said[0], said
+        assert credential.read_text() == first  # the job keeps the one it has
+        sup.storage = good
+        assert sup.renew_storage_credentials(due + 59) == []  # tried again a minute later
+        assert sup.renew_storage_credentials(due + 60) == ["long"]
+        assert credential.read_text() != first
+        assert any("renewed again" in r.getMessage() for r in caplog.records)
+    finally:
+        sup.stop_all()
+
+
 def test_aws_a_refused_assume_role_starts_nothing_and_says_why_once(
     tmp_path: Path, moto_s3: tuple[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
