@@ -107,10 +107,24 @@ import yaml
 
 from autoscaler.controller.jobbook import (
     GENERIC_APPLICATION,
+    MAX_ACCUM_STEPS,
+    MAX_BATCH_SIZE,
+    MAX_COMMAND_CHARS,
+    MAX_COMMAND_WORD_CHARS,
+    MAX_COMMAND_WORDS,
+    MAX_DEADLINE_S,
+    MAX_GPU_TYPES,
+    MAX_JOB_GPUS,
+    MAX_LOCAL_BATCH_SIZE,
+    MAX_OFFERINGS,
+    MAX_TEXT_CHARS,
     REMOVED_FIELDS,
     JobSubmission,
+    fixed_job_defaults,
     submission_problems,
 )
+from autoscaler.market.terms import MARKETS
+from autoscaler.model.gputypes import KNOWN_GPU_TYPES
 from autoscaler.errors import InvalidInputError
 
 __all__ = [
@@ -374,32 +388,229 @@ def _depth(root: Any) -> int | None:
 
 # ---- reading the node tree ------------------------------------------------------------------
 
-_TOP: Final = (
-    "name",
-    "command",
-    "gpus",
-    "batch_size",
-    "local_batch_size",
-    "max_accum_steps",
-    "checkpoint",
-    "gpu_types",
-    "markets",
-    "offerings",
-    "application",
-    "adaptive",
-    "deadline",
-)
+REQUIRED: Final = "required"
+"""A :class:`SpecField`'s ``required``: every job gives it."""
+ADAPTIVE_ONLY: Final = "adaptive"
+"""A :class:`SpecField`'s ``required``: an adaptive job gives it; one with ``adaptive: false``
+may leave it out (:func:`~autoscaler.controller.jobbook.fixed_job_defaults`)."""
+OPTIONAL: Final = "optional"
+"""A :class:`SpecField`'s ``required``: it has a default."""
 
-# JobSpec attribute -> the spec's field path (what errors name).
-_PATHS: Final = {
-    "min_gpus": "gpus.min",
-    "max_gpus": "gpus.max",
-    "init_batch_size": "batch_size.initial",
-    "max_batch_size": "batch_size.max",
-    "max_local_bsz": "local_batch_size.max",
-    "min_local_bsz": "local_batch_size.min",
-    "checkpoint_uri": "checkpoint",
+
+@dataclass(frozen=True)
+class SpecField:
+    """One field of a job spec: the one description the YAML reader, the API's JSON body
+    (:func:`submission_from_body`) and the reference (:func:`reference`, checked in as
+    ``docs/jobspec.md``) are made from. ``path``: the spec's name (``gpus.min``; a dotted path
+    is a key of a nested mapping); ``attribute``: the :class:`JobSpec` and
+    :class:`~autoscaler.controller.jobbook.JobSubmission` field it fills (where it differs
+    from ``path``, the API's old flat name, ``min_gpus``); ``kind``: how its value is read
+    (``string``, ``integer``, ``boolean``, ``strings``: a list of strings, ``command``,
+    ``deadline``); ``required``: :data:`REQUIRED`, :data:`ADAPTIVE_ONLY` or :data:`OPTIONAL`;
+    ``accepts``, ``default``, ``example`` (YAML) and ``meaning``: the reference's text. The
+    bounds in ``accepts`` are written from the constants
+    :func:`~autoscaler.controller.jobbook.submission_problems` checks against."""
+
+    path: str
+    attribute: str
+    kind: str
+    required: str
+    accepts: str
+    default: str
+    example: str
+    meaning: str
+
+
+FIELDS: Final[tuple[SpecField, ...]] = (
+    SpecField(
+        "name",
+        "name",
+        "string",
+        REQUIRED,
+        "a DNS label: 1-63 of `a-z 0-9 -`, starting and ending with a letter or digit",
+        "required",
+        "mlp-small",
+        "the job's name, unique in the cluster",
+    ),
+    SpecField(
+        "command",
+        "command",
+        "command",
+        REQUIRED,
+        f"a list of 1-{MAX_COMMAND_WORDS} strings (at most {MAX_COMMAND_WORD_CHARS} characters "
+        f"each, {MAX_COMMAND_CHARS} in all, no NUL), or one string split like a shell (shlex); "
+        "the first word is the script, not an option (`-...`), a launcher (`coadapt-launch`, "
+        "`torchrun`) or an interpreter (`python`)",
+        "required",
+        "[examples/elastic_mlp.py, --epochs, 3]",
+        "the training script and its arguments, run as `python -m trainer.launch ... -- COMMAND`",
+    ),
+    SpecField(
+        "gpus.min",
+        "min_gpus",
+        "integer",
+        OPTIONAL,
+        f"[1, {MAX_JOB_GPUS}]",
+        "1",
+        "1",
+        "the fewest GPUs the job runs on (with `adaptive: false`: exactly its GPUs)",
+    ),
+    SpecField(
+        "gpus.max",
+        "max_gpus",
+        "integer",
+        OPTIONAL,
+        f"[`gpus.min`, {MAX_JOB_GPUS}]; equal to `gpus.min` with `adaptive: false`",
+        "none (no cap)",
+        "4",
+        "the most GPUs the job runs on",
+    ),
+    SpecField(
+        "batch_size.initial",
+        "init_batch_size",
+        "integer",
+        REQUIRED,
+        f"[1, {MAX_BATCH_SIZE}]",
+        "required",
+        "64",
+        "the total batch (all GPUs together) the hyper-parameters were tuned for; the batch "
+        "of a job with `adaptive: false`",
+    ),
+    SpecField(
+        "batch_size.max",
+        "max_batch_size",
+        "integer",
+        ADAPTIVE_ONLY,
+        f"[`batch_size.initial`, {MAX_BATCH_SIZE}]",
+        "required for an adaptive job; `batch_size.initial` with `adaptive: false`",
+        "512",
+        "the largest total batch the controller may choose",
+    ),
+    SpecField(
+        "local_batch_size.max",
+        "max_local_bsz",
+        "integer",
+        ADAPTIVE_ONLY,
+        f"[`local_batch_size.min`, {MAX_LOCAL_BATCH_SIZE}]",
+        f"required for an adaptive job; `batch_size.initial` (at most {MAX_LOCAL_BATCH_SIZE}) "
+        "with `adaptive: false`",
+        "256",
+        "the largest per-GPU micro-batch (what one GPU's memory holds); a larger batch is "
+        "reached by gradient accumulation",
+    ),
+    SpecField(
+        "local_batch_size.min",
+        "min_local_bsz",
+        "integer",
+        OPTIONAL,
+        f"[1, {MAX_LOCAL_BATCH_SIZE}], at most `batch_size.max`",
+        "1",
+        "1",
+        "the smallest per-GPU micro-batch",
+    ),
+    SpecField(
+        "max_accum_steps",
+        "max_accum_steps",
+        "integer",
+        OPTIONAL,
+        f"[1, {MAX_ACCUM_STEPS}]",
+        "none (16)",
+        "8",
+        "the most gradient-accumulation steps per optimizer step",
+    ),
+    SpecField(
+        "checkpoint",
+        "checkpoint_uri",
+        "string",
+        OPTIONAL,
+        "a local path, `file://`, `s3://BUCKET[/PREFIX]` or `gs://BUCKET[/PREFIX]` "
+        f"(1-{MAX_TEXT_CHARS} printable characters)",
+        "none (the cluster's checkpoint root)",
+        "s3://my-bucket/ckpt",
+        "where the job checkpoints",
+    ),
+    SpecField(
+        "gpu_types",
+        "gpu_types",
+        "strings",
+        OPTIONAL,
+        f"1-{MAX_GPU_TYPES} distinct of {', '.join(f'`{t}`' for t in KNOWN_GPU_TYPES)}",
+        "none (any)",
+        "[T4, A100]",
+        "the job runs only on GPUs of these types",
+    ),
+    SpecField(
+        "markets",
+        "markets",
+        "strings",
+        OPTIONAL,
+        f"1-{len(MARKETS)} distinct of {', '.join(f'`{m}`' for m in MARKETS)}",
+        "none (any)",
+        "[on-demand]",
+        "the job runs only on instances of these markets (`[on-demand]`: never on spot)",
+    ),
+    SpecField(
+        "offerings",
+        "offerings",
+        "strings",
+        OPTIONAL,
+        f"1-{MAX_OFFERINGS} distinct keys `provider/instance_type/zone/market` (each market in "
+        "`markets` when both are given)",
+        "none (any)",
+        "[aws/g4dn.xlarge/us-east-1a/spot]",
+        "the job runs only on instances of these offerings",
+    ),
+    SpecField(
+        "application",
+        "application",
+        "string",
+        OPTIONAL,
+        f"1-{MAX_TEXT_CHARS} printable characters",
+        f"`{GENERIC_APPLICATION}`",
+        "bert",
+        "the model's name in the GPU speed table (a name it does not know gets the generic "
+        "speed ratios)",
+    ),
+    SpecField(
+        "adaptive",
+        "adaptive",
+        "boolean",
+        OPTIONAL,
+        "`true` or `false`",
+        "true",
+        "false",
+        "false keeps the batch at `batch_size.initial` and the GPUs at exactly `gpus.min`",
+    ),
+    SpecField(
+        "deadline",
+        "deadline",
+        "deadline",
+        OPTIONAL,
+        f"seconds after submission in (0, {MAX_DEADLINE_S:.0f}], a duration (`90m`, `2h30m`: "
+        'd, h, m, s) or a quoted ISO 8601 time with its zone (`"2026-12-05T18:00:00Z"`), '
+        "not in the past",
+        "none",
+        "2h",
+        "when the job must be done (fixed as a time at submission)",
+    ),
+)
+"""Every field of a job spec, in the reference's order."""
+
+_BY_PATH: Final = {f.path: f for f in FIELDS}
+_TOP: Final = tuple(dict.fromkeys(f.path.split(".")[0] for f in FIELDS))
+# A top-level key that holds a mapping -> its keys.
+_GROUPS: Final = {
+    head: tuple(f.path.split(".", 1)[1] for f in FIELDS if f.path.startswith(head + "."))
+    for head in _TOP
+    if head not in _BY_PATH
 }
+# JobSpec attribute -> the spec's field path (what errors name), where they differ.
+_PATHS: Final = {f.attribute: f.path for f in FIELDS if f.attribute != f.path}
+
+
+def _needed(field: SpecField, fixed: bool) -> bool:
+    """Whether a spec must give ``field`` (``fixed``: the spec says ``adaptive: false``)."""
+    return field.required == REQUIRED or (field.required == ADAPTIVE_ONLY and not fixed)
 
 
 def _code(character: int | str) -> int:
@@ -499,46 +710,32 @@ class _Reader:
             "name": self.read("name", lambda: self.string(self.required(top, "name"), "name")),
             "command": self.read("command", lambda: self.command(self.required(top, "command"))),
         }
-        gpus = {}
-        if "gpus" in top:
-            gpus = self.read("gpus", lambda: self.mapping(top["gpus"], "gpus", ("min", "max")))
-        batch = self.read(
-            "batch_size",
-            lambda: self.mapping(
-                self.required(top, "batch_size"), "batch_size", ("initial", "max")
-            ),
-        )
-        local = self.read(
-            "local_batch_size",
-            lambda: self.mapping(
-                self.required(top, "local_batch_size"), "local_batch_size", ("max", "min")
-            ),
-        )
-        fields_: list[tuple[str, Any, str, bool]] = [  # attribute, mapping, field path, required
-            ("min_gpus", gpus, "gpus.min", False),
-            ("max_gpus", gpus, "gpus.max", False),
-            ("init_batch_size", batch, "batch_size.initial", True),
-            ("max_batch_size", batch, "batch_size.max", True),
-            ("max_local_bsz", local, "local_batch_size.max", True),
-            ("min_local_bsz", local, "local_batch_size.min", False),
-        ]
-        for attribute, entries, path, required in fields_:
-            if entries is _UNREAD or (not required and path not in entries):
-                continue
-            values[attribute] = self.read(path, self.required_integer, entries, path)
         readers: dict[str, Callable[[Any, str], object]] = {
-            "max_accum_steps": self.integer,
-            "checkpoint": self.string,
-            "gpu_types": self.string_list,
-            "markets": self.string_list,
-            "offerings": self.string_list,
-            "application": self.string,
-            "adaptive": self.boolean,
+            "integer": self.integer,
+            "string": self.string,
+            "strings": self.string_list,
+            "boolean": self.boolean,
             "deadline": self.deadline,
         }
-        for key, read in readers.items():
-            if key in top:
-                values[_ATTRIBUTES.get(key, key)] = self.read(key, read, top[key], key)
+        for f in FIELDS:  # the top-level fields but name and command
+            if f.path in top and f.path not in values and f.path not in ("name", "command"):
+                values[f.attribute] = self.read(f.path, readers[f.kind], top[f.path], f.path)
+        fixed = values.get("adaptive") is False
+        for head, keys in _GROUPS.items():
+            group = [_BY_PATH[f"{head}.{key}"] for key in keys]
+            if head not in top and not any(_needed(f, fixed) for f in group):
+                continue
+            entries = self.read(head, self.group, top, head, keys)
+            for f in group:
+                if entries is _UNREAD or (not _needed(f, fixed) and f.path not in entries):
+                    continue
+                values[f.attribute] = self.read(f.path, self.required_integer, entries, f.path)
+        if fixed:
+            read = {k: v for k, v in values.items() if v is not _UNREAD}
+            values.update(fixed_job_defaults(read))
+            for f in FIELDS:  # a default that could not be worked out: nothing more to say
+                if f.required == ADAPTIVE_ONLY and f.attribute not in values:
+                    self.failed.add(f.path)
         values = {k: v for k, v in values.items() if v is not _UNREAD}
         for field, reason in all_problems(values):
             if not any(_related(field, unread) for unread in self.failed):
@@ -585,6 +782,11 @@ class _Reader:
                 self.value_lines[path] = _line(value_node)
                 out[path] = value_node
         return out
+
+    def group(self, top: Mapping[str, Any], head: str, keys: Sequence[str]) -> dict[str, Any]:
+        """The entries of the top-level mapping ``head`` (required: it was asked for because
+        a field in it is)."""
+        return self.mapping(self.required(top, head), head, keys)
 
     def required(self, entries: Mapping[str, Any], field: str) -> Any:
         """The value node of a required field; a missing one is blamed on the line of the
@@ -677,10 +879,6 @@ def _related(field: str, other: str) -> bool:
         for a, b in ((field, other), (other, field))
         if len(a) > len(b)
     )
-
-
-# Top-level spec keys whose JobSpec attribute has another name.
-_ATTRIBUTES: Final = {"checkpoint": "checkpoint_uri"}
 
 
 # ---- value checks, shared by the parser and JobSpec ------------------------------------------
