@@ -95,6 +95,7 @@ refused.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import re
 import shlex
@@ -792,7 +793,11 @@ class _Reader:
         """The value node of a required field; a missing one is blamed on the line of the
         key of the mapping that lacks it."""
         if field not in entries:
-            self.fail(self.key_lines[_parent(field)], field, "required field missing")
+            inside = [f for f in FIELDS if f.path == field or f.path.startswith(field + ".")]
+            hint = ""
+            if not any(f.required == REQUIRED for f in inside):
+                hint = " (an adaptive job needs it; with adaptive: false it has a default)"
+            self.fail(self.key_lines[_parent(field)], field, "required field missing" + hint)
         return entries[field]
 
     def required_integer(self, entries: Mapping[str, Any], field: str) -> int:
@@ -915,3 +920,249 @@ def _spec_path(field: str) -> str:
     """A submission field (``min_gpus``, ``command[2]``) as the spec's path (``gpus.min``)."""
     head, bracket, rest = field.partition("[")
     return _PATHS.get(head, head) + bracket + rest
+
+
+# ---- the API's JSON body: the spec's names and shape -----------------------------------------
+
+API_ONLY_FIELDS: Final = ("requested_gpus", "batch_size")
+""":class:`~autoscaler.controller.jobbook.JobSubmission` fields a spec has no name for (the
+user's own gang size and fixed batch, which only the simulator sets): a body in the old flat
+form may carry them."""
+
+
+def submission_from_body(data: object) -> tuple[JobSubmission, tuple[str, ...]]:
+    """The submission in an API body (``POST /v1/jobs``), and the deprecated names it used.
+
+    The body has the YAML spec's names and shape (:data:`FIELDS`: ``{"gpus": {"min": 1},
+    "batch_size": {"initial": 64, "max": 512}, "checkpoint": ...}``); errors then name the
+    spec's field paths (``gpus.min``). The old flat form (``min_gpus``, ``init_batch_size``,
+    ... as :meth:`JobSubmission.to_json` stores it) is still accepted, as v1 promised, and the
+    flat names it used come back (the API answers them with a ``Deprecation`` header); a body
+    that mixes the two forms is refused, naming the first flat field and its spec name. Both
+    forms end in :meth:`JobSubmission.from_mapping` (the one check, and the defaults of a job
+    that does not adapt). :class:`InvalidInputError` names the bad field."""
+    if not isinstance(data, Mapping):
+        raise InvalidInputError("job spec must be a JSON object", field=ROOT_FIELD)
+    flat = sorted(
+        str(k)
+        for k in data
+        if k in _PATHS
+        or k == "requested_gpus"
+        or (k == "batch_size" and data[k] is not None and not isinstance(data[k], Mapping))
+    )
+    shaped = sorted(
+        str(k)
+        for k in data
+        if k in _TOP and k not in _PATHS.values() or k == "checkpoint" or k in _GROUPS
+    )
+    nested = [k for k in shaped if k in _GROUPS or k == "checkpoint"]
+    if flat and nested:
+        old = flat[0]
+        new = _PATHS.get(old)
+        fix = f"write {new!r}" if new else "it has no spec name: send the old flat form whole"
+        raise InvalidInputError(
+            f"{old} is the old flat name and the body also uses the spec's ({nested[0]}): "
+            f"{fix}, one naming for every field (docs/jobspec.md)",
+            field=old,
+        )
+    if flat:
+        return JobSubmission.from_mapping(data), tuple(f for f in flat if f in _PATHS)
+    return _from_spec_shape(data), ()
+
+
+def _from_spec_shape(data: Mapping[Any, Any]) -> JobSubmission:
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        key = str(key)
+        if key in REMOVED_FIELDS:
+            raise InvalidInputError(REMOVED_FIELDS[key], field=key)
+        if key in _GROUPS:
+            if value is None:
+                continue
+            keys = _GROUPS[key]
+            if not isinstance(value, Mapping):
+                raise InvalidInputError(
+                    f"must be an object with keys {', '.join(keys)}, got {_json_kind(value)}",
+                    field=key,
+                )
+            for sub, item in value.items():
+                path = f"{key}.{sub}"
+                if path not in _BY_PATH:
+                    hint = _suggest(str(sub), keys) or f"; known: {', '.join(keys)}"
+                    raise InvalidInputError(f"unknown field {path!r}{hint}", field=path)
+                if item is not None:
+                    values[_BY_PATH[path].attribute] = item
+        elif key in _BY_PATH:
+            values[_BY_PATH[key].attribute] = value
+        else:
+            hint = _suggest(key, _TOP) or f"; known: {', '.join(_TOP)}"
+            raise InvalidInputError(f"unknown field {key!r}{hint}", field=key)
+    values = {**values, **fixed_job_defaults(values)}
+    fixed = values.get("adaptive") is False
+    for f in FIELDS:
+        if _needed(f, fixed) and values.get(f.attribute) is None:
+            hint = "" if f.required == REQUIRED else " (an adaptive job needs it)"
+            raise InvalidInputError(f"the job spec lacks {f.path!r}{hint}", field=f.path)
+    problems = submission_problems(values)
+    if problems:
+        name = values.get("name")
+        label = f"job {name}" if isinstance(name, str) and name else "a job"
+        text = "; ".join(f"{_spec_path(f)}: {_spec_words(r)}" for f, r in problems)
+        raise InvalidInputError(f"{label}: {text}", field=_spec_path(problems[0][0]))
+    return JobSubmission.from_mapping(values)
+
+
+def _json_kind(value: object) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "a list" if isinstance(value, list) else type(value).__name__
+
+
+def submission_body(submission: JobSubmission) -> dict[str, Any]:
+    """The API body for ``submission`` in the spec's names and shape (what
+    :func:`submission_from_body` reads back as the same submission); the old flat form when it
+    sets a field the spec has no name for (:data:`API_ONLY_FIELDS`)."""
+    stored = dataclasses.asdict(submission)
+    if any(stored[name] is not None for name in API_ONLY_FIELDS):
+        return stored
+    body: dict[str, Any] = {}
+    for f in FIELDS:
+        value = stored[f.attribute]
+        if value is None:
+            continue
+        if isinstance(value, tuple):
+            value = list(value)
+        head, _, key = f.path.partition(".")
+        if key:
+            body.setdefault(head, {})[key] = value
+        else:
+            body[head] = value
+    return body
+
+
+# ---- the reference ---------------------------------------------------------------------------
+
+REFERENCE_PATH: Final = "docs/jobspec.md"
+"""Where the reference is checked in (relative to the repository root)."""
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def reference() -> str:
+    """The job-spec reference in Markdown, made from :data:`FIELDS` (``python -m
+    autoscaler.controller.jobspec --reference`` prints it; ``docs/jobspec.md`` is a copy that
+    a test keeps equal to it)."""
+    rows = [
+        "| field | type | accepted values | default | example | meaning |",
+        "|---|---|---|---|---|---|",
+    ]
+    for f in FIELDS:
+        kind = {
+            "strings": "list of strings",
+            "command": "list of strings, or a string",
+            "deadline": "number or string",
+        }.get(f.kind, f.kind)
+        rows.append(
+            "| "
+            + " | ".join(
+                _cell(x)
+                for x in (f"`{f.path}`", kind, f.accepts, f.default, f"`{f.example}`", f.meaning)
+            )
+            + " |"
+        )
+    renames = [
+        "| spec and API name | old flat API name (deprecated) |",
+        "|---|---|",
+        *(f"| `{f.path}` | `{f.attribute}` |" for f in FIELDS if f.attribute != f.path),
+    ]
+    lines = [
+        "# Job spec reference",
+        "",
+        "<!-- Generated by `python -m autoscaler.controller.jobspec --reference > "
+        f"{REFERENCE_PATH}` from the field table in `autoscaler/controller/jobspec.py` "
+        "(`FIELDS`); `tests/controller/test_jobspec_reference.py` fails when this file "
+        "differs. Do not edit by hand. -->",
+        "",
+        "A job is one YAML mapping, given to `coadapt submit job.yaml`, or the same names and "
+        "shape as a JSON object in `POST /v1/jobs`. An adaptive job (the default) lets the "
+        "controller choose its GPUs and its batch:",
+        "",
+        "```yaml",
+        "name: mlp-small",
+        "command: [examples/elastic_mlp.py, --epochs, 3]",
+        "gpus: {min: 1, max: 2}",
+        "batch_size: {initial: 64, max: 512}",
+        "local_batch_size: {max: 256}",
+        "```",
+        "",
+        "A fixed job (`adaptive: false`) runs at `batch_size.initial` on exactly `gpus.min` "
+        "GPUs, and needs neither `batch_size.max` nor `local_batch_size.max`:",
+        "",
+        "```yaml",
+        "name: fixed-mlp",
+        "command: [examples/elastic_mlp.py, --epochs, 3]",
+        "adaptive: false",
+        "gpus: {min: 2}",
+        "batch_size: {initial: 64}",
+        "```",
+        "",
+        "## Fields",
+        "",
+        "A dotted name is a key of a nested mapping: `gpus.min` is `gpus: {min: 1}`.",
+        "",
+        *rows,
+        "",
+        "## Rules for every field",
+        "",
+        "- A field given as an empty value (`gpus:` or `null`) is the same as an absent one.",
+        '- Integers are YAML integers (`64`; not `"64"`, `64.0` or `true`).',
+        "- The items of a `command` list are taken as written, so `--epochs, 3` needs no "
+        'quotes (`3` stays `"3"`, `010` stays `"010"`).',
+        f"- A file over {MAX_SPEC_BYTES // 1024} KiB, or nested deeper than {MAX_SPEC_DEPTH} "
+        "levels, is refused before its values are read.",
+        "- Unknown keys are refused (with a \"did you mean\" when one is close); so are "
+        f"{', '.join(f'`{k}`' for k in REMOVED_FIELDS)}, which earlier versions accepted and "
+        "ignored, each with a one-line reason.",
+        "- Every error names the file, the line and the field path, e.g. `job.yaml:7 "
+        "[batch_size.max]: must be >= batch_size.initial (256), got 128`; a spec with several "
+        "problems lists them all.",
+        "",
+        "## The API's JSON body",
+        "",
+        "`POST /v1/jobs` takes the same names and shape as JSON, and its errors name the same "
+        'field paths: `{"name": "mlp-small", "command": ["examples/elastic_mlp.py"], '
+        '"gpus": {"min": 1, "max": 2}, "batch_size": {"initial": 64, "max": 512}, '
+        '"local_batch_size": {"max": 256}}`. The old flat names below are still accepted '
+        "(v1 promised them; stored jobs use them) and the answer then carries a "
+        "`Deprecation: true` header; a body that mixes the two namings is refused, naming the "
+        "field to rename. Only the flat form carries "
+        f"{' and '.join(f'`{k}`' for k in API_ONLY_FIELDS)} (the user's own gang size and "
+        "fixed total batch, which only the simulator sets).",
+        "",
+        *renames,
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m autoscaler.controller.jobspec --reference``: print the reference."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m autoscaler.controller.jobspec")
+    parser.add_argument("--reference", action="store_true", help="print the job-spec reference")
+    args = parser.parse_args(argv)
+    if not args.reference:
+        parser.error("nothing to do: give --reference")
+    print(reference(), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
