@@ -950,12 +950,9 @@ def submission_from_body(data: object) -> tuple[JobSubmission, tuple[str, ...]]:
         or k == "requested_gpus"
         or (k == "batch_size" and data[k] is not None and not isinstance(data[k], Mapping))
     )
-    shaped = sorted(
-        str(k)
-        for k in data
-        if k in _TOP and k not in _PATHS.values() or k == "checkpoint" or k in _GROUPS
+    nested = sorted(
+        str(k) for k in data if k == "checkpoint" or (k in _GROUPS and isinstance(data[k], Mapping))
     )
-    nested = [k for k in shaped if k in _GROUPS or k == "checkpoint"]
     if flat and nested:
         old = flat[0]
         new = _PATHS.get(old)
@@ -1126,7 +1123,7 @@ def reference() -> str:
         'quotes (`3` stays `"3"`, `010` stays `"010"`).',
         f"- A file over {MAX_SPEC_BYTES // 1024} KiB, or nested deeper than {MAX_SPEC_DEPTH} "
         "levels, is refused before its values are read.",
-        "- Unknown keys are refused (with a \"did you mean\" when one is close); so are "
+        '- Unknown keys are refused (with a "did you mean" when one is close); so are '
         f"{', '.join(f'`{k}`' for k in REMOVED_FIELDS)}, which earlier versions accepted and "
         "ignored, each with a one-line reason.",
         "- Every error names the file, the line and the field path, e.g. `job.yaml:7 "
