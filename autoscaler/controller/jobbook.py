@@ -48,6 +48,7 @@ __all__ = [
     "REMOVED_FIELDS",
     "JobBook",
     "JobSubmission",
+    "fixed_job_defaults",
     "parse_deadline",
     "submission_deadline",
     "submission_problems",

@@ -5,48 +5,17 @@ A spec is one YAML mapping::
     name: mlp-small                     # required
     command: [examples/elastic_mlp.py, --epochs, 3, --initial-batch-size, 64]  # required
     gpus: {min: 1, max: 2}
-    batch_size: {initial: 64, max: 512}  # required
-    local_batch_size: {max: 256}         # required
+    batch_size: {initial: 64, max: 512}  # initial required; max of an adaptive job
+    local_batch_size: {max: 256}         # required of an adaptive job
     markets: [on-demand]
 
-========================  ===================================================  =============
-field                     value                                                default
-========================  ===================================================  =============
-``name``                  DNS label: 1-63 of ``a-z 0-9 -``, starting and       required
-                          ending with a letter or digit
-``command``               the training script and its arguments: a list of     required
-                          strings, or one string split like a shell (shlex)
-``gpus.min``              int in [1, 4096]: the fewest GPUs the job runs on    1
-``gpus.max``              int in [``gpus.min``, 4096]: the most                none (no cap)
-``batch_size.initial``    int in [1, 2^24]: total batch the hyper-parameters   required
-                          were tuned for
-``batch_size.max``        int in [``batch_size.initial``, 2^24]                required
-``local_batch_size.max``  int in [``local_batch_size.min``, 2^20]: per-GPU     required
-                          batch
-``local_batch_size.min``  int in [1, 2^20], <= ``batch_size.max``              1
-``max_accum_steps``       int in [1, 1024]                                     none (16)
-``checkpoint``            a local path, ``file://``, ``s3://BUCKET[/PREFIX]``  none
-                          or ``gs://BUCKET[/PREFIX]``
-``gpu_types``             non-empty list of distinct names of                  none (any)
-                          :data:`~autoscaler.model.gputypes.KNOWN_GPU_TYPES`: the
-                          job runs only on GPUs of these types
-``markets``               non-empty list of distinct ``spot``, ``on-demand``:  none (any)
-                          the job runs only on instances of these markets
-                          (``[on-demand]``: never on spot)
-``offerings``             non-empty list of distinct offering keys             none (any)
-                          ``provider/instance_type/zone/market`` (market in
-                          ``markets`` when both are given): the job runs only
-                          on instances of these offerings
-``application``           the model name for the speed table (a name it does   ``generic``
-                          not know gets the generic speed ratios)
-``adaptive``              bool: false keeps the batch at                       true
-                          ``batch_size.initial`` and the GPUs at exactly
-                          ``gpus.min`` (``gpus.max``, if given, must equal it)
-``deadline``              seconds after submission (a number in (0, one        none
-                          year]), a duration string (``90m``, ``2h30m``:
-                          d, h, m, s) or a quoted ISO 8601 time with its zone
-                          (``"2026-12-05T18:00:00Z"``), not in the past
-========================  ===================================================  =============
+Every field, its type, bounds, default and an example is in :data:`FIELDS`, the one table the
+reader, the API's JSON body (:func:`submission_from_body`) and the reference are made from:
+``python -m autoscaler.controller.jobspec --reference`` prints the reference, checked in as
+``docs/jobspec.md`` (a test keeps the two equal). ``batch_size.max`` and
+``local_batch_size.max`` are required of an adaptive job only: with ``adaptive: false`` they
+default to ``batch_size.initial`` (the second capped at 2^20;
+:func:`~autoscaler.controller.jobbook.fixed_job_defaults`, the API's rule too).
 
 A field given as an empty value (``gpus:`` or ``null``) is the same as an absent one.
 Integers are YAML integers (``64``; not ``"64"``, ``64.0`` or ``true``); floats accept integers.
@@ -62,8 +31,9 @@ option), and a command that starts with an option (``-...``), a launcher
 
 **One check for the CLI and the API.** Every field a submission has is checked by
 :func:`~autoscaler.controller.jobbook.submission_problems`, the function the API runs on a JSON
-body: ``coadapt submit`` and ``POST /v1/jobs`` refuse the same jobs (a spec's errors name its
-field paths, ``gpus.min``; the API's its field names, ``min_gpus``).
+body: ``coadapt submit`` and ``POST /v1/jobs`` refuse the same jobs, and both name the spec's
+field paths (``gpus.min``) in their errors; a body in the API's old flat form (``min_gpus``)
+is still accepted, deprecated, and its errors name its own field names.
 
 **What the controller acts on: every field.** :meth:`JobSpec.submission` gives the
 :class:`~autoscaler.controller.jobbook.JobSubmission` the controller stores and schedules, with
@@ -124,17 +94,24 @@ from autoscaler.controller.jobbook import (
     fixed_job_defaults,
     submission_problems,
 )
+from autoscaler.errors import InvalidInputError
 from autoscaler.market.terms import MARKETS
 from autoscaler.model.gputypes import KNOWN_GPU_TYPES
-from autoscaler.errors import InvalidInputError
 
 __all__ = [
+    "API_ONLY_FIELDS",
+    "FIELDS",
+    "REFERENCE_PATH",
     "REMOVED_FIELDS",
     "ROOT_FIELD",
     "JobSpec",
     "JobSpecError",
+    "SpecField",
     "load_job_spec",
     "parse_job_spec",
+    "reference",
+    "submission_body",
+    "submission_from_body",
 ]
 
 ROOT_FIELD: Final = "spec"
