@@ -778,7 +778,9 @@ def test_checker_flags_two_classes_of_one_name(tmp_path: Path) -> None:
 
 
 # Whole-tree checks: the only test modules at the top of tests/.
-WHOLE_TREE_TESTS = frozenset({"test_imports.py", "test_lint.py", "test_suite_cpu_bench.py"})
+WHOLE_TREE_TESTS = frozenset(
+    {"test_imports.py", "test_lint.py", "test_readme.py", "test_suite_cpu_bench.py"}
+)
 
 
 def test_tests_mirror_the_packages() -> None:

@@ -323,8 +323,12 @@ class ApiClient:
     # ---- users -----------------------------------------------------------------------------
 
     def submit_job(self, spec: JobSubmission | Mapping[str, Any]) -> JobInfo:
+        """Submit a job: a submission is sent in the spec's names and shape
+        (:func:`~autoscaler.controller.jobspec.submission_body`), a mapping as it is."""
+        from autoscaler.controller.jobspec import submission_body
+
         is_spec = dataclasses.is_dataclass(spec) and not isinstance(spec, type)
-        body = dataclasses.asdict(spec) if is_spec else dict(spec)  # type: ignore[arg-type]
+        body = submission_body(spec) if is_spec else dict(spec)  # type: ignore[arg-type]
         return self._parse(JobInfo.from_dict, self._call("POST", "/v1/jobs", body))
 
     def list_jobs(self, *, page_size: int = MAX_JOBS_PAGE) -> tuple[JobInfo, ...]:

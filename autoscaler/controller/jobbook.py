@@ -48,6 +48,7 @@ __all__ = [
     "REMOVED_FIELDS",
     "JobBook",
     "JobSubmission",
+    "fixed_job_defaults",
     "parse_deadline",
     "submission_deadline",
     "submission_problems",
@@ -137,6 +138,22 @@ BOUNDS_DOC: Final = "\n".join(
 )
 """The accepted range of every field of a job, one line each (``coadapt submit --help`` and
 the API's docstring show it)."""
+
+
+def fixed_job_defaults(values: Mapping[str, Any]) -> dict[str, int]:
+    """The batch limits a job that does not adapt (``adaptive`` false) may leave out, from
+    its ``init_batch_size`` (the one rule for the API's body and the YAML spec):
+    ``max_batch_size`` = ``init_batch_size`` (its batch never changes) and ``max_local_bsz`` =
+    ``init_batch_size`` capped at :data:`MAX_LOCAL_BATCH_SIZE` (a per-GPU batch is at most
+    the whole batch, so the batch is split across the GPUs with no accumulation). Only the
+    fields absent (or null) from ``values`` are given; nothing for an adaptive job, or when
+    ``init_batch_size`` is not a valid integer (its own check then says why)."""
+    init = values.get("init_batch_size")
+    if values.get("adaptive", True) is not False or _int_problem(init, 1, MAX_BATCH_SIZE, "1"):
+        return {}
+    assert isinstance(init, int)  # checked just above
+    defaults = {"max_batch_size": init, "max_local_bsz": min(init, MAX_LOCAL_BATCH_SIZE)}
+    return {k: v for k, v in defaults.items() if values.get(k) is None}
 
 
 def submission_problems(values: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -592,10 +609,10 @@ class JobSubmission:
         unknown = sorted(str(k) for k in data if k not in known)
         if unknown:
             raise InvalidInputError(f"unknown job spec field {_show(unknown[0])}", field=unknown[0])
+        values = {**data, **fixed_job_defaults(data)}
         for f in dataclasses.fields(cls):
-            if f.default is MISSING and f.default_factory is MISSING and f.name not in data:
+            if f.default is MISSING and f.default_factory is MISSING and f.name not in values:
                 raise InvalidInputError(f"the job spec lacks {f.name!r}", field=f.name)
-        values = dict(data)
         if values.get("command") is None:
             values.pop("command", None)
         return cls(**values)

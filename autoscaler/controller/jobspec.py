@@ -5,48 +5,17 @@ A spec is one YAML mapping::
     name: mlp-small                     # required
     command: [examples/elastic_mlp.py, --epochs, 3, --initial-batch-size, 64]  # required
     gpus: {min: 1, max: 2}
-    batch_size: {initial: 64, max: 512}  # required
-    local_batch_size: {max: 256}         # required
+    batch_size: {initial: 64, max: 512}  # initial required; max of an adaptive job
+    local_batch_size: {max: 256}         # required of an adaptive job
     markets: [on-demand]
 
-========================  ===================================================  =============
-field                     value                                                default
-========================  ===================================================  =============
-``name``                  DNS label: 1-63 of ``a-z 0-9 -``, starting and       required
-                          ending with a letter or digit
-``command``               the training script and its arguments: a list of     required
-                          strings, or one string split like a shell (shlex)
-``gpus.min``              int in [1, 4096]: the fewest GPUs the job runs on    1
-``gpus.max``              int in [``gpus.min``, 4096]: the most                none (no cap)
-``batch_size.initial``    int in [1, 2^24]: total batch the hyper-parameters   required
-                          were tuned for
-``batch_size.max``        int in [``batch_size.initial``, 2^24]                required
-``local_batch_size.max``  int in [``local_batch_size.min``, 2^20]: per-GPU     required
-                          batch
-``local_batch_size.min``  int in [1, 2^20], <= ``batch_size.max``              1
-``max_accum_steps``       int in [1, 1024]                                     none (16)
-``checkpoint``            a local path, ``file://``, ``s3://BUCKET[/PREFIX]``  none
-                          or ``gs://BUCKET[/PREFIX]``
-``gpu_types``             non-empty list of distinct names of                  none (any)
-                          :data:`~autoscaler.model.gputypes.KNOWN_GPU_TYPES`: the
-                          job runs only on GPUs of these types
-``markets``               non-empty list of distinct ``spot``, ``on-demand``:  none (any)
-                          the job runs only on instances of these markets
-                          (``[on-demand]``: never on spot)
-``offerings``             non-empty list of distinct offering keys             none (any)
-                          ``provider/instance_type/zone/market`` (market in
-                          ``markets`` when both are given): the job runs only
-                          on instances of these offerings
-``application``           the model name for the speed table (a name it does   ``generic``
-                          not know gets the generic speed ratios)
-``adaptive``              bool: false keeps the batch at                       true
-                          ``batch_size.initial`` and the GPUs at exactly
-                          ``gpus.min`` (``gpus.max``, if given, must equal it)
-``deadline``              seconds after submission (a number in (0, one        none
-                          year]), a duration string (``90m``, ``2h30m``:
-                          d, h, m, s) or a quoted ISO 8601 time with its zone
-                          (``"2026-12-05T18:00:00Z"``), not in the past
-========================  ===================================================  =============
+Every field, its type, bounds, default and an example is in :data:`FIELDS`, the one table the
+reader, the API's JSON body (:func:`submission_from_body`) and the reference are made from:
+``python -m autoscaler.controller.jobspec --reference`` prints the reference, checked in as
+``docs/jobspec.md`` (a test keeps the two equal). ``batch_size.max`` and
+``local_batch_size.max`` are required of an adaptive job only: with ``adaptive: false`` they
+default to ``batch_size.initial`` (the second capped at 2^20;
+:func:`~autoscaler.controller.jobbook.fixed_job_defaults`, the API's rule too).
 
 A field given as an empty value (``gpus:`` or ``null``) is the same as an absent one.
 Integers are YAML integers (``64``; not ``"64"``, ``64.0`` or ``true``); floats accept integers.
@@ -62,8 +31,9 @@ option), and a command that starts with an option (``-...``), a launcher
 
 **One check for the CLI and the API.** Every field a submission has is checked by
 :func:`~autoscaler.controller.jobbook.submission_problems`, the function the API runs on a JSON
-body: ``coadapt submit`` and ``POST /v1/jobs`` refuse the same jobs (a spec's errors name its
-field paths, ``gpus.min``; the API's its field names, ``min_gpus``).
+body: ``coadapt submit`` and ``POST /v1/jobs`` refuse the same jobs, and both name the spec's
+field paths (``gpus.min``) in their errors; a body in the API's old flat form (``min_gpus``)
+is still accepted, deprecated, and its errors name its own field names.
 
 **What the controller acts on: every field.** :meth:`JobSpec.submission` gives the
 :class:`~autoscaler.controller.jobbook.JobSubmission` the controller stores and schedules, with
@@ -95,6 +65,7 @@ refused.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import re
 import shlex
@@ -107,19 +78,40 @@ import yaml
 
 from autoscaler.controller.jobbook import (
     GENERIC_APPLICATION,
+    MAX_ACCUM_STEPS,
+    MAX_BATCH_SIZE,
+    MAX_COMMAND_CHARS,
+    MAX_COMMAND_WORD_CHARS,
+    MAX_COMMAND_WORDS,
+    MAX_DEADLINE_S,
+    MAX_GPU_TYPES,
+    MAX_JOB_GPUS,
+    MAX_LOCAL_BATCH_SIZE,
+    MAX_OFFERINGS,
+    MAX_TEXT_CHARS,
     REMOVED_FIELDS,
     JobSubmission,
+    fixed_job_defaults,
     submission_problems,
 )
 from autoscaler.errors import InvalidInputError
+from autoscaler.market.terms import MARKETS
+from autoscaler.model.gputypes import KNOWN_GPU_TYPES
 
 __all__ = [
+    "API_ONLY_FIELDS",
+    "FIELDS",
+    "REFERENCE_PATH",
     "REMOVED_FIELDS",
     "ROOT_FIELD",
     "JobSpec",
     "JobSpecError",
+    "SpecField",
     "load_job_spec",
     "parse_job_spec",
+    "reference",
+    "submission_body",
+    "submission_from_body",
 ]
 
 ROOT_FIELD: Final = "spec"
@@ -374,32 +366,229 @@ def _depth(root: Any) -> int | None:
 
 # ---- reading the node tree ------------------------------------------------------------------
 
-_TOP: Final = (
-    "name",
-    "command",
-    "gpus",
-    "batch_size",
-    "local_batch_size",
-    "max_accum_steps",
-    "checkpoint",
-    "gpu_types",
-    "markets",
-    "offerings",
-    "application",
-    "adaptive",
-    "deadline",
-)
+REQUIRED: Final = "required"
+"""A :class:`SpecField`'s ``required``: every job gives it."""
+ADAPTIVE_ONLY: Final = "adaptive"
+"""A :class:`SpecField`'s ``required``: an adaptive job gives it; one with ``adaptive: false``
+may leave it out (:func:`~autoscaler.controller.jobbook.fixed_job_defaults`)."""
+OPTIONAL: Final = "optional"
+"""A :class:`SpecField`'s ``required``: it has a default."""
 
-# JobSpec attribute -> the spec's field path (what errors name).
-_PATHS: Final = {
-    "min_gpus": "gpus.min",
-    "max_gpus": "gpus.max",
-    "init_batch_size": "batch_size.initial",
-    "max_batch_size": "batch_size.max",
-    "max_local_bsz": "local_batch_size.max",
-    "min_local_bsz": "local_batch_size.min",
-    "checkpoint_uri": "checkpoint",
+
+@dataclass(frozen=True)
+class SpecField:
+    """One field of a job spec: the one description the YAML reader, the API's JSON body
+    (:func:`submission_from_body`) and the reference (:func:`reference`, checked in as
+    ``docs/jobspec.md``) are made from. ``path``: the spec's name (``gpus.min``; a dotted path
+    is a key of a nested mapping); ``attribute``: the :class:`JobSpec` and
+    :class:`~autoscaler.controller.jobbook.JobSubmission` field it fills (where it differs
+    from ``path``, the API's old flat name, ``min_gpus``); ``kind``: how its value is read
+    (``string``, ``integer``, ``boolean``, ``strings``: a list of strings, ``command``,
+    ``deadline``); ``required``: :data:`REQUIRED`, :data:`ADAPTIVE_ONLY` or :data:`OPTIONAL`;
+    ``accepts``, ``default``, ``example`` (YAML) and ``meaning``: the reference's text. The
+    bounds in ``accepts`` are written from the constants
+    :func:`~autoscaler.controller.jobbook.submission_problems` checks against."""
+
+    path: str
+    attribute: str
+    kind: str
+    required: str
+    accepts: str
+    default: str
+    example: str
+    meaning: str
+
+
+FIELDS: Final[tuple[SpecField, ...]] = (
+    SpecField(
+        "name",
+        "name",
+        "string",
+        REQUIRED,
+        "a DNS label: 1-63 of `a-z 0-9 -`, starting and ending with a letter or digit",
+        "required",
+        "mlp-small",
+        "the job's name, unique in the cluster",
+    ),
+    SpecField(
+        "command",
+        "command",
+        "command",
+        REQUIRED,
+        f"a list of 1-{MAX_COMMAND_WORDS} strings (at most {MAX_COMMAND_WORD_CHARS} characters "
+        f"each, {MAX_COMMAND_CHARS} in all, no NUL), or one string split like a shell (shlex); "
+        "the first word is the script, not an option (`-...`), a launcher (`coadapt-launch`, "
+        "`torchrun`) or an interpreter (`python`)",
+        "required",
+        "[examples/elastic_mlp.py, --epochs, 3]",
+        "the training script and its arguments, run as `python -m trainer.launch ... -- COMMAND`",
+    ),
+    SpecField(
+        "gpus.min",
+        "min_gpus",
+        "integer",
+        OPTIONAL,
+        f"[1, {MAX_JOB_GPUS}]",
+        "1",
+        "1",
+        "the fewest GPUs the job runs on (with `adaptive: false`: exactly its GPUs)",
+    ),
+    SpecField(
+        "gpus.max",
+        "max_gpus",
+        "integer",
+        OPTIONAL,
+        f"[`gpus.min`, {MAX_JOB_GPUS}]; equal to `gpus.min` with `adaptive: false`",
+        "none (no cap)",
+        "4",
+        "the most GPUs the job runs on",
+    ),
+    SpecField(
+        "batch_size.initial",
+        "init_batch_size",
+        "integer",
+        REQUIRED,
+        f"[1, {MAX_BATCH_SIZE}]",
+        "required",
+        "64",
+        "the total batch (all GPUs together) the hyper-parameters were tuned for; the batch "
+        "of a job with `adaptive: false`",
+    ),
+    SpecField(
+        "batch_size.max",
+        "max_batch_size",
+        "integer",
+        ADAPTIVE_ONLY,
+        f"[`batch_size.initial`, {MAX_BATCH_SIZE}]",
+        "required for an adaptive job; `batch_size.initial` with `adaptive: false`",
+        "512",
+        "the largest total batch the controller may choose",
+    ),
+    SpecField(
+        "local_batch_size.max",
+        "max_local_bsz",
+        "integer",
+        ADAPTIVE_ONLY,
+        f"[`local_batch_size.min`, {MAX_LOCAL_BATCH_SIZE}]",
+        f"required for an adaptive job; `batch_size.initial` (at most {MAX_LOCAL_BATCH_SIZE}) "
+        "with `adaptive: false`",
+        "256",
+        "the largest per-GPU micro-batch (what one GPU's memory holds); a larger batch is "
+        "reached by gradient accumulation",
+    ),
+    SpecField(
+        "local_batch_size.min",
+        "min_local_bsz",
+        "integer",
+        OPTIONAL,
+        f"[1, {MAX_LOCAL_BATCH_SIZE}], at most `batch_size.max`",
+        "1",
+        "1",
+        "the smallest per-GPU micro-batch",
+    ),
+    SpecField(
+        "max_accum_steps",
+        "max_accum_steps",
+        "integer",
+        OPTIONAL,
+        f"[1, {MAX_ACCUM_STEPS}]",
+        "none (16)",
+        "8",
+        "the most gradient-accumulation steps per optimizer step",
+    ),
+    SpecField(
+        "checkpoint",
+        "checkpoint_uri",
+        "string",
+        OPTIONAL,
+        "a local path, `file://`, `s3://BUCKET[/PREFIX]` or `gs://BUCKET[/PREFIX]` "
+        f"(1-{MAX_TEXT_CHARS} printable characters)",
+        "none (the cluster's checkpoint root)",
+        "s3://my-bucket/ckpt",
+        "where the job checkpoints",
+    ),
+    SpecField(
+        "gpu_types",
+        "gpu_types",
+        "strings",
+        OPTIONAL,
+        f"1-{MAX_GPU_TYPES} distinct of {', '.join(f'`{t}`' for t in KNOWN_GPU_TYPES)}",
+        "none (any)",
+        "[T4, A100]",
+        "the job runs only on GPUs of these types",
+    ),
+    SpecField(
+        "markets",
+        "markets",
+        "strings",
+        OPTIONAL,
+        f"1-{len(MARKETS)} distinct of {', '.join(f'`{m}`' for m in MARKETS)}",
+        "none (any)",
+        "[on-demand]",
+        "the job runs only on instances of these markets (`[on-demand]`: never on spot)",
+    ),
+    SpecField(
+        "offerings",
+        "offerings",
+        "strings",
+        OPTIONAL,
+        f"1-{MAX_OFFERINGS} distinct keys `provider/instance_type/zone/market` (each market in "
+        "`markets` when both are given)",
+        "none (any)",
+        "[aws/g4dn.xlarge/us-east-1a/spot]",
+        "the job runs only on instances of these offerings",
+    ),
+    SpecField(
+        "application",
+        "application",
+        "string",
+        OPTIONAL,
+        f"1-{MAX_TEXT_CHARS} printable characters",
+        f"`{GENERIC_APPLICATION}`",
+        "bert",
+        "the model's name in the GPU speed table (a name it does not know gets the generic "
+        "speed ratios)",
+    ),
+    SpecField(
+        "adaptive",
+        "adaptive",
+        "boolean",
+        OPTIONAL,
+        "`true` or `false`",
+        "true",
+        "false",
+        "false keeps the batch at `batch_size.initial` and the GPUs at exactly `gpus.min`",
+    ),
+    SpecField(
+        "deadline",
+        "deadline",
+        "deadline",
+        OPTIONAL,
+        f"seconds after submission in (0, {MAX_DEADLINE_S:.0f}], a duration (`90m`, `2h30m`: "
+        'd, h, m, s) or a quoted ISO 8601 time with its zone (`"2026-12-05T18:00:00Z"`), '
+        "not in the past",
+        "none",
+        "2h",
+        "when the job must be done (fixed as a time at submission)",
+    ),
+)
+"""Every field of a job spec, in the reference's order."""
+
+_BY_PATH: Final = {f.path: f for f in FIELDS}
+_TOP: Final = tuple(dict.fromkeys(f.path.split(".")[0] for f in FIELDS))
+# A top-level key that holds a mapping -> its keys.
+_GROUPS: Final = {
+    head: tuple(f.path.split(".", 1)[1] for f in FIELDS if f.path.startswith(head + "."))
+    for head in _TOP
+    if head not in _BY_PATH
 }
+# JobSpec attribute -> the spec's field path (what errors name), where they differ.
+_PATHS: Final = {f.attribute: f.path for f in FIELDS if f.attribute != f.path}
+
+
+def _needed(field: SpecField, fixed: bool) -> bool:
+    """Whether a spec must give ``field`` (``fixed``: the spec says ``adaptive: false``)."""
+    return field.required == REQUIRED or (field.required == ADAPTIVE_ONLY and not fixed)
 
 
 def _code(character: int | str) -> int:
@@ -499,46 +688,32 @@ class _Reader:
             "name": self.read("name", lambda: self.string(self.required(top, "name"), "name")),
             "command": self.read("command", lambda: self.command(self.required(top, "command"))),
         }
-        gpus = {}
-        if "gpus" in top:
-            gpus = self.read("gpus", lambda: self.mapping(top["gpus"], "gpus", ("min", "max")))
-        batch = self.read(
-            "batch_size",
-            lambda: self.mapping(
-                self.required(top, "batch_size"), "batch_size", ("initial", "max")
-            ),
-        )
-        local = self.read(
-            "local_batch_size",
-            lambda: self.mapping(
-                self.required(top, "local_batch_size"), "local_batch_size", ("max", "min")
-            ),
-        )
-        fields_: list[tuple[str, Any, str, bool]] = [  # attribute, mapping, field path, required
-            ("min_gpus", gpus, "gpus.min", False),
-            ("max_gpus", gpus, "gpus.max", False),
-            ("init_batch_size", batch, "batch_size.initial", True),
-            ("max_batch_size", batch, "batch_size.max", True),
-            ("max_local_bsz", local, "local_batch_size.max", True),
-            ("min_local_bsz", local, "local_batch_size.min", False),
-        ]
-        for attribute, entries, path, required in fields_:
-            if entries is _UNREAD or (not required and path not in entries):
-                continue
-            values[attribute] = self.read(path, self.required_integer, entries, path)
         readers: dict[str, Callable[[Any, str], object]] = {
-            "max_accum_steps": self.integer,
-            "checkpoint": self.string,
-            "gpu_types": self.string_list,
-            "markets": self.string_list,
-            "offerings": self.string_list,
-            "application": self.string,
-            "adaptive": self.boolean,
+            "integer": self.integer,
+            "string": self.string,
+            "strings": self.string_list,
+            "boolean": self.boolean,
             "deadline": self.deadline,
         }
-        for key, read in readers.items():
-            if key in top:
-                values[_ATTRIBUTES.get(key, key)] = self.read(key, read, top[key], key)
+        for f in FIELDS:  # the top-level fields but name and command
+            if f.path in top and f.path not in values and f.path not in ("name", "command"):
+                values[f.attribute] = self.read(f.path, readers[f.kind], top[f.path], f.path)
+        fixed = values.get("adaptive") is False
+        for head, keys in _GROUPS.items():
+            group = [_BY_PATH[f"{head}.{key}"] for key in keys]
+            if head not in top and not any(_needed(f, fixed) for f in group):
+                continue
+            entries = self.read(head, self.group, top, head, keys)
+            for f in group:
+                if entries is _UNREAD or (not _needed(f, fixed) and f.path not in entries):
+                    continue
+                values[f.attribute] = self.read(f.path, self.required_integer, entries, f.path)
+        if fixed:
+            read = {k: v for k, v in values.items() if v is not _UNREAD}
+            values.update(fixed_job_defaults(read))
+            for f in FIELDS:  # a default that could not be worked out: nothing more to say
+                if f.required == ADAPTIVE_ONLY and f.attribute not in values:
+                    self.failed.add(f.path)
         values = {k: v for k, v in values.items() if v is not _UNREAD}
         for field, reason in all_problems(values):
             if not any(_related(field, unread) for unread in self.failed):
@@ -586,11 +761,20 @@ class _Reader:
                 out[path] = value_node
         return out
 
+    def group(self, top: Mapping[str, Any], head: str, keys: Sequence[str]) -> dict[str, Any]:
+        """The entries of the top-level mapping ``head`` (required: it was asked for because
+        a field in it is)."""
+        return self.mapping(self.required(top, head), head, keys)
+
     def required(self, entries: Mapping[str, Any], field: str) -> Any:
         """The value node of a required field; a missing one is blamed on the line of the
         key of the mapping that lacks it."""
         if field not in entries:
-            self.fail(self.key_lines[_parent(field)], field, "required field missing")
+            inside = [f for f in FIELDS if f.path == field or f.path.startswith(field + ".")]
+            hint = ""
+            if not any(f.required == REQUIRED for f in inside):
+                hint = " (an adaptive job needs it; with adaptive: false it has a default)"
+            self.fail(self.key_lines[_parent(field)], field, "required field missing" + hint)
         return entries[field]
 
     def required_integer(self, entries: Mapping[str, Any], field: str) -> int:
@@ -679,10 +863,6 @@ def _related(field: str, other: str) -> bool:
     )
 
 
-# Top-level spec keys whose JobSpec attribute has another name.
-_ATTRIBUTES: Final = {"checkpoint": "checkpoint_uri"}
-
-
 # ---- value checks, shared by the parser and JobSpec ------------------------------------------
 
 
@@ -717,3 +897,246 @@ def _spec_path(field: str) -> str:
     """A submission field (``min_gpus``, ``command[2]``) as the spec's path (``gpus.min``)."""
     head, bracket, rest = field.partition("[")
     return _PATHS.get(head, head) + bracket + rest
+
+
+# ---- the API's JSON body: the spec's names and shape -----------------------------------------
+
+API_ONLY_FIELDS: Final = ("requested_gpus", "batch_size")
+""":class:`~autoscaler.controller.jobbook.JobSubmission` fields a spec has no name for (the
+user's own gang size and fixed batch, which only the simulator sets): a body in the old flat
+form may carry them."""
+
+
+def submission_from_body(data: object) -> tuple[JobSubmission, tuple[str, ...]]:
+    """The submission in an API body (``POST /v1/jobs``), and the deprecated names it used.
+
+    The body has the YAML spec's names and shape (:data:`FIELDS`: ``{"gpus": {"min": 1},
+    "batch_size": {"initial": 64, "max": 512}, "checkpoint": ...}``); errors then name the
+    spec's field paths (``gpus.min``). The old flat form (``min_gpus``, ``init_batch_size``,
+    ... as :meth:`JobSubmission.to_json` stores it) is still accepted, as v1 promised, and the
+    flat names it used come back (the API answers them with a ``Deprecation`` header); a body
+    that mixes the two forms is refused, naming the first flat field and its spec name. Both
+    forms end in :meth:`JobSubmission.from_mapping` (the one check, and the defaults of a job
+    that does not adapt). :class:`InvalidInputError` names the bad field."""
+    if not isinstance(data, Mapping):
+        raise InvalidInputError("job spec must be a JSON object", field=ROOT_FIELD)
+    flat = sorted(
+        str(k)
+        for k in data
+        if k in _PATHS
+        or k == "requested_gpus"
+        or (k == "batch_size" and data[k] is not None and not isinstance(data[k], Mapping))
+    )
+    nested = sorted(
+        str(k) for k in data if k == "checkpoint" or (k in _GROUPS and isinstance(data[k], Mapping))
+    )
+    if flat and nested:
+        old = flat[0]
+        new = _PATHS.get(old)
+        fix = f"write {new!r}" if new else "it has no spec name: send the old flat form whole"
+        raise InvalidInputError(
+            f"{old} is the old flat name and the body also uses the spec's ({nested[0]}): "
+            f"{fix}, one naming for every field (docs/jobspec.md)",
+            field=old,
+        )
+    if flat:
+        return JobSubmission.from_mapping(data), tuple(f for f in flat if f in _PATHS)
+    return _from_spec_shape(data), ()
+
+
+def _from_spec_shape(data: Mapping[Any, Any]) -> JobSubmission:
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        key = str(key)
+        if key in REMOVED_FIELDS:
+            raise InvalidInputError(REMOVED_FIELDS[key], field=key)
+        if key in _GROUPS:
+            if value is None:
+                continue
+            keys = _GROUPS[key]
+            if not isinstance(value, Mapping):
+                raise InvalidInputError(
+                    f"must be an object with keys {', '.join(keys)}, got {_json_kind(value)}",
+                    field=key,
+                )
+            for sub, item in value.items():
+                path = f"{key}.{sub}"
+                if path not in _BY_PATH:
+                    hint = _suggest(str(sub), keys) or f"; known: {', '.join(keys)}"
+                    raise InvalidInputError(f"unknown field {path!r}{hint}", field=path)
+                if item is not None:
+                    values[_BY_PATH[path].attribute] = item
+        elif key in _BY_PATH:
+            values[_BY_PATH[key].attribute] = value
+        else:
+            hint = _suggest(key, _TOP) or f"; known: {', '.join(_TOP)}"
+            raise InvalidInputError(f"unknown field {key!r}{hint}", field=key)
+    values = {**values, **fixed_job_defaults(values)}
+    fixed = values.get("adaptive") is False
+    for f in FIELDS:
+        if _needed(f, fixed) and values.get(f.attribute) is None:
+            hint = "" if f.required == REQUIRED else " (an adaptive job needs it)"
+            raise InvalidInputError(f"the job spec lacks {f.path!r}{hint}", field=f.path)
+    problems = submission_problems(values)
+    if problems:
+        name = values.get("name")
+        label = f"job {name}" if isinstance(name, str) and name else "a job"
+        text = "; ".join(f"{_spec_path(f)}: {_spec_words(r)}" for f, r in problems)
+        raise InvalidInputError(f"{label}: {text}", field=_spec_path(problems[0][0]))
+    return JobSubmission.from_mapping(values)
+
+
+def _json_kind(value: object) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "a list" if isinstance(value, list) else type(value).__name__
+
+
+def submission_body(submission: JobSubmission) -> dict[str, Any]:
+    """The API body for ``submission`` in the spec's names and shape (what
+    :func:`submission_from_body` reads back as the same submission); the old flat form when it
+    sets a field the spec has no name for (:data:`API_ONLY_FIELDS`)."""
+    stored = dataclasses.asdict(submission)
+    if any(stored[name] is not None for name in API_ONLY_FIELDS):
+        return stored
+    body: dict[str, Any] = {}
+    for f in FIELDS:
+        value = stored[f.attribute]
+        if value is None:
+            continue
+        if isinstance(value, tuple):
+            value = list(value)
+        head, _, key = f.path.partition(".")
+        if key:
+            body.setdefault(head, {})[key] = value
+        else:
+            body[head] = value
+    return body
+
+
+# ---- the reference ---------------------------------------------------------------------------
+
+REFERENCE_PATH: Final = "docs/jobspec.md"
+"""Where the reference is checked in (relative to the repository root)."""
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def reference() -> str:
+    """The job-spec reference in Markdown, made from :data:`FIELDS` (``python -m
+    autoscaler.controller.jobspec --reference`` prints it; ``docs/jobspec.md`` is a copy that
+    a test keeps equal to it)."""
+    rows = [
+        "| field | type | accepted values | default | example | meaning |",
+        "|---|---|---|---|---|---|",
+    ]
+    for f in FIELDS:
+        kind = {
+            "strings": "list of strings",
+            "command": "list of strings, or a string",
+            "deadline": "number or string",
+        }.get(f.kind, f.kind)
+        rows.append(
+            "| "
+            + " | ".join(
+                _cell(x)
+                for x in (f"`{f.path}`", kind, f.accepts, f.default, f"`{f.example}`", f.meaning)
+            )
+            + " |"
+        )
+    renames = [
+        "| spec and API name | old flat API name (deprecated) |",
+        "|---|---|",
+        *(f"| `{f.path}` | `{f.attribute}` |" for f in FIELDS if f.attribute != f.path),
+    ]
+    lines = [
+        "# Job spec reference",
+        "",
+        "<!-- Generated by `python -m autoscaler.controller.jobspec --reference > "
+        f"{REFERENCE_PATH}` from the field table in `autoscaler/controller/jobspec.py` "
+        "(`FIELDS`); `tests/controller/test_jobspec_reference.py` fails when this file "
+        "differs. Do not edit by hand. -->",
+        "",
+        "A job is one YAML mapping, given to `coadapt submit job.yaml`, or the same names and "
+        "shape as a JSON object in `POST /v1/jobs`. An adaptive job (the default) lets the "
+        "controller choose its GPUs and its batch:",
+        "",
+        "```yaml",
+        "name: mlp-small",
+        "command: [examples/elastic_mlp.py, --epochs, 3]",
+        "gpus: {min: 1, max: 2}",
+        "batch_size: {initial: 64, max: 512}",
+        "local_batch_size: {max: 256}",
+        "```",
+        "",
+        "A fixed job (`adaptive: false`) runs at `batch_size.initial` on exactly `gpus.min` "
+        "GPUs, and needs neither `batch_size.max` nor `local_batch_size.max`:",
+        "",
+        "```yaml",
+        "name: fixed-mlp",
+        "command: [examples/elastic_mlp.py, --epochs, 3]",
+        "adaptive: false",
+        "gpus: {min: 2}",
+        "batch_size: {initial: 64}",
+        "```",
+        "",
+        "## Fields",
+        "",
+        "A dotted name is a key of a nested mapping: `gpus.min` is `gpus: {min: 1}`.",
+        "",
+        *rows,
+        "",
+        "## Rules for every field",
+        "",
+        "- A field given as an empty value (`gpus:` or `null`) is the same as an absent one.",
+        '- Integers are YAML integers (`64`; not `"64"`, `64.0` or `true`).',
+        "- The items of a `command` list are taken as written, so `--epochs, 3` needs no "
+        'quotes (`3` stays `"3"`, `010` stays `"010"`).',
+        f"- A file over {MAX_SPEC_BYTES // 1024} KiB, or nested deeper than {MAX_SPEC_DEPTH} "
+        "levels, is refused before its values are read.",
+        '- Unknown keys are refused (with a "did you mean" when one is close); so are '
+        f"{', '.join(f'`{k}`' for k in REMOVED_FIELDS)}, which earlier versions accepted and "
+        "ignored, each with a one-line reason.",
+        "- Every error names the file, the line and the field path, e.g. `job.yaml:7 "
+        "[batch_size.max]: must be >= batch_size.initial (256), got 128`; a spec with several "
+        "problems lists them all.",
+        "",
+        "## The API's JSON body",
+        "",
+        "`POST /v1/jobs` takes the same names and shape as JSON, and its errors name the same "
+        'field paths: `{"name": "mlp-small", "command": ["examples/elastic_mlp.py"], '
+        '"gpus": {"min": 1, "max": 2}, "batch_size": {"initial": 64, "max": 512}, '
+        '"local_batch_size": {"max": 256}}`. The old flat names below are still accepted '
+        "(v1 promised them; stored jobs use them) and the answer then carries a "
+        "`Deprecation: true` header; a body that mixes the two namings is refused, naming the "
+        "field to rename. Only the flat form carries "
+        f"{' and '.join(f'`{k}`' for k in API_ONLY_FIELDS)} (the user's own gang size and "
+        "fixed total batch, which only the simulator sets).",
+        "",
+        *renames,
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m autoscaler.controller.jobspec --reference``: print the reference."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m autoscaler.controller.jobspec")
+    parser.add_argument("--reference", action="store_true", help="print the job-spec reference")
+    args = parser.parse_args(argv)
+    if not args.reference:
+        parser.error("nothing to do: give --reference")
+    print(reference(), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from werkzeug.serving import make_server
@@ -43,6 +44,7 @@ from autoscaler.controller.api import (
 )
 from autoscaler.controller.errors import ControllerError, StoreMissingError
 from autoscaler.controller.jobbook import JobSubmission
+from autoscaler.controller.jobspec import parse_job_spec, submission_body
 from autoscaler.controller.lifecycle import InstanceStatus
 from autoscaler.controller.ratelimit import RateLimit, RequestLimits
 from autoscaler.controller.store import JobStatus, Store
@@ -1402,3 +1404,118 @@ def test_no_payload_to_any_endpoint_is_a_server_error(
     token = tokens.user if role == "user" else tokens.agent_credential("i-1")
     status, answer = call(server, "POST", path, body, token=token)
     assert status < 500, (path, body[:200], answer)
+
+
+# ---- one naming: the spec's names and shape in the JSON body (issue 41) ----------------------
+
+
+def _post_job(server: ApiServer, token: str, body: dict[str, Any]) -> tuple[int, Any, Any]:
+    """POST /v1/jobs over real HTTP: the status, the JSON answer and the headers."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    try:
+        conn.request(
+            "POST",
+            "/v1/jobs",
+            body=json.dumps(body).encode(),
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        answer = conn.getresponse()
+        return answer.status, json.loads(answer.read()), answer.headers
+    finally:
+        conn.close()
+
+
+def test_a_job_submitted_with_the_yaml_names_is_the_specs_job(
+    server: ApiServer, tokens: ApiTokens, store: Store
+) -> None:
+    text = (
+        "name: shaped\ncommand: [train.py, --epochs, '3']\ngpus: {min: 2, max: 4}\n"
+        "batch_size: {initial: 64, max: 1024}\nlocal_batch_size: {min: 8, max: 128}\n"
+        "checkpoint: s3://bucket/shaped\nmarkets: [on-demand]\n"
+    )
+    body = yaml.safe_load(text)
+    status, answer, headers = _post_job(server, tokens.user, body)
+    assert status == 201, answer
+    assert headers.get("Deprecation") is None
+    stored = JobSubmission.from_json(store.get_job("shaped").spec_json)
+    assert stored == parse_job_spec(text).submission()  # the same job as `coadapt submit`'s
+    assert (stored.min_gpus, stored.max_gpus, stored.checkpoint_uri) == (2, 4, "s3://bucket/shaped")
+
+
+def test_a_fixed_job_submitted_as_json_needs_no_batch_limits(
+    server: ApiServer, tokens: ApiTokens, store: Store
+) -> None:
+    body = {
+        "name": "fixed",
+        "command": ["train.py"],
+        "adaptive": False,
+        "gpus": {"min": 2},
+        "batch_size": {"initial": 48},
+    }
+    status, answer, _ = _post_job(server, tokens.user, body)
+    assert status == 201, answer
+    stored = JobSubmission.from_json(store.get_job("fixed").spec_json)
+    assert (stored.init_batch_size, stored.max_batch_size, stored.max_local_bsz) == (48, 48, 48)
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "words"),
+    [
+        pytest.param({"gpus": {"min": 0}}, "gpus.min", "must be >= 1", id="bound"),
+        pytest.param(
+            {"batch_size": {"initial": 64, "max": 32}},
+            "batch_size.max",
+            "must be >= batch_size.initial (64)",
+            id="relation in spec words",
+        ),
+        pytest.param({"gpus": {"mni": 1}}, "gpus.mni", "did you mean 'min'", id="unknown key"),
+        pytest.param({"gpus": 2}, "gpus", "an object with keys min, max", id="not an object"),
+        pytest.param({"gpu": {"min": 1}}, "gpu", "did you mean 'gpus'", id="unknown top"),
+        pytest.param({"local_batch_size": None}, "local_batch_size.max", "adaptive", id="lacks"),
+        pytest.param(
+            {"min_gpus": 2}, "min_gpus", "write 'gpus.min', one naming", id="mixed namings"
+        ),
+        pytest.param({"weight": 2}, "weight", "weight was removed", id="removed"),
+    ],
+)
+def test_a_bad_spec_shaped_body_is_400_naming_the_spec_field(
+    server: ApiServer, tokens: ApiTokens, change: dict[str, Any], field: str, words: str
+) -> None:
+    body: dict[str, Any] = {
+        "name": "bad",
+        "command": ["train.py"],
+        "batch_size": {"initial": 64, "max": 1024},
+        "local_batch_size": {"max": 128},
+    }
+    body.update(change)
+    status, answer, _ = _post_job(server, tokens.user, body)
+    assert (status, answer["field"]) == (400, field), answer
+    assert words in answer["error"], answer
+
+
+def test_the_old_flat_names_still_work_and_are_answered_deprecated(
+    server: ApiServer, tokens: ApiTokens, store: Store
+) -> None:
+    status, answer, headers = _post_job(server, tokens.user, spec("flat", min_gpus=2))
+    assert status == 201, answer
+    assert headers.get("Deprecation") == "true"
+    assert "docs/jobspec.md" in (headers.get("Link") or "")
+    assert JobSubmission.from_json(store.get_job("flat").spec_json).min_gpus == 2
+
+
+def test_the_client_submits_in_the_specs_names(
+    user: ApiClient, store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Our own client sends no deprecated name: the server logs each body that does."""
+    caplog.set_level(logging.WARNING, logger="autoscaler.controller.api.users")
+    user.submit_job(spec("flat"))  # a mapping goes as it is: the flat one is logged
+    assert "deprecated flat field names (init_batch_size" in caplog.text
+    caplog.clear()
+    job = parse_job_spec(
+        "name: viaclient\ncommand: [train.py]\ngpus: {min: 1, max: 2}\n"
+        "batch_size: {initial: 64, max: 512}\nlocal_batch_size: {max: 64}\n"
+    ).submission()
+    assert "gpus" in submission_body(job) and "min_gpus" not in submission_body(job)
+    user.submit_job(job)
+    assert JobSubmission.from_json(store.get_job("viaclient").spec_json) == job
+    assert "deprecated" not in caplog.text

@@ -10,7 +10,9 @@ A real ``coadapt up`` (``run_up``) on the local provider, agents, real torchrun 
   It never runs on 2 GPUs (the store's assignment history says so).
 * ``elastic`` (``gpus: {min: 1, max: 2}``) is rescaled across GPU counts and resumes at its
   exact sample: every sample of every epoch is trained exactly once, over both world sizes.
-* ``fixed-two``: ``adaptive: false`` with ``gpus.min: 2`` starts on 2 GPUs; it declares no
+* ``fixed-two``: ``adaptive: false`` with ``gpus.min: 2`` and no ``batch_size.max`` or
+  ``local_batch_size.max`` (their defaults for a fixed job) starts on 2 GPUs at its batch, one
+  micro-batch a step; it declares no
   length: ``status --json`` shows ``target_progress`` null for it, and the declared one and
   its falling remaining work for the others.
 * ``too-big``: ``gpus: {min: 64, max: 128}`` is refused, with the reason, within a few rounds.
@@ -92,8 +94,7 @@ local_batch_size: {{max: 64}}
             f"""name: fixed-two
 command: [{script}, --epochs, 1, --num-samples, 1024, --initial-batch-size, 64, --no-declare]
 gpus: {{min: 2}}
-batch_size: {{initial: 64, max: 64}}
-local_batch_size: {{max: 64}}
+batch_size: {{initial: 64}}
 adaptive: false
 """,
         ),
@@ -228,8 +229,15 @@ def test_the_cluster_carries_out_the_whole_plan(
     restores = [e for e in events if e["event"] == "restored"]
     assert restores and all(e["step"] - 1 in stops or e["step"] in stops for e in restores)
 
-    # fixed-two: started on exactly its 2 GPUs, never on other counts.
+    # fixed-two: started on exactly its 2 GPUs, never on other counts; its spec gives neither
+    # batch_size.max nor local_batch_size.max, and it ran with their stated defaults
+    # (docs/jobspec.md: batch_size.initial for both), at its batch, one micro-batch a step.
     assert set(gpus_by_start["fixed-two"].values()) == {2}
+    fixed = final["fixed-two"].submission
+    assert (fixed.max_batch_size, fixed.max_local_bsz) == (64, 64)
+    assert {
+        (r.world_size, r.batch.global_batch_size, r.batch.accum_steps) for r in reports["fixed-two"]
+    } == {(2, 64, 1)}
 
     # A finished job stays finished: no launch after its trainer said done.
     for name in ("noisy", "elastic", "fixed-two"):

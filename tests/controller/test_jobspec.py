@@ -864,3 +864,57 @@ def test_the_users_own_gpus_and_batch_are_bounded(extra: dict, field: str) -> No
         JobSubmission(**{**base, **extra})
     ok = JobSubmission(**{**base, "requested_gpus": 4096, "batch_size": 1 << 24})
     assert ok.requested_gpus == 4096 and ok.batch_size == 1 << 24
+
+
+# ---- a fixed job needs no batch limits (issue 41) -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("batch", "want"),
+    [
+        pytest.param("batch_size: {initial: 64}\n", (64, 64, 64), id="neither"),
+        pytest.param(
+            "batch_size: {initial: 64}\nlocal_batch_size: {max: 16}\n",
+            (64, 64, 16),
+            id="local max given",
+        ),
+        pytest.param("batch_size: {initial: 64, max: 64}\n", (64, 64, 64), id="max given"),
+    ],
+)
+def test_a_fixed_job_may_leave_out_the_batch_limits(batch: str, want: tuple[int, ...]) -> None:
+    spec = parse_job_spec(
+        "name: fixed\ncommand: [train.py]\nadaptive: false\ngpus: {min: 2}\n" + batch
+    )
+    assert (spec.init_batch_size, spec.max_batch_size, spec.max_local_bsz) == want
+    sub = spec.submission()
+    assert (sub.min_gpus, sub.adaptive, sub.min_local_bsz) == (2, False, 1)
+    # the API's body defaults the same fields the same way (one rule)
+    flat = {"name": "fixed", "command": ["train.py"], "adaptive": False, "min_gpus": 2}
+    flat |= {"init_batch_size": 64}
+    if want[2] != 64:
+        flat["max_local_bsz"] = want[2]
+    assert JobSubmission.from_mapping(flat) == sub
+
+
+def test_a_fixed_jobs_local_batch_default_is_capped() -> None:
+    spec = parse_job_spec(
+        "name: big\ncommand: [train.py]\nadaptive: false\nbatch_size: {initial: 4194304}\n"
+    )
+    assert (spec.max_batch_size, spec.max_local_bsz) == (4194304, 1 << 20)
+
+
+def test_an_adaptive_job_still_needs_the_batch_limits_and_is_told_why() -> None:
+    with pytest.raises(JobSpecError) as caught:
+        parse_job_spec("name: a\ncommand: [train.py]\nbatch_size: {initial: 64}\n", "job.yaml")
+    got = {(p.field, p.reason) for p in caught.value.problems}
+    hint = " (an adaptive job needs it; with adaptive: false it has a default)"
+    assert got == {
+        ("batch_size.max", "required field missing" + hint),
+        ("local_batch_size", "required field missing" + hint),
+    }
+
+
+def test_a_fixed_job_with_a_bad_initial_batch_gets_one_message() -> None:
+    with pytest.raises(JobSpecError) as caught:
+        parse_job_spec("name: a\ncommand: [x.py]\nadaptive: false\nbatch_size: {initial: x}\n")
+    assert [p.field for p in caught.value.problems] == ["batch_size.initial"]

@@ -1,7 +1,10 @@
 """The users' endpoints (the CLI, the dashboard): jobs, instances, the fleet, costs, the service.
 
 What each answers is in :mod:`autoscaler.controller.api`'s table. A job's fields are checked by
-the one function ``coadapt submit`` runs on a YAML spec (:meth:`JobSubmission.from_mapping`);
+the one function ``coadapt submit`` runs on a YAML spec (:meth:`JobSubmission.from_mapping`),
+and a body has the spec's names and shape
+(:func:`~autoscaler.controller.jobspec.submission_from_body`; the old flat names are answered
+with a ``Deprecation`` header);
 a cancel or a retry is written against the version read, read again if it changed meanwhile
 (five tries, then 409).
 """
@@ -31,6 +34,7 @@ from autoscaler.controller.client import (
 from autoscaler.controller.credentials import Role
 from autoscaler.controller.errors import StaleVersionError
 from autoscaler.controller.jobbook import JOB_NAME_PATTERN, JobSubmission, submission_deadline
+from autoscaler.controller.jobspec import REFERENCE_PATH, submission_from_body
 from autoscaler.controller.lifecycle import InstanceStatus
 from autoscaler.controller.store import JobStatus
 
@@ -42,17 +46,24 @@ _CHANGE_TRIES: Final = 5
 
 
 def _submit_job(state: ApiState, request: Request) -> Response:
-    spec = _submission(state.body(request))
+    spec, deprecated = _submission(state.body(request))
     after, at = submission_deadline(spec, state.clock.now_s())
     store = state.store()
     row = store.add_job(spec.name, spec.to_json(), deadline_after_s=after, deadline_at_s=at)
     _log.info("job %s submitted", spec.name)
+    headers = {"Location": f"/v1/jobs/{urllib.parse.quote(row.name)}"}
+    if deprecated:
+        # RFC 9745's header; the link says what replaces the flat names.
+        headers["Deprecation"] = "true"
+        headers["Link"] = f'<{REFERENCE_PATH}>; rel="deprecation"'
+        _log.warning(
+            "job %s was submitted with deprecated flat field names (%s): see %s",
+            spec.name,
+            ", ".join(deprecated),
+            REFERENCE_PATH,
+        )
     # A job just added holds nothing yet: no assignment, report, batch or restart to read.
-    return json_response(
-        job_info(row, {}, None, None, 0).to_dict(),
-        201,
-        {"Location": f"/v1/jobs/{urllib.parse.quote(row.name)}"},
-    )
+    return json_response(job_info(row, {}, None, None, 0).to_dict(), 201, headers)
 
 
 def _list_jobs(state: ApiState, request: Request) -> Response:
@@ -193,11 +204,12 @@ def _service_down(state: ApiState, request: Request) -> Response:
     return json_response(dict(control.identity), 202)
 
 
-def _submission(data: Mapping[str, Any]) -> JobSubmission:
-    """A submission from a JSON object: :meth:`JobSubmission.from_mapping`, the one check of
-    a job's fields that ``coadapt submit`` runs too (ranges in
-    :data:`~autoscaler.controller.jobbook.BOUNDS_DOC`)."""
-    return JobSubmission.from_mapping(data)
+def _submission(data: Mapping[str, Any]) -> tuple[JobSubmission, tuple[str, ...]]:
+    """A submission from a JSON object in the spec's names and shape, or the old flat form
+    (whose names come back, deprecated): :func:`~autoscaler.controller.jobspec.
+    submission_from_body`, which ends in the one check of a job's fields that ``coadapt
+    submit`` runs too (ranges in ``docs/jobspec.md``)."""
+    return submission_from_body(data)
 
 
 def _cursor(at_s: float, name: str) -> str:
