@@ -102,7 +102,7 @@ def test_describe_reads_a_stopped_clusters_store(tmp_path: Path) -> None:
     assert "2 GPU(s) on i-long-offering-0" in text  # the placement history
     assert "placed on i-long-offering-0 (2 GPUs)" in text  # its events
     assert re.search(r"^cost \(USD\): +\d+\.\d{4}$", text, re.M), text
-    assert "command: [\"t.py\"]" in text  # the spec
+    assert 'command: ["t.py"]' in text  # the spec
     doc = json.loads(_run("describe", "bert", "--state-dir", str(tmp_path), "--json").stdout)
     assert doc["history"]["placements"][0]["gpus"] == 2
     assert doc["history"]["gpu_s"] == 2 * 1800.0

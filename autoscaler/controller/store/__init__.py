@@ -105,10 +105,9 @@ from autoscaler.controller.store.schema import (
 )
 
 __all__ = [
+    "BUSY_TIMEOUT_S",
     "DELETED_MARK",
     "ENDED_JOB_STATUSES",
-    "is_deleted_name",
-    "BUSY_TIMEOUT_S",
     "MAX_EVENTS_READ",
     "MAX_EVENT_CHARS",
     "MAX_REASON_CHARS",
@@ -130,6 +129,7 @@ __all__ = [
     "ReportRow",
     "Store",
     "apply_migrations",
+    "is_deleted_name",
     "placement_instants",
     "schema_of",
 ]

@@ -58,9 +58,7 @@ class EventTable(StoreBase):
             last = conn.execute("SELECT max(seq) FROM events").fetchone()[0]
         return int(last)
 
-    def events_about(
-        self, subject: str, limit: int = MAX_EVENTS_READ
-    ) -> tuple[EventRow, ...]:
+    def events_about(self, subject: str, limit: int = MAX_EVENTS_READ) -> tuple[EventRow, ...]:
         """The last ``limit`` (1..:data:`MAX_EVENTS_READ`) events about ``subject`` (a job or
         an instance), oldest first."""
         subject = valid_text(subject, "subject")
