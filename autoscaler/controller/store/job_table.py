@@ -34,13 +34,14 @@ ENDED_JOB_STATUSES: Final = frozenset(
     {JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.REFUSED}
 )
 """The statuses a job can be deleted in (:meth:`JobTable.delete_job`)."""
-_JOB_CHILDREN: Final = (  # every table whose job_name references jobs (name)
-    "assignments",
-    "assignment_history",
-    "reports",
-    "models",
-    "job_batches",
-    "job_usage",
+_MOVE_JOB_ROWS: Final = (  # every table whose job_name references jobs (name), and events
+    "UPDATE assignments SET job_name = ? WHERE job_name = ?",
+    "UPDATE assignment_history SET job_name = ? WHERE job_name = ?",
+    "UPDATE reports SET job_name = ? WHERE job_name = ?",
+    "UPDATE models SET job_name = ? WHERE job_name = ?",
+    "UPDATE job_batches SET job_name = ? WHERE job_name = ?",
+    "UPDATE job_usage SET job_name = ? WHERE job_name = ?",
+    "UPDATE events SET subject = ? WHERE subject = ?",
 )
 _JOB_FIELDS: Final = frozenset({"spec_json", "status", "retries", "reason"})
 _JOB_STATUSES: Final = {s.value: s for s in JobStatus}
@@ -108,14 +109,14 @@ class JobTable(StoreBase):
                 taken += 1
                 kept = f"{name}{DELETED_MARK}{taken + 1}"
             conn.execute(
-                f"INSERT INTO jobs ({_JOB_COLUMNS}) SELECT ?, spec_json, status, retries, "
-                "submitted_at_s, updated_at_s, version, reason, deadline_s FROM jobs "
+                "INSERT INTO jobs (name, spec_json, status, retries, submitted_at_s, "
+                "updated_at_s, version, reason, deadline_s) SELECT ?, spec_json, status, "
+                "retries, submitted_at_s, updated_at_s, version, reason, deadline_s FROM jobs "
                 "WHERE name = ?",
                 (kept, name),
             )
-            for table in _JOB_CHILDREN:
-                conn.execute(f"UPDATE {table} SET job_name = ? WHERE job_name = ?", (kept, name))
-            conn.execute("UPDATE events SET subject = ? WHERE subject = ?", (kept, name))
+            for sql in _MOVE_JOB_ROWS:
+                conn.execute(sql, (kept, name))
             conn.execute("DELETE FROM jobs WHERE name = ?", (name,))
         return kept
 
