@@ -69,6 +69,8 @@ def register(app: typer.Typer) -> None:
     app.command("logs")(logs)
     app.command("cancel")(cancel)
     app.command("retry")(retry)
+    app.command("describe")(describe)
+    app.command("delete")(delete)
     app.command("down")(down)
     app.command("demo")(demo)
     app.command("events")(events)
@@ -276,16 +278,30 @@ def submit(
     spec: Annotated[Path, typer.Argument(help="The job's YAML spec.")],
     state_dir: StateDir = None,
     json_out: Json = False,
+    name: Annotated[
+        str | None,
+        typer.Option(
+            "--name", help="Submit the spec under this job name instead of the one it gives."
+        ),
+    ] = None,
 ) -> None:
     """Submit a job (YAML spec: see examples/jobs/)."""
     from autoscaler.controller.api import ApiError
+    from autoscaler.controller.jobbook import JobSubmission
     from autoscaler.controller.jobspec import JobSpecError, load_job_spec
+    from autoscaler.errors import InvalidInputError
 
     try:
         parsed = load_job_spec(spec)
         submission = parsed.submission()
     except JobSpecError as e:
         fail(str(e), 2)
+    if name is not None:  # the one check of a job's fields, the new name included
+        try:
+            fields = json.loads(submission.to_json())
+            submission = JobSubmission.from_mapping({**fields, "name": name})
+        except InvalidInputError as e:
+            fail(f"--name {name[:80]!r}: {e}", 2)
     try:
         job = _client(state_dir).submit_job(submission)
     except ApiError as e:
@@ -318,18 +334,22 @@ def _status_doc(client: Any) -> dict[str, Any]:
 
 
 JOB_COLUMNS = (
-    Column("job"),
+    Column("job", key=True),
     Column("status"),
     Column("GPUs", numeric=True),
-    Column("batch", numeric=True, drop_rank=2),
+    Column("batch", numeric=True, drop_rank=5),
     Column("progress", numeric=True),
     Column("restarts", numeric=True, drop_rank=1),
-    Column("retries", numeric=True, drop_rank=3),
+    Column("retries", numeric=True, drop_rank=2),
+    Column("submitted", numeric=True, drop_rank=3),
+    Column("started", numeric=True, drop_rank=4),
+    Column("elapsed", numeric=True, drop_rank=6),
+    Column("deadline", numeric=True, drop_rank=7),
 )
 INSTANCE_COLUMNS = (
-    Column("instance"),
+    Column("instance", key=True),
     Column("status"),
-    Column("offering", drop_rank=1),
+    Column("offering", drop_rank=1, key=True),
     Column("GPUs"),
     Column("$/h", numeric=True),
 )
@@ -352,12 +372,44 @@ def job_cause(job: dict[str, Any]) -> str | None:
     return None
 
 
+def clock_text(at_s: float | None, now_s: float) -> str:
+    """A time in a table cell: ``HH:MM:SS`` (local) within a day of ``now_s``, else
+    ``YYYY-MM-DD HH:MM``; ``-`` for none."""
+    if at_s is None:
+        return "-"
+    form = "%H:%M:%S" if abs(now_s - at_s) < 86_400 else "%Y-%m-%d %H:%M"
+    return time.strftime(form, time.localtime(at_s))
+
+
+def span_text(seconds: float) -> str:
+    """A duration in a table cell: ``42s``, ``7m05s``, ``3h02m``, ``2d04h``."""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86_400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86_400}d{s % 86_400 // 3600:02d}h"
+
+
+def elapsed_s(job: dict[str, Any], now_s: float) -> float | None:
+    """How long a job has run since its first placement: to its last change once it ended,
+    else to ``now_s`` (``None``: never started)."""
+    started = job.get("started_at_s")
+    if started is None:
+        return None
+    end = job.get("updated_at_s", now_s) if job["status"] in ENDED else now_s
+    return max(0.0, float(end) - float(started))
+
+
 def _render_status(doc: dict[str, Any], *, wide: bool = False) -> None:
     """The jobs and the live instances as two tables fitted to the terminal (``wide``: every
     column), and under the jobs one line per failed or refused job with its cause."""
     from rich.console import Console
 
     console = Console()
+    now_s = time.time()
     rows = []
     for j in doc["jobs"]:
         gpus = sum(j.get("assignment", {}).values())
@@ -379,6 +431,10 @@ def _render_status(doc: dict[str, Any], *, wide: bool = False) -> None:
                 shown,
                 str(j.get("restarts", 0)),
                 str(j.get("retries", 0)),
+                clock_text(j.get("submitted_at_s"), now_s),
+                clock_text(j.get("started_at_s"), now_s),
+                "-" if (took := elapsed_s(j, now_s)) is None else span_text(took),
+                clock_text(j.get("deadline_s"), now_s),
             ]
         )
     render_table(console, JOB_COLUMNS, rows, title="jobs", wide=wide)
@@ -410,9 +466,10 @@ def status(
         bool, typer.Option("--wide", help="Show every column, however wide the terminal.")
     ] = False,
 ) -> None:
-    """Jobs (status, GPUs, batch, progress, and why a job failed or was refused) and the
-    fleet (offering, $/h); of a local cluster that is not up, as its store last recorded
-    them (read-only)."""
+    """Jobs (status, GPUs, batch, progress, submitted, started, elapsed, deadline, and why a
+    job failed or was refused) and the fleet (offering, $/h); of a local cluster that is not
+    up, as its store last recorded them (read-only). Times are local; --json gives them as
+    Unix seconds, the deadline also as deadline_utc (ISO-8601 UTC), fixed at submission."""
     from autoscaler.controller.api import ApiError
 
     state = resolve_state_dir(state_dir)
@@ -621,6 +678,154 @@ def retry(
     except ApiError as e:
         fail(api_failure(e, state_dir))
     typer.echo(f"{info.name}: {info.status}")
+
+
+def delete(
+    job: Annotated[str, typer.Argument(help="The job's name.")],
+    state_dir: StateDir = None,
+) -> None:
+    """Delete an ended job (completed, failed, cancelled or refused): its name can be
+    submitted again. Nothing of the bill goes: its history (placements, reports, events,
+    cost share) and its logs are kept under <name>~<n> (coadapt events and coadapt cost
+    report show it so). Its checkpoints stay where it wrote them: a job submitted again under
+    the name resumes from them unless they are removed or its spec names another
+    checkpoint_uri. Needs the cluster up."""
+    from autoscaler.controller.api import ApiError
+
+    try:
+        answer = _client(state_dir).delete_job(job)
+    except ApiError as e:
+        fail(api_failure(e, state_dir))
+    kept = answer.get("kept_as")
+    logs = answer.get("logs")
+    typer.echo(f"{job}: deleted; its history is kept as {kept}" +
+               (f", its logs in {logs}" if logs else ""))  # fmt: skip
+
+
+DESCRIBE_WIDTH_CHARS = 18  # the labels' column of coadapt describe
+
+
+def describe(
+    job: Annotated[str, typer.Argument(help="The job's name.")],
+    state_dir: StateDir = None,
+    json_out: Json = False,
+) -> None:
+    """Everything about one job: its spec, status and reason, times and deadline, its
+    placements (which instance's GPUs, when), batch, the events about it and its GPU-hours
+    and cost so far; through the cluster's API when it is up, else from its store."""
+    from autoscaler.controller.api import ApiError
+
+    state = resolve_state_dir(state_dir)
+    up = any((state / f).exists() for f in ("up.json", "deploy.json"))
+    if not up and not (state / "store.db").is_file():
+        fail(f"no cluster is up in {state} and no store is there (coadapt up --state-dir "
+             f"{state} makes one)")  # fmt: skip
+    if up:
+        try:
+            client = _client(state_dir)
+            info = client.get_job(job).to_dict()
+            history = client.job_history(job)
+        except ApiError as e:
+            fail(api_failure(e, state_dir))
+    else:
+        typer.echo(f"coadapt: no cluster is up in {state}; as its store last recorded it",
+                   err=True)  # fmt: skip
+        info, history = _stored_job(state, job)
+    doc = {**info, "history": history, "cost_usd": _job_cost_usd(state, job)}
+    if json_out:
+        typer.echo(json.dumps(doc))
+        return
+    _render_describe(doc)
+
+
+def _stored_job(state: Path, job: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Job ``job``'s answer and history, read from the store in ``state`` (read-only)."""
+    from autoscaler.controller.api.answers import job_history, one_job
+    from autoscaler.controller.errors import StoreError, UnknownRowError
+    from autoscaler.controller.store import Store
+    from coadapt_common.clock import SystemClock
+
+    clock = SystemClock()
+    try:
+        with Store.open_read_only(state / "store.db", clock) as store:
+            return one_job(store, store.get_job(job)), job_history(store, job, clock.now_s())
+    except UnknownRowError:
+        fail(f"no job {job!r} in {state}; coadapt status --state-dir {state} lists the jobs")
+    except StoreError as e:
+        fail(str(e))
+
+
+def _job_cost_usd(state: Path, job: str) -> float | None:
+    """Job ``job``'s share of the bill so far (what coadapt cost report's jobs table says),
+    when the cluster's store is in ``state`` (a local cluster, up or not); else None."""
+    from autoscaler.accounting.billing import cost_record_from_store
+    from autoscaler.accounting.costs import job_costs
+    from autoscaler.controller.errors import StoreError
+    from autoscaler.controller.store import Store
+    from autoscaler.errors import InvalidInputError
+    from coadapt_common.clock import SystemClock
+
+    if not (state / "store.db").is_file():
+        return None
+    clock = SystemClock()
+    try:
+        with Store.open_read_only(state / "store.db", clock) as store:
+            record = cost_record_from_store(store, clock.now_s())
+    except (StoreError, InvalidInputError):
+        return None
+    return next((c.cost_usd for c in job_costs(record) if c.job_id == job), 0.0)
+
+
+def _render_describe(doc: dict[str, Any]) -> None:
+    """``coadapt describe``'s text: labelled lines, then the placements and the events."""
+    from autoscaler.controller.events import format_event
+    from autoscaler.controller.store import EventRow
+
+    now_s = time.time()
+    history = doc["history"]
+
+    def line(label: str, value: object) -> None:
+        typer.echo(f"{label + ':':<{DESCRIBE_WIDTH_CHARS}}{value}")
+
+    progress, target = doc.get("progress"), doc.get("target_progress")
+    shown = "-" if progress is None else f"{progress:.0f}"
+    if progress is not None and target:
+        shown += f" of {target:.0f}"
+    took = elapsed_s(doc, now_s)
+    deadline = doc.get("deadline_s")
+    line("name", doc["name"])
+    line("status", doc["status"])
+    if doc.get("reason"):
+        line("reason", doc["reason"])
+    line("submitted", clock_text(doc.get("submitted_at_s"), now_s))
+    line("started", clock_text(doc.get("started_at_s"), now_s))
+    line("elapsed", "-" if took is None else span_text(took))
+    line("deadline", "-" if deadline is None else
+         f"{clock_text(deadline, now_s)} ({doc.get('deadline_utc')})")  # fmt: skip
+    line("GPUs", f"{doc.get('gpus', 0)}")
+    if doc.get("batch_size"):
+        line("batch", f"{doc['batch_size']} ({doc['local_batch_size']} per GPU x "
+                      f"{doc['accumulation_steps']} steps)")  # fmt: skip
+    line("progress", shown)
+    line("restarts", doc.get("restarts", 0))
+    line("retries", doc.get("retries", 0))
+    line("GPU-hours", f"{history.get('gpu_s', 0.0) / 3600:.4f}")
+    cost = doc.get("cost_usd")
+    line("cost (USD)", "- (from coadapt cost report on the controller)" if cost is None
+         else f"{cost:.4f}")  # fmt: skip
+    typer.echo("spec:")
+    for key, value in sorted(doc.get("spec", {}).items()):
+        if value is not None:
+            typer.echo(f"  {key}: {json.dumps(value)}")
+    typer.echo("placements:" + ("" if history["placements"] else " none"))
+    for p in history["placements"]:
+        end = "now" if p["to_s"] is None else clock_text(p["to_s"], now_s)
+        typer.echo(f"  {clock_text(p['from_s'], now_s)} - {end}  {p['gpus']} GPU(s) on "
+                   f"{p['instance_key']}")  # fmt: skip
+    typer.echo("events:" + ("" if history["events"] else " none"))
+    for n, e in enumerate(history["events"]):
+        row = EventRow(n, e["at_s"], e["kind"], doc["name"], e["message"])
+        typer.echo(f"  {format_event(row)}")
 
 
 def down(

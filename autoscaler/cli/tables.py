@@ -27,20 +27,34 @@ WIDE_CONSOLE_CHARS = 1000  # --wide: a console this wide never folds or drops a 
 class Column:
     """One column: its ``header``, right-aligned when ``numeric``; ``drop_rank`` None when it
     is always shown, else the order in which optional columns go when the terminal is narrow
-    (1 goes first)."""
+    (1 goes first). A ``key`` column (a job's or an instance's name, an offering key) is
+    never folded or cut, when shown: the other text columns fold to make room for it."""
 
     header: str
     numeric: bool = False
     drop_rank: int | None = None
+    key: bool = False
 
 
 def _width(column: Column, cells: Sequence[str]) -> int:
     return max([len(column.header), *(len(c) for c in cells)])
 
 
-def table_width(columns: Sequence[Column], rows: Sequence[Sequence[str]]) -> int:
-    """Characters ``columns`` take on one line each, with their separators and edges."""
-    widths = [_width(c, [r[n] for r in rows]) for n, c in enumerate(columns)]
+def _folded_width(column: Column, cells: Sequence[str]) -> int:
+    """The narrowest a column can be: a key or a number whole, other text folded between
+    words (its longest word, or header)."""
+    if column.key or column.numeric:
+        return _width(column, cells)
+    return max([len(column.header), *(len(w) for c in cells for w in c.split())])
+
+
+def table_width(
+    columns: Sequence[Column], rows: Sequence[Sequence[str]], *, folded: bool = False
+) -> int:
+    """Characters ``columns`` take on one line each, with their separators and edges
+    (``folded``: the least they can take, text folded between words)."""
+    measure = _folded_width if folded else _width
+    widths = [measure(c, [r[n] for r in rows]) for n, c in enumerate(columns)]
     return sum(widths) + GAP_CHARS * max(len(columns) - 1, 0) + EDGE_CHARS
 
 
@@ -58,7 +72,8 @@ def fit_columns(
     )
     for n in optional:
         kept = [columns[i] for i in shown]
-        if table_width(kept, [[r[i] for i in shown] for r in rows]) <= width_chars:
+        cells = [[r[i] for i in shown] for r in rows]
+        if table_width(kept, cells, folded=True) <= width_chars:
             break
         shown.remove(n)
     return shown
@@ -94,10 +109,14 @@ def render_table(
     )
     for n in shown:
         column = columns[n]
-        if column.numeric:
+        if column.key:
+            whole = _width(column, [r[n] for r in rows])
+            table.add_column(column.header, no_wrap=True, min_width=whole)
+        elif column.numeric:
             table.add_column(column.header, justify="right", no_wrap=True)
         else:
-            table.add_column(column.header, overflow="fold")
+            words = _folded_width(column, [r[n] for r in rows])
+            table.add_column(column.header, overflow="fold", min_width=words)
     for row in rows:
         table.add_row(*(row[n] for n in shown))
     if wide:

@@ -8,6 +8,7 @@ node's agent runs it: ``tests/controller/test_client_imports.py``).
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import urllib.error
 import urllib.parse
@@ -143,7 +144,9 @@ class JobInfo:
     stored (:attr:`submission` parses it); ``report`` the latest trainer report in short;
     ``batch`` the planned batch; ``restarts`` how many times the job was placed again after
     its first start (rescales, moves and resumes after a preemption or a failure);
-    ``reason`` why it was refused or last failed."""
+    ``reason`` why it was refused or last failed; ``started_at_s`` when it was first placed
+    (``None``: never), ``deadline_s`` its deadline as the absolute time fixed at submission
+    (``None``: none)."""
 
     name: str
     status: JobStatus
@@ -157,6 +160,8 @@ class JobInfo:
     batch: PlannedBatch | None = None
     restarts: int = 0
     reason: str | None = None
+    started_at_s: float | None = None
+    deadline_s: float | None = None
 
     @property
     def submission(self) -> JobSubmission:
@@ -174,7 +179,9 @@ class JobInfo:
         ``gpus``, the planned ``batch_size`` / ``local_batch_size`` / ``accumulation_steps``
         (``null`` while it holds no GPUs), ``progress`` / ``target_progress`` /
         ``remaining_progress`` (``null`` before the first report, or when the script
-        declared no length), ``restarts`` and ``reason``."""
+        declared no length), ``restarts`` and ``reason``; ``started_at_s`` and
+        ``deadline_s`` (Unix seconds, ``null``: none), the deadline also as ``deadline_utc``
+        (ISO-8601 UTC, e.g. ``2025-01-02T03:04:05Z``)."""
         report = self.report
         remaining = (
             None if report is None else remaining_progress(report.progress, report.target_progress)
@@ -186,6 +193,9 @@ class JobInfo:
             "retries": self.retries,
             "restarts": self.restarts,
             "submitted_at_s": self.submitted_at_s,
+            "started_at_s": self.started_at_s,
+            "deadline_s": self.deadline_s,
+            "deadline_utc": None if self.deadline_s is None else utc_text(self.deadline_s),
             "updated_at_s": self.updated_at_s,
             "version": self.version,
             "spec": dict(self.spec),
@@ -219,6 +229,8 @@ class JobInfo:
             batch=None if batch is None else PlannedBatch(**batch),
             restarts=int(data.get("restarts", 0)),
             reason=None if reason is None else str(reason),
+            started_at_s=_optional_float(data.get("started_at_s")),
+            deadline_s=_optional_float(data.get("deadline_s")),
         )
 
 
@@ -279,6 +291,16 @@ class JobExitReply:
     job: str
     status: JobStatus
     counted: bool
+
+
+def utc_text(at_s: float) -> str:
+    """Unix time ``at_s`` as ISO-8601 UTC to the second (``2025-01-02T03:04:05Z``)."""
+    moment = datetime.datetime.fromtimestamp(at_s, datetime.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def instance_to_dict(row: InstanceRow) -> dict[str, Any]:
@@ -360,6 +382,17 @@ class ApiClient:
 
     def get_job(self, name: str) -> JobInfo:
         return self._parse(JobInfo.from_dict, self._call("GET", f"/v1/jobs/{_seg(name)}"))
+
+    def job_history(self, name: str) -> dict[str, Any]:
+        """What ``coadapt describe`` shows of job ``name`` beyond :meth:`get_job`: its
+        placements, batch, events and GPU-time (``GET /v1/jobs/<name>/history``)."""
+        data = self._call("GET", f"/v1/jobs/{_seg(name)}/history")
+        return self._parse(dict, data)
+
+    def delete_job(self, name: str) -> dict[str, Any]:
+        """Delete ended job ``name`` (its name can be used again); the answer says where its
+        history went (``DELETE /v1/jobs/<name>``)."""
+        return self._parse(dict, self._call("DELETE", f"/v1/jobs/{_seg(name)}"))
 
     def cancel_job(self, name: str) -> JobInfo:
         data = self._call("POST", f"/v1/jobs/{_seg(name)}/cancel")

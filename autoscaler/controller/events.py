@@ -53,6 +53,7 @@ from autoscaler.controller.store import (
     JobRow,
     JobStatus,
     Store,
+    is_deleted_name,
 )
 from autoscaler.decide.views import JobView
 from autoscaler.errors import InvalidInputError
@@ -550,6 +551,10 @@ class EventRecorder:
         out: list[Event] = []
         for name, job in sorted(jobs.items()):
             old = self._jobs.get(name)
+            if is_deleted_name(name) and old is None:
+                continue  # a deleted job's history, moved: told when it happened
+            if old is not None and old.submitted_at_s != job.submitted_at_s:
+                old = None  # a new job under a deleted one's name
             if old is None:
                 out.append(Event(job.submitted_at_s, EventKind.SUBMIT, name, "submitted"))
                 if job.status is JobStatus.QUEUED:

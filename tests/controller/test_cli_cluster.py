@@ -99,3 +99,52 @@ def test_up_submit_status_logs_cancel_down(tmp_path: Path) -> None:
     assert re.search(r"^\d\d:\d\d:\d\d completion +mlp-small: completed in", output, re.M)
     assert re.search(r"^\d\d:\d\d:\d\d cancel +mlp-wide: cancelled", output, re.M)
     assert "#token=<" not in output and "Traceback" not in output
+
+
+def test_describe_delete_and_submit_under_another_name(tmp_path: Path) -> None:
+    """describe through the API while up and from the store after down; submit --name; an
+    ended job deleted, its name submitted again, its history kept as <name>~1."""
+    state = tmp_path / "cluster"
+    up = subprocess.Popen(
+        [*COADAPT, "up", "--state-dir", str(state), "--interval-s", "1", "--max-gpu-slots", "2"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (state / "up.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        spec = "examples/jobs/mlp-small.yaml"
+        named = _run("submit", spec, "--name", "other", "--state-dir", str(state))
+        assert "submitted other" in named.stdout
+        bad = _run("submit", spec, "--name", "Not_A_Name", "--state-dir", str(state), check=False)
+        assert bad.returncode == 2 and "--name" in bad.stderr
+        online = _run("describe", "other", "--state-dir", str(state))
+        assert "no cluster is up" not in online.stderr
+        assert re.search(r"^name: +other$", online.stdout, re.M), online.stdout
+        busy = _run("delete", "other", "--state-dir", str(state), check=False)
+        assert busy.returncode == 1 and "only an ended job" in busy.stderr, busy.stderr
+        _run("cancel", "other", "--state-dir", str(state))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            gone = _run("delete", "other", "--state-dir", str(state), check=False)
+            if gone.returncode == 0:
+                break
+            time.sleep(1)  # the next round frees its GPUs
+        assert "kept as other~1" in gone.stdout, gone.stdout + gone.stderr
+        again = _run("submit", spec, "--name", "other", "--state-dir", str(state))
+        assert "submitted other" in again.stdout
+        doc = json.loads(_run("status", "--json", "--state-dir", str(state)).stdout)
+        assert [j["name"] for j in doc["jobs"]] == ["other"]
+        _run("down", "--state-dir", str(state))
+        assert up.wait(timeout=120) == 0
+        offline = _run("describe", "other", "--state-dir", str(state))
+        assert "no cluster is up" in offline.stderr
+        assert re.search(r"^name: +other$", offline.stdout, re.M)
+        kept = _run("describe", "other~1", "--state-dir", str(state))
+        assert re.search(r"^status: +cancelled$", kept.stdout, re.M), kept.stdout + kept.stderr
+    finally:
+        if up.poll() is None:
+            up.terminate()
+            up.wait(timeout=120)

@@ -16,13 +16,15 @@ if TYPE_CHECKING:
 __all__ = ["print_floor", "print_report", "rich_table"]
 
 _EMPTY = "-"  # what an unknown value shows on a terminal
-_NAME_MIN_WIDTH = 17  # the first column (job, offering) folds onto lines this wide at least
+_WORD_MAX_CHARS = 12  # a text cell up to this long (a market, a GPU type) is never folded
 _GAP = 3  # characters between two columns (padding and separator); 1 at each edge
 
 
 def _widths(table: ReportTable) -> list[int]:
     """Each column's width on a terminal: numbers as wide as the widest cell or header word
-    (headers go one word a line), names as wide as their widest cell up to a fold width."""
+    (headers go one word a line); the first column (the key: a job, an offering) as wide as
+    its widest cell, never folded; other text as wide as its widest short cell (a market, a
+    GPU type: whole), longer ones folded."""
     out = []
     for n, column in enumerate(table.columns):
         widest = max((len(row[n] or _EMPTY) for row in table.rows), default=1)
@@ -30,17 +32,18 @@ def _widths(table: ReportTable) -> list[int]:
         if column.numeric:
             out.append(max(widest, words))
         else:
-            limit = _NAME_MIN_WIDTH if n == 0 else widest
-            out.append(max(min(widest, limit), words))
+            short = [len(row[n] or _EMPTY) for row in table.rows]
+            whole = max((w for w in short if w <= _WORD_MAX_CHARS), default=1)
+            out.append(max(widest if n == 0 else whole, words))
     return out
 
 
 def rich_table(table: ReportTable, *, label: str | None = None, width: int | None = None) -> Table:
     """``table`` as a :class:`rich.table.Table`, its title suffixed with ``label``: numbers
-    right-aligned and never cut (headers one word a line), the first column folded onto
-    several lines when the terminal is narrow. When even that does not fit in ``width``
-    characters, the rightmost columns are left out and the caption says how many
-    (``--format csv`` or ``html`` show them all)."""
+    right-aligned and never cut (headers one word a line), the first column (the key) whole
+    on one line, other long text folded onto several lines when the terminal is narrow. When
+    even that does not fit in ``width`` characters, the rightmost columns are left out and the
+    caption says how many (``--format csv`` or ``html`` show them all)."""
     from rich import box
     from rich.table import Table
 
@@ -66,6 +69,8 @@ def rich_table(table: ReportTable, *, label: str | None = None, width: int | Non
         if column.numeric:
             header = column.header.replace(" ", "\n")
             out.add_column(header, justify="right", no_wrap=True, min_width=widths[n])
+        elif n == 0:
+            out.add_column(column.header, no_wrap=True, min_width=widths[n])
         else:
             out.add_column(column.header, overflow="fold", min_width=widths[n])
     for row in table.rows:

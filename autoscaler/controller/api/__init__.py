@@ -23,6 +23,12 @@ endpoint                                      role    answer
 ``POST /v1/jobs/{name}/retry``                user    the job, ``queued`` again (a refused or
                                                       failed one; its failures start over); 409
                                                       for any other
+``GET  /v1/jobs/{name}/history``              user    its placements, events and GPU-seconds
+                                                      (:func:`job_history`: coadapt describe)
+``DELETE /v1/jobs/{name}``                    user    ``{"name", "kept_as", "logs"}``: an ended
+                                                      job deleted, its name free again, its
+                                                      history kept as ``<name>~<n>``; 409 for a
+                                                      job that has not ended
 ``GET  /v1/jobs/{name}/logs?offset=N``        user    :class:`LogChunk` (``&instance=KEY``: one
                                                       file)
 ``GET  /v1/instances``                        user    ``{"instances": [row, ...]}``, by key
@@ -137,7 +143,7 @@ so that an agent imports neither the server nor the store.
 from __future__ import annotations
 
 from autoscaler.controller.api.agents import rendezvous_endpoint
-from autoscaler.controller.api.answers import jobs_in_store
+from autoscaler.controller.api.answers import job_history, jobs_in_store
 from autoscaler.controller.api.app import ApiApp, make_app
 from autoscaler.controller.api.logs import MAX_LOG_CHUNK_BYTES, printable, read_job_logs
 from autoscaler.controller.api.server import ApiServer, ServerLimits, serve
@@ -198,6 +204,7 @@ __all__ = [
     "generate_tokens",
     "instance_from_dict",
     "instance_to_dict",
+    "job_history",
     "jobs_in_store",
     "load_token",
     "load_tokens",

@@ -11,20 +11,32 @@ import functools
 import json
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Final
 
 from autoscaler.controller.client import JobInfo, PlannedBatch, ProgressInfo
-from autoscaler.controller.store import JobBatch, JobRow, ReportRow, Store
+from autoscaler.controller.store import JobBatch, JobRow, ReportRow, Store, is_deleted_name
 
-__all__ = ["JobParts", "job_info", "job_json", "job_parts", "jobs_in_store", "one_job"]
+__all__ = [
+    "DESCRIBE_EVENTS",
+    "JobParts",
+    "job_history",
+    "job_info",
+    "job_json",
+    "job_parts",
+    "jobs_in_store",
+    "one_job",
+]
 
-JobParts = tuple[JobRow, tuple[tuple[str, int], ...], ReportRow | None, JobBatch | None, int]
-"""A job's row, assignment (``(instance_key, gpus)`` by key), latest report, batch, restarts."""
+JobParts = tuple[
+    JobRow, tuple[tuple[str, int], ...], ReportRow | None, JobBatch | None, int, float | None
+]
+"""A job's row, assignment (``(instance_key, gpus)`` by key), latest report, batch, restarts
+and when it was first placed (``None``: never)."""
 
 
 def job_parts(store: Store, rows: tuple[JobRow, ...]) -> list[JobParts]:
     """What a job's answer is made of, for each of ``rows``: the row, its assignment
-    (``(instance_key, gpus)`` by key), latest report, planned batch and restarts."""
+    (``(instance_key, gpus)`` by key), latest report, planned batch, restarts and start."""
     names = [row.name for row in rows]
     assigned: dict[str, dict[str, int]] = {}
     for (job, key), gpus in store.assignments_of(names).items():
@@ -32,6 +44,7 @@ def job_parts(store: Store, rows: tuple[JobRow, ...]) -> list[JobParts]:
     reports = store.latest_reports(names)
     batches = store.list_batches(names)
     restarts = store.restart_counts(names)
+    started = store.first_placed_at(names)
     return [
         (
             row,
@@ -39,17 +52,19 @@ def job_parts(store: Store, rows: tuple[JobRow, ...]) -> list[JobParts]:
             reports.get(row.name),
             batches.get(row.name),
             restarts.get(row.name, 0),
+            started.get(row.name),
         )
         for row in rows
     ]
 
 
 def jobs_in_store(store: Store) -> tuple[JobInfo, ...]:
-    """Every job, in submission order, as ``GET /v1/jobs`` answers it, read from ``store``
-    (what ``coadapt status`` shows of a cluster that is not up)."""
+    """Every job but the deleted ones, in submission order, as ``GET /v1/jobs`` answers it,
+    read from ``store`` (what ``coadapt status`` shows of a cluster that is not up)."""
+    rows = tuple(row for row in store.list_jobs() if not is_deleted_name(row.name))
     return tuple(
-        job_info(row, dict(assignment), report, batch, restarts)
-        for row, assignment, report, batch, restarts in job_parts(store, store.list_jobs())
+        job_info(row, dict(assignment), report, batch, restarts, started)
+        for row, assignment, report, batch, restarts, started in job_parts(store, rows)
     )
 
 
@@ -60,12 +75,13 @@ def job_json(
     report: ReportRow | None,
     batch: JobBatch | None,
     restarts: int,
+    started_at_s: float | None = None,
 ) -> str:
     """A job's answer as JSON text (what :func:`~autoscaler.controller.api.wire.json_response`
     writes for :meth:`JobInfo.to_dict`), remembered for the same rows: a job list re-reads
     mostly jobs that did not change since its last page, and encoding them was most of its cost
     (``benchmarks/api_load.py``)."""
-    info = job_info(row, dict(assignment), report, batch, restarts)
+    info = job_info(row, dict(assignment), report, batch, restarts, started_at_s)
     return json.dumps(info.to_dict(), sort_keys=True, allow_nan=False)
 
 
@@ -75,8 +91,9 @@ def job_info(
     report: ReportRow | None,
     batch: JobBatch | None,
     restarts: int,
+    started_at_s: float | None = None,
 ) -> JobInfo:
-    """A job as the API answers it, from its rows."""
+    """A job as the API answers it, from its rows (``started_at_s``: its first placement)."""
     return JobInfo(
         name=row.name,
         status=row.status,
@@ -90,6 +107,8 @@ def job_info(
         batch=None if batch is None or not assignment else PlannedBatch.of(batch),
         restarts=restarts,
         reason=row.reason,
+        started_at_s=started_at_s,
+        deadline_s=row.deadline_s,
     )
 
 
@@ -108,6 +127,38 @@ def one_job(store: Store, row: JobRow) -> dict[str, Any]:
     """Job ``row`` as the API answers it (a JSON object), its other rows read from ``store``."""
     assignment = {k: g for (_, k), g in store.list_assignments(job=row.name).items()}
     restarts = store.restart_counts([row.name]).get(row.name, 0)
-    return job_info(
-        row, assignment, store.latest_report(row.name), store.get_batch(row.name), restarts
-    ).to_dict()
+    started = store.first_placed_at([row.name]).get(row.name)
+    report, batch = store.latest_report(row.name), store.get_batch(row.name)
+    return job_info(row, assignment, report, batch, restarts, started).to_dict()
+
+
+def job_history(store: Store, name: str, now_s: float) -> dict[str, Any]:
+    """What ``coadapt describe`` shows of job ``name`` beyond its answer (``GET
+    /v1/jobs/<name>/history``, and read from the store of a cluster that is not up):
+
+    * ``placements``: its assignment spans, oldest first (``instance_key``, ``gpus``,
+      ``from_s``, ``to_s``; ``to_s`` null while it holds them);
+    * ``events``: the last :data:`DESCRIBE_EVENTS` events about it (re-batches among them),
+      oldest first (``at_s``, ``kind``, ``message``);
+    * ``gpu_s``: the GPU-seconds it has held to ``now_s`` (the store's attained service).
+
+    :class:`~autoscaler.controller.errors.UnknownRowError` for an unknown job."""
+    store.get_job(name)
+    spans = store.assignment_history(name)
+    served = store.usage([name], now_s).get(name, (0.0, 0))[0]
+    return {
+        "name": name,
+        "placements": [
+            {"instance_key": s.instance_key, "gpus": s.gpus, "from_s": s.from_s, "to_s": s.to_s}
+            for s in spans
+        ],
+        "events": [
+            {"at_s": e.at_s, "kind": e.kind, "message": e.message}
+            for e in store.events_about(name, DESCRIBE_EVENTS)
+        ],
+        "gpu_s": served,
+    }
+
+
+DESCRIBE_EVENTS: Final = 200
+"""The most events :func:`job_history` returns (the latest)."""

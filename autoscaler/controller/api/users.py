@@ -21,7 +21,7 @@ from typing import Any, Final
 
 from werkzeug.wrappers import Request, Response
 
-from autoscaler.controller.api.answers import job_info, job_json, job_parts, one_job
+from autoscaler.controller.api.answers import job_history, job_info, job_json, job_parts, one_job
 from autoscaler.controller.api.logs import read_job_logs
 from autoscaler.controller.api.state import ApiState, Route
 from autoscaler.controller.api.wire import int_arg, json_response, no_constant
@@ -37,6 +37,7 @@ from autoscaler.controller.jobbook import JOB_NAME_PATTERN, JobSubmission, submi
 from autoscaler.controller.jobspec import REFERENCE_PATH, submission_from_body
 from autoscaler.controller.lifecycle import InstanceStatus
 from autoscaler.controller.store import JobStatus
+from autoscaler.errors import InvalidInputError
 
 __all__ = ["ROUTES"]
 
@@ -71,7 +72,7 @@ def _list_jobs(state: ApiState, request: Request) -> Response:
     if limit < 1:
         raise ApiError(400, f"limit must be 1 to {MAX_JOBS_PAGE}", "limit")
     after = _cursor_arg(request)
-    rows = state.store().list_jobs_page(after, limit)
+    rows = state.store().list_jobs_page(after, limit, deleted=False)
     jobs = ", ".join(job_json(*parts) for parts in job_parts(state.store(), rows))
     last = rows[-1] if len(rows) == limit else None
     cursor = None if last is None else _cursor(last.submitted_at_s, last.name)
@@ -100,6 +101,33 @@ def _cancel_job(state: ApiState, request: Request, name: str) -> Response:
         _log.info("job %s cancelled", name)
         return json_response(one_job(store, row))
     raise ApiError(409, f"job {name!r} kept changing while being cancelled: try again")
+
+
+def _job_history(state: ApiState, request: Request, name: str) -> Response:
+    return json_response(job_history(state.store(), name, state.clock.now_s()))
+
+
+def _delete_job(state: ApiState, request: Request, name: str) -> Response:
+    """An ended job is deleted (:meth:`~autoscaler.controller.store.Store.delete_job`): its
+    name can be submitted again; its history (assignments, reports, events, its share of the
+    bill) is kept under ``<name>~<n>``, and so are its logs (``<logs_dir>/<name>~<n>``);
+    checkpoints are where the job wrote them, untouched. 409 for a job that has not ended."""
+    store = state.store()
+    try:
+        kept = store.delete_job(name)
+    except InvalidInputError as e:
+        raise ApiError(409, str(e)) from e
+    logs = state.logs_dir / name
+    logs_kept: str | None = None
+    if JOB_NAME_PATTERN.fullmatch(name) and logs.is_dir():
+        try:
+            logs.rename(state.logs_dir / kept)
+            logs_kept = str(state.logs_dir / kept)
+        except OSError as e:  # the row moved: say where the logs stayed
+            _log.warning("job %s deleted, its logs left in %s: %s", name, logs, e)
+            logs_kept = str(logs)
+    _log.info("job %s deleted (its history kept as %s)", name, kept)
+    return json_response({"name": name, "kept_as": kept, "logs": logs_kept})
 
 
 def _retry_job(state: ApiState, request: Request, name: str) -> Response:
@@ -242,6 +270,8 @@ ROUTES: Final[tuple[Route, ...]] = (
     ("GET", "/v1/jobs/<name>", Role.USER, _get_job),
     ("POST", "/v1/jobs/<name>/cancel", Role.USER, _cancel_job),
     ("POST", "/v1/jobs/<name>/retry", Role.USER, _retry_job),
+    ("GET", "/v1/jobs/<name>/history", Role.USER, _job_history),
+    ("DELETE", "/v1/jobs/<name>", Role.USER, _delete_job),
     ("GET", "/v1/jobs/<name>/logs", Role.USER, _job_logs),
     ("GET", "/v1/instances", Role.USER, _list_instances),
     ("GET", "/v1/fleet", Role.USER, _fleet),

@@ -85,7 +85,13 @@ from autoscaler.controller.store.event_table import (
 )
 from autoscaler.controller.store.fleet_meta import FleetMeta
 from autoscaler.controller.store.instance_table import InstanceTable
-from autoscaler.controller.store.job_table import MAX_REASON_CHARS, JobTable
+from autoscaler.controller.store.job_table import (
+    DELETED_MARK,
+    ENDED_JOB_STATUSES,
+    MAX_REASON_CHARS,
+    JobTable,
+    is_deleted_name,
+)
 from autoscaler.controller.store.placements import placement_instants
 from autoscaler.controller.store.price_table import PricePoint, PriceTable
 from autoscaler.controller.store.report_table import ModelRow, TrainerReportTable
@@ -100,6 +106,8 @@ from autoscaler.controller.store.schema import (
 
 __all__ = [
     "BUSY_TIMEOUT_S",
+    "DELETED_MARK",
+    "ENDED_JOB_STATUSES",
     "MAX_EVENTS_READ",
     "MAX_EVENT_CHARS",
     "MAX_REASON_CHARS",
@@ -121,6 +129,7 @@ __all__ = [
     "ReportRow",
     "Store",
     "apply_migrations",
+    "is_deleted_name",
     "placement_instants",
     "schema_of",
 ]

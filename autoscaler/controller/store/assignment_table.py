@@ -239,6 +239,22 @@ class AssignmentTable(StoreBase):
         """GPUs by ``(job name, instance key)``, of one job and/or one instance when given."""
         return {(a.job_name, a.instance_key): a.gpus for a in self.assignment_rows(job, instance)}
 
+    def first_placed_at(self, jobs: Iterable[str]) -> dict[str, float]:
+        """When each job (of ``jobs``) was first placed: its start (the module docstring's
+        first placement). Jobs never placed are left out."""
+        out: dict[str, float] = {}
+        names = list(dict.fromkeys(jobs))
+        for i in range(0, len(names), 500):  # SQLite's bound on parameters
+            chunk = names[i : i + 500]
+            marks = ", ".join("?" * len(chunk))
+            rows = self._read(
+                "SELECT job_name, min(from_s) FROM assignment_history "
+                f"WHERE job_name IN ({marks}) GROUP BY job_name",
+                chunk,
+            )
+            out.update((job, float(at_s)) for job, at_s in rows)
+        return out
+
     def restart_counts(self, jobs: Iterable[str]) -> dict[str, int]:
         """How many times each job (of ``jobs``) was placed again after its first start (the
         module docstring's definition). The one count of restarts: the policy's

@@ -58,6 +58,18 @@ class EventTable(StoreBase):
             last = conn.execute("SELECT max(seq) FROM events").fetchone()[0]
         return int(last)
 
+    def events_about(self, subject: str, limit: int = MAX_EVENTS_READ) -> tuple[EventRow, ...]:
+        """The last ``limit`` (1..:data:`MAX_EVENTS_READ`) events about ``subject`` (a job or
+        an instance), oldest first."""
+        subject = valid_text(subject, "subject")
+        limit = min(valid_count(limit, "limit", minimum=1), MAX_EVENTS_READ)
+        rows = self._read(
+            "SELECT seq, at_s, kind, subject, message FROM events WHERE subject = ? "
+            "ORDER BY seq DESC LIMIT ?",
+            (subject, limit),
+        )
+        return tuple(EventRow(*r) for r in reversed(rows))
+
     def events_after(self, cursor: int = 0, limit: int = MAX_EVENTS_READ) -> tuple[EventRow, ...]:
         """Events with ``seq`` greater than ``cursor`` (0: from the first), oldest first, at
         most ``limit`` (1..:data:`MAX_EVENTS_READ`)."""

@@ -19,7 +19,7 @@ from autoscaler.controller.store.validate import (
 )
 from autoscaler.errors import InvalidInputError
 
-__all__ = ["MAX_REASON_CHARS", "JobTable"]
+__all__ = ["DELETED_MARK", "ENDED_JOB_STATUSES", "MAX_REASON_CHARS", "JobTable", "is_deleted_name"]
 
 _JOB_COLUMNS: Final = (
     "name, spec_json, status, retries, submitted_at_s, updated_at_s, version, reason, deadline_s"
@@ -27,6 +27,22 @@ _JOB_COLUMNS: Final = (
 _BATCH_COLUMNS: Final = "job_name, global_batch_size, local_batch_size, accum_steps, gpus, at_s"
 MAX_REASON_CHARS: Final = 500
 """A job's ``reason`` is cut to this many characters."""
+DELETED_MARK: Final = "~"
+"""A deleted job is kept as ``<name>~<n>`` (its n-th deletion): a name no submission can take
+(``~`` is outside :data:`~autoscaler.controller.jobbook.JOB_NAME_PATTERN`)."""
+ENDED_JOB_STATUSES: Final = frozenset(
+    {JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.REFUSED}
+)
+"""The statuses a job can be deleted in (:meth:`JobTable.delete_job`)."""
+_MOVE_JOB_ROWS: Final = (  # every table whose job_name references jobs (name), and events
+    "UPDATE assignments SET job_name = ? WHERE job_name = ?",
+    "UPDATE assignment_history SET job_name = ? WHERE job_name = ?",
+    "UPDATE reports SET job_name = ? WHERE job_name = ?",
+    "UPDATE models SET job_name = ? WHERE job_name = ?",
+    "UPDATE job_batches SET job_name = ? WHERE job_name = ?",
+    "UPDATE job_usage SET job_name = ? WHERE job_name = ?",
+    "UPDATE events SET subject = ? WHERE subject = ?",
+)
 _JOB_FIELDS: Final = frozenset({"spec_json", "status", "retries", "reason"})
 _JOB_STATUSES: Final = {s.value: s for s in JobStatus}
 
@@ -47,8 +63,62 @@ def _job_row(r: sqlite3.Row) -> JobRow:
     )
 
 
+def is_deleted_name(name: str) -> bool:
+    """Whether ``name`` is a deleted job's (``<name>~<n>``, :meth:`JobTable.delete_job`)."""
+    return DELETED_MARK in name
+
+
 class JobTable(StoreBase):
     """The jobs and their planned batches."""
+
+    def delete_job(self, name: str) -> str:
+        """Delete ended job ``name`` so that its name can be submitted again; returns the name
+        its history is kept under, ``<name>~<n>`` (:data:`DELETED_MARK`).
+
+        Nothing is erased: in one transaction the job's row and every row that names it (its
+        assignments and their history, reports, fitted models, batch, usage totals) and the
+        events about it move to the kept name, so the bill (which splits each instance's cost
+        by the assignment history) stays what it was, the deleted job listed under the kept
+        name. :class:`UnknownRowError` when there is no job ``name`` (or it is a deleted
+        one); :class:`InvalidInputError` when it has not ended or still holds GPUs."""
+        name = valid_text(name, "name")
+        if is_deleted_name(name):
+            raise UnknownRowError("jobs", name)
+        with self._write("delete a job") as conn:
+            job = self._job(conn, name)
+            if job.status not in ENDED_JOB_STATUSES:
+                raise InvalidInputError(
+                    f"job {name!r} is {job.status.value}: only an ended job (completed, failed, "
+                    "cancelled or refused) can be deleted; cancel it first",
+                    field="name",
+                )
+            held = conn.execute(
+                "SELECT count(*) FROM assignments WHERE job_name = ?", (name,)
+            ).fetchone()[0]
+            if held:
+                raise InvalidInputError(
+                    f"job {name!r} still holds GPUs; delete it once the next round freed them",
+                    field="name",
+                )
+            taken = conn.execute(
+                "SELECT count(*) FROM jobs WHERE substr(name, 1, ?) = ?",
+                (len(name) + 1, name + DELETED_MARK),
+            ).fetchone()[0]
+            kept = f"{name}{DELETED_MARK}{taken + 1}"
+            while conn.execute("SELECT 1 FROM jobs WHERE name = ?", (kept,)).fetchone():
+                taken += 1
+                kept = f"{name}{DELETED_MARK}{taken + 1}"
+            conn.execute(
+                "INSERT INTO jobs (name, spec_json, status, retries, submitted_at_s, "
+                "updated_at_s, version, reason, deadline_s) SELECT ?, spec_json, status, "
+                "retries, submitted_at_s, updated_at_s, version, reason, deadline_s FROM jobs "
+                "WHERE name = ?",
+                (kept, name),
+            )
+            for sql in _MOVE_JOB_ROWS:
+                conn.execute(sql, (kept, name))
+            conn.execute("DELETE FROM jobs WHERE name = ?", (name,))
+        return kept
 
     def add_job(
         self,
@@ -99,18 +169,26 @@ class JobTable(StoreBase):
         sql += " ORDER BY submitted_at_s, name"
         return tuple(_job_row(r) for r in self._read(sql, params))
 
-    def list_jobs_page(self, after: tuple[float, str] | None, limit: int) -> tuple[JobRow, ...]:
+    def list_jobs_page(
+        self, after: tuple[float, str] | None, limit: int, *, deleted: bool = True
+    ) -> tuple[JobRow, ...]:
         """At most ``limit`` jobs in submission order (``(submitted_at_s, name)``, the order
         of :meth:`list_jobs`), those after the job keyed ``after`` (``None``: from the
-        first). A job's key never changes, so paging by the last key of each page sees every
-        job that existed when it began exactly once."""
+        first); without the deleted ones (:meth:`delete_job`) unless ``deleted``. A job's key
+        never changes, so paging by the last key of each page sees every job that existed
+        when it began exactly once."""
         limit = valid_count(limit, "limit", minimum=1)
         sql = f"SELECT {_JOB_COLUMNS} FROM jobs"
         params: list[object] = []
+        where = [] if deleted else ["instr(name, ?) = 0"]
+        if not deleted:
+            params.append(DELETED_MARK)
         if after is not None:  # a row value: the submission index serves it (schema v5)
             at_s, name = after
-            sql += " WHERE (submitted_at_s, name) > (?, ?)"
-            params = [valid_number(at_s, "after", minimum=None), valid_text(name, "after")]
+            where.append("(submitted_at_s, name) > (?, ?)")
+            params += [valid_number(at_s, "after", minimum=None), valid_text(name, "after")]
+        if where:
+            sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY submitted_at_s, name LIMIT ?"
         return tuple(_job_row(r) for r in self._read(sql, [*params, limit]))
 
