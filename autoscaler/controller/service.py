@@ -1047,7 +1047,9 @@ def down_without_up(
     clock = clock or SystemClock()
     path = state / "store.db"
     if not path.is_file():
-        raise ServiceError(f"no cluster in {state} (no store.db): nothing to bring down")
+        raise ServiceError(
+            f"no cluster in {state} (no store.db there): nothing was stopped or released"
+        )
     try:
         store = Store.open(path, clock)
     except StoreError as e:

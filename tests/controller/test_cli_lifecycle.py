@@ -10,13 +10,16 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from autoscaler.controller.store import Store
+from autoscaler.controller.jobbook import JobSubmission
+from autoscaler.controller.service import BroughtDownError, UpConfig, run_up
+from autoscaler.controller.store import JobStatus, Store
 from coadapt_common.clock import SystemClock
 from coadapt_common.procfs import PROC_ROOT
 from providers.local import LocalProvider
@@ -25,10 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 COADAPT = [sys.executable, "-m", "autoscaler.cli"]
 CLUSTER = "coadapt-local"
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not PROC_ROOT.is_dir(), reason="needs Linux /proc"),
-]
+pytestmark = pytest.mark.skipif(not PROC_ROOT.is_dir(), reason="needs Linux /proc")
 
 
 def _run(*args: str, timeout_s: float = 240) -> subprocess.CompletedProcess[str]:
@@ -105,6 +105,7 @@ def up_process(tmp_path: Path) -> Iterator[tuple[Path, subprocess.Popen[str]]]:
         LocalProvider(state / "local").down(CLUSTER)
 
 
+@pytest.mark.slow
 def test_down_after_up_was_sigkilled_releases_every_instance_and_stops_its_jobs(
     tmp_path: Path, up_process: tuple[Path, subprocess.Popen[str]]
 ) -> None:
@@ -134,6 +135,7 @@ def test_down_after_up_was_sigkilled_releases_every_instance_and_stops_its_jobs(
     assert "already down" in again.stdout, again.stdout
 
 
+@pytest.mark.slow
 def test_down_after_up_was_stopped_by_sigterm_releases_the_fleet(
     tmp_path: Path, up_process: tuple[Path, subprocess.Popen[str]]
 ) -> None:
@@ -153,6 +155,7 @@ def test_down_after_up_was_stopped_by_sigterm_releases_the_fleet(
     assert _marked(live) == []
 
 
+@pytest.mark.slow
 def test_up_on_a_brought_down_folder_relaunches_nothing_without_resume(
     tmp_path: Path, up_process: tuple[Path, subprocess.Popen[str]]
 ) -> None:
@@ -180,6 +183,7 @@ def test_up_on_a_brought_down_folder_relaunches_nothing_without_resume(
     assert LocalProvider(state / "local").list_instances(CLUSTER) == []
 
 
+@pytest.mark.slow
 def test_up_detached_serves_and_down_stops_it(tmp_path: Path) -> None:
     state = tmp_path / "cluster"
     try:
@@ -214,3 +218,35 @@ def _zombie(pid: int) -> bool:
         return (PROC_ROOT / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return True
+
+
+def test_a_brought_down_store_with_unfinished_jobs_starts_only_when_resumed(
+    tmp_path: Path,
+) -> None:
+    """The rule in the service (run_up), whatever the caller: a store marked down with a
+    queued job is refused, naming the job and --resume; resumed, it starts and is no longer
+    down; a store marked down with no unfinished job starts without asking."""
+    state = tmp_path / "state"
+    clock = SystemClock()
+    with Store.create(state / "store.db", CLUSTER, clock) as store:
+        store.add_job("bert", JobSubmission("bert", 64, 512, 64, command=("t.py",)).to_json())
+        store.set_down(True)
+    stopped = threading.Event()
+    stopped.set()  # starts, serves, and stops at once
+    with pytest.raises(BroughtDownError) as refused:
+        run_up(UpConfig(state), stopped)
+    assert refused.value.jobs == ("bert",)
+    assert "bert" in str(refused.value) and "--resume" in str(refused.value)
+    assert not (state / "up.json").exists()
+    with Store.open_read_only(state / "store.db", clock) as store:
+        assert store.down_at_s() is not None
+    report = run_up(UpConfig(state, resume=True), stopped)
+    assert not report.released
+    with Store.open(state / "store.db", clock) as store:
+        assert store.down_at_s() is None
+        job = store.get_job("bert")
+        store.update_job("bert", job.version, status=JobStatus.CANCELLED)
+        store.set_down(True)
+    assert not run_up(UpConfig(state), stopped).released  # nothing to relaunch: no question
+    with Store.open_read_only(state / "store.db", clock) as store:
+        assert store.down_at_s() is None
