@@ -79,6 +79,7 @@ def register(app: typer.Typer) -> None:
 
 
 def up(
+    ctx: typer.Context,
     provider: Annotated[
         str, typer.Option(help="Where instances come from: local, aws or gcp.")
     ] = "local",
@@ -166,19 +167,45 @@ def up(
             "what the bill reads is always kept."
         ),
     ] = 30.0,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="On a cluster that coadapt down brought down: relaunch its unfinished jobs "
+            "(asked on a terminal; without a terminal up refuses unless given this).",
+        ),
+    ] = False,
+    detach: Annotated[
+        bool,
+        typer.Option(
+            "--detach",
+            "-d",
+            help="Run in the background, its output in up.log in the state folder; returns "
+            "once the API serves (coadapt down stops it).",
+        ),
+    ] = False,
 ) -> None:
-    """Run the controller (API, rounds, fleet) in the foreground. Ctrl-C or SIGTERM stops it
-    and leaves the fleet and its jobs running (the next coadapt up takes them back, at the
-    same address); coadapt down releases every instance and stops it. On aws/gcp it runs
-    on the controller machine a deployment made (coadapt deploy), reading that
-    deployment's provider config.
+    """Run the controller (API, rounds, fleet) in the foreground, or with -d in the
+    background (its output in <state-dir>/up.log). Ctrl-C or SIGTERM stops it and leaves the
+    fleet and its jobs running (the next coadapt up takes them back, at the same address);
+    coadapt down releases every instance and stops it, also when up is no longer running.
+    On a cluster that coadapt down brought down, its unfinished jobs are relaunched only
+    with --resume (asked on a terminal). On aws/gcp it runs on the controller machine a
+    deployment made (coadapt deploy), reading that deployment's provider config.
 
     It prints one line per event that matters (launch, ready, notice, preemption, rescale,
     re-batch, refusal, completion, release, ...), with its time and its reason; coadapt
     events shows the same story from the store."""
     from autoscaler.controller.credentials import TokenFileError
     from autoscaler.controller.events import Event, format_event
-    from autoscaler.controller.service import ServiceError, UpConfig, run_up, up_is_stale
+    from autoscaler.controller.service import (
+        BroughtDownError,
+        ServiceError,
+        UpConfig,
+        run_up,
+        unfinished_after_down,
+        up_is_stale,
+    )
     from autoscaler.errors import InvalidInputError
 
     os.umask(0o077)  # what up and its agents write is private to this user
@@ -218,6 +245,21 @@ def up(
         typer.echo(f"coadapt: {state / 'up.json'} was left by a coadapt up that is gone; "
                    "starting again (the store picks up where it stopped)")  # fmt: skip
         (state / "up.json").unlink()
+    waiting = () if resume or new_store else unfinished_after_down(state)
+    if waiting:
+        if not sys.stdin.isatty():
+            fail(str(BroughtDownError(state, waiting)))
+        resume = typer.confirm(
+            f"coadapt: {state} was brought down (coadapt down) with {len(waiting)} unfinished "
+            f"job(s): {', '.join(waiting)}. Relaunch them (instances are launched for them)?",
+            default=False,
+        )
+        if not resume:
+            fail(f"not started; coadapt up --resume --state-dir {state} relaunches them, "
+                 "--new-store starts empty")  # fmt: skip
+    if detach:
+        _detach(ctx, state, resume=resume)
+        return
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -239,6 +281,7 @@ def up(
         agent_interval_s=agent_interval_s,
         heartbeat_timeout_s=heartbeat_timeout_s,
         retention_s=retention_days * 86_400.0 or None,
+        resume=resume,
     )
 
     def ready(url: str) -> None:
@@ -272,6 +315,73 @@ def up(
     if not report.clean:
         fail(f"instances still listed after down: {', '.join(report.remaining)}")
     typer.echo("coadapt: down; no instance left")
+
+
+UP_LOG = "up.log"
+"""Where ``coadapt up -d`` writes its output, in the state folder (appended to)."""
+DETACH_WAIT_S = 120.0
+"""How long ``coadapt up -d`` waits for the background ``up`` to serve before it gives up."""
+
+
+def _detach(ctx: typer.Context, state: Path, *, resume: bool) -> None:
+    """``coadapt up -d``: start the same ``coadapt up`` (every option given, less ``-d``) as
+    its own session in the background, its output appended to ``<state>/up.log``, and return
+    once it serves (its ``up.json`` names it), saying where its log is; a background ``up``
+    that exits first fails here with the end of its log."""
+    import subprocess
+
+    from autoscaler.controller.service import UpRecord
+
+    argv = [sys.executable, "-m", "autoscaler.cli", "up"]
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name or "")
+        own = param.name in ("detach", "resume", "state_dir")  # said below, or not passed on
+        if own or value is None or value == param.default:
+            continue
+        if getattr(param, "is_flag", False):
+            names = param.opts if value else getattr(param, "secondary_opts", [])
+            argv += names[:1]
+        else:
+            argv += [param.opts[0], str(value)]
+    if resume:
+        argv.append("--resume")
+    argv += ["--state-dir", str(state)]
+    state.mkdir(mode=0o700, parents=True, exist_ok=True)
+    log_path = state / UP_LOG
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    start = os.lseek(fd, 0, os.SEEK_END)
+    try:
+        child = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=fd,
+            stderr=fd,
+            start_new_session=True,  # no SIGHUP when the terminal closes
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    finally:
+        os.close(fd)
+    deadline = time.monotonic() + DETACH_WAIT_S
+    while time.monotonic() < deadline:
+        record = UpRecord.read(state / "up.json")
+        if record is not None and record.pid == child.pid:
+            typer.echo(f"coadapt: up at {record.url} in the background (pid {child.pid}); its "
+                       f"log: {log_path}; coadapt down --state-dir {state} stops it")  # fmt: skip
+            return
+        code = child.poll()
+        if code is not None:
+            with open(log_path, "rb") as f:
+                f.seek(start)
+                said = f.read().decode(errors="replace").strip().splitlines()
+            for line in said[:-1]:
+                typer.echo(line, err=True)
+            last = said[-1].removeprefix("coadapt: ") if said else "(no output)"
+            fail(f"the background coadapt up exited ({code}): {last}")
+        time.sleep(0.1)
+    fail(
+        f"the background coadapt up (pid {child.pid}) does not serve after "
+        f"{DETACH_WAIT_S:.0f} s; see {log_path} (coadapt down --state-dir {state} stops it)"
+    )
 
 
 def submit(
@@ -832,31 +942,38 @@ def down(
     state_dir: StateDir = None,
     timeout_s: Annotated[float, typer.Option(help="Seconds to wait for the release.")] = 300.0,
 ) -> None:
-    """Stop the running coadapt up and release every instance: it confirms none is left.
-    It checks first that the process up.json names is that coadapt up (its pid, start
-    time and command line) and that this state folder's user token is the cluster's."""
+    """Release every instance of the cluster and stop its coadapt up: it confirms none is
+    left. With coadapt up running it asks it to (checking first that the process up.json
+    names is that coadapt up: its pid, start time and command line; and that this state
+    folder's user token is the cluster's). With none running (stopped, killed, crashed) it
+    lists the cloud under the cluster's tag and releases what it finds from here; on the
+    local provider that stops each instance's agent and its jobs. A cluster already down:
+    it says so and exits 0. Its unfinished jobs wait for coadapt up --resume."""
     from autoscaler.controller.api import ApiClient, ApiError, load_tokens
     from autoscaler.controller.errors import ControllerError
     from autoscaler.controller.service import UpProcess, UpRecord
     from autoscaler.errors import InvalidInputError
 
+    if not 0 < timeout_s <= 86_400:
+        fail(f"--timeout-s {timeout_s}: give 1-86400 seconds", 2)
     state = resolve_state_dir(state_dir)
     up_file = state / "up.json"
     if not up_file.exists():
-        fail(f"no cluster is up in {state}")
+        if not (state / "store.db").exists() and (state / "deploy.json").exists():
+            fail(f"{state} holds a deployment, whose controller runs coadapt up: coadapt "
+                 f"destroy --state-dir {state} releases its fleet")  # fmt: skip
+        _down_without_up(state, timeout_s, "no coadapt up runs for it")
+        return
     record = UpRecord.read(up_file)
     if record is None:
         fail(f"{up_file} is not a record of a running coadapt up; nothing was stopped. If no "
              f"coadapt up runs for {state}, remove it")  # fmt: skip
     pid, started, url = record.pid, record.started, record.url
     process = record.process()
-    if process is UpProcess.GONE:  # killed, crashed, rebooted: the next up takes over
-        fail(
-            f"the coadapt up that ran this cluster (pid {pid}) is gone (killed or "
-            "crashed); nothing was stopped and its instances keep running: coadapt up "
-            f"--state-dir {state} takes them back, then coadapt down --state-dir {state} "
-            "releases them"
-        )
+    if process is UpProcess.GONE:  # killed, crashed, rebooted: released from here
+        _down_without_up(state, timeout_s, f"its coadapt up (pid {pid}) is gone")
+        up_file.unlink(missing_ok=True)
+        return
     if process is not UpProcess.OURS:
         fail(
             f"{up_file} names pid {pid}, which is not the coadapt up that wrote it (its "
@@ -890,6 +1007,38 @@ def down(
         fail(f"`coadapt up` (pid {pid}) is still releasing after {timeout_s:.0f} s; run coadapt "
              "down again to wait longer")  # fmt: skip
     typer.echo("coadapt: down")
+
+
+def _down_without_up(state: Path, timeout_s: float, why: str) -> None:
+    """``coadapt down`` with no coadapt up running for ``state``: release from here
+    (:func:`~autoscaler.controller.service.down_without_up`) and say what was done."""
+    from autoscaler.controller.events import Event, format_event
+    from autoscaler.controller.service import ServiceError, down_without_up
+
+    def told(event: Event) -> None:
+        typer.echo(format_event(event))
+
+    try:
+        done = down_without_up(state, timeout_s=timeout_s, on_event=told)
+    except ServiceError as e:
+        fail(str(e))
+    report = done.report
+    if not report.released:
+        fail(f"{state}: its store never planned a fleet, so the {len(report.remaining)} "
+             f"instance(s) listed under cluster {done.cluster_id} are not known to be its "
+             "own: nothing was released")  # fmt: skip
+    if report.remaining:
+        why_left = f" ({report.error})" if report.error else ""
+        fail(f"instances still listed after down: {', '.join(report.remaining)}{why_left}; "
+             f"run coadapt down --state-dir {state} again")  # fmt: skip
+    if not done.found and done.was_down_at_s is not None:
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(done.was_down_at_s))
+        typer.echo(f"coadapt: already down (since {since}); no instance of cluster "
+                   f"{done.cluster_id} is listed")  # fmt: skip
+        return
+    released = f"released {len(done.found)} instance(s) ({', '.join(done.found)})"
+    typer.echo(f"coadapt: down ({why}): {released if done.found else 'none was listed'}; "
+               "no instance left")  # fmt: skip
 
 
 def _configure_logging(*, verbose: bool) -> None:

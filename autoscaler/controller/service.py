@@ -24,6 +24,9 @@ its user, whatever the umask)::
                     again, where the agents call
     up.json         the running service: its API URL, pid, start time and command line
                     (removed when it stops)
+    cluster.json    where its instances come from (``provider``, ``provider_config``): what
+                    :func:`down_without_up` reads to release the fleet with no ``up`` running
+    up.log          the output of a ``coadapt up -d`` (it runs in the background)
     logs/<job>/     job logs, one file per instance (what ``GET /v1/jobs/{name}/logs`` reads),
                     each capped by its writer (``--job-log-max-mib``: the latest output is
                     kept, one rotated file beside it, and reads say how much was dropped)
@@ -110,6 +113,7 @@ from autoscaler.controller.errors import (
 from autoscaler.controller.events import Event, EventKind, EventRecorder
 from autoscaler.controller.job_storage import JobCredentialSource
 from autoscaler.controller.loop import (
+    ACTIVE_JOBS,
     DEFAULT_RETENTION_S,
     Controller,
     ControllerConfig,
@@ -133,6 +137,8 @@ from providers.base import Provider
 from providers.errors import ProviderError
 
 __all__ = [
+    "BroughtDownError",
+    "DownWithoutUp",
     "ServiceError",
     "UpConfig",
     "UpProcess",
@@ -140,7 +146,9 @@ __all__ = [
     "UpReport",
     "agent_main",
     "describe_store_error",
+    "down_without_up",
     "run_up",
+    "unfinished_after_down",
     "up_is_stale",
 ]
 
@@ -196,7 +204,9 @@ class UpConfig:
     one-second ticker longer than this is a stall of the controller (SIGSTOP, a suspended
     machine), whose time is not held against the agents (:mod:`~autoscaler.controller.
     liveness`). ``retention_s``: how long the store keeps reports, prices and events
-    (``ControllerConfig.retention_s``; ``None``: forever)."""
+    (``ControllerConfig.retention_s``; ``None``: forever). ``resume``: on a store that
+    ``coadapt down`` brought down, relaunch its unfinished jobs (without it such a store with
+    unfinished jobs is refused: :class:`BroughtDownError`)."""
 
     state_dir: Path
     cluster_id: str = "coadapt-local"
@@ -224,6 +234,7 @@ class UpConfig:
     heartbeat_timeout_s: float | None = None
     stall_gap_s: float = STALL_GAP_S
     retention_s: float | None = DEFAULT_RETENTION_S
+    resume: bool = False
 
     @property
     def effective_heartbeat_timeout_s(self) -> float:
@@ -397,6 +408,21 @@ def up_is_stale(up_file: Path) -> bool:
 class ServiceError(ControllerError):
     """``coadapt up`` cannot start or cannot go on; the message says what and how to fix it
     (one line). The fleet is left as it is."""
+
+
+class BroughtDownError(ServiceError):
+    """``coadapt up`` on a store that ``coadapt down`` brought down, which still holds
+    unfinished jobs (``jobs``, their names), without ``UpConfig.resume``: starting would
+    relaunch them (and launch instances for them), which the user must ask for."""
+
+    def __init__(self, state: Path, jobs: tuple[str, ...]) -> None:
+        self.jobs = jobs
+        shown = ", ".join(jobs[:5]) + (f" and {len(jobs) - 5} more" if len(jobs) > 5 else "")
+        super().__init__(
+            f"{state} was brought down with {len(jobs)} unfinished job(s) ({shown}); "
+            f"relaunch them with coadapt up --resume --state-dir {state}, or start empty with "
+            "--new-store"
+        )
 
 
 JOB_ISOLATION_MODES: Final = ("auto", "user", "none")
@@ -696,6 +722,18 @@ def _run_up(
     store_path = state / "store.db"
     store = _open_store(state, cfg.cluster_id, clock, new_store=cfg.new_store)
     try:
+        waiting = _unfinished_after_down(store)
+        if waiting and not cfg.resume:
+            raise BroughtDownError(state, waiting)
+        write_json_atomic(
+            state / "cluster.json",
+            {
+                "provider": cfg.provider,
+                "provider_config": None
+                if cfg.provider_config is None
+                else str(cfg.provider_config.resolve()),
+            },
+        )
         tokens = open_tokens(state / "tokens.json")
         max_gpus = cfg.max_gpus
         controller_cfg = ControllerConfig(
@@ -822,6 +860,14 @@ def _run_up(
             for event in events:
                 on_event(event)
 
+    try:
+        if store.down_at_s() is not None:  # up again: its jobs may launch (resume or none left)
+            store.set_down(False)
+    except StoreError as e:
+        server.shutdown()
+        app.close()
+        store.close()
+        raise ServiceError(describe_store_error(e)) from e
     write_json_atomic(state / "up.json", {"url": server.url, **identity})
     if on_ready is not None:
         on_ready(server.url)
@@ -892,13 +938,18 @@ def _tell_disk_full(
         on_event(event)
 
 
-def _leave(controller: Controller, store: Store, *, release: bool) -> UpReport:
+def _leave(
+    controller: Controller, store: Store, *, release: bool, timeout_s: float = 120.0
+) -> UpReport:
     """What a stopping service does with its fleet: releases it when asked to and when its
     store owns it (the store has planned: a store that never did has launched nothing, and
-    what the cloud lists under its cluster is a stranger's); otherwise leaves every instance
-    and job running."""
+    what the cloud lists under its cluster is a stranger's), and marks the cluster down (its
+    unfinished jobs wait for an ``up --resume``); otherwise leaves every instance and job
+    running."""
+    if release:
+        store.set_down(True)  # intent first: a release cut short is still a cluster down
     if release and store.planned_at_s() is not None:
-        down = controller.down(timeout_s=120.0, poll_s=1.0)
+        down = controller.down(timeout_s=timeout_s, poll_s=1.0)
         return UpReport(True, down.remaining, down.error)
     if release:
         log.warning(
@@ -912,6 +963,117 @@ def _leave(controller: Controller, store: Store, *, release: bool) -> UpReport:
     except ProviderError as e:
         return UpReport(False, (), str(e))
     return UpReport(False, kept)
+
+
+def _unfinished_after_down(store: Store) -> tuple[str, ...]:
+    """The unfinished (queued or running) jobs of a store that ``coadapt down`` brought down,
+    by name: what an ``up`` would relaunch; empty when the store is not down."""
+    if store.down_at_s() is None:
+        return ()
+    return tuple(job.name for job in store.list_jobs(statuses=ACTIVE_JOBS))
+
+
+def unfinished_after_down(state: Path) -> tuple[str, ...]:
+    """:func:`_unfinished_after_down` of the store in ``state``, read-only (``coadapt up``
+    asks before it relaunches them); empty when there is no store, or one it cannot read
+    (``up`` itself then says what is wrong with it)."""
+    path = state / "store.db"
+    if not path.is_file():
+        return ()
+    try:
+        with Store.open_read_only(path, SystemClock()) as store:
+            return _unfinished_after_down(store)
+    except StoreError:
+        return ()
+
+
+@dataclass(frozen=True)
+class DownWithoutUp:
+    """What :func:`down_without_up` did: ``found``, the cloud ids listed under the cluster's
+    tag before it released them; ``report``, how the release ended (``remaining``: still
+    listed); ``was_down_at_s``: when the cluster had already been brought down (``None``: it
+    was not)."""
+
+    cluster_id: str
+    found: tuple[str, ...]
+    report: UpReport
+    was_down_at_s: float | None
+
+
+def _recorded_provider(state: Path, clock: Clock) -> Provider:
+    """The provider of the cluster in ``state``, from its ``cluster.json`` (a state folder
+    written before it: the local provider, the only one ``up`` ran here without a deployment)."""
+    from providers.local import LocalProvider
+
+    try:
+        doc = json.loads((state / "cluster.json").read_text())
+    except FileNotFoundError:
+        doc = {"provider": "local", "provider_config": None}
+    except (OSError, ValueError) as e:
+        raise ServiceError(
+            f"{state / 'cluster.json'} is unreadable ({e}); it names the cluster's provider: "
+            "restore it or run coadapt up again"
+        ) from e
+    if not isinstance(doc, dict):
+        doc = {}
+    kind, config = doc.get("provider"), doc.get("provider_config")
+    if kind == "local":
+        return LocalProvider(state / "local", clock=clock, term_grace_s=LOCAL_TERM_GRACE_S)
+    if kind not in ("aws", "gcp") or not isinstance(config, str):
+        raise ServiceError(f"{state / 'cluster.json'} names no provider coadapt knows "
+                           f"({kind!r}); restore it or run coadapt up again")  # fmt: skip
+    try:
+        return make_cloud_provider(load_provider_config(config), clock)
+    except InvalidInputError as e:
+        raise ServiceError(f"cannot reach the cluster's {kind} provider: {e}") from e
+
+
+def down_without_up(
+    state: Path,
+    *,
+    timeout_s: float = 300.0,
+    clock: Clock | None = None,
+    on_event: Callable[[Event], None] | None = None,
+) -> DownWithoutUp:
+    """Bring down the cluster of ``state`` with no ``coadapt up`` running for it (killed,
+    crashed, stopped): list the cloud under the cluster's tag, release what it lists
+    (:func:`_leave`, the rule a stopping ``up`` follows: only a fleet its store has planned;
+    on the local provider terminating an instance stops its agent and every job process it
+    started), wait up to ``timeout_s`` for the listing to be empty, record the events (each
+    passed to ``on_event``) and mark the cluster down. The caller checks first that no ``up``
+    runs (``up.json``, :class:`UpRecord`). Raises :class:`ServiceError` (one line) when the
+    folder holds no store, or its store or provider cannot be used; a provider that fails
+    while releasing is in the report (``report.error``)."""
+    clock = clock or SystemClock()
+    path = state / "store.db"
+    if not path.is_file():
+        raise ServiceError(
+            f"no cluster in {state} (no store.db there): nothing was stopped or released"
+        )
+    try:
+        store = Store.open(path, clock)
+    except StoreError as e:
+        raise ServiceError(describe_store_error(e)) from e
+    try:
+        was_down = store.down_at_s()
+        provider = _recorded_provider(state, clock)
+        controller = Controller(store, provider, clock, ControllerConfig(store.cluster_id))
+        try:
+            found = tuple(sorted(i.instance_id for i in provider.list_instances(store.cluster_id)))
+        except ProviderError as e:
+            found = ()
+            log.warning("listing the cluster's instances: %s", e)
+        recorder = EventRecorder(store, clock)
+        report = _leave(controller, store, release=True, timeout_s=timeout_s)
+        events = recorder.observe()
+    except StoreError as e:
+        raise ServiceError(describe_store_error(e)) from e
+    finally:
+        store.close()
+    if on_event is not None:
+        for event in events:
+            on_event(event)
+    return DownWithoutUp(store.cluster_id, found, report, was_down)
 
 
 def _checkpoint_root(value: str | None) -> str | None:

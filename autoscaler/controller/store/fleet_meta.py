@@ -1,7 +1,8 @@
 """What the ``meta`` table says about the fleet: whether this store has ever planned one (so
 owns what it launched), and its release: ``coadapt destroy`` marks the fleet released (the
 service terminates every instance and launches none, across restarts) and the service
-records what the cloud listed after its last release pass."""
+records what the cloud listed after its last release pass; and whether ``coadapt down``
+brought the cluster down (the next ``up`` relaunches its unfinished jobs only when told to)."""
 
 from __future__ import annotations
 
@@ -70,4 +71,23 @@ class FleetMeta(StoreBase):
     def released_at_s(self) -> float | None:
         """When the fleet was released (:meth:`set_released`); ``None`` when it is not."""
         rows = self._read("SELECT value FROM meta WHERE key = 'released_at_s'")
+        return float(rows[0][0]) if rows else None
+
+    def set_down(self, down: bool) -> None:
+        """Mark the cluster brought down (``coadapt down`` released its fleet: its unfinished
+        jobs wait until an ``up --resume`` relaunches them) or up again. The first mark keeps
+        its time (:meth:`down_at_s`)."""
+        with self._write("mark the cluster down") as conn:
+            if down:
+                conn.execute(
+                    "INSERT OR IGNORE INTO meta (key, value) VALUES ('down_at_s', ?)",
+                    (repr(self._now()),),
+                )
+            else:
+                conn.execute("DELETE FROM meta WHERE key = 'down_at_s'")
+
+    def down_at_s(self) -> float | None:
+        """When ``coadapt down`` brought the cluster down (:meth:`set_down`); ``None`` when it
+        is not down (never brought down, or started again since)."""
+        rows = self._read("SELECT value FROM meta WHERE key = 'down_at_s'")
         return float(rows[0][0]) if rows else None
