@@ -253,6 +253,17 @@ def failure_signature(markers: Sequence[ExitMarker], returncode: int) -> tuple[o
     return (returncode, tuple(causes))
 
 
+def is_torchrun_exception(name: str) -> bool:
+    """Whether an exception's (qualified) name is one torchrun raises about its workers
+    (``ChildFailedError``, ``RendezvousClosedError``, the rest of ``torch.distributed.elastic``),
+    never a worker's own. Pure."""
+    return (
+        "ChildFailedError" in name
+        or name.startswith("torch.distributed.elastic.")
+        or name.startswith("Rendezvous")
+    )
+
+
 NO_MARKER = "the script failed before trainer.init (no exit marker)"
 """What a failure that left no exit marker is: the trainer leaves one for any exception raised
 after trainer.init (its excepthook, also under the preload server, or ``with``), so a worker

@@ -95,7 +95,13 @@ from coadapt_common.procfs import (
 )
 from providers.errors import ProviderError
 from trainer.env import REPORT_TOKEN_FILE
-from trainer.launch import CAUSE_PREFIX, EXIT_FILE, NO_MARKER, ExitCode
+from trainer.launch import (
+    CAUSE_PREFIX,
+    EXIT_FILE,
+    NO_MARKER,
+    ExitCode,
+    is_torchrun_exception,
+)
 
 __all__ = [
     "AGENT_ENV",
@@ -255,7 +261,7 @@ def failure_cause(log: Path, returncode: int) -> str:
     raised = [
         m.group(0)[len(m.group(1) or "") :]
         for m in map(_EXCEPTION_LINE.match, lines)
-        if m is not None and not _launcher_exception(m.group(2))
+        if m is not None and not is_torchrun_exception(m.group(2))
     ]
     told = [x[len(_CAUSE_PREFIX) :] for x in lines if x.startswith(_CAUSE_PREFIX)]
     if told and told[-1] == NO_MARKER and raised:
@@ -273,15 +279,6 @@ def failure_cause(log: Path, returncode: int) -> str:
 
 
 _CAUSE_PREFIX: Final = " ".join(CAUSE_PREFIX.split()) + " "
-
-
-def _launcher_exception(name: str) -> bool:
-    """An exception torchrun raises about its workers, not the workers' own."""
-    return (
-        "ChildFailedError" in name
-        or name.startswith("torch.distributed.elastic.")
-        or name.startswith("Rendezvous")
-    )
 
 
 DETERMINISTIC_EXCEPTIONS: Final = ("ModuleNotFoundError",)
