@@ -557,9 +557,7 @@ def logs(
         source.close()
 
 
-def _print_logs(
-    source: _LogSource, offset: int, raw: bool = False, *, ended: bool = True
-) -> int:
+def _print_logs(source: _LogSource, offset: int, raw: bool = False, *, ended: bool = True) -> int:
     """Print everything from ``offset`` that is there now (its control characters shown as
     ``?`` and torchrun's repeated tracebacks as one line, unless ``raw``:
     :func:`~autoscaler.controller.api.printable`,

@@ -578,10 +578,11 @@ class EventRecorder:
             elif (
                 old is not None
                 and old.status in (JobStatus.FAILED, JobStatus.REFUSED)
-                and job.status is JobStatus.QUEUED
+                and job.status not in _ENDED  # queued, or already placed again this round
             ):
                 was = f"{old.status.value}: {old.reason}" if old.reason else old.status.value
-                out.append(Event(at, EventKind.RETRY, name, f"queued again by a user (it had {was})"))
+                again = f"queued again by a user (it had {was})"
+                out.append(Event(at, EventKind.RETRY, name, again))
             elif old is not None and job.retries > old.retries and job.status not in _ENDED:
                 out.append(
                     Event(

@@ -327,7 +327,11 @@ def parse_job_spec(text: str, path: str = "<string>", *, base: Path | None = Non
 
 
 def resolve_paths(
-    spec: JobSpec, base: Path, *, path: str = "<string>", line_of: Callable[[str], int] | None = None
+    spec: JobSpec,
+    base: Path,
+    *,
+    path: str = "<string>",
+    line_of: Callable[[str], int] | None = None,
 ) -> JobSpec:
     """``spec`` with its relative paths resolved against the folder ``base``: the script
     (``command[0]``) and a local ``checkpoint`` (a path or ``file://``; ``~`` expanded),

@@ -117,9 +117,9 @@ E1207 05:57:24.972000 24785 torch/distributed/elastic/multiprocessing/api.py:100
 Traceback (most recent call last):
   File "/venv/lib/python3.11/site-packages/torch/distributed/run.py", line 1019, in run
     elastic_launch(
-  File "/venv/lib/python3.11/site-packages/torch/distributed/launcher/api.py", line 383, in launch_agent
+  File "/venv/lib/python3.11/site-packages/torch/distributed/launcher/api.py", line 383, in f
     raise ChildFailedError(
-torch.distributed.elastic.multiprocessing.errors.ChildFailedError: 
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:{" "}
 ============================================================
 trainer.preload FAILED
 ------------------------------------------------------------
@@ -171,7 +171,7 @@ ddp, optimizer = job.prepare(model, optimizer)
 loader = job.data_loader(torch.utils.data.TensorDataset(torch.randn(64, 2), torch.randn(64, 1)))
 job.restore()
 for epoch in job.epochs(2):
-    for ids, x, y in loader:
+    for x, y in loader:
         if job.step == 2:
             raise ValueError("a NaN in batch 2 of the data")
         optimizer.zero_grad()
