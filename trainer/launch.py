@@ -269,7 +269,7 @@ NO_MARKER = "the script failed before trainer.init (no exit marker)"
 after trainer.init (its excepthook, also under the preload server, or ``with``), so a worker
 that failed without one failed before it (an import, the arguments) or was killed."""
 
-CAUSE_PREFIX = "coadapt-launch cause: "
+CAUSE_PREFIX = "coadapt-launch: failed: "
 """The launcher's last line on stderr when it exits with a failure (1) or a usage error (2):
 this prefix, then why, in one line (:func:`failure_phrase`, or the usage error). The node
 agent reads it back from the job's log (:func:`autoscaler.controller.agent.failure_cause`)."""
@@ -873,16 +873,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = parse_args(argv)
         preflight(config)
     except TrainerConfigError as e:
-        print(f"coadapt-launch: {e}", file=sys.stderr)
-        print(f"{CAUSE_PREFIX}coadapt-launch: {e}", file=sys.stderr, flush=True)
+        print(f"{CAUSE_PREFIX}{e}", file=sys.stderr, flush=True)  # one line, the cause
         return ExitCode.USAGE
     launcher = Launcher(config)
     try:
         code = int(launcher.run())
         cause = launcher.failure_phrase
     except LaunchError as e:
-        print(f"coadapt-launch: {e}", file=sys.stderr)
-        code, cause = ExitCode.FAILED, f"coadapt-launch: {e}"
+        code, cause = ExitCode.FAILED, str(e)
     if code == ExitCode.FAILED and cause:
         print(f"{CAUSE_PREFIX}{cause}", file=sys.stderr, flush=True)
     if config.run_dir is not None:  # whoever adopts this launcher reads how it ended

@@ -82,19 +82,19 @@ def test_the_script_is_the_spec_folders_whatever_the_current_folder(
 def test_a_usage_error_or_a_missing_module_is_deterministic(tmp_path: Path) -> None:
     log = tmp_path / "job.log"
     log.write_text(
-        "coadapt-launch: script: /nowhere/train.py: no such file\n"
-        "coadapt-launch cause: coadapt-launch: script: /nowhere/train.py: no such file\n"
+        "[rank0]: ValueError: an older try's exception\n"
+        "coadapt-launch: failed: script: /nowhere/train.py: no such file\n"
     )
     cause = failure_cause(log, 2)
     assert cause == (
-        "exit status 2: coadapt-launch: script: /nowhere/train.py: no such file (deterministic: "
+        "exit status 2: script: /nowhere/train.py: no such file (deterministic: "
         "the launcher refused the job's command (exit status 2); not retried)"
     )
     assert deterministic_reason(2, cause) is not None
     log.write_text(
         "[rank0]: ModuleNotFoundError: No module named 'transformerz'\n"
         "torch.distributed.elastic.rendezvous.api.RendezvousClosedError\n"
-        "coadapt-launch cause: the script failed before trainer.init (no exit marker)\n"
+        "coadapt-launch: failed: the script failed before trainer.init (no exit marker)\n"
     )
     cause = failure_cause(log, 1)
     assert cause.startswith(
@@ -256,9 +256,7 @@ def test_submit_from_another_folder_runs_and_a_usage_error_is_not_retried(
         assert jobs["mlp-small"]["status"] == "completed", jobs["mlp-small"]
         gone = jobs["gone"]
         assert (gone["status"], gone["retries"]) == ("failed", 1), gone
-        assert gone["reason"].startswith(
-            "exit status 2: coadapt-launch: script: /nowhere/train.py: no such file"
-        )
+        assert gone["reason"].startswith("exit status 2: script: /nowhere/train.py: no such file")
         assert "(deterministic: the launcher refused the job's command" in gone["reason"]
         out = _run("retry", "gone", "--state-dir", str(state))
         assert out.returncode == 0, out.stderr
