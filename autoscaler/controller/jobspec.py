@@ -54,6 +54,12 @@ The items of a ``command`` list are taken as written, so ``--epochs, 3`` needs n
 (``3`` stays ``"3"``, ``010`` stays ``"010"``). A file over 64 KiB, or nested deeper than 16
 levels, is refused before its values are read.
 
+**Paths.** A spec read from a file (:func:`load_job_spec`, ``coadapt submit``) names its
+script relative to the spec's folder (or absolutely); the script must be a readable file
+there, and the job is sent with its absolute path (a local ``checkpoint`` likewise), so it
+runs whichever folder ``coadapt submit`` or ``coadapt up`` was started from
+(:func:`resolve_paths`). The script's arguments are passed as written.
+
 ``command`` is what follows the launcher's options: the node agent starts a job as
 ``python -m trainer.launch --job-id NAME --nproc-per-node GPUS ... -- COMMAND``
 (:func:`autoscaler.controller.agent.launch_argv`; after ``--`` nothing is read as a launcher
