@@ -253,16 +253,59 @@ def failure_signature(markers: Sequence[ExitMarker], returncode: int) -> tuple[o
     return (returncode, tuple(causes))
 
 
-def describe_failure(signature: tuple[object, ...]) -> str:
-    """One line for :func:`failure_signature`'s value."""
+def is_torchrun_exception(name: str) -> bool:
+    """Whether an exception's (qualified) name is one torchrun raises about its workers
+    (``ChildFailedError``, ``RendezvousClosedError``, the rest of ``torch.distributed.elastic``),
+    never a worker's own. Pure."""
+    return (
+        "ChildFailedError" in name
+        or name.startswith("torch.distributed.elastic.")
+        or name.startswith("Rendezvous")
+    )
+
+
+NO_MARKER = "the script failed before trainer.init (no exit marker)"
+"""What a failure that left no exit marker is: the trainer leaves one for any exception raised
+after trainer.init (its excepthook, also under the preload server, or ``with``), so a worker
+that failed without one failed before it (an import, the arguments) or was killed."""
+
+CAUSE_PREFIX = "coadapt-launch: failed: "
+"""The launcher's last line on stderr when it exits with a failure (1) or a usage error (2):
+this prefix, then why, in one line (:func:`failure_phrase`, or the usage error). The node
+agent reads it back from the job's log (:func:`autoscaler.controller.agent.failure_cause`)."""
+
+
+def failure_phrase(signature: tuple[object, ...], markers: Sequence[ExitMarker] = ()) -> str:
+    """Why one run failed, without its exit status: :data:`NO_MARKER`, or, for each distinct
+    exception the workers' exit markers name, the phase it was raised in (``in its training
+    loop at step N`` once a step was taken, else ``after trainer.init, before its first
+    step``; ``markers``, when given, have the steps) and the script's own exception line."""
+    _returncode, causes = signature
+    if not causes:
+        return NO_MARKER
+    steps: dict[str, int] = {}
+    for m in markers:
+        if m.kind is ExitKind.FAILED:
+            steps[m.cause or ""] = max(steps.get(m.cause or "", 0), m.step)
+    parts = []
+    for cause in sorted({cause for _rank, cause in causes}):  # type: ignore[attr-defined]
+        step = steps.get(cause)
+        if step is None:
+            parts.append(f"the script raised after trainer.init: {cause}")
+        elif step > 0:
+            parts.append(f"the script raised in its training loop at step {step}: {cause}")
+        else:
+            parts.append(f"the script raised after trainer.init, before its first step: {cause}")
+    return "; ".join(parts)
+
+
+def describe_failure(signature: tuple[object, ...], markers: Sequence[ExitMarker] = ()) -> str:
+    """One line for :func:`failure_signature`'s value: the exit status and
+    :func:`failure_phrase`."""
     returncode, causes = signature
     if not causes:
-        return (
-            f"exit status {returncode}, no exit marker (the script failed before or outside "
-            "trainer.init; its traceback is above)"
-        )
-    seen = sorted({cause for _rank, cause in causes})  # type: ignore[attr-defined]
-    return f"exit status {returncode}: " + "; ".join(seen)
+        return f"exit status {returncode}, {NO_MARKER}; its traceback is above"
+    return f"exit status {returncode}: {failure_phrase(signature, markers)}"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -415,6 +458,7 @@ class Launcher:
         self.attempts = 0
         self.failures = 0
         self.rescales = 0
+        self.failure_phrase = ""  # why the last failed run failed (failure_phrase)
         self.verdicts: list[Verdict] = []
         self.last_failure: tuple[object, ...] | None = None
 
@@ -570,7 +614,8 @@ class Launcher:
         self._failure = failure_signature(markers, returncode)
         logger.info("verdict: %s", verdict)
         if verdict is Verdict.FAILURE:
-            logger.warning("worker failure: %s", describe_failure(self._failure))
+            self.failure_phrase = failure_phrase(self._failure, markers)
+            logger.warning("worker failure: %s", describe_failure(self._failure, markers))
         return verdict
 
     def _start_preload(self, run_dir: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -828,13 +873,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = parse_args(argv)
         preflight(config)
     except TrainerConfigError as e:
-        print(f"coadapt-launch: {e}", file=sys.stderr)
+        print(f"{CAUSE_PREFIX}{e}", file=sys.stderr, flush=True)  # one line, the cause
         return ExitCode.USAGE
+    launcher = Launcher(config)
     try:
-        code = int(Launcher(config).run())
+        code = int(launcher.run())
+        cause = launcher.failure_phrase
     except LaunchError as e:
-        print(f"coadapt-launch: {e}", file=sys.stderr)
-        code = ExitCode.FAILED
+        code, cause = ExitCode.FAILED, str(e)
+    if code == ExitCode.FAILED and cause:
+        print(f"{CAUSE_PREFIX}{cause}", file=sys.stderr, flush=True)
     if config.run_dir is not None:  # whoever adopts this launcher reads how it ended
         with contextlib.suppress(OSError):
             write_json_atomic(Path(config.run_dir) / EXIT_FILE, {"status": code})

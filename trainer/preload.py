@@ -191,9 +191,12 @@ def _accept(listener: socket.socket, children: dict[int, socket.socket], server_
         except BaseException as e:  # the worker must never return into the server's loop
             code = e.code if isinstance(e, SystemExit) and isinstance(e.code, int) else 1
             if not isinstance(e, SystemExit):
-                import traceback
-
-                traceback.print_exc()
+                # As Python would for an uncaught exception: sys.excepthook, which the trainer
+                # replaces (trainer.init) to leave its exit marker before the traceback is
+                # printed. A plain print_exc() here left none, and a script that raised in its
+                # training loop was reported as failing before trainer.init.
+                with contextlib.suppress(BaseException):
+                    sys.excepthook(type(e), e, e.__traceback__)
         raise SystemExit(code)
     signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     for fd in fds:

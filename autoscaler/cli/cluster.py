@@ -401,8 +401,11 @@ def submit(
     from autoscaler.controller.jobspec import JobSpecError, load_job_spec
     from autoscaler.errors import InvalidInputError
 
+    # A cluster on this machine runs the script from this machine's disk: its path is the
+    # spec folder's, checked here. A deployed cluster's nodes have their own disks.
+    local = (resolve_state_dir(state_dir) / "up.json").exists()
     try:
-        parsed = load_job_spec(spec)
+        parsed = load_job_spec(spec, resolve=local)
         submission = parsed.submission()
     except JobSpecError as e:
         fail(str(e), 2)
@@ -619,6 +622,7 @@ class _LogSource:
         self.job = job
         self.store: Any = None
         self.client: Any = None
+        self.collapser: Any = None  # what coadapt logs shows (_print_logs)
         if not JOB_NAME_PATTERN.fullmatch(job):
             fail(
                 f"{job!r} is not a job name; coadapt status --state-dir {self.state} lists them", 2
@@ -702,7 +706,8 @@ def logs(
     """A job's logs (every instance it ran on), read from the state folder whether or not
     the cluster is up (a deployed cluster's through its controller). What the job wrote
     cannot drive your terminal: escapes (a title change, a screen clear, colours) are shown
-    as ?, unless --raw."""
+    as ?, unless --raw. A torchrun traceback seen before (the launcher's, after each failed
+    try) is one line; the script's own output is shown whole (--raw: all of it)."""
     if timeout_s is not None and not timeout_s > 0:
         fail(f"--timeout-s {timeout_s}: give a number of seconds > 0, or leave it out", 2)
     source = _LogSource(state_dir, job)
@@ -710,7 +715,7 @@ def logs(
         if json_out:
             typer.echo(json.dumps(source.chunk(0).to_dict()))
             return
-        offset = _print_logs(source, 0, raw)
+        offset = _print_logs(source, 0, raw, ended=not follow)
         if not follow:
             if offset == 0:  # nothing written yet: say why
                 status, reason = source.status()
@@ -722,16 +727,27 @@ def logs(
         source.close()
 
 
-def _print_logs(source: _LogSource, offset: int, raw: bool = False) -> int:
+def _print_logs(source: _LogSource, offset: int, raw: bool = False, *, ended: bool = True) -> int:
     """Print everything from ``offset`` that is there now (its control characters shown as
-    ``?`` unless ``raw``: :func:`~autoscaler.controller.api.printable`); the offset after it."""
+    ``?`` and torchrun's repeated tracebacks as one line, unless ``raw``:
+    :func:`~autoscaler.controller.api.printable`,
+    :class:`~autoscaler.controller.api.logs.TracebackCollapser`); the offset after it. With
+    ``ended`` false (following), a traceback still being written is held for the next call."""
     from autoscaler.controller.api import printable
+    from autoscaler.controller.api.logs import TracebackCollapser
 
+    collapser = source.collapser
+    if collapser is None and not raw:
+        collapser = source.collapser = TracebackCollapser()
     while True:
         chunk = source.chunk(offset)
-        sys.stdout.write(chunk.text if raw else printable(chunk.text, lines=True))
+        text = chunk.text if collapser is None else collapser.feed(chunk.text)
+        last = not chunk.more or chunk.next_offset == offset
+        if last and ended and collapser is not None:
+            text += collapser.flush()
+        sys.stdout.write(text if raw else printable(text, lines=True))
         sys.stdout.flush()
-        if not chunk.more or chunk.next_offset == offset:
+        if last:
             return int(chunk.next_offset)
         offset = chunk.next_offset
 
@@ -744,7 +760,7 @@ def _follow(source: _LogSource, offset: int, timeout_s: float | None, raw: bool 
     while True:
         status, reason = source.status()
         # after the status: nothing written before it ends
-        offset = _print_logs(source, offset, raw)
+        offset = _print_logs(source, offset, raw, ended=status in ENDED)
         if status in ENDED:
             if status == "completed":
                 return

@@ -95,7 +95,13 @@ from coadapt_common.procfs import (
 )
 from providers.errors import ProviderError
 from trainer.env import REPORT_TOKEN_FILE
-from trainer.launch import EXIT_FILE
+from trainer.launch import (
+    CAUSE_PREFIX,
+    EXIT_FILE,
+    NO_MARKER,
+    ExitCode,
+    is_torchrun_exception,
+)
 
 __all__ = [
     "AGENT_ENV",
@@ -106,6 +112,7 @@ __all__ = [
     "JobAssignment",
     "Outcome",
     "Supervisor",
+    "deterministic_reason",
     "exit_outcome",
     "launch_argv",
     "notice_source",
@@ -226,9 +233,15 @@ _EXCEPTION_LINE: Final = re.compile(
 
 def failure_cause(log: Path, returncode: int) -> str:
     """Why a launcher failed, in one line for ``coadapt status``: its exit status (or the
-    signal that ended it) and the last Python exception line of its log (the last line
-    written, when none looks like one), cut to :data:`MAX_CAUSE_CHARS`. The launcher's own
-    ``ChildFailedError`` summary is skipped: the worker's exception is the cause."""
+    signal that ended it), then the launcher's own cause line (:data:`trainer.launch.CAUSE_PREFIX`:
+    the script's exception line and the phase it was raised in, or the usage error), else the
+    last Python exception line of its log (the last line written, when none looks like one),
+    cut to :data:`MAX_CAUSE_CHARS`. When the launcher says the script failed before
+    trainer.init, the log's last exception line says how. torchrun's own exceptions
+    (``ChildFailedError``, ``RendezvousClosedError`` and the rest of
+    ``torch.distributed.elastic``) are never the cause: the worker's exception is. A failure
+    that cannot succeed when run again (:func:`deterministic_reason`) says so, and that it is
+    not retried."""
     if returncode < 0:
         try:
             how = f"ended by {signal.Signals(-returncode).name}"
@@ -251,11 +264,41 @@ def failure_cause(log: Path, returncode: int) -> str:
     raised = [
         m.group(0)[len(m.group(1) or "") :]
         for m in map(_EXCEPTION_LINE.match, lines)
-        if m is not None and "ChildFailedError" not in m.group(2)
+        if m is not None and not is_torchrun_exception(m.group(2))
     ]
-    last = raised[-1] if raised else (lines[-1] if lines else "")
-    cause = f"{how}: {last}" if last else how
-    return cause if len(cause) <= MAX_CAUSE_CHARS else cause[: MAX_CAUSE_CHARS - 3] + "..."
+    told = [x[len(_CAUSE_PREFIX) :] for x in lines if x.startswith(_CAUSE_PREFIX)]
+    if told and told[-1] == NO_MARKER and raised:
+        last = f"{NO_MARKER}: {raised[-1]}"
+    elif told:
+        last = told[-1]
+    else:
+        last = raised[-1] if raised else (lines[-1] if lines else "")
+    why = deterministic_reason(returncode, last)
+    suffix = f" (deterministic: {why}; not retried)" if why else ""
+    room = MAX_CAUSE_CHARS - len(how) - len(suffix) - 2
+    if len(last) > room:
+        last = last[: max(0, room - 3)] + "..."
+    return f"{how}: {last}{suffix}" if last else f"{how}{suffix}"
+
+
+_CAUSE_PREFIX: Final = " ".join(CAUSE_PREFIX.split()) + " "
+
+
+DETERMINISTIC_EXCEPTIONS: Final = ("ModuleNotFoundError",)
+"""Exceptions a script raises the same way however often it runs (a missing module)."""
+
+
+def deterministic_reason(returncode: int, cause: str) -> str | None:
+    """Why a failure cannot succeed when run again, or ``None`` when it may: the launcher's
+    usage error (exit status 2: the script or its options are wrong, found before anything
+    ran), or a cause naming one of :data:`DETERMINISTIC_EXCEPTIONS`. Such a job is failed at
+    once (:func:`~autoscaler.controller.loop.record_job_exit`), not retried. Pure."""
+    if returncode == ExitCode.USAGE:
+        return f"the launcher refused the job's command (exit status {int(ExitCode.USAGE)})"
+    for name in DETERMINISTIC_EXCEPTIONS:
+        if re.search(rf"\b{name}\b", cause):
+            return f"{name}: a module the script imports is not installed"
+    return None
 
 
 def launch_argv(
@@ -1031,7 +1074,10 @@ class AgentRunner:
         for job, outcome, code in self.supervisor.poll():
             if outcome is Outcome.FAILED:
                 cause = failure_cause(self.supervisor.log_path(job), code)
-                self.client.job_exited(self.instance_key, job, failed=True, cause=cause)
+                final = deterministic_reason(code, cause) is not None
+                self.client.job_exited(
+                    self.instance_key, job, failed=True, cause=cause, deterministic=final
+                )
             elif outcome is Outcome.DONE:
                 self.client.job_exited(self.instance_key, job, failed=False)
         if not self.noticed and self.notice is not None:

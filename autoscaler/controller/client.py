@@ -492,14 +492,23 @@ class ApiClient:
         return self._parse(lambda d: [dict(a) for a in d["assignments"]], data)
 
     def job_exited(
-        self, instance_key: str, name: str, *, failed: bool, cause: str | None = None
+        self,
+        instance_key: str,
+        name: str,
+        *,
+        failed: bool,
+        cause: str | None = None,
+        deterministic: bool = False,
     ) -> JobExitReply:
         """Tell the controller ``name``'s processes ended on their own on this instance
-        (``cause``: why they failed, one line, kept as the job's reason)."""
+        (``cause``: why they failed, one line, kept as the job's reason; ``deterministic``: the
+        failure cannot succeed when run again, so the job is failed, not retried)."""
         path = f"/v1/agents/{_seg(instance_key)}/jobs/{_seg(name)}/exit"
         body: dict[str, Any] = {"failed": failed}
         if cause is not None:
             body["cause"] = cause
+        if deterministic:
+            body["deterministic"] = True
         data = self._call("POST", path, body)
         return self._parse(
             lambda d: JobExitReply(str(d["job"]), JobStatus(d["status"]), bool(d["counted"])),

@@ -11,7 +11,9 @@ returns (``coadapt up`` prints them; ``coadapt events`` reads the same rows back
   ``agent-restart`` (its agent restarted and adopted or relaunched its jobs) is written by the
   API when the restarted agent registers, not by this recorder;
 * jobs, from their rows: ``submit``, ``completion``, ``failure`` (with the cause, also when it
-  is retried), ``refusal`` (with the policy's reason), ``cancel``, ``deadline`` (the
+  is retried), ``refusal`` (with the policy's reason), ``cancel``, ``retry`` (a user queued a
+  failed or refused job again, ``coadapt retry``: what it had failed or been refused
+  for), ``deadline`` (the
   controller found that an active job can no longer meet its deadline, with its estimate:
   the job's ``reason`` says so);
 * placements, from the assignments: ``start``, ``resume`` (after a stop, or after its agent
@@ -84,6 +86,7 @@ class EventKind(StrEnum):
     FAILURE = "failure"
     REFUSAL = "refusal"
     CANCEL = "cancel"
+    RETRY = "retry"
     DEADLINE = "deadline"
     DISK_FULL = "disk-full"
 
@@ -577,6 +580,14 @@ class EventRecorder:
                     out.append(Event(at, EventKind.REFUSAL, name, f"refused: {reason}"))
                 else:
                     out.append(Event(at, EventKind.CANCEL, name, "cancelled"))
+            elif (
+                old is not None
+                and old.status in (JobStatus.FAILED, JobStatus.REFUSED)
+                and job.status not in _ENDED  # queued, or already placed again this round
+            ):
+                was = f"{old.status.value}: {old.reason}" if old.reason else old.status.value
+                again = f"queued again by a user (it had {was})"
+                out.append(Event(at, EventKind.RETRY, name, again))
             elif old is not None and job.retries > old.retries and job.status not in _ENDED:
                 out.append(
                     Event(

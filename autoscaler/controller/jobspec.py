@@ -23,6 +23,12 @@ The items of a ``command`` list are taken as written, so ``--epochs, 3`` needs n
 (``3`` stays ``"3"``, ``010`` stays ``"010"``). A file over 64 KiB, or nested deeper than 16
 levels, is refused before its values are read.
 
+**Paths.** A spec read from a file (:func:`load_job_spec`, ``coadapt submit``) names its
+script relative to the spec's folder (or absolutely); the script must be a readable file
+there, and the job is sent with its absolute path (a local ``checkpoint`` likewise), so it
+runs whichever folder ``coadapt submit`` or ``coadapt up`` was started from
+(:func:`resolve_paths`). The script's arguments are passed as written.
+
 ``command`` is what follows the launcher's options: the node agent starts a job as
 ``python -m trainer.launch --job-id NAME --nproc-per-node GPUS ... -- COMMAND``
 (:func:`autoscaler.controller.agent.launch_argv`; after ``--`` nothing is read as a launcher
@@ -67,10 +73,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import re
 import shlex
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Final, NoReturn
 
@@ -110,6 +117,7 @@ __all__ = [
     "load_job_spec",
     "parse_job_spec",
     "reference",
+    "resolve_paths",
     "submission_body",
     "submission_from_body",
 ]
@@ -222,9 +230,15 @@ class JobSpec:
         )
 
 
-def load_job_spec(path: str | Path) -> JobSpec:
+def load_job_spec(path: str | Path, *, resolve: bool = True) -> JobSpec:
     """Read and validate the spec file at ``path``; :class:`JobSpecError` on any problem
-    (an unreadable file too)."""
+    (an unreadable file too). With ``resolve`` (a cluster on this machine, whose nodes see
+    its files), its relative paths are the spec folder's (:func:`parse_job_spec` with
+    ``base`` the file's folder): the script must be a readable file there, and the spec
+    returned names it (and a local checkpoint folder) by absolute path, so the job runs the
+    same whichever folder ``coadapt submit`` or ``coadapt up`` was started from. Without it
+    (a deployed cluster: its nodes run the script from their own disk, not this machine's)
+    the paths are kept as written."""
     spath = str(path)
     try:
         with open(path, "rb") as handle:
@@ -243,13 +257,14 @@ def load_job_spec(path: str | Path) -> JobSpec:
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
         raise JobSpecError("not UTF-8 text", path=spath, line=line, field=ROOT_FIELD) from e
-    return parse_job_spec(text, spath)
+    return parse_job_spec(text, spath, base=Path(path).resolve().parent if resolve else None)
 
 
-def parse_job_spec(text: str, path: str = "<string>") -> JobSpec:
+def parse_job_spec(text: str, path: str = "<string>", *, base: Path | None = None) -> JobSpec:
     """Validate the spec in ``text``; ``path`` names it in errors (:class:`JobSpecError`).
     A text over :data:`MAX_SPEC_BYTES` (UTF-8) or nested deeper than :data:`MAX_SPEC_DEPTH` is
-    refused before its values are read."""
+    refused before its values are read. With ``base`` (a folder), the spec's paths are
+    resolved against it (:func:`resolve_paths`); without it they are kept as written."""
     if len(text) > MAX_SPEC_BYTES or len(text.encode("utf-8", "replace")) > MAX_SPEC_BYTES:
         raise JobSpecError(
             f"the text is larger than {MAX_SPEC_BYTES // 1024} KiB: not a job spec",
@@ -306,7 +321,57 @@ def parse_job_spec(text: str, path: str = "<string>") -> JobSpec:
         spec = None
     if reader.problems or spec is None:
         raise JobSpecError.several(reader.problems)
+    if base is not None:
+        spec = resolve_paths(spec, base, path=path, line_of=reader.line_of)
     return spec
+
+
+def resolve_paths(
+    spec: JobSpec,
+    base: Path,
+    *,
+    path: str = "<string>",
+    line_of: Callable[[str], int] | None = None,
+) -> JobSpec:
+    """``spec`` with its relative paths resolved against the folder ``base``: the script
+    (``command[0]``) and a local ``checkpoint`` (a path or ``file://``; ``~`` expanded),
+    made absolute; its arguments are kept as written. The script must be a readable file:
+    :class:`JobSpecError` (at ``line_of(field)``, 1 without it) says where it was looked for
+    and the fix. (The node agent runs the job from its own folder: a relative path there is
+    the ``coadapt up`` folder's, which is how a spec submitted from elsewhere once ran a
+    script that was not there.)"""
+
+    def where(field: str) -> int:
+        return line_of(field) if line_of is not None else 1
+
+    word = spec.command[0]
+    script = Path(word).expanduser()
+    script = script if script.is_absolute() else base / script
+    fix = (
+        f"give its path relative to the spec's folder ({base}) or an absolute one"
+        if not Path(word).is_absolute()
+        else "give the path of an existing script"
+    )
+    if script.is_dir():
+        problem = f"{word}: is a folder, not a script ({script}); {fix}"
+    elif not script.is_file():
+        problem = f"{word}: no such file ({script}); {fix}"
+    elif not os.access(script, os.R_OK):
+        problem = f"{word}: cannot be read ({script}); make it readable (chmod a+r {script})"
+    else:
+        problem = None
+    if problem is not None:
+        raise JobSpecError(problem, path=path, line=where("command[0]"), field="command[0]")
+    command = (str(script.resolve()), *spec.command[1:])
+    checkpoint = spec.checkpoint_uri
+    if checkpoint is not None and ("://" not in checkpoint or checkpoint.startswith("file://")):
+        local = Path(checkpoint.removeprefix("file://")).expanduser()
+        checkpoint = str(local if local.is_absolute() else (base / local).resolve())
+    try:
+        return replace(spec, command=command, checkpoint_uri=checkpoint)
+    except InvalidInputError as e:  # a resolved path over a length limit
+        field = e.field or "command[0]"
+        raise JobSpecError(str(e), path=path, line=where(field), field=field) from e
 
 
 class _Stop(Exception):

@@ -1175,10 +1175,14 @@ def instance_key_from_request_id(cluster_id: str, request_id: str) -> str:
     return request_id[len(prefix) :]
 
 
-def record_job_exit(store: Store, name: str, *, failed: bool, max_retries: int) -> JobStatus:
+def record_job_exit(
+    store: Store, name: str, *, failed: bool, max_retries: int, deterministic: bool = False
+) -> JobStatus:
     """A job's processes ended on their own (the agent saw them exit): ``completed`` when they
     succeeded; on a failure the job is retried (``queued``, placed again next round) until it
-    has failed ``max_retries`` times, then it is ``failed``. Processes the controller stopped
+    has failed ``max_retries`` times, then it is ``failed``; a ``deterministic`` failure (one
+    that cannot succeed when run again: :func:`~autoscaler.controller.agent.deterministic_reason`)
+    is ``failed`` at once. Processes the controller stopped
     (a rescale, a drain, a preemption) are never reported here, so they never count against
     the job. A job that already ended keeps its status. Returns the job's new status. Safe
     from another thread with that thread's own store (the API's)."""
@@ -1189,7 +1193,8 @@ def record_job_exit(store: Store, name: str, *, failed: bool, max_retries: int) 
         status, retries = JobStatus.COMPLETED, job.retries
     else:
         retries = job.retries + 1
-        status = JobStatus.FAILED if retries > max_retries else JobStatus.QUEUED
+        final = deterministic or retries > max_retries
+        status = JobStatus.FAILED if final else JobStatus.QUEUED
     store.update_job(name, job.version, status=status, retries=retries)
     if status is not JobStatus.QUEUED:
         store.set_assignments(name, {})

@@ -795,10 +795,14 @@ def _run_up(
     if cloud is None:
         controller_cfg = replace(controller_cfg, restart_delay_s=LOCAL_RESTART_DELAY_S)
 
-    def on_job_exit(name: str, *, failed: bool) -> JobStatus:
+    def on_job_exit(name: str, *, failed: bool, deterministic: bool = False) -> JobStatus:
         with Store.open(store_path, clock) as own:  # this API thread's store
             return record_job_exit(
-                own, name, failed=failed, max_retries=controller_cfg.max_job_retries
+                own,
+                name,
+                failed=failed,
+                max_retries=controller_cfg.max_job_retries,
+                deterministic=deterministic,
             )
 
     release = threading.Event()

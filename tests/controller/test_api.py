@@ -865,6 +865,23 @@ def test_a_refused_or_failed_job_can_be_retried_once_fixed(
     assert user.cancel_job("bert").status is JobStatus.CANCELLED
 
 
+def test_a_retry_is_an_event_saying_what_the_job_had_failed_for(
+    user: ApiClient, store: Store, clock: FakeClock
+) -> None:
+    from autoscaler.controller.events import EventKind, EventRecorder
+
+    user.submit_job(spec("bert"))
+    recorder = EventRecorder(store, clock)
+    row = store.get_job("bert")
+    store.update_job("bert", row.version, status=JobStatus.FAILED, reason="exit status 1: boom")
+    assert [e.kind for e in recorder.observe()] == [EventKind.FAILURE]
+    clock.advance(5.0)
+    user.retry_job("bert")  # coadapt retry
+    (event,) = recorder.observe()
+    assert (event.kind, event.subject) == (EventKind.RETRY, "bert")
+    assert event.message == "queued again by a user (it had failed: exit status 1: boom)"
+
+
 def test_a_report_with_a_bad_schema_is_400(
     server: ApiServer, tokens: ApiTokens, user: ApiClient, store: Store
 ) -> None:

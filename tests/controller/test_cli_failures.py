@@ -96,6 +96,7 @@ def test_failed_job_cause_logs_follow_and_down_after_a_killed_up(tmp_path: Path)
         "batch_size: {initial: 32, max: 32}\nlocal_batch_size: {max: 32}\n"
     )
     small = (ROOT / "examples/jobs/mlp-small.yaml").read_text()
+    small = small.replace("../elastic_mlp.py", str(ROOT / "examples/elastic_mlp.py"))  # copied
     one = tmp_path / "mlp-small.yaml"  # one GPU: it runs beside the broken job
     one.write_text(small.replace("gpus: {min: 1, max: 2}", "gpus: {min: 1, max: 1}"))
     first = _up(state)  # makes the cluster's store and tokens; stopped, it keeps them

@@ -62,7 +62,7 @@ def _spec(folder: Path, name: str, text: str) -> Path:
 
 
 def _specs(folder: Path, logs: Path) -> dict[str, Path]:
-    script = "examples/elastic_mlp.py"
+    script = ROOT / "examples" / "elastic_mlp.py"
     return {
         "noisy": _spec(
             folder,

@@ -28,7 +28,7 @@ pytestmark = [
 
 SPEC = """\
 name: {name}
-command: [examples/elastic_mlp.py, --epochs, 2, --initial-batch-size, 64]
+command: [{script}, --epochs, 2, --initial-batch-size, 64]
 gpus: {{min: 1, max: 2}}
 batch_size: {{initial: 64, max: 512}}
 local_batch_size: {{max: 256}}
@@ -39,8 +39,11 @@ def test_an_on_demand_job_never_lands_on_spot_on_the_local_fleet(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(ROOT)  # the specs name examples/elastic_mlp.py from the repo root
-    (tmp_path / "od.yaml").write_text(SPEC.format(name="od") + "markets: [on-demand]\n")
-    (tmp_path / "any.yaml").write_text(SPEC.format(name="any"))
+    script = ROOT / "examples/elastic_mlp.py"
+    (tmp_path / "od.yaml").write_text(
+        SPEC.format(name="od", script=script) + "markets: [on-demand]\n"
+    )
+    (tmp_path / "any.yaml").write_text(SPEC.format(name="any", script=script))
     od = load_job_spec(tmp_path / "od.yaml").submission()
     other = load_job_spec(tmp_path / "any.yaml").submission()
     assert od.markets == ("on-demand",) and other.markets is None

@@ -163,8 +163,9 @@ def test_example_specs_run_their_script_under_the_launcher(path: Path) -> None:
     argv = launch_argv(assignment, controller_url=None)
     assert argv[1:3] == ["-m", "trainer.launch"]
     config = launch.parse_args(argv[3:])
-    assert config.script.startswith("examples/") and config.script.endswith(".py")
-    launch.preflight(config, cwd=str(ROOT))
+    # the spec's path, relative to its folder, sent absolute: the same from any folder
+    assert config.script.startswith(f"{ROOT}/examples/") and config.script.endswith(".py")
+    launch.preflight(config, cwd="/")
     args = _example(config.script).parse_args(list(config.script_args))
     assert args.initial_batch_size == spec.init_batch_size
     assert spec.submission().name == spec.name

@@ -35,13 +35,14 @@ pytestmark = [
     pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs Linux /proc"),
 ]
 
-SPEC = """\
+EXAMPLE = ROOT / "examples" / "elastic_mlp.py"
+SPEC = f"""\
 name: stall
-command: [examples/elastic_mlp.py, --epochs, 200, --initial-batch-size, 64, --num-samples, 1024,
+command: [{EXAMPLE}, --epochs, 200, --initial-batch-size, 64, --num-samples, 1024,
           --step-delay-s, 0.05]
-gpus: {min: 1, max: 1}
-batch_size: {initial: 64, max: 64}
-local_batch_size: {max: 64}
+gpus: {{min: 1, max: 1}}
+batch_size: {{initial: 64, max: 64}}
+local_batch_size: {{max: 64}}
 """
 
 

@@ -491,7 +491,7 @@ def test_the_hf_example_spec_runs_the_hf_example_under_the_launcher() -> None:
         command=spec.command,
     )
     config = launch.parse_args(launch_argv(assignment, controller_url=None)[3:])
-    assert config.script == "examples/hf_classifier.py"
-    launch.preflight(config, cwd=str(ROOT))
+    assert config.script == str(ROOT / "examples/hf_classifier.py")  # the spec folder's ../
+    launch.preflight(config, cwd="/")
     args = load_example(HF_EXAMPLE).parse_args(list(config.script_args))
     assert args.per_device_batch * args.accum == spec.init_batch_size

@@ -34,7 +34,7 @@ def launch_fast(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["missing.py"], "coadapt-launch: script: missing.py: no such file"),
+        (["missing.py"], "coadapt-launch: failed: script: missing.py: no such file"),
         (["--checkpoint-uri", "afile", str(EXAMPLE)], "afile exists and is not a folder"),
         (["--checkpoint-uri", "afile/sub", str(EXAMPLE)], "afile exists and is not a folder"),
         (["--batch-size", "0", str(EXAMPLE)], "batch_size: must be >= 1, got 0"),

@@ -169,6 +169,11 @@ def _job_exit(state: ApiState, request: Request, instance_key: str, name: str) -
     cause = body.get("cause")
     if cause is not None and not (isinstance(cause, str) and cause.strip()):
         raise ApiError(400, "cause must be a non-empty string", "cause")
+    deterministic = body.get("deterministic", False)
+    if not isinstance(deterministic, bool) or (deterministic and not failed):
+        raise ApiError(
+            400, "deterministic must be true or false (true only if failed)", "deterministic"
+        )
     store = state.store()
     store.get_instance(instance_key)
     with state.exit_lock:  # the nodes of one run report at once: one of them counts
@@ -181,7 +186,8 @@ def _job_exit(state: ApiState, request: Request, instance_key: str, name: str) -
                 f"job {name!r} is not assigned to instance {instance_key!r}: processes "
                 "the controller stopped are not reported",
             )
-        status = JobStatus(state.on_job_exit(name, failed=failed))
+        final = {"deterministic": True} if deterministic else {}
+        status = JobStatus(state.on_job_exit(name, failed=failed, **final))
         if failed and cause is not None:  # why it failed last: coadapt status shows it
             with contextlib.suppress(StaleVersionError):  # changed meanwhile: it moved on
                 after = store.get_job(name)

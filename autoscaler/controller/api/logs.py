@@ -21,8 +21,9 @@ from autoscaler.controller.client import LogChunk
 from autoscaler.controller.jobbook import JOB_NAME_PATTERN
 from coadapt_common.logcap import LogSegments, dropped_note
 from coadapt_common.logcap import segments as log_segments
+from trainer.launch import is_torchrun_exception
 
-__all__ = ["MAX_LOG_CHUNK_BYTES", "printable", "read_job_logs"]
+__all__ = ["MAX_LOG_CHUNK_BYTES", "TracebackCollapser", "printable", "read_job_logs"]
 
 MAX_LOG_CHUNK_BYTES: Final = 1 << 20
 """The most log bytes one answer carries."""
@@ -115,3 +116,96 @@ def _read_logs(job: str, files: list[tuple[str, LogSegments]], offset: int) -> L
         more=next_offset < total and want <= 0,
         instances=tuple((key, seg.total_bytes) for key, seg in files),
     )
+
+
+_TRACEBACK: Final = "Traceback (most recent call last):"
+_RULE: Final = "=" * 20
+
+
+class TracebackCollapser:
+    """What ``coadapt logs`` shows of a job's log: torchrun's own tracebacks (its
+    ``ChildFailedError`` and rendezvous errors, :func:`trainer.launch.is_torchrun_exception`,
+    with the ``====`` summary that follows one) are shown whole the first time each exception
+    appears; a later one of the same exception is one line saying how many lines were left
+    out. Everything else, the script's own output and tracebacks included, is kept as written.
+    Fed text in pieces (:meth:`feed`, as a log is followed), it holds back a traceback until
+    it has ended; :meth:`flush` gives what is held."""
+
+    def __init__(self) -> None:
+        self._seen: set[str] = set()
+        self._held: list[str] = []  # the lines of a traceback (and summary) being read
+        self._partial = ""  # the last line, not yet ended
+
+    def feed(self, text: str) -> str:
+        """The text to show for ``text`` (and what it completes of earlier pieces)."""
+        lines = (self._partial + text).split("\n")
+        self._partial = lines.pop()  # after the last line break: a line still being written
+        out: list[str] = []
+        for line in lines:
+            out.extend(self._line(line))
+        shown = "".join(x + "\n" for x in out)
+        partial = self._partial
+        if partial and not self._held and not _TRACEBACK.startswith(partial[: len(_TRACEBACK)]):
+            shown, self._partial = shown + partial, ""  # shown now; the rest follows it
+        return shown
+
+    def flush(self) -> str:
+        """Whatever is held back (a traceback cut off at the end of the log)."""
+        held, self._held = self._held, []
+        if self._partial:
+            held.append(self._partial)
+            self._partial = ""
+        return "".join(x + "\n" for x in held)
+
+    def _line(self, line: str) -> list[str]:
+        held = self._held
+        if not held:
+            if line.startswith(_TRACEBACK):
+                held.append(line)
+                return []
+            return [line]
+        held.append(line)
+        return self._advance()
+
+    _exception_at: int | None = None
+
+    def _advance(self) -> list[str]:
+        """Decide on a held traceback once its exception line (and summary) has come."""
+        held = self._held
+        if self._exception_at is None:
+            line = held[-1]
+            if not line or line[0].isspace():
+                return []  # still the stack
+            self._exception_at = len(held) - 1
+            name = line.split(":", 1)[0].strip()
+            if not is_torchrun_exception(name):
+                return self._release()
+            return []
+        # a torchrun exception: its summary (==== ... ====) follows, or nothing does
+        after = held[self._exception_at + 1 :]
+        if not after[0].startswith(_RULE):
+            last = held.pop()
+            return [*self._collapse(), *self._line(last)]
+        if len(after) > 1 and after[-1].startswith(_RULE):
+            return self._collapse()
+        if len(after) > 200:  # not a summary after all
+            return self._release()
+        return []
+
+    def _release(self) -> list[str]:
+        held, self._held, self._exception_at = self._held, [], None
+        return held
+
+    def _collapse(self) -> list[str]:
+        assert self._exception_at is not None
+        name = self._held[self._exception_at].split(":", 1)[0].strip()
+        if name not in self._seen:
+            self._seen.add(name)
+            return self._release()
+        count = len(self._held)
+        self._held, self._exception_at = [], None
+        short = name.rsplit(".", 1)[-1]
+        return [
+            f"[coadapt logs: torchrun's {short} traceback again, as above: {count} lines left "
+            "out; --raw shows them]"
+        ]

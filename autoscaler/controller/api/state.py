@@ -38,9 +38,11 @@ class ServiceControl:
 
 class JobExitHandler(Protocol):
     """What the app calls when an agent reports that a running job's processes ended on
-    their own (``Controller.job_exited``): returns the job's new status."""
+    their own (``Controller.job_exited``): returns the job's new status. ``deterministic``
+    (a failure that cannot succeed when run again: the job is failed, not retried) is passed
+    only when true."""
 
-    def __call__(self, name: str, *, failed: bool) -> JobStatus: ...
+    def __call__(self, name: str, *, failed: bool, deterministic: bool = False) -> JobStatus: ...
 
 
 class ApiState:
