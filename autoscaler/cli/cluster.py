@@ -403,9 +403,10 @@ def submit(
 
     # A cluster on this machine runs the script from this machine's disk: its path is the
     # spec folder's, checked here. A deployed cluster's nodes have their own disks.
-    local = (resolve_state_dir(state_dir) / "up.json").exists()
+    state = resolve_state_dir(state_dir)
+    deployed = not (state / "up.json").exists() and (state / "deploy.json").exists()
     try:
-        parsed = load_job_spec(spec, resolve=local)
+        parsed = load_job_spec(spec, resolve=not deployed)
         submission = parsed.submission()
     except JobSpecError as e:
         fail(str(e), 2)

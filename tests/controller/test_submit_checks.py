@@ -270,3 +270,14 @@ def test_submit_from_another_folder_runs_and_a_usage_error_is_not_retried(
         if up.poll() is None:
             up.send_signal(signal.SIGTERM)
             up.wait(timeout=120)
+
+
+def test_a_deployed_clusters_spec_keeps_its_paths_as_written(tmp_path: Path) -> None:
+    """A deployed cluster's nodes run the script from their own disks: nothing is resolved or
+    checked on the submitting machine (``coadapt submit`` to a ``deploy.json`` folder)."""
+    from autoscaler.controller.jobspec import load_job_spec
+
+    (tmp_path / "job.yaml").write_text(SPEC.format(name="job", script="/opt/models/train.py"))
+    assert load_job_spec(tmp_path / "job.yaml", resolve=False).command[0] == "/opt/models/train.py"
+    with pytest.raises(Exception, match="no such file"):
+        load_job_spec(tmp_path / "job.yaml")
