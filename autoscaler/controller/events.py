@@ -430,7 +430,7 @@ class EventRecorder:
                         EventKind.RESUME,
                         name,
                         "started again on the same GPUs: its agent relaunched it (a "
-                        "restart), from its checkpoint",
+                        f"restart); it {self._resume_text(name)}",
                     )
                 )
         self._restarts.update(counts)

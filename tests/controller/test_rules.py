@@ -182,5 +182,8 @@ def test_one_count_of_restarts_read_by_the_store_the_bill_and_the_events(tmp_pat
         assert store.restart_counts(["j"]) == ({"j": restarts})
         assert len(placement_instants(store.assignment_history("j"))["j"]) - 1 == restarts
         assert [e.kind for e in told if e.subject == "j"] == kinds
+        if placement is None:  # no report names a checkpoint: none is claimed
+            (relaunch,) = (e for e in told if e.subject == "j")
+            assert "it resumes (it has not reported yet" in relaunch.message, relaunch
     assert _shrinks(store.assignment_history("j")) == 1
     store.close()
