@@ -748,7 +748,8 @@ def _stored_job(state: Path, job: str) -> tuple[dict[str, Any], dict[str, Any]]:
     clock = SystemClock()
     try:
         with Store.open_read_only(state / "store.db", clock) as store:
-            return one_job(store, store.get_job(job)), job_history(store, job, clock.now_s())
+            row = store.get_job(job)  # no ETA: a cluster that is not up makes no progress
+            return one_job(store, row, etas=False), job_history(store, job, clock.now_s())
     except UnknownRowError:
         fail(f"no job {job!r} in {state}; coadapt status --state-dir {state} lists the jobs")
     except StoreError as e:
