@@ -85,7 +85,12 @@ def jobs_in_store(store: Store) -> tuple[JobInfo, ...]:
     """Every job but the deleted ones, in submission order, as ``GET /v1/jobs`` answers it,
     read from ``store`` (what ``coadapt status`` shows of a cluster that is not up: no ETA)."""
     rows = tuple(row for row in store.list_jobs() if not is_deleted_name(row.name))
-    return tuple(job_info(*parts) for parts in job_parts(store, rows, etas=False))
+    return tuple(
+        job_info(row, dict(assignment), report, batch, restarts, started, eta)
+        for row, assignment, report, batch, restarts, started, eta in job_parts(
+            store, rows, etas=False
+        )
+    )
 
 
 @functools.lru_cache(maxsize=4096)
