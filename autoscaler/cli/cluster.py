@@ -458,6 +458,7 @@ JOB_COLUMNS = (
     Column("submitted", numeric=True, drop_rank=3),
     Column("started", numeric=True, drop_rank=4),
     Column("elapsed", numeric=True, drop_rank=6),
+    Column("ETA", numeric=True, drop_rank=8),
     Column("deadline", numeric=True, drop_rank=7),
 )
 INSTANCE_COLUMNS = (
@@ -507,6 +508,15 @@ def span_text(seconds: float) -> str:
     return f"{s // 86_400}d{s % 86_400 // 3600:02d}h"
 
 
+def eta_text(eta_s: float | None, now_s: float) -> str:
+    """A job's ETA in a table cell, relative to ``now_s``: ``in 3m05s``; ``now`` once it is
+    due; ``-`` for none (not running, no declared length or model yet, a cluster not up)."""
+    if eta_s is None:
+        return "-"
+    left = float(eta_s) - now_s
+    return "now" if left < 1.0 else f"in {span_text(left)}"
+
+
 def elapsed_s(job: dict[str, Any], now_s: float) -> float | None:
     """How long a job has run since its first placement: to its last change once it ended,
     else to ``now_s`` (``None``: never started)."""
@@ -548,6 +558,7 @@ def _render_status(doc: dict[str, Any], *, wide: bool = False) -> None:
                 clock_text(j.get("submitted_at_s"), now_s),
                 clock_text(j.get("started_at_s"), now_s),
                 "-" if (took := elapsed_s(j, now_s)) is None else span_text(took),
+                eta_text(j.get("eta_s"), now_s),
                 clock_text(j.get("deadline_s"), now_s),
             ]
         )
@@ -580,10 +591,13 @@ def status(
         bool, typer.Option("--wide", help="Show every column, however wide the terminal.")
     ] = False,
 ) -> None:
-    """Jobs (status, GPUs, batch, progress, submitted, started, elapsed, deadline, and why a
-    job failed or was refused) and the fleet (offering, $/h); of a local cluster that is not
-    up, as its store last recorded them (read-only). Times are local; --json gives them as
-    Unix seconds, the deadline also as deadline_utc (ISO-8601 UTC), fixed at submission."""
+    """Jobs (status, GPUs, batch, progress, submitted, started, elapsed, ETA, deadline, and
+    why a job failed or was refused) and the fleet (offering, $/h); of a local cluster that
+    is not up, as its store last recorded them (read-only). The ETA is a running job's, by
+    its fitted model at the GPUs it holds, once its script declared its length ("-"
+    otherwise, and for a cluster that is not up). Times are local; --json gives them as Unix
+    seconds, the deadline also as deadline_utc (ISO-8601 UTC), fixed at submission, the ETA
+    as eta_s and eta_utc."""
     from autoscaler.controller.api import ApiError
 
     state = resolve_state_dir(state_dir)
@@ -837,7 +851,7 @@ def describe(
     state_dir: StateDir = None,
     json_out: Json = False,
 ) -> None:
-    """Everything about one job: its spec, status and reason, times and deadline, its
+    """Everything about one job: its spec, status and reason, times, ETA and deadline, its
     placements (which instance's GPUs, when), batch, the events about it and its GPU-hours
     and cost so far; through the cluster's API when it is up, else from its store."""
     from autoscaler.controller.api import ApiError
@@ -875,7 +889,8 @@ def _stored_job(state: Path, job: str) -> tuple[dict[str, Any], dict[str, Any]]:
     clock = SystemClock()
     try:
         with Store.open_read_only(state / "store.db", clock) as store:
-            return one_job(store, store.get_job(job)), job_history(store, job, clock.now_s())
+            row = store.get_job(job)  # no ETA: a cluster that is not up makes no progress
+            return one_job(store, row, etas=False), job_history(store, job, clock.now_s())
     except UnknownRowError:
         fail(f"no job {job!r} in {state}; coadapt status --state-dir {state} lists the jobs")
     except StoreError as e:
@@ -927,6 +942,9 @@ def _render_describe(doc: dict[str, Any]) -> None:
     line("submitted", clock_text(doc.get("submitted_at_s"), now_s))
     line("started", clock_text(doc.get("started_at_s"), now_s))
     line("elapsed", "-" if took is None else span_text(took))
+    eta = doc.get("eta_s")
+    line("ETA", "-" if eta is None else
+         f"{eta_text(eta, now_s)} ({doc.get('eta_utc')}, by its fitted model)")  # fmt: skip
     line("deadline", "-" if deadline is None else
          f"{clock_text(deadline, now_s)} ({doc.get('deadline_utc')})")  # fmt: skip
     line("GPUs", f"{doc.get('gpus', 0)}")

@@ -146,7 +146,10 @@ class JobInfo:
     its first start (rescales, moves and resumes after a preemption or a failure);
     ``reason`` why it was refused or last failed; ``started_at_s`` when it was first placed
     (``None``: never), ``deadline_s`` its deadline as the absolute time fixed at submission
-    (``None``: none)."""
+    (``None``: none); ``eta_s`` when a running job will be done by its fitted model at the
+    GPUs it holds, as the controller's last round estimated it at ``eta_at_s`` (``None``:
+    unknown: not running, no declared length or model yet, an estimate beyond
+    :data:`~autoscaler.decide.deadlines.MAX_REMAINING_S`, or a cluster that is not up)."""
 
     name: str
     status: JobStatus
@@ -162,6 +165,8 @@ class JobInfo:
     reason: str | None = None
     started_at_s: float | None = None
     deadline_s: float | None = None
+    eta_s: float | None = None
+    eta_at_s: float | None = None
 
     @property
     def submission(self) -> JobSubmission:
@@ -181,7 +186,8 @@ class JobInfo:
         ``remaining_progress`` (``null`` before the first report, or when the script
         declared no length), ``restarts`` and ``reason``; ``started_at_s`` and
         ``deadline_s`` (Unix seconds, ``null``: none), the deadline also as ``deadline_utc``
-        (ISO-8601 UTC, e.g. ``2025-01-02T03:04:05Z``)."""
+        (ISO-8601 UTC, e.g. ``2025-01-02T03:04:05Z``); ``eta_s`` and ``eta_at_s`` (Unix
+        seconds, ``null``: unknown), the ETA also as ``eta_utc``."""
         report = self.report
         remaining = (
             None if report is None else remaining_progress(report.progress, report.target_progress)
@@ -196,6 +202,9 @@ class JobInfo:
             "started_at_s": self.started_at_s,
             "deadline_s": self.deadline_s,
             "deadline_utc": None if self.deadline_s is None else utc_text(self.deadline_s),
+            "eta_s": self.eta_s,
+            "eta_at_s": self.eta_at_s,
+            "eta_utc": None if self.eta_s is None else utc_text(self.eta_s),
             "updated_at_s": self.updated_at_s,
             "version": self.version,
             "spec": dict(self.spec),
@@ -231,6 +240,8 @@ class JobInfo:
             reason=None if reason is None else str(reason),
             started_at_s=_optional_float(data.get("started_at_s")),
             deadline_s=_optional_float(data.get("deadline_s")),
+            eta_s=_optional_float(data.get("eta_s")),
+            eta_at_s=_optional_float(data.get("eta_at_s")),
         )
 
 

@@ -13,8 +13,11 @@ One :meth:`Controller.run_round`:
    with the reason, and waits for the user; a job whose trainer reported it finished keeps
    the GPUs it holds, untouched, until its processes exit. Each job's view carries its
    remaining work from the length its script declared (the trainer's own rule) and its spec's
-   GPU bounds and types. The fleet strategy (goodput-per-dollar sizing by default) proposes
-   instances per offering from the jobs' views, the ready nodes and the prices;
+   GPU bounds and types; a running job whose length and model are known gets its ETA (when
+   it will be done at the allocation it holds, :func:`~autoscaler.decide.deadlines.
+   remaining_s`), recorded in the store for the API. The fleet strategy (goodput-per-dollar
+   sizing by default) proposes instances per offering from the jobs' views, the ready nodes
+   and the prices;
    :func:`~autoscaler.controller.reconcile.reconcile` turns target, rows and the observed
    cloud into actions; the policy (``coadapt`` by default) allocates the jobs on the nodes
    that stay (running, not draining) and chooses each one's batch. A job the policy or the
@@ -52,7 +55,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Final, TypeVar
 
-from autoscaler.controller.errors import RoundError, StaleVersionError, UnknownFleetError
+from autoscaler.controller.errors import (
+    RoundError,
+    StaleVersionError,
+    UnknownFleetError,
+    UnknownRowError,
+)
 from autoscaler.controller.events import DEADLINE_REASON
 from autoscaler.controller.jobbook import MAX_JOB_GPUS, JobBook, JobSubmission
 from autoscaler.controller.lifecycle import InstanceStatus, preempted_at, terminate_retries
@@ -68,7 +76,7 @@ from autoscaler.controller.reconcile import (
 )
 from autoscaler.controller.store import InstanceRow, JobRow, JobStatus, Store
 from autoscaler.decide.bounds import PoolCapacity, refusal
-from autoscaler.decide.deadlines import fastest_finish_s, time_left_s
+from autoscaler.decide.deadlines import fastest_finish_s, held_gpu_type, remaining_s, time_left_s
 from autoscaler.decide.fleet import FleetStrategy, FleetView
 from autoscaler.decide.policy import make_policy
 from autoscaler.decide.policy.base import Decision, Policy
@@ -305,6 +313,7 @@ class Controller:
         self._started_s = clock.now_s()
         self._awake = AwakeLog(self._started_s, config.stall_gap_s)
         self._suspected: tuple[str, ...] = ()
+        self._etas_said = True  # a store may hold a past run's ETAs: the first round replaces them
 
     def note_alive(self) -> None:
         """The controller is running now (the service's ticker calls it about every second;
@@ -376,6 +385,7 @@ class Controller:
             if r.status in HELD:
                 held[r.offering_key] = held.get(r.offering_key, 0) + 1
         target, views = self._propose(FleetView(now, views, cluster, held, options))
+        self._record_etas(views, cluster, now)
         t2 = time.perf_counter()
 
         used: dict[str, int] = {}
@@ -538,6 +548,28 @@ class Controller:
                     )
                 )
         return tuple(out)
+
+    def _record_etas(self, views: Sequence[JobView], cluster: ClusterView, now: float) -> None:
+        """Record when each job of ``views`` will be done, by its fitted model at the
+        allocation it holds on ``cluster``'s nodes (:func:`autoscaler.decide.deadlines.
+        remaining_s`, bounded there): ``now`` plus its time left, for a job that runs with a
+        declared length and a model of the type it runs on; no estimate for any other job
+        (:meth:`Store.record_etas` forgets its last one). The store is what the API and an
+        offline ``status`` read: no model is evaluated per request. A round with nothing to
+        say after one that said nothing writes nothing."""
+        etas: dict[str, float] = {}
+        for view in views:
+            left = remaining_s(view, held_gpu_type(view, cluster))
+            if left is not None:
+                etas[view.name] = now + left
+        if not etas and not self._etas_said:
+            return
+        try:
+            self.store.record_etas(etas)
+        except UnknownRowError as e:  # a job deleted meanwhile: the next round says it again
+            _log.warning("ETAs not recorded this round: %s", e)
+            return
+        self._etas_said = bool(etas)
 
     def _check_deadline(self, row: JobRow, view: JobView, options: Sequence[FleetOption]) -> JobRow:
         """Once it is certain that ``view``'s job cannot meet its deadline -- even at once,

@@ -10,7 +10,15 @@ from enum import StrEnum
 from autoscaler.controller.lifecycle import InstanceStatus
 from providers.base import Market
 
-__all__ = ["InstanceRow", "InstanceStatus", "JobBatch", "JobRow", "JobStatus", "ReportRow"]
+__all__ = [
+    "InstanceRow",
+    "InstanceStatus",
+    "JobBatch",
+    "JobEta",
+    "JobRow",
+    "JobStatus",
+    "ReportRow",
+]
 
 
 class JobStatus(StrEnum):
@@ -54,6 +62,17 @@ class JobBatch:
     accum_steps: int
     gpus: int
     at_s: float
+
+
+@dataclass(frozen=True)
+class JobEta:
+    """When a running job will be done by its fitted model (:func:`autoscaler.decide.
+    deadlines.remaining_s` at the allocation it held): ``eta_s`` the clock's time it will be
+    done, estimated by the round at ``eta_at_s``."""
+
+    job_name: str
+    eta_s: float
+    eta_at_s: float
 
 
 @dataclass(frozen=True)

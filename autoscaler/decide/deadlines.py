@@ -14,6 +14,9 @@ the controller's warning, so that they mean one thing everywhere:
   whether its *slack* (time left minus the fastest time, start-up included) is below
   ``margin_s`` (``urgent``: it can no longer afford a preemption, so it runs on demand), and
   per kind the fewest GPUs that finish it ``margin_s`` early (``gpus``);
+- :func:`remaining_s` -- the seconds a running job has left at the allocation it holds, by
+  its fitted model (its remaining work over its goodput there): the fleet sizing's
+  ``JobDemand.remaining_s`` and the ETA the controller records for ``coadapt status``;
 - :func:`uniform_progress_ahead` -- Can't Be Late's uniform-progress rule (Wu et al.,
   NSDI'24), the ``uniform-progress`` baseline: a job is *ahead* while the share of its work
   done is at least the share of its time to the deadline gone, and then may run on spot.
@@ -25,27 +28,64 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Final
 
 import numpy as np
 
 from autoscaler.decide.bounds import gpu_ceiling
 from autoscaler.decide.sizing import with_unseen_hope
-from autoscaler.decide.views import JobView
+from autoscaler.decide.views import ClusterView, JobView
 from autoscaler.model.goodput import GoodputModel, optimistic_internode
 from autoscaler.model.gputypes import REFERENCE_GPU_TYPE, SpeedTable, estimate_model, limits_on
 
 __all__ = [
+    "MAX_REMAINING_S",
     "DeadlineNeed",
     "assess",
     "fastest_finish_s",
     "goodput_bound",
     "goodput_curves",
+    "held_gpu_type",
+    "remaining_s",
     "required_rate",
     "time_left_s",
     "uniform_progress_ahead",
 ]
 
 Kind = tuple[str, int]
+
+MAX_REMAINING_S: Final = 30 * 86_400.0
+"""The longest time left :func:`remaining_s` answers (30 days, the store's retention of
+reports): a fit that predicts next to no goodput gives no estimate rather than years."""
+
+
+def held_gpu_type(job: JobView, cluster: ClusterView) -> str | None:
+    """The GPU type of the nodes of ``cluster`` the job holds GPUs on (``None``: it holds
+    none there, or holds GPUs of more than one type)."""
+    types = {cluster.node(n).gpu_type for n in job.allocation if cluster.index_of(n) is not None}
+    return next(iter(types)) if len(types) == 1 else None
+
+
+def remaining_s(job: JobView, gpu_type: str | None) -> float | None:
+    """Seconds the job has left at the allocation it holds now, by its fitted model on
+    ``gpu_type``, the type it runs on (:func:`held_gpu_type`): the remaining work its trainer
+    reports (:attr:`JobView.remaining_work`) over the model's goodput at its nodes and GPUs.
+
+    ``None`` when it holds no GPUs, its script declared no length, it has no model on that
+    type (``job.models``, filled for a type-aware policy), or the estimate is not below
+    :data:`MAX_REMAINING_S` (a goodput of zero or next to it): an unknown time, never years.
+    The one rule of a job's time left: the fleet sizing and the controller's ETA use it."""
+    work = job.remaining_work
+    if work is None or gpu_type is None or job.num_gpus == 0:
+        return None
+    model = job.models.get(gpu_type)
+    if model is None:
+        return None
+    goodput = float(np.ravel(model.optimize(job.num_nodes, job.num_gpus).goodput)[0])
+    if not goodput > 0:
+        return None
+    left = work / goodput
+    return left if left < MAX_REMAINING_S else None
 
 
 def time_left_s(job: JobView) -> float | None:

@@ -32,7 +32,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from autoscaler.decide.deadlines import assess, goodput_curves, time_left_s, uniform_progress_ahead
+from autoscaler.decide.deadlines import (
+    assess,
+    goodput_curves,
+    held_gpu_type,
+    remaining_s,
+    time_left_s,
+    uniform_progress_ahead,
+)
 from autoscaler.decide.fleet import FleetView
 from autoscaler.decide.sizing import (
     FleetOption,
@@ -43,7 +50,7 @@ from autoscaler.decide.sizing import (
     modelled_value,
     size_fleet,
 )
-from autoscaler.decide.views import Allocation, ClusterView, JobView
+from autoscaler.decide.views import Allocation, JobView
 from autoscaler.errors import InvalidInputError
 from autoscaler.model.gputypes import SpeedTable, default_speed_table
 
@@ -55,11 +62,6 @@ __all__ = [
     "UtilityBand",
     "demands_of",
 ]
-
-
-def _job_type(job: JobView, cluster: ClusterView) -> str | None:
-    types = {cluster.node(n).gpu_type for n in job.allocation if cluster.index_of(n) is not None}
-    return next(iter(types)) if len(types) == 1 else None
 
 
 def demands_of(
@@ -95,7 +97,7 @@ def demands_of(
         cap = max(cap, job.fewest_gpus)  # the user's floor (exactly its GPUs if fixed)
         if job.max_gpus is not None:  # the user's cap (its GPUs if it does not adapt)
             cap = max(1, min(cap, job.max_gpus))
-        gpu_type = _job_type(job, view.cluster)
+        gpu_type = held_gpu_type(job, view.cluster)
         key = (
             optimistic,
             kinds,
@@ -142,7 +144,7 @@ def demands_of(
                 job,
                 _with_deadline(
                     job,
-                    dataclasses.replace(d, remaining_s=_remaining_s(job, d.gpu_type)),
+                    dataclasses.replace(d, remaining_s=remaining_s(job, d.gpu_type)),
                     speeds,
                     kinds=kinds
                     if not job.restricts_offerings
@@ -248,20 +250,6 @@ def _bounded(job: JobView, demand: JobDemand) -> JobDemand:
     return dataclasses.replace(
         demand, curves=curves, min_gpus=max(demand.min_gpus, job.fewest_gpus)
     )
-
-
-def _remaining_s(job: JobView, gpu_type: str | None) -> float | None:
-    """Seconds the job has left at the allocation it holds now, by its fitted model on the
-    type it runs on (the remaining work the trainer reports, over the goodput there);
-    ``None`` when it does not run, or its training length or model there is unknown."""
-    work = job.remaining_work
-    if work is None or gpu_type is None or job.num_gpus == 0:
-        return None
-    model = job.models.get(gpu_type)
-    if model is None:
-        return None
-    goodput = float(np.ravel(model.optimize(job.num_nodes, job.num_gpus).goodput)[0])
-    return work / goodput if goodput > 0 else None
 
 
 @dataclass(frozen=True)

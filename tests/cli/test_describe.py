@@ -142,3 +142,75 @@ def test_status_at_80_columns_keeps_job_and_offering_keys_whole(capsys) -> None:
     assert max(len(x) for x in lines) <= 80
     assert any(job["name"] in x for x in lines), lines
     assert any("aws/us-east-1a/g5.12xlarge/spot" in x for x in lines), lines
+
+
+def _stopped_mid_run(state: Path) -> float:
+    """A store as a cluster stopped while ``gpt`` ran leaves it: its last round recorded an
+    ETA 20 minutes on. Returns that ETA."""
+    clock = FakeClock(time.time() - 600.0)
+    with Store.create(state / "store.db", "coadapt-local", clock) as store:
+        spec = JobSubmission("gpt", 64, 512, 64, command=("t.py",))
+        job = store.add_job("gpt", spec.to_json())
+        store.update_job("gpt", job.version, status=JobStatus.RUNNING)
+        eta_s = clock.now_s() + 1800.0
+        store.record_etas({"gpt": eta_s})
+        return eta_s
+
+
+def test_a_stopped_clusters_status_and_describe_show_no_eta(tmp_path: Path) -> None:
+    """A stopped cluster makes no progress: its store's last ETA is not shown as one."""
+    _stopped_mid_run(tmp_path)
+    out = _run("status", "--state-dir", str(tmp_path), "--json")
+    assert out.returncode == 0, out.stderr
+    (job,) = json.loads(out.stdout)["jobs"]
+    assert job["status"] == "running"
+    assert (job["eta_s"], job["eta_utc"]) == (None, None)
+    table = _run("status", "--state-dir", str(tmp_path), "--wide", columns=200).stdout
+    lines = table.splitlines()
+    header = next(x for x in lines if re.match(r"\s*job\s", x))
+    assert "ETA" in header, table
+    row = next(x for x in lines if x.lstrip().startswith("gpt"))
+    at = header.index("ETA")
+    assert row[at - 6 : at + 3].split()[-1] == "-", table  # the ETA cell, right-aligned
+    text = _run("describe", "gpt", "--state-dir", str(tmp_path)).stdout
+    assert re.search(r"^ETA: +-$", text, re.M), text
+
+
+def test_status_and_describe_show_a_running_jobs_eta_relative_to_now(capsys) -> None:
+    """The ETA column says how long until the model's estimate (``in 3m05s``), ``-`` for a
+    job without one; describe says it with the UTC time."""
+    from autoscaler.cli.cluster import _render_describe, _render_status, eta_text
+
+    now = time.time()
+    assert eta_text(None, now) == "-"
+    assert eta_text(now + 185.4, now) == "in 3m05s"
+    assert eta_text(now + 2 * 3600 + 120, now) == "in 2h02m"
+    assert eta_text(now - 30.0, now) == "now"  # due by the estimate, still running
+    jobs = [
+        {"name": "bert", "status": "running", "eta_s": now + 3600 + 185},
+        {"name": "gpt", "status": "running", "eta_s": None},
+    ]
+    os.environ["COLUMNS"] = "200"
+    try:
+        _render_status({"jobs": jobs, "instances": []}, wide=True)
+    finally:
+        del os.environ["COLUMNS"]
+    lines = capsys.readouterr().out.splitlines()
+    header = next(x for x in lines if re.match(r"\s*job\s", x))
+    assert "ETA" in header
+    bert = next(x for x in lines if x.lstrip().startswith("bert"))
+    assert re.search(r"\bin 1h0[23]m\b", bert), lines
+    gpt = next(x for x in lines if x.lstrip().startswith("gpt"))
+    assert "in " not in gpt
+    doc = {
+        "name": "bert",
+        "status": "running",
+        "eta_s": now + 185.4,
+        "eta_utc": "2030-01-02T03:04:05Z",
+        "history": {"placements": [], "events": [], "gpu_s": 0.0},
+    }
+    _render_describe(doc)
+    text = capsys.readouterr().out
+    assert re.search(
+        r"^ETA: +in 3m0[45]s \(2030-01-02T03:04:05Z, by its fitted model\)$", text, re.M
+    )

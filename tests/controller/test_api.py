@@ -851,6 +851,38 @@ def test_status_fields_of_a_job_with_a_declared_length(
     assert user.get_job("bert").restarts == 1
 
 
+def test_a_running_jobs_answer_carries_the_eta_its_controller_recorded(
+    user: ApiClient, store: Store, clock: FakeClock
+) -> None:
+    """The answer carries the ETA the last round recorded (``eta_s``, ``eta_at_s``, and
+    ``eta_utc``), in the list as in the job's own answer; ``null`` for a job without one,
+    for a job that no longer runs, and from the store of a cluster that is not up."""
+    from autoscaler.controller.api import jobs_in_store
+
+    add_instance(store, "i-a")
+    for name in ("bert", "gpt"):
+        user.submit_job(spec(name))
+        place(store, name, {"i-a": 2})
+    store.record_etas({"bert": START_S + 754.0})  # what a round writes; gpt has no estimate
+    clock.advance(5.0)
+    when = datetime.datetime.fromtimestamp(START_S + 754.0, datetime.UTC)
+    bert = user.get_job("bert").to_dict()
+    assert (bert["eta_s"], bert["eta_at_s"]) == (START_S + 754.0, START_S)
+    assert bert["eta_utc"] == when.strftime("%Y-%m-%dT%H:%M:%SZ")
+    listed = {j.name: j for j in user.list_jobs()}
+    assert listed["bert"].eta_s == START_S + 754.0 and listed["bert"].eta_at_s == START_S
+    gpt = user.get_job("gpt").to_dict()
+    assert (gpt["eta_s"], gpt["eta_at_s"], gpt["eta_utc"]) == (None, None, None)
+    assert listed["gpt"].eta_s is None
+    # Offline (coadapt status of a cluster that is not up): no progress, no ETA.
+    assert [j.eta_s for j in jobs_in_store(store)] == [None, None]
+    # A job that stopped running answers none, even before the next round forgets it.
+    user.cancel_job("bert")
+    assert store.list_etas() != {}
+    assert user.get_job("bert").eta_s is None
+    assert {j.name: j.eta_s for j in user.list_jobs()}["bert"] is None
+
+
 def test_a_refused_or_failed_job_can_be_retried_once_fixed(
     server: ApiServer, tokens: ApiTokens, user: ApiClient, store: Store
 ) -> None:

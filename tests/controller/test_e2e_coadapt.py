@@ -14,7 +14,8 @@ A real ``coadapt up`` (``run_up``) on the local provider, agents, real torchrun 
   ``local_batch_size.max`` (their defaults for a fixed job) starts on 2 GPUs at its batch, one
   micro-batch a step; it declares no
   length: ``status --json`` shows ``target_progress`` null for it, and the declared one and
-  its falling remaining work for the others.
+  its falling remaining work for the others, and an ETA (``eta_s``) by their fitted models
+  while they run, none for it.
 * ``too-big``: ``gpus: {min: 64, max: 128}`` is refused, with the reason, within a few rounds.
 
 Every finished job stays finished (no launch after it reported done) and the fleet is gone at
@@ -153,6 +154,8 @@ def test_the_cluster_carries_out_the_whole_plan(
                     seen[name].setdefault("remaining", []).append(doc["remaining_progress"])
                 if doc["target_progress"] is not None:
                     seen[name]["target"] = doc["target_progress"]
+                if doc["eta_s"] is not None:
+                    seen[name].setdefault("eta", []).append(doc["eta_s"] - doc["eta_at_s"])
             if refused_after is None and jobs["too-big"].status is JobStatus.REFUSED:
                 refused_after = time.monotonic() - submitted
             if all(
@@ -187,6 +190,10 @@ def test_the_cluster_carries_out_the_whole_plan(
     for name in ("noisy", "elastic"):
         remaining = seen[name]["remaining"]
         assert seen[name]["target"] > 0 and remaining[0] > remaining[-1], (name, remaining)
+    # ETAs by the fitted model, for a job that declared its length only (seconds left).
+    assert "eta" not in seen["fixed-two"], seen["fixed-two"]
+    etas = [left for name in ("noisy", "elastic") for left in seen[name].get("eta", [])]
+    assert etas and all(0 <= left < 30 * 86_400 for left in etas), seen
     with Store.open(state / "store.db", FakeClock()) as store:
         _, raw = store.reports_after(0)
         spans = store.assignment_history()

@@ -7,6 +7,7 @@ import dataclasses
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from autoscaler.controller.jobbook import JobSubmission
@@ -21,6 +22,7 @@ from emulators.reports import synthetic_report
 from providers.base import Market
 from providers.capacity import UnavailableOfferings
 from providers.fake import FakeProvider
+from trainer.report import TrainerReport
 
 CLUSTER = "loop1"
 CONFIG = ControllerConfig(
@@ -462,3 +464,51 @@ def test_rounds_prune_what_is_older_than_the_retention(tmp_path: Path) -> None:
     assert [p.price_usd_per_hour for p in store.prices("fake/z/t/spot")] == [0.6]
     with pytest.raises(InvalidInputError):
         ControllerConfig(CLUSTER, retention_s=0.0)
+
+
+# ---- ETAs: when a running job will be done, by its model -------------------------------------
+
+
+def test_a_running_job_with_a_declared_length_and_a_model_gets_an_eta_in_the_store(
+    tmp_path: Path,
+) -> None:
+    """Every round records, for each running job whose script declared its length and whose
+    model is fitted, when it will be done at the GPUs it holds (its work left over its
+    model's goodput there); a job without a declared length gets none, and a job that stops
+    running loses its estimate."""
+    from autoscaler.decide.deadlines import MAX_REMAINING_S
+
+    store, cloud, clock = _setup(tmp_path)
+    ctl = Controller(store, cloud, clock, CONFIG)
+    gpu_type_of: dict[str, str] = {}
+    for _ in range(4):
+        ctl.run_round()
+        clock.advance(60.0)
+        placed: dict[str, int] = {}
+        for (job, key), gpus in store.list_assignments().items():
+            placed[job] = placed.get(job, 0) + gpus
+            gpu_type_of[job] = store.get_instance(key).gpu_type
+        for job, gpus in placed.items():
+            report = TrainerReport.from_json(_report(job, gpus, clock.now_s(), 0.2))
+            if job == "job-0":  # only job-0's script declared its length
+                report = dataclasses.replace(report, target_progress=400.0)
+            store.add_report(job, report.to_json())
+    ctl.run_round()  # reads the last reports, fits, and estimates
+    said = clock.now_s()
+    etas = store.list_etas()
+    assert set(etas) == {"job-0"}, etas  # job-1 declared no length: no estimate
+    eta = etas["job-0"]
+    assert eta.eta_at_s == said
+    # The estimate is its remaining work (399 units of 128 samples) over its fitted
+    # model's goodput on the GPUs it held this round.
+    (view,) = [v for v in ctl.job_views(said) if v.name == "job-0"]
+    model = view.models[gpu_type_of["job-0"]]
+    goodput = float(np.ravel(model.optimize(view.num_nodes, view.num_gpus).goodput)[0])
+    assert 0 < eta.eta_s - said < MAX_REMAINING_S
+    assert eta.eta_s - said == pytest.approx(399.0 * 128 / goodput, rel=1e-9)
+    # Cancelled: it runs no more, and the next round forgets its estimate.
+    row = store.get_job("job-0")
+    store.update_job("job-0", row.version, status=JobStatus.CANCELLED)
+    clock.advance(60.0)
+    ctl.run_round()
+    assert store.list_etas() == {}

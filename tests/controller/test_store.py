@@ -51,6 +51,7 @@ from autoscaler.controller.store import (
     SCHEMA_VERSION,
     InstanceRow,
     JobBatch,
+    JobEta,
     JobStatus,
     Store,
     apply_migrations,
@@ -617,6 +618,31 @@ def test_models_are_upserted(store: Store, clock: FakeClock) -> None:
         store.upsert_model("nope", "T4", "{}")
 
 
+def test_a_rounds_etas_replace_the_last_ones(store: Store, clock: FakeClock) -> None:
+    """Each round's estimates replace the last round's whole: a job that no longer has one
+    (stopped running, lost its model) has none; an unknown job or a time that is not finite
+    changes nothing; deleting an ended job takes its estimate with it."""
+    for name in ("j1", "j2"):
+        store.add_job(name, SPEC)
+    assert store.list_etas() == {}
+    store.record_etas({"j1": clock.now_s() + 600.0, "j2": clock.now_s() + 60.0})
+    said = clock.now_s()
+    assert store.list_etas(["j2", "nope"]) == {"j2": JobEta("j2", said + 60.0, said)}
+    clock.advance(30.0)
+    store.record_etas({"j1": said + 590.0})
+    assert store.list_etas() == {"j1": JobEta("j1", said + 590.0, said + 30.0)}
+    for bad in ({"nope": said}, {"j1": math.inf}, {"j1": math.nan}, {"j1": True}):
+        with pytest.raises((UnknownRowError, InvalidInputError)):
+            store.record_etas(bad)  # type: ignore[arg-type]
+    assert store.list_etas() == {"j1": JobEta("j1", said + 590.0, said + 30.0)}
+    job = store.get_job("j1")
+    store.update_job("j1", job.version, status=JobStatus.CANCELLED)
+    store.delete_job("j1")  # its row is kept under another name; its estimate is not
+    assert store.list_etas() == {}
+    store.record_etas({})
+    assert store.list_etas() == {}
+
+
 def test_prices(store: Store) -> None:
     key = "fake/g4dn.xlarge/us-east-1a/spot"
     assert store.price_at(key, 100.0) is None
@@ -697,6 +723,7 @@ SEED: dict[int, list[str]] = {
         "INSERT INTO price_history (offering_key, at_s, price_usd_per_hour, market) "
         "VALUES ('fake/t/z/on-demand', 7.0, 1.5, 'on-demand')",
     ],
+    11: ["INSERT INTO job_etas VALUES ('j1', 5000.0, 30.0)"],
 }
 
 
@@ -761,6 +788,8 @@ def check_seeded_rows(store: Store, version: int) -> None:
         assert events == [(23.0, "launch", "i-1", "requested")]
     else:  # no story before v6
         assert events == []
+    # An ETA from v11 on; none before (a stopped cluster's next round estimates again).
+    assert store.list_etas() == ({"j1": JobEta("j1", 5000.0, 30.0)} if version >= 11 else {})
     # A job of a store before v7 has no deadline (the column reads NULL).
     assert job.deadline_s == (3610.0 if version >= 7 else None)
     if version >= 4:

@@ -20,8 +20,11 @@ from autoscaler.controller.jobbook import (
 )
 from autoscaler.controller.jobspec import JobSpecError, parse_job_spec
 from autoscaler.decide.deadlines import (
+    MAX_REMAINING_S,
     assess,
     goodput_curves,
+    held_gpu_type,
+    remaining_s,
     required_rate,
     time_left_s,
     uniform_progress_ahead,
@@ -29,7 +32,7 @@ from autoscaler.decide.deadlines import (
 from autoscaler.decide.fleet import FleetView
 from autoscaler.decide.sizing import FleetOption, JobDemand, SizingConfig, size_fleet
 from autoscaler.decide.strategies import GoodputSizing, UniformProgress, demands_of
-from autoscaler.decide.views import Allocation, ClusterView, JobView
+from autoscaler.decide.views import Allocation, ClusterView, JobView, NodeView
 from autoscaler.errors import InvalidInputError
 from autoscaler.model.goodput import BatchLimits, GoodputModel, GradParams, PerfParams
 from autoscaler.model.gputypes import default_speed_table
@@ -293,6 +296,39 @@ def test_the_sizing_buys_a_deadline_job_its_gpus_on_spot_with_slack_and_on_deman
     urgent = fresh.propose(fleet_view(tight_job, options=options))
     assert all(key.endswith("/on-demand") for key in urgent)
     assert _gpus(urgent) >= max(tight[0].deadline_gpus.values())
+
+
+def test_remaining_s_is_the_work_left_over_the_fitted_goodput_where_the_job_runs() -> None:
+    """The one rule of a job's time left (the sizing's and the controller's ETA): its
+    remaining work over its model's goodput at the nodes and GPUs it holds, on their type;
+    no estimate without a declared length, GPUs, a model there, or a goodput worth the name."""
+    cluster = ClusterView.uniform(2, 4, gpu_type="T4")
+    job = dataclasses.replace(
+        _sized_job(None, 500.0), allocation=Allocation({"node-00": 4, "node-01": 2})
+    )
+    assert held_gpu_type(job, cluster) == "T4"
+    rate = float(np.ravel(MODEL.optimize(2, 6).goodput)[0])
+    assert rate > 0
+    assert remaining_s(job, "T4") == pytest.approx(500.0 * POLICY_LIMITS.init_batch_size / rate)
+    # The sizing's remaining time is this rule's.
+    (demand,) = demands_of(fleet_view(job), GoodputSizing("c").speeds)
+    assert demand.remaining_s is None  # fleet_view's cluster holds none of its nodes
+    placed = dataclasses.replace(fleet_view(job), cluster=cluster)
+    (demand,) = demands_of(placed, GoodputSizing("c").speeds)
+    assert demand.remaining_s == remaining_s(job, "T4")
+    # No estimate: no declared length, no GPUs, no model on the type it runs on, no type.
+    assert remaining_s(dataclasses.replace(job, remaining_progress=None), "T4") is None
+    assert remaining_s(dataclasses.replace(job, allocation=Allocation()), "T4") is None
+    assert remaining_s(job, "A100") is None and remaining_s(job, None) is None
+    mixed = ClusterView((NodeView("node-00", "T4", 4), NodeView("node-01", "V100", 4)), 0.0, 0)
+    assert held_gpu_type(job, mixed) is None
+    # A fit that predicts next to no goodput gives no estimate rather than years.
+    crawl = GoodputModel(PerfParams(1e6, 1e6, 1e6, 1e6, 1e6, 1e6, 1.0), MODEL.grad, POLICY_LIMITS)
+    slow = dataclasses.replace(job, models={"T4": crawl})
+    slow_rate = float(np.ravel(crawl.optimize(2, 6).goodput)[0])
+    assert 500.0 * POLICY_LIMITS.init_batch_size / slow_rate > MAX_REMAINING_S
+    assert remaining_s(slow, "T4") is None
+    assert MAX_REMAINING_S == 30 * 86_400.0
 
 
 def _gpus(counts: Mapping[str, int]) -> int:

@@ -71,7 +71,9 @@ submission), ``assignment`` (``{instance_key: gpus}``), ``gpus``, the planned
 ``batch_size`` / ``local_batch_size`` / ``accumulation_steps`` (``null`` while it holds no
 GPUs), ``progress`` / ``target_progress`` / ``remaining_progress`` (initial-batch-size
 iterations; ``target_progress`` is the length its script declared, ``null`` when it declared
-none), ``report`` (its latest trainer report in short: ``at_s``, ``progress``, ``step``,
+none), ``eta_s`` / ``eta_at_s`` / ``eta_utc`` (a running job's ETA by its fitted model, as
+the controller's last round recorded it and when; ``null`` when unknown), ``report`` (its
+latest trainer report in short: ``at_s``, ``progress``, ``step``,
 ``epoch``, ``attempt``, ``started_at_s``, ``world_size``, the batch the trainer runs,
 ``lr_scale``, ``done``; ``null`` before the first) and ``batch`` (the planned batch with the
 GPUs it was planned for).

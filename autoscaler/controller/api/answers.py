@@ -1,5 +1,11 @@
 """A job as the API answers it (:class:`~autoscaler.controller.client.JobInfo`), from its
-rows in the store: the row, its assignment, latest report, planned batch and restarts.
+rows in the store: the row, its assignment, latest report, planned batch, restarts, first
+placement and ETA.
+
+The ETA is what the controller's last round recorded (:meth:`Store.record_etas
+<autoscaler.controller.store.Store.record_etas>`): no model is evaluated per request. It is
+answered for a running job only, and never from the store of a cluster that is not up (a
+stopped cluster makes no progress): ``etas=False``.
 
 ``GET /v1/jobs`` and ``coadapt status`` on a cluster that is not up (:func:`jobs_in_store`)
 answer the same, read in a few queries for a whole page (:func:`job_parts`).
@@ -14,7 +20,15 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from autoscaler.controller.client import JobInfo, PlannedBatch, ProgressInfo
-from autoscaler.controller.store import JobBatch, JobRow, ReportRow, Store, is_deleted_name
+from autoscaler.controller.store import (
+    JobBatch,
+    JobEta,
+    JobRow,
+    JobStatus,
+    ReportRow,
+    Store,
+    is_deleted_name,
+)
 
 __all__ = [
     "DESCRIBE_EVENTS",
@@ -28,15 +42,22 @@ __all__ = [
 ]
 
 JobParts = tuple[
-    JobRow, tuple[tuple[str, int], ...], ReportRow | None, JobBatch | None, int, float | None
+    JobRow,
+    tuple[tuple[str, int], ...],
+    ReportRow | None,
+    JobBatch | None,
+    int,
+    float | None,
+    JobEta | None,
 ]
-"""A job's row, assignment (``(instance_key, gpus)`` by key), latest report, batch, restarts
-and when it was first placed (``None``: never)."""
+"""A job's row, assignment (``(instance_key, gpus)`` by key), latest report, batch, restarts,
+when it was first placed (``None``: never) and its recorded ETA (``None``: none)."""
 
 
-def job_parts(store: Store, rows: tuple[JobRow, ...]) -> list[JobParts]:
+def job_parts(store: Store, rows: tuple[JobRow, ...], *, etas: bool = True) -> list[JobParts]:
     """What a job's answer is made of, for each of ``rows``: the row, its assignment
-    (``(instance_key, gpus)`` by key), latest report, planned batch, restarts and start."""
+    (``(instance_key, gpus)`` by key), latest report, planned batch, restarts, start and
+    recorded ETA (none read unless ``etas``: a cluster that is not up has none)."""
     names = [row.name for row in rows]
     assigned: dict[str, dict[str, int]] = {}
     for (job, key), gpus in store.assignments_of(names).items():
@@ -45,6 +66,7 @@ def job_parts(store: Store, rows: tuple[JobRow, ...]) -> list[JobParts]:
     batches = store.list_batches(names)
     restarts = store.restart_counts(names)
     started = store.first_placed_at(names)
+    eta = store.list_etas(names) if etas else {}
     return [
         (
             row,
@@ -53,6 +75,7 @@ def job_parts(store: Store, rows: tuple[JobRow, ...]) -> list[JobParts]:
             batches.get(row.name),
             restarts.get(row.name, 0),
             started.get(row.name),
+            eta.get(row.name),
         )
         for row in rows
     ]
@@ -60,11 +83,13 @@ def job_parts(store: Store, rows: tuple[JobRow, ...]) -> list[JobParts]:
 
 def jobs_in_store(store: Store) -> tuple[JobInfo, ...]:
     """Every job but the deleted ones, in submission order, as ``GET /v1/jobs`` answers it,
-    read from ``store`` (what ``coadapt status`` shows of a cluster that is not up)."""
+    read from ``store`` (what ``coadapt status`` shows of a cluster that is not up: no ETA)."""
     rows = tuple(row for row in store.list_jobs() if not is_deleted_name(row.name))
     return tuple(
-        job_info(row, dict(assignment), report, batch, restarts, started)
-        for row, assignment, report, batch, restarts, started in job_parts(store, rows)
+        job_info(row, dict(assignment), report, batch, restarts, started, eta)
+        for row, assignment, report, batch, restarts, started, eta in job_parts(
+            store, rows, etas=False
+        )
     )
 
 
@@ -76,12 +101,13 @@ def job_json(
     batch: JobBatch | None,
     restarts: int,
     started_at_s: float | None = None,
+    eta: JobEta | None = None,
 ) -> str:
     """A job's answer as JSON text (what :func:`~autoscaler.controller.api.wire.json_response`
     writes for :meth:`JobInfo.to_dict`), remembered for the same rows: a job list re-reads
     mostly jobs that did not change since its last page, and encoding them was most of its cost
     (``benchmarks/api_load.py``)."""
-    info = job_info(row, dict(assignment), report, batch, restarts, started_at_s)
+    info = job_info(row, dict(assignment), report, batch, restarts, started_at_s, eta)
     return json.dumps(info.to_dict(), sort_keys=True, allow_nan=False)
 
 
@@ -92,8 +118,12 @@ def job_info(
     batch: JobBatch | None,
     restarts: int,
     started_at_s: float | None = None,
+    eta: JobEta | None = None,
 ) -> JobInfo:
-    """A job as the API answers it, from its rows (``started_at_s``: its first placement)."""
+    """A job as the API answers it, from its rows (``started_at_s``: its first placement;
+    ``eta``: its recorded ETA, answered while it runs)."""
+    if row.status is not JobStatus.RUNNING:
+        eta = None
     return JobInfo(
         name=row.name,
         status=row.status,
@@ -109,6 +139,8 @@ def job_info(
         reason=row.reason,
         started_at_s=started_at_s,
         deadline_s=row.deadline_s,
+        eta_s=None if eta is None else eta.eta_s,
+        eta_at_s=None if eta is None else eta.eta_at_s,
     )
 
 
@@ -123,13 +155,15 @@ def _stored_spec(spec_json: str) -> Mapping[str, Any]:
     return MappingProxyType(spec if isinstance(spec, dict) else {})
 
 
-def one_job(store: Store, row: JobRow) -> dict[str, Any]:
-    """Job ``row`` as the API answers it (a JSON object), its other rows read from ``store``."""
+def one_job(store: Store, row: JobRow, *, etas: bool = True) -> dict[str, Any]:
+    """Job ``row`` as the API answers it (a JSON object), its other rows read from ``store``
+    (its ETA only if ``etas``: not from a cluster that is not up)."""
     assignment = {k: g for (_, k), g in store.list_assignments(job=row.name).items()}
     restarts = store.restart_counts([row.name]).get(row.name, 0)
     started = store.first_placed_at([row.name]).get(row.name)
     report, batch = store.latest_report(row.name), store.get_batch(row.name)
-    return job_info(row, assignment, report, batch, restarts, started).to_dict()
+    eta = store.list_etas([row.name]).get(row.name) if etas else None
+    return job_info(row, assignment, report, batch, restarts, started, eta).to_dict()
 
 
 def job_history(store: Store, name: str, now_s: float) -> dict[str, Any]:

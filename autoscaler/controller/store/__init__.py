@@ -69,7 +69,14 @@ Layout
 
 from __future__ import annotations
 
-from autoscaler.controller.records import InstanceRow, JobBatch, JobRow, JobStatus, ReportRow
+from autoscaler.controller.records import (
+    InstanceRow,
+    JobBatch,
+    JobEta,
+    JobRow,
+    JobStatus,
+    ReportRow,
+)
 from autoscaler.controller.store.assignment_table import (
     AssignmentRow,
     AssignmentSpan,
@@ -120,6 +127,7 @@ __all__ = [
     "EventRow",
     "InstanceRow",
     "JobBatch",
+    "JobEta",
     "JobRow",
     "JobStatus",
     "Migration",

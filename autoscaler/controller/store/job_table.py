@@ -1,13 +1,14 @@
-"""The jobs (``jobs``) and each job's planned batch (``job_batches``)."""
+"""The jobs (``jobs``), each job's planned batch (``job_batches``) and each running job's
+ETA (``job_etas``)."""
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Final
 
 from autoscaler.controller.errors import DuplicateRowError, StaleVersionError, UnknownRowError
-from autoscaler.controller.records import JobBatch, JobRow, JobStatus
+from autoscaler.controller.records import JobBatch, JobEta, JobRow, JobStatus
 from autoscaler.controller.store.base import StoreBase
 from autoscaler.controller.store.validate import (
     valid_count,
@@ -25,6 +26,7 @@ _JOB_COLUMNS: Final = (
     "name, spec_json, status, retries, submitted_at_s, updated_at_s, version, reason, deadline_s"
 )
 _BATCH_COLUMNS: Final = "job_name, global_batch_size, local_batch_size, accum_steps, gpus, at_s"
+_ETA_COLUMNS: Final = "job_name, eta_s, eta_at_s"
 MAX_REASON_CHARS: Final = 500
 """A job's ``reason`` is cut to this many characters."""
 DELETED_MARK: Final = "~"
@@ -69,7 +71,7 @@ def is_deleted_name(name: str) -> bool:
 
 
 class JobTable(StoreBase):
-    """The jobs and their planned batches."""
+    """The jobs, their planned batches and the running jobs' ETAs."""
 
     def delete_job(self, name: str) -> str:
         """Delete ended job ``name`` so that its name can be submitted again; returns the name
@@ -115,6 +117,8 @@ class JobTable(StoreBase):
                 "WHERE name = ?",
                 (kept, name),
             )
+            # An ended job runs no more: its last estimate goes with it.
+            conn.execute("DELETE FROM job_etas WHERE job_name = ?", (name,))
             for sql in _MOVE_JOB_ROWS:
                 conn.execute(sql, (kept, name))
             conn.execute("DELETE FROM jobs WHERE name = ?", (name,))
@@ -326,3 +330,43 @@ class JobTable(StoreBase):
             f"SELECT {_BATCH_COLUMNS} FROM job_batches WHERE job_name = ?", (job_name,)
         ).fetchone()
         return None if row is None else JobBatch(*row)
+
+    # ---- v11: ETAs -------------------------------------------------------------------------
+
+    def record_etas(self, etas: Mapping[str, float]) -> None:
+        """Record a round's estimates: each job of ``etas`` will be done at its value (the
+        clock's time, finite), estimated now; every other job's estimate is forgotten (it
+        no longer runs, or has no estimate now). One transaction; the table holds at most a
+        row per running job. :class:`UnknownRowError` for an unknown job (nothing changed),
+        :class:`InvalidInputError` for a time that is not finite."""
+        rows = []
+        for name, eta_s in sorted(etas.items()):
+            rows.append((valid_text(name, "job_name"), valid_number(eta_s, "eta_s", minimum=None)))
+        now = self._now()
+        with self._write("record the ETAs") as conn:
+            conn.execute("DELETE FROM job_etas")
+            for name, eta_s in rows:
+                try:
+                    conn.execute(
+                        "INSERT INTO job_etas (job_name, eta_s, eta_at_s) VALUES (?, ?, ?)",
+                        (name, eta_s, now),
+                    )
+                except sqlite3.IntegrityError as e:
+                    raise UnknownRowError("jobs", name) from e
+
+    def list_etas(self, jobs: Iterable[str] | None = None) -> dict[str, JobEta]:
+        """The last recorded estimate of every job that has one (of ``jobs`` only, when
+        given), by job name."""
+        if jobs is None:
+            rows = self._read(f"SELECT {_ETA_COLUMNS} FROM job_etas ORDER BY job_name")
+            return {r[0]: JobEta(*r) for r in rows}
+        out: dict[str, JobEta] = {}
+        names = list(dict.fromkeys(jobs))
+        for i in range(0, len(names), 500):  # SQLite's bound on parameters
+            chunk = names[i : i + 500]
+            marks = ", ".join("?" * len(chunk))
+            rows = self._read(
+                f"SELECT {_ETA_COLUMNS} FROM job_etas WHERE job_name IN ({marks})", chunk
+            )
+            out.update((r[0], JobEta(*r)) for r in rows)
+        return dict(sorted(out.items()))

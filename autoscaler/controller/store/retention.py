@@ -19,7 +19,8 @@ Never pruned, whatever their age, because the bill (:mod:`autoscaler.accounting.
 reads them whole or they are the cluster's identity: ``cost_records``, ``instances`` and
 ``instance_history`` (when each instance ran, ended, was preempted), ``assignment_history``
 (the spans each job is billed on) and ``job_usage``, ``jobs``, ``job_batches``, ``models``,
-``assignments`` and ``meta``. The history tables no longer cost a round anything as they
+``assignments`` and ``meta``. (``job_etas`` holds at most a row per running job: each
+round replaces it whole.) The history tables no longer cost a round anything as they
 grow: a round reads their live rows through indexes and each job's usage totals
 (:mod:`~autoscaler.controller.store.assignment_table`).
 """

@@ -36,6 +36,10 @@ SQLite allows only outside a transaction; none does yet.)
   ``provider/instance_type/zone/market`` (it was ``provider/zone/instance_type/market``):
   ``instances.offering_key`` is rebuilt from the row's own columns, ``price_history``'s keys
   have their two middle parts swapped.
+* v11: ``job_etas``: when each running job will be done by its fitted model (``eta_s``, the
+  clock's time) and when the round estimated it (``eta_at_s``); a row only while the job
+  runs with a declared length and a model (:meth:`Store.record_etas
+  <autoscaler.controller.store.Store.record_etas>`).
 """
 
 from __future__ import annotations
@@ -297,6 +301,17 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
                provider || '/' || instance_type || '/' || zone || '/' || market""",
             f"""UPDATE price_history SET offering_key = {_old_key_to_new("offering_key")}
                WHERE length(offering_key) - length(replace(offering_key, '/', '')) = 3""",
+        ),
+    ),
+    Migration(
+        11,
+        "ETAs: when each running job will be done by its fitted model, and when it was said",
+        (
+            """CREATE TABLE job_etas (
+                job_name TEXT PRIMARY KEY REFERENCES jobs (name),
+                eta_s REAL NOT NULL,
+                eta_at_s REAL NOT NULL
+            )""",
         ),
     ),
 )
