@@ -174,6 +174,25 @@ def _costs(state: ApiState, request: Request) -> Response:
     return json_response({"total_usd": total, "usd_per_hour": usd_per_hour, "points": points})
 
 
+MAX_EVENTS_ANSWERED: Final = 500
+"""The most events one ``GET /v1/events`` answers (``?limit=``, default 100)."""
+
+
+def _events(state: ApiState, request: Request) -> Response:
+    """The end of the cluster's story: its last ``limit`` events (default 100, at most
+    :data:`MAX_EVENTS_ANSWERED`), oldest first, each ``{seq, at_s, kind, subject, message}``
+    (what ``coadapt events`` prints)."""
+    limit = int_arg(request, "limit", 100, maximum=MAX_EVENTS_ANSWERED)
+    if limit < 1:
+        raise ApiError(400, "limit must be at least 1", "limit")
+    rows = state.store().latest_events(limit)
+    events = [
+        {"seq": e.seq, "at_s": e.at_s, "kind": e.kind, "subject": e.subject, "message": e.message}
+        for e in rows
+    ]
+    return json_response({"events": events})
+
+
 def _service(state: ApiState, request: Request) -> Response:
     """The process serving this API (what ``coadapt down`` checks against ``up.json``)."""
     control = state.service
@@ -235,6 +254,7 @@ ROUTES: Final[tuple[Route, ...]] = (
     ("POST", "/v1/fleet/release", Role.USER, _release_fleet),
     ("POST", "/v1/fleet/resume", Role.USER, _resume_fleet),
     ("GET", "/v1/costs", Role.USER, _costs),
+    ("GET", "/v1/events", Role.USER, _events),
     ("GET", "/v1/service", Role.USER, _service),
     ("POST", "/v1/service/down", Role.USER, _service_down),
 )
