@@ -551,7 +551,7 @@ SILENCE_REASON: Final = "agent stopped heartbeating"
 EVENT_SLACK_S: Final = 2.0  # a launch starts after the event that placed it, never long before
 
 
-_PLACING: Final = frozenset({"rescale", "stop", "start", "resume", "preemption"})
+_PLACING: Final = frozenset({"move", "rescale", "stop", "start", "resume", "preemption"})
 """Event kinds by which the controller itself ends or moves a job's launch."""
 
 

@@ -15,9 +15,10 @@ valid token it shows the API's refusal and nothing else.
 
 The cost chart is an inline SVG: a title, an x axis of the time since the first instance
 started (minutes, or hours past two; the series is
-:func:`~autoscaler.accounting.costs.cost_series_usd`), a y axis of the cumulative cost in USD, both with round ticks
-and grid lines, and the line. The page scales to its viewport (the chart by its ``viewBox``,
-wide tables scroll sideways in their box): readable at 1280x800 and on a 390 px phone.
+:func:`~autoscaler.accounting.costs.cost_series_usd`), a y axis of the cumulative cost in
+USD, both with round ticks and grid lines, and the line. The page scales to its viewport
+(the chart by its ``viewBox``, wide tables scroll sideways in their box): readable at
+1280x800 and on a 390 px phone.
 After each refresh the page records on its ``<html>`` element whether it fits its
 viewport's width (``data-fits="yes"``; what the browser tests read). ``coadapt dashboard``
 prints the page's address with the token. The server sends the page with ``frame-ancestors
@@ -150,7 +151,8 @@ function plot(points) {
   svgEl(svg, "line", { x1: L, x2: W - R, y1: H - B, y2: H - B, class: "axis x-axis" });
   svgEl(svg, "line", { x1: L, x2: L, y1: T, y2: H - B, class: "axis y-axis" });
   svg_text(svg, (L + W - R) / 2, H - 10,
-    "time since the first instance started (" + (hours ? "hours" : "minutes") + ")", "axis-title", "middle");
+    "time since the first instance started (" + (hours ? "hours" : "minutes") + ")",
+    "axis-title", "middle");
   const yTitle = svg_text(svg, 16, (T + H - B) / 2, "cost (USD)", "axis-title", "middle");
   yTitle.setAttribute("transform", "rotate(-90 16 " + (T + H - B) / 2 + ")");
   if (points.length < 2) {

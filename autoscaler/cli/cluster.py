@@ -172,7 +172,7 @@ def up(
     deployment's provider config.
 
     It prints one line per event that matters (launch, ready, notice, preemption, rescale,
-    re-batch, refusal, completion, release, ...), with its time and its reason; coadapt
+    move, rebatch, refusal, completion, release, ...), with its time and its reason; coadapt
     events shows the same story from the store."""
     from autoscaler.controller.credentials import TokenFileError
     from autoscaler.controller.events import Event, format_event
@@ -711,8 +711,8 @@ def events(
     ] = False,
 ) -> None:
     """The cluster's story from its store, whether or not it is up: launches, notices,
-    preemptions, rescales, re-batches, refusals, completions, releases, each with its time and
-    its reason (what coadapt up prints)."""
+    preemptions, moves, rescales, rebatches, refusals, completions, releases, each with its
+    time and its reason (what coadapt up prints)."""
     import dataclasses
 
     from autoscaler.controller.errors import StoreError

@@ -4,6 +4,8 @@ had ended, a vertical line at x = 0)."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from autoscaler.accounting.costs import MAX_SERIES_POINTS, cost_series_usd
@@ -26,7 +28,7 @@ def test_closed_bills_end_at_their_total_and_a_minimum_is_a_step_at_the_end() ->
     at_30 = [usd for t, usd in points if t == 30.0]
     assert at_30 == [pytest.approx(0.03 + 0.01), pytest.approx(0.06 + 0.01)]
     assert points[-1] == (70.0, pytest.approx(0.06 + 1.8 * 60 / 3600))
-    assert all(b[1] >= a[1] and b[0] >= a[0] for a, b in zip(points, points[1:], strict=False))
+    assert all(b[1] >= a[1] and b[0] >= a[0] for a, b in itertools.pairwise(points))
 
 
 def test_nothing_ran_is_no_series_and_a_long_one_is_thinned_keeping_its_ends() -> None:

@@ -48,7 +48,7 @@ def test_the_dashboard_of_a_live_cluster_draws_cost_from_the_first_launch(tmp_pa
     try:
         deadline = time.monotonic() + 60
         while not (state / "up.json").exists():
-            assert up.poll() is None and time.monotonic() < deadline, (tmp_path / "up.log")
+            assert up.poll() is None and time.monotonic() < deadline, tmp_path / "up.log"
             time.sleep(0.2)
         _run("submit", str(ROOT / "examples/jobs/mlp-medium.yaml"), "--state-dir", str(state),
              env=env)  # fmt: skip

@@ -49,11 +49,11 @@ def test_the_demo_tells_its_story_and_its_cluster_report_tells_the_truth(tmp_pat
     victim = injected[0]
     assert re.search(STAMP + rf"notice +{victim}: spot interruption notice", out, re.M), out
     assert re.search(STAMP + rf"preemption +{victim}: ended after its spot notice", out, re.M)
-    told = re.findall(STAMP + rf"(?:stop|rescale) +(\S+): .*its instance {victim} got a spot", out,
-                      re.M)  # fmt: skip
+    told = re.findall(STAMP + rf"(?:stop|move|rescale) +(\S+): .*its instance {victim} got a "
+                      "spot", out, re.M)  # fmt: skip
     assert told, out[-4000:]
     moved = told[0]
-    assert re.search(STAMP + rf"(?:resume|rescale) +{moved}: .*(checkpoint)", out, re.M)
+    assert re.search(STAMP + rf"(?:resume|move|rescale) +{moved}: .*(checkpoint)", out, re.M)
     for job in ("mlp-small", "mlp-medium", "mlp-wide"):
         assert re.search(STAMP + rf"completion +{job}: completed in \d+ s", out, re.M), out
         assert re.search(STAMP + rf"start +{job}: placed on", out, re.M), out
