@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -171,7 +172,8 @@ class JobInfo:
 
     def samples(self, progress: float | None) -> int | None:
         """``progress`` (initial-batch-size iterations, the trainer's unit) in samples: times
-        the spec's ``init_batch_size`` (``None`` when either is missing)."""
+        the spec's ``init_batch_size`` (``None`` when either is missing). The samples are
+        those of the initial batch: a larger batch's step counts as its gain (AdaScale's)."""
         init = self.spec.get("init_batch_size")
         if progress is None or isinstance(init, bool) or not isinstance(init, int) or init < 1:
             return None
@@ -210,7 +212,11 @@ class JobInfo:
             "progress": None if report is None else report.progress,
             "target_progress": None if report is None else report.target_progress,
             "remaining_progress": remaining,
-            "progress_samples": None if report is None else self.samples(report.progress),
+            "progress_samples": (  # up to the declared length: the last step may overshoot
+                None
+                if report is None
+                else self.samples(min(report.progress, report.target_progress or math.inf))
+            ),
             "target_samples": None if report is None else self.samples(report.target_progress),
             "progress_share": share,
             "report": None if report is None else dataclasses.asdict(report),
