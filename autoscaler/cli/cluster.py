@@ -933,6 +933,9 @@ def agent(
 
 
 DEMO_JOBS = ("mlp-small", "mlp-medium", "mlp-wide")
+DEMO_PREEMPTED = "mlp-small"
+"""The job whose instance the demo's spot preemption takes (mlp-medium, undisturbed, learns
+its goodput model in time to be scaled up)."""
 ENDED_STATUSES = ("completed", "failed", "cancelled", "refused")
 
 
@@ -1016,7 +1019,7 @@ def demo(
                 time.sleep(2.0)
                 continue
             jobs = {j["name"]: j for j in doc["jobs"]}
-            target = jobs.get("mlp-medium", {})
+            target = jobs.get(DEMO_PREEMPTED, {})
             if target.get("assignment") and placed_at is None:
                 placed_at = time.monotonic()
             # Once it has made progress (a checkpoint to resume from), or has run a while
@@ -1033,7 +1036,7 @@ def demo(
                 LocalProvider(state / "local").preempt(row["provider_instance_id"], notice_s=30.0)
                 preempted = victim
                 samples = target.get("progress_samples")
-                done = "" if samples is None else f"; mlp-medium is at {samples} samples"
+                done = "" if samples is None else f"; {DEMO_PREEMPTED} is at {samples} samples"
                 say(
                     f"injecting a spot preemption: the cloud takes {victim} back in 30 s (it "
                     f"runs {', '.join(on_it)}{done}); watch the jobs checkpoint, move and resume"

@@ -65,7 +65,6 @@ def test_the_demo_tells_its_story_and_its_cluster_report_tells_the_truth(tmp_pat
     assert re.search(STAMP + r"release +i-\w+: released", out, re.M)
     # issue 41: one word per thing, a scale-up, a re-batch without a restart, time order
     assert not re.search(STAMP + r"rescale +\S+: (\d+) -> \1 GPU", out, re.M), out  # a move
-    assert re.search(STAMP + r"rescale +\S+: 1 -> 2 GPUs", out, re.M), out[-6000:]
     rebatched = re.findall(STAMP + r"rebatch +(\S+): batch \d+ ", out, re.M)
     assert rebatched, out[-6000:]
     log = _coadapt("logs", rebatched[0], "--state-dir", str(state), env=env)
@@ -121,3 +120,7 @@ def test_the_demo_tells_its_story_and_its_cluster_report_tells_the_truth(tmp_pat
     assert told == sorted(told), events
     assert re.search(STAMP + rf"notice +{victim}:", events, re.M)
     assert re.search(STAMP + rf"preemption +{victim}:", events, re.M)
+
+    # last, so that everything above is checked in any case: a scale-up (issue 41). The
+    # policy makes it when it pays in goodput per dollar; not yet in every demo run.
+    assert re.search(STAMP + r"rescale +\S+: 1 -> 2 GPUs", out, re.M), out[-6000:]
