@@ -10,6 +10,11 @@ or alone (one process, standalone)::
 
     python examples/elastic_mlp.py --epochs 1
 
+Rank 0 prints what it does as it trains (``coadapt logs JOB`` shows it): its launch (attempt,
+workers, batch, where it resumed), each batch change the controller makes without a restart,
+and each epoch's end, with progress in samples and as a share of the declared length
+(``--quiet``: nothing).
+
 Send SIGTERM to the launcher at any time: the workers agree on a step, save one checkpoint and
 exit; relaunch with any ``--nproc-per-node`` and training resumes at the exact sample.
 
@@ -125,6 +130,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gns-smoothing", type=float, default=0.95)
     p.add_argument("--checkpoint-every-steps", type=int, default=0)
     p.add_argument("--control-interval-s", type=float, default=0.5)
+    p.add_argument("--quiet", action="store_true", help="print nothing while training")
     p.add_argument(
         "--no-declare",
         action="store_true",
@@ -189,6 +195,9 @@ def main(argv: list[str] | None = None) -> None:
         )
     schedule = parse_batch_schedule(args.batch_schedule)
     first_step_logged = False
+    say = _Say(job, args.initial_batch_size, quiet=args.quiet or job.rank != 0)
+    say.launch(restored is not None)
+    loss = torch.tensor(float("nan"))  # an epoch resumed at its end trains no batch
 
     try:
         for epoch in job.epochs(args.epochs, declare=not args.no_declare):
@@ -220,12 +229,14 @@ def main(argv: list[str] | None = None) -> None:
                 if scheduler is not None:
                     scheduler.step()
                 if job.at_step_boundary:
+                    say.batch_change()
                     if not first_step_logged:
                         first_step_logged = True
                         log(event="first_step", t=time.time(), step=job.step)
                     if micro.step == args.inject_nonfinite_step and job.rank == 0:
                         log(event="after_nonfinite", step=micro.step, **_probe(job, model))
             stats = job.gradient_stats
+            say.epoch_end(epoch, float(loss.detach()))
             log(
                 event="epoch_end",
                 epoch=epoch,
@@ -240,10 +251,63 @@ def main(argv: list[str] | None = None) -> None:
         log(event="stopped", t=time.time(), step=stop.step, save_s=job.timings.save_s)
         raise
     job.finish()
+    say.done()
     if args.final_params and job.rank == 0:
         torch.save(model.state_dict(), args.final_params)
     log(event="done", t=time.time(), step=job.step, progress=job.progress)
     job.close()
+
+
+class _Say:
+    """Rank 0's lines on stdout while it trains (flushed: the job's log shows them at once).
+    Progress is in samples at the initial batch (the trainer counts iterations of it; a larger
+    batch's step counts as its gain, AdaScale's, times the initial batch), shown up to the
+    declared length (the last step may overshoot it)."""
+
+    def __init__(self, job: trainer.ElasticJob, initial_batch_size: int, *, quiet: bool) -> None:
+        self._job = job
+        self._initial = initial_batch_size
+        self._quiet = quiet
+        self._batch = job.batch
+
+    def _print(self, text: str) -> None:
+        if not self._quiet:
+            print(f"elastic_mlp: {text}", flush=True)
+
+    def _progress(self) -> str:
+        done = round(self._job.progress * self._initial)
+        target = self._job.target_progress
+        if not target:
+            return f"{done} samples"
+        total = round(target * self._initial)
+        done = min(done, total)
+        return f"{done} of {total} samples ({min(100.0, 100.0 * done / total):.0f} %)"
+
+    @staticmethod
+    def _batch_text(batch: BatchConfig) -> str:
+        return f"{batch.global_batch_size} ({batch.accum_steps} micro-step(s))"
+
+    def launch(self, resumed: bool) -> None:
+        where = f"resumed at {self._progress()}" if resumed else "from the start"
+        self._print(
+            f"attempt {self._job.env.attempt}: {self._job.world_size} worker(s), batch "
+            f"{self._batch_text(self._batch)}, {where}"
+        )
+
+    def batch_change(self) -> None:
+        batch = self._job.batch
+        if batch != self._batch:
+            self._print(
+                f"batch {self._batch_text(self._batch)} -> {self._batch_text(batch)} at step "
+                f"{self._job.step}, without a restart (attempt {self._job.env.attempt})"
+            )
+            self._batch = batch
+
+    def epoch_end(self, epoch: int, loss: float) -> None:
+        self._print(f"epoch {epoch} done: {self._progress()}, last loss {loss:.4g}")
+
+    def done(self) -> None:
+        self._print(f"finished: {self._progress()}")
 
 
 def _probe(job: trainer.ElasticJob, model: nn.Module) -> dict[str, Any]:

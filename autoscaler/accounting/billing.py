@@ -19,14 +19,22 @@ from autoscaler.controller.lifecycle import InstanceStatus, preempted_at
 from autoscaler.controller.store import (
     AssignmentSpan,
     CostRecordRow,
+    InstanceRow,
     JobStatus,
     Store,
     placement_instants,
 )
 from autoscaler.errors import InvalidInputError
 from autoscaler.market.terms import BILLING_INCREMENT_S, BILLING_MINIMUM_S
+from providers.base import Market, offering_key
 
-__all__ = ["IDLE", "cost_record_from_store", "job_costs", "run_origin_s"]
+__all__ = [
+    "IDLE",
+    "cost_record_from_store",
+    "job_costs",
+    "ondemand_price_usd_per_hour",
+    "run_origin_s",
+]
 
 IDLE: Final = "(idle)"
 """The share of a fleet's cost no job held."""
@@ -121,6 +129,17 @@ def run_origin_s(store: Store) -> float | None:
     return min(times) if times else None
 
 
+def ondemand_price_usd_per_hour(store: Store, row: InstanceRow, at_s: float) -> float | None:
+    """What ``row`` would have cost per hour on demand when it started at ``at_s``: its own
+    price when it is on demand, else the price the controller recorded for the on-demand
+    offering of the same instance type in the same zone (``None``: none recorded by then, or
+    that offering does not exist). The savings of a cost report are measured against it."""
+    if row.market is Market.ON_DEMAND:
+        return row.price_usd_per_hour
+    twin = offering_key(row.provider, row.instance_type, row.zone, Market.ON_DEMAND.value)
+    return store.price_at(twin, at_s)
+
+
 def cost_record_from_store(store: Store, now_s: float) -> CostRecord:
     """The controller's fleet as a :class:`~autoscaler.accounting.costs.CostRecord` (what ``coadapt
     cost report --state-dir`` reads), with times in seconds from :func:`run_origin_s`.
@@ -186,6 +205,7 @@ def cost_record_from_store(store: Store, now_s: float) -> CostRecord:
             t_s=rel(started),
             usd_per_hour=row.price_usd_per_hour,
             min_billed_s=BILLING_MINIMUM_S,
+            ondemand_usd_per_hour=ondemand_price_usd_per_hour(store, row, started),
         )
         life[row.instance_key] = (started, ended)
         latest = max(latest, rel(started if ended is None else ended))

@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import ROUND_HALF_EVEN, ROUND_HALF_UP, Decimal
 from typing import Any, Final, Literal, cast
@@ -72,6 +72,7 @@ __all__ = [
     "END_REASONS",
     "JOB_EVENT_KINDS",
     "MARKETS",
+    "MAX_SERIES_POINTS",
     "RECORD_VERSION",
     "TIME_TOLERANCE_S",
     "CostLedger",
@@ -89,6 +90,7 @@ __all__ = [
     "OfferingCost",
     "PriceSegment",
     "UsageRecord",
+    "cost_series_usd",
     "cumulative_cost_by_offering",
     "fleet_series",
     "idle_cost_usd",
@@ -1265,3 +1267,59 @@ def _replay_instance(ledger: CostLedger, item: _Reader) -> None:
         ledger.end(iid, ended, end_reason)
     except InvalidInputError as e:
         raise item.wrap(e, t_s="ended_s", reason="end_reason") from None
+
+
+MAX_SERIES_POINTS: Final = 1000
+"""The most points :func:`cost_series_usd` returns (a long-lived cluster's series is thinned)."""
+
+
+def cost_series_usd(
+    closed: Sequence[tuple[float, float, float, float]],
+    running: Sequence[tuple[float, float]],
+    now_s: float,
+) -> list[tuple[float, float]]:
+    """The fleet's cumulative cost over time, ``[(t_s, usd), ...]`` oldest first: what the
+    dashboard's cost chart draws (``GET /v1/costs``).
+
+    ``closed``: the instances' closed bills, each ``(start_s, end_s, usd_per_hour, usd)``
+    (the controller's cost records); ``running``: the instances still billing, each
+    ``(started_s, usd_per_hour)``. Times are Unix seconds (any origin, the same for all).
+
+    It starts at 0 USD at the first instance's start (the earliest start of either), grows
+    at the sum of the prices of the instances running at each moment (linear between points),
+    and ends at ``now_s`` with every closed record's ``usd`` plus what each running instance
+    accrued since it started. A closed record billed more than its price times its life (a
+    provider minimum) adds the difference as a step at its end. Empty when nothing ever ran.
+    At most :data:`MAX_SERIES_POINTS` points: the first and the last are always kept."""
+    rate: dict[float, float] = {}  # t -> change of the cost rate (USD/s) there
+    lump: dict[float, float] = {}  # t -> USD booked at once (minimum billing)
+    for start_s, end_s, usd_per_hour, usd in closed:
+        end = max(start_s, end_s)
+        per_s = usd_per_hour / _S_PER_HOUR
+        rate[start_s] = rate.get(start_s, 0.0) + per_s
+        rate[end] = rate.get(end, 0.0) - per_s
+        extra = usd - per_s * (end - start_s)
+        if extra > 1e-12:
+            lump[end] = lump.get(end, 0.0) + extra
+    for started_s, usd_per_hour in running:
+        start = min(started_s, now_s)
+        rate[start] = rate.get(start, 0.0) + usd_per_hour / _S_PER_HOUR
+    if not rate:
+        return []
+    times = sorted(t for t in set(rate) | set(lump) if t <= now_s)
+    if not times or times[-1] < now_s:
+        times.append(now_s)
+    points: list[tuple[float, float]] = []
+    total, per_s, prev = 0.0, 0.0, times[0]
+    for t in times:
+        total += per_s * (t - prev)
+        points.append((t, total))
+        if t in lump:
+            total += lump[t]
+            points.append((t, total))
+        per_s = max(0.0, per_s + rate.get(t, 0.0))
+        prev = t
+    if len(points) > MAX_SERIES_POINTS:
+        step = (len(points) - 1) / (MAX_SERIES_POINTS - 1)
+        points = [points[round(i * step)] for i in range(MAX_SERIES_POINTS)]
+    return points

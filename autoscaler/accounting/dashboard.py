@@ -8,13 +8,17 @@ needs the address ``coadapt dashboard`` prints again; what the browser recorded 
 before the page ran, such as its own note of what was typed, is beyond a page's reach: a
 private window keeps nothing), and calls the API with it like any client (``GET /v1/jobs``,
 page after page, ``/v1/instances``, ``/v1/costs``, bearer authentication, user role), renders
-the jobs, the fleet and cost over time, and refreshes every ``REFRESH_S`` seconds. Without a
+the jobs (status, why, GPUs, batch, progress in samples and as a share of the declared
+length, restarts), the fleet, the last events (``GET /v1/events``, newest first) and cost
+over time, and refreshes every ``REFRESH_S`` seconds. Without a
 valid token it shows the API's refusal and nothing else.
 
-The cost chart is an inline SVG: a title, an x axis of the time since the first cost point
-(minutes, or hours past two), a y axis of the cumulative cost in USD, both with round ticks
-and grid lines, and the line. The page scales to its viewport (the chart by its ``viewBox``,
-wide tables scroll sideways in their box): readable at 1280x800 and on a 390 px phone.
+The cost chart is an inline SVG: a title, an x axis of the time since the first instance
+started (minutes, or hours past two; the series is
+:func:`~autoscaler.accounting.costs.cost_series_usd`), a y axis of the cumulative cost in
+USD, both with round ticks and grid lines, and the line. The page scales to its viewport
+(the chart by its ``viewBox``, wide tables scroll sideways in their box): readable at
+1280x800 and on a 390 px phone.
 After each refresh the page records on its ``<html>`` element whether it fits its
 viewport's width (``data-fits="yes"``; what the browser tests read). ``coadapt dashboard``
 prints the page's address with the token. The server sends the page with ``frame-ancestors
@@ -27,6 +31,8 @@ from __future__ import annotations
 from typing import Final
 
 REFRESH_S: Final = 5
+EVENTS_SHOWN: Final = 50
+"""The dashboard's events table: the cluster's last this many events, newest first."""
 
 PAGE: Final = """<!doctype html>
 <html lang="en">
@@ -62,11 +68,15 @@ th { background: #f4f4f4; }
 <p id="error"></p>
 <p id="updated"></p>
 <h2>Jobs</h2>
-<div class="scroll"><table id="jobs"><thead><tr><th>job</th><th>status</th><th>GPUs</th>
-<th>instances</th><th>progress</th><th>retries</th></tr></thead><tbody></tbody></table></div>
+<div class="scroll"><table id="jobs"><thead><tr><th>job</th><th>status</th><th>why</th>
+<th>GPUs</th><th>instances</th><th>batch</th><th>progress (samples)</th><th>done</th>
+<th>restarts</th><th>retries</th></tr></thead><tbody></tbody></table></div>
 <h2>Fleet</h2>
 <div class="scroll"><table id="fleet"><thead><tr><th>instance</th><th>status</th>
 <th>offering</th><th>GPUs</th><th>$/h</th></tr></thead><tbody></tbody></table></div>
+<h2>Events</h2>
+<div class="scroll"><table id="events"><thead><tr><th>time</th><th>event</th><th>about</th>
+<th>what and why</th></tr></thead><tbody></tbody></table></div>
 <h2>Cost</h2>
 <p id="cost"></p>
 <svg id="cost-plot" viewBox="0 0 640 280" preserveAspectRatio="xMidYMid meet" role="img"
@@ -141,7 +151,8 @@ function plot(points) {
   svgEl(svg, "line", { x1: L, x2: W - R, y1: H - B, y2: H - B, class: "axis x-axis" });
   svgEl(svg, "line", { x1: L, x2: L, y1: T, y2: H - B, class: "axis y-axis" });
   svg_text(svg, (L + W - R) / 2, H - 10,
-    "time since the first cost (" + (hours ? "hours" : "minutes") + ")", "axis-title", "middle");
+    "time since the first instance started (" + (hours ? "hours" : "minutes") + ")",
+    "axis-title", "middle");
   const yTitle = svg_text(svg, 16, (T + H - B) / 2, "cost (USD)", "axis-title", "middle");
   yTitle.setAttribute("transform", "rotate(-90 16 " + (T + H - B) / 2 + ")");
   if (points.length < 2) {
@@ -156,6 +167,15 @@ function plot(points) {
 function svg_text(svg, px, py, text, cls, anchor) {
   return svgEl(svg, "text", { x: px, y: py, class: cls, "text-anchor": anchor || "middle" }, text);
 }
+function batchText(j) {
+  if (!j.batch_size) { return "-"; }
+  return j.batch_size + " (" + j.local_batch_size + "/GPU x " + j.accumulation_steps + ")";
+}
+function progressText(j) {
+  if (j.progress_samples === null || j.progress_samples === undefined) { return "-"; }
+  const of = j.target_samples ? " of " + j.target_samples : "";
+  return j.progress_samples + of;
+}
 async function allJobs() {
   const jobs = [];
   let cursor = null;
@@ -169,13 +189,17 @@ async function allJobs() {
 }
 async function refresh() {
   try {
-    const [jobs, fleet, cost] = await Promise.all(
-      [allJobs(), get("/v1/instances"), get("/v1/costs")]);
+    const [jobs, fleet, cost, story] = await Promise.all([allJobs(), get("/v1/instances"),
+      get("/v1/costs"), get("/v1/events?limit=" + EVENTS_SHOWN)]);
     fill("jobs", jobs.map((j) => [
-      j.name, j.status, Object.values(j.assignment).reduce((a, b) => a + b, 0),
-      Object.keys(j.assignment).join(" ") || "-",
-      j.progress !== null && j.progress !== undefined ? Math.round(j.progress) : "-",
-      j.retries]));
+      j.name, j.status, j.reason || "-", j.gpus,
+      Object.keys(j.assignment).join(" ") || "-", batchText(j), progressText(j),
+      j.progress_share !== null && j.progress_share !== undefined
+        ? (100 * j.progress_share).toFixed(0) + " %" : "-",
+      j.restarts, j.retries]));
+    fill("events", story.events.slice().reverse().map((e) => [
+      new Date(e.at_s * 1000).toLocaleTimeString([], { hour12: false }), e.kind, e.subject,
+      e.message]));
     fill("fleet", fleet.instances
       .filter((i) => i.status !== "terminated" && i.status !== "allocation_failed")
       .map((i) => [i.instance_key, i.status, i.offering_key, i.gpus + " x " + i.gpu_type,
@@ -197,4 +221,4 @@ setInterval(refresh, REFRESH_MS);
 </script>
 </body>
 </html>
-""".replace("REFRESH_MS", str(REFRESH_S * 1000))
+""".replace("REFRESH_MS", str(REFRESH_S * 1000)).replace("EVENTS_SHOWN", str(EVENTS_SHOWN))

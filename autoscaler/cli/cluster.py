@@ -194,7 +194,7 @@ def up(
     deployment made (coadapt deploy), reading that deployment's provider config.
 
     It prints one line per event that matters (launch, ready, notice, preemption, rescale,
-    re-batch, refusal, completion, release, ...), with its time and its reason; coadapt
+    move, rebatch, refusal, completion, release, ...), with its time and its reason; coadapt
     events shows the same story from the store."""
     from autoscaler.controller.credentials import TokenFileError
     from autoscaler.controller.events import Event, format_event
@@ -1100,8 +1100,8 @@ def events(
     ] = False,
 ) -> None:
     """The cluster's story from its store, whether or not it is up: launches, notices,
-    preemptions, rescales, re-batches, refusals, completions, releases, each with its time and
-    its reason (what coadapt up prints)."""
+    preemptions, moves, rescales, rebatches, refusals, completions, releases, each with its
+    time and its reason (what coadapt up prints)."""
     import dataclasses
 
     from autoscaler.controller.errors import StoreError
@@ -1322,6 +1322,9 @@ def agent(
 
 
 DEMO_JOBS = ("mlp-small", "mlp-medium", "mlp-wide")
+DEMO_PREEMPTED = "mlp-small"
+"""The job whose instance the demo's spot preemption takes (mlp-medium, undisturbed, learns
+its goodput model in time to be scaled up)."""
 ENDED_STATUSES = ("completed", "failed", "cancelled", "refused")
 
 
@@ -1350,10 +1353,11 @@ def demo(
     stop, ready, result = threading.Event(), list[str](), dict[str, Any]()
     cfg = UpConfig(
         state,
-        interval_s=3.0,
-        max_instances=3,
+        interval_s=2.0,
+        max_instances=4,
         max_gpu_slots=8,
         max_gpus=4,  # half the slots: room for a replacement fleet while one drains
+        report_interval_s=2.0,  # the trainers report often: the policy learns them sooner
         local_spot_price_swing=0.4,  # simulated spot prices: +-40 % over two minutes
         local_spot_price_period_s=120.0,
         offerings_refresh_s=15.0,
@@ -1404,7 +1408,7 @@ def demo(
                 time.sleep(2.0)
                 continue
             jobs = {j["name"]: j for j in doc["jobs"]}
-            target = jobs.get("mlp-medium", {})
+            target = jobs.get(DEMO_PREEMPTED, {})
             if target.get("assignment") and placed_at is None:
                 placed_at = time.monotonic()
             # Once it has made progress (a checkpoint to resume from), or has run a while
@@ -1420,8 +1424,8 @@ def demo(
                 on_it = sorted(n for n, j in jobs.items() if victim in (j.get("assignment") or {}))
                 LocalProvider(state / "local").preempt(row["provider_instance_id"], notice_s=30.0)
                 preempted = victim
-                progress = target.get("progress")
-                done = "" if progress is None else f"; mlp-medium is at progress {progress:.0f}"
+                samples = target.get("progress_samples")
+                done = "" if samples is None else f"; {DEMO_PREEMPTED} is at {samples} samples"
                 say(
                     f"injecting a spot preemption: the cloud takes {victim} back in 30 s (it "
                     f"runs {', '.join(on_it)}{done}); watch the jobs checkpoint, move and resume"
@@ -1436,13 +1440,19 @@ def demo(
         stop.set()
         thread.join(timeout=180)
     for j in doc["jobs"]:  # the last status read, in words (the instances are gone by now)
-        progress, target = j.get("progress"), j.get("target_progress")
-        shown = "no progress reported" if progress is None else f"progress {progress:.0f}"
-        if progress is not None and target:
-            shown += f" of {target:.0f}"
+        done, target, share = j.get("progress_samples"), j.get("target_samples"), None
+        shown = "no progress reported" if done is None else f"{done} samples"
+        if done is not None and target:
+            share = j.get("progress_share")
+            shown = f"{done} of {target} samples ({100 * (share or 0):.0f} %)"
         why = f" ({j['reason']})" if j.get("reason") else ""
         counts = f"{j.get('restarts', 0)} restart(s), {j.get('retries', 0)} failure(s)"
         typer.echo(f"coadapt demo: {j['name']}: {j['status']}{why}, {shown}, {counts}")
+    typer.echo(
+        "(samples: progress counted in samples of each job's initial batch; a larger batch's "
+        "step counts its statistical efficiency, so the share reaches 100 % at the declared "
+        "length)"
+    )
     typer.echo("")
     _demo_cost_report(state)
     down_report = result.get("down")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import math
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -179,19 +180,33 @@ class JobInfo:
     def gpus(self) -> int:
         return sum(self.assignment.values())
 
+    def samples(self, progress: float | None) -> int | None:
+        """``progress`` (initial-batch-size iterations, the trainer's unit) in samples: times
+        the spec's ``init_batch_size`` (``None`` when either is missing). The samples are
+        those of the initial batch: a larger batch's step counts as its gain (AdaScale's)."""
+        init = self.spec.get("init_batch_size")
+        if progress is None or isinstance(init, bool) or not isinstance(init, int) or init < 1:
+            return None
+        return round(progress * init)
+
     def to_dict(self) -> dict[str, Any]:
         """The answer: every attribute, and flat at the top, what a user reads first:
         ``gpus``, the planned ``batch_size`` / ``local_batch_size`` / ``accumulation_steps``
         (``null`` while it holds no GPUs), ``progress`` / ``target_progress`` /
         ``remaining_progress`` (``null`` before the first report, or when the script
-        declared no length), ``restarts`` and ``reason``; ``started_at_s`` and
-        ``deadline_s`` (Unix seconds, ``null``: none), the deadline also as ``deadline_utc``
-        (ISO-8601 UTC, e.g. ``2025-01-02T03:04:05Z``); ``eta_s`` and ``eta_at_s`` (Unix
-        seconds, ``null``: unknown), the ETA also as ``eta_utc``."""
+        declared no length), ``restarts`` and ``reason``; progress in its unit, samples
+        (``progress_samples`` / ``target_samples``: :meth:`samples`), and ``progress_share``,
+        the share of the declared length done (0..1, ``null`` without one); ``started_at_s``
+        and ``deadline_s`` (Unix seconds, ``null``: none), the deadline also as
+        ``deadline_utc`` (ISO-8601 UTC, e.g. ``2025-01-02T03:04:05Z``); ``eta_s`` and
+        ``eta_at_s`` (Unix seconds, ``null``: unknown), the ETA also as ``eta_utc``."""
         report = self.report
         remaining = (
             None if report is None else remaining_progress(report.progress, report.target_progress)
         )
+        share = None
+        if report is not None and report.target_progress:
+            share = min(1.0, max(0.0, report.progress / report.target_progress))
         return {
             "name": self.name,
             "status": self.status.value,
@@ -216,6 +231,13 @@ class JobInfo:
             "progress": None if report is None else report.progress,
             "target_progress": None if report is None else report.target_progress,
             "remaining_progress": remaining,
+            "progress_samples": (  # up to the declared length: the last step may overshoot
+                None
+                if report is None
+                else self.samples(min(report.progress, report.target_progress or math.inf))
+            ),
+            "target_samples": None if report is None else self.samples(report.target_progress),
+            "progress_share": share,
             "report": None if report is None else dataclasses.asdict(report),
             "batch": None if self.batch is None else dataclasses.asdict(self.batch),
         }
@@ -464,6 +486,11 @@ class ApiClient:
     def costs(self) -> dict[str, Any]:
         """Cost so far (``GET /v1/costs``): ``total_usd``, ``usd_per_hour``, ``points``."""
         return dict(self._call("GET", "/v1/costs"))
+
+    def events(self, limit: int = 100) -> list[dict[str, Any]]:
+        """The cluster's last ``limit`` events, oldest first (``GET /v1/events``): each
+        ``seq``, ``at_s``, ``kind``, ``subject``, ``message``."""
+        return list(self._call("GET", f"/v1/events?limit={int(limit)}")["events"])
 
     def register(
         self,

@@ -18,15 +18,17 @@ returns (``coadapt up`` prints them; ``coadapt events`` reads the same rows back
   the job's ``reason`` says so);
 * placements, from the assignments: ``start``, ``resume`` (after a stop, or after its agent
   relaunched it on the same GPUs: a restart the store counted that no assignment change
-  shows), ``stop``, ``rescale`` (GPUs and instances before and after, and why: the instance it
+  shows), ``stop``, ``move`` (other instances, the same GPU count), ``rescale`` (a new GPU
+  count; for both, GPUs and instances before and after, and why: the instance it
   left was preempted or released, or the policy's goodput-per-dollar plan moved it, with what
   the job's fitted goodput model predicts for its GPUs before and after and what they cost per
-  hour). A job's ``rescale`` and ``resume`` events are its restarts as the store counts them
+  hour). A job's ``move``, ``rescale`` and ``resume`` events are its restarts as the store
+  counts them
   (:meth:`~autoscaler.controller.store.Store.restart_counts`), but for a change that leaves
   some instances and keeps the others with the same GPUs: the agent restarts the job then,
   the store's definition does not count it;
-* batches, from the planned batch of each job: ``re-batch`` (a new batch size or split for
-  the same placement);
+* batches, from the planned batch of each job: ``rebatch`` (a new batch size or split for
+  the same placement: the trainer takes it without a restart);
 * the service itself: ``disk-full`` (its state folder's disk has less free than it keeps:
   recorded by ``coadapt up`` as it stops, not by the recorder).
 
@@ -42,7 +44,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Final
 
@@ -80,8 +82,9 @@ class EventKind(StrEnum):
     START = "start"
     RESUME = "resume"
     STOP = "stop"
+    MOVE = "move"
     RESCALE = "rescale"
-    REBATCH = "re-batch"
+    REBATCH = "rebatch"
     COMPLETION = "completion"
     FAILURE = "failure"
     REFUSAL = "refusal"
@@ -110,7 +113,7 @@ DEADLINE_REASON: Final = "cannot meet its deadline"
 """How the reason of an active job that can no longer meet its deadline starts (the
 controller's round sets it; a ``deadline`` event tells it)."""
 
-_RESTART_KINDS: Final = frozenset({EventKind.RESCALE, EventKind.RESUME})
+_RESTART_KINDS: Final = frozenset({EventKind.MOVE, EventKind.RESCALE, EventKind.RESUME})
 """The placement events that are restarts of a job (its placements after the first)."""
 _ENDED: Final = frozenset(
     {JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.REFUSED}
@@ -195,6 +198,8 @@ class EventRecorder:
         self._restarts: dict[str, int] = store.restart_counts(
             name for name, job in self._jobs.items() if job.status not in _ENDED
         )
+        last = store.latest_events(1)
+        self._told_s = last[0].at_s if last else 0.0
 
     def _read_placements(self) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = {}
@@ -204,7 +209,12 @@ class EventRecorder:
 
     def observe(self) -> tuple[Event, ...]:
         """The events since the last call (or since the recorder was made), oldest first;
-        they are appended to the store's ``events`` table before they are returned."""
+        they are appended to the store's ``events`` table before they are returned.
+
+        The story is in time order across calls too: an event stamped before the last one
+        already told (a row another thread wrote with an earlier time while the previous
+        round was told, such as a job's completion or an instance's history) is told at that
+        last time instead, at most a round later than it happened."""
         now = self._clock.now_s()
         self._view_cache = None
         events = self._instance_events()
@@ -214,6 +224,9 @@ class EventRecorder:
         events += self._restart_events(self._placement_events(jobs, placements, batches, now), now)
         events += self._job_events(jobs)
         events.sort(key=lambda e: e.at_s)  # stable: one moment keeps the order of its causes
+        events = [e if e.at_s >= self._told_s else replace(e, at_s=self._told_s) for e in events]
+        if events:
+            self._told_s = events[-1].at_s
         self._jobs, self._placements, self._batches = jobs, placements, batches
         self._store.add_events([(e.at_s, e.kind.value, e.subject, e.message) for e in events])
         return tuple(events)
@@ -400,12 +413,16 @@ class EventRecorder:
                 why = "the policy takes GPUs back: more goodput per dollar across the jobs"
             else:
                 why = "the policy moves it to other GPUs: more goodput per dollar across the jobs"
+            if _gpus(new) == _gpus(old):
+                kind, what = EventKind.MOVE, f"to {_where(new)}, the same {_n_gpus(new)}"
+            else:
+                kind, what = EventKind.RESCALE, f"{_gpus(old)} -> {_n_gpus(new)} ({_where(new)})"
             out.append(
                 Event(
                     now,
-                    EventKind.RESCALE,
+                    kind,
                     name,
-                    f"{_gpus(old)} -> {_n_gpus(new)} ({_where(new)}){batch_text}: {why}"
+                    f"{what}{batch_text}: {why}"
                     f"{self._prediction(name, old, new, self._batches.get(name), batch)}; "
                     f"it checkpoints, then restarts from that checkpoint{self._progress(name)}",
                 )
@@ -416,7 +433,8 @@ class EventRecorder:
         """``told`` (the placement events), with the restarts the store counted that no
         placement change tells (:meth:`~autoscaler.controller.store.Store.restart_counts`, the
         one definition: an agent that relaunched a job on the same GPUs), each told as a
-        ``resume``. So the ``rescale`` and ``resume`` events of a job are its restarts as the
+        ``resume``. So the ``move``, ``rescale`` and ``resume`` events of a job are its
+        restarts as the
         store, the bill and the policy count them."""
         active = {name for name, job in self._jobs.items() if job.status not in _ENDED}
         counts = self._store.restart_counts(sorted({e.subject for e in told} | active))

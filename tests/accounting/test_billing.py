@@ -242,3 +242,35 @@ def test_a_round_that_moves_a_job_onto_gpus_another_is_leaving_is_billed(tmp_pat
     assert by_job["b"].gpu_hours == pytest.approx(2 * 100.012 / 3600, abs=1e-4)
     assert by_job["a"].restarts == 0 and by_job["b"].restarts == 0
     store.close()
+
+
+def test_a_spot_instance_is_compared_with_its_on_demand_twin_so_the_report_has_savings(
+    tmp_path,
+) -> None:
+    """The store's cost record gives each spot instance the on-demand price the controller
+    recorded for the same instance type and zone (issue 41: the demo's report said `savings
+    vs on-demand: -`); the savings are that price's bill minus the spot bill, > 0."""
+    from autoscaler.accounting.billing import cost_record_from_store
+    from autoscaler.accounting.costs import summarize
+    from providers.base import Market, offering_key
+
+    store, _cloud, clock, ctl = fake_controller(tmp_path, "bill-od", jobs=1, max_instances=2)
+    for _ in range(3):
+        ctl.run_round()
+        clock.advance(600.0)
+    assert ctl.down().clean
+    record = cost_record_from_store(store, clock.now_s())
+    rows = {r.instance_key: r for r in store.list_instances() if r.provider_instance_id}
+    assert rows and record.instances
+    for inst in record.instances:
+        row = rows[inst.instance_id]
+        twin = offering_key(row.provider, row.instance_type, row.zone, Market.ON_DEMAND.value)
+        expected = (
+            row.price_usd_per_hour
+            if row.market is Market.ON_DEMAND
+            else store.price_at(twin, store.status_times(row.instance_key)[1] or 0.0)
+        )
+        assert expected is not None and inst.ondemand_usd_per_hour == expected
+    summary = summarize(record)
+    assert summary.savings_usd is not None and summary.savings_usd > 0, summary
+    store.close()

@@ -56,11 +56,11 @@ def test_up_submit_status_logs_cancel_down(tmp_path: Path) -> None:
         )
         # mlp-wide, long enough to be cancelled while it runs (2 GPUs: after mlp-small). Its
         # per-sample work is a sleep, as an accelerator's would be, and its MLP narrow: two
-        # processes training a 1024-wide MLP until the cancel were most of this test's CPU.
+        # processes training a 512-wide MLP until the cancel were most of this test's CPU.
         wide = tmp_path / "mlp-wide.yaml"
         text = (ROOT / "examples/jobs/mlp-wide.yaml").read_text()  # a copy elsewhere: the
         text = text.replace("../elastic_mlp.py", str(ROOT / "examples/elastic_mlp.py"))  # script
-        text = text.replace("--epochs 2", "--epochs 12").replace("--hidden 1024", "--hidden 64")
+        text = text.replace("--epochs 1 ", "--epochs 12 ").replace("--hidden 512", "--hidden 64")
         text = text.replace("--initial-batch-size", "--sample-delay-s 0.001 --initial-batch-size")
         assert all(a in text for a in ("--hidden 64", "--epochs 12", "--sample-delay-s 0.001"))
         wide.write_text(text)

@@ -147,6 +147,7 @@ def test_an_agent_credential_is_good_for_its_own_instance_only(
         ("GET", "/v1/instances", None),
         ("POST", "/v1/fleet/release", None),
         ("GET", "/v1/costs", None),
+        ("GET", "/v1/events", None),
         ("POST", "/v1/jobs/bert/reports", report("bert").to_dict()),
     ]
     for method, path, body in refused:

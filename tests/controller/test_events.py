@@ -70,7 +70,8 @@ def test_a_run_is_told_event_by_event_with_reasons(tmp_path: Path) -> None:
     # a job that ran on the noticed instance is told why it stopped or moved
     moved = [
         e for e in seen
-        if e.kind in (EventKind.STOP, EventKind.RESCALE) and "spot notice" in e.message
+        if e.kind in (EventKind.STOP, EventKind.MOVE, EventKind.RESCALE)
+        and "spot notice" in e.message
     ]  # fmt: skip
     assert moved, [format_event(e) for e in seen]
     # what the recorder returned is what the store keeps, in order; each is one line
@@ -119,7 +120,7 @@ def test_up_takes_quiet_or_verbose_not_both(tmp_path: Path) -> None:
 
 
 def test_a_new_batch_for_the_same_placement_is_a_re_batch(tmp_path: Path) -> None:
-    """The policy keeps a job's GPUs but changes its batch: one ``re-batch`` event, naming
+    """The policy keeps a job's GPUs but changes its batch: one ``rebatch`` event, naming
     the batch before and after."""
     store, _cloud, clock, ctl = fake_controller(tmp_path, "rebatch", jobs=1, max_instances=2)
     for _ in range(2):
@@ -309,3 +310,29 @@ def test_a_report_cannot_claim_a_checkpoint_past_its_progress() -> None:
             TrainerReport.from_dict({**base, "checkpoint_progress": bad})
     assert TrainerReport.from_dict({**base, "checkpoint_progress": 10.0}).checkpoint_progress == 10
     assert TrainerReport.from_dict(base).checkpoint_progress is None  # an older trainer's
+
+
+def test_the_story_is_told_in_time_order_across_rounds(tmp_path: Path) -> None:
+    """Issue 41: the demo printed events out of time order. A row written after a round was
+    told but stamped before it (another thread's clock: here the store's, 60 s behind the
+    recorder's) is told at the last told time, never before it; `coadapt events` agrees."""
+    from coadapt_common.clock import FakeClock
+
+    store, _cloud, clock, ctl = fake_controller(tmp_path, "order", jobs=2, max_instances=2)
+    for _ in range(2):
+        ctl.run_round()
+        clock.advance(30.0)
+    assert any(job == "job-1" for job, _ in store.list_assignments()), "placed"
+    ahead = FakeClock(clock.now_s() + 60.0)
+    recorder = EventRecorder(store, ahead)
+    store.set_assignments("job-1", {})
+    first = recorder.observe()  # told at the recorder's now, 60 s ahead of the store
+    assert first and first[-1].at_s == ahead.now_s()
+    job = store.get_job("job-0")
+    store.update_job(job.name, job.version, status=JobStatus.COMPLETED)  # stamped 60 s earlier
+    later = recorder.observe()
+    assert [e.kind for e in later] == [EventKind.COMPLETION], later
+    assert later[0].at_s == first[-1].at_s
+    told = [e.at_s for e in store.events_after(0)]
+    assert told == sorted(told), told
+    store.close()

@@ -117,7 +117,7 @@ def test_the_bill_the_events_and_the_policy_agree_on_every_jobs_restarts_and_pre
     bill = {j.job_id: j for j in end["bill"].jobs}
     sim_bill = {j.job_id: j for j in result.cost.jobs}
     sim_results = {j.name: j.restarts for j in result.jobs}
-    told = Counter(e.subject for e in events if e.kind in ("rescale", "resume"))
+    told = Counter(e.subject for e in events if e.kind in ("move", "rescale", "resume"))
     assert sum(restarts.values()) >= len(jobs), "the run rescaled its jobs"
     for name in names:
         want = restarts[name]
@@ -170,7 +170,7 @@ def test_one_count_of_restarts_read_by_the_store_the_bill_and_the_events(tmp_pat
         ({"a": 2, "b": 4}, 2, [EventKind.RESCALE]),  # fewer GPUs on a: its span reopens
         (None, 3, [EventKind.RESUME]),  # its agent relaunched it on a
         ({"b": 4}, 3, [EventKind.RESCALE]),  # leaves a, keeps b: no span opens
-        ({"c": 4}, 4, [EventKind.RESCALE]),
+        ({"c": 4}, 4, [EventKind.MOVE]),  # other instance, the same 4 GPUs
     ]
     for placement, restarts, kinds in steps:
         if placement is None:

@@ -135,7 +135,9 @@ def test_the_dashboard_and_the_cluster_report_in_chromium_at_desktop_and_phone_s
             chart = dom.split('id="cost-plot"', 1)[1].split("</svg>", 1)[0]
             assert "Cumulative cost (USD) over time" in chart
             assert 'class="axis x-axis"' in chart and 'class="axis y-axis"' in chart
-            assert "time since the first cost (minutes)" in chart and "cost (USD)" in chart
+            assert (
+                "time since the first instance started (minutes)" in chart and "cost (USD)" in chart
+            )
             assert len(re.findall(r'class="tick-label x-label"', chart)) >= 3
             assert len(re.findall(r'class="tick-label y-label"', chart)) >= 3
             assert re.search(r'<polyline points="[\d.,\s-]+"', chart)

@@ -15,12 +15,14 @@ import base64
 import binascii
 import json
 import logging
+import math
 import urllib.parse
 from collections.abc import Mapping
 from typing import Any, Final
 
 from werkzeug.wrappers import Request, Response
 
+from autoscaler.accounting.costs import cost_series_usd
 from autoscaler.controller.api.answers import job_history, job_info, job_json, job_parts, one_job
 from autoscaler.controller.api.logs import read_job_logs
 from autoscaler.controller.api.state import ApiState, Route
@@ -188,16 +190,13 @@ def _resume_fleet(state: ApiState, request: Request) -> Response:
 
 def _costs(state: ApiState, request: Request) -> Response:
     """Cost so far: the closed cost records, plus what running instances have accrued at
-    their price since they started; ``points`` the cumulative cost over time."""
+    their price since they started; ``points`` the cumulative cost over time
+    (:func:`~autoscaler.accounting.costs.cost_series_usd`: from the first instance's start,
+    growing with the instances running), its last point ``total_usd`` at now."""
     store = state.store()
     now = state.clock.now_s()
-    records = sorted(store.cost_records(), key=lambda c: (c.end_s, c.record_id))
-    points: list[list[float]] = []
-    total = 0.0
-    for c in records:
-        total += c.usd
-        points.append([c.end_s, total])
-    usd_per_hour = 0.0
+    closed = [(c.start_s, c.end_s, c.price_usd_per_hour, c.usd) for c in store.cost_records()]
+    running: list[tuple[float, float]] = []
     for row in store.list_instances():
         if row.status in (
             InstanceStatus.RUNNING,
@@ -206,12 +205,31 @@ def _costs(state: ApiState, request: Request) -> Response:
         ):
             _, started = store.status_times(row.instance_key)
             if started is not None:
-                total += row.price_usd_per_hour * max(0.0, now - started) / 3600.0
-                usd_per_hour += row.price_usd_per_hour
-    if records or usd_per_hour:
-        first = records[0].start_s if records else now
-        points = [[first, 0.0], *points, [now, total]]
+                running.append((started, row.price_usd_per_hour))
+    series = cost_series_usd(closed, running, now)
+    total = series[-1][1] if series else 0.0
+    usd_per_hour = math.fsum(price for _, price in running)
+    points = [[t, usd] for t, usd in series]
     return json_response({"total_usd": total, "usd_per_hour": usd_per_hour, "points": points})
+
+
+MAX_EVENTS_ANSWERED: Final = 500
+"""The most events one ``GET /v1/events`` answers (``?limit=``, default 100)."""
+
+
+def _events(state: ApiState, request: Request) -> Response:
+    """The end of the cluster's story: its last ``limit`` events (default 100, at most
+    :data:`MAX_EVENTS_ANSWERED`), oldest first, each ``{seq, at_s, kind, subject, message}``
+    (what ``coadapt events`` prints)."""
+    limit = int_arg(request, "limit", 100, maximum=MAX_EVENTS_ANSWERED)
+    if limit < 1:
+        raise ApiError(400, "limit must be at least 1", "limit")
+    rows = state.store().latest_events(limit)
+    events = [
+        {"seq": e.seq, "at_s": e.at_s, "kind": e.kind, "subject": e.subject, "message": e.message}
+        for e in rows
+    ]
+    return json_response({"events": events})
 
 
 def _service(state: ApiState, request: Request) -> Response:
@@ -278,6 +296,7 @@ ROUTES: Final[tuple[Route, ...]] = (
     ("POST", "/v1/fleet/release", Role.USER, _release_fleet),
     ("POST", "/v1/fleet/resume", Role.USER, _resume_fleet),
     ("GET", "/v1/costs", Role.USER, _costs),
+    ("GET", "/v1/events", Role.USER, _events),
     ("GET", "/v1/service", Role.USER, _service),
     ("POST", "/v1/service/down", Role.USER, _service_down),
 )

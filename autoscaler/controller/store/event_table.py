@@ -81,3 +81,13 @@ class EventTable(StoreBase):
             (cursor, limit),
         )
         return tuple(EventRow(*r) for r in rows)
+
+    def latest_events(self, limit: int) -> tuple[EventRow, ...]:
+        """The last ``limit`` events (1..:data:`MAX_EVENTS_READ`), oldest first: the end of
+        the story (what the dashboard shows)."""
+        limit = min(valid_count(limit, "limit", minimum=1), MAX_EVENTS_READ)
+        rows = self._read(
+            "SELECT seq, at_s, kind, subject, message FROM events ORDER BY seq DESC LIMIT ?",
+            (limit,),
+        )
+        return tuple(EventRow(*r) for r in reversed(rows))
