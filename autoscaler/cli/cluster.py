@@ -1477,4 +1477,5 @@ def _demo_cost_report(state: Path) -> None:
         report = store_report(state)
     except typer.Exit:  # said in one line already; the demo still says where its state is
         return
-    typer.echo(render_tables([report], plain=not sys.stdout.isatty()), nl=False)
+    text = render_tables([report], plain=not sys.stdout.isatty(), width=None)
+    typer.echo(text, nl=False)

@@ -248,18 +248,24 @@ def _write_reports(
     typer.echo(f"report written to {out}", err=True)
 
 
-def render_tables(reports: list, *, plain: bool, wide: bool = False) -> str:
-    """Print the tables (``plain``: into a string, no colour, 120 columns, returned;
-    ``wide``: every column). Each report is ``(label, record)`` or ``(label, record, floor)``
-    (a simulated run's :class:`~autoscaler.accounting.report.source.RunFloor`, or ``None``)."""
+def render_tables(
+    reports: list, *, plain: bool, wide: bool = False, width: int | None = 120
+) -> str:
+    """Print the tables (``plain``: into a string, no colour, returned, ``width`` columns,
+    ``None``: the terminal's, or ``COLUMNS``, else 120; ``wide``: every column). Each report is
+    ``(label, record)`` or ``(label, record, floor)`` (a simulated run's
+    :class:`~autoscaler.accounting.report.source.RunFloor`, or ``None``)."""
     import io
+    import shutil
 
     from rich.console import Console
 
     from autoscaler.accounting.report.tables import print_floor, print_report
 
     buffer = io.StringIO()
-    console = Console(file=buffer, width=120, no_color=True) if plain else Console()
+    if width is None:
+        width = shutil.get_terminal_size((120, 24)).columns
+    console = Console(file=buffer, width=width, no_color=True) if plain else Console()
     for label, record, *rest in reports:
         print_report(console, record, label=label, wide=wide)
         if rest and rest[0] is not None:

@@ -121,6 +121,21 @@ def test_cost_report_at_80_columns_keeps_each_offering_key_whole(tmp_path: Path)
     assert any(re.search(r"\bspot\b", x) for x in lines), out.stdout  # the market whole
 
 
+def test_the_demos_cost_report_at_80_columns_keeps_each_offering_key_whole(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """``COLUMNS=80 coadapt demo``: the report it ends with (printed, not to a terminal) is
+    as wide as COLUMNS says, not a fixed 120."""
+    from autoscaler.cli.cluster import _demo_cost_report
+
+    _stopped_cluster(tmp_path)
+    monkeypatch.setenv("COLUMNS", "80")
+    _demo_cost_report(tmp_path)
+    lines = capsys.readouterr().out.splitlines()
+    assert max(len(x) for x in lines) <= 80, "\n".join(lines)
+    assert any(LONG_OFFERING in x for x in lines), lines
+
+
 def test_status_at_80_columns_keeps_job_and_offering_keys_whole(capsys) -> None:
     from autoscaler.cli.cluster import _render_status
 
