@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from autoscaler.controller.errors import UnknownRowError
-from autoscaler.controller.store.base import StoreBase
+from autoscaler.controller.store.base import StoreBase, in_chunks
 from autoscaler.controller.store.validate import valid_count, valid_text
 
 __all__ = ["AssignmentRow", "AssignmentSpan", "AssignmentTable"]
@@ -221,10 +221,7 @@ class AssignmentTable(StoreBase):
     def assignments_of(self, jobs: Iterable[str]) -> dict[tuple[str, str], int]:
         """GPUs by ``(job name, instance key)`` of ``jobs`` only (a page of a job list)."""
         out: dict[tuple[str, str], int] = {}
-        names = list(dict.fromkeys(jobs))
-        for i in range(0, len(names), 500):  # SQLite's bound on parameters
-            chunk = names[i : i + 500]
-            marks = ", ".join("?" * len(chunk))
+        for chunk, marks in in_chunks(jobs):
             rows = self._read(
                 "SELECT job_name, instance_key, gpus FROM assignments "
                 f"WHERE job_name IN ({marks}) ORDER BY job_name, instance_key",
@@ -243,10 +240,7 @@ class AssignmentTable(StoreBase):
         """When each job (of ``jobs``) was first placed: its start (the module docstring's
         first placement). Jobs never placed are left out."""
         out: dict[str, float] = {}
-        names = list(dict.fromkeys(jobs))
-        for i in range(0, len(names), 500):  # SQLite's bound on parameters
-            chunk = names[i : i + 500]
-            marks = ", ".join("?" * len(chunk))
+        for chunk, marks in in_chunks(jobs):
             rows = self._read(
                 "SELECT job_name, min(from_s) FROM assignment_history "
                 f"WHERE job_name IN ({marks}) GROUP BY job_name",
@@ -269,10 +263,7 @@ class AssignmentTable(StoreBase):
         :meth:`restart_counts`. Read from the running totals and the open spans, never the
         whole history. Jobs never placed are left out."""
         out: dict[str, tuple[float, int]] = {}
-        names = list(dict.fromkeys(jobs))
-        for i in range(0, len(names), 500):  # SQLite's bound on parameters
-            chunk = names[i : i + 500]
-            marks = ", ".join("?" * len(chunk))
+        for chunk, marks in in_chunks(jobs):
             totals = self._read(
                 "SELECT job_name, closed_gpu_s, placements FROM job_usage "
                 f"WHERE job_name IN ({marks})",

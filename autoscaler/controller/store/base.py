@@ -41,7 +41,20 @@ from coadapt_common.clock import Clock
 from providers.errors import InvalidRequestError
 from providers.tags import validate_id
 
-__all__ = ["StoreBase"]
+__all__ = ["IN_CHUNK", "StoreBase", "in_chunks"]
+
+IN_CHUNK = 500
+"""The most names one ``IN (...)`` of a read binds (SQLite's bound on parameters is 999 in
+old builds)."""
+
+
+def in_chunks(names: Iterable[str]) -> Iterator[tuple[list[str], str]]:
+    """``names`` (duplicates dropped, in their order) in chunks of at most :data:`IN_CHUNK`,
+    each with its placeholders (``"?, ?, ?"``) for an ``IN (...)`` of a read."""
+    unique = list(dict.fromkeys(names))
+    for i in range(0, len(unique), IN_CHUNK):
+        chunk = unique[i : i + IN_CHUNK]
+        yield chunk, ", ".join("?" * len(chunk))
 
 
 class StoreBase:

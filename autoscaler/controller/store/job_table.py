@@ -9,7 +9,7 @@ from typing import Final
 
 from autoscaler.controller.errors import DuplicateRowError, StaleVersionError, UnknownRowError
 from autoscaler.controller.records import JobBatch, JobEta, JobRow, JobStatus
-from autoscaler.controller.store.base import StoreBase
+from autoscaler.controller.store.base import StoreBase, in_chunks
 from autoscaler.controller.store.validate import (
     valid_count,
     valid_enum,
@@ -314,10 +314,7 @@ class JobTable(StoreBase):
             rows = self._read(f"SELECT {_BATCH_COLUMNS} FROM job_batches ORDER BY job_name")
             return {r[0]: JobBatch(*r) for r in rows}
         out: dict[str, JobBatch] = {}
-        names = list(dict.fromkeys(jobs))
-        for i in range(0, len(names), 500):  # SQLite's bound on parameters
-            chunk = names[i : i + 500]
-            marks = ", ".join("?" * len(chunk))
+        for chunk, marks in in_chunks(jobs):
             rows = self._read(
                 f"SELECT {_BATCH_COLUMNS} FROM job_batches WHERE job_name IN ({marks})", chunk
             )
@@ -361,10 +358,7 @@ class JobTable(StoreBase):
             rows = self._read(f"SELECT {_ETA_COLUMNS} FROM job_etas ORDER BY job_name")
             return {r[0]: JobEta(*r) for r in rows}
         out: dict[str, JobEta] = {}
-        names = list(dict.fromkeys(jobs))
-        for i in range(0, len(names), 500):  # SQLite's bound on parameters
-            chunk = names[i : i + 500]
-            marks = ", ".join("?" * len(chunk))
+        for chunk, marks in in_chunks(jobs):
             rows = self._read(
                 f"SELECT {_ETA_COLUMNS} FROM job_etas WHERE job_name IN ({marks})", chunk
             )

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from autoscaler.controller.errors import StoreError, UnknownRowError
 from autoscaler.controller.records import ReportRow
-from autoscaler.controller.store.base import StoreBase
+from autoscaler.controller.store.base import StoreBase, in_chunks
 from autoscaler.controller.store.validate import valid_count, valid_json_object, valid_text
 
 __all__ = ["ModelRow", "TrainerReportTable"]
@@ -56,11 +56,8 @@ class TrainerReportTable(StoreBase):
         """The last report of every job that has one (of ``jobs`` only, when given), by job
         name."""
         if jobs is not None:
-            names = list(dict.fromkeys(jobs))
             out: dict[str, ReportRow] = {}
-            for i in range(0, len(names), 500):  # SQLite's bound on parameters
-                chunk = names[i : i + 500]
-                marks = ", ".join("?" * len(chunk))
+            for chunk, marks in in_chunks(jobs):
                 rows = self._read(
                     "SELECT report_id, job_name, at_s, payload_json FROM reports WHERE "
                     f"report_id IN (SELECT max(report_id) FROM reports WHERE job_name IN ({marks}) "
