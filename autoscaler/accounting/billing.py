@@ -14,8 +14,16 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
+from autoscaler.accounting.churn import (
+    REVERSAL_ROUNDS,
+    ChurnFigures,
+    InstancePhases,
+    batch_reversals,
+    idle_usd_by_cause,
+    placement_reversals,
+)
 from autoscaler.accounting.costs import CostLedger, CostRecord
-from autoscaler.controller.lifecycle import InstanceStatus, preempted_at
+from autoscaler.controller.lifecycle import InstanceStatus, launched_at, left_at, preempted_at
 from autoscaler.controller.store import (
     AssignmentSpan,
     CostRecordRow,
@@ -30,6 +38,7 @@ from providers.base import Market, offering_key
 
 __all__ = [
     "IDLE",
+    "churn_from_store",
     "cost_record_from_store",
     "job_costs",
     "ondemand_price_usd_per_hour",
@@ -262,3 +271,84 @@ def cost_record_from_store(store: Store, now_s: float) -> CostRecord:
         if end is not None:
             ledger.end(key, rel(end), "preempted" if key in preempted else "released")
     return ledger.close(max(rel(now_s), latest) if live else latest)
+
+
+def _placements(spans: Sequence[AssignmentSpan]) -> dict[str, list[tuple[float, dict[str, int]]]]:
+    """Each job's placements over time, from the assignment history: at each moment its
+    assignment changed (boundaries closer than :data:`ROUND_WRITE_TOLERANCE_S` are one round's
+    writes: one moment, at the first of them), its GPUs by instance key (empty: stopped)."""
+    by_job: dict[str, list[AssignmentSpan]] = {}
+    for span in spans:
+        by_job.setdefault(span.job_name, []).append(span)
+    out: dict[str, list[tuple[float, dict[str, int]]]] = {}
+    for name, mine in by_job.items():
+        marks = sorted({t for s in mine for t in (s.from_s, s.to_s) if t is not None})
+        moments: list[tuple[float, float]] = []  # (first, last) boundary of each moment
+        for t in marks:
+            if moments and t - moments[-1][1] < ROUND_WRITE_TOLERANCE_S:
+                moments[-1] = (moments[-1][0], t)
+            else:
+                moments.append((t, t))
+        states = []
+        for first, last in moments:
+            held: dict[str, int] = {}
+            for s in mine:
+                if s.from_s <= last and (s.to_s is None or s.to_s > last):
+                    held[s.instance_key] = held.get(s.instance_key, 0) + s.gpus
+            states.append((first, held))
+        out[name] = states
+    return out
+
+
+def churn_from_store(
+    store: Store,
+    record: CostRecord,
+    *,
+    interval_s: float,
+    origin_s: float = 0.0,
+    by_cloud_id: bool = False,
+    batches: Mapping[str, Sequence[tuple[float, int]]] | None = None,
+) -> ChurnFigures:
+    """The churn of the run ``store`` holds (:mod:`autoscaler.accounting.churn` defines each
+    figure), its idle split over ``record``, the run's bill: a record built from this store
+    (:func:`cost_record_from_store`, times from ``origin_s`` = :func:`run_origin_s`, instances
+    by instance key) or the simulated cloud's (``origin_s`` 0, instances by their cloud id:
+    ``by_cloud_id``). Reversals are counted over ``REVERSAL_ROUNDS * interval_s``; batch
+    reversals only from ``batches`` (each job's ``(at_s, global batch)`` in time order, store
+    clock), the store keeping only each job's latest batch (``None`` without it)."""
+    spans = store.assignment_history()
+    first_job: dict[str, float] = {}
+    for span in spans:
+        at = first_job.get(span.instance_key)
+        first_job[span.instance_key] = span.from_s if at is None else min(at, span.from_s)
+    phases: dict[str, InstancePhases] = {}
+    launches = 0
+    for row in store.list_instances():
+        history = store.history(row.instance_key)
+        if launched_at(history) is not None:
+            launches += 1
+        key = row.provider_instance_id if by_cloud_id else row.instance_key
+        if key is None:
+            continue
+        first, left = first_job.get(row.instance_key), left_at(history)
+        phases[key] = InstancePhases(
+            None if first is None else first - origin_s, None if left is None else left - origin_s
+        )
+    horizon_s = REVERSAL_ROUNDS * interval_s
+    gpus = instances = 0
+    for states in _placements(spans).values():
+        g, i = placement_reversals(states, horizon_s)
+        gpus, instances = gpus + g, instances + i
+    batch: int | None = None
+    if batches is not None:
+        batch = sum(batch_reversals(b, horizon_s) for b in batches.values())
+    names = [job.name for job in store.list_jobs()]
+    return ChurnFigures(
+        launches=launches,
+        boots_billed=len(record.instances),
+        jobs=len(names),
+        restarts=sum(store.restart_counts(names).values()),
+        reversals_by_kind={"gpus": gpus, "instances": instances, "batch": batch},
+        idle_usd_by_cause=idle_usd_by_cause(record, phases),
+        interval_s=interval_s,
+    )

@@ -1101,11 +1101,10 @@ def events(
 ) -> None:
     """The cluster's story from its store, whether or not it is up: launches, notices,
     preemptions, moves, rescales, rebatches, refusals, completions, releases, each with its
-    time and its reason (what coadapt up prints)."""
-    import dataclasses
-
+    time and its reason (what coadapt up prints). With --json, a drain or a notice also
+    gives the age of the instance (instance_age_s: seconds since its launch)."""
     from autoscaler.controller.errors import StoreError
-    from autoscaler.controller.events import format_event
+    from autoscaler.controller.events import event_json, format_event
     from autoscaler.controller.store import Store
     from coadapt_common.clock import SystemClock
 
@@ -1114,10 +1113,10 @@ def events(
     if not path.exists():
         fail(f"no cluster store in {state} (coadapt up --state-dir {state} makes one)")
 
-    def show(rows: tuple[Any, ...]) -> None:
+    def show(rows: tuple[Any, ...], store: Store) -> None:
         for row in rows:
             if json_out:
-                typer.echo(json.dumps(dataclasses.asdict(row)))
+                typer.echo(json.dumps(event_json(row, store)))
             else:
                 typer.echo(format_event(row))
 
@@ -1129,7 +1128,7 @@ def events(
             while len(rows) == 10_000:  # read on past a page
                 rows = rows + store.events_after(rows[-1].seq)
             cursor = rows[-1].seq if rows else 0
-            show(rows[-last:] if last else rows)
+            show(rows[-last:] if last else rows, store)
             if not rows and not follow:
                 typer.echo(f"coadapt: no events yet in {state}", err=True)
             while follow:
@@ -1137,7 +1136,7 @@ def events(
                 new = store.events_after(cursor)
                 if new:
                     cursor = new[-1].seq
-                    show(new)
+                    show(new, store)
     except StoreError as e:
         fail(str(e))
     except KeyboardInterrupt:

@@ -48,8 +48,8 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Final
 
-from autoscaler.controller.errors import ControllerError
-from autoscaler.controller.lifecycle import InstanceStatus, StatusChange
+from autoscaler.controller.errors import ControllerError, UnknownRowError
+from autoscaler.controller.lifecycle import InstanceStatus, StatusChange, launched_at
 from autoscaler.controller.store import (
     EventRow,
     InstanceRow,
@@ -63,7 +63,15 @@ from autoscaler.decide.views import JobView
 from autoscaler.errors import InvalidInputError
 from coadapt_common.clock import Clock
 
-__all__ = ["WARNING_KINDS", "Event", "EventKind", "EventRecorder", "format_event"]
+__all__ = [
+    "AGED_KINDS",
+    "WARNING_KINDS",
+    "Event",
+    "EventKind",
+    "EventRecorder",
+    "event_json",
+    "format_event",
+]
 
 
 class EventKind(StrEnum):
@@ -140,6 +148,31 @@ def format_event(event: Event | EventRow, *, local_time: bool = True) -> str:
     clock = time.localtime if local_time else time.gmtime
     stamp = time.strftime("%H:%M:%S", clock(event.at_s))
     return f"{stamp} {event.kind:<10} {event.subject}: {event.message}"
+
+
+AGED_KINDS: Final = frozenset({EventKind.DRAIN, EventKind.NOTICE})
+"""Events whose JSON (:func:`event_json`) gives the age of the instance they are about."""
+
+
+def event_json(row: EventRow, store: Store) -> dict[str, object]:
+    """One stored event as JSON (``coadapt events --json``): its row's fields and, for a
+    ``drain`` or a ``notice`` (:data:`AGED_KINDS`), ``instance_age_s``: the seconds from the
+    instance's launch (:func:`~autoscaler.controller.lifecycle.launched_at`) to the event
+    (``None`` when the store has no launch of it: a row pruned, or never launched)."""
+    out: dict[str, object] = {
+        "seq": row.seq,
+        "at_s": row.at_s,
+        "kind": row.kind,
+        "subject": row.subject,
+        "message": row.message,
+    }
+    if row.kind in AGED_KINDS:
+        try:
+            launched = launched_at(store.history(row.subject))
+        except UnknownRowError:  # no such instance row (any more)
+            launched = None
+        out["instance_age_s"] = None if launched is None else max(0.0, row.at_s - launched)
+    return out
 
 
 def _gpus(placement: Mapping[str, int]) -> int:

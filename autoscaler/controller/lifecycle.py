@@ -68,6 +68,8 @@ __all__ = [
     "TimeoutAction",
     "check_transition",
     "is_terminal",
+    "launched_at",
+    "left_at",
     "preempted_at",
     "request_retries",
     "terminate_retries",
@@ -285,6 +287,20 @@ class StatusChange:
     at_s: float
     reason: str = ""
     preemption: bool = False
+
+
+def launched_at(history: Sequence[StatusChange]) -> float | None:
+    """When the instance was launched (``None``: never): its first change to ``requested``,
+    the launch intent written just before the cloud call. The one reading of a launch that the
+    events (an instance's age at its drain) and the churn figures share."""
+    return next((c.at_s for c in history if c.status is InstanceStatus.REQUESTED), None)
+
+
+def left_at(history: Sequence[StatusChange]) -> float | None:
+    """When the instance was decided to leave the fleet (``None``: never): its first change to
+    ``draining`` (for cost or a spot notice) or, not drained, to ``terminating``."""
+    leaving = (InstanceStatus.DRAINING, InstanceStatus.TERMINATING)
+    return next((c.at_s for c in history if c.status in leaving), None)
 
 
 def preempted_at(history: Sequence[StatusChange]) -> float | None:

@@ -336,3 +336,27 @@ def test_the_story_is_told_in_time_order_across_rounds(tmp_path: Path) -> None:
     told = [e.at_s for e in store.events_after(0)]
     assert told == sorted(told), told
     store.close()
+
+
+def test_events_json_gives_each_drain_the_age_of_its_instance(tmp_path: Path) -> None:
+    """Issue 40: `coadapt events --json` gives a drain (and a notice) ``instance_age_s``, the
+    seconds from the instance's launch to the event, so a drain of a fresh instance shows."""
+    store, cloud, clock, ctl = fake_controller(tmp_path, "aged", jobs=1, max_instances=2)
+    recorder = EventRecorder(store, clock)
+    for _ in range(2):
+        ctl.run_round()
+        recorder.observe()
+        clock.advance(30.0)
+    row = store.list_instances(statuses=(InstanceStatus.RUNNING,))[0]
+    launched = next(h.at_s for h in store.history(row.instance_key) if h.status.value == "requested")
+    store.transition(row.instance_key, row.version, InstanceStatus.DRAINING, reason="test drain")
+    drained_at = clock.now_s()
+    recorder.observe()
+    store.close()
+    out = CliRunner().invoke(app, ["events", "--state-dir", str(tmp_path), "--json"])
+    assert out.exit_code == 0, out.output
+    docs = [json.loads(line) for line in out.output.splitlines()]
+    drains = [d for d in docs if d["kind"] == "drain"]
+    assert [d["subject"] for d in drains] == [row.instance_key]
+    assert drains[0]["instance_age_s"] == drained_at - launched > 0
+    assert all("instance_age_s" not in d for d in docs if d["kind"] not in ("drain", "notice"))
