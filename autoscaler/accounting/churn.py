@@ -71,9 +71,7 @@ class InstancePhases:
     drain_s: float | None
 
 
-def idle_usd_by_cause(
-    record: CostRecord, phases: Mapping[str, InstancePhases]
-) -> dict[str, float]:
+def idle_usd_by_cause(record: CostRecord, phases: Mapping[str, InstancePhases]) -> dict[str, float]:
     """USD of ``record``'s idle cost per cause of :data:`IDLE_CAUSES` (every key present).
     ``phases`` by the record's instance ids; an instance missing from it has its first job
     read from its usages in the record and no drain decision."""

@@ -126,9 +126,13 @@ def report(
     _write_reports(reports, fmt, out, source_name, wide=wide)
 
 
-def store_report(state_dir: Path) -> tuple[str | None, Any]:
-    from autoscaler.accounting.billing import cost_record_from_store
+def store_report(state_dir: Path) -> tuple[str | None, Any, None, Any]:
+    """``(label, record, None, churn)`` of a cluster's store: its cost record and its churn
+    (:func:`~autoscaler.accounting.billing.churn_from_store`, reversals over the controller's
+    default round interval)."""
+    from autoscaler.accounting.billing import churn_from_store, cost_record_from_store, run_origin_s
     from autoscaler.controller.errors import StoreError
+    from autoscaler.controller.loop import ControllerConfig
     from autoscaler.controller.store import Store
     from autoscaler.errors import InvalidInputError
     from coadapt_common.clock import SystemClock
@@ -138,7 +142,14 @@ def store_report(state_dir: Path) -> tuple[str | None, Any]:
         _fail(f"--state-dir {state_dir}: no cluster store there (store.db)")
     try:
         with Store.open_read_only(state_dir / "store.db", clock) as store:
-            return f"cluster {store.cluster_id}", cost_record_from_store(store, clock.now_s())
+            record = cost_record_from_store(store, clock.now_s())
+            churn = churn_from_store(
+                store,
+                record,
+                interval_s=ControllerConfig.interval_s,
+                origin_s=run_origin_s(store) or 0.0,
+            )
+            return f"cluster {store.cluster_id}", record, None, churn
     except StoreError as e:
         _fail(str(e))
     except InvalidInputError as e:  # a store whose history the ledger cannot take: one line
@@ -221,7 +232,13 @@ def _write_reports(
             from autoscaler.accounting.report.export import summary_json
 
             summaries = [
-                summary_json(r[1], label=r[0], floor=r[2] if len(r) > 2 else None) for r in reports
+                summary_json(
+                    r[1],
+                    label=r[0],
+                    floor=r[2] if len(r) > 2 else None,
+                    churn=r[3] if len(r) > 3 else None,
+                )
+                for r in reports
             ]
             body = summaries[0] if len(summaries) == 1 else summaries
             text = json.dumps(body, indent=1, allow_nan=False) + "\n"
@@ -253,14 +270,15 @@ def render_tables(
 ) -> str:
     """Print the tables (``plain``: into a string, no colour, returned, ``width`` columns,
     ``None``: the terminal's, or ``COLUMNS``, else 120; ``wide``: every column). Each report is
-    ``(label, record)`` or ``(label, record, floor)`` (a simulated run's
-    :class:`~autoscaler.accounting.report.source.RunFloor`, or ``None``)."""
+    ``(label, record)``, ``(label, record, floor)`` (a simulated run's
+    :class:`~autoscaler.accounting.report.source.RunFloor`, or ``None``) or ``(label, record,
+    floor, churn)`` (a cluster's :class:`~autoscaler.accounting.churn.ChurnFigures`)."""
     import io
     import shutil
 
     from rich.console import Console
 
-    from autoscaler.accounting.report.tables import print_floor, print_report
+    from autoscaler.accounting.report.tables import print_churn, print_floor, print_report
 
     buffer = io.StringIO()
     if width is None:
@@ -270,4 +288,6 @@ def render_tables(
         print_report(console, record, label=label, wide=wide)
         if rest and rest[0] is not None:
             print_floor(console, rest[0], label=label)
+        if len(rest) > 1 and rest[1] is not None:
+            print_churn(console, rest[1], label=label)
     return buffer.getvalue()

@@ -127,3 +127,28 @@ def test_churn_json_sums_over_runs() -> None:
     assert total["reversals_by_kind"] == {"gpus": 1, "instances": 1, "batch": None}
     assert total["idle_usd_by_cause"] == dict.fromkeys(IDLE_CAUSES, 1.5)
     json.dumps(total, allow_nan=False)
+
+
+def test_the_cost_report_of_a_store_shows_launches_boots_and_idle_by_cause(
+    tmp_path: Path,
+) -> None:
+    from typer.testing import CliRunner
+
+    from autoscaler.cli.main import app
+
+    store, _clock = _hand_built_run(tmp_path)
+    store.close()
+    runner = CliRunner()
+    out = runner.invoke(app, ["cost", "report", "--state-dir", str(tmp_path), "--format", "json"])
+    assert out.exit_code == 0, out.output
+    churn = json.loads(out.output)["churn"]
+    assert churn["launches"] == 2 and churn["boots_billed"] == 2 and churn["reversals"] == 1
+    assert churn["idle_usd_by_cause"]["boot"] == pytest.approx(0.15)
+    assert churn["idle_usd_by_cause"]["empty_ready"] == pytest.approx(0.1)
+    table = runner.invoke(
+        app, ["cost", "report", "--state-dir", str(tmp_path)], env={"COLUMNS": "120"}
+    )
+    assert table.exit_code == 0, table.output
+    for words in ("launches", "boots billed", "idle: boot", "idle: drain", "idle: empty ready",
+                  "idle: fragmentation"):  # fmt: skip
+        assert words in table.output, table.output

@@ -348,7 +348,9 @@ def test_events_json_gives_each_drain_the_age_of_its_instance(tmp_path: Path) ->
         recorder.observe()
         clock.advance(30.0)
     row = store.list_instances(statuses=(InstanceStatus.RUNNING,))[0]
-    launched = next(h.at_s for h in store.history(row.instance_key) if h.status.value == "requested")
+    launched = next(
+        h.at_s for h in store.history(row.instance_key) if h.status.value == "requested"
+    )
     store.transition(row.instance_key, row.version, InstanceStatus.DRAINING, reason="test drain")
     drained_at = clock.now_s()
     recorder.observe()

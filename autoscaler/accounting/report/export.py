@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from autoscaler.accounting.churn import ChurnFigures
 from autoscaler.accounting.costs import (
     CostRecord,
     cumulative_cost_by_offering,
@@ -96,14 +97,24 @@ def _hours(seconds: float | None) -> float | None:
 
 
 def summary_json(
-    record: CostRecord, *, label: str | None = None, floor: RunFloor | None = None
+    record: CostRecord,
+    *,
+    label: str | None = None,
+    floor: RunFloor | None = None,
+    churn: ChurnFigures | None = None,
 ) -> dict[str, Any]:
     """The report as JSON-ready data: ``version``, ``label``, the rounding rule, ``summary``,
     ``jobs`` and ``offerings``, with USD to the cent (numbers) and times in hours; with a
     simulated run's ``floor``, also ``floor``: ``floor_usd`` (a), ``floor_at_jct_usd`` (b),
-    ``cost_usd``, ``cost_over_floor`` (cost / (b)) and the same ``per_application``."""
+    ``cost_usd``, ``cost_over_floor`` (cost / (b)) and the same ``per_application``; with the
+    run's ``churn`` (a cluster's store), also ``churn``:
+    :meth:`~autoscaler.accounting.churn.ChurnFigures.to_json`, USD to the cent."""
     s = summarize(record)
     out = _summary_json(record, s, label)
+    if churn is not None:
+        doc = churn.to_json()
+        doc["idle_usd_by_cause"] = {k: _money(v) for k, v in doc["idle_usd_by_cause"].items()}
+        out["churn"] = doc
     if floor is not None:
 
         def amounts(a: float, b: float, cost: float) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autoscaler.accounting.churn import IDLE_CAUSES, ChurnFigures
 from autoscaler.accounting.costs import (
     CostRecord,
     CostSummary,
@@ -27,9 +28,11 @@ from autoscaler.accounting.costs import (
 from autoscaler.accounting.report.source import RunFloor
 
 __all__ = [
+    "CHURN_CAPTION",
     "FLOOR_CAPTION",
     "ReportColumn",
     "ReportTable",
+    "churn_table",
     "floor_table",
     "fmt_cents",
     "fmt_count",
@@ -249,4 +252,47 @@ def floor_table(floor: RunFloor) -> ReportTable:
             (name, fmt_usd(a), fmt_usd(b), fmt_usd(cost), over(cost, a), over(cost, b))
             for name, a, b, cost in rows
         ),
+    )
+
+
+CHURN_CAPTION = (
+    "idle by cause: boot = launch to its first job; drain = drain decision to its end; "
+    "empty ready = no job after its first; fragmentation = free GPUs beside a job; "
+    "minimum billing = billed past its life"
+)
+
+
+def churn_table(churn: ChurnFigures) -> ReportTable:
+    """A run's churn (:mod:`autoscaler.accounting.churn`): launches, boots billed, restarts per
+    job, reversals, then the idle cost by cause with its share of the idle total."""
+    idle = churn.idle_usd
+    batch = churn.reversals_by_kind.get("batch")
+    rows: list[tuple[str, str, str]] = [
+        ("launches", str(churn.launches), ""),
+        (
+            "boots billed",
+            str(churn.boots_billed),
+            f"{fmt_usd(churn.idle_usd_by_cause.get('boot'))} USD idle before a first job",
+        ),
+        ("restarts per job", f"{churn.restarts_per_job:.2f}", ""),
+        (
+            "reversals",
+            str(churn.reversals),
+            ", ".join(f"{k} {v}" for k, v in churn.reversals_by_kind.items() if v is not None)
+            + ("" if batch is not None else " (batch: no history kept)"),
+        ),
+    ]
+    for cause in IDLE_CAUSES:
+        usd = churn.idle_usd_by_cause.get(cause, 0.0)
+        share = f"{usd / idle:.0%} of idle" if idle > 0 else ""
+        rows.append((f"idle: {cause.replace('_', ' ')}", fmt_usd(usd), share))
+    return ReportTable(
+        name="churn",
+        title="Churn",
+        columns=(
+            ReportColumn("figure", numeric=False),
+            ReportColumn("value"),
+            ReportColumn("detail", numeric=False),
+        ),
+        rows=tuple(rows),
     )

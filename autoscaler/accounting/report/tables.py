@@ -4,16 +4,24 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from autoscaler.accounting.report.rows import FLOOR_CAPTION, ReportTable, floor_table, report_tables
+from autoscaler.accounting.report.rows import (
+    CHURN_CAPTION,
+    FLOOR_CAPTION,
+    ReportTable,
+    churn_table,
+    floor_table,
+    report_tables,
+)
 from autoscaler.accounting.report.source import RunFloor
 
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
+    from autoscaler.accounting.churn import ChurnFigures
     from autoscaler.accounting.costs import CostRecord
 
-__all__ = ["print_floor", "print_report", "rich_table"]
+__all__ = ["print_churn", "print_floor", "print_report", "rich_table"]
 
 _EMPTY = "-"  # what an unknown value shows on a terminal
 _WORD_MAX_CHARS = 12  # a text cell up to this long (a market, a GPU type) is never folded
@@ -103,4 +111,12 @@ def print_floor(console: Console, floor: RunFloor, *, label: str | None = None) 
     and (b) mean."""
     table = rich_table(floor_table(floor), label=label, width=console.width)
     table.caption = FLOOR_CAPTION if table.caption is None else f"{FLOOR_CAPTION}; {table.caption}"
+    console.print(table)
+
+
+def print_churn(console: Console, churn: ChurnFigures, *, label: str | None = None) -> None:
+    """The run's churn (:func:`~autoscaler.accounting.report.rows.churn_table`) and what each
+    idle cause means."""
+    table = rich_table(churn_table(churn), label=label, width=console.width)
+    table.caption = CHURN_CAPTION if table.caption is None else f"{CHURN_CAPTION}; {table.caption}"
     console.print(table)
