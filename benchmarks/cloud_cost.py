@@ -29,12 +29,18 @@ Experiments (offerings, traces and strategies: :mod:`autoscaler.sim.experiments`
 Every figure comes from the product's controller (its round, store and fleet reconcile) under
 the simulated cloud (:mod:`autoscaler.sim.world`). Writes ``{"experiment": str, "lengths":
 "declared", "strategies": {"<name>": {"cost_usd", "mean_jct_s",
-"p99_jct_s", "preemptions", "instance_hours", "idle_usd", "floor_usd", "floor_at_jct_usd",
+"p99_jct_s", "preemptions", "instance_hours", "idle_usd", "launches", "restarts_per_job",
+"reversals", "idle_usd_by_cause", ..., "floor_usd", "floor_at_jct_usd",
 "cost_over_floor", "per_application": {...}, "per_workload": {...}}}, "ratios": {...}}``
 (costs, floors and instance-hours summed over workloads;
 ``mean_jct_s`` the mean over workloads of each workload's mean JCT, as in ``paper_sim.py``)
 and prints the ratios the acceptance criteria name. ``idle_usd`` is what no job held (free
-GPUs, provisioning, minimum billing); ``per_application`` splits the rest by application:
+GPUs, provisioning, minimum billing); the churn (:mod:`autoscaler.accounting.churn`, from the
+store each run leaves, also per workload): ``launches`` (launch calls), ``boots_billed``,
+``restarts_per_job`` (over all jobs), ``reversals`` (a job's GPU count, instances or batch
+changed back within 5 rounds; by kind in ``reversals_by_kind``) and ``idle_usd_by_cause``
+(``boot``, ``drain``, ``empty_ready``, ``fragmentation``, ``minimum_billing``: they sum to
+``idle_usd``); ``per_application`` splits the rest by application:
 ``cost_usd`` attributed to its jobs' GPUs, and ``jct_share_s``, its jobs' JCTs over all jobs,
 so that the applications' costs plus ``idle_usd`` make ``cost_usd`` and their shares make
 ``mean_jct_s``. ``floor_usd`` and ``floor_at_jct_usd`` are the run's cost floors
@@ -82,6 +88,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a scri
 
 import numpy as np
 
+from autoscaler.accounting.churn import sum_churn_json
 from autoscaler.accounting.costs import CostRecord, job_costs, summarize
 from autoscaler.analysis.floor import cost_floor
 from autoscaler.analysis.frontier import check_frontiers, points_from_json
@@ -194,6 +201,7 @@ def _one(task: _Run) -> dict:
         **_limited(task, limited, result.cost, Path(str(workload)).stem),
         "deadline_misses": [j.name for j in result.jobs if j.deadline_met is False],
         "deadline_jobs": sum(1 for j in result.jobs if j.deadline_s is not None),
+        "churn": result.churn.to_json() if result.churn is not None else None,
     }
 
 
@@ -363,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
             "instance_hours": sum(r["instance_hours"] for r in mine),
             "peak_usd_per_hour": max(r["peak_usd_per_hour"] for r in mine),
             "idle_usd": sum(r["idle_usd"] for r in mine),
+            **sum_churn_json(r["churn"] for r in mine),
             "floor_usd": _sum_or_none(r["floor_usd"] for r in mine),
             "floor_at_jct_usd": _sum_or_none(r["floor_at_jct_usd"] for r in mine),
             "per_application": _per_application(mine),
@@ -374,6 +383,10 @@ def main(argv: list[str] | None = None) -> int:
                     "floor_at_jct_usd": r["floor_at_jct_usd"],
                     "floor_slot_s": r["floor_slot_s"],
                     "floor_wall_s": r["floor_wall_s"],
+                    "launches": r["churn"]["launches"],
+                    "restarts_per_job": r["churn"]["restarts_per_job"],
+                    "reversals": r["churn"]["reversals"],
+                    "idle_usd_by_cause": r["churn"]["idle_usd_by_cause"],
                 }
                 for r in mine
             },
@@ -414,6 +427,13 @@ def main(argv: list[str] | None = None) -> int:
             for app, a in sorted(v["per_application"].items())
         )
         print(f"  {s:22s} idle {v['idle_usd']:8.0f}  {parts}")
+    print("churn: launches, restarts per job, reversals; idle USD by cause:")
+    for s, v in out["strategies"].items():
+        causes = "  ".join(f"{c} {usd:.0f}" for c, usd in v["idle_usd_by_cause"].items())
+        print(
+            f"  {s:22s} launches {v['launches']:5d}  restarts/job {v['restarts_per_job']:5.2f}  "
+            f"reversals {v['reversals']:4d}  idle {v['idle_usd']:8.0f}: {causes}"
+        )
     floors = {s: v for s, v in out["strategies"].items() if v["cost_over_floor"] is not None}
     if floors:
         print("cost floor (USD): (a) no time limit, (b) every job by its JCT here; cost / (b):")

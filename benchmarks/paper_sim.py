@@ -10,13 +10,20 @@ GPUs with 60 s rounds, two workloads at a time, and writes::
      "policies": {"<policy>": {"mean_jct_s", "per_workload_jct_s": {...}, "p99_jct_s",
                                 "makespan_s", "restarts_per_job", "mean_ftf_ratio",
                                 "max_ftf_ratio", "policy_ms_p50",
-                                "policy_ms_max", "fit_ms_p50", "fit_ms_max", "wall_s"}},
+                                "policy_ms_max", "fit_ms_p50", "fit_ms_max", "wall_s",
+                                "launches", "reversals", "reversals_by_kind",
+                                "idle_usd_by_cause"}},
      "reference_mean_jct_s": {"pollux": 2751.1, "optimus": 5681.9, "tiresias": 4038.5},
      "reference_per_workload_jct_s": {...}, "peak_rss_mib": float}
 
 ``mean_jct_s`` is the mean over workloads of each workload's average JCT (the paper's metric);
 ``p99_jct_s`` the 99th percentile over all jobs of all workloads; ``makespan_s`` and
-``restarts_per_job`` are averages over workloads; ``policy_ms_*`` are over all rounds, and
+``restarts_per_job`` are averages over workloads; the churn (:mod:`autoscaler.accounting.churn`,
+from the store each run leaves, summed over workloads): ``launches`` (launch calls: the fixed
+fleet's nodes), ``reversals`` (a job's GPU count, instances or batch changed back within 5
+rounds; by kind in ``reversals_by_kind``) and ``idle_usd_by_cause`` (``boot``: before a node's
+first job, ``drain``, ``empty_ready``, ``fragmentation``, ``minimum_billing``) at the fixed
+offering's nominal 1 USD per GPU-hour, i.e. idle GPU-hours; ``policy_ms_*`` are over all rounds, and
 ``fit_ms_*`` (the online model fitting for a round, timed apart from the policy) too;
 ``--cluster FILE`` runs on a cluster file's node groups (see ``autoscaler/sim/cluster.py``)
 instead of 16 x 4 T4, and then the published numbers are not comparable (none are shown);
@@ -70,6 +77,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from autoscaler.accounting.churn import sum_churn_json
 from autoscaler.decide.views import PolicyName
 from autoscaler.sim.config import SimConfig
 from autoscaler.sim.results import SimResult
@@ -263,6 +271,13 @@ def _run(args: argparse.Namespace, scratch: Path) -> int:
             "fit_ms_max": float(fits_ms.max()),
             "wall_s": float(sum(r.wall_s for r in runs)),
         }
+        churn = sum_churn_json(r.churn.to_json() for r in runs if r.churn is not None)
+        out["policies"][str(policy)].update(
+            launches=churn["launches"],
+            reversals=churn["reversals"],
+            reversals_by_kind=churn["reversals_by_kind"],
+            idle_usd_by_cause=churn["idle_usd_by_cause"],
+        )
     if "pollux" in out["policies"]:
         ours = out["policies"]["pollux"]
         out["pollux_ratio"] = {

@@ -33,6 +33,7 @@ Reversals (:func:`placement_reversals`, :func:`batch_reversals`)
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -100,7 +101,7 @@ def idle_usd_by_cause(record: CostRecord, phases: Mapping[str, InstancePhases]) 
         times = sorted(t for t in marks if inst.launched_s <= t <= inst.ended_s)
         held = sum(g for t, g in delta.items() if t < inst.launched_s)
         seg = 0
-        for a, b in zip(times, times[1:], strict=False):
+        for a, b in itertools.pairwise(times):
             held += delta.get(a, 0)
             while seg + 1 < len(inst.segments) and inst.segments[seg + 1].t0_s <= a:
                 seg += 1

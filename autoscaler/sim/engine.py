@@ -52,6 +52,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autoscaler.accounting.billing import churn_from_store, cost_record_from_store, run_origin_s
+from autoscaler.accounting.churn import ChurnFigures
+from autoscaler.accounting.costs import CostRecord
 from autoscaler.controller.errors import RoundError
 from autoscaler.controller.jobbook import JobSubmission
 from autoscaler.controller.store import JobStatus
@@ -116,6 +119,9 @@ class _Job:
     ran: bool = False  # ran this round: it reports at the round's end
     last_run: tuple[BatchChoice, Allocation] | None = None  # what it last ran on
     restarts: int = 0  # as the controller's store counts them (its one definition)
+    # The global batches it trained with, each from the round it was told (its changes only):
+    # the batch history the churn figures need, which the store does not keep.
+    batches: list[tuple[float, int]] = field(default_factory=list)
 
 
 def _limits(app: AppTrace, max_local_bsz: int | None = None) -> BatchLimits:
@@ -399,6 +405,12 @@ class Simulator:
             else:
                 job.delay_left_s = 0.0
         job.batch = batch if gpus else None
+        if (
+            batch is not None
+            and gpus
+            and (not job.batches or job.batches[-1][1] != batch.batch_size)
+        ):
+            job.batches.append((self.now_s, batch.batch_size))
 
     def _noticed(self, alloc: Allocation) -> bool:
         """Whether any node of ``alloc`` has a preemption notice."""
@@ -709,6 +721,23 @@ class Simulator:
             wall_s=wall_s,
             cost=cost,
             fleet=fleet,
+            churn=self._churn(cost),
+        )
+
+    def _churn(self, cost: CostRecord | None) -> ChurnFigures:
+        """The run's churn from the store the controller leaves (the accounting layer's one
+        definition), its idle split over the cloud's bill (``cost``), or on a fixed cluster over
+        the store's own record of its fleet (at the fixed offerings' nominal prices)."""
+        store = self.world.store
+        batches = {job.spec.name: job.batches for job in self.jobs}
+        if cost is not None:
+            return churn_from_store(
+                store, cost, interval_s=self.config.interval_s, by_cloud_id=True, batches=batches
+            )
+        origin = run_origin_s(store) or 0.0
+        record = cost_record_from_store(store, self.world.now_s)
+        return churn_from_store(
+            store, record, interval_s=self.config.interval_s, origin_s=origin, batches=batches
         )
 
 

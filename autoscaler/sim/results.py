@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from autoscaler.accounting.churn import ChurnFigures
 from autoscaler.accounting.costs import CostRecord, record_to_json
 from autoscaler.sim.config import SimConfig
 from coadapt_common.atomic import write_json_atomic
@@ -97,6 +98,10 @@ class SimResult:
     # Cloud mode, when computed: the run's cost floors next to its bill
     # (:func:`autoscaler.sim.floor_inputs.run_floor`).
     floor: Mapping[str, Any] | None = None
+    # The run's churn, from the store it leaves (:func:`autoscaler.accounting.billing.
+    # churn_from_store`): its idle split over ``cost`` in cloud mode, over the store's own
+    # record of the fixed fleet (nominal prices: 1 USD per GPU-hour) otherwise.
+    churn: ChurnFigures | None = None
 
     @property
     def jcts_s(self) -> np.ndarray:
@@ -172,6 +177,8 @@ def results_payload(results: Sequence[SimResult], *, include_timing: bool = Fals
             run["fleet"] = dict(res.fleet or {})
         if res.floor is not None:
             run["floor"] = dict(res.floor)
+        if res.churn is not None:
+            run["churn"] = res.churn.to_json()
         if include_timing:
             run["timing"] = {**res.timing(), "wall_s": res.wall_s}
             run["policy_wall_s"] = [r.policy_wall_s for r in res.rounds]

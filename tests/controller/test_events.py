@@ -341,7 +341,7 @@ def test_the_story_is_told_in_time_order_across_rounds(tmp_path: Path) -> None:
 def test_events_json_gives_each_drain_the_age_of_its_instance(tmp_path: Path) -> None:
     """Issue 40: `coadapt events --json` gives a drain (and a notice) ``instance_age_s``, the
     seconds from the instance's launch to the event, so a drain of a fresh instance shows."""
-    store, cloud, clock, ctl = fake_controller(tmp_path, "aged", jobs=1, max_instances=2)
+    store, _cloud, clock, ctl = fake_controller(tmp_path, "aged", jobs=1, max_instances=2)
     recorder = EventRecorder(store, clock)
     for _ in range(2):
         ctl.run_round()
