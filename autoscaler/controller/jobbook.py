@@ -379,13 +379,15 @@ def length_estimate(
     if spec.application == GENERIC_APPLICATION:
         fits = ()
     speeds = speeds or default_speed_table()
-    kinds = [(t, 1) for t in KNOWN_GPU_TYPES if spec.gpu_types is None or t in spec.gpu_types]
     best: float | None = None
     used = 0
     for gpu_type, params_json in fits:
         perf = _fitted_perf(gpu_type, params_json)
         if perf is None or gpu_type not in KNOWN_GPU_TYPES:
             continue
+        # The fit's own type, and the types the speed table relates to it.
+        related = speeds.gpu_types if speeds.has_type(gpu_type) else (gpu_type,)
+        kinds = [(t, 1) for t in related if spec.gpu_types is None or t in spec.gpu_types]
         limits = limits_on(spec.limits, spec.application, gpu_type, speeds)
         view = JobView(
             name=spec.name,
