@@ -6,8 +6,11 @@ into what the decision core reads: profiles go to a :class:`~autoscaler.model.fi
 (one fit per job and GPU type, refit together and warm-started only when a report changed a
 fit), gradient statistics, progress and the declared length are kept per job, and
 :meth:`JobBook.view` builds each job's :class:`~autoscaler.decide.views.JobView` with its goodput
-models by GPU type, its remaining work (from the length its script declared, by the trainer's
-own rule, :func:`trainer.report.remaining_progress`) and the bounds of its spec.
+models by GPU type, its remaining work (from the length its script declared, else the one
+its spec declared, :func:`~autoscaler.decide.deadlines.length_in_force`, by the trainer's own
+rule, :func:`trainer.report.remaining_progress`) and the bounds of its spec. :func:`admit` is
+the check at submission: a deadline the spec's declared length cannot meet at the speed the
+cluster measured of its application is refused with the estimate.
 
 A report carries no GPU type: it is the type of the instances the job is assigned to when the
 report is read (a job runs on one GPU type at a time, the policies' rule).
@@ -45,11 +48,11 @@ __all__ = [
     "BOUNDS_DOC",
     "GENERIC_APPLICATION",
     "JOB_NAME_PATTERN",
+    "LENGTH_FIELDS",
     "MAX_DEADLINE_S",
+    "MAX_LENGTH",
     "REMOVED_FIELDS",
     "JobBook",
-    "LENGTH_FIELDS",
-    "MAX_LENGTH",
     "JobSubmission",
     "fixed_job_defaults",
     "parse_deadline",
@@ -278,8 +281,11 @@ def _length_problems(v: Mapping[str, Any]) -> list[tuple[str, str]]:
     kinds = [f for f in given if f != "dataset_samples"]
     if len(kinds) > 1:
         out.append(
-            (kinds[1], f"give one of length_samples, length_steps and length_epochs, got "
-             f"{' and '.join(kinds)}")  # fmt: skip
+            (
+                kinds[1],
+                f"give one of length_samples, length_steps and length_epochs, got "
+                f"{' and '.join(kinds)}",
+            )
         )
     if "length_epochs" in given and "dataset_samples" not in given:
         out.append(
@@ -764,7 +770,9 @@ class JobSubmission:
         if self.length_samples is not None:
             return epochs_progress(1, self.length_samples, self.init_batch_size)
         if self.length_steps is not None:
-            return epochs_progress(1, self.length_steps * self.init_batch_size, self.init_batch_size)
+            return epochs_progress(
+                1, self.length_steps * self.init_batch_size, self.init_batch_size
+            )
         if self.length_epochs is not None and self.dataset_samples is not None:
             return epochs_progress(self.length_epochs, self.dataset_samples, self.init_batch_size)
         return None

@@ -8,6 +8,8 @@ A spec is one YAML mapping::
     batch_size: {initial: 64, max: 512}  # initial required; max of an adaptive job
     local_batch_size: {max: 256}         # required of an adaptive job
     markets: [on-demand]
+    length: {epochs: 3, dataset_size: 65536}  # or {samples: N}, or {steps: N}
+    deadline: 2h
 
 Every field, its type, bounds, default and an example is in :data:`FIELDS`, the one table the
 reader, the API's JSON body (:func:`submission_from_body`) and the reference are made from:
@@ -50,6 +52,14 @@ are compared as :class:`~autoscaler.decide.views.OfferingRef` parts, in the form
 ``provider/instance_type/zone/market`` of :attr:`~autoscaler.decide.views.OfferingRef.key`); a
 job no fleet the controller may build could ever run (:mod:`autoscaler.decide.bounds`: no
 offering of a type, market and offering it allows, or too few GPUs) is ``refused`` with the reason.
+
+**A declared length.** ``length`` gives the job's length in samples, steps or epochs (with
+the dataset's size), converted by one rule to the trainer's unit of progress
+(:attr:`~autoscaler.controller.jobbook.JobSubmission.length_progress`: samples = steps x
+``batch_size.initial`` = epochs x ``length.dataset_size``). At submission, a deadline it cannot
+meet on any offering, at the speed the cluster measured of the application, is refused with
+the estimate (:func:`~autoscaler.controller.jobbook.admit`); while the job runs, it gives the
+job's remaining work and ETA until the script declares its own length, which replaces it.
 
 **Removed fields.** ``optimizer``, ``weight`` and ``budget_share`` were accepted and ignored
 by earlier versions; a spec that names one is refused with a one-line reason

@@ -352,7 +352,9 @@ def test_a_deadline_the_specs_length_cannot_meet_is_refused_at_submit_with_the_e
         "length": {"samples": 1_000_000},
         "deadline": "2h",
     }
-    message = assert_error(call(server, "POST", "/v1/jobs", body, token=tokens.user), 400, "deadline")
+    message = assert_error(
+        call(server, "POST", "/v1/jobs", body, token=tokens.user), 400, "deadline"
+    )
     assert "is 7200 s after submission" in message
     assert "its declared length (1000000 samples) takes at least an estimated 10180 s" in message
     assert "measured speed of application 'bert'" in message
