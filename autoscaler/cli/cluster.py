@@ -594,10 +594,10 @@ def status(
     """Jobs (status, GPUs, batch, progress, submitted, started, elapsed, ETA, deadline, and
     why a job failed or was refused) and the fleet (offering, $/h); of a local cluster that
     is not up, as its store last recorded them (read-only). The ETA is a running job's, by
-    its fitted model at the GPUs it holds, once its script declared its length ("-"
-    otherwise, and for a cluster that is not up). Times are local; --json gives them as Unix
-    seconds, the deadline also as deadline_utc (ISO-8601 UTC), fixed at submission, the ETA
-    as eta_s and eta_utc."""
+    its fitted model at the GPUs it holds, once its length is known (its script's
+    declaration, else its spec's length:; "-" otherwise, and for a cluster that is not up).
+    Times are local; --json gives them as Unix seconds, the deadline also as deadline_utc
+    (ISO-8601 UTC), fixed at submission, the ETA as eta_s and eta_utc."""
     from autoscaler.controller.api import ApiError
 
     state = resolve_state_dir(state_dir)

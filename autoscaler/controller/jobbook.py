@@ -6,8 +6,11 @@ into what the decision core reads: profiles go to a :class:`~autoscaler.model.fi
 (one fit per job and GPU type, refit together and warm-started only when a report changed a
 fit), gradient statistics, progress and the declared length are kept per job, and
 :meth:`JobBook.view` builds each job's :class:`~autoscaler.decide.views.JobView` with its goodput
-models by GPU type, its remaining work (from the length its script declared, by the trainer's
-own rule, :func:`trainer.report.remaining_progress`) and the bounds of its spec.
+models by GPU type, its remaining work (from the length its script declared, else the one
+its spec declared, :func:`~autoscaler.decide.deadlines.length_in_force`, by the trainer's own
+rule, :func:`trainer.report.remaining_progress`) and the bounds of its spec. :func:`admit` is
+the check at submission: a deadline the spec's declared length cannot meet at the speed the
+cluster measured of its application is refused with the estimate.
 
 A report carries no GPU type: it is the type of the instances the job is assigned to when the
 report is read (a job runs on one GPU type at a time, the policies' rule).
@@ -21,11 +24,12 @@ import json
 import math
 import re
 import urllib.parse
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import MISSING, asdict, dataclass
 from pathlib import PurePosixPath
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
+from autoscaler.decide.deadlines import length_estimate_s, length_in_force
 from autoscaler.decide.views import Allocation, JobView, OfferingRef, Oracle
 from autoscaler.errors import InvalidInputError
 from autoscaler.market.terms import MARKETS
@@ -38,13 +42,15 @@ from autoscaler.model.goodput import (
     ProfileSample,
 )
 from autoscaler.model.gputypes import KNOWN_GPU_TYPES, SpeedTable, default_speed_table, limits_on
-from trainer.report import TrainerReport, remaining_progress
+from trainer.report import TrainerReport, epochs_progress, remaining_progress
 
 __all__ = [
     "BOUNDS_DOC",
     "GENERIC_APPLICATION",
     "JOB_NAME_PATTERN",
+    "LENGTH_FIELDS",
     "MAX_DEADLINE_S",
+    "MAX_LENGTH",
     "REMOVED_FIELDS",
     "JobBook",
     "JobSubmission",
@@ -98,6 +104,11 @@ REMOVED_FIELDS: Final = {
 }
 """Fields earlier versions accepted and ignored: a spec that names one is refused with this
 reason, by the YAML spec of ``coadapt submit`` and the API alike."""
+MAX_LENGTH: Final = 1 << 50
+"""The largest number a declared length may give (``length_samples``, ``length_steps``,
+``length_epochs``, ``dataset_samples``): 2^50, about 1.1e15."""
+LENGTH_FIELDS: Final = ("length_samples", "length_steps", "length_epochs", "dataset_samples")
+"""The :class:`JobSubmission` fields of a declared length (the spec's ``length`` mapping)."""
 MAX_DEADLINE_S: Final = 366 * 86400.0
 """The furthest deadline a job may have: a year (and a day) after its submission."""
 _DURATION: Final = re.compile(r"(?:(\d{1,6})d)?(?:(\d{1,6})h)?(?:(\d{1,7})m)?(?:(\d{1,9})s)?")
@@ -134,6 +145,9 @@ BOUNDS_DOC: Final = "\n".join(
         "('2026-12-05T18:00:00Z'), not in the past; or null (none)",
         "checkpoint_uri: a path, file://, s3://BUCKET[/PREFIX] or gs://BUCKET[/PREFIX] "
         f"(1-{MAX_TEXT_CHARS} printable characters), or null",
+        f"length_samples, length_steps, length_epochs: an integer in [1, {MAX_LENGTH}], or null; "
+        "at most one of them; length_epochs needs dataset_samples",
+        f"dataset_samples: an integer in [1, {MAX_LENGTH}] (only with length_epochs), or null",
     )
 )
 """The accepted range of every field of a job, one line each (``coadapt submit --help`` and
@@ -250,6 +264,35 @@ def submission_problems(values: Mapping[str, Any]) -> list[tuple[str, str]]:
             parse_deadline(v["deadline"])
         except InvalidInputError as e:
             out.append(("deadline", str(e)))
+    out.extend(_length_problems(v))
+    return out
+
+
+def _length_problems(v: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """A declared length: each of :data:`LENGTH_FIELDS` an integer in ``[1, MAX_LENGTH]``
+    or ``None``; at most one of samples, steps and epochs; epochs with the dataset's size,
+    and the dataset's size only with epochs."""
+    out: list[tuple[str, str]] = []
+    given = [f for f in LENGTH_FIELDS if v.get(f) is not None]
+    for field_ in given:
+        problem = _int_problem(v[field_], 1, MAX_LENGTH, "1")
+        if problem is not None:
+            out.append((field_, problem))
+    kinds = [f for f in given if f != "dataset_samples"]
+    if len(kinds) > 1:
+        out.append(
+            (
+                kinds[1],
+                f"give one of length_samples, length_steps and length_epochs, got "
+                f"{' and '.join(kinds)}",
+            )
+        )
+    if "length_epochs" in given and "dataset_samples" not in given:
+        out.append(
+            ("dataset_samples", "length_epochs needs dataset_samples (the samples in one epoch)")
+        )
+    if "dataset_samples" in given and "length_epochs" not in given:
+        out.append(("dataset_samples", "is the size of an epoch: give it with length_epochs"))
     return out
 
 
@@ -284,17 +327,144 @@ def parse_deadline(value: object) -> tuple[float | None, float | None]:
 
 EARLIEST_DONE_S: Final = 180.0
 """The soonest after its submission any job is estimated to be done, for the check at
-submission (its length is not known before its first report): a GPU instance's
-provisioning (the simulator's 2 minutes) and a round to start it."""
+submission: a GPU instance's provisioning (the simulator's 2 minutes) and a round to start
+it. A job whose spec declares its length is estimated longer where the cluster has measured
+its application (:func:`length_estimate`)."""
+_EFFICIENT: Final = GradParams(0.0, 1.0)
+"""Gradient statistics of an efficiency of 1 at every batch (noise-dominated): the most
+progress per sample any job makes, for a lower bound of its time before it runs."""
 
 
-def submission_deadline(spec: JobSubmission, now_s: float) -> tuple[float | None, float | None]:
+@dataclass(frozen=True)
+class LengthEstimate:
+    """What a spec's declared length takes, estimated at submission (:func:`length_estimate`):
+    ``work_samples`` (``M0``-equivalent samples: the length in samples), ``fastest_s`` the
+    fewest seconds from submission to done on any GPU type the job may use, at the
+    application's measured speed (``None``: unknown, the cluster has measured no job of
+    ``application``), ``fits`` how many measured fits the estimate read."""
+
+    work_samples: float
+    fastest_s: float | None
+    application: str
+    fits: int = 0
+
+    def text(self) -> str:
+        """The estimate in words, for a refusal or the log."""
+        length = f"its declared length ({self.work_samples:.0f} samples)"
+        if self.fastest_s is None:
+            why = (
+                f"application {self.application!r} names no model"
+                if self.application == GENERIC_APPLICATION
+                else f"this cluster has measured no job of application {self.application!r}"
+            )
+            return f"{length} takes an unknown time ({why})"
+        return (
+            f"{length} takes at least an estimated {self.fastest_s:.0f} s on any offering "
+            f"(the measured speed of application {self.application!r}, {self.fits} fit(s), at "
+            "perfect scaling and statistical efficiency 1, start included)"
+        )
+
+
+def length_estimate(
+    spec: JobSubmission,
+    fits: Iterable[tuple[str, str]],
+    speeds: SpeedTable | None = None,
+) -> LengthEstimate | None:
+    """At submission, the fewest seconds ``spec``'s declared length could take (``None``:
+    it declares none): over ``fits``, the ``(gpu_type, params_json)`` model rows of the
+    earlier jobs of its application (the store's :meth:`~autoscaler.controller.store.Store.
+    application_models`; a row without fitted parameters or of the pooled fit is skipped),
+    the least :func:`~autoscaler.decide.deadlines.length_estimate_s` of each fit (its
+    throughput on that type, estimated on the other types by the speed table, at an
+    efficiency of 1, on as many GPUs as the job may have: a lower bound), plus
+    :data:`EARLIEST_DONE_S`. Unknown (``fastest_s`` ``None``) when no fit is usable, and for
+    the ``generic`` application (it names no model: two generic jobs share no speed)."""
+    progress = spec.length_progress
+    if progress is None:
+        return None
+    if spec.application == GENERIC_APPLICATION:
+        fits = ()
+    speeds = speeds or default_speed_table()
+    best: float | None = None
+    used = 0
+    for gpu_type, params_json in fits:
+        perf = _fitted_perf(gpu_type, params_json)
+        if perf is None or gpu_type not in KNOWN_GPU_TYPES:
+            continue
+        # The fit's own type, and the types the speed table relates to it.
+        related = speeds.gpu_types if speeds.has_type(gpu_type) else (gpu_type,)
+        kinds = [(t, 1) for t in related if spec.gpu_types is None or t in spec.gpu_types]
+        limits = limits_on(spec.limits, spec.application, gpu_type, speeds)
+        view = JobView(
+            name=spec.name,
+            application=spec.application,
+            submit_time_s=0.0,
+            age_s=0.0,
+            attained_gpu_s=0.0,
+            num_restarts=0,
+            allocation=Allocation(),
+            limits=spec.limits,
+            requested_gpus=spec.requested_gpus or spec.min_gpus,
+            fixed_batch_size=spec.batch_size or spec.init_batch_size,
+            models={gpu_type: GoodputModel(perf, _EFFICIENT, limits)},
+            adaptive=spec.adaptive,
+            remaining_progress=progress,
+            target_progress=progress,
+            **spec.view_bounds(),
+        )
+        left = length_estimate_s(
+            view, kinds, speeds, most_gpus=MAX_JOB_GPUS, start_s=EARLIEST_DONE_S
+        )
+        if left is not None:
+            used += 1
+            best = left if best is None else min(best, left)
+    return LengthEstimate(progress * spec.init_batch_size, best, spec.application, used)
+
+
+class ModelSource(Protocol):
+    """Where :func:`admit` reads an application's measured fits (the controller's store)."""
+
+    def application_models(self, application: str) -> Sequence[Any]: ...
+
+
+def admit(
+    spec: JobSubmission, now_s: float, models: ModelSource
+) -> tuple[float | None, float | None, LengthEstimate | None]:
+    """A submission's check at ``now_s``, the one the API and the simulator's world both run:
+    the estimate of its declared length (:func:`length_estimate` over the fits ``models``
+    holds of its application, read only when it declares one) and the deadline
+    :func:`submission_deadline` fixes, refusing one no offering can meet. Returns
+    ``(deadline_after_s, deadline_at_s, estimate)``."""
+    estimate = None
+    if spec.length_progress is not None:
+        rows = models.application_models(spec.application)
+        estimate = length_estimate(spec, ((r.gpu_type, r.params_json) for r in rows))
+    after, at = submission_deadline(spec, now_s, estimate)
+    return after, at, estimate
+
+
+def _fitted_perf(gpu_type: str, params_json: str) -> PerfParams | None:
+    """The fitted throughput parameters of a stored model row (:meth:`JobBook.profile_json`'s
+    form), ``None`` for the pooled fit, a row not fitted yet or one that cannot be read."""
+    if gpu_type == POOLED_KEY:
+        return None
+    try:
+        perf = json.loads(params_json).get("perf")
+        return None if perf is None else PerfParams(**perf)
+    except (ValueError, TypeError, AttributeError, InvalidInputError):
+        return None
+
+
+def submission_deadline(
+    spec: JobSubmission, now_s: float, estimate: LengthEstimate | None = None
+) -> tuple[float | None, float | None]:
     """The ``(deadline_after_s, deadline_at_s)`` the store keeps for ``spec`` submitted at
     ``now_s`` (:meth:`Store.add_job <autoscaler.controller.store.Store.add_job>`). Refuses,
     with :class:`InvalidInputError` on ``deadline`` giving the estimate, a deadline that is
-    past or sooner than :data:`EARLIEST_DONE_S` (no job could meet it), or further than
-    :data:`MAX_DEADLINE_S`. The API and the
-    simulator's world both submit through it."""
+    past or sooner than :data:`EARLIEST_DONE_S` (no job could meet it), sooner than the
+    ``estimate`` of the spec's declared length (:func:`length_estimate`: no offering can
+    meet it; an unknown estimate is said so in the first refusal), or further than
+    :data:`MAX_DEADLINE_S`. The API and the simulator's world both submit through it."""
     after, at = parse_deadline(spec.deadline)
     left = after if at is None else at - now_s
     if left is not None and left > MAX_DEADLINE_S:
@@ -305,10 +475,18 @@ def submission_deadline(spec: JobSubmission, now_s: float) -> tuple[float | None
         )
     if left is not None and left < EARLIEST_DONE_S:
         when = "is in the past" if left <= 0 else f"is {left:.0f} s after submission"
+        length = "" if estimate is None else f"; {estimate.text()}"
         raise InvalidInputError(
             f"job {spec.name}: deadline {when}; no job can be done sooner than an estimated "
             f"{EARLIEST_DONE_S:.0f} s (an instance's provisioning and its start), so it cannot "
-            "be met even on demand",
+            f"be met even on demand{length}",
+            field="deadline",
+        )
+    fastest = None if estimate is None else estimate.fastest_s
+    if left is not None and estimate is not None and fastest is not None and left < fastest:
+        raise InvalidInputError(
+            f"job {spec.name}: deadline is {left:.0f} s after submission; {estimate.text()}, "
+            "so no offering can meet it",
             field="deadline",
         )
     return after, at
@@ -553,6 +731,10 @@ class JobSubmission:
     deadline: float | str | None = None
     markets: tuple[str, ...] | None = None
     offerings: tuple[str, ...] | None = None
+    length_samples: int | None = None
+    length_steps: int | None = None
+    length_epochs: int | None = None
+    dataset_samples: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("command", "gpu_types", "markets", "offerings"):
@@ -577,11 +759,30 @@ class JobSubmission:
             **extra,
         )
 
+    @property
+    def length_progress(self) -> float | None:
+        """The declared length in the trainer's unit of progress (initial-batch-size
+        iterations, :mod:`trainer.report`), by the one rule samples = steps x
+        ``init_batch_size`` = epochs x ``dataset_samples``: ``length_samples /
+        init_batch_size``, ``length_steps``, or ``length_epochs x dataset_samples /
+        init_batch_size`` (:func:`trainer.report.epochs_progress`, the rule the trainer's
+        own ``ElasticJob.epochs`` declares by). ``None``: no length declared."""
+        if self.length_samples is not None:
+            return epochs_progress(1, self.length_samples, self.init_batch_size)
+        if self.length_steps is not None:
+            return epochs_progress(
+                1, self.length_steps * self.init_batch_size, self.init_batch_size
+            )
+        if self.length_epochs is not None and self.dataset_samples is not None:
+            return epochs_progress(self.length_epochs, self.dataset_samples, self.init_batch_size)
+        return None
+
     def to_json(self) -> str:
-        """The stored form: every field, except ``markets`` and ``offerings`` when not given
-        (so that a job that sets neither is stored as before they existed)."""
+        """The stored form: every field, except ``markets``, ``offerings`` and the length's
+        fields when not given (so that a job that sets none is stored as before they
+        existed)."""
         data = asdict(self)
-        for name in ("markets", "offerings"):
+        for name in ("markets", "offerings", *LENGTH_FIELDS):
             if data[name] is None:
                 del data[name]
         return json.dumps(data, sort_keys=True)
@@ -754,8 +955,10 @@ class JobBook:
         return known is not None and known.done
 
     def remaining_progress(self, name: str) -> float | None:
-        """Progress the job has left by its declared length (:func:`trainer.report.
-        remaining_progress` of its latest report; ``None``: nothing declared, or no report)."""
+        """Progress the job has left by its script's declared length (:func:`trainer.report.
+        remaining_progress` of its latest report; ``None``: nothing declared, or no report).
+        The spec's own length is :meth:`view`'s (:func:`~autoscaler.decide.deadlines.
+        length_in_force`)."""
         known = self._known.get(name)
         if known is None:
             return None
@@ -777,6 +980,7 @@ class JobBook:
         the store's assignment history; ``oracle`` only where an observer has one;
         ``deadline_s`` the store's, the same clock as ``submitted_at_s``)."""
         known = self._known.get(spec.name, _Known())
+        target = length_in_force(known.target_progress, spec.length_progress)
         models: dict[str, GoodputModel] = {}
         pooled: GoodputModel | None = None
         if known.grad is not None:
@@ -814,8 +1018,8 @@ class JobBook:
             max_profiled_nodes=known.max_nodes,
             models=models,
             adaptive=spec.adaptive,
-            remaining_progress=remaining_progress(known.progress, known.target_progress),
-            target_progress=known.target_progress,
+            remaining_progress=remaining_progress(known.progress, target),
+            target_progress=target,
             deadline_s=deadline_s,
             **spec.view_bounds(),
         )

@@ -8,6 +8,8 @@ A spec is one YAML mapping::
     batch_size: {initial: 64, max: 512}  # initial required; max of an adaptive job
     local_batch_size: {max: 256}         # required of an adaptive job
     markets: [on-demand]
+    length: {epochs: 3, dataset_size: 65536}  # or {samples: N}, or {steps: N}
+    deadline: 2h
 
 Every field, its type, bounds, default and an example is in :data:`FIELDS`, the one table the
 reader, the API's JSON body (:func:`submission_from_body`) and the reference are made from:
@@ -51,6 +53,14 @@ are compared as :class:`~autoscaler.decide.views.OfferingRef` parts, in the form
 job no fleet the controller may build could ever run (:mod:`autoscaler.decide.bounds`: no
 offering of a type, market and offering it allows, or too few GPUs) is ``refused`` with the reason.
 
+**A declared length.** ``length`` gives the job's length in samples, steps or epochs (with
+the dataset's size), converted by one rule to the trainer's unit of progress
+(:attr:`~autoscaler.controller.jobbook.JobSubmission.length_progress`: samples = steps x
+``batch_size.initial`` = epochs x ``length.dataset_size``). At submission, a deadline it cannot
+meet on any offering, at the speed the cluster measured of the application, is refused with
+the estimate (:func:`~autoscaler.controller.jobbook.admit`); while the job runs, it gives the
+job's remaining work and ETA until the script declares its own length, which replaces it.
+
 **Removed fields.** ``optimizer``, ``weight`` and ``budget_share`` were accepted and ignored
 by earlier versions; a spec that names one is refused with a one-line reason
 (:data:`REMOVED_FIELDS`): the trainer takes its learning-rate scaling rule from the optimizer
@@ -93,6 +103,7 @@ from autoscaler.controller.jobbook import (
     MAX_DEADLINE_S,
     MAX_GPU_TYPES,
     MAX_JOB_GPUS,
+    MAX_LENGTH,
     MAX_LOCAL_BATCH_SIZE,
     MAX_OFFERINGS,
     MAX_TEXT_CHARS,
@@ -197,6 +208,10 @@ class JobSpec:
     application: str = GENERIC_APPLICATION
     adaptive: bool = True
     deadline: float | str | None = None
+    length_samples: int | None = None
+    length_steps: int | None = None
+    length_epochs: int | None = None
+    dataset_samples: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("command", "gpu_types", "markets", "offerings"):
@@ -227,6 +242,10 @@ class JobSpec:
             command=self.command,
             checkpoint_uri=self.checkpoint_uri,
             deadline=self.deadline,
+            length_samples=self.length_samples,
+            length_steps=self.length_steps,
+            length_epochs=self.length_epochs,
+            dataset_samples=self.dataset_samples,
         )
 
 
@@ -464,6 +483,11 @@ class SpecField:
     meaning: str
 
 
+_LENGTH_RULE: Final = (
+    "the job's length, in the trainer's one unit rule: samples = steps x `batch_size.initial` "
+    "= epochs x `length.dataset_size`"
+)
+
 FIELDS: Final[tuple[SpecField, ...]] = (
     SpecField(
         "name",
@@ -634,7 +658,52 @@ FIELDS: Final[tuple[SpecField, ...]] = (
         "not in the past",
         "none",
         "2h",
-        "when the job must be done (fixed as a time at submission)",
+        "when the job must be done (fixed as a time at submission); with a `length`, a "
+        "deadline no offering can meet at the application's measured speed is refused at "
+        "submission with the estimate (an unknown speed is said so)",
+    ),
+    SpecField(
+        "length.samples",
+        "length_samples",
+        "integer",
+        OPTIONAL,
+        f"[1, {MAX_LENGTH}]; one of `length.samples`, `length.steps`, `length.epochs`",
+        "none (unknown until the script declares it)",
+        "3000000",
+        f"{_LENGTH_RULE}: samples processed at `batch_size.initial` (at a larger batch the "
+        "job runs on until it has made the same progress)",
+    ),
+    SpecField(
+        "length.steps",
+        "length_steps",
+        "integer",
+        OPTIONAL,
+        f"[1, {MAX_LENGTH}]; one of `length.samples`, `length.steps`, `length.epochs`",
+        "none",
+        "20000",
+        f"{_LENGTH_RULE}: optimizer steps at `batch_size.initial`",
+    ),
+    SpecField(
+        "length.epochs",
+        "length_epochs",
+        "integer",
+        OPTIONAL,
+        f"[1, {MAX_LENGTH}], with `length.dataset_size`; one of `length.samples`, "
+        "`length.steps`, `length.epochs`",
+        "none",
+        "3",
+        f"{_LENGTH_RULE}: passes over the dataset",
+    ),
+    SpecField(
+        "length.dataset_size",
+        "dataset_samples",
+        "integer",
+        OPTIONAL,
+        f"[1, {MAX_LENGTH}], only with `length.epochs`",
+        "none",
+        "65536",
+        "the samples in one epoch. The script's own declaration (`ElasticJob.epochs`, its "
+        "reports' `target_progress`) replaces the spec's `length` once it comes",
     ),
 )
 """Every field of a job spec, in the reference's order."""

@@ -14,6 +14,13 @@ the controller's warning, so that they mean one thing everywhere:
   whether its *slack* (time left minus the fastest time, start-up included) is below
   ``margin_s`` (``urgent``: it can no longer afford a preemption, so it runs on demand), and
   per kind the fewest GPUs that finish it ``margin_s`` early (``gpus``);
+- :func:`length_in_force` -- the length a job is known to have: its trainer's declaration
+  (``target_progress`` in its reports) once it comes, else the one its spec declared
+  (``length:``), so the remaining work, :func:`remaining_s` and the ETA exist from the job's
+  first report even when its script declares nothing;
+- :func:`length_estimate_s` -- at submission, the fewest seconds a declared length could
+  take on any GPU type the job may use (start-up included), for the refusal of a deadline
+  no offering can meet;
 - :func:`remaining_s` -- the seconds a running job has left at the allocation it holds, by
   its fitted model (its remaining work over its goodput there): the fleet sizing's
   ``JobDemand.remaining_s`` and the ETA the controller records for ``coadapt status``;
@@ -46,6 +53,8 @@ __all__ = [
     "goodput_bound",
     "goodput_curves",
     "held_gpu_type",
+    "length_estimate_s",
+    "length_in_force",
     "remaining_s",
     "required_rate",
     "time_left_s",
@@ -64,6 +73,35 @@ def held_gpu_type(job: JobView, cluster: ClusterView) -> str | None:
     none there, or holds GPUs of more than one type)."""
     types = {cluster.node(n).gpu_type for n in job.allocation if cluster.index_of(n) is not None}
     return next(iter(types)) if len(types) == 1 else None
+
+
+def length_in_force(declared: float | None, spec: float | None) -> float | None:
+    """A job's length in the unit of progress (initial-batch-size iterations): the one its
+    trainer declared (``declared``, the ``target_progress`` of its latest report), which
+    replaces the one its spec declared (``spec``, :attr:`~autoscaler.controller.jobbook.
+    JobSubmission.length_progress`) as soon as it comes; ``None``: neither declared one. The
+    one rule: the controller's job views (their ``remaining_progress`` and
+    ``target_progress``) take their length from it."""
+    return declared if declared is not None else spec
+
+
+def length_estimate_s(
+    job: JobView,
+    kinds: Iterable[Kind],
+    speeds: SpeedTable,
+    *,
+    most_gpus: int,
+    start_s: float,
+) -> float | None:
+    """The fewest seconds ``job`` could take from now, its start (``start_s``) included: its
+    remaining work (:attr:`JobView.remaining_work`, at submission its declared length) over
+    :func:`goodput_bound` on up to ``most_gpus`` GPUs of the ``kinds`` it may use, the same
+    bound as the controller's deadline warning (:func:`fastest_finish_s`). For a lower bound
+    at submission, ``job.models`` are the application's measured throughput fits with an
+    efficiency of 1 (no gradient statistics are known before the job runs). ``None``: its
+    length or any model is unknown."""
+    fastest = fastest_finish_s(job, kinds, speeds, most_gpus=most_gpus)
+    return None if fastest is None else start_s + fastest
 
 
 def remaining_s(job: JobView, gpu_type: str | None) -> float | None:

@@ -231,7 +231,9 @@ class JobView:
             samples at efficiency 1; :func:`trainer.report.remaining_progress` of the length
             the job's script declared and its progress); ``None`` if the job declared no length
             (remaining-time weights and horizons then take their defaults). The controller
-            and the simulator give it the same way, from the declared length only.
+            and the simulator give it the same way, from the declared length only: the
+            script's, else (the controller) the spec's ``length``
+            (:func:`~autoscaler.decide.deadlines.length_in_force`).
             :attr:`remaining_work` gives it in ``M0``-equivalent samples.
         min_gpus: the fewest GPUs the job may run on (the user's ``gpus.min``; a job that
             cannot have that many waits).
@@ -244,8 +246,9 @@ class JobView:
             :meth:`allows_node` is the one rule that joins the three restrictions: every
             policy places a job only on nodes it allows, and the fleet sizing buys for it only
             offerings it allows (:meth:`allows_offering`).
-        target_progress: the length the job's script declared, in the unit of
-            ``remaining_progress`` (``None``: not declared, or not reported yet).
+        target_progress: the length the job's script declared, else its spec's, in the unit
+            of ``remaining_progress`` (``None``: neither declared one, or the script's not
+            reported yet).
         deadline_s: when the job must be done, on the clock of ``submit_time_s`` (``None``:
             no deadline); :mod:`autoscaler.decide.deadlines` reads it.
     """

@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from autoscaler.accounting.costs import CostLedger, CostRecord
-from autoscaler.controller.jobbook import JobSubmission, submission_deadline
+from autoscaler.controller.jobbook import JobSubmission, admit
 from autoscaler.controller.lifecycle import InstanceStatus
 from autoscaler.controller.loop import Controller, ControllerConfig, RoundReport
 from autoscaler.controller.reconcile import ReconcileConfig
@@ -146,8 +146,9 @@ class World:
 
     def submit(self, spec: JobSubmission) -> None:
         """A job submitted now, as the API adds it (its deadline checked and fixed as the
-        API does: :func:`~autoscaler.controller.jobbook.submission_deadline`)."""
-        after, at = submission_deadline(spec, self.now_s)
+        API does: :func:`~autoscaler.controller.jobbook.admit`, which refuses a deadline its
+        declared length cannot meet)."""
+        after, at, _ = admit(spec, self.now_s, self.store)
         self.store.add_job(spec.name, spec.to_json(), deadline_after_s=after, deadline_at_s=at)
 
     def report(self, report: TrainerReport) -> None:

@@ -330,6 +330,49 @@ def test_a_deadline_is_fixed_at_submission_and_an_impossible_one_refused(
     assert [j.name for j in store.list_jobs()] == ["a", "b"]
 
 
+def test_a_deadline_the_specs_length_cannot_meet_is_refused_at_submit_with_the_estimate(
+    server: ApiServer, tokens: ApiTokens, store: Store
+) -> None:
+    """A spec with a ``length`` and a deadline no offering can meet at the speed this cluster
+    measured of its application is refused (400 on ``deadline``) with the estimate; with a
+    feasible deadline it is accepted; an application never measured has an unknown estimate,
+    said in the refusal of a deadline sooner than any start."""
+    fit = {"alpha_c": 0.0, "beta_c": 0.01, "alpha_n": 0.0, "beta_n": 0.0}
+    fit |= {"alpha_r": 0.0, "beta_r": 0.0, "gamma": 1.0}  # 100 samples/s on one V100
+    store.add_job("bert-old", json.dumps(spec("bert-old", application="bert")))
+    store.upsert_model("bert-old", "V100", json.dumps({"samples": [], "perf": fit}))
+    body = {
+        "name": "bert-new",
+        "command": ["train.py"],
+        "application": "bert",
+        "gpus": {"min": 1, "max": 1},
+        "gpu_types": ["V100"],
+        "batch_size": {"initial": 64, "max": 1024},
+        "local_batch_size": {"max": 128},
+        "length": {"samples": 1_000_000},
+        "deadline": "2h",
+    }
+    message = assert_error(
+        call(server, "POST", "/v1/jobs", body, token=tokens.user), 400, "deadline"
+    )
+    assert "is 7200 s after submission" in message
+    assert "its declared length (1000000 samples) takes at least an estimated 10180 s" in message
+    assert "measured speed of application 'bert'" in message
+    status, answer = call(server, "POST", "/v1/jobs", {**body, "deadline": "3h"}, token=tokens.user)
+    assert status == 201, answer
+    assert answer["spec"]["length_samples"] == 1_000_000
+    assert store.get_job("bert-new").deadline_s == START_S + 10_800.0
+    unknown = {**body, "name": "gpt-new", "application": "gpt", "deadline": 60}
+    message = assert_error(
+        call(server, "POST", "/v1/jobs", unknown, token=tokens.user), 400, "deadline"
+    )
+    assert "estimated 180 s" in message
+    assert "takes an unknown time (this cluster has measured no job of application 'gpt')" in (
+        message
+    )
+    assert sorted(j.name for j in store.list_jobs()) == ["bert-new", "bert-old"]
+
+
 def test_client_submit_get_list_cancel(user: ApiClient, store: Store) -> None:
     submitted = user.submit_job(JobSubmission("a", 32, 256, 64, command=("a.py",)))
     assert submitted.status is JobStatus.QUEUED

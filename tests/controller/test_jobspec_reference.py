@@ -73,15 +73,19 @@ def test_the_references_examples_are_valid_specs() -> None:
         "batch_size": {"initial": "64", "max": "512"},
         "local_batch_size": {"max": "256"},
     }
+    # Fields that are given together: epochs are counted in the dataset's size.
+    companions = {"length.epochs": "length.dataset_size", "length.dataset_size": "length.epochs"}
+    by_path = {f.path: f for f in FIELDS}
     for f in FIELDS:  # each field's example, alone in a valid spec, is read as valid
-        head, _, key = f.path.partition(".")
         doc: dict[str, object] = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items()}
-        if key:
-            group = doc.setdefault(head, {})
-            assert isinstance(group, dict)
-            group[key] = f.example
-        else:
-            doc[head] = f.example
+        for g in (f, *([by_path[companions[f.path]]] if f.path in companions else [])):
+            head, _, key = g.path.partition(".")
+            if key:
+                group = doc.setdefault(head, {})
+                assert isinstance(group, dict)
+                group[key] = g.example
+            else:
+                doc[head] = g.example
         text = "".join(
             f"{k}: {{{', '.join(f'{a}: {b}' for a, b in v.items())}}}\n"
             if isinstance(v, dict)

@@ -24,6 +24,8 @@ from autoscaler.decide.deadlines import (
     assess,
     goodput_curves,
     held_gpu_type,
+    length_estimate_s,
+    length_in_force,
     remaining_s,
     required_rate,
     time_left_s,
@@ -167,6 +169,23 @@ def test_time_left_and_the_rate_a_deadline_needs() -> None:
     assert required_rate(job, 900.0) == math.inf  # no time left before the margin
     assert required_rate(view(deadline_s=None), 0.0) is None
     assert required_rate(view(remaining=None), 0.0) is None
+
+
+def test_the_trainers_length_replaces_the_specs_and_a_known_length_has_a_bound() -> None:
+    """length_in_force: the trainer's declaration once it comes, else the spec's; the bound
+    at submission is the start plus the remaining work over perfect scaling of the best
+    one-GPU goodput (the controller's deadline warning's bound)."""
+    assert length_in_force(None, 400.0) == 400.0
+    assert length_in_force(200.0, 400.0) == 200.0
+    assert length_in_force(200.0, None) == 200.0
+    assert length_in_force(None, None) is None
+    job = dataclasses.replace(view(), limits=POLICY_LIMITS, models={"T4": MODEL})
+    speeds = default_speed_table()
+    one_gpu = goodput_curves(job, [("T4", 1)], speeds, most_gpus=1, optimistic=False)
+    bound = 4 * one_gpu[("T4", 1)][0]  # 4 GPUs at most
+    got = length_estimate_s(job, [("T4", 1)], speeds, most_gpus=4, start_s=180.0)
+    assert got == pytest.approx(180.0 + 10 * 128 / bound)
+    assert length_estimate_s(view(), [("T4", 1)], speeds, most_gpus=4, start_s=180.0) is None
 
 
 def test_assess_finds_the_fewest_gpus_that_finish_with_the_margin() -> None:

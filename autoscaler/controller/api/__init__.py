@@ -93,10 +93,13 @@ Decisions made here, and why:
   spec (:func:`~autoscaler.controller.jobbook.submission_problems`; ranges in
   :data:`~autoscaler.controller.jobbook.BOUNDS_DOC`): the API and the CLI refuse the same jobs,
   and a refusal names the field. A ``deadline`` is fixed as a time at submission
-  (:func:`~autoscaler.controller.jobbook.submission_deadline`): one in the past, or sooner than
-  any job could be done (an instance's provisioning and a start, estimated), is refused
-  with that estimate; one that later becomes certain to be missed is said in the job's
-  ``reason`` (and a ``deadline`` event). A name is a DNS label (a URL path segment, a
+  (:func:`~autoscaler.controller.jobbook.submission_deadline`, through
+  :func:`~autoscaler.controller.jobbook.admit`): one in the past, or sooner than any job
+  could be done (an instance's provisioning and a start, estimated), or sooner than the
+  spec's declared ``length`` takes at the application's measured speed, is refused with that
+  estimate (said unknown where the cluster has not measured the application); one that
+  later becomes certain to be missed is said in the job's ``reason`` (and a ``deadline``
+  event). A name is a DNS label (a URL path segment, a
   folder under the logs directory and a rendezvous id: ``..`` can never name a folder); a
   submission must name a ``command`` whose first word is the training script (never an
   option the launcher would read); every number is bounded.

@@ -35,7 +35,11 @@ from autoscaler.controller.client import (
 )
 from autoscaler.controller.credentials import Role
 from autoscaler.controller.errors import StaleVersionError
-from autoscaler.controller.jobbook import JOB_NAME_PATTERN, JobSubmission, submission_deadline
+from autoscaler.controller.jobbook import (
+    JOB_NAME_PATTERN,
+    JobSubmission,
+    admit,
+)
 from autoscaler.controller.jobspec import REFERENCE_PATH, submission_from_body
 from autoscaler.controller.lifecycle import InstanceStatus
 from autoscaler.controller.store import JobStatus
@@ -50,10 +54,10 @@ _CHANGE_TRIES: Final = 5
 
 def _submit_job(state: ApiState, request: Request) -> Response:
     spec, deprecated = _submission(state.body(request))
-    after, at = submission_deadline(spec, state.clock.now_s())
     store = state.store()
+    after, at, estimate = admit(spec, state.clock.now_s(), store)
     row = store.add_job(spec.name, spec.to_json(), deadline_after_s=after, deadline_at_s=at)
-    _log.info("job %s submitted", spec.name)
+    _log.info("job %s submitted%s", spec.name, "" if estimate is None else f": {estimate.text()}")
     headers = {"Location": f"/v1/jobs/{urllib.parse.quote(row.name)}"}
     if deprecated:
         # RFC 9745's header; the link says what replaces the flat names.

@@ -164,6 +164,19 @@ class TrainerReportTable(StoreBase):
         )
         return ModelRow(*rows[0]) if rows else None
 
+    def application_models(self, application: str) -> tuple[ModelRow, ...]:
+        """Every fit of every job (running, ended or deleted) whose stored spec names
+        ``application``: what this cluster has measured of that application's speed (the
+        estimate of a declared length at submission reads it), by job and GPU type."""
+        rows = self._read(
+            "SELECT m.job_name, m.gpu_type, m.params_json, m.fitted_at_s FROM models m "
+            "JOIN jobs j ON j.name = m.job_name "
+            "WHERE json_extract(j.spec_json, '$.application') = ? "
+            "ORDER BY m.job_name, m.gpu_type",
+            (application,),
+        )
+        return tuple(ModelRow(*r) for r in rows)
+
     def list_models(self, job_name: str | None = None) -> tuple[ModelRow, ...]:
         """Every fit (of one job when given), by job and GPU type."""
         sql = "SELECT job_name, gpu_type, params_json, fitted_at_s FROM models"
