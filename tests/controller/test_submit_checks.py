@@ -76,7 +76,7 @@ def test_the_script_is_the_spec_folders_whatever_the_current_folder(
     monkeypatch.chdir(tmp_path)  # not the checkout
     spec = load_job_spec(ROOT / "examples/jobs/mlp-small.yaml")
     assert spec.command[0] == str(ROOT / "examples/elastic_mlp.py")
-    assert spec.command[1:] == ("--epochs", "3", "--initial-batch-size", "64")
+    assert spec.command[1:4] == ("--epochs", "16", "--num-samples")  # as written
 
 
 def test_a_usage_error_or_a_missing_module_is_deterministic(tmp_path: Path) -> None:
