@@ -201,6 +201,16 @@ class AssignmentTable(StoreBase):
             params = (job,)
         return tuple(AssignmentSpan(*r) for r in self._read(sql + " ORDER BY seq", params))
 
+    def placed_since(self) -> dict[str, float]:
+        """When the latest current placement on each instance began: per instance key, the
+        latest ``from_s`` of the open spans on it (a job placed, moved or resumed there);
+        instances no job holds are left out. Reads the open spans only (a partial index)."""
+        rows = self._read(
+            "SELECT instance_key, max(from_s) FROM assignment_history "
+            "WHERE to_s IS NULL GROUP BY instance_key"
+        )
+        return {key: float(at_s) for key, at_s in rows}
+
     def assignment_rows(
         self, job: str | None = None, instance: str | None = None
     ) -> tuple[AssignmentRow, ...]:
