@@ -410,7 +410,7 @@ class Controller:
             now,
             self._hold_s,
             {r.key: r.started_s for r in row_views if r.status is InstanceStatus.RUNNING},
-            self.store.placed_since(),
+            self.store.placed_since(j.name for j in read_jobs),
             fixed_on=(k for v in views if not v.adaptive for k in v.allocation),
         )
         actions = reconcile(

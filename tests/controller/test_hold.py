@@ -98,7 +98,7 @@ def test_an_instance_a_job_was_just_placed_on_is_not_drained_for_cost(tmp_path: 
     ctl = Controller(store, cloud, clock, CONFIG, strategy=target)
     _round(ctl, store, clock)  # launches A
     _round(ctl, store, clock)  # places the job on A
-    placed = store.placed_since()
+    placed = store.placed_since(["job-0"])
     assert len(placed) == 1
     ((key, placed_at),) = placed.items()
     target.counts = {}  # the sizing no longer wants it
@@ -140,7 +140,7 @@ def test_a_replacement_after_a_notice_is_not_drained_for_cost_within_the_horizon
     on = _placed_on(store, "job-0")
     assert on and a.instance_key not in on, on
     (b,) = on
-    resumed_at = store.placed_since()[b]
+    resumed_at = store.placed_since(["job-0"])[b]
     target.counts = {T4_B: 1}  # the sizing would rather run it elsewhere
     for _ in range(8):
         _round(ctl, store, clock)
