@@ -62,6 +62,13 @@ from autoscaler.controller.errors import (
     UnknownRowError,
 )
 from autoscaler.controller.events import DEADLINE_REASON
+from autoscaler.controller.hold import (
+    BatchLeft,
+    HoldConfig,
+    damp_batches,
+    fixed_allocations,
+    held_instances,
+)
 from autoscaler.controller.jobbook import MAX_JOB_GPUS, JobBook, JobSubmission
 from autoscaler.controller.lifecycle import InstanceStatus, preempted_at, terminate_retries
 from autoscaler.controller.liveness import AwakeLog
@@ -153,7 +160,9 @@ class ControllerConfig:
     rounds, like the simulator's, has no ticker). ``retention_s``: how long the store keeps
     trainer reports, prices and events (older ones are pruned a batch at a time, at most
     every :data:`RETENTION_EVERY_S`; the bill's records never are:
-    :mod:`autoscaler.controller.store.retention`); ``None``: forever."""
+    :mod:`autoscaler.controller.store.retention`); ``None``: forever. ``hold``: how long
+    the round's decisions hold (:mod:`autoscaler.controller.hold`: no cost drain of a young
+    instance, no move of a non-adaptive job for cost, no batch reversal)."""
 
     cluster_id: str
     interval_s: float = 60.0
@@ -172,6 +181,7 @@ class ControllerConfig:
     report_history: int = DEFAULT_REPORT_HISTORY
     stall_gap_s: float | None = None
     retention_s: float | None = DEFAULT_RETENTION_S
+    hold: HoldConfig = field(default_factory=HoldConfig)
 
     def unavailable_offerings(self, clock: Clock) -> UnavailableOfferings:
         """The unavailable-offerings memory of this config (capacity errors kept for
@@ -314,6 +324,10 @@ class Controller:
         self._awake = AwakeLog(self._started_s, config.stall_gap_s)
         self._suspected: tuple[str, ...] = ()
         self._etas_said = True  # a store may hold a past run's ETAs: the first round replaces them
+        # The batch each job last left, and when (the hold's batch damping); a restarted
+        # controller starts with none.
+        self._batch_left: dict[str, BatchLeft] = {}
+        self._hold_s = config.hold.hold_s(config.interval_s, config.restart_delay_s)
 
     def note_alive(self) -> None:
         """The controller is running now (the service's ticker calls it about every second;
@@ -391,10 +405,18 @@ class Controller:
         used: dict[str, int] = {}
         for (_, key), gpus in assignments.items():
             used[key] = used.get(key, 0) + gpus
+        row_views = tuple(self._row_view(r) for r in rows)
+        held_keys = held_instances(
+            now,
+            self._hold_s,
+            {r.key: r.started_s for r in row_views if r.status is InstanceStatus.RUNNING},
+            self.store.placed_since(j.name for j in read_jobs),
+            fixed_on=(k for v in views if not v.adaptive for k in v.allocation),
+        )
         actions = reconcile(
             ReconcileInput(
                 now_s=now,
-                rows=tuple(self._row_view(r) for r in rows),
+                rows=row_views,
                 observed=observed,
                 notices=notices,
                 target=target,
@@ -405,6 +427,7 @@ class Controller:
                     among=[i.request_id for i in observed]
                 ),
                 stalls=self._awake.stalls(),
+                held=held_keys,
             ),
             self.config.reconcile,
         )
@@ -418,11 +441,15 @@ class Controller:
         self._suspected = actions.suspected
         t3 = time.perf_counter()
         staying = [r for r in ready if r.instance_key not in actions.leaving]
-        cluster = self._cluster(staying, now, held_by=pinned)
+        # A non-adaptive job whose instances all stay keeps them (the hold): not decided.
+        fixed = fixed_allocations(views, (r.instance_key for r in staying))
+        kept = {**pinned, **fixed}
+        cluster = self._cluster(staying, now, held_by=kept)
         on_nodes = {n.instance_key for n in cluster.nodes}
         views = tuple(
             _with_allocation(v, {k: g for k, g in v.allocation.items() if k in on_nodes})
             for v in views
+            if v.name not in fixed
         )
         # No job, or no node to put one on (every instance booting): nothing to decide.
         plan = self._decide(cluster, views) if views and cluster.nodes else Plan({}, {})
@@ -430,13 +457,14 @@ class Controller:
         # fleet may grow. It waits; a job no fleet this controller may build could hold was
         # refused at admission (_admit), with the same rule.
         allocations = {**plan.allocations}
-        for name, alloc in pinned.items():
+        for name, alloc in kept.items():
             allocations[name] = alloc
-        decided = {v.name for v in views} | set(pinned)
+        decided = {v.name for v in views} | set(kept)
         jobs = [j for j in jobs if j.name in decided]  # a job failed while deciding is gone
+        batches = self._damp(plan.batches, allocations, assignments, now)
         t4 = time.perf_counter()
 
-        calls = 2 + self._act(actions, allocations, plan.batches, jobs, rows, assignments, now)
+        calls = 2 + self._act(actions, allocations, batches, jobs, rows, assignments, now)
         self._prune_old(now)
         t5 = time.perf_counter()
         return RoundReport(
@@ -452,6 +480,34 @@ class Controller:
             policy_s=self._policy_s,
             fit_s=self._fit_s,
         )
+
+    def _damp(
+        self,
+        batches: Mapping[str, BatchChoice],
+        allocations: Mapping[str, Allocation],
+        assignments: Mapping[tuple[str, str], int],
+        now: float,
+    ) -> Mapping[str, BatchChoice]:
+        """The plan's batches with reversals damped (:func:`~autoscaler.controller.hold.
+        damp_batches`), the memory of the batches left moved on."""
+        if not batches:
+            self._batch_left = {}
+            return batches
+        held: dict[str, dict[str, int]] = {}
+        for (job, key), gpus in assignments.items():
+            held.setdefault(job, {})[key] = gpus
+        planned = self.store.list_batches(sorted(batches))
+        out, self._batch_left = damp_batches(
+            batches,
+            allocations,
+            {name: Allocation(a) for name, a in held.items()},
+            planned,
+            self._batch_left,
+            now,
+            self._hold_s,
+            self.config.hold.batch_tolerance,
+        )
+        return out
 
     # ---- decide, one job at a time when it must ---------------------------------------------
 

@@ -42,8 +42,10 @@ Act (what to change):
   request id), at most ``max(min_launches_per_offering, launch_growth x held)`` per offering
   per round and ``max_in_flight`` queued or requested in all; a surplus drains running
   instances, those running the fewest GPUs of jobs first, at most ``disruption_budget`` per
-  round, and none while instances are launching (replacements come up before anything is
-  drained for cost). Queued rows of an offering marked unavailable fail without a call.
+  round, none while instances are launching (replacements come up before anything is
+  drained for cost), and none of the input's ``held`` (young instances, instances running
+  a job placed there recently or a non-adaptive job: :mod:`autoscaler.controller.hold`).
+  Queued rows of an offering marked unavailable fail without a call.
 
 Requested rows with no listed instance are (re)launched once per controller process: after a
 restart the launch is re-issued with the same request id, which the provider's launch rule
@@ -184,7 +186,9 @@ class ReconcileInput:
     whose launch or termination this controller process already sent (a restarted one knows
     none, and sends each again once);
     ``stalls``: the spans in which the controller was not running (its
-    :class:`~autoscaler.controller.liveness.AwakeLog`), never counted as an agent's silence."""
+    :class:`~autoscaler.controller.liveness.AwakeLog`), never counted as an agent's silence;
+    ``held``: instance keys never drained for cost this round (:func:`~autoscaler.controller.
+    hold.held_instances`; a notice or the cloud taking one back still ends it)."""
 
     now_s: float
     rows: tuple[RowView, ...]
@@ -196,6 +200,7 @@ class ReconcileInput:
     issued: frozenset[str] = frozenset()
     terminal_request_ids: frozenset[str] = frozenset()
     stalls: tuple[Stall, ...] = ()
+    held: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -500,7 +505,11 @@ def _size(b: _Builder, rows: list[RowView]) -> list[LaunchIntent]:
             new_rows.extend(LaunchIntent(key) for _ in range(count))
             in_flight += count
         elif want < len(have):
-            ready = [r for r in have if b.status[r.key] is InstanceStatus.RUNNING]
+            ready = [
+                r
+                for r in have
+                if b.status[r.key] is InstanceStatus.RUNNING and r.key not in inp.held
+            ]
             # Fewest job GPUs first, then the newest (least sunk provisioning).
             ready.sort(key=lambda r: (inp.used_gpus.get(r.key, 0), -(r.started_s or 0.0), r.key))
             surplus.extend(ready[: len(have) - want])

@@ -201,6 +201,21 @@ class AssignmentTable(StoreBase):
             params = (job,)
         return tuple(AssignmentSpan(*r) for r in self._read(sql + " ORDER BY seq", params))
 
+    def placed_since(self, jobs: Iterable[str]) -> dict[str, float]:
+        """When the latest current placement of ``jobs`` on each instance began: per instance
+        key, the latest ``from_s`` of their open spans on it (a job placed, moved or resumed
+        there); instances none of them holds are left out. Reads the open spans of ``jobs``
+        only (the partial index), never the history."""
+        out: dict[str, float] = {}
+        for chunk, marks in in_chunks(jobs):
+            for key, at_s in self._read(
+                "SELECT instance_key, max(from_s) FROM assignment_history "
+                f"WHERE job_name IN ({marks}) AND to_s IS NULL GROUP BY instance_key",
+                chunk,
+            ):
+                out[key] = max(out.get(key, at_s), float(at_s))
+        return out
+
     def assignment_rows(
         self, job: str | None = None, instance: str | None = None
     ) -> tuple[AssignmentRow, ...]:

@@ -1,0 +1,152 @@
+"""Decisions that hold: the one rule by which the controller keeps what it just decided.
+
+A round's plan (the fleet sizing's target, the policy's allocations and batches) is taken
+over here before it is acted on, so that the controller does not reverse itself within
+seconds (issue 40: an instance bought after a spot notice drained 8 s after the job resumed
+on it; a fixed job stopped for cost; a batch 16 -> 17 -> 16 in 4 s). The simulator runs the
+controller's round, so a simulated fleet obeys the same rule as a live one.
+
+The horizon is :meth:`HoldConfig.hold_s`: ``rounds`` rounds of the controller, and never less
+than one restart of a job (``restart_delay_s``): a job moved sooner has not yet won back the
+restart it paid. Within it:
+
+* **Young instances are not drained for cost** (:func:`held_instances`): an instance that
+  started running less than the horizon ago, or on which a job was placed (or resumed) less
+  than the horizon ago, is not chosen as a surplus to drain. A spot notice, the cloud taking
+  it back, a dead agent or ``down`` are not cost decisions and always win.
+* **A non-adaptive job is never moved or stopped for cost** (:func:`fixed_allocations`,
+  :func:`held_instances`): a running ``adaptive: false`` job whose instances all stay keeps
+  its allocation and batch whatever the policy would do, and its instances are not drained
+  for cost. When one of its instances leaves (a notice, a preemption, a dead agent) the
+  policy places it again.
+* **Batch changes are damped** (:func:`damp_batches`): on an unchanged allocation, a batch
+  change back to within ``batch_tolerance`` of the batch the job left, less than the horizon
+  after it left it, is not made; the job keeps the batch it runs. A change of allocation
+  takes its batch with it (the job restarts anyway).
+
+Pure functions over numbers: the controller reads the store and passes them in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from autoscaler.controller.records import JobBatch
+from autoscaler.decide.views import Allocation, BatchChoice, JobView
+from autoscaler.errors import InvalidInputError
+
+__all__ = [
+    "BatchLeft",
+    "HoldConfig",
+    "damp_batches",
+    "fixed_allocations",
+    "held_instances",
+]
+
+
+@dataclass(frozen=True)
+class HoldConfig:
+    """How long decisions hold (see the module docstring): ``rounds`` controller rounds (5:
+    the issue's acceptance counts reversals and drains of young instances within 5 rounds),
+    never less than one restart; ``batch_tolerance``: a batch within this fraction of the
+    one a job left is a reversal to it."""
+
+    rounds: int = 5
+    batch_tolerance: float = 0.05
+
+    def __post_init__(self) -> None:
+        if isinstance(self.rounds, bool) or not isinstance(self.rounds, int) or self.rounds < 0:
+            raise InvalidInputError("hold rounds must be an integer >= 0", field="hold.rounds")
+        if not (0 <= self.batch_tolerance < 1):
+            raise InvalidInputError(
+                "batch_tolerance must be in [0, 1)", field="hold.batch_tolerance"
+            )
+
+    def hold_s(self, interval_s: float, restart_delay_s: float) -> float:
+        """The horizon in seconds: ``rounds x interval_s``, at least ``restart_delay_s``
+        (0 when ``rounds`` is 0: nothing is held)."""
+        if self.rounds == 0:
+            return 0.0
+        return max(self.rounds * interval_s, restart_delay_s)
+
+
+@dataclass(frozen=True)
+class BatchLeft:
+    """A job left global batch ``batch_size`` at ``at_s`` (the clock's seconds)."""
+
+    batch_size: int
+    at_s: float
+
+
+def held_instances(
+    now_s: float,
+    hold_s: float,
+    started_s: Mapping[str, float | None],
+    placed_s: Mapping[str, float],
+    fixed_on: Iterable[str] = (),
+) -> frozenset[str]:
+    """Instance keys not to drain for cost this round: those that started running (``started_s``,
+    ``None``: not yet) less than ``hold_s`` before ``now_s``, those on which a job's current
+    placement began (``placed_s``: the latest open assignment span per instance) less than
+    ``hold_s`` before it, and ``fixed_on`` (instances running a non-adaptive job)."""
+    out = set(fixed_on)
+    for key, at in (*started_s.items(), *placed_s.items()):
+        if at is not None and now_s - at < hold_s:
+            out.add(key)
+    return frozenset(out)
+
+
+def fixed_allocations(jobs: Iterable[JobView], staying: Iterable[str]) -> dict[str, Allocation]:
+    """The running non-adaptive jobs of ``jobs`` whose instances all stay (``staying``: the
+    ready instance keys not leaving this round), by name, with the allocation they keep."""
+    stay = set(staying)
+    return {
+        job.name: job.allocation
+        for job in jobs
+        if not job.adaptive and job.allocation and set(job.allocation) <= stay
+    }
+
+
+def damp_batches(
+    batches: Mapping[str, BatchChoice],
+    allocations: Mapping[str, Allocation],
+    held: Mapping[str, Allocation],
+    planned: Mapping[str, JobBatch],
+    left: Mapping[str, BatchLeft],
+    now_s: float,
+    hold_s: float,
+    tolerance: float,
+) -> tuple[dict[str, BatchChoice], dict[str, BatchLeft]]:
+    """The batches to act on and the memory of the batches jobs left (see the module
+    docstring). ``batches``: the plan's; ``allocations``: the round's final ones; ``held``:
+    what each job held when the round read it; ``planned``: the batch each runs now (the
+    store's planned batches); ``left``: the memory from the last round. A job of ``batches``
+    that keeps its allocation and would go back, within ``hold_s``, to within ``tolerance``
+    of the batch it left keeps its planned batch; every change made is remembered (the batch
+    left, now). Only the jobs of ``batches`` are remembered."""
+    out: dict[str, BatchChoice] = {}
+    memory: dict[str, BatchLeft] = {}
+    for name, choice in batches.items():
+        now_batch = planned.get(name)
+        before = left.get(name)
+        alloc = allocations.get(name, Allocation())
+        if before is not None and now_s - before.at_s < hold_s:
+            memory[name] = before
+        if now_batch is None or choice.batch_size == now_batch.global_batch_size:
+            out[name] = choice
+            continue
+        same_place = alloc == held.get(name, Allocation()) and alloc.num_gpus == now_batch.gpus
+        reversal = (
+            before is not None
+            and now_s - before.at_s < hold_s
+            and abs(choice.batch_size - before.batch_size) <= tolerance * before.batch_size + 1e-9
+        )
+        if same_place and reversal:
+            out[name] = BatchChoice(
+                now_batch.global_batch_size, now_batch.local_batch_size, now_batch.accum_steps
+            )
+            continue
+        out[name] = choice
+        memory[name] = BatchLeft(now_batch.global_batch_size, now_s)
+    return out, memory
