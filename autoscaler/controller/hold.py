@@ -85,12 +85,19 @@ def held_instances(
     started_s: Mapping[str, float | None],
     placed_s: Mapping[str, float],
     fixed_on: Iterable[str] = (),
+    *,
+    within_cap: bool = True,
 ) -> frozenset[str]:
     """Instance keys not to drain for cost this round: those that started running (``started_s``,
     ``None``: not yet) less than ``hold_s`` before ``now_s``, those on which a job's current
     placement began (``placed_s``: the latest open assignment span per instance) less than
-    ``hold_s`` before it, and ``fixed_on`` (instances running a non-adaptive job)."""
+    ``hold_s`` before it, and ``fixed_on`` (instances running a non-adaptive job). A fleet
+    above the user's cap (``within_cap`` false: more instances held than ``max_instances``,
+    as while the sizing moves the fleet to another offering) holds no young instance: a hold
+    never keeps the fleet above what the user allows."""
     out = set(fixed_on)
+    if not within_cap:
+        return frozenset(out)
     for key, at in (*started_s.items(), *placed_s.items()):
         if at is not None and now_s - at < hold_s:
             out.add(key)

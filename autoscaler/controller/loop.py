@@ -412,6 +412,8 @@ class Controller:
             {r.key: r.started_s for r in row_views if r.status is InstanceStatus.RUNNING},
             self.store.placed_since(j.name for j in read_jobs),
             fixed_on=(k for v in views if not v.adaptive for k in v.allocation),
+            within_cap=sum(1 for r in row_views if r.status in HELD)
+            <= self.config.sizing.max_instances,
         )
         actions = reconcile(
             ReconcileInput(

@@ -225,3 +225,15 @@ def test_the_hold_config_is_checked() -> None:
     assert HoldConfig(rounds=0).hold_s(60.0, 30.0) == 0.0
     assert HoldConfig().hold_s(2.0, 30.0) == 30.0  # never less than one restart
     assert HoldConfig().hold_s(60.0, 30.0) == 300.0
+
+
+def test_a_fleet_above_its_cap_holds_no_young_instance_but_keeps_a_fixed_jobs() -> None:
+    """While the sizing moves the fleet to another offering, the old offering's young
+    instances and the new one's may be more than ``max_instances``: the hold yields then
+    (the surplus is drained as before), except for an instance running a non-adaptive job.
+    (benchmarks/controller_round.py, min = max = 8 instances: 11 ran with the hold, 8 now.)"""
+    from autoscaler.controller.hold import held_instances
+
+    started = {"young": 95.0, "old": 0.0, "fixed": 0.0}
+    assert held_instances(100.0, 300.0, started, {}, fixed_on=["fixed"]) == {"young", "fixed"}
+    assert held_instances(100.0, 300.0, started, {}, ["fixed"], within_cap=False) == {"fixed"}

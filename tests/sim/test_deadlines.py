@@ -94,7 +94,9 @@ def test_the_deadline_travels_as_the_api_takes_it() -> None:
 
 
 def test_coadapt_meets_a_tight_deadline_through_preemptions_on_spot_then_on_demand() -> None:
-    jobs = with_deadlines((JOB,), 1.2)
+    # k = 1.05: since the controller holds its decisions (controller/hold.py: no young spot
+    # instance drained for cost), this job meets k = 1.2 on spot alone (JCT 1177 s, was 1400)
+    jobs = with_deadlines((JOB,), 1.05)
     result, _, events = simulate(jobs, GoodputSizing("coadapt"), "coadapt", 400.0)
     (job,) = result.jobs
     assert job.deadline_met
