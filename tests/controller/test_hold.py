@@ -234,6 +234,6 @@ def test_a_fleet_above_its_cap_holds_no_young_instance_but_keeps_a_fixed_jobs() 
     (benchmarks/controller_round.py, min = max = 8 instances: 11 ran with the hold, 8 now.)"""
     from autoscaler.controller.hold import held_instances
 
-    started = {"young": 95.0, "old": 0.0, "fixed": 0.0}
-    assert held_instances(100.0, 300.0, started, {}, fixed_on=["fixed"]) == {"young", "fixed"}
-    assert held_instances(100.0, 300.0, started, {}, ["fixed"], within_cap=False) == {"fixed"}
+    started = {"young": 995.0, "old": 0.0, "fixed": 0.0}
+    assert held_instances(1000.0, 300.0, started, {}, fixed_on=["fixed"]) == {"young", "fixed"}
+    assert held_instances(1000.0, 300.0, started, {}, ["fixed"], within_cap=False) == {"fixed"}
