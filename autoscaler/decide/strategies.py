@@ -17,7 +17,9 @@ run with, not part of the strategy.
   ``high`` and shrinks while it is below ``low``.
 - :class:`PerJobCheapest` -- how SkyPilot-style managed jobs behave (``cheapest-spot``):
   every active job gets its own instances of the cheapest offering (by price for the GPUs it
-  asked for) that has capacity, released when it finishes.
+  asked for) that has capacity, kept while that offering can hold them (a managed job is not
+  moved for price; a capacity error moves only the jobs whose instances it refused), released
+  when it finishes.
 - :class:`UniformProgress` -- Can't Be Late's uniform-progress rule (``uniform-progress``):
   the same per-job instances, on spot while the job is ahead of the uniform rate to its
   deadline, else on demand.
@@ -435,12 +437,13 @@ def _per_job(
     ``tiers(job, gpus, allowed)`` orders the offerings the job allows into tiers of
     preference (one tier: any; uniform progress: its market first). In the first tier that
     can hold the job, it keeps its offering (the one it was given last round, ``kept``, else
-    the one its GPUs are on now: a restarted controller moves no running job) if that one is there and can still hold its instances, else it
-    gets the cheapest that can. Whether an offering can hold them is
-    :meth:`~autoscaler.decide.sizing.FleetOption.may_hold`, over what the older jobs took: an
-    offering marked unavailable after a capacity error still holds the instances held of it
-    (``view.held``), and a job given an offering is not moved back and forth as marks come and
-    go: after a capacity error, the target settles in the next round and stays
+    the one its GPUs are on now: a restarted controller moves no running job) if that one is
+    there and can still hold its instances, else it gets the cheapest that can. Whether an
+    offering can hold them is :meth:`~autoscaler.decide.sizing.FleetOption.may_hold`, over
+    what the older jobs took: an offering marked unavailable after a capacity error still
+    holds the instances held of it (``view.held``), and a job given an offering is not moved
+    back and forth as marks come and go: after a capacity error, the target settles in the
+    next round and stays
     (``tests/decide/test_per_job_strategies.py``)."""
     counts: dict[str, int] = {}
     given: dict[str, str] = {}

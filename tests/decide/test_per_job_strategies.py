@@ -16,13 +16,22 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from pathlib import Path
 
 import pytest
 
+from autoscaler.controller.jobbook import JobSubmission
+from autoscaler.controller.lifecycle import InstanceStatus
+from autoscaler.controller.loop import Controller, ControllerConfig
+from autoscaler.controller.reconcile import ReconcileConfig
+from autoscaler.controller.store import Store
 from autoscaler.decide.fleet import FleetStrategy, FleetView
 from autoscaler.decide.sizing import FleetOption
 from autoscaler.decide.strategies import PerJobCheapest, UniformProgress
 from autoscaler.decide.views import Allocation, ClusterView, JobView, NodeView, OfferingRef
+from coadapt_common.clock import FakeClock
+from providers.base import Market
+from providers.fake import FakeProvider, default_offerings
 from tests.decide.policy.conftest import view
 
 SMALL_REF = OfferingRef("aws", "g4dn.xlarge", "use1-az1", "spot")
@@ -35,9 +44,7 @@ UNAVAILABLE_TTL_S = 180.0  # ControllerConfig.unavailable_ttl_s
 
 
 def _jobs(count: int, gpus: int = 4) -> tuple[JobView, ...]:
-    return tuple(
-        view(f"job-{i}", submit=float(i), requested=gpus, nodes=0) for i in range(count)
-    )
+    return tuple(view(f"job-{i}", submit=float(i), requested=gpus, nodes=0) for i in range(count))
 
 
 def _rounds(
@@ -116,3 +123,66 @@ def test_a_running_job_keeps_its_offering_without_memory_of_it() -> None:
     running = dataclasses.replace(running, allocation=Allocation({"i-large": 4}))
     fleet = FleetView(0.0, (running, new), cluster, {LARGE.key: 1}, (SMALL, LARGE))
     assert PerJobCheapest("c").propose(fleet) == {LARGE.key: 1, SMALL.key: 4}
+
+
+class _Recorder:
+    """The strategy the controller runs, with the target it proposed each round."""
+
+    def __init__(self, inner: FleetStrategy) -> None:
+        self.inner = inner
+        self.targets: list[dict[str, int]] = []
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    def propose(self, view: FleetView) -> Mapping[str, int]:
+        out = self.inner.propose(view)
+        self.targets.append({k: n for k, n in out.items() if n})
+        return out
+
+
+def test_the_controllers_round_settles_after_a_capacity_error(tmp_path: Path) -> None:
+    """The same through the controller's own round (store, reconcile, the fake cloud and the
+    unavailable-offerings memory they share), as the simulator and a live cluster run it."""
+    clock = FakeClock()
+    store = Store.create(tmp_path / "store.db", "flip1", clock)
+    for i in range(3):
+        spec = JobSubmission(
+            f"job-{i}",
+            128,
+            1024,
+            128,
+            32,
+            application="cifar10",
+            requested_gpus=4,
+            command=("train.py",),
+        )
+        store.add_job(spec.name, spec.to_json())
+        clock.advance(1.0)
+    cfg = ControllerConfig(
+        "flip1", policy="tiresias", reconcile=ReconcileConfig(heartbeat_timeout_s=None)
+    )
+    unavailable = cfg.unavailable_offerings(clock)
+    offerings = [
+        o
+        for o in default_offerings()
+        if o.instance_type in ("g4dn.xlarge", "g4dn.12xlarge")
+        and o.market is Market.SPOT
+        and o.zone == default_offerings()[0].zone
+    ]
+    small = next(o.key for o in offerings if o.instance_type == "g4dn.xlarge")
+    cloud = FakeProvider(offerings, {small: 6}, clock=clock, unavailable=unavailable)
+    strategy = _Recorder(PerJobCheapest("cheapest-spot"))
+    ctl = Controller(store, cloud, clock, cfg, strategy=strategy, unavailable=unavailable)
+    for _ in range(12):  # 12 min: the capacity error's 3 min mark expires
+        ctl.run_round()
+        clock.advance(cfg.interval_s)
+    # The 12 launches go out over two rounds (the reconcile's launch rate); the second round's
+    # hit the capacity error. From the next round on the target holds, also after the mark
+    # expires (round 6 on).
+    failed = [r for r in store.list_instances() if r.status is InstanceStatus.ALLOCATION_FAILED]
+    assert failed and {r.offering_key for r in failed} == {small}
+    large = next(o.key for o in offerings if o.instance_type == "g4dn.12xlarge")
+    assert strategy.targets[:2] == [{small: 12}] * 2
+    assert strategy.targets[2:] == [{small: 4, large: 2}] * 10, strategy.targets
