@@ -137,6 +137,17 @@ class FleetOption:
         by)."""
         return job.allows_type(self.gpu_type) and job.allows_offering(self.ref, self.market)
 
+    def may_hold(self, count: int, held: Mapping[str, int]) -> bool:
+        """Whether a fleet may hold ``count`` instances of this offering, ``held`` counting
+        the instances held now per offering key (launched, ready or not): as many as are
+        held, whatever the offering's state (a capacity error stops new launches, never the
+        instances already had), more only while it is ``available`` and within its
+        ``capacity``. The one rule of a held offering: :func:`size_fleet` and the per-job
+        strategies (:mod:`autoscaler.decide.strategies`) both size by it."""
+        if count <= held.get(self.key, 0):
+            return True
+        return self.available and (self.capacity is None or count <= self.capacity)
+
 
 @dataclass(frozen=True)
 class SizingConfig:
@@ -902,9 +913,7 @@ def _grow(
                 if config.max_gpus is not None and gpus + size * o.gpus > config.max_gpus:
                     blocked = blocked or "max_gpus"
                     continue
-                if not is_held and (
-                    not o.available or (o.capacity is not None and n + size > o.capacity)
-                ):
+                if not o.may_hold(n + size, held):
                     blocked = blocked or "capacity"
                     continue
                 budget = config.budget_usd_per_hour
@@ -989,9 +998,7 @@ def _deadline_pick(
             continue
         n = -(-need // o.gpus)
         have = counts.get(o.key, 0)
-        if have + n > held.get(o.key, 0) and (
-            not o.available or (o.capacity is not None and have + n > o.capacity)
-        ):
+        if not o.may_hold(have + n, held):
             continue
         if total + n > config.max_instances:
             continue

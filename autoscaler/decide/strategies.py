@@ -17,7 +17,9 @@ run with, not part of the strategy.
   ``high`` and shrinks while it is below ``low``.
 - :class:`PerJobCheapest` -- how SkyPilot-style managed jobs behave (``cheapest-spot``):
   every active job gets its own instances of the cheapest offering (by price for the GPUs it
-  asked for) that has capacity, released when it finishes.
+  asked for) that has capacity, kept while that offering can hold them (a managed job is not
+  moved for price; a capacity error moves only the jobs whose instances it refused), released
+  when it finishes.
 - :class:`UniformProgress` -- Can't Be Late's uniform-progress rule (``uniform-progress``):
   the same per-job instances, on spot while the job is ahead of the uniform rate to its
   deadline, else on demand.
@@ -26,7 +28,6 @@ run with, not part of the strategy.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -50,7 +51,7 @@ from autoscaler.decide.sizing import (
     modelled_value,
     size_fleet,
 )
-from autoscaler.decide.views import Allocation, JobView
+from autoscaler.decide.views import Allocation, JobView, OfferingRef
 from autoscaler.errors import InvalidInputError
 from autoscaler.model.gputypes import SpeedTable, default_speed_table
 
@@ -362,12 +363,15 @@ class UtilityBand:
 @dataclass
 class PerJobCheapest:
     """Every active job on its own instances of the cheapest offering that fits the GPUs it
-    asked for and has capacity (see the module docstring)."""
+    asked for and has capacity (see the module docstring); a job keeps the offering it was
+    given while that offering can still hold it (:func:`_per_job`)."""
 
     name: str
+    _kept: dict[str, str] = field(default_factory=dict, repr=False)
 
     def propose(self, view: FleetView) -> Mapping[str, int]:
-        return _per_job(view, lambda job, gpus, allowed, left: _cheapest(allowed, gpus, left))
+        counts, self._kept = _per_job(view, lambda job, gpus, allowed: (allowed,), self._kept)
+        return counts
 
 
 @dataclass
@@ -381,21 +385,24 @@ class UniformProgress:
     time), else of the cheapest *on-demand* one. A job whose time left, less ``margin_s``,
     would no longer cover its remaining work at its requested GPUs (by its fitted model) is
     put on demand too: near the deadline one preemption would be too many. A job without a
-    deadline is on spot; where spot has no capacity, on demand."""
+    deadline is on spot; where spot has no capacity, on demand. A job keeps the offering it
+    was given while the rule still puts it on that market and the offering can still hold
+    it (:func:`_per_job`)."""
 
     name: str
     margin_s: float = 300.0
+    _kept: dict[str, str] = field(default_factory=dict, repr=False)
 
     def propose(self, view: FleetView) -> Mapping[str, int]:
-        def pick(
-            job: JobView, gpus: int, allowed: list[FleetOption], left: Mapping[str, float]
-        ) -> tuple[FleetOption, int] | None:
+        def markets(
+            job: JobView, gpus: int, allowed: list[FleetOption]
+        ) -> tuple[list[FleetOption], ...]:
             spot = [o for o in allowed if o.market == "spot"]
             ondemand = [o for o in allowed if o.market != "spot"]
-            first, second = (spot, ondemand) if self.on_spot(job, gpus) else (ondemand, spot)
-            return _cheapest(first, gpus, left) or _cheapest(second, gpus, left)
+            return (spot, ondemand) if self.on_spot(job, gpus) else (ondemand, spot)
 
-        return _per_job(view, pick)
+        counts, self._kept = _per_job(view, markets, self._kept)
+        return counts
 
     def on_spot(self, job: JobView, gpus: int) -> bool:
         """Whether the rule puts ``job`` (on ``gpus`` GPUs) on spot now."""
@@ -418,41 +425,66 @@ class UniformProgress:
         return True
 
 
-_Pick = Callable[
-    [JobView, int, list[FleetOption], Mapping[str, float]], "tuple[FleetOption, int] | None"
-]
+_Tiers = Callable[[JobView, int, list[FleetOption]], Sequence[Sequence[FleetOption]]]
 
 
-def _per_job(view: FleetView, pick: _Pick) -> dict[str, int]:
+def _per_job(
+    view: FleetView, tiers: _Tiers, kept: Mapping[str, str]
+) -> tuple[dict[str, int], dict[str, str]]:
     """Every active job, oldest first, on its own instances for the GPUs it asked for (within
-    its bounds): ``pick(job, gpus, allowed, left)`` chooses the offering and instance count
-    among the available ones the job allows, ``left`` the capacity each offering has left."""
+    its bounds); ``(instances per offering key, the offering key each job was given)``.
+
+    ``tiers(job, gpus, allowed)`` orders the offerings the job allows into tiers of
+    preference (one tier: any; uniform progress: its market first). In the first tier that
+    can hold the job, it keeps its offering (the one it was given last round, ``kept``, else
+    the one its GPUs are on now: a restarted controller moves no running job) if that one is
+    there and can still hold its instances, else it gets the cheapest that can. Whether an
+    offering can hold them is :meth:`~autoscaler.decide.sizing.FleetOption.may_hold`, over
+    what the older jobs took: an offering marked unavailable after a capacity error still
+    holds the instances held of it (``view.held``), and a job given an offering is not moved
+    back and forth as marks come and go: after a capacity error, the target settles in the
+    next round and stays
+    (``tests/decide/test_per_job_strategies.py``)."""
     counts: dict[str, int] = {}
-    left = {o.key: (math.inf if o.capacity is None else o.capacity) for o in view.options}
-    usable = [o for o in view.options if o.available]
+    given: dict[str, str] = {}
+    by_key = {o.key: o for o in view.options}
+    by_ref = {o.ref: o for o in view.options if o.ref is not None}
     for job in sorted(view.jobs, key=lambda j: (j.submit_time_s, j.name)):
         gpus = max(1, job.requested_gpus, job.fewest_gpus)
         if job.max_gpus is not None:
             gpus = min(gpus, job.max_gpus)
-        allowed = [o for o in usable if o.allows(job)]
-        choice = pick(job, gpus, allowed, left)
+        allowed = [o for o in view.options if o.allows(job)]
+        own = by_key.get(kept.get(job.name, "")) or _offering_of(job, view, by_ref)
+        choice = None
+        for tier in tiers(job, gpus, allowed):
+            fits = []  # (offering, instances) of the tier that can still hold the job
+            for o in tier:
+                n = -(-gpus // o.gpus)
+                if o.may_hold(counts.get(o.key, 0) + n, view.held):
+                    fits.append((o, n))
+            choice = next(((o, n) for o, n in fits if o is own), None) or min(
+                fits, key=lambda c: (c[1] * c[0].usd_per_hour, c[0].key), default=None
+            )
+            if choice is not None:
+                break
         if choice is None:
             continue
         option, n = choice
         counts[option.key] = counts.get(option.key, 0) + n
-        left[option.key] -= n
-    return counts
+        given[job.name] = option.key
+    return counts, given
 
 
-def _cheapest(
-    options: Sequence[FleetOption], gpus: int, left: Mapping[str, float]
-) -> tuple[FleetOption, int] | None:
-    best: tuple[float, str, FleetOption, int] | None = None
-    for o in options:
-        n = -(-gpus // o.gpus)
-        if left[o.key] < n:
-            continue
-        rank = (n * o.usd_per_hour, o.key)
-        if best is None or rank < best[:2]:
-            best = (rank[0], rank[1], o, n)
-    return None if best is None else (best[2], best[3])
+def _offering_of(
+    job: JobView, view: FleetView, by_ref: Mapping[OfferingRef, FleetOption]
+) -> FleetOption | None:
+    """The offering all of ``job``'s GPUs are on now (``None``: it holds none, or holds them
+    on nodes of several offerings or of one not on offer)."""
+    refs = set()
+    for key in job.allocation:
+        at = view.cluster.index_of(key)
+        refs.add(None if at is None else view.cluster.nodes[at].offering)
+    if len(refs) != 1:
+        return None
+    ref = refs.pop()
+    return None if ref is None else by_ref.get(ref)
