@@ -807,7 +807,10 @@ class Supervisor:
         for pid in _marked(self.agent_id, job):
             if pid in keep or pid == os.getpid():
                 continue
-            if spare and spare & set(read_proc_strings(pid, "environ", settle=False)):
+            # Read again, settled: a job's process that has just exec'd reads empty for an
+            # instant, and one caught there would be killed as nobody's (a worker torchrun is
+            # starting as the agent sweeps after a restart: its launch fails and it restarts).
+            if spare and spare & set(read_proc_strings(pid, "environ")):
                 continue
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -956,7 +959,7 @@ def _adoptable(agent_id: str, job: object, entry: object) -> _Proc | None:
         return None
     if not is_running(read_stat(pid)) or process_start_time(pid) != started:
         return None
-    env = read_proc_strings(pid, "environ", settle=False)
+    env = read_proc_strings(pid, "environ")  # settled: one just exec'd reads empty an instant
     if f"{AGENT_ENV}={agent_id}".encode() not in env or f"COADAPT_JOB_ID={job}".encode() not in env:
         return None
     try:
