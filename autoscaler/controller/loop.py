@@ -391,6 +391,10 @@ class Controller:
         used: dict[str, int] = {}
         for (_, key), gpus in assignments.items():
             used[key] = used.get(key, 0) + gpus
+        finishing: dict[str, int] = {}  # GPUs of jobs that finished training: free in seconds
+        for alloc in pinned.values():
+            for key, gpus in alloc.items():
+                finishing[key] = finishing.get(key, 0) + gpus
         actions = reconcile(
             ReconcileInput(
                 now_s=now,
@@ -399,6 +403,7 @@ class Controller:
                 notices=notices,
                 target=target,
                 used_gpus=used,
+                finishing_gpus=finishing,
                 unavailable=unavailable,
                 issued=frozenset(self._issued),
                 terminal_request_ids=self.store.terminal_request_ids(
