@@ -415,6 +415,10 @@ class Controller:
             within_cap=sum(1 for r in row_views if r.status in HELD)
             <= self.config.sizing.max_instances,
         )
+        finishing: dict[str, int] = {}  # GPUs of jobs that finished training: free in seconds
+        for alloc in pinned.values():
+            for key, gpus in alloc.items():
+                finishing[key] = finishing.get(key, 0) + gpus
         actions = reconcile(
             ReconcileInput(
                 now_s=now,
@@ -423,6 +427,7 @@ class Controller:
                 notices=notices,
                 target=target,
                 used_gpus=used,
+                finishing_gpus=finishing,
                 unavailable=unavailable,
                 issued=frozenset(self._issued),
                 terminal_request_ids=self.store.terminal_request_ids(

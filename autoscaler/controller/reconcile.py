@@ -41,11 +41,13 @@ Act (what to change):
   compared with the target; a shortfall creates new rows (``queued``, each with its own
   request id), at most ``max(min_launches_per_offering, launch_growth x held)`` per offering
   per round and ``max_in_flight`` queued or requested in all; a surplus drains running
-  instances, those running the fewest GPUs of jobs first, at most ``disruption_budget`` per
-  round, none while instances are launching (replacements come up before anything is
-  drained for cost), and none of the input's ``held`` (young instances, instances running
-  a job placed there recently or a non-adaptive job: :mod:`autoscaler.controller.hold`).
-  Queued rows of an offering marked unavailable fail without a call.
+  instances, those running the fewest GPUs of jobs still training first (GPUs held by a job
+  that finished training, ``finishing_gpus``, are free within seconds: its instance goes
+  before the one a running job was just placed on), at most ``disruption_budget`` per round,
+  none while instances are launching (replacements come up before anything is drained for
+  cost), and none of the input's ``held`` (young instances, instances running a job placed
+  there recently or a non-adaptive job: :mod:`autoscaler.controller.hold`). Queued rows of
+  an offering marked unavailable fail without a call.
 
 Requested rows with no listed instance are (re)launched once per controller process: after a
 restart the launch is re-issued with the same request id, which the provider's launch rule
@@ -182,6 +184,9 @@ class ReconcileInput:
     non-terminal instance rows; ``terminal_request_ids``: request ids of rows already
     terminal (an instance listed under one is a late leak); ``target``: instances wanted per
     offering key; ``used_gpus``: GPUs jobs hold per instance key (the current assignments);
+    ``finishing_gpus``: the part of ``used_gpus`` held by jobs whose trainer reported that it
+    finished training (each at most its instance's ``used_gpus``), counted as free when a
+    surplus picks what to drain, and only there;
     ``unavailable``: offering keys marked after capacity errors; ``issued``: request ids
     whose launch or termination this controller process already sent (a restarted one knows
     none, and sends each again once);
@@ -196,6 +201,7 @@ class ReconcileInput:
     notices: tuple[InterruptionNotice, ...] = ()
     target: Mapping[str, int] = field(default_factory=dict)
     used_gpus: Mapping[str, int] = field(default_factory=dict)
+    finishing_gpus: Mapping[str, int] = field(default_factory=dict)
     unavailable: frozenset[str] = frozenset()
     issued: frozenset[str] = frozenset()
     terminal_request_ids: frozenset[str] = frozenset()
@@ -479,6 +485,12 @@ def _release_silent(b: _Builder) -> None:
     b.suspected.extend(sorted(row.key for row, _ in held))
 
 
+def _training_gpus(inp: ReconcileInput, key: str) -> int:
+    """GPUs of instance ``key`` held by jobs still training: what draining it disrupts."""
+    used = inp.used_gpus.get(key, 0)
+    return used - min(max(inp.finishing_gpus.get(key, 0), 0), used)
+
+
 def _size(b: _Builder, rows: list[RowView]) -> list[LaunchIntent]:
     """New rows for shortfalls, drains for surpluses (see the module docstring)."""
     inp, cfg = b.inp, b.cfg
@@ -510,12 +522,13 @@ def _size(b: _Builder, rows: list[RowView]) -> list[LaunchIntent]:
                 for r in have
                 if b.status[r.key] is InstanceStatus.RUNNING and r.key not in inp.held
             ]
-            # Fewest job GPUs first, then the newest (least sunk provisioning).
-            ready.sort(key=lambda r: (inp.used_gpus.get(r.key, 0), -(r.started_s or 0.0), r.key))
+            # Fewest GPUs of jobs still training first, then the newest (least sunk
+            # provisioning).
+            ready.sort(key=lambda r: (_training_gpus(inp, r.key), -(r.started_s or 0.0), r.key))
             surplus.extend(ready[: len(have) - want])
     if launching or new_rows:
         return new_rows  # replacements first: no cost drain while instances are launching
-    surplus.sort(key=lambda r: (inp.used_gpus.get(r.key, 0), r.key))
+    surplus.sort(key=lambda r: (_training_gpus(inp, r.key), r.key))
     for row in surplus[: cfg.disruption_budget]:
         b.move(row, InstanceStatus.DRAINING, "fleet target lowered (cost)")
     return new_rows

@@ -91,7 +91,7 @@ def test_the_dashboard_of_a_live_cluster_draws_cost_from_the_first_launch(tmp_pa
     # job, status, why, GPUs, instances, batch, progress (samples), done, restarts, retries
     assert cells[1] == "running" and cells[2], cells
     assert re.fullmatch(r"\d+ \(\d+/GPU x \d+\)", cells[5]), cells
-    assert re.fullmatch(r"\d+ of 196608", cells[6]), cells  # 3 epochs of 65536 samples
+    assert re.fullmatch(r"\d+ of 122880", cells[6]), cells  # 3 epochs of 40960 samples
     assert re.fullmatch(r"\d+ %", cells[7]) and int(cells[7].split()[0]) <= 100, cells
     assert cells[8] == "0" and cells[9] == "0", cells
     events = dom.split('id="events"', 1)[1].split("</table>", 1)[0]

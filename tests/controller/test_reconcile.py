@@ -289,3 +289,27 @@ def test_every_transition_reconcile_makes_is_an_edge_of_the_table() -> None:
             assert now_status[key] is S.TERMINATING
         for key in out.launch:
             assert now_status[key] in (S.QUEUED, S.REQUESTED)
+
+
+def test_surplus_drains_a_finishing_jobs_instance_before_a_running_jobs_new_one() -> None:
+    """Issue 41: a job that finished training leaves the sizing's view at once, so the target
+    drops by its instance while its processes still exit; the drain must take that instance
+    (free within seconds), not the newest one, which a running job was just scaled onto (the
+    demo's mlp-medium went 1 -> 2 GPUs, then 2 -> 1 when mlp-small finished)."""
+    rows = (
+        row("old", S.RUNNING, pid="i-old", started_s=NOW - 60),  # mlp-medium's first
+        row("fin", S.RUNNING, pid="i-fin", started_s=NOW - 40),  # mlp-small, done training
+        row("new", S.RUNNING, pid="i-new", started_s=NOW - 20),  # mlp-medium's second
+    )
+    seen = tuple(cloud(f"i-{k}", f"req-{k}") for k in ("old", "fin", "new"))
+    used = {"old": 1, "fin": 1, "new": 1}
+    out = reconcile(
+        ReconcileInput(
+            NOW, rows, seen, target={POOL: 2}, used_gpus=used, finishing_gpus={"fin": 1}
+        ),
+        CFG,
+    )
+    assert out.leaving == {"fin"}
+    # without a finishing job, the newest of equally used instances goes (as before)
+    out = reconcile(ReconcileInput(NOW, rows, seen, target={POOL: 2}, used_gpus=used), CFG)
+    assert out.leaving == {"new"}
