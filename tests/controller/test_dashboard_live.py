@@ -93,7 +93,8 @@ def test_the_dashboard_of_a_live_cluster_draws_cost_from_the_first_launch(tmp_pa
     assert re.fullmatch(r"\d+ \(\d+/GPU x \d+\)", cells[5]), cells
     assert re.fullmatch(r"\d+ of 122880", cells[6]), cells  # 3 epochs of 40960 samples
     assert re.fullmatch(r"\d+ %", cells[7]) and int(cells[7].split()[0]) <= 100, cells
-    assert cells[8] == "0" and cells[9] == "0", cells
+    # restarts: 0, or 1 once the policy scales it 1 -> 2 GPUs (GPU-bound: it pays); no failure
+    assert cells[8] in ("0", "1") and cells[9] == "0", cells
     events = dom.split('id="events"', 1)[1].split("</table>", 1)[0]
     kinds = re.findall(r"<tr><td>[\d:]+</td><td>([\w-]+)</td>", events)
     assert {"submit", "launch", "ready", "start"} <= set(kinds), kinds
