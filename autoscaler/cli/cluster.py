@@ -827,10 +827,11 @@ def delete(
 ) -> None:
     """Delete an ended job (completed, failed, cancelled or refused): its name can be
     submitted again. Nothing of the bill goes: its history (placements, reports, events,
-    cost share) and its logs are kept under <name>~<n> (coadapt events and coadapt cost
-    report show it so). Its checkpoints stay where it wrote them: a job submitted again under
-    the name resumes from them unless they are removed or its spec names another
-    checkpoint_uri. Needs the cluster up."""
+    cost share), its logs and, on a cluster on this machine, its checkpoints are kept under
+    <name>~<n> (coadapt events and coadapt cost report show it so): a job submitted again
+    under the name starts afresh. A job with its own checkpoint_uri, or a cluster that
+    checkpoints to a bucket, keeps its checkpoints where they are: a job submitted again
+    there resumes from them. Needs the cluster up."""
     from autoscaler.controller.api import ApiError
 
     try:
@@ -838,9 +839,10 @@ def delete(
     except ApiError as e:
         fail(api_failure(e, state_dir))
     kept = answer.get("kept_as")
-    logs = answer.get("logs")
+    logs, checkpoints = answer.get("logs"), answer.get("checkpoints")
     typer.echo(f"{job}: deleted; its history is kept as {kept}" +
-               (f", its logs in {logs}" if logs else ""))  # fmt: skip
+               (f", its logs in {logs}" if logs else "") +
+               (f", its checkpoints in {checkpoints}" if checkpoints else ""))  # fmt: skip
 
 
 DESCRIBE_WIDTH_CHARS = 18  # the labels' column of coadapt describe

@@ -820,6 +820,7 @@ def _run_up(
         tokens,
         clock,
         logs_dir=state / "logs",
+        checkpoints_dir=state / "checkpoints",
         on_job_exit=on_job_exit,
         service=ServiceControl(identity, request_down),
         limits=cfg.request_limits

@@ -1611,3 +1611,37 @@ def test_the_client_submits_in_the_specs_names(
     user.submit_job(job)
     assert JobSubmission.from_json(store.get_job("viaclient").spec_json) == job
     assert "deprecated" not in caplog.text
+
+
+def test_a_deleted_jobs_logs_and_checkpoints_are_moved_aside_so_its_name_starts_afresh(
+    store_path: Path,
+    tokens: ApiTokens,
+    clock: FakeClock,
+    logs_dir: Path,
+    exits: ExitRecorder,
+    store: Store,
+    tmp_path: Path,
+) -> None:
+    """A cluster whose checkpoints are on this machine (``checkpoints_dir``, a local
+    ``coadapt up``'s): deleting an ended job moves its checkpoint folder aside with its logs,
+    so a job submitted again under the name does not resume from the deleted one's."""
+    checkpoints = tmp_path / "checkpoints"
+    app, srv = start(store_path, tokens, clock, logs_dir, exits, checkpoints_dir=checkpoints)
+    try:
+        user = ApiClient(srv.url, tokens.user, timeout_s=10)
+        user.submit_job(spec("a"))
+        (checkpoints / "a").mkdir(parents=True)
+        (checkpoints / "a" / "step-20.pt").write_bytes(b"state")
+        (logs_dir / "a").mkdir(parents=True)
+        user.cancel_job("a")
+        answer = user.delete_job("a")
+        assert answer["checkpoints"] == str(checkpoints / "a~1")
+        assert answer["logs"] == str(logs_dir / "a~1")
+        assert not (checkpoints / "a").exists()
+        assert (checkpoints / "a~1" / "step-20.pt").read_bytes() == b"state"
+        user.submit_job(spec("b"))
+        user.cancel_job("b")  # no checkpoint folder: nothing to move
+        assert user.delete_job("b")["checkpoints"] is None
+    finally:
+        srv.shutdown()
+        app.close()

@@ -146,6 +146,7 @@ def make_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     service: ServiceControl | None = None,
     limits: RequestLimits = DEFAULT_REQUEST_LIMITS,
+    checkpoints_dir: str | Path | None = None,
 ) -> ApiApp:
     """The API over the store at ``store_path`` (opened, checked and migrated now, in the
     calling thread: :meth:`Store.open`'s errors), authenticating with ``credentials`` (fixed
@@ -156,7 +157,9 @@ def make_app(
     ``service``: the process serving the API (``coadapt up``), which ``/v1/service`` names and
     ``/v1/service/down`` stops (without it both answer 404). ``limits``: how often one job's
     trainers and one instance's agent may call (429 with ``Retry-After`` beyond it: see
-    :mod:`autoscaler.controller.ratelimit`)."""
+    :mod:`autoscaler.controller.ratelimit`). ``checkpoints_dir``: the folder where this
+    cluster's jobs without their own ``checkpoint_uri`` checkpoint (``<dir>/<job>``; a local
+    cluster's), moved aside with a deleted job (``None``: not on this machine)."""
     if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int):
         raise InvalidInputError("max_body_bytes must be an integer", field="max_body_bytes")
     if max_body_bytes < 1:
@@ -175,5 +178,6 @@ def make_app(
         on_job_exit=on_job_exit,
         max_body_bytes=max_body_bytes,
         service=service,
+        checkpoints_dir=None if checkpoints_dir is None else Path(checkpoints_dir),
     )
     return ApiApp(state, limits)

@@ -59,6 +59,7 @@ class ApiState:
         on_job_exit: JobExitHandler,
         max_body_bytes: int,
         service: ServiceControl | None,
+        checkpoints_dir: Path | None = None,
     ) -> None:
         # Checked when opened, kept open (and unused but by for_thread) until close(): while
         # it is open, its write-ahead log is the one every thread's store must find.
@@ -66,6 +67,7 @@ class ApiState:
         self.credentials = credentials
         self.clock = clock
         self.logs_dir = logs_dir
+        self.checkpoints_dir = checkpoints_dir
         self.on_job_exit = on_job_exit
         self.max_body_bytes = max_body_bytes
         self.service = service

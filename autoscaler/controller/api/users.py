@@ -18,6 +18,7 @@ import logging
 import math
 import urllib.parse
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Final
 
 from werkzeug.wrappers import Request, Response
@@ -116,24 +117,39 @@ def _job_history(state: ApiState, request: Request, name: str) -> Response:
 def _delete_job(state: ApiState, request: Request, name: str) -> Response:
     """An ended job is deleted (:meth:`~autoscaler.controller.store.Store.delete_job`): its
     name can be submitted again; its history (assignments, reports, events, its share of the
-    bill) is kept under ``<name>~<n>``, and so are its logs (``<logs_dir>/<name>~<n>``);
-    checkpoints are where the job wrote them, untouched. 409 for a job that has not ended."""
+    bill) is kept under ``<name>~<n>``, and so are its logs (``<logs_dir>/<name>~<n>``) and,
+    on a cluster whose checkpoints are on this machine (``checkpoints_dir``), its checkpoints
+    (``<checkpoints_dir>/<name>~<n>``): a job submitted again under the name starts afresh. A
+    job with its own ``checkpoint_uri``, or a cluster checkpointing to a bucket, keeps its
+    checkpoints where they are (the answer's ``checkpoints`` is ``null``: a job submitted
+    again there resumes from them). 409 for a job that has not ended."""
     store = state.store()
     try:
         kept = store.delete_job(name)
     except InvalidInputError as e:
         raise ApiError(409, str(e)) from e
-    logs = state.logs_dir / name
-    logs_kept: str | None = None
-    if JOB_NAME_PATTERN.fullmatch(name) and logs.is_dir():
-        try:
-            logs.rename(state.logs_dir / kept)
-            logs_kept = str(state.logs_dir / kept)
-        except OSError as e:  # the row moved: say where the logs stayed
-            _log.warning("job %s deleted, its logs left in %s: %s", name, logs, e)
-            logs_kept = str(logs)
+    logs_kept = _move_aside(state.logs_dir, name, kept, "logs")
+    checkpoints_kept = _move_aside(state.checkpoints_dir, name, kept, "checkpoints")
     _log.info("job %s deleted (its history kept as %s)", name, kept)
-    return json_response({"name": name, "kept_as": kept, "logs": logs_kept})
+    return json_response(
+        {"name": name, "kept_as": kept, "logs": logs_kept, "checkpoints": checkpoints_kept}
+    )
+
+
+def _move_aside(root: Path | None, name: str, kept: str, what: str) -> str | None:
+    """``root/name`` renamed ``root/kept`` (a deleted job's folder); where it is now, or
+    ``None`` when there is none."""
+    if root is None or not JOB_NAME_PATTERN.fullmatch(name):
+        return None
+    folder = root / name
+    if not folder.is_dir():
+        return None
+    try:
+        folder.rename(root / kept)
+    except OSError as e:  # the row moved: say where the folder stayed
+        _log.warning("job %s deleted, its %s left in %s: %s", name, what, folder, e)
+        return str(folder)
+    return str(root / kept)
 
 
 def _retry_job(state: ApiState, request: Request, name: str) -> Response:
