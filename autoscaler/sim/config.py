@@ -12,11 +12,21 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from autoscaler.decide.views import PolicyName
 from autoscaler.errors import InvalidInputError
 from autoscaler.sim.cloud_config import CloudConfig
 from autoscaler.sim.cluster import ClusterSpec, uniform_cluster
 
-__all__ = ["SimConfig"]
+__all__ = ["PAPER_POLICIES", "SimConfig"]
+
+#: The policies the Pollux paper compares, whose simulator results it published. They run as
+#: published: without the controller's hold (:mod:`autoscaler.controller.hold`), which none
+#: of them had (their fidelity pins compare them with the paper's figures).
+PAPER_POLICIES: tuple[PolicyName, ...] = (
+    PolicyName.POLLUX,
+    PolicyName.TIRESIAS,
+    PolicyName.OPTIMUS,
+)
 
 
 LENGTHS: tuple[str, ...] = ("declared", "none")

@@ -56,6 +56,7 @@ from autoscaler.accounting.billing import churn_from_store, cost_record_from_sto
 from autoscaler.accounting.churn import ChurnFigures
 from autoscaler.accounting.costs import CostRecord
 from autoscaler.controller.errors import RoundError
+from autoscaler.controller.hold import HoldConfig
 from autoscaler.controller.jobbook import JobSubmission
 from autoscaler.controller.store import JobStatus
 from autoscaler.decide.policy.base import Policy
@@ -69,7 +70,7 @@ from autoscaler.model.goodput import (
 from autoscaler.model.gputypes import SpeedTable, default_speed_table
 from autoscaler.model.traces import AppTrace, load_app
 from autoscaler.sim.cluster import NodeGroup, TypeSpeed
-from autoscaler.sim.config import SimConfig
+from autoscaler.sim.config import PAPER_POLICIES, SimConfig
 from autoscaler.sim.results import JobResult, RoundStats, SimResult
 from autoscaler.sim.workload import TraceJob
 from autoscaler.sim.world import CloudWorld, World, WorldConfig, fixed_offering
@@ -254,6 +255,7 @@ class Simulator:
             restart_delay_s=cfg.restart_delay_s,
             interference_avoidance=cfg.interference_avoidance,
             refit_tolerance=cfg.refit_tolerance,
+            hold=HoldConfig(rounds=0) if self.policy.name in PAPER_POLICIES else HoldConfig(),
         )
 
     def _oracle_hook(self) -> Callable[[str], Oracle | None] | None:

@@ -23,7 +23,7 @@ from typing import Any
 from autoscaler.decide.views import PolicyName
 from autoscaler.errors import InvalidInputError
 from autoscaler.model.traces import data_root
-from autoscaler.sim.config import SimConfig
+from autoscaler.sim.config import PAPER_POLICIES, SimConfig
 from autoscaler.sim.engine import simulate
 from autoscaler.sim.results import SimResult
 from autoscaler.sim.workload import load_workload
@@ -45,12 +45,6 @@ _THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 #: The paper's job loads and the folder (under :func:`~autoscaler.model.traces.data_root`) of each.
 PAPER_LOADS: dict[str, str] = {"1.0": "workloads", "0.5": "workloads-0.5"}
-#: The policies the Pollux paper compares, whose simulator results it published.
-PAPER_POLICIES: tuple[PolicyName, ...] = (
-    PolicyName.POLLUX,
-    PolicyName.TIRESIAS,
-    PolicyName.OPTIMUS,
-)
 
 
 def limit_threads() -> None:

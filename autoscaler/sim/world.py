@@ -26,10 +26,11 @@ import math
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from autoscaler.accounting.costs import CostLedger, CostRecord
+from autoscaler.controller.hold import HoldConfig
 from autoscaler.controller.jobbook import JobSubmission, admit
 from autoscaler.controller.lifecycle import InstanceStatus
 from autoscaler.controller.loop import Controller, ControllerConfig, RoundReport
@@ -58,7 +59,7 @@ class WorldConfig:
     """The controller's settings in a simulation: its round interval, the restart delay the
     policy plans with, the interference avoidance and refit tolerance of the run, and how
     many rounds it may take to bring up a fixed fleet before the first job (``warmup_rounds``,
-    run at negative times)."""
+    run at negative times), and how long its decisions hold (``hold``)."""
 
     interval_s: float = 60.0
     restart_delay_s: float = 30.0
@@ -66,6 +67,7 @@ class WorldConfig:
     refit_tolerance: float = 0.05
     max_job_retries: int = 3
     warmup_rounds: int = 8
+    hold: HoldConfig = field(default_factory=HoldConfig)
 
 
 class World:
@@ -103,6 +105,7 @@ class World:
                 refit_tolerance=config.refit_tolerance,
                 reconcile=ReconcileConfig(),
                 offerings_refresh_s=config.interval_s,
+                hold=config.hold,
             )
             # One unavailable-offerings memory, with the controller's TTLs, shared with the
             # cloud's pool walk.
