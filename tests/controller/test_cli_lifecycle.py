@@ -41,7 +41,8 @@ def _run(*args: str, timeout_s: float = 240) -> subprocess.CompletedProcess[str]
 def _long_job(tmp_path: Path) -> Path:
     """mlp-wide made long (it runs until the test brings the cluster down) and light."""
     text = (ROOT / "examples/jobs/mlp-wide.yaml").read_text()
-    text = text.replace("--epochs 2", "--epochs 200").replace("--hidden 1024", "--hidden 16")
+    text = text.replace("../elastic_mlp.py", str(ROOT / "examples/elastic_mlp.py"))  # a copy
+    text = text.replace("--epochs 1 ", "--epochs 200 ").replace("--hidden 512", "--hidden 16")
     text = text.replace("--initial-batch-size", "--sample-delay-s 0.002 --initial-batch-size")
     assert all(a in text for a in ("--hidden 16", "--epochs 200", "--sample-delay-s 0.002"))
     spec = tmp_path / "mlp-wide.yaml"

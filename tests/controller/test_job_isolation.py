@@ -140,7 +140,7 @@ def test_a_job_gets_permission_errors_on_the_clusters_secrets(tmp_path: Path) ->
     state = tmp_path / "cluster"
     spec = tmp_path / "probe.yaml"
     spec.write_text(
-        f"name: probe\ncommand: [{PROBE}, {state}]\ngpus: {{min: 1, max: 1}}\n"
+        f"name: probe\ncommand: [{ROOT / PROBE}, {state}]\ngpus: {{min: 1, max: 1}}\n"
         "batch_size: {initial: 32, max: 32}\nlocal_batch_size: {max: 32}\n"
     )
     up = subprocess.Popen(

@@ -83,9 +83,10 @@ def test_hf_job_rescaled_and_preempted_on_the_local_cluster(
     # The job writes its sample log, final weights and outputs where its own user may write.
     state, logs, final = tmp_path / "state", jobs_tmp_path / "logs", jobs_tmp_path / "final.pt"
     spec = tmp_path / "hf.yaml"
+    script = ROOT / "examples/hf_classifier.py"  # absolute: the spec is not beside it
     spec.write_text(
         f"""name: hf
-command: [examples/hf_classifier.py, --epochs, {EPOCHS}, --num-samples, {N}, --seq-len, {SEQ},
+command: [{script}, --epochs, {EPOCHS}, --num-samples, {N}, --seq-len, {SEQ},
   --per-device-batch, {M0}, --lr, {LR}, --seed, {SEED}, --dtype, float64,
   --sample-delay-s, {SAMPLE_DELAY_S}, --log-dir, {logs}, --final-params, {final},
   --output-dir, {jobs_tmp_path / "out"}]
