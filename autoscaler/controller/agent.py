@@ -266,7 +266,7 @@ def failure_cause(log: Path, returncode: int) -> str:
         for m in map(_EXCEPTION_LINE.match, lines)
         if m is not None and not is_torchrun_exception(m.group(2))
     ]
-    told = [x[len(_CAUSE_PREFIX) :] for x in lines if x.startswith(_CAUSE_PREFIX)]
+    told = [x[len(CAUSE_PREFIX) :] for x in lines if x.startswith(CAUSE_PREFIX)]
     if told and told[-1] == NO_MARKER and raised:
         last = f"{NO_MARKER}: {raised[-1]}"
     elif told:
@@ -279,9 +279,6 @@ def failure_cause(log: Path, returncode: int) -> str:
     if len(last) > room:
         last = last[: max(0, room - 3)] + "..."
     return f"{how}: {last}{suffix}" if last else f"{how}{suffix}"
-
-
-_CAUSE_PREFIX: Final = " ".join(CAUSE_PREFIX.split()) + " "
 
 
 DETERMINISTIC_EXCEPTIONS: Final = ("ModuleNotFoundError",)

@@ -94,7 +94,10 @@ def held_instances(
     ``hold_s`` before it, and ``fixed_on`` (instances running a non-adaptive job). A fleet
     above the user's cap (``within_cap`` false: more instances held than ``max_instances``,
     as while the sizing moves the fleet to another offering) holds no young instance: a hold
-    never keeps the fleet above what the user allows."""
+    never keeps the fleet above what the user allows. A hold of 0 s (``HoldConfig(rounds=0)``)
+    holds nothing, a non-adaptive job's instances included."""
+    if hold_s <= 0:
+        return frozenset()
     out = set(fixed_on)
     if not within_cap:
         return frozenset(out)
@@ -104,9 +107,14 @@ def held_instances(
     return frozenset(out)
 
 
-def fixed_allocations(jobs: Iterable[JobView], staying: Iterable[str]) -> dict[str, Allocation]:
+def fixed_allocations(
+    jobs: Iterable[JobView], staying: Iterable[str], hold_s: float
+) -> dict[str, Allocation]:
     """The running non-adaptive jobs of ``jobs`` whose instances all stay (``staying``: the
-    ready instance keys not leaving this round), by name, with the allocation they keep."""
+    ready instance keys not leaving this round), by name, with the allocation they keep;
+    none with a hold of 0 s (``HoldConfig(rounds=0)`` holds nothing)."""
+    if hold_s <= 0:
+        return {}
     stay = set(staying)
     return {
         job.name: job.allocation

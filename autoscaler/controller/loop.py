@@ -411,9 +411,7 @@ class Controller:
             self._hold_s,
             {r.key: r.started_s for r in row_views if r.status is InstanceStatus.RUNNING},
             self.store.placed_since(j.name for j in read_jobs),
-            fixed_on=(
-                k for v in views if not v.adaptive and self._hold_s > 0 for k in v.allocation
-            ),
+            fixed_on=(k for v in views if not v.adaptive for k in v.allocation),
             within_cap=sum(1 for r in row_views if r.status in HELD)
             <= self.config.sizing.max_instances,
         )
@@ -450,11 +448,8 @@ class Controller:
         self._suspected = actions.suspected
         t3 = time.perf_counter()
         staying = [r for r in ready if r.instance_key not in actions.leaving]
-        # A non-adaptive job whose instances all stay keeps them (the hold, unless it is
-        # off: HoldConfig(rounds=0) holds nothing): not decided.
-        fixed = (
-            fixed_allocations(views, (r.instance_key for r in staying)) if self._hold_s > 0 else {}
-        )
+        # A non-adaptive job whose instances all stay keeps them (the hold): not decided.
+        fixed = fixed_allocations(views, (r.instance_key for r in staying), self._hold_s)
         kept = {**pinned, **fixed}
         cluster = self._cluster(staying, now, held_by=kept)
         on_nodes = {n.instance_key for n in cluster.nodes}

@@ -237,3 +237,4 @@ def test_a_fleet_above_its_cap_holds_no_young_instance_but_keeps_a_fixed_jobs() 
     started = {"young": 995.0, "old": 0.0, "fixed": 0.0}
     assert held_instances(1000.0, 300.0, started, {}, fixed_on=["fixed"]) == {"young", "fixed"}
     assert held_instances(1000.0, 300.0, started, {}, ["fixed"], within_cap=False) == {"fixed"}
+    assert held_instances(1000.0, 0.0, started, {}, fixed_on=["fixed"]) == frozenset()  # off
