@@ -189,6 +189,7 @@ class _Record:
     private_ip: str
     terminated_at_s: float | None = None
     preempt_at_s: float | None = None
+    boot_s: float = 0.0  # how long it stays pending after its launch
 
     @property
     def cluster_tag(self) -> str | None:
@@ -274,8 +275,10 @@ class FakeProvider:
     ``offerings`` is the catalogue (default ``default_offerings(name)``; every offering's
     ``provider`` must equal ``name``); ``capacity`` maps offering keys to the most live instances
     the pool holds (missing or ``None``: unlimited). ``boot_s`` is how long an instance stays
-    ``PENDING``; ``terminated_retention_s`` how long a terminated instance stays known (later it
-    is unknown, which ``terminate`` also counts as already gone). ``state_path``: keep the cloud
+    ``PENDING``, or ``boot_time`` draws it per launch from the instance's offering (a
+    simulated world's boot distribution; it is kept with the instance);
+    ``terminated_retention_s`` how long a terminated instance stays known (later it is
+    unknown, which ``terminate`` also counts as already gone). ``state_path``: keep the cloud
     side in that file instead of in memory (module docstring); an existing file is loaded (and
     ``offerings``/``capacity`` ignored), a missing one is created from them.
     """
@@ -289,6 +292,7 @@ class FakeProvider:
         unavailable: UnavailableOfferings | None = None,
         name: str = FAKE_PROVIDER,
         boot_s: float = 0.0,
+        boot_time: Callable[[Offering], float] | None = None,
         page_size: int = 1000,
         retry_policy: RetryPolicy | None = None,
         seed: int = 0,
@@ -310,6 +314,7 @@ class FakeProvider:
         self._clock: Clock = clock or SystemClock()
         self._unavailable = unavailable or UnavailableOfferings(self._clock)
         self._boot_s = boot_s
+        self._boot_time = boot_time
         self._page_size = page_size
         self._retry_policy = retry_policy or RetryPolicy()
         self._seed = seed
@@ -323,6 +328,18 @@ class FakeProvider:
             self._open_store(self._store)
 
     # ------------------------------------------------------------ test controls
+
+    def booted_ids(self, cluster_id: str) -> frozenset[str]:
+        """The ids of ``cluster_id``'s live instances past their boot (what the cloud lists as
+        running), read without an API call: a simulated world's agents start on these."""
+        now = self._clock.now_s()
+        return frozenset(
+            i
+            for i in self._by_cluster.get(cluster_id, ())
+            if (rec := self._records.get(i)) is not None
+            and rec.terminated_at_s is None
+            and now >= rec.launched_at_s + rec.boot_s
+        )
 
     @property
     def unavailable(self) -> UnavailableOfferings:
@@ -660,6 +677,7 @@ class FakeProvider:
             tags=tags,
             launched_at_s=self._clock.now_s(),
             private_ip=f"10.{(n >> 16) & 255}.{(n >> 8) & 255}.{n & 255}",
+            boot_s=self._boot_s if self._boot_time is None else self._boot_time(offering),
         )
         self._records[rec.instance_id] = rec
         self._live_by_pool[offering.key] += 1
@@ -689,7 +707,7 @@ class FakeProvider:
     def _state(self, rec: _Record) -> InstanceState:
         if rec.terminated_at_s is not None:
             return InstanceState.TERMINATED
-        if self._clock.now_s() < rec.launched_at_s + self._boot_s:
+        if self._clock.now_s() < rec.launched_at_s + rec.boot_s:
             return InstanceState.PENDING
         return InstanceState.RUNNING
 
@@ -800,6 +818,7 @@ class FakeProvider:
                     "private_ip": r.private_ip,
                     "terminated_at_s": r.terminated_at_s,
                     "preempt_at_s": r.preempt_at_s,
+                    "boot_s": r.boot_s,
                 }
                 for r in self._records.values()
             ],
@@ -855,6 +874,7 @@ class FakeProvider:
                 private_ip=_text(d["private_ip"]),
                 terminated_at_s=_optional_seconds(d["terminated_at_s"]),
                 preempt_at_s=_optional_seconds(d["preempt_at_s"]),
+                boot_s=_seconds(d.get("boot_s", self._boot_s)),
             )
             records[rec.instance_id] = rec
             if rec.terminated_at_s is None:

@@ -5,7 +5,9 @@ looked into :class:`Event` s, which it appends to the store's ``events`` table (
 returns (``coadapt up`` prints them; ``coadapt events`` reads the same rows back):
 
 * instances, from their status history (every change is there, with its time and the reason
-  the sizing or the reconcile gave): ``launch``, ``ready``, ``launch-failed``, ``notice`` (a
+  the sizing or the reconcile gave): ``launch``, ``boot`` (the cloud has it: booting),
+  ``ready`` (its agent's first heartbeat: it can run jobs, with its boot time from the
+  launch; :func:`~autoscaler.controller.lifecycle.boot_phase`), ``launch-failed``, ``notice`` (a
   spot interruption notice), ``drain``, ``preemption`` (the provider ended it: after a notice,
   or it vanished while running), ``release`` (with what it cost), ``termination-failed``;
   ``agent-restart`` (its agent restarted and adopted or relaunched its jobs) is written by the
@@ -78,6 +80,7 @@ class EventKind(StrEnum):
     """What an event is about (see the module docstring)."""
 
     LAUNCH = "launch"
+    BOOT = "boot"
     READY = "ready"
     LAUNCH_FAILED = "launch-failed"
     NOTICE = "notice"
@@ -216,6 +219,9 @@ class EventRecorder:
             r.instance_key: r.status for r in store.list_instances()
         }
         self._launched: set[str] = set(self._status)
+        self._heard: set[str] = {  # instances whose agent was heard: told ready already
+            r.instance_key for r in store.list_instances() if r.last_heartbeat_s is not None
+        }
         self._noticed: set[str] = {  # a spot notice: a preemption recorded on a drain
             key
             for _, key, change in history
@@ -251,6 +257,7 @@ class EventRecorder:
         now = self._clock.now_s()
         self._view_cache = None
         events = self._instance_events()
+        events += self._ready_events()
         jobs = {j.name: j for j in self._store.list_jobs()}
         placements = self._read_placements()
         batches = self._store.list_batches()
@@ -281,6 +288,29 @@ class EventRecorder:
                 out.append(event)
         return out
 
+    def _ready_events(self) -> list[Event]:
+        """``ready`` for each running instance whose agent is heard for the first time, at
+        that heartbeat, with its boot time from its launch."""
+        out: list[Event] = []
+        for row in self._store.list_instances(statuses=(InstanceStatus.RUNNING,)):
+            heard = row.last_heartbeat_s
+            if heard is None or row.instance_key in self._heard:
+                continue
+            self._heard.add(row.instance_key)
+            launched = launched_at(self._store.history(row.instance_key))
+            boot = ""
+            if launched is not None:
+                boot = f" {max(0.0, heard - launched):.0f} s after its launch"
+            out.append(
+                Event(
+                    heard,
+                    EventKind.READY,
+                    row.instance_key,
+                    f"ready: its agent is heard{boot} ({row.provider_instance_id})",
+                )
+            )
+        return out
+
     def _instance_event(
         self,
         key: str,
@@ -301,7 +331,7 @@ class EventRecorder:
             return Event(at, EventKind.LAUNCH, key, f"{what}: {wanted}".strip(": "))
         if s is InstanceStatus.RUNNING and before is not InstanceStatus.RUNNING:
             cloud_id = None if row is None else row.provider_instance_id
-            return Event(at, EventKind.READY, key, f"running as {cloud_id} ({reason})")
+            return Event(at, EventKind.BOOT, key, f"booting as {cloud_id} ({reason})")
         if s is InstanceStatus.ALLOCATION_FAILED:
             return Event(at, EventKind.LAUNCH_FAILED, key, reason)
         if s is InstanceStatus.DRAINING and change.preemption:

@@ -10,10 +10,21 @@ The horizon is :meth:`HoldConfig.hold_s`: ``rounds`` rounds of the controller, a
 than one restart of a job (``restart_delay_s``): a job moved sooner has not yet won back the
 restart it paid. Within it:
 
-* **Young instances are not drained for cost** (:func:`held_instances`): an instance that
-  started running less than the horizon ago, or on which a job was placed (or resumed) less
-  than the horizon ago, is not chosen as a surplus to drain. A spot notice, the cloud taking
-  it back, a dead agent or ``down`` are not cost decisions and always win.
+* **An instance a job was just placed on is not drained for cost** (:func:`held_instances`):
+  one on which a job was placed (or resumed) less than the horizon ago is not chosen as a
+  surplus to drain. A spot notice, the cloud taking it back, a dead agent or ``down`` are not
+  cost decisions and always win. (An instance's own age is no reason: holding every instance
+  younger than the horizon kept the fresh ones and drained busy ones instead; on E2's
+  workload-1 it raised coadapt's bill from $344.93 to $421.74 and its launches from 179 to
+  335, ``benchmarks/cloud_cost.py --experiment E2 --workloads 1 --strategies coadapt``.)
+* **An empty instance is kept while keeping it is cheaper than a relaunch**
+  (:func:`kept_empty`, :func:`hold_target`): a ready instance that runs no job stays for
+  ``empty_keep_s`` from when it became empty, the boot the sizing believes a relaunch takes
+  (:attr:`~autoscaler.decide.sizing.SizingConfig.provisioning_delay_s`): the rent-or-buy
+  break-even (idle that long costs what a relaunch's billed boot costs; the next job that
+  arrives meanwhile starts without a boot). Only while the plan wants every instance that is
+  busy or booting: a plan that wants fewer releases the empty ones first. Past it, the
+  reconcile releases it in the round the plan drops it.
 * **A non-adaptive job is never moved or stopped for cost** (:func:`fixed_allocations`,
   :func:`held_instances`): a running ``adaptive: false`` job whose instances all stay keeps
   its allocation and batch whatever the policy would do, and its instances are not drained
@@ -42,6 +53,8 @@ __all__ = [
     "damp_batches",
     "fixed_allocations",
     "held_instances",
+    "hold_target",
+    "kept_empty",
 ]
 
 
@@ -50,10 +63,12 @@ class HoldConfig:
     """How long decisions hold (see the module docstring): ``rounds`` controller rounds (5:
     the issue's acceptance counts reversals and drains of young instances within 5 rounds),
     never less than one restart; ``batch_tolerance``: a batch within this fraction of the
-    one a job left is a reversal to it."""
+    one a job left is a reversal to it; ``keep_empty``: keep an empty ready instance for the
+    rent-or-buy break-even (:meth:`empty_keep_s`)."""
 
     rounds: int = 5
     batch_tolerance: float = 0.05
+    keep_empty: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.rounds, bool) or not isinstance(self.rounds, int) or self.rounds < 0:
@@ -62,6 +77,14 @@ class HoldConfig:
             raise InvalidInputError(
                 "batch_tolerance must be in [0, 1)", field="hold.batch_tolerance"
             )
+
+    def empty_keep_s(self, boot_s: float) -> float:
+        """How long an empty ready instance is kept: ``boot_s``, the boot the sizing believes
+        a relaunch takes (the rent-or-buy break-even); 0 when nothing holds (``rounds`` 0)
+        or ``keep_empty`` is off."""
+        if self.rounds == 0 or not self.keep_empty:
+            return 0.0
+        return max(0.0, boot_s)
 
     def hold_s(self, interval_s: float, restart_delay_s: float) -> float:
         """The horizon in seconds: ``rounds x interval_s``, at least ``restart_delay_s``
@@ -82,29 +105,58 @@ class BatchLeft:
 def held_instances(
     now_s: float,
     hold_s: float,
-    started_s: Mapping[str, float | None],
     placed_s: Mapping[str, float],
     fixed_on: Iterable[str] = (),
     *,
     within_cap: bool = True,
 ) -> frozenset[str]:
-    """Instance keys not to drain for cost this round: those that started running (``started_s``,
-    ``None``: not yet) less than ``hold_s`` before ``now_s``, those on which a job's current
+    """Instance keys not to drain for cost this round: those on which a job's current
     placement began (``placed_s``: the latest open assignment span per instance) less than
-    ``hold_s`` before it, and ``fixed_on`` (instances running a non-adaptive job). A fleet
-    above the user's cap (``within_cap`` false: more instances held than ``max_instances``,
-    as while the sizing moves the fleet to another offering) holds no young instance: a hold
-    never keeps the fleet above what the user allows. A hold of 0 s (``HoldConfig(rounds=0)``)
-    holds nothing, a non-adaptive job's instances included."""
+    ``hold_s`` before ``now_s``, and ``fixed_on`` (instances running a non-adaptive job). A
+    fleet above the user's cap (``within_cap`` false: more instances held than
+    ``max_instances``, as while the sizing moves the fleet to another offering) holds no
+    recently placed instance: a hold never keeps the fleet above what the user allows. A hold
+    of 0 s (``HoldConfig(rounds=0)``) holds nothing, a non-adaptive job's instances
+    included."""
     if hold_s <= 0:
         return frozenset()
     out = set(fixed_on)
     if not within_cap:
         return frozenset(out)
-    for key, at in (*started_s.items(), *placed_s.items()):
-        if at is not None and now_s - at < hold_s:
+    for key, at in placed_s.items():
+        if now_s - at < hold_s:
             out.add(key)
     return frozenset(out)
+
+
+def kept_empty(now_s: float, keep_s: float, empty_since_s: Mapping[str, float]) -> frozenset[str]:
+    """The ready instances without a job (``empty_since_s``: key -> when it was first seen
+    empty) that have been empty less than ``keep_s``: kept for the next job (see the module
+    docstring). ``keep_s`` 0: none."""
+    return frozenset(k for k, at in empty_since_s.items() if now_s - at < keep_s)
+
+
+def hold_target(
+    target: Mapping[str, int],
+    held_rows: Mapping[str, Iterable[str]],
+    empty: Iterable[str],
+    kept: Iterable[str],
+) -> dict[str, int]:
+    """The fleet target with the kept empty instances added back: per offering (``held_rows``:
+    offering key -> the keys of its queued, requested or running instances), when the plan
+    wants at least every instance of it that is not an empty ready one (``empty``), it wants
+    the ``kept`` empty ones too; a plan that wants fewer is taken as it is (the empty ones go
+    first)."""
+    empty_set, kept_set = set(empty), set(kept)
+    out = dict(target)
+    for key, rows in held_rows.items():
+        keys = list(rows)
+        others = sum(1 for k in keys if k not in empty_set)
+        keep = sum(1 for k in keys if k in kept_set and k in empty_set)
+        want = int(target.get(key, 0))
+        if keep and want >= others:
+            out[key] = max(want, others + keep)
+    return out
 
 
 def fixed_allocations(

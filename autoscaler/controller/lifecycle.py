@@ -37,6 +37,13 @@ Decisions made here, and why:
 * ``running`` is entered only from ``requested``: an instance is adopted once, with its cloud
   id recorded, and never resurrected.
 
+**Boot** is a phase of ``running``, not a status of its own (:func:`boot_phase`): an instance
+is *launched* while its row waits for the cloud (``queued``, ``requested``), *booting* from
+the moment the cloud has it until it is ready, and *ready* once the cloud lists it running
+(booted, not ``pending``) and, where the controller hears agents, its agent has sent its first
+heartbeat: the node can run a job. The controller gives jobs only to ready instances; the
+sizing counts a booting one as capacity to come (it is held).
+
 Timeouts are derived from the status history, not from timers: :func:`timeout_from_history`
 reads how long the row has been in its status and how many retries it made;
 :func:`timed_out` is the same decision over those values already extracted. Each
@@ -62,10 +69,12 @@ __all__ = [
     "TERMINAL",
     "TIMEOUT_EDGES",
     "TRANSITIONS",
+    "BootPhase",
     "InstanceStatus",
     "LifecycleTimeouts",
     "StatusChange",
     "TimeoutAction",
+    "boot_phase",
     "check_transition",
     "is_terminal",
     "launched_at",
@@ -166,6 +175,35 @@ AGENT_REVOKED: Final[frozenset[InstanceStatus]] = TERMINAL | {_S.ALLOCATION_FAIL
 """Statuses in which the instance's agent credential is refused (the API answers 401): the
 instance ended, or its launch was given up on (an instance that fills late is terminated
 through its row, never adopted: its agent has nothing to ask for)."""
+
+
+class BootPhase(StrEnum):
+    """Where an instance is in its start (see the module docstring)."""
+
+    LAUNCHED = "launched"  # its row waits for the cloud (queued, requested)
+    BOOTING = "booting"  # the cloud has it; not yet able to run a job
+    READY = "ready"  # booted, and its agent heard (where agents are heard)
+
+
+def boot_phase(
+    status: InstanceStatus,
+    *,
+    cloud_running: bool,
+    heard_s: float | None,
+    needs_agent: bool,
+) -> BootPhase | None:
+    """The boot phase of a row in ``status`` (``None``: it is leaving or gone, not starting):
+    ``cloud_running``, the provider lists its instance as running (booted, not pending);
+    ``heard_s``, its agent's last heartbeat (``None``: never heard); ``needs_agent``, the
+    controller judges agents by their heartbeats (a cluster with agents), so an instance is
+    ready only once its agent is heard."""
+    if status in (InstanceStatus.QUEUED, InstanceStatus.REQUESTED):
+        return BootPhase.LAUNCHED
+    if status is not InstanceStatus.RUNNING:
+        return None
+    if cloud_running and (heard_s is not None or not needs_agent):
+        return BootPhase.READY
+    return BootPhase.BOOTING
 
 
 def check_transition(

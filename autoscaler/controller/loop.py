@@ -68,9 +68,17 @@ from autoscaler.controller.hold import (
     damp_batches,
     fixed_allocations,
     held_instances,
+    hold_target,
+    kept_empty,
 )
 from autoscaler.controller.jobbook import MAX_JOB_GPUS, JobBook, JobSubmission
-from autoscaler.controller.lifecycle import InstanceStatus, preempted_at, terminate_retries
+from autoscaler.controller.lifecycle import (
+    BootPhase,
+    InstanceStatus,
+    boot_phase,
+    preempted_at,
+    terminate_retries,
+)
 from autoscaler.controller.liveness import AwakeLog
 from autoscaler.controller.reconcile import (
     HELD,
@@ -328,6 +336,10 @@ class Controller:
         # controller starts with none.
         self._batch_left: dict[str, BatchLeft] = {}
         self._hold_s = config.hold.hold_s(config.interval_s, config.restart_delay_s)
+        # Since when each ready instance has run no job (hold.kept_empty); in process: a
+        # restarted controller keeps an empty instance for one more break-even at most.
+        self._empty_since: dict[str, float] = {}
+        self._keep_empty_s = config.hold.empty_keep_s(config.sizing.provisioning_delay_s)
 
     def note_alive(self) -> None:
         """The controller is running now (the service's ticker calls it about every second;
@@ -379,15 +391,22 @@ class Controller:
         self._read_reports(assignments, gpu_type_of)
         t1 = time.perf_counter()
 
-        # Ready: running in the store and in the cloud's listing (booted, not pending), and
-        # not noticed of an interruption.
+        # Ready (lifecycle.boot_phase): running in the store and in the cloud's listing
+        # (booted, not pending), its agent heard where agents are, and not noticed of an
+        # interruption. Only ready instances are given jobs.
         booted = {i.instance_id for i in observed if i.state is InstanceState.RUNNING}
         noticed = {n.instance_id for n in notices}
+        needs_agent = self.config.reconcile.heartbeat_timeout_s is not None
         ready = [
             r
             for r in rows
-            if r.status is InstanceStatus.RUNNING
-            and r.provider_instance_id in booted
+            if boot_phase(
+                r.status,
+                cloud_running=r.provider_instance_id in booted,
+                heard_s=r.last_heartbeat_s,
+                needs_agent=needs_agent,
+            )
+            is BootPhase.READY
             and r.provider_instance_id not in noticed
         ]
         unavailable = self.unavailable.unavailable()
@@ -402,14 +421,25 @@ class Controller:
         self._record_etas(views, cluster, now)
         t2 = time.perf_counter()
 
-        used: dict[str, int] = {}
-        for (_, key), gpus in assignments.items():
-            used[key] = used.get(key, 0) + gpus
+        used: dict[str, int] = {}  # GPUs of active jobs: an ended job's are being cleared
+        active = {j.name for j in read_jobs}
+        for (name, key), gpus in assignments.items():
+            if name in active:
+                used[key] = used.get(key, 0) + gpus
         row_views = tuple(self._row_view(r) for r in rows)
-        held_keys = held_instances(
+        # An empty ready instance is kept for the next job while that is cheaper than a
+        # relaunch (hold.kept_empty): the target keeps it, and it is not drained for cost.
+        empty_now = {r.instance_key for r in ready if used.get(r.instance_key, 0) == 0}
+        self._empty_since = {k: self._empty_since.get(k, now) for k in empty_now}
+        kept = kept_empty(now, self._keep_empty_s, self._empty_since)
+        held_rows: dict[str, list[str]] = {}
+        for r in rows:
+            if r.status in HELD:
+                held_rows.setdefault(r.offering_key, []).append(r.instance_key)
+        target = hold_target(target, held_rows, empty_now, kept)
+        held_keys = kept | held_instances(
             now,
             self._hold_s,
-            {r.key: r.started_s for r in row_views if r.status is InstanceStatus.RUNNING},
             self.store.placed_since(j.name for j in read_jobs),
             fixed_on=(k for v in views if not v.adaptive for k in v.allocation),
             within_cap=sum(1 for r in row_views if r.status in HELD)

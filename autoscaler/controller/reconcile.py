@@ -40,8 +40,13 @@ Act (what to change):
 * the target fleet: per offering, the instances held (queued, requested, running) are
   compared with the target; a shortfall creates new rows (``queued``, each with its own
   request id), at most ``max(min_launches_per_offering, launch_growth x held)`` per offering
-  per round and ``max_in_flight`` queued or requested in all; a surplus drains running
-  instances, those running the fewest GPUs of jobs still training first (GPUs held by a job
+  per round and ``max_in_flight`` queued or requested in all; a surplus first releases, in
+  that round, the ready instances (:func:`~autoscaler.controller.lifecycle.boot_phase`) that
+  run no job, newest first (those of the input's ``held`` last), straight to
+  ``terminating`` (nothing to drain; also while other offerings launch, but not while
+  instances of the same offering are still being launched: the one still to come is then
+  the spare). The rest of a surplus drains
+  running instances, those running the fewest GPUs of jobs still training first (GPUs held by a job
   that finished training, ``finishing_gpus``, are free within seconds: its instance goes
   before the one a running job was just placed on), at most ``disruption_budget`` per round,
   none while instances are launching (replacements come up before anything is drained for
@@ -62,16 +67,19 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from autoscaler.controller.lifecycle import (
+    BootPhase,
     InstanceStatus,
     LifecycleTimeouts,
     TimeoutAction,
+    boot_phase,
     timed_out,
 )
 from autoscaler.controller.liveness import Stall, mass_silence, silence_s
 from autoscaler.errors import InvalidInputError
-from providers.base import Instance, InterruptionKind, InterruptionNotice
+from providers.base import Instance, InstanceState, InterruptionKind, InterruptionNotice
 
 __all__ = [
+    "EMPTY_RELEASE_REASON",
     "NOTICE_REASON",
     "UNAVAILABLE_REASON",
     "VANISHED_REASON",
@@ -94,12 +102,18 @@ UNAVAILABLE_REASON: Final = "offering unavailable (capacity error)"
 """The history reason of a queued row failed because its offering is marked unavailable."""
 NOTICE_REASON = "spot interruption notice"
 """The history reason of a drain for a spot notice (a preemption)."""
+EMPTY_RELEASE_REASON: Final = "fleet target lowered (cost): ready, no job on it"
+"""The history reason of a ready instance that runs no job, released when the target drops
+it (straight to ``terminating``: there is nothing to drain)."""
 VANISHED_REASON = "no longer listed by the cloud"
 """The history reason of an instance that vanished (preempted without a notice read)."""
 
 PREEMPTIBLE: Final = frozenset({InstanceStatus.RUNNING, InstanceStatus.DRAINING})
 """Statuses in which an instance that vanishes from the listing was ended by the provider (a
 preemption), not released."""
+
+_STARTING: Final = frozenset({InstanceStatus.QUEUED, InstanceStatus.REQUESTED})
+"""Statuses of an instance still being launched (no cloud instance recorded yet)."""
 
 _LISTED = frozenset(
     {
@@ -503,11 +517,36 @@ def _size(b: _Builder, rows: list[RowView]) -> list[LaunchIntent]:
         if s in (InstanceStatus.QUEUED, InstanceStatus.REQUESTED):
             in_flight += 1
     launching = in_flight > 0
+    booted = {i.instance_id for i in inp.observed if i.state is InstanceState.RUNNING}
+    needs_agent = cfg.heartbeat_timeout_s is not None
     new_rows: list[LaunchIntent] = []
     surplus: list[RowView] = []
+    released: list[RowView] = []
     for key in sorted(set(held) | set(inp.target)):
         have = held.get(key, [])
         want = max(0, int(inp.target.get(key, 0)))
+        if want < len(have) and not any(b.status[r.key] in _STARTING for r in have):
+            # Ready instances that run no job go first, at once: releasing one disrupts
+            # nothing, and keeping it bills idle time while nothing of its offering is still
+            # coming up (then the booting one would be the one to spare).
+            empty = [
+                r
+                for r in have
+                if b.status[r.key] is InstanceStatus.RUNNING
+                and inp.used_gpus.get(r.key, 0) == 0
+                and boot_phase(
+                    InstanceStatus.RUNNING,
+                    cloud_running=r.provider_instance_id in booted,
+                    heard_s=r.last_heartbeat_s,
+                    needs_agent=needs_agent,
+                )
+                is BootPhase.READY
+            ]
+            # The hold's own (kept for the next job: hold.kept_empty) last, then newest first.
+            empty.sort(key=lambda r: (r.key in inp.held, -(r.started_s or 0.0), r.key))
+            gone = empty[: len(have) - want]
+            released.extend(gone)
+            have = [r for r in have if r not in gone]
         if want > len(have):
             if key in inp.unavailable:
                 continue
@@ -526,6 +565,8 @@ def _size(b: _Builder, rows: list[RowView]) -> list[LaunchIntent]:
             # provisioning).
             ready.sort(key=lambda r: (_training_gpus(inp, r.key), -(r.started_s or 0.0), r.key))
             surplus.extend(ready[: len(have) - want])
+    for row in released:
+        b.stop(row, EMPTY_RELEASE_REASON)
     if launching or new_rows:
         return new_rows  # replacements first: no cost drain while instances are launching
     surplus.sort(key=lambda r: (_training_gpus(inp, r.key), r.key))

@@ -13,7 +13,11 @@ a simulated cloud (:class:`~autoscaler.sim.world.CloudWorld`) built from a
   it fail with a capacity error, and when it drops below the instances held, the newest are
   preempted), each announced by the provider's notice (AWS 120 s, GCP 30 s);
 - the fleet strategy the controller runs (:mod:`autoscaler.decide.strategies`);
-- ``provisioning_delay_s`` (default 2 min for GPU VMs; billed: the VM runs while it boots),
+- each instance's boot (billed: the VM runs while it boots): drawn from ``boot``, the
+  world's :class:`~autoscaler.sim.boot.BootTimes` (public measurements of AWS and GCP
+  start-up, per provider and instance size, seeded), or the constant
+  ``provisioning_delay_s`` when ``boot`` is ``None``; an instance's agent is heard once it
+  has booted, and only then does the controller give it a job,
   checkpoints every ``checkpoint_interval_s`` of running (and at every planned stop) taking
   ``checkpoint_write_s`` (a job on a preempted instance loses nothing but the restart when
   the notice leaves time to write one; else it falls back to its last checkpoint),
@@ -35,6 +39,7 @@ from autoscaler.decide.fleet import FleetStrategy, FleetView
 from autoscaler.decide.views import OfferingRef
 from autoscaler.errors import AutoscalerError, InvalidInputError
 from autoscaler.market.series import PriceSeries
+from autoscaler.sim.boot import BootTimes
 from autoscaler.sim.cluster import NodeGroup
 
 __all__ = [
@@ -102,6 +107,7 @@ class CloudConfig:
     offerings: tuple[CloudOffering, ...]
     strategy: FleetStrategy
     provisioning_delay_s: float = 120.0
+    boot: BootTimes | None = None
     checkpoint_interval_s: float = 600.0
     checkpoint_write_s: float = 20.0
     min_billed_s: float = 60.0

@@ -76,6 +76,7 @@ from autoscaler.market.preemption import (
     load_hazard_model,
 )
 from autoscaler.market.series import ConstantPrice, StochasticSpotPrice
+from autoscaler.sim.boot import load_boot_times
 from autoscaler.sim.cloud_config import CloudConfig, CloudOffering, FleetStrategy, PreemptionModel
 from autoscaler.sim.cluster import INTERCONNECTS
 from autoscaler.sim.workload import TraceJob
@@ -393,5 +394,10 @@ def build_run(
         policy = "coadapt"
     else:  # pragma: no cover - every listed name is handled above
         raise InvalidInputError(f"unknown strategy {strategy!r}", field="strategy")
-    cloud = CloudConfig(offerings, plan, budget_usd_per_hour=sizing.budget_usd_per_hour)
+    cloud = CloudConfig(
+        offerings,
+        plan,
+        boot=load_boot_times(seed),
+        budget_usd_per_hour=sizing.budget_usd_per_hour,
+    )
     return CloudRun(experiment, strategy, policy, cloud, policy_options)

@@ -194,7 +194,14 @@ def _config_json(config: SimConfig) -> dict[str, Any]:
         out["cloud"] = {
             "strategy": cloud.strategy.name,
             "offerings": [o.key for o in cloud.offerings],
-            "provisioning_delay_s": cloud.provisioning_delay_s,
+            "provisioning_delay_s": cloud.provisioning_delay_s if cloud.boot is None else None,
+            "boot": None
+            if cloud.boot is None
+            else {
+                "model": "lognormal",
+                "seed": cloud.boot.seed,
+                "rows": [asdict(q) for rows in cloud.boot.rows.values() for q in rows],
+            },
             "checkpoint_interval_s": cloud.checkpoint_interval_s,
             "checkpoint_write_s": cloud.checkpoint_write_s,
             "min_billed_s": cloud.min_billed_s,

@@ -83,6 +83,7 @@ class World:
         *,
         oracle: Callable[[str], Oracle | None] | None = None,
         boot_s: float = 0.0,
+        boot_time: Callable[[Offering], float] | None = None,
         capacity: Mapping[str, int | None] | None = None,
         provider_name: str = SIM_PROVIDER,
     ) -> None:
@@ -116,6 +117,7 @@ class World:
                 clock=self.clock,
                 name=provider_name,
                 boot_s=boot_s,
+                boot_time=boot_time,
                 unavailable=unavailable,
             )
             counter = iter(range(1, 1 << 62))
@@ -163,10 +165,12 @@ class World:
         self.controller.job_exited(name, failed=failed)
 
     def heartbeat(self) -> None:
-        """Every running instance's agent is alive now."""
+        """Every booted instance's agent is alive now (an agent starts once its instance has
+        booted: one the cloud still lists as pending is not heard)."""
         now = self.clock.now_s()
+        booted = self.provider.booted_ids(CLUSTER_ID)
         for row in self.store.list_instances(statuses=_AGENT_UP):
-            if row.provider_instance_id is not None:
+            if row.provider_instance_id in booted:
                 self.store.record_heartbeat(row.instance_key, now)
 
     # ---- the round -------------------------------------------------------------------------
@@ -302,6 +306,7 @@ class CloudWorld(World):
             replace(config, warmup_rounds=0),
             oracle=oracle,
             boot_s=cloud.provisioning_delay_s,
+            boot_time=None if cloud.boot is None else cloud.boot.draw_s,
             provider_name=provider_names.pop(),
         )
         self.ledger = CostLedger()

@@ -26,6 +26,8 @@ def test_a_run_is_told_event_by_event_with_reasons(tmp_path: Path) -> None:
     seen = []
     for r in range(6):
         ctl.run_round()
+        for i in store.list_instances(statuses=(InstanceStatus.RUNNING,)):
+            store.record_heartbeat(i.instance_key, clock.now_s())  # its agent, once booted
         seen += recorder.observe()
         clock.advance(60.0)
         if r == 1:
@@ -46,6 +48,7 @@ def test_a_run_is_told_event_by_event_with_reasons(tmp_path: Path) -> None:
     for kind in (
         EventKind.SUBMIT,
         EventKind.LAUNCH,
+        EventKind.BOOT,
         EventKind.READY,
         EventKind.START,
         EventKind.NOTICE,

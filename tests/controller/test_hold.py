@@ -234,7 +234,24 @@ def test_a_fleet_above_its_cap_holds_no_young_instance_but_keeps_a_fixed_jobs() 
     (benchmarks/controller_round.py, min = max = 8 instances: 11 ran with the hold, 8 now.)"""
     from autoscaler.controller.hold import held_instances
 
-    started = {"young": 995.0, "old": 0.0, "fixed": 0.0}
-    assert held_instances(1000.0, 300.0, started, {}, fixed_on=["fixed"]) == {"young", "fixed"}
-    assert held_instances(1000.0, 300.0, started, {}, ["fixed"], within_cap=False) == {"fixed"}
-    assert held_instances(1000.0, 0.0, started, {}, fixed_on=["fixed"]) == frozenset()  # off
+    placed = {"young": 995.0, "old": 0.0}
+    assert held_instances(1000.0, 300.0, placed, fixed_on=["fixed"]) == {"young", "fixed"}
+    assert held_instances(1000.0, 300.0, placed, ["fixed"], within_cap=False) == {"fixed"}
+    assert held_instances(1000.0, 0.0, placed, fixed_on=["fixed"]) == frozenset()  # off
+
+
+def test_an_empty_instance_is_kept_for_the_break_even_only_while_the_plan_wants_the_rest() -> None:
+    """The rent-or-buy rule: an empty ready instance stays for the boot a relaunch would take,
+    unless the plan wants fewer than the instances that are busy or booting."""
+    from autoscaler.controller.hold import hold_target, kept_empty
+
+    since = {"e1": 990.0, "e2": 800.0}
+    assert kept_empty(1000.0, 120.0, since) == {"e1"}
+    assert kept_empty(1000.0, 0.0, since) == frozenset()
+    rows = {T4: ["busy", "e1", "e2"]}
+    assert hold_target({T4: 1}, rows, {"e1", "e2"}, {"e1"}) == {T4: 2}  # e2 goes
+    assert hold_target({}, rows, {"e1", "e2"}, {"e1"}) == {}  # the plan drops busy too
+    assert hold_target({T4: 3}, rows, {"e1", "e2"}, {"e1"}) == {T4: 3}
+    assert HoldConfig().empty_keep_s(120.0) == 120.0
+    assert HoldConfig(rounds=0).empty_keep_s(120.0) == 0.0
+    assert HoldConfig(keep_empty=False).empty_keep_s(120.0) == 0.0

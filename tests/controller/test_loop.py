@@ -88,7 +88,8 @@ def test_a_restarted_controller_sees_the_same_models(tmp_path: Path) -> None:
 
 def test_failures_are_retried_then_the_job_fails(tmp_path: Path) -> None:
     store, cloud, clock = _setup(tmp_path, jobs=1)
-    ctl = Controller(store, cloud, clock, ControllerConfig(CLUSTER, max_job_retries=2))
+    config = ControllerConfig(CLUSTER, max_job_retries=2, reconcile=CONFIG.reconcile)
+    ctl = Controller(store, cloud, clock, config)  # no agents here: none is waited for
     _rounds(ctl, store, clock, 2)
     assert ctl.job_exited("job-0", failed=True) is JobStatus.QUEUED
     ctl.run_round()

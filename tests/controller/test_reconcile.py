@@ -5,6 +5,7 @@ from __future__ import annotations
 from autoscaler.controller.lifecycle import InstanceStatus as S
 from autoscaler.controller.lifecycle import LifecycleTimeouts
 from autoscaler.controller.reconcile import (
+    EMPTY_RELEASE_REASON,
     NOTICE_REASON,
     ReconcileConfig,
     ReconcileInput,
@@ -160,13 +161,66 @@ def test_unavailable_offering_gets_no_launch_and_its_queued_rows_fail() -> None:
 
 
 def test_surplus_drains_the_emptiest_within_the_budget() -> None:
+    rows = tuple(row(k, S.RUNNING, pid=f"i-{k}") for k in "abcde")
+    seen = tuple(cloud(f"i-{k}", f"req-{k}") for k in "abcde")
+    used = {"a": 4, "b": 1, "c": 2, "d": 3, "e": 4}
+    cfg = ReconcileConfig(heartbeat_timeout_s=None, disruption_budget=2)
+    out = reconcile(ReconcileInput(NOW, rows, seen, target={POOL: 1}, used_gpus=used), cfg)
+    assert out.leaving == {"b", "c"}
+    assert {t.to for t in out.transitions} == {S.DRAINING}
+
+
+def test_ready_instances_with_no_job_are_released_at_once_outside_the_budget() -> None:
+    """Issue 40: a ready instance that runs no job and that the target drops is released in
+    that round, straight to terminating (nothing to drain), young (held) or not, and beyond
+    the disruption budget, which counts disruptions; the rest of the surplus drains within
+    it."""
     rows = tuple(row(k, S.RUNNING, pid=f"i-{k}") for k in "abcd")
     seen = tuple(cloud(f"i-{k}", f"req-{k}") for k in "abcd")
     used = {"a": 4, "b": 0, "c": 2, "d": 0}
-    cfg = ReconcileConfig(heartbeat_timeout_s=None, disruption_budget=2)
-    out = reconcile(ReconcileInput(NOW, rows, seen, target={POOL: 1}, used_gpus=used), cfg)
-    assert out.leaving == {"b", "d"}
-    assert {t.to for t in out.transitions} == {S.DRAINING}
+    cfg = ReconcileConfig(heartbeat_timeout_s=None, disruption_budget=1)
+    out = reconcile(
+        ReconcileInput(
+            NOW, rows, seen, target={POOL: 1}, used_gpus=used, held=frozenset({"b", "d"})
+        ),
+        cfg,
+    )
+    assert out.leaving == {"b", "c", "d"}
+    moved = {t.key: (t.to, t.reason) for t in out.transitions}
+    assert moved["b"] == (S.TERMINATING, EMPTY_RELEASE_REASON)
+    assert moved["d"] == (S.TERMINATING, EMPTY_RELEASE_REASON)
+    assert moved["c"][0] is S.DRAINING
+    assert set(out.terminate) == {"b", "d"}
+
+
+def test_an_empty_instance_not_yet_ready_or_of_an_offering_still_launching_stays() -> None:
+    """Only a *ready* empty instance is released at once: one still booting (the cloud lists
+    it pending, or its agent is not heard yet) is not, nor one of an offering whose instances
+    are still being launched (the one to come is the spare)."""
+    booting = Instance(
+        "i-b",
+        "fake",
+        "g4dn.xlarge",
+        "us-east-1a",
+        Market.SPOT,
+        InstanceState.PENDING,
+        "c1",
+        "req-b",
+    )
+    rows = (row("a", S.RUNNING, pid="i-a"), row("b", S.RUNNING, pid="i-b"))
+    heard = ReconcileConfig(heartbeat_timeout_s=120.0, disruption_budget=0)
+    out = reconcile(
+        ReconcileInput(NOW, rows, (cloud("i-a", "req-a"), booting), target={POOL: 0}), heard
+    )
+    assert not out.transitions  # a: its agent never heard; b: the cloud has it pending
+    rows = (
+        row("a", S.RUNNING, pid="i-a", last_heartbeat_s=NOW - 1),
+        row("q", S.REQUESTED),
+    )
+    out = reconcile(ReconcileInput(NOW, rows, (cloud("i-a", "req-a"),), target={POOL: 1}), heard)
+    assert not out.transitions
+    out = reconcile(ReconcileInput(NOW, rows[:1], (cloud("i-a", "req-a"),), target={}), heard)
+    assert [(t.key, t.to) for t in out.transitions] == [("a", S.TERMINATING)]
 
 
 def test_no_cost_drain_while_replacements_launch() -> None:
@@ -177,6 +231,7 @@ def test_no_cost_drain_while_replacements_launch() -> None:
             rows,
             (cloud("i-a", "req-a"),),
             target={POOL: 0, OTHER: 1},
+            used_gpus={"a": 2},  # a job to move: an empty instance goes at once (above)
             issued=frozenset({"req-n"}),
         ),
         CFG,

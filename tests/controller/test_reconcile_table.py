@@ -29,6 +29,7 @@ from autoscaler.controller.lifecycle import TRANSITIONS, LifecycleTimeouts, chec
 from autoscaler.controller.lifecycle import InstanceStatus as S
 from autoscaler.controller.liveness import silence_s
 from autoscaler.controller.reconcile import (
+    EMPTY_RELEASE_REASON,
     NOTICE_REASON,
     UNAVAILABLE_REASON,
     VANISHED_REASON,
@@ -263,7 +264,8 @@ CASES = [
     _C(S.RUNNING, Cloud.ABSENT, GONE, reason=VANISHED_REASON),
     _C(S.RUNNING, Cloud.ABSENT, GONE, late=True),
     _C(S.RUNNING, Cloud.LISTED),
-    _C(S.RUNNING, Cloud.LISTED, jobs=0),
+    # ... one that runs no job and that the target (none here) drops goes at once.
+    _C(S.RUNNING, Cloud.LISTED, STOP, terminate=True, jobs=0, reason=EMPTY_RELEASE_REASON),
     _C(S.RUNNING, Cloud.LISTED, unavailable=True),
     _C(S.RUNNING, Cloud.LISTED, STOP, terminate=True, late=True),
     _C(S.RUNNING, Cloud.LISTED, booting=True),
@@ -757,8 +759,10 @@ def test_silent_agents_are_released_or_suspected(w: World) -> None:
     assert cfg.heartbeat_timeout_s is not None
     out = reconcile(inp, cfg)
     status = {r.key: r.status for r in inp.rows}
-    released = {
-        t.key for t in out.transitions if status[t.key] is S.RUNNING and t.to is S.TERMINATING
+    released = {  # for silence (an empty ready instance the target drops goes too)
+        t.key
+        for t in out.transitions
+        if status[t.key] is S.RUNNING and t.to is S.TERMINATING and t.reason != EMPTY_RELEASE_REASON
     }
     own, ends = own_listed(inp), interrupted(inp)
     judged = [  # running, its instance listed, no notice: its agent's liveness is judged
@@ -795,7 +799,11 @@ def test_silent_agents_are_released_or_suspected(w: World) -> None:
     asleep = reconcile(replace(inp, stalls=((-math.inf, NOW),)), cfg)
     assert not asleep.suspected
     assert not [
-        t for t in asleep.transitions if status[t.key] is S.RUNNING and t.to is S.TERMINATING
+        t
+        for t in asleep.transitions
+        if status[t.key] is S.RUNNING
+        and t.to is S.TERMINATING
+        and t.reason != EMPTY_RELEASE_REASON  # an empty ready one the target drops goes
     ]
 
 
