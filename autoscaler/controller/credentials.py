@@ -104,6 +104,7 @@ __all__ = [
     "rotate_agent_key",
     "rotate_scrape_token",
     "rotate_user_token",
+    "write_secret_file",
     "write_token_file",
 ]
 
@@ -401,6 +402,22 @@ def write_token_file(path: str | Path, role: str, token: str) -> None:
         raise TokenFileError(
             f"{p}: cannot write the {role} token file ({e.strerror or e}); make its folder "
             "writable by this user",
+            path=str(p),
+        ) from e
+
+
+def write_secret_file(path: str | Path, token: str) -> None:
+    """A file holding ``token`` alone (no newline, no JSON: what a Prometheus
+    ``credentials_file`` reads), 0600 from its creation, written whole or not at all."""
+    p = Path(path)
+    if not _is_token(token):
+        raise InvalidInputError("not a token", field="token")
+    try:
+        write_bytes_atomic(p, token.encode(), durable=True, mode=0o600, replace=True)
+    except OSError as e:
+        raise TokenFileError(
+            f"{p}: cannot write the token file ({e.strerror or e}); make its folder writable "
+            "by this user",
             path=str(p),
         ) from e
 
