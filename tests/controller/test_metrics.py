@@ -153,9 +153,7 @@ def test_the_fleets_figures_come_from_the_store_at_scrape_time(
         store.add_job("bert", json.dumps(spec("bert")))
         store.add_job("gpt", json.dumps(spec("gpt")))
         place(store, "bert", {"i-1": 4})
-        store.set_batch(
-            "bert", global_batch_size=256, local_batch_size=32, accum_steps=1, gpus=4
-        )
+        store.set_batch("bert", global_batch_size=256, local_batch_size=32, accum_steps=1, gpus=4)
         row = store.get_job("gpt")
         store.update_job("gpt", row.version, status=JobStatus.CANCELLED)
     before = scrape(server, tokens.user)
@@ -302,3 +300,39 @@ def test_the_scrape_token_is_kept_through_rotations_and_rotated_alone(tmp_path: 
     assert creds.authenticate(first, START_S) is None
     principal = creds.authenticate(rotated.scrape or "", START_S)
     assert principal is not None and principal.role.value == "scrape"
+
+
+# ---- the Grafana dashboard -----------------------------------------------------------------
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana" / "coadapt.json"
+
+
+def test_the_grafana_dashboard_queries_only_what_metrics_exports(
+    server: ApiServer, tokens: ApiCredentials, store_path: Path, clock: FakeClock,
+    metrics: ControllerMetrics,
+) -> None:  # fmt: skip
+    """Every metric name a panel's query uses is a sample name a scrape answers (so the
+    dashboard cannot drift from the endpoint), and every family is on some panel."""
+    with Store.open(store_path, clock) as store:  # every per-job sample present
+        add_instance(store, "i-1")
+        store.add_job("bert", json.dumps(spec("bert")))
+        place(store, "bert", {"i-1": 4})
+        store.add_report("bert", report("bert").to_json())
+    metrics.observe_round(RoundReport(1, 0, Actions(), {}, 0, 0.1, 0.1, 0.1, 0.1))
+    status, text = get(server.url, "/metrics", tokens.user)
+    assert status == 200
+    exported = {s.name for family in text_string_to_metric_families(text) for s in family.samples}
+    doc = json.loads(DASHBOARD.read_text())
+    exprs = [target["expr"] for panel in doc["panels"] for target in panel.get("targets", ())]
+    assert exprs
+    used: set[str] = set()
+    for expr in exprs:
+        without_labels = re.sub(r"\{[^}]*\}", "", expr)
+        without_ranges = re.sub(r"\[[^\]]*\]", "", without_labels)
+        names = set(re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", without_ranges))
+        ours = {n for n in names if n.startswith("coadapt_")}
+        assert ours, expr
+        assert ours <= exported, (expr, ours - exported)
+        used |= ours
+    for family in FAMILIES:
+        assert any(name == family or name.startswith(f"{family}_") for name in used), family
