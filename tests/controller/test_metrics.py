@@ -319,6 +319,7 @@ def test_the_grafana_dashboard_queries_only_what_metrics_exports(
         place(store, "bert", {"i-1": 4})
         store.add_report("bert", report("bert").to_json())
     metrics.observe_round(RoundReport(1, 0, Actions(), {}, 0, 0.1, 0.1, 0.1, 0.1))
+    assert get(server.url, "/v1/jobs", tokens.user)[0] == 200  # a request counted
     status, text = get(server.url, "/metrics", tokens.user)
     assert status == 200
     exported = {s.name for family in text_string_to_metric_families(text) for s in family.samples}
