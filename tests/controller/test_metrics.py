@@ -25,7 +25,7 @@ from autoscaler.controller.credentials import (
     rotate_scrape_token,
     rotate_user_token,
 )
-from autoscaler.controller.loop import RoundReport
+from autoscaler.controller.loop import Controller, RoundReport
 from autoscaler.controller.metrics import (
     FAMILIES,
     ControllerMetrics,
@@ -36,6 +36,7 @@ from autoscaler.controller.reconcile import Actions
 from autoscaler.controller.store import JobStatus, Store
 from coadapt_common.clock import FakeClock
 from providers.errors import ERROR_KINDS
+from providers.fake import FakeProvider
 from tests.controller.test_api import START_S, UNLIMITED, add_instance, place, report, spec
 
 Families = dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]]
@@ -337,3 +338,44 @@ def test_the_grafana_dashboard_queries_only_what_metrics_exports(
         used |= ours
     for family in FAMILIES:
         assert any(name == family or name.startswith(f"{family}_") for name in used), family
+
+
+# ---- what a real round counts (the controller on the fake cloud) ---------------------------
+
+
+def test_a_rounds_report_counts_notices_preemptions_and_provider_errors(tmp_path: Path) -> None:
+    """A noticed preemption is one notice and one preemption (its vanishing later is not a
+    second one); a preemption without notice is one preemption and no notice; a launch
+    refused for quota is one ``quota`` provider error."""
+    from providers.errors import QuotaExceededError
+    from tests.controller.test_loop import CONFIG, _rounds, _setup
+
+    store, _, clock = _setup(tmp_path, jobs=1)
+    memory = CONFIG.unavailable_offerings(clock)
+    cloud = FakeProvider(clock=clock, unavailable=memory)
+    ctl = Controller(store, cloud, clock, CONFIG, unavailable=memory)
+    cloud.next_error("launch", QuotaExceededError("vCPU quota of the family reached"))
+    first = ctl.run_round()
+    assert dict(first.provider_errors) == {"quota": 1}
+    assert (first.notices, first.preemptions) == (0, 0)
+    _rounds(ctl, store, clock, 3)
+    live = cloud.list_instances(CONFIG.cluster_id)
+    assert len(live) >= 2, live  # one to notice, one to take without notice
+    noticed, silent = live[0], live[1:]
+    cloud.preempt(noticed.instance_id, notice_s=90.0)
+    for inst in silent:
+        cloud.preempt(inst.instance_id, notice_s=0.0)
+    reports = []
+    for _ in range(4):  # the notice's drain, then its instance vanishing, then calm
+        reports.append(ctl.run_round())
+        clock.advance(60.0)
+    assert sum(r.notices for r in reports) == 1
+    assert sum(r.preemptions for r in reports) == 1 + len(silent)
+    assert all(not r.provider_errors for r in reports)
+    metrics = ControllerMetrics()
+    for r in [first, *reports]:
+        metrics.observe_round(r)
+    families = parse(metrics.exposition().decode())
+    assert value(families, "coadapt_preemptions", "coadapt_preemptions_total") == 1 + len(silent)
+    errors = "coadapt_provider_errors"
+    assert value(families, errors, f"{errors}_total", kind="quota") == 1
