@@ -379,3 +379,32 @@ def test_a_rounds_report_counts_notices_preemptions_and_provider_errors(tmp_path
     assert value(families, "coadapt_preemptions", "coadapt_preemptions_total") == 1 + len(silent)
     errors = "coadapt_provider_errors"
     assert value(families, errors, f"{errors}_total", kind="quota") == 1
+
+
+def test_tokens_scrape_from_the_command_line(tmp_path: Path) -> None:
+    """``coadapt tokens scrape --out FILE`` writes the token alone, 0600 (a Prometheus
+    ``credentials_file``), the same on a second issue; ``rotate scrape`` replaces it, and
+    ``rotate all`` rotates it too once one was issued."""
+    from typer.testing import CliRunner
+
+    from autoscaler.cli.main import app
+    from autoscaler.controller.credentials import open_tokens
+
+    state = tmp_path / "cluster"
+    open_tokens(state / "tokens.json")
+    runner = CliRunner()
+    out = tmp_path / "prometheus" / "coadapt.token"
+    out.parent.mkdir()
+    done = runner.invoke(app, ["tokens", "scrape", "--state-dir", str(state), "--out", str(out)])
+    assert done.exit_code == 0, done.output
+    token = out.read_text()
+    assert out.stat().st_mode & 0o777 == 0o600 and token not in done.output
+    assert load_tokens(state / "tokens.json").scrape == token
+    printed = runner.invoke(app, ["tokens", "scrape", "--state-dir", str(state)])
+    assert printed.exit_code == 0 and printed.output.strip() == token
+    rotated = runner.invoke(app, ["tokens", "rotate", "scrape", "--state-dir", str(state)])
+    assert rotated.exit_code == 0, rotated.output
+    second = load_tokens(state / "tokens.json").scrape
+    assert second not in (None, token)
+    runner.invoke(app, ["tokens", "rotate", "all", "--state-dir", str(state)])
+    assert load_tokens(state / "tokens.json").scrape not in (None, second)
