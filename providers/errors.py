@@ -73,3 +73,31 @@ class FakeStateError(ProviderError):
 
 # Alias with the contract's short name.
 InvalidRequest = InvalidRequestError
+
+
+ERROR_KINDS: tuple[str, ...] = (
+    "capacity",
+    "quota",
+    "not_found",
+    "transient",
+    "invalid_request",
+    "auth",
+    "fake_state",
+    "other",
+)
+"""Every kind :func:`error_kind` names (a bounded set: a metric's label values)."""
+
+
+def error_kind(error: ProviderError) -> str:
+    """The kind of a provider error, one of :data:`ERROR_KINDS`, by its type (most specific
+    first); ``other`` for the root type or a provider's own subclass of it."""
+    kinds: tuple[tuple[type[ProviderError], str], ...] = (
+        (InsufficientCapacityError, "capacity"),
+        (QuotaExceededError, "quota"),
+        (InstanceNotFoundError, "not_found"),
+        (TransientError, "transient"),
+        (InvalidRequestError, "invalid_request"),
+        (AuthError, "auth"),
+        (FakeStateError, "fake_state"),
+    )
+    return next((kind for cls, kind in kinds if isinstance(error, cls)), "other")

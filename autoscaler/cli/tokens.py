@@ -1,5 +1,6 @@
-"""``coadapt tokens rotate user | agent-key | all``: replace a cluster's secrets without stopping
-a job (thin: parse, call :mod:`autoscaler.controller.credentials`, print).
+"""``coadapt tokens rotate user | agent-key | scrape | all``: replace a cluster's secrets without
+stopping a job; ``coadapt tokens scrape [--out FILE]``: the scrape token, good for ``GET /metrics``
+only, for a Prometheus (thin: parse, call :mod:`autoscaler.controller.credentials`, print).
 
 It rewrites the controller's tokens file (``<state>/tokens.json``), whether or not the
 controller runs: a running one reads the file again at its next request. What each rotation
@@ -10,7 +11,9 @@ does (the module docstring of :mod:`autoscaler.controller.credentials` says it i
 * ``agent-key``: a new agent key; every agent and report credential made with the old one stays
   valid for ``--grace-s`` seconds, while agents renew theirs at their next heartbeat and hand
   their jobs new report credentials (nothing is relaunched), then is refused.
-* ``all``: both.
+* ``scrape``: a new scrape token; the old one is refused at once (the scraper needs the new
+  one: ``coadapt tokens scrape --out FILE`` writes it).
+* ``all``: the users' token and the agent key, and the scrape token when one was issued.
 
 On a deployed cluster run it on the controller machine (``--state-dir /var/lib/coadapt``): the
 copy of the users' token a CLI keeps for a deployed cluster has no agent key to rotate.
@@ -27,22 +30,23 @@ import typer
 
 from autoscaler.cli.common import StateDir, fail, resolve_state_dir
 
-WHICH = ("user", "agent-key", "all")
+WHICH = ("user", "agent-key", "scrape", "all")
 
 
 def register(app: typer.Typer) -> None:
     """Add ``coadapt tokens`` to the ``coadapt`` app."""
     tokens_app = typer.Typer(
         rich_markup_mode=None,  # plain help: option names whole at 80 columns
-        help="The cluster's secrets: the users' token and the agent key.",
+        help="The cluster's secrets: the users' token, the agent key, the scrape token.",
         no_args_is_help=True,
     )
     tokens_app.command("rotate")(rotate)
+    tokens_app.command("scrape")(scrape)
     app.add_typer(tokens_app, name="tokens")
 
 
 def rotate(
-    which: Annotated[str, typer.Argument(help="What to replace: user, agent-key or all.")],
+    which: Annotated[str, typer.Argument(help="What to replace: user, agent-key, scrape or all.")],
     state_dir: StateDir = None,
     grace_s: Annotated[
         float,
@@ -59,10 +63,13 @@ def rotate(
         ),
     ] = False,
 ) -> None:
-    """Replace the users' token and/or the agent key, without stopping a job."""
+    """Replace the users' token, the agent key and/or the scrape token, without stopping a
+    job."""
     from autoscaler.controller.credentials import (
         TokenFileError,
+        load_tokens,
         rotate_agent_key,
+        rotate_scrape_token,
         rotate_user_token,
     )
     from autoscaler.errors import InvalidInputError
@@ -87,10 +94,49 @@ def rotate(
             typer.echo(
                 f"coadapt: a new users' token is in {path}; the old one is refused from now on"
             )
+        if which == "scrape" or (which == "all" and load_tokens(path).scrape is not None):
+            rotate_scrape_token(path)
+            typer.echo(
+                f"coadapt: a new scrape token is in {path}; the old one is refused from now on "
+                f"(give the scraper the new one: coadapt tokens scrape --out FILE)"
+            )
     except InvalidInputError as e:
         fail(str(e), 2)
     except TokenFileError as e:
         fail(str(e))
+
+
+def scrape(
+    state_dir: StateDir = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="Write the token to this file (0600, the token alone: a Prometheus "
+            "credentials_file) instead of printing it."
+        ),
+    ] = None,
+) -> None:
+    """The scrape token: good for GET /metrics only (made on its first issue, the same after)."""
+    from autoscaler.controller.credentials import (
+        TokenFileError,
+        issue_scrape_token,
+        write_secret_file,
+    )
+
+    path = resolve_state_dir(state_dir) / "tokens.json"
+    _refuse_a_users_copy(path)
+    try:
+        token = issue_scrape_token(path)
+        if out is None:
+            typer.echo(token)
+            return
+        write_secret_file(out, token)
+    except TokenFileError as e:
+        fail(str(e))
+    typer.echo(
+        f"coadapt: the scrape token is in {out} (GET /metrics only; Prometheus: "
+        "authorization: {credentials_file: ...})"
+    )
 
 
 def _refuse_a_users_copy(p: Path) -> None:
@@ -101,7 +147,8 @@ def _refuse_a_users_copy(p: Path) -> None:
         return  # the rotation itself says what is wrong with it
     if isinstance(data, dict) and set(data) == {"user"}:
         fail(
-            f"{p} is this CLI's copy of a deployed cluster's users' token; rotate on the "
-            "controller machine (coadapt tokens rotate ... --state-dir /var/lib/coadapt), then "
+            f"{p} is this CLI's copy of a deployed cluster's users' token; rotate or issue "
+            "tokens on the controller machine (coadapt tokens ... --state-dir /var/lib/coadapt), "
+            "then "
             f"delete {p} so that the CLI reads the new token"
         )

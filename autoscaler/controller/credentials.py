@@ -12,12 +12,19 @@ agent      one instance's agent             that instance's register, heartbeat,
                                             instance's and on the user endpoints
 report     the trainers of one job          ``POST /v1/jobs/{that job}/reports``; 403 on
                                             every other job's and on every other endpoint
+scrape     a metrics scraper (Prometheus)   ``GET /metrics``; 403 on every other endpoint
 =========  ===============================  ===============================================
 
 **The users' token** is random (``secrets.token_urlsafe(32)``), kept in the controller's
 tokens file (``<state>/tokens.json``, 0600), and leaves it only for the users' hands: the CLI
 reads it there, the dashboard gets it in its URL fragment, and on a cloud deployment the
 controller publishes it where only the deployer reads it (:mod:`autoscaler.controller.cloud_setup`).
+
+**The scrape token** (``coadapt tokens scrape``, :func:`issue_scrape_token`) is random too and
+kept in the same file (``scrape``), made on its first issue: a scraper reads the metrics and
+nothing else, so the users' token need not sit in a monitoring system's configuration.
+``coadapt tokens rotate scrape`` replaces it at once (the old one is refused from the
+controller's next request).
 
 **Agent and report credentials** are derived, never stored: ``<kind>.<subject>.<mac>``, the MAC
 being HMAC-SHA256 over ``coadapt <kind>\\0<subject>`` with the *agent key*, a random 32-byte key
@@ -90,11 +97,14 @@ __all__ = [
     "TokenFile",
     "TokenFileError",
     "generate_tokens",
+    "issue_scrape_token",
     "load_token",
     "load_tokens",
     "open_tokens",
     "rotate_agent_key",
+    "rotate_scrape_token",
     "rotate_user_token",
+    "write_secret_file",
     "write_token_file",
 ]
 
@@ -116,6 +126,7 @@ class Role(StrEnum):
     USER = "user"  # submits, lists, cancels jobs; reads logs, instances, costs
     AGENT = "agent"  # one instance's agent: that instance's endpoints only
     REPORT = "report"  # one job's trainers: that job's reports only
+    SCRAPE = "scrape"  # a metrics scraper: GET /metrics only
 
 
 @dataclass(frozen=True)
@@ -176,14 +187,16 @@ def _check_subject(subject: str, what: str) -> None:
 
 @dataclass(frozen=True)
 class ApiCredentials:
-    """The controller's secrets (none shown by ``repr``): the users' token, the agent key, and
+    """The controller's secrets (none shown by ``repr``): the users' token, the agent key,
     during a rotation's grace period the previous agent key and until when it is honoured
-    (wall-clock seconds). See the module docstring."""
+    (wall-clock seconds), and the scrape token (``None`` until one is issued). See the module
+    docstring."""
 
     user: str = field(repr=False)
     agent_key: bytes = field(repr=False)
     previous_agent_key: bytes | None = field(default=None, repr=False)
     previous_agent_key_until_s: float | None = None
+    scrape: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not _is_token(self.user):
@@ -191,6 +204,14 @@ class ApiCredentials:
                 f"the user token must be {MIN_TOKEN_CHARS}-{MAX_CREDENTIAL_CHARS} printable "
                 "ASCII characters without spaces",
                 field="user",
+            )
+        if self.scrape is not None and (
+            not _is_token(self.scrape) or hmac.compare_digest(self.scrape, self.user)
+        ):
+            raise InvalidInputError(
+                f"the scrape token must be {MIN_TOKEN_CHARS}-{MAX_CREDENTIAL_CHARS} printable "
+                "ASCII characters without spaces, and not the users' token",
+                field="scrape",
             )
         for name in ("agent_key", "previous_agent_key"):
             key = getattr(self, name)
@@ -226,6 +247,10 @@ class ApiCredentials:
             return None
         if hmac.compare_digest(presented.encode(), self.user.encode()):
             return Principal(Role.USER)
+        if self.scrape is not None and hmac.compare_digest(
+            presented.encode(), self.scrape.encode()
+        ):
+            return Principal(Role.SCRAPE)
         kind, _, rest = presented.partition(".")
         subject, _, mac = rest.rpartition(".")
         if kind not in (Role.AGENT.value, Role.REPORT.value) or not subject or not mac:
@@ -248,6 +273,8 @@ class ApiCredentials:
         if self.previous_agent_key is not None:
             doc["previous_agent_key"] = _b64(self.previous_agent_key)
             doc["previous_agent_key_until_s"] = self.previous_agent_key_until_s
+        if self.scrape is not None:
+            doc["scrape"] = self.scrape
         return (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
 
 
@@ -325,6 +352,7 @@ def _parse(p: Path, data: dict[str, Any]) -> ApiCredentials:
             agent_key=agent_key,
             previous_agent_key=key("previous_agent_key"),
             previous_agent_key_until_s=None if until is None else float(until),
+            scrape=data.get("scrape"),
         )
     except (ValueError, InvalidInputError) as e:
         raise TokenFileError(
@@ -374,6 +402,22 @@ def write_token_file(path: str | Path, role: str, token: str) -> None:
         raise TokenFileError(
             f"{p}: cannot write the {role} token file ({e.strerror or e}); make its folder "
             "writable by this user",
+            path=str(p),
+        ) from e
+
+
+def write_secret_file(path: str | Path, token: str) -> None:
+    """A file holding ``token`` alone (no newline, no JSON: what a Prometheus
+    ``credentials_file`` reads), 0600 from its creation, written whole or not at all."""
+    p = Path(path)
+    if not _is_token(token):
+        raise InvalidInputError("not a token", field="token")
+    try:
+        write_bytes_atomic(p, token.encode(), durable=True, mode=0o600, replace=True)
+    except OSError as e:
+        raise TokenFileError(
+            f"{p}: cannot write the token file ({e.strerror or e}); make its folder writable "
+            "by this user",
             path=str(p),
         ) from e
 
@@ -466,6 +510,26 @@ def rotate_user_token(path: str | Path) -> ApiCredentials:
     return new
 
 
+def issue_scrape_token(path: str | Path) -> str:
+    """The scrape token of the tokens file ``path`` (good for ``GET /metrics`` only), made
+    and written there when it has none yet: issuing it again gives the same token."""
+    p = Path(path)
+    old = load_tokens(p)
+    if old.scrape is not None:
+        return old.scrape
+    return rotate_scrape_token(p).scrape or ""
+
+
+def rotate_scrape_token(path: str | Path) -> ApiCredentials:
+    """A new scrape token in the tokens file ``path`` (made when it had none); the old one is
+    refused from the controller's next request. Returns the new credentials."""
+    p = Path(path)
+    old = load_tokens(p)
+    new = dataclasses.replace(old, scrape=secrets.token_urlsafe(32))
+    _write(p, new, replace=True)
+    return new
+
+
 def rotate_agent_key(
     path: str | Path,
     *,
@@ -497,6 +561,7 @@ def rotate_agent_key(
         agent_key=secrets.token_bytes(AGENT_KEY_BYTES),
         previous_agent_key=old.agent_key,
         previous_agent_key_until_s=now_s + grace_s,
+        scrape=old.scrape,
     )
     _write(p, new, replace=True)
     return new

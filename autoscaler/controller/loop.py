@@ -114,8 +114,13 @@ from autoscaler.market.terms import instance_cost_usd
 from autoscaler.model.gputypes import default_speed_table
 from coadapt_common.clock import Clock
 from providers.base import Instance, InstanceState, LaunchRequest, Offering, Provider
-from providers.capacity import UnavailableOfferings
-from providers.errors import InsufficientCapacityError, ProviderError, QuotaExceededError
+from providers.capacity import SKIPPED_UNAVAILABLE_CODE, UnavailableOfferings
+from providers.errors import (
+    InsufficientCapacityError,
+    ProviderError,
+    QuotaExceededError,
+    error_kind,
+)
 from trainer.report import TrainerReport
 
 __all__ = ["CRASH_POINTS", "Controller", "ControllerConfig", "DownReport", "RoundReport"]
@@ -231,7 +236,13 @@ class ControllerConfig:
 class RoundReport:
     """What one round did, with the time of each phase (seconds; ``policy_s`` the policy's
     own share of ``decide_s``, ``fit_s`` the refit of the jobs' throughput models, part of
-    ``observe_s``)."""
+    ``observe_s``; a round ended early by a provider error has only ``observe_s``).
+    ``notices``: instances drained this round for a spot interruption notice;
+    ``preemptions``: instances the provider took back this round, each counted once in its
+    life (its first change recorded as a preemption: the notice's drain, or vanishing from the
+    listing without one); ``provider_errors``: the provider errors the round met, by
+    :func:`~providers.errors.error_kind` (a pool's capacity error in a launch's walk counts,
+    the skip of an offering already marked unavailable does not)."""
 
     round_index: int
     observed_instances: int
@@ -245,6 +256,9 @@ class RoundReport:
     error: str | None = None
     policy_s: float = 0.0
     fit_s: float = 0.0
+    notices: int = 0
+    preemptions: int = 0
+    provider_errors: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -315,6 +329,7 @@ class Controller:
         self._oracle = oracle if getattr(self.policy, "uses_oracle", False) else None
         self._fit_s = 0.0
         self._policy_s = 0.0
+        self._errors: dict[str, int] = {}  # the round's provider errors by kind
         self._crash = crash_hook or (lambda point: None)
         self._user_data = user_data  # the agent start-up of a launched instance
         self._issued: set[str] = set()  # request ids launched or terminated by this process
@@ -373,6 +388,7 @@ class Controller:
         now = self.clock.now_s()
         self._note(now)
         self._round += 1
+        self._errors = {}
         rows = self.store.list_instances(statuses=_LIVE)  # the store is read first: a
         read_jobs = self.store.list_jobs(statuses=ACTIVE_JOBS)  # damaged one fails here, before
         assignments = self.store.list_assignments()  # any cloud call
@@ -386,7 +402,12 @@ class Controller:
                 self._offerings_read_s = mono
                 self._record_prices()
         except ProviderError as e:
-            return RoundReport(self._round, 0, Actions(), {}, 1, 0.0, 0.0, 0.0, 0.0, str(e))
+            self._provider_error(e)
+            elapsed = time.perf_counter() - t0
+            return RoundReport(
+                self._round, 0, Actions(), {}, 1, elapsed, 0.0, 0.0, 0.0, str(e),
+                provider_errors=self._errors,
+            )  # fmt: skip
         gpu_type_of = {r.instance_key: self._type(r.gpu_type) for r in rows}
         self._read_reports(assignments, gpu_type_of)
         t1 = time.perf_counter()
@@ -476,6 +497,10 @@ class Controller:
                 ", ".join(actions.suspected),
             )
         self._suspected = actions.suspected
+        noticed_before = {r.key for r in row_views if r.noticed}
+        preemptions = [t for t in actions.transitions if t.preemption]
+        drained_for_notice = sum(1 for t in preemptions if t.to is InstanceStatus.DRAINING)
+        first_preemptions = sum(1 for t in preemptions if t.key not in noticed_before)
         t3 = time.perf_counter()
         staying = [r for r in ready if r.instance_key not in actions.leaving]
         # A non-adaptive job whose instances all stay keeps them (the hold): not decided.
@@ -516,7 +541,15 @@ class Controller:
             act_s=t5 - t4,
             policy_s=self._policy_s,
             fit_s=self._fit_s,
+            notices=drained_for_notice,
+            preemptions=first_preemptions,
+            provider_errors=self._errors,
         )
+
+    def _provider_error(self, error: ProviderError) -> None:
+        """Count ``error`` in the round's :attr:`RoundReport.provider_errors`."""
+        kind = error_kind(error)
+        self._errors[kind] = self._errors.get(kind, 0) + 1
 
     def _damp(
         self,
@@ -1174,10 +1207,12 @@ class Controller:
             calls += self._terminate(by_key, key)
         for leak in actions.leaks:
             calls += 1
-            with contextlib.suppress(ProviderError):  # listed again next round: retried then
+            try:
                 self.provider.terminate(
                     self.config.cluster_id, [leak.instance.instance_id], f"leak-{now:.0f}"
                 )
+            except ProviderError as e:  # listed again next round: retried then
+                self._provider_error(e)
         return calls
 
     def _terminated(self, row: InstanceRow, reason: str) -> InstanceRow:
@@ -1233,12 +1268,14 @@ class Controller:
         try:
             result = self.provider.launch(request)
         except QuotaExceededError as e:  # raised before the provider's pool walk saw it
+            self._provider_error(e)
             self.unavailable.mark_error(o.key, e)
             by_key[key] = self.store.transition(
                 key, row.version, InstanceStatus.ALLOCATION_FAILED, reason="quota exceeded"
             )
             return 1
-        except ProviderError:
+        except ProviderError as e:
+            self._provider_error(e)
             return 1  # stays requested: re-issued or timed out later
         self._crash("after-launch-call")
         if result.instances:
@@ -1257,6 +1294,12 @@ class Controller:
         # around it (another zone, type or market).
         for error in result.errors:
             self.unavailable.mark_error(error.offering_key, error.error)
+            skipped = (
+                isinstance(error.error, InsufficientCapacityError)
+                and error.error.code == SKIPPED_UNAVAILABLE_CODE
+            )
+            if not skipped:
+                self._provider_error(error.error)
         if any(isinstance(e.error, InsufficientCapacityError) for e in result.errors):
             by_key[key] = self.store.transition(
                 key, row.version, InstanceStatus.ALLOCATION_FAILED, reason="capacity error"
@@ -1277,7 +1320,8 @@ class Controller:
             result = self.provider.terminate(
                 self.config.cluster_id, [row.provider_instance_id], f"term-{row.request_id}"
             )
-        except ProviderError:
+        except ProviderError as e:
+            self._provider_error(e)
             return 1  # stays terminating: retried on its timeout
         self._crash("after-terminate-call")
         if row.provider_instance_id in result.already_gone:

@@ -120,6 +120,7 @@ from autoscaler.controller.loop import (
     instance_key_from_request_id,
     record_job_exit,
 )
+from autoscaler.controller.metrics import ControllerMetrics, Leadership
 from autoscaler.controller.ratelimit import RequestLimits
 from autoscaler.controller.reconcile import ReconcileConfig
 from autoscaler.controller.store import InstanceRow, JobStatus, Store
@@ -665,7 +666,8 @@ def run_up(
     (see the module docstring); returns whether it released the fleet and what is left.
     After each round and after a release, what happened is recorded in the store's events
     (:class:`~autoscaler.controller.events.EventRecorder`) and each event is passed to
-    ``on_event``; ``on_note`` is told, once, how jobs are isolated (:func:`job_isolation`).
+    ``on_event``; ``on_note`` is told, once each, how jobs are isolated (:func:`job_isolation`)
+    and whether this process leads (:func:`leadership_line`).
     Raises :class:`ServiceError` (one line) when it cannot start, when the store fails, when
     the state folder's disk is full (below ``min_free_bytes`` free: at the start, or at a
     round, after a ``disk-full`` event; an ``OSError`` that says the disk is full anywhere),
@@ -813,6 +815,7 @@ def _run_up(
         release.set()
         stop.set()
 
+    metrics = ControllerMetrics()
     me = os.getpid()
     identity = {"pid": me, "started": process_start_time(me), "cmdline": _cmdline(me)}
     app = make_app(
@@ -825,6 +828,7 @@ def _run_up(
         service=ServiceControl(identity, request_down),
         limits=cfg.request_limits
         or RequestLimits.for_intervals(cfg.report_interval_s, cfg.agent_interval_s),
+        metrics=metrics,
     )
     try:
         server = _bind(app, cfg, state)
@@ -851,6 +855,13 @@ def _run_up(
         unavailable=unavailable,
     )
     recorder = EventRecorder(store, clock, views=lambda: controller.job_views(clock.now_s()))
+    # No leader lease yet: the one coadapt up process over a store leads, under epoch 0.
+    leadership = Leadership(leader=True, epoch=0)
+    metrics.set_leadership(leadership)
+    line = leadership_line(leadership)
+    log.info("%s", line)
+    if on_note is not None:
+        on_note(line)
 
     def tell() -> None:
         """The events since the last call, recorded and passed on; a failure to record them
@@ -906,6 +917,7 @@ def _run_up(
                         last_error = str(e)
                     else:
                         last_error = None
+                        metrics.observe_round(report)
                         if report.error:
                             log.warning("round %d: %s", report.round_index, report.error)
             except UnknownFleetError as e:  # leaves the fleet alone, releasing or not
@@ -927,6 +939,19 @@ def _run_up(
         store.close()
         (state / "up.json").unlink(missing_ok=True)
     return result
+
+
+def leadership_line(leadership: Leadership) -> str:
+    """The line ``coadapt up`` says at its start about its leadership."""
+    if leadership.leader:
+        return (
+            f"this controller leads (epoch {leadership.epoch}): it runs the rounds and calls "
+            "the cloud"
+        )
+    return (
+        f"this controller stands by (epoch {leadership.epoch}): it serves the API and "
+        "takes over if the leader goes"
+    )
 
 
 def _tell_disk_full(

@@ -1,8 +1,9 @@
 """The controller's HTTP API: JSON in and out, versioned paths under ``/v1``, bearer credentials.
 
-Three roles, each with its own credential (:mod:`autoscaler.controller.credentials`): users
+Four roles, each with its own credential (:mod:`autoscaler.controller.credentials`): users
 (the CLI, the dashboard) hold the users' token; each instance's agent holds a credential good
-for that instance only; the trainers of a job hold one good for that job's reports only. A
+for that instance only; the trainers of a job hold one good for that job's reports only; a
+metrics scraper holds the scrape token, good for ``GET /metrics`` only. A
 request must carry ``Authorization: Bearer <credential>``; a request without one, or with one
 that is not valid, gets 401; a valid one of another role, or of the right role for another
 instance or job, gets 403. Either way nothing is read beyond the headers and nothing changes.
@@ -61,6 +62,8 @@ endpoint                                      role    answer
                                                       ``reason``)
 ``POST /v1/jobs/{job_id}/reports``            report  a :class:`~trainer.report.ReportReply`
                                               of job
+``GET  /metrics``                             user,   the Prometheus text format
+                                              scrape  (:mod:`autoscaler.controller.metrics`)
 ============================================  ======  =============================================
 
 A job, as answered (:class:`JobInfo`): ``name``, ``status`` (``queued``, ``running``,
@@ -135,7 +138,8 @@ The package, by concern: :mod:`~autoscaler.controller.api.users`,
 endpoints of each role; :mod:`~autoscaler.controller.api.auth` who may call and how often
 (credentials are compared in constant time and never logged; they are read through a
 :class:`~autoscaler.controller.credentials.CredentialSource`: a running controller's is its
-tokens file, read again when a rotation changed it); :mod:`~autoscaler.controller.api.wire`
+tokens file, read again when a rotation changed it); :mod:`~autoscaler.controller.api.metrics`
+the scraper's endpoint; :mod:`~autoscaler.controller.api.wire`
 JSON in and out; :mod:`~autoscaler.controller.api.answers` a job as answered;
 :mod:`~autoscaler.controller.api.logs` the job logs; :mod:`~autoscaler.controller.api.state`
 what the handlers share (a store per thread); :mod:`~autoscaler.controller.api.app` the WSGI

@@ -9,6 +9,7 @@ The request log (the request line and the status) goes to this module's logger a
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any, Final
 
@@ -19,6 +20,7 @@ from werkzeug.wrappers import Request, Response
 from autoscaler.accounting.dashboard import PAGE
 from autoscaler.controller.api.agents import ROUTES as AGENT_ROUTES
 from autoscaler.controller.api.auth import PRINCIPAL, Throttle, authorize
+from autoscaler.controller.api.metrics import ROUTES as METRICS_ROUTES
 from autoscaler.controller.api.reports import ROUTES as REPORT_ROUTES
 from autoscaler.controller.api.state import ApiState, JobExitHandler, Route, ServiceControl
 from autoscaler.controller.api.users import ROUTES as USER_ROUTES
@@ -31,6 +33,7 @@ from autoscaler.controller.errors import (
     StoreError,
     UnknownRowError,
 )
+from autoscaler.controller.metrics import UNMATCHED_ROUTE, ControllerMetrics
 from autoscaler.controller.ratelimit import DEFAULT_REQUEST_LIMITS, RequestLimits
 from autoscaler.controller.store import Store
 from autoscaler.errors import InvalidInputError
@@ -38,8 +41,16 @@ from coadapt_common.clock import Clock
 
 __all__ = ["ROUTES", "ApiApp", "make_app"]
 
-ROUTES: Final[tuple[Route, ...]] = (*USER_ROUTES, *AGENT_ROUTES, *REPORT_ROUTES)
-"""Every route of the API, by role: users, agents, trainers."""
+ROUTES: Final[tuple[Route, ...]] = (
+    *USER_ROUTES,
+    *AGENT_ROUTES,
+    *REPORT_ROUTES,
+    *METRICS_ROUTES,
+)
+"""Every route of the API, by role: users, agents, trainers, the metrics scraper."""
+ROUTE: Final = "coadapt.route"
+"""The WSGI environ key of the matched route's template (the request metrics' label)."""
+DASHBOARD: Final = "/dashboard"
 _log = logging.getLogger(__name__)
 _NOUNS: Final = {"jobs": "job", "instances": "instance"}
 
@@ -63,9 +74,18 @@ class ApiApp:
         )
 
     def __call__(self, environ: Any, start_response: Any) -> Any:
+        started = time.perf_counter()
         request = Request(environ)
         request.max_content_length = self.max_body_bytes
-        if request.method == "GET" and request.path.rstrip("/") == "/dashboard":
+        response = self._response(request)
+        self.state.metrics.observe_request(
+            request.method, environ.get(ROUTE, UNMATCHED_ROUTE), time.perf_counter() - started
+        )
+        return response(environ, start_response)
+
+    def _response(self, request: Request) -> Response:
+        if request.method == "GET" and request.path.rstrip("/") == DASHBOARD:
+            request.environ[ROUTE] = DASHBOARD
             # The page holds no data: its script calls the API with the user token from the
             # URL fragment (autoscaler/accounting/dashboard.py).
             page = Response(PAGE, content_type="text/html; charset=utf-8")
@@ -78,8 +98,8 @@ class ApiApp:
             # No other page may frame it (clickjacking), in browsers old and new.
             page.headers["X-Frame-Options"] = "DENY"
             page.headers["Referrer-Policy"] = "no-referrer"
-            return page(environ, start_response)
-        return self._dispatch(request)(environ, start_response)
+            return page
+        return self._dispatch(request)
 
     def close_thread_store(self) -> None:
         """Close the calling thread's store, if it has one (a worker thread that ends)."""
@@ -99,7 +119,8 @@ class ApiApp:
         state = self.state
         try:
             endpoint, args = self._map.bind_to_environ(request.environ).match()
-            _, _, role, handler = ROUTES[endpoint]
+            _, path, role, handler = ROUTES[endpoint]
+            request.environ[ROUTE] = path
             # Before the body is read.
             authorize(request, role, args, state.credentials, state.clock.now_s(), state.store)
             throttled = self._throttle.check(request.environ[PRINCIPAL])
@@ -147,6 +168,7 @@ def make_app(
     service: ServiceControl | None = None,
     limits: RequestLimits = DEFAULT_REQUEST_LIMITS,
     checkpoints_dir: str | Path | None = None,
+    metrics: ControllerMetrics | None = None,
 ) -> ApiApp:
     """The API over the store at ``store_path`` (opened, checked and migrated now, in the
     calling thread: :meth:`Store.open`'s errors), authenticating with ``credentials`` (fixed
@@ -159,7 +181,10 @@ def make_app(
     trainers and one instance's agent may call (429 with ``Retry-After`` beyond it: see
     :mod:`autoscaler.controller.ratelimit`). ``checkpoints_dir``: the folder where this
     cluster's jobs without their own ``checkpoint_uri`` checkpoint (``<dir>/<job>``; a local
-    cluster's), moved aside with a deleted job (``None``: not on this machine)."""
+    cluster's), moved aside with a deleted job (``None``: not on this machine).
+    ``metrics``: the process's metrics, which ``GET /metrics`` answers, the app's requests
+    counted in it and its store watched for the fleet's families (``None``: a new one; the
+    service passes its own, which its rounds feed)."""
     if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int):
         raise InvalidInputError("max_body_bytes must be an integer", field="max_body_bytes")
     if max_body_bytes < 1:
@@ -179,5 +204,7 @@ def make_app(
         max_body_bytes=max_body_bytes,
         service=service,
         checkpoints_dir=None if checkpoints_dir is None else Path(checkpoints_dir),
+        metrics=metrics or ControllerMetrics(),
     )
+    state.metrics.watch_store(state.store, clock)
     return ApiApp(state, limits)

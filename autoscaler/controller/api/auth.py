@@ -51,14 +51,15 @@ def principal_of(request: Request) -> Principal:
 
 def authorize(
     request: Request,
-    role: Role,
+    role: Role | frozenset[Role],
     args: Mapping[str, str],
     credentials: CredentialSource,
     now_s: float,
     store: Callable[[], Store],
 ) -> None:
-    """Let the request through if its credential is valid (401 otherwise), of ``role``
-    (403 otherwise) and, for an agent or a report credential, for the instance or job the
+    """Let the request through if its credential is valid (401 otherwise), of ``role`` (or
+    of one of the set of roles ``role``: ``GET /metrics`` takes the users' and the scrape
+    token; 403 otherwise) and, for an agent or a report credential, for the instance or job the
     path (``args``) names (403 otherwise); an agent's is also checked against its instance's
     row in ``store()`` (read only then): revoked is 401. The caller's :class:`Principal` goes
     in the request's environ for the handler (:func:`principal_of`)."""
@@ -72,6 +73,12 @@ def authorize(
     principal = credentials.current().authenticate(presented, now_s)
     if principal is None:
         unauthorized("the token is not valid")
+    if isinstance(role, frozenset):
+        if principal.role not in role:
+            needs = " or ".join(sorted(r.value for r in role))
+            raise ApiError(403, f"this endpoint needs the {needs} role, not {principal.role.value}")
+        request.environ[PRINCIPAL] = principal
+        return
     if principal.role is not role:
         raise ApiError(
             403, f"this endpoint needs the {role.value} role, not {principal.role.value}"

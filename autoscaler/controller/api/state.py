@@ -20,6 +20,7 @@ from werkzeug.wrappers import Request, Response
 
 from autoscaler.controller.api.wire import read_body
 from autoscaler.controller.credentials import CredentialSource, Role
+from autoscaler.controller.metrics import ControllerMetrics
 from autoscaler.controller.store import JobStatus, Store
 from coadapt_common.clock import Clock
 
@@ -60,6 +61,7 @@ class ApiState:
         max_body_bytes: int,
         service: ServiceControl | None,
         checkpoints_dir: Path | None = None,
+        metrics: ControllerMetrics | None = None,
     ) -> None:
         # Checked when opened, kept open (and unused but by for_thread) until close(): while
         # it is open, its write-ahead log is the one every thread's store must find.
@@ -71,6 +73,7 @@ class ApiState:
         self.on_job_exit = on_job_exit
         self.max_body_bytes = max_body_bytes
         self.service = service
+        self.metrics = metrics or ControllerMetrics()
         self.exit_lock = threading.Lock()
         self._local = threading.local()
         self._addresses: dict[str, str] = {}
@@ -116,5 +119,6 @@ class ApiState:
 
 Handler = Callable[..., Response]
 """A route's handler: ``handler(state, request, **path_arguments)``."""
-Route = tuple[str, str, Role, Handler]
-"""``(method, path, role, handler)``: a path's ``<name>`` parts are the handler's arguments."""
+Route = tuple[str, str, Role | frozenset[Role], Handler]
+"""``(method, path, role, handler)``: a path's ``<name>`` parts are the handler's arguments;
+``role`` is the one role the route takes, or the set of them (``GET /metrics``)."""

@@ -15,7 +15,6 @@ import base64
 import binascii
 import json
 import logging
-import math
 import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
@@ -23,7 +22,6 @@ from typing import Any, Final
 
 from werkzeug.wrappers import Request, Response
 
-from autoscaler.accounting.costs import cost_series_usd
 from autoscaler.controller.api.answers import job_history, job_info, job_json, job_parts, one_job
 from autoscaler.controller.api.logs import read_job_logs
 from autoscaler.controller.api.state import ApiState, Route
@@ -42,7 +40,7 @@ from autoscaler.controller.jobbook import (
     admit,
 )
 from autoscaler.controller.jobspec import REFERENCE_PATH, submission_from_body
-from autoscaler.controller.lifecycle import InstanceStatus
+from autoscaler.controller.spend import fleet_cost
 from autoscaler.controller.store import JobStatus
 from autoscaler.errors import InvalidInputError
 
@@ -209,28 +207,15 @@ def _resume_fleet(state: ApiState, request: Request) -> Response:
 
 
 def _costs(state: ApiState, request: Request) -> Response:
-    """Cost so far: the closed cost records, plus what running instances have accrued at
-    their price since they started; ``points`` the cumulative cost over time
-    (:func:`~autoscaler.accounting.costs.cost_series_usd`: from the first instance's start,
-    growing with the instances running), its last point ``total_usd`` at now."""
-    store = state.store()
-    now = state.clock.now_s()
-    closed = [(c.start_s, c.end_s, c.price_usd_per_hour, c.usd) for c in store.cost_records()]
-    running: list[tuple[float, float]] = []
-    for row in store.list_instances():
-        if row.status in (
-            InstanceStatus.RUNNING,
-            InstanceStatus.DRAINING,
-            InstanceStatus.TERMINATING,
-        ):
-            _, started = store.status_times(row.instance_key)
-            if started is not None:
-                running.append((started, row.price_usd_per_hour))
-    series = cost_series_usd(closed, running, now)
-    total = series[-1][1] if series else 0.0
-    usd_per_hour = math.fsum(price for _, price in running)
-    points = [[t, usd] for t, usd in series]
-    return json_response({"total_usd": total, "usd_per_hour": usd_per_hour, "points": points})
+    """Cost so far (:func:`~autoscaler.controller.spend.fleet_cost`: the closed cost records,
+    plus what running instances have accrued at their price since they started); ``points``
+    the cumulative cost over time (from the first instance's start, growing with the
+    instances running), its last point ``total_usd`` at now."""
+    cost = fleet_cost(state.store(), state.clock.now_s())
+    points = [[t, usd] for t, usd in cost.points]
+    return json_response(
+        {"total_usd": cost.total_usd, "usd_per_hour": cost.usd_per_hour, "points": points}
+    )
 
 
 MAX_EVENTS_ANSWERED: Final = 500

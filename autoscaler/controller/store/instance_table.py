@@ -139,6 +139,23 @@ class InstanceTable(StoreBase):
         sql += " ORDER BY instance_key"
         return tuple(_instance_row(r) for r in self._read(sql, params))
 
+    def instance_counts(
+        self, statuses: Iterable[InstanceStatus]
+    ) -> dict[tuple[str, Market, InstanceStatus], int]:
+        """How many instance rows in ``statuses`` there are per ``(offering key, market,
+        status)`` (one grouped read; combinations with none left out)."""
+        params = [valid_enum(InstanceStatus, s, "statuses").value for s in statuses]
+        if not params:
+            return {}
+        sql = (
+            "SELECT offering_key, market, status, COUNT(*) FROM instances "
+            f"WHERE status IN ({', '.join('?' * len(params))}) "
+            "GROUP BY offering_key, market, status"
+        )
+        return {
+            (r[0], Market(r[1]), InstanceStatus(r[2])): int(r[3]) for r in self._read(sql, params)
+        }
+
     def terminal_request_ids(self, among: Iterable[str] | None = None) -> frozenset[str]:
         """Request ids of rows in a terminal status: an instance listed under one is a leak
         (of ``among`` only, when given: the ids the cloud lists, so that a round reads what

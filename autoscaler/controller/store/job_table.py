@@ -173,6 +173,12 @@ class JobTable(StoreBase):
         sql += " ORDER BY submitted_at_s, name"
         return tuple(_job_row(r) for r in self._read(sql, params))
 
+    def job_counts(self) -> dict[JobStatus, int]:
+        """How many jobs are in each status (one grouped read; statuses with none left out).
+        Deleted jobs (kept as ``<name>~<n>``) count with the status they ended in."""
+        rows = self._read("SELECT status, COUNT(*) FROM jobs GROUP BY status")
+        return {JobStatus(r[0]): int(r[1]) for r in rows}
+
     def list_jobs_page(
         self, after: tuple[float, str] | None, limit: int, *, deleted: bool = True
     ) -> tuple[JobRow, ...]:
