@@ -15,7 +15,8 @@ The tables write SQLite SQL that PostgreSQL also runs, save for the few differen
   migration's ``printf('%!.17g', t)`` is ``CAST(t AS TEXT)`` (PostgreSQL prints a double
   in its shortest exact form), ``json_extract(c, '$.key')`` is ``(c::json ->> 'key')``;
 * SQLite's planner hint ``+column`` is dropped; the v8 migration's subquery in ``FROM``
-  gets the alias PostgreSQL 15 requires.
+  gets the alias PostgreSQL 15 requires; an empty list ``IN ()`` (SQLite's, for "none") is
+  an empty subquery.
 
 Everything else the tables write is portable on purpose (``ON CONFLICT ... DO``,
 ``RETURNING``, row values, ``CASE`` rather than SQLite's two-argument ``max``). A statement
@@ -100,6 +101,7 @@ TRANSLATIONS: Final[tuple[tuple[str, str], ...]] = (
     (r"printf\('%!\.17g', (\w+)\)", r"CAST(\1 AS TEXT)"),
     (r"json_extract\(([\w.]+), '\$\.(\w+)'\)", r"(\1::json ->> '\2')"),
     (r"(?<=WHERE )\+(?=[a-z_])", ""),
+    (r"\bIN \(\)", "IN (SELECT NULL WHERE false)"),
     (r"(FROM \(SELECT min\(at_s\) AS t FROM plans\))", r"\1 AS first_plan"),
 )
 """SQLite SQL (a regular expression, case-sensitive: the store writes SQL words in capitals
