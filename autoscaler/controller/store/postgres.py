@@ -174,7 +174,11 @@ class PgConnection:
         try:
             if sql == "BEGIN IMMEDIATE":
                 raw.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
-                return raw.execute("SELECT pg_advisory_xact_lock(%s)", (WRITER_LOCK_KEY,))
+                try:
+                    return raw.execute("SELECT pg_advisory_xact_lock(%s)", (WRITER_LOCK_KEY,))
+                except psycopg.Error:
+                    raw.execute("ROLLBACK")  # no lock (a timeout): no transaction either
+                    raise
             text, order = to_postgres(sql)
             params = tuple(parameters)
             if order is not None:
