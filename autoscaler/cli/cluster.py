@@ -107,6 +107,18 @@ def up(
         int | None,
         typer.Option(help="Fleet GPU cap (local default: --max-gpu-slots)."),
     ] = None,
+    store: Annotated[
+        str | None,
+        typer.Option(
+            "--store",
+            envvar="COADAPT_STORE_URL",
+            show_envvar=True,
+            help="A team's store: a postgresql://user@host:port/db URL whose (existing) "
+            "database keeps every table (default: the SQLite file store.db in the state "
+            "folder). Give the password in COADAPT_STORE_URL or PGPASSWORD, not on the "
+            "command line.",
+        ),
+    ] = None,
     new_store: Annotated[
         bool,
         typer.Option(
@@ -206,6 +218,7 @@ def up(
         unfinished_after_down,
         up_is_stale,
     )
+    from autoscaler.controller.store.postgres import is_postgres_url, masked_url
     from autoscaler.errors import InvalidInputError
 
     os.umask(0o077)  # what up and its agents write is private to this user
@@ -235,6 +248,9 @@ def up(
         fail("--job-log-max-mib must be 0.0625-1048576 and --min-free-mib 0-2**30", 2)
     if not 0 <= retention_days <= 36_500:
         fail(f"--retention-days {retention_days}: give 0 (forever) to 36500", 2)
+    if store is not None and not is_postgres_url(store):
+        fail("--store takes a postgresql://user@host:port/database URL (without it the store "
+             "is the SQLite file store.db in the state folder)", 2)  # fmt: skip
     _configure_logging(verbose=verbose)
     state = resolve_state_dir(state_dir)
     if state.exists() and not state.is_dir():
@@ -282,10 +298,12 @@ def up(
         heartbeat_timeout_s=heartbeat_timeout_s,
         retention_s=retention_days * 86_400.0 or None,
         resume=resume,
+        store_url=store,
     )
 
     def ready(url: str) -> None:
-        typer.echo(f"coadapt: up at {url} ({state})")
+        where = f"store {masked_url(store)}, " if store else ""
+        typer.echo(f"coadapt: up at {url} ({where}{state})")
         typer.echo(f"coadapt: the dashboard's address: coadapt dashboard --state-dir {state}")
 
     def told(event: Event) -> None:
@@ -333,9 +351,13 @@ def _detach(ctx: typer.Context, state: Path, *, resume: bool) -> None:
     from autoscaler.controller.service import UpRecord
 
     argv = [sys.executable, "-m", "autoscaler.cli", "up"]
+    store = ctx.params.get("store")
+    store_env = {"COADAPT_STORE_URL": str(store)} if store else {}
     for param in ctx.command.params:
         value = ctx.params.get(param.name or "")
-        own = param.name in ("detach", "resume", "state_dir")  # said below, or not passed on
+        # Said below, or not passed on (the store's URL goes in the environment: it may hold
+        # a password, and a command line is seen by every user of the machine).
+        own = param.name in ("detach", "resume", "state_dir", "store")
         if own or value is None or value == param.default:
             continue
         if getattr(param, "is_flag", False):
@@ -357,7 +379,7 @@ def _detach(ctx: typer.Context, state: Path, *, resume: bool) -> None:
             stdout=fd,
             stderr=fd,
             start_new_session=True,  # no SIGHUP when the terminal closes
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **store_env},
         )
     finally:
         os.close(fd)

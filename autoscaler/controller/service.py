@@ -123,6 +123,7 @@ from autoscaler.controller.loop import (
 from autoscaler.controller.ratelimit import RequestLimits
 from autoscaler.controller.reconcile import ReconcileConfig
 from autoscaler.controller.store import InstanceRow, JobStatus, Store
+from autoscaler.controller.store.postgres import EMPTY_DATABASE, masked_url
 from autoscaler.decide.sizing import SizingConfig
 from autoscaler.decide.strategies import FixedFleet
 from autoscaler.errors import InvalidInputError
@@ -206,7 +207,10 @@ class UpConfig:
     liveness`). ``retention_s``: how long the store keeps reports, prices and events
     (``ControllerConfig.retention_s``; ``None``: forever). ``resume``: on a store that
     ``coadapt down`` brought down, relaunch its unfinished jobs (without it such a store with
-    unfinished jobs is refused: :class:`BroughtDownError`)."""
+    unfinished jobs is refused: :class:`BroughtDownError`). ``store_url``: a
+    ``postgresql://`` URL whose database keeps every table (a team's store: the store is built
+    there on the first ``up``; see :mod:`autoscaler.controller.store.postgres`); ``None``: the
+    SQLite file ``store.db`` in the state folder."""
 
     state_dir: Path
     cluster_id: str = "coadapt-local"
@@ -235,6 +239,7 @@ class UpConfig:
     stall_gap_s: float = STALL_GAP_S
     retention_s: float | None = DEFAULT_RETENTION_S
     resume: bool = False
+    store_url: str | None = None
 
     @property
     def effective_heartbeat_timeout_s(self) -> float:
@@ -545,9 +550,46 @@ def _prepare_state(state: Path) -> None:
                            "mode, or name another folder with --state-dir") from e  # fmt: skip
 
 
-def _open_store(state: Path, cluster_id: str, clock: Clock, *, new_store: bool) -> Store:
-    """The store of ``state``: opened, or created on a first ``up``; refuses to create one
-    silently beside an earlier cluster's files (see :class:`UpConfig`'s ``new_store``)."""
+def _open_database_store(url: str, cluster_id: str, clock: Clock, *, new_store: bool) -> Store:
+    """The PostgreSQL store at ``url``: opened, or built on a first ``up`` in its (existing,
+    empty) database. A store there is never moved aside (``new_store`` refuses: drop and
+    create the database to start over); one of another cluster is refused."""
+    where = masked_url(url)
+    try:
+        try:
+            store = Store.open(url, clock)
+        except StoreMissingError as e:
+            if EMPTY_DATABASE not in str(e):
+                raise  # no such database: it is the operator's to create
+            return Store.create(url, cluster_id, clock)
+        try:
+            if new_store:
+                raise ServiceError(
+                    f"--new-store: {where} already holds a store, and a PostgreSQL store is "
+                    "never moved aside; drop and create that database to start over"
+                )
+            if store.cluster_id != cluster_id:
+                raise ServiceError(
+                    f"{where} holds the store of cluster {store.cluster_id!r}, not "
+                    f"{cluster_id!r}: give --cluster-id {store.cluster_id}, or another database"
+                )
+            store.check_writable()
+        except BaseException:
+            store.close()
+            raise
+        return store
+    except StoreError as e:
+        raise ServiceError(describe_store_error(e)) from e
+
+
+def _open_store(
+    state: Path, cluster_id: str, clock: Clock, *, new_store: bool, store_url: str | None = None
+) -> Store:
+    """The store of ``state`` (or of ``store_url``, a PostgreSQL database): opened, or
+    created on a first ``up``; refuses to create one silently beside an earlier cluster's
+    files (see :class:`UpConfig`'s ``new_store``)."""
+    if store_url is not None:
+        return _open_database_store(store_url, cluster_id, clock, new_store=new_store)
     path = state / "store.db"
     try:
         if path.exists() and new_store:
@@ -719,8 +761,11 @@ def _run_up(
     isolation = None
     if cloud is None:
         isolation = job_isolation(cfg.job_isolation, euid=os.geteuid())
-    store_path = state / "store.db"
-    store = _open_store(state, cfg.cluster_id, clock, new_store=cfg.new_store)
+    store_path: Path | str = cfg.store_url or state / "store.db"
+    store = _open_store(
+        state, cfg.cluster_id, clock, new_store=cfg.new_store, store_url=cfg.store_url
+    )
+    log.info("the store: %s", store.location)
     try:
         waiting = _unfinished_after_down(store)
         if waiting and not cfg.resume:

@@ -580,7 +580,9 @@ def test_assignments_are_replaced_atomically(store: Store, location: Path | str)
     assert store.list_assignments() == {("j2", "i-2"): 1}
 
 
-def test_the_first_plan_is_marked_once(store: Store, location: Path | str, clock: FakeClock) -> None:
+def test_the_first_plan_is_marked_once(
+    store: Store, location: Path | str, clock: FakeClock
+) -> None:
     assert store.planned_at_s() is None
     first = clock.now_s()
     store.mark_planned()

@@ -118,9 +118,10 @@ def test_doubles_round_trip_bit_for_bit(postgres_url: str) -> None:
 def test_one_writer_at_a_time(postgres_url: str) -> None:
     """A write transaction holds the advisory lock from its BEGIN: another connection's
     write waits for its COMMIT (a read-check-write cannot interleave)."""
-    with Store.create(postgres_url, "c1", FakeClock()) as a, Store.open(
-        postgres_url, FakeClock()
-    ) as b:
+    with (
+        Store.create(postgres_url, "c1", FakeClock()) as a,
+        Store.open(postgres_url, FakeClock()) as b,
+    ):
         done: list[float] = []
 
         def other() -> None:
@@ -188,7 +189,9 @@ def test_two_processes_lose_no_update(postgres_url: str) -> None:
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", COUNTER, postgres_url, str(n)],
-            cwd=ROOT, stdout=subprocess.PIPE, text=True,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
         )  # fmt: skip
         for _ in range(2)
     ]

@@ -60,6 +60,7 @@ from autoscaler.controller.store.schema import SCHEMA_VERSION, apply_migrations,
 
 __all__ = [
     "CONNECT_TIMEOUT_S",
+    "EMPTY_DATABASE",
     "URL_SCHEMES",
     "WRITER_LOCK_KEY",
     "PgConnection",
@@ -74,6 +75,9 @@ WRITER_LOCK_KEY: Final = 0x636F616461707401
 """The advisory lock every write transaction takes (``"coadapt"`` and 1 in hex; advisory
 locks are per database, and a database holds one store)."""
 CONNECT_TIMEOUT_S: Final = 10
+EMPTY_DATABASE: Final = "the database has no meta table"
+"""Said by the :class:`StoreMissingError` of a database that exists but holds no store (one
+can be built there), unlike one of a database that does not exist."""
 _MISSING_DB: Final = "3D000"  # invalid_catalog_name: no such database
 
 
@@ -227,7 +231,7 @@ def validate_database(conn: PgConnection, url: str) -> tuple[int, str]:
     wrong."""
     where = masked_url(url)
     if not _has_meta(conn):
-        raise StoreMissingError(f"no store at {where} (the database has no meta table)", path=where)
+        raise StoreMissingError(f"no store at {where} ({EMPTY_DATABASE})", path=where)
     meta = {r[0]: r[1] for r in conn.execute("SELECT key, value FROM meta")}
     try:
         version = int(meta["schema_version"])
