@@ -916,7 +916,7 @@ class Controller:
         known = {r.request_id for r in self.store.list_instances()}
         strangers = tuple(sorted(i.instance_id for i in observed if i.request_id not in known))
         if strangers:
-            raise UnknownFleetError(self.config.cluster_id, strangers, str(self.store.path))
+            raise UnknownFleetError(self.config.cluster_id, strangers, self.store.location)
 
     def _restore(self) -> None:
         """After a (re)start: the profiles from the store's ``models`` rows, each job's

@@ -192,7 +192,7 @@ def test_two_processes_lose_no_update(postgres_url: str) -> None:
             cwd=ROOT,
             stdout=subprocess.PIPE,
             text=True,
-        )  # fmt: skip
+        )
         for _ in range(2)
     ]
     outs = [p.communicate(timeout=120)[0] for p in procs]
