@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from autoscaler.controller.errors import (
+    FencedError,
     StaleVersionError,
     StoreCorruptError,
     StoreError,
@@ -97,6 +98,7 @@ class StoreBase:
             self._writer = writer_lock(str(self._path))
         self._read_only = False  # opened with open_read_only: no write is tried
         self._planned = False  # the meta row planned_at_s is known to exist
+        self._fence: int | None = None  # the lease epoch every write must carry (fence())
 
     def ensure_present(self) -> None:
         """Raise :class:`StoreMissingError` if the file this store opened, or its
@@ -430,10 +432,15 @@ class StoreBase:
         return kind(f"{self._path}: {doing}: {e}", path=str(self._path))
 
     @contextmanager
-    def _write(self, doing: str) -> Iterator[Connection]:
+    def _write(self, doing: str, *, fenced: bool = True) -> Iterator[Connection]:
         """One write transaction: ``BEGIN IMMEDIATE`` ... ``COMMIT`` (on PostgreSQL, BEGIN
         and the writer's advisory lock: :mod:`.postgres`), rolled back on any exception
-        (which propagates; a database one as :class:`StoreError`)."""
+        (which propagates; a database one as :class:`StoreError`).
+
+        A store object fenced at an epoch (:meth:`~.lease_table.LeaseTable.fence`: the
+        controller's rounds) first checks, under that lock, that the leader lease is still at
+        that epoch: :class:`FencedError` otherwise, nothing written, and the lease row's
+        ``refused_writes`` counts it. ``fenced=False``: the lease's own writes."""
         conn = self._live()
         if self._read_only:
             raise StoreUnwritableError(
@@ -445,6 +452,8 @@ class StoreBase:
             except DB_ERRORS as e:
                 raise self._fail(e, doing) from e
             try:
+                if fenced and self._fence is not None:
+                    self._check_epoch(conn, self._fence)
                 yield conn
                 conn.execute("COMMIT")
             except BaseException as e:
@@ -454,9 +463,30 @@ class StoreBase:
                     except DB_ERRORS:
                         if not isinstance(e, DB_ERRORS):
                             raise
+                if isinstance(e, FencedError):
+                    self._count_refused(conn)
                 if isinstance(e, DB_ERRORS):
                     raise self._fail(e, doing) from e
                 raise
+
+    @staticmethod
+    def _check_epoch(conn: Connection, epoch: int) -> None:
+        row = conn.execute("SELECT epoch, holder FROM leader_lease WHERE id = 1").fetchone()
+        if row is None or int(row[0]) != epoch:
+            raise FencedError(epoch, None if row is None else int(row[0]),
+                              None if row is None else str(row[1]))  # fmt: skip
+
+    @staticmethod
+    def _count_refused(conn: Connection) -> None:
+        """One more refused write on the lease row (its own transaction: the refused one
+        rolled back). Best effort: a failure to count never hides the refusal."""
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("UPDATE leader_lease SET refused_writes = refused_writes + 1")
+            conn.execute("COMMIT")
+        except DB_ERRORS:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
 
     def _read(self, sql: str, params: Iterable[Any] = ()) -> list[Any]:
         try:

@@ -40,6 +40,10 @@ SQLite allows only outside a transaction; none does yet.)
   clock's time) and when the round estimated it (``eta_at_s``); a row only while the job
   runs with a declared length and a model (:meth:`Store.record_etas
   <autoscaler.controller.store.Store.record_etas>`).
+* v12: ``leader_lease``, one row: which controller leads (``holder``), its fencing ``epoch``
+  (+1 at every change of holder), when that holder took it, last renewed it and when it
+  expires, and how many writes of deposed leaders were refused (``refused_writes``)
+  (:mod:`~autoscaler.controller.store.lease_table`).
 """
 
 from __future__ import annotations
@@ -315,6 +319,21 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
                 job_name TEXT PRIMARY KEY REFERENCES jobs (name),
                 eta_s REAL NOT NULL,
                 eta_at_s REAL NOT NULL
+            )""",
+        ),
+    ),
+    Migration(
+        12,
+        "the leader lease: one controller leads, every write of its rounds carries its epoch",
+        (
+            """CREATE TABLE leader_lease (
+                id INTEGER PRIMARY KEY CHECK (id = 1),
+                holder TEXT NOT NULL,
+                epoch INTEGER NOT NULL,
+                acquired_at_s REAL NOT NULL,
+                renewed_at_s REAL NOT NULL,
+                expires_at_s REAL NOT NULL,
+                refused_writes INTEGER NOT NULL DEFAULT 0
             )""",
         ),
     ),
