@@ -157,7 +157,7 @@ def test_processes_racing_for_a_free_lease_agree_on_one_holder(
             cwd=ROOT,
             stdout=subprocess.PIPE,
             text=True,
-        )  # fmt: skip
+        )
         for i in range(4)
     ]
     seen = {tuple(json.loads(p.communicate(timeout=60)[0])) for p in procs}
