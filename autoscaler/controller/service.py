@@ -931,9 +931,10 @@ def _run_up(
     # process takes it at once and nothing is said; on a shared PostgreSQL store it says
     # whether it leads or stands by, and when it takes over.
     team = store.is_postgres
+    identity["holder"] = holder_id(server.port, me)  # what /v1/fleet's leader.leading asks
     election = Election(
         store,
-        holder_id(server.port, me),
+        str(identity["holder"]),
         cfg.lease_s or DEFAULT_LEASE_INTERVALS * cfg.interval_s,
         take=not team,
     )
