@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -196,6 +197,15 @@ def up(
             "once the API serves (coadapt down stops it).",
         ),
     ] = False,
+    api_urls: Annotated[
+        str | None,
+        typer.Option(
+            "--api-urls",
+            help="With --store: the API addresses of every controller of the store, "
+            "comma-separated (http://host:port,...), given to the local agents, which try "
+            "them in turn (default: this process's own).",
+        ),
+    ] = None,
 ) -> None:
     """Run the controller (API, rounds, fleet) in the foreground, or with -d in the
     background (its output in <state-dir>/up.log). Ctrl-C or SIGTERM stops it and leaves the
@@ -204,6 +214,11 @@ def up(
     On a cluster that coadapt down brought down, its unfinished jobs are relaunched only
     with --resume (asked on a terminal). On aws/gcp it runs on the controller machine a
     deployment made (coadapt deploy), reading that deployment's provider config.
+
+    With --store (PostgreSQL), several up processes may share one store, on one machine
+    (one state folder, each with its own --port) or several: every one serves the API, one
+    leads (a lease in the store) and runs the rounds, the others stand by and take over
+    within two round intervals when it dies; each says whether it leads or stands by.
 
     It prints one line per event that matters (launch, ready, notice, preemption, rescale,
     move, rebatch, refusal, completion, release, ...), with its time and its reason; coadapt
@@ -255,7 +270,21 @@ def up(
     state = resolve_state_dir(state_dir)
     if state.exists() and not state.is_dir():
         fail(f"--state-dir {state} is a file, not a folder; name a folder (created if missing)", 2)
-    if (state / "up.json").exists():
+    urls: tuple[str, ...] = ()
+    if api_urls is not None:
+        urls = tuple(u.strip() for u in api_urls.split(",") if u.strip())
+        if (
+            store is None
+            or not urls
+            or len(urls) > 16
+            or not all(re.fullmatch(r"https?://[\w.\-]+(:\d{1,5})?", u) for u in urls)
+        ):
+            fail("--api-urls takes, with --store, up to 16 addresses http://host:port, "
+                 "comma-separated", 2)  # fmt: skip
+    if (state / "up.json").exists() and store is not None and not up_is_stale(state / "up.json"):
+        typer.echo("coadapt: another coadapt up serves this folder; this one shares its store "
+                   "(the leader lease decides which runs the rounds)")  # fmt: skip
+    if (state / "up.json").exists() and store is None:
         if not up_is_stale(state / "up.json"):
             fail(f"a cluster is already up in {state} (coadapt down --state-dir {state})")
         typer.echo(f"coadapt: {state / 'up.json'} was left by a coadapt up that is gone; "
@@ -299,6 +328,7 @@ def up(
         retention_s=retention_days * 86_400.0 or None,
         resume=resume,
         store_url=store,
+        api_urls=urls,
     )
 
     def ready(url: str) -> None:
@@ -466,7 +496,18 @@ def _status_doc(client: Any) -> dict[str, Any]:
     from autoscaler.controller.api import instance_to_dict
 
     instances = [instance_to_dict(r) for r in client.list_instances()]
-    return {"jobs": jobs, "instances": instances}
+    leader = client.fleet().get("leader")
+    return {"jobs": jobs, "instances": instances, "leader": leader}
+
+
+def leader_line(leader: dict[str, Any] | None, now_s: float) -> str | None:
+    """The line ``coadapt status`` prints about the controllers of a shared store: which one
+    leads and since when (``None``: a store with one controller, nothing to say)."""
+    if not leader or not leader.get("shared") or leader.get("holder") is None:
+        return None
+    since = leader.get("since_s")
+    when = "" if since is None else f" since {clock_text(float(since), now_s)}"
+    return f"leader: {leader['holder']} (epoch {leader['epoch']}){when}"
 
 
 JOB_COLUMNS = (
@@ -601,6 +642,9 @@ def _render_status(doc: dict[str, Any], *, wide: bool = False) -> None:
         for i in live
     ]
     render_table(console, INSTANCE_COLUMNS, fleet, title="instances", wide=wide)
+    said = leader_line(doc.get("leader"), now_s)
+    if said is not None:
+        console.print(said, markup=False, highlight=False, soft_wrap=True)
 
 
 def status(

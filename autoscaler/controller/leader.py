@@ -49,7 +49,8 @@ class LeaderState:
     expired (``False`` when no ``me`` was given); ``holder``, ``epoch``, ``since_s`` (when
     that holder took the lease), ``expires_at_s`` (the lease's clock: the database server's on
     PostgreSQL) are ``None`` before any controller led; ``refused_writes`` counts the writes
-    of deposed leaders the store refused."""
+    of deposed leaders the store refused; ``shared``: the store is one several controllers
+    may share (PostgreSQL), so who leads is worth saying."""
 
     leading: bool
     holder: str | None
@@ -57,6 +58,7 @@ class LeaderState:
     since_s: float | None
     expires_at_s: float | None
     refused_writes: int
+    shared: bool = False
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -66,6 +68,7 @@ class LeaderState:
             "since_s": self.since_s,
             "expires_at_s": self.expires_at_s,
             "refused_writes": self.refused_writes,
+            "shared": self.shared,
         }
 
 
@@ -74,7 +77,7 @@ def leader_state(store: Store, me: str | None = None) -> LeaderState:
     process's holder id, for ``leading``. Reads only."""
     lease = store.lease()
     if lease is None:
-        return LeaderState(False, None, None, None, None, 0)
+        return LeaderState(False, None, None, None, None, 0, store.is_postgres)
     leading = me is not None and lease.holder == me and lease.expires_at_s > store.lease_now_s()
     return LeaderState(
         leading,
@@ -83,6 +86,7 @@ def leader_state(store: Store, me: str | None = None) -> LeaderState:
         lease.acquired_at_s,
         lease.expires_at_s,
         lease.refused_writes,
+        store.is_postgres,
     )
 
 
