@@ -1001,7 +1001,15 @@ def _run_up(
             try:
                 lease = election.try_lead()
             except StoreError as e:
-                raise ServiceError(describe_store_error(e)) from e
+                if not team:
+                    raise ServiceError(describe_store_error(e)) from e
+                # A shared store out of reach (a restart, a cut, a stuck writer): no round
+                # without the lease; tried again, standing by meanwhile.
+                log.warning("coadapt up: cannot reach the leader lease: %s; standing by", e)
+                election.deposed()
+                lead[0] = recorder = None
+                stop.wait(cfg.interval_s / STANDBY_TRIES_PER_INTERVAL)
+                continue
             if not election.leading:
                 if lead[0] is not None:
                     say(f"deposed: {lease.holder} leads now (epoch {lease.epoch}); standing by")
@@ -1050,8 +1058,18 @@ def _run_up(
                 continue
             except UnknownFleetError as e:  # leaves the fleet alone, releasing or not
                 raise ServiceError(" ".join(str(e).split())) from e
-            except StoreError as e:
+            except (StoreMissingError, StoreCorruptError, StoreUnwritableError) as e:
                 raise ServiceError(describe_store_error(e)) from e
+            except StoreError as e:
+                if not team:
+                    raise ServiceError(describe_store_error(e)) from e
+                # A shared store's transaction failed (a connection cut, a stuck session the
+                # server ended): this epoch's controller is dropped; the lease is tried again
+                # and a new one built if this process still leads.
+                log.warning("coadapt up: the round failed on the store: %s", e)
+                election.deposed()
+                lead[0] = recorder = None
+                continue
             tell()
             if secrets is not None:
                 secrets.sync(store)

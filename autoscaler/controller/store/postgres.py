@@ -15,7 +15,13 @@ Write transactions
     commits as decided or fails with a typed error, never re-runs. Waiting for the lock is
     bounded like SQLite's busy timeout (``lock_timeout`` is
     :data:`~autoscaler.controller.store.connection.BUSY_TIMEOUT_S`): past it the write fails
-    with :class:`StoreError`. Reads outside a write run in autocommit, each statement its own
+    with :class:`StoreError`. A writer that stops between two statements of its transaction
+    (a process frozen by SIGSTOP, a machine cut off) would hold the lock, and every other
+    controller's writes, its lease included, would fail past that timeout: the server ends a
+    session idle inside a transaction for :data:`STUCK_WRITER_S` (the store's transactions
+    run a few statements back to back, never waiting on anything else), which rolls it back
+    and frees the lock; the stopped writer finds its transaction failed when it wakes up.
+    Reads outside a write run in autocommit, each statement its own
     snapshot, as SQLite's do. Optimistic versions are unchanged (the same SQL).
 
 Durability
@@ -75,6 +81,9 @@ WRITER_LOCK_KEY: Final = 0x636F616461707401
 """The advisory lock every write transaction takes (``"coadapt"`` and 1 in hex; advisory
 locks are per database, and a database holds one store)."""
 CONNECT_TIMEOUT_S: Final = 10
+STUCK_WRITER_S: Final = 2.0
+"""A session idle inside a transaction this long is ended by the server, its locks released
+(``idle_in_transaction_session_timeout``): see the module docstring's Write transactions."""
 EMPTY_DATABASE: Final = "the database has no meta table"
 """Said by the :class:`StoreMissingError` of a database that exists but holds no store (one
 can be built there), unlike one of a database that does not exist."""
@@ -141,6 +150,7 @@ def _connect(url: str) -> Any:
     try:
         raw.execute(f"SET lock_timeout = '{int(BUSY_TIMEOUT_S * 1000)}ms'")
         raw.execute("SET synchronous_commit = on")
+        raw.execute(f"SET idle_in_transaction_session_timeout = '{int(STUCK_WRITER_S * 1000)}ms'")
         raw.execute("SET client_min_messages = warning")
     except psycopg.Error as e:
         raw.close()
