@@ -745,6 +745,7 @@ SEED: dict[int, list[str]] = {
         "VALUES ('fake/t/z/on-demand', 7.0, 1.5, 'on-demand')",
     ],
     11: ["INSERT INTO job_etas VALUES ('j1', 5000.0, 30.0)"],
+    12: ["INSERT INTO leader_lease VALUES (1, 'h:1:2', 3, 10.0, 20.0, 21.5, 0)"],
 }
 
 
