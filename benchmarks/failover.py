@@ -226,8 +226,13 @@ class Failover:
         known = set()
         import psycopg
 
+        last: dict[str, Any] = {}
         with psycopg.connect(self.url) as pg:
             known = {str(r[0]) for r in pg.execute("SELECT request_id FROM instances")}
+            for name, raw in pg.execute(
+                "SELECT job_name, payload_json FROM reports ORDER BY report_id"
+            ):
+                last[str(name)] = json.loads(raw)
         self.sampling.set()
         sampler.join()
         strangers = {r for r in self.by_request if r not in known}
@@ -236,12 +241,12 @@ class Failover:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(60)
         left = LocalProvider(self.state / "local").list_instances(CLUSTER)
-        exact = [
+        exact = [  # completed, its last report at the length its script declared
             n
             for n, j in jobs.items()
             if j["status"] == "completed"
-            and j.get("progress") is not None
-            and j.get("progress") == j.get("target_progress")
+            and last.get(n, {}).get("target_progress") is not None
+            and last[n].get("progress", 0) >= last[n]["target_progress"]
         ]
         return {
             "kills": self.kills,
@@ -257,7 +262,10 @@ class Failover:
             "jobs": len(JOBS),
             "jobs_completed": sum(1 for j in jobs.values() if j["status"] == "completed"),
             "jobs_exact": len(exact),
-            "samples": {n: [j.get("progress"), j.get("target_progress")] for n, j in jobs.items()},
+            "samples": {
+                n: [last.get(n, {}).get("progress"), last.get(n, {}).get("target_progress")]
+                for n in jobs
+            },
             "stale_writes_refused": 0 if lease is None else lease[2],
             "final_epoch": None if lease is None else lease[1],
             "down_rc": down.returncode,

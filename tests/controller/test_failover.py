@@ -31,4 +31,7 @@ def test_jobs_run_through_leader_kills_and_a_frozen_leader(tmp_path: Path) -> No
     assert got["duplicate_launches"] == 0
     assert got["leaked_instances"] == 0
     assert got["healthy_relaunches"] == 0, got["launchers"]
-    assert got["stale_writes_refused"] >= 1  # the woken leader's write, refused by epoch
+    # The woken leader's writes are refused by epoch when it wakes inside a round (counted in
+    # stale_writes_refused; proven in test_lease.py); woken between rounds it renews first,
+    # finds the lease taken and stands by without writing.
+    assert got["final_epoch"] >= 1 + got["kills"] + 1
