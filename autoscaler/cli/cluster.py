@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -107,6 +108,18 @@ def up(
         int | None,
         typer.Option(help="Fleet GPU cap (local default: --max-gpu-slots)."),
     ] = None,
+    store: Annotated[
+        str | None,
+        typer.Option(
+            "--store",
+            envvar="COADAPT_STORE_URL",
+            show_envvar=True,
+            help="A team's store: a postgresql://user@host:port/db URL whose (existing) "
+            "database keeps every table (default: the SQLite file store.db in the state "
+            "folder). Give the password in COADAPT_STORE_URL or PGPASSWORD, not on the "
+            "command line.",
+        ),
+    ] = None,
     new_store: Annotated[
         bool,
         typer.Option(
@@ -184,6 +197,15 @@ def up(
             "once the API serves (coadapt down stops it).",
         ),
     ] = False,
+    api_urls: Annotated[
+        str | None,
+        typer.Option(
+            "--api-urls",
+            help="With --store: the API addresses of every controller of the store, "
+            "comma-separated (http://host:port,...), given to the local agents, which try "
+            "them in turn (default: this process's own).",
+        ),
+    ] = None,
 ) -> None:
     """Run the controller (API, rounds, fleet) in the foreground, or with -d in the
     background (its output in <state-dir>/up.log). Ctrl-C or SIGTERM stops it and leaves the
@@ -192,6 +214,11 @@ def up(
     On a cluster that coadapt down brought down, its unfinished jobs are relaunched only
     with --resume (asked on a terminal). On aws/gcp it runs on the controller machine a
     deployment made (coadapt deploy), reading that deployment's provider config.
+
+    With --store (PostgreSQL), several up processes may share one store, on one machine
+    (one state folder, each with its own --port) or several: every one serves the API, one
+    leads (a lease in the store) and runs the rounds, the others stand by and take over
+    within two round intervals when it dies; each says whether it leads or stands by.
 
     It prints one line per event that matters (launch, ready, notice, preemption, rescale,
     move, rebatch, refusal, completion, release, ...), with its time and its reason; coadapt
@@ -206,6 +233,7 @@ def up(
         unfinished_after_down,
         up_is_stale,
     )
+    from autoscaler.controller.store.postgres import is_postgres_url, masked_url
     from autoscaler.errors import InvalidInputError
 
     os.umask(0o077)  # what up and its agents write is private to this user
@@ -235,11 +263,28 @@ def up(
         fail("--job-log-max-mib must be 0.0625-1048576 and --min-free-mib 0-2**30", 2)
     if not 0 <= retention_days <= 36_500:
         fail(f"--retention-days {retention_days}: give 0 (forever) to 36500", 2)
+    if store is not None and not is_postgres_url(store):
+        fail("--store takes a postgresql://user@host:port/database URL (without it the store "
+             "is the SQLite file store.db in the state folder)", 2)  # fmt: skip
     _configure_logging(verbose=verbose)
     state = resolve_state_dir(state_dir)
     if state.exists() and not state.is_dir():
         fail(f"--state-dir {state} is a file, not a folder; name a folder (created if missing)", 2)
-    if (state / "up.json").exists():
+    urls: tuple[str, ...] = ()
+    if api_urls is not None:
+        urls = tuple(u.strip() for u in api_urls.split(",") if u.strip())
+        if (
+            store is None
+            or not urls
+            or len(urls) > 16
+            or not all(re.fullmatch(r"https?://[\w.\-]+(:\d{1,5})?", u) for u in urls)
+        ):
+            fail("--api-urls takes, with --store, up to 16 addresses http://host:port, "
+                 "comma-separated", 2)  # fmt: skip
+    if (state / "up.json").exists() and store is not None and not up_is_stale(state / "up.json"):
+        typer.echo("coadapt: another coadapt up serves this folder; this one shares its store "
+                   "(the leader lease decides which runs the rounds)")  # fmt: skip
+    if (state / "up.json").exists() and store is None:
         if not up_is_stale(state / "up.json"):
             fail(f"a cluster is already up in {state} (coadapt down --state-dir {state})")
         typer.echo(f"coadapt: {state / 'up.json'} was left by a coadapt up that is gone; "
@@ -282,10 +327,13 @@ def up(
         heartbeat_timeout_s=heartbeat_timeout_s,
         retention_s=retention_days * 86_400.0 or None,
         resume=resume,
+        store_url=store,
+        api_urls=urls,
     )
 
     def ready(url: str) -> None:
-        typer.echo(f"coadapt: up at {url} ({state})")
+        where = f"store {masked_url(store)}, " if store else ""
+        typer.echo(f"coadapt: up at {url} ({where}{state})")
         typer.echo(f"coadapt: the dashboard's address: coadapt dashboard --state-dir {state}")
 
     def told(event: Event) -> None:
@@ -333,9 +381,13 @@ def _detach(ctx: typer.Context, state: Path, *, resume: bool) -> None:
     from autoscaler.controller.service import UpRecord
 
     argv = [sys.executable, "-m", "autoscaler.cli", "up"]
+    store = ctx.params.get("store")
+    store_env = {"COADAPT_STORE_URL": str(store)} if store else {}
     for param in ctx.command.params:
         value = ctx.params.get(param.name or "")
-        own = param.name in ("detach", "resume", "state_dir")  # said below, or not passed on
+        # Said below, or not passed on (the store's URL goes in the environment: it may hold
+        # a password, and a command line is seen by every user of the machine).
+        own = param.name in ("detach", "resume", "state_dir", "store")
         if own or value is None or value == param.default:
             continue
         if getattr(param, "is_flag", False):
@@ -357,7 +409,7 @@ def _detach(ctx: typer.Context, state: Path, *, resume: bool) -> None:
             stdout=fd,
             stderr=fd,
             start_new_session=True,  # no SIGHUP when the terminal closes
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **store_env},
         )
     finally:
         os.close(fd)
@@ -444,7 +496,18 @@ def _status_doc(client: Any) -> dict[str, Any]:
     from autoscaler.controller.api import instance_to_dict
 
     instances = [instance_to_dict(r) for r in client.list_instances()]
-    return {"jobs": jobs, "instances": instances}
+    leader = client.fleet().get("leader")
+    return {"jobs": jobs, "instances": instances, "leader": leader}
+
+
+def leader_line(leader: dict[str, Any] | None, now_s: float) -> str | None:
+    """The line ``coadapt status`` prints about the controllers of a shared store: which one
+    leads and since when (``None``: a store with one controller, nothing to say)."""
+    if not leader or not leader.get("shared") or leader.get("holder") is None:
+        return None
+    since = leader.get("since_s")
+    when = "" if since is None else f" since {clock_text(float(since), now_s)}"
+    return f"leader: {leader['holder']} (epoch {leader['epoch']}){when}"
 
 
 JOB_COLUMNS = (
@@ -579,6 +642,9 @@ def _render_status(doc: dict[str, Any], *, wide: bool = False) -> None:
         for i in live
     ]
     render_table(console, INSTANCE_COLUMNS, fleet, title="instances", wide=wide)
+    said = leader_line(doc.get("leader"), now_s)
+    if said is not None:
+        console.print(said, markup=False, highlight=False, soft_wrap=True)
 
 
 def status(

@@ -363,7 +363,14 @@ class ApiClient:
     :func:`~coadapt_common.http.credential_opener`). Thread-safe."""
 
     def __init__(self, base_url: str, token: str, *, timeout_s: float = 30.0) -> None:
-        self.base_url = base_url.rstrip("/")
+        """``base_url`` may list several addresses, comma-separated (the controllers of a
+        shared store, which all serve the API): a request that gets no answer from one is
+        sent to the next, in turn, starting from the last that answered."""
+        self._urls = [u.strip().rstrip("/") for u in base_url.split(",") if u.strip()]
+        if not self._urls:
+            raise ValueError("an API client needs at least one address")
+        self._current = 0
+        self.base_url = self._urls[0]
         self._token = token
         self.timeout_s = timeout_s
         self._opener = credential_opener()
@@ -459,9 +466,10 @@ class ApiClient:
         return float(self._call("POST", "/v1/fleet/release")["released_at_s"])
 
     def fleet(self) -> dict[str, Any]:
-        """``{"released_at_s", "release_listing"}``: whether the fleet is released and what
-        the cloud listed after the service's last release pass (``{"at_s", "instances",
-        "error"}``, ``None`` before the first)."""
+        """``{"released_at_s", "release_listing", "leader"}``: which controller leads
+        (:class:`~autoscaler.controller.leader.LeaderState` as a dict), whether the fleet is
+        released and what the cloud listed after the service's last release pass
+        (``{"at_s", "instances", "error"}``, ``None`` before the first)."""
         return dict(self._call("GET", "/v1/fleet"))
 
     def service(self) -> dict[str, Any]:
@@ -586,7 +594,30 @@ class ApiClient:
         *,
         query: Mapping[str, str] | None = None,
     ) -> tuple[int, bytes]:
-        url = self.base_url + path
+        first = self._current
+        unreachable: ApiUnreachableError | None = None
+        for i in range(len(self._urls)):
+            at = (first + i) % len(self._urls)
+            try:
+                answer = self._request_one(self._urls[at], method, path, body, query)
+            except ApiUnreachableError as e:
+                unreachable = e
+                continue
+            self._current = at
+            self.base_url = self._urls[at]
+            return answer
+        assert unreachable is not None
+        raise unreachable
+
+    def _request_one(
+        self,
+        base_url: str,
+        method: str,
+        path: str,
+        body: object | None,
+        query: Mapping[str, str] | None,
+    ) -> tuple[int, bytes]:
+        url = base_url + path
         if query:
             url += "?" + urllib.parse.urlencode(query)
         data = None if body is None else json.dumps(body, allow_nan=False).encode()

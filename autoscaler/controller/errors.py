@@ -17,7 +17,8 @@ here name what went wrong with the controller's *state*:
 * :class:`StoreError` — the store itself: :class:`StoreMissingError`,
   :class:`StoreExistsError`, :class:`StoreCorruptError`, :class:`StoreUnwritableError`,
   :class:`UnknownRowError`,
-  :class:`DuplicateRowError`, or a plain ``StoreError`` for an SQLite failure (locked past the
+  :class:`DuplicateRowError`, :class:`FencedError` (a write of a controller that no longer
+  holds the leader lease), or a plain ``StoreError`` for an SQLite failure (locked past the
   busy timeout, disk I/O) with the ``sqlite3`` exception as its ``__cause__``.
 
 Every error that refuses a change leaves the store as it was.
@@ -30,6 +31,7 @@ from autoscaler.errors import AutoscalerError
 __all__ = [
     "ControllerError",
     "DuplicateRowError",
+    "FencedError",
     "IllegalTransitionError",
     "RoundError",
     "StaleVersionError",
@@ -119,6 +121,22 @@ class DuplicateRowError(StoreError):
         super().__init__(f"{table} row {key!r} already exists" + (f" ({detail})" if detail else ""))
         self.table = table
         self.key = key
+
+
+class FencedError(StoreError):
+    """A write of the rounds of a controller whose leader lease is no longer current: the
+    store's lease is at ``current_epoch`` (held by ``holder``), the write carried ``epoch``.
+    Checked inside the write's own transaction, so nothing was changed; the controller stops
+    its round at once and stands by (:mod:`autoscaler.controller.leader`)."""
+
+    def __init__(self, epoch: int, current_epoch: int | None, holder: str | None) -> None:
+        who = "no lease" if current_epoch is None else f"epoch {current_epoch}, held by {holder}"
+        super().__init__(
+            f"write refused: this controller led at epoch {epoch}, the leader lease is now at {who}"
+        )
+        self.epoch = epoch
+        self.current_epoch = current_epoch
+        self.holder = holder
 
 
 class UnknownFleetError(ControllerError):

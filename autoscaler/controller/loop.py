@@ -29,9 +29,14 @@ One :meth:`Controller.run_round`:
    API answers each trainer) are recorded, then every launch is
    written as an intent (``queued -> requested`` with its request id) before its provider
    call, and every termination (``-> terminating``) before its call; answers are recorded
-   after. A controller killed at any point restarts from the store: a launch whose answer was
-   lost is re-issued with the same request id (the provider's launch rule creates nothing
-   twice) or adopted from the listing; an instance the store never heard of is terminated.
+   after. Every cloud call follows a write of its intent or a check of the leader lease
+   (:meth:`Store.check_fence <autoscaler.controller.store.Store.check_fence>`): a controller
+   whose store is fenced at an epoch the lease has left stops the round at the first refused
+   write (:class:`~autoscaler.controller.errors.FencedError`) and calls no cloud after it
+   (:mod:`autoscaler.controller.leader`). A controller killed at any point restarts from the
+   store: a launch whose answer was lost is re-issued with the same request id (the
+   provider's launch rule creates nothing twice) or adopted from the listing; an instance the
+   store never heard of is terminated.
 
 Cloud calls per round are bounded: two observation calls, plus one call per launch,
 termination or leak the reconcile decided, which :class:`~autoscaler.controller.reconcile.
@@ -56,6 +61,7 @@ from dataclasses import dataclass, field, replace
 from typing import Final, TypeVar
 
 from autoscaler.controller.errors import (
+    FencedError,
     RoundError,
     StaleVersionError,
     UnknownFleetError,
@@ -637,6 +643,8 @@ class Controller:
                 reason = None
                 if row.status is JobStatus.QUEUED and not held and pools:
                     reason = refusal(view, pools, self.speeds, max_gpus_per_job=MAX_JOB_GPUS)
+            except FencedError:
+                raise  # deposed: the round stops here
             except Exception as e:  # one bad job never stops a round
                 self._end_job(row, JobStatus.FAILED, f"cannot be scheduled: {_one_line(e)}")
                 continue
@@ -979,7 +987,7 @@ class Controller:
         known = {r.request_id for r in self.store.list_instances()}
         strangers = tuple(sorted(i.instance_id for i in observed if i.request_id not in known))
         if strangers:
-            raise UnknownFleetError(self.config.cluster_id, strangers, str(self.store.path))
+            raise UnknownFleetError(self.config.cluster_id, strangers, self.store.location)
 
     def _restore(self) -> None:
         """After a (re)start: the profiles from the store's ``models`` rows, each job's
@@ -1206,6 +1214,7 @@ class Controller:
         for key in actions.terminate:
             calls += self._terminate(by_key, key)
         for leak in actions.leaks:
+            store.check_fence()  # a leak has no row to write its intent in
             calls += 1
             try:
                 self.provider.terminate(
@@ -1260,6 +1269,8 @@ class Controller:
                 reason="launch intent written before the provider call",
             )
             self._crash("after-launch-intent")
+        else:  # a re-issue follows no write of this round: the lease is checked first
+            self.store.check_fence()
         user_data = self._user_data(row) if self._user_data else ""
         request = LaunchRequest(
             row.request_id, self.config.cluster_id, (o,), 1, user_data=user_data
@@ -1316,6 +1327,7 @@ class Controller:
         self._issued.add(row.request_id)
         if row.provider_instance_id is None:
             return 0
+        self.store.check_fence()  # its intent may be a past round's: the lease is checked
         try:
             result = self.provider.terminate(
                 self.config.cluster_id, [row.provider_instance_id], f"term-{row.request_id}"

@@ -43,7 +43,7 @@ Two kinds of figures, kept apart on purpose:
   template, e.g. ``/v1/jobs/<name>``, never the raw path; ``(unmatched)`` for a path no route
   takes). ``coadapt_leader`` (1 on the process that runs the rounds) and
   ``coadapt_leader_epoch`` come from :meth:`ControllerMetrics.set_leadership`, the one place
-  a leader lease will feed (today the one ``coadapt up`` process leads, epoch 0). The
+  leader lease feeds (:mod:`autoscaler.controller.leader`: the holder leads, at its epoch). The
   client's ``process_*`` families (memory, CPU, open files) come along.
 
 Each :class:`ControllerMetrics` has its own ``CollectorRegistry``, never the library's global

@@ -61,7 +61,8 @@ import signal
 import stat
 import sys
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
@@ -103,6 +104,7 @@ from autoscaler.controller.credentials import (
 )
 from autoscaler.controller.errors import (
     ControllerError,
+    FencedError,
     RoundError,
     StoreCorruptError,
     StoreError,
@@ -112,6 +114,12 @@ from autoscaler.controller.errors import (
 )
 from autoscaler.controller.events import Event, EventKind, EventRecorder
 from autoscaler.controller.job_storage import JobCredentialSource
+from autoscaler.controller.leader import (
+    DEFAULT_LEASE_INTERVALS,
+    STANDBY_TRIES_PER_INTERVAL,
+    Election,
+    holder_id,
+)
 from autoscaler.controller.loop import (
     ACTIVE_JOBS,
     DEFAULT_RETENTION_S,
@@ -124,8 +132,10 @@ from autoscaler.controller.metrics import ControllerMetrics, Leadership
 from autoscaler.controller.ratelimit import RequestLimits
 from autoscaler.controller.reconcile import ReconcileConfig
 from autoscaler.controller.store import InstanceRow, JobStatus, Store
+from autoscaler.controller.store.postgres import EMPTY_DATABASE, masked_url
 from autoscaler.decide.sizing import SizingConfig
 from autoscaler.decide.strategies import FixedFleet
+from autoscaler.decide.views import JobView
 from autoscaler.errors import InvalidInputError
 from coadapt_common.atomic import write_json_atomic
 from coadapt_common.clock import Clock, SystemClock
@@ -207,7 +217,14 @@ class UpConfig:
     liveness`). ``retention_s``: how long the store keeps reports, prices and events
     (``ControllerConfig.retention_s``; ``None``: forever). ``resume``: on a store that
     ``coadapt down`` brought down, relaunch its unfinished jobs (without it such a store with
-    unfinished jobs is refused: :class:`BroughtDownError`)."""
+    unfinished jobs is refused: :class:`BroughtDownError`). ``store_url``: a
+    ``postgresql://`` URL whose database keeps every table (a team's store: the store is built
+    there on the first ``up``; see :mod:`autoscaler.controller.store.postgres`); ``None``: the
+    SQLite file ``store.db`` in the state folder. ``lease_s``: how long the leader lease
+    lasts from its last renewal (``None``: :data:`~autoscaler.controller.leader.
+    DEFAULT_LEASE_INTERVALS` round intervals; :mod:`autoscaler.controller.leader`).
+    ``api_urls``: the API addresses the local agents are given, tried in turn (the
+    controllers of a shared store; empty: this process's own)."""
 
     state_dir: Path
     cluster_id: str = "coadapt-local"
@@ -236,6 +253,9 @@ class UpConfig:
     stall_gap_s: float = STALL_GAP_S
     retention_s: float | None = DEFAULT_RETENTION_S
     resume: bool = False
+    store_url: str | None = None
+    lease_s: float | None = None
+    api_urls: tuple[str, ...] = ()
 
     @property
     def effective_heartbeat_timeout_s(self) -> float:
@@ -386,6 +406,13 @@ class UpRecord:
         ):
             return None
         return cls(url, pid, started, tuple(cmdline))
+
+    @classmethod
+    def names_pid(cls, up_file: Path, pid: int) -> bool:
+        """Whether ``up_file`` records the process ``pid`` (a stopping ``up`` removes only its
+        own record: the controllers of a shared store write theirs in turn)."""
+        record = cls.read(up_file)
+        return record is not None and record.pid == pid
 
     def process(self) -> UpProcess:
         """The one check of "is this record's process still ours" (``coadapt up`` taking over
@@ -546,9 +573,46 @@ def _prepare_state(state: Path) -> None:
                            "mode, or name another folder with --state-dir") from e  # fmt: skip
 
 
-def _open_store(state: Path, cluster_id: str, clock: Clock, *, new_store: bool) -> Store:
-    """The store of ``state``: opened, or created on a first ``up``; refuses to create one
-    silently beside an earlier cluster's files (see :class:`UpConfig`'s ``new_store``)."""
+def _open_database_store(url: str, cluster_id: str, clock: Clock, *, new_store: bool) -> Store:
+    """The PostgreSQL store at ``url``: opened, or built on a first ``up`` in its (existing,
+    empty) database. A store there is never moved aside (``new_store`` refuses: drop and
+    create the database to start over); one of another cluster is refused."""
+    where = masked_url(url)
+    try:
+        try:
+            store = Store.open(url, clock)
+        except StoreMissingError as e:
+            if EMPTY_DATABASE not in str(e):
+                raise  # no such database: it is the operator's to create
+            return Store.create(url, cluster_id, clock)
+        try:
+            if new_store:
+                raise ServiceError(
+                    f"--new-store: {where} already holds a store, and a PostgreSQL store is "
+                    "never moved aside; drop and create that database to start over"
+                )
+            if store.cluster_id != cluster_id:
+                raise ServiceError(
+                    f"{where} holds the store of cluster {store.cluster_id!r}, not "
+                    f"{cluster_id!r}: give --cluster-id {store.cluster_id}, or another database"
+                )
+            store.check_writable()
+        except BaseException:
+            store.close()
+            raise
+        return store
+    except StoreError as e:
+        raise ServiceError(describe_store_error(e)) from e
+
+
+def _open_store(
+    state: Path, cluster_id: str, clock: Clock, *, new_store: bool, store_url: str | None = None
+) -> Store:
+    """The store of ``state`` (or of ``store_url``, a PostgreSQL database): opened, or
+    created on a first ``up``; refuses to create one silently beside an earlier cluster's
+    files (see :class:`UpConfig`'s ``new_store``)."""
+    if store_url is not None:
+        return _open_database_store(store_url, cluster_id, clock, new_store=new_store)
     path = state / "store.db"
     try:
         if path.exists() and new_store:
@@ -666,8 +730,10 @@ def run_up(
     (see the module docstring); returns whether it released the fleet and what is left.
     After each round and after a release, what happened is recorded in the store's events
     (:class:`~autoscaler.controller.events.EventRecorder`) and each event is passed to
-    ``on_event``; ``on_note`` is told, once each, how jobs are isolated (:func:`job_isolation`)
-    and whether this process leads (:func:`leadership_line`).
+    ``on_event``; ``on_note`` is told, once, how jobs are isolated (:func:`job_isolation`),
+    and, on a shared (PostgreSQL) store, whether this process leads or stands by and each
+    change of it (the leader lease: :mod:`autoscaler.controller.leader`; every process serves
+    the API, only the leader runs rounds).
     Raises :class:`ServiceError` (one line) when it cannot start, when the store fails, when
     the state folder's disk is full (below ``min_free_bytes`` free: at the start, or at a
     round, after a ``disk-full`` event; an ``OSError`` that says the disk is full anywhere),
@@ -721,8 +787,11 @@ def _run_up(
     isolation = None
     if cloud is None:
         isolation = job_isolation(cfg.job_isolation, euid=os.geteuid())
-    store_path = state / "store.db"
-    store = _open_store(state, cfg.cluster_id, clock, new_store=cfg.new_store)
+    store_path: Path | str = cfg.store_url or state / "store.db"
+    store = _open_store(
+        state, cfg.cluster_id, clock, new_store=cfg.new_store, store_url=cfg.store_url
+    )
+    log.info("the store: %s", store.location)
     try:
         waiting = _unfinished_after_down(store)
         if waiting and not cfg.resume:
@@ -838,37 +907,62 @@ def _run_up(
         raise
     user_data: Callable[[InstanceRow], str] | None
     if cloud is None and isolation is not None:
-        user_data = _agent_user_data(cfg, server.url, tokens, isolate=isolation.isolated)
+        agent_url = ",".join(cfg.api_urls) if cfg.api_urls else server.url
+        user_data = _agent_user_data(cfg, agent_url, tokens, isolate=isolation.isolated)
     else:
         user_data = None if cloud is None else _cloud_user_data(cloud, tokens)
     if isolation is not None:
         log.info("%s", isolation.line)
         if on_note is not None:
             on_note(isolation.line)
-    controller = Controller(
+
+    def new_controller() -> Controller:
+        """A controller for an epoch this process leads: built fresh at every takeover, as
+        a restarted ``up`` would be (no memory of an earlier epoch's rounds)."""
+        return Controller(
+            store,
+            provider,
+            clock,
+            controller_cfg,
+            strategy=strategy,
+            user_data=user_data,
+            unavailable=unavailable,
+        )
+
+    # The leader lease (autoscaler.controller.leader): every process serves the API, only
+    # the holder runs rounds. On the embedded SQLite store (one up per state folder) the one
+    # process takes it at once and nothing is said; on a shared PostgreSQL store it says
+    # whether it leads or stands by, and when it takes over.
+    team = store.is_postgres
+    identity["holder"] = holder_id(server.port, me)  # what /v1/fleet's leader.leading asks
+    election = Election(
         store,
-        provider,
-        clock,
-        controller_cfg,
-        strategy=strategy,
-        user_data=user_data,
-        unavailable=unavailable,
+        str(identity["holder"]),
+        cfg.lease_s or DEFAULT_LEASE_INTERVALS * cfg.interval_s,
+        take=not team,
     )
-    recorder = EventRecorder(store, clock, views=lambda: controller.job_views(clock.now_s()))
-    # No leader lease yet: the one coadapt up process over a store leads, under epoch 0.
-    leadership = Leadership(leader=True, epoch=0)
-    metrics.set_leadership(leadership)
-    line = leadership_line(leadership)
-    log.info("%s", line)
-    if on_note is not None:
-        on_note(line)
+    lead: list[Controller | None] = [None]  # the controller of the epoch led; None: standby
+    recorder: EventRecorder | None = None
+    said: list[str] = [""]
+
+    def say(line: str) -> None:
+        if line == said[0]:
+            return
+        said[0] = line
+        log.info("%s", line)
+        if team and on_note is not None:
+            on_note(line)
 
     def tell() -> None:
         """The events since the last call, recorded and passed on; a failure to record them
         is said once and never stops the service (the store's own errors surface in the
         next round)."""
+        if recorder is None:
+            return
         try:
             events = recorder.observe()
+        except FencedError:
+            return  # deposed: the next try of the lease says so
         except (ControllerError, InvalidInputError) as e:
             log.warning("could not record the cluster's events: %s", e)
             return
@@ -884,7 +978,8 @@ def _run_up(
         app.close()
         store.close()
         raise ServiceError(describe_store_error(e)) from e
-    write_json_atomic(state / "up.json", {"url": server.url, **identity})
+    up_record = {"url": server.url, **identity}
+    write_json_atomic(state / "up.json", up_record)
     if on_ready is not None:
         on_ready(server.url)
     last_error: str | None = None
@@ -892,16 +987,61 @@ def _run_up(
 
     def tick() -> None:  # the controller's own evidence that it runs (see liveness)
         while not ticking.wait(ALIVE_TICK_S):
-            controller.note_alive()
+            current = lead[0]
+            if current is not None:
+                current.note_alive()
 
     ticker = threading.Thread(target=tick, name="coadapt-alive", daemon=True)
     ticker.start()
+    seen_holder: str | None = None  # who held the lease at the last try, by this process
+    result: UpReport | None = None
     try:
         while not stop.is_set():
             full = check_free_space(state, cfg.min_free_bytes)
             if full is not None:  # no round writes or launches into a full disk
                 _tell_disk_full(store, clock, full, on_event)
                 raise ServiceError(full)
+            try:
+                lease = election.try_lead()
+            except StoreError as e:
+                if not team:
+                    raise ServiceError(describe_store_error(e)) from e
+                # A shared store out of reach (a restart, a cut, a stuck writer): no round
+                # without the lease; tried again, standing by meanwhile.
+                log.warning("coadapt up: cannot reach the leader lease: %s; standing by", e)
+                election.deposed()
+                lead[0] = recorder = None
+                stop.wait(cfg.interval_s / STANDBY_TRIES_PER_INTERVAL)
+                continue
+            leadership = Leadership(leader=election.leading, epoch=lease.epoch)
+            metrics.set_leadership(leadership)
+            if not election.leading:
+                if lead[0] is not None:
+                    say(f"deposed: {lease.holder} leads now (epoch {lease.epoch}); standing by")
+                lead[0] = recorder = None
+                seen_holder = lease.holder
+                say(f"stands by: {lease.holder} leads (epoch {lease.epoch})")
+                stop.wait(cfg.interval_s / STANDBY_TRIES_PER_INTERVAL)
+                continue
+            controller = lead[0]
+            if controller is None:
+                if team and store.down_at_s() is not None:
+                    say("the cluster was brought down (coadapt down): stopping")
+                    election.release()
+                    stop.set()
+                    break
+                controller = lead[0] = new_controller()
+                recorder = EventRecorder(store, clock, views=_views_of(controller, clock))
+                if not team:  # said in the log only: a single user's output is unchanged
+                    log.info("%s", leadership_line(leadership))
+                if team:
+                    write_json_atomic(state / "up.json", up_record)  # the leader's API
+                    took = (
+                        f", took over from {seen_holder}"
+                        if seen_holder not in (None, election.holder)
+                        else ""
+                    )
+                    say(f"leads (epoch {lease.epoch}, as {election.holder}{took})")
             try:
                 if store.released_at_s() is not None:  # coadapt destroy: hold nothing
                     released = controller.down(timeout_s=0.0)
@@ -920,24 +1060,49 @@ def _run_up(
                         metrics.observe_round(report)
                         if report.error:
                             log.warning("round %d: %s", report.round_index, report.error)
+            except FencedError as e:  # deposed while it ran: nothing more of it is written
+                log.warning("coadapt up: %s; the round stopped, standing by", e)
+                election.deposed()
+                continue
             except UnknownFleetError as e:  # leaves the fleet alone, releasing or not
                 raise ServiceError(" ".join(str(e).split())) from e
-            except StoreError as e:
+            except (StoreMissingError, StoreCorruptError, StoreUnwritableError) as e:
                 raise ServiceError(describe_store_error(e)) from e
+            except StoreError as e:
+                if not team:
+                    raise ServiceError(describe_store_error(e)) from e
+                # A shared store's transaction failed (a connection cut, a stuck session the
+                # server ended): this epoch's controller is dropped; the lease is tried again
+                # and a new one built if this process still leads.
+                log.warning("coadapt up: the round failed on the store: %s", e)
+                election.deposed()
+                lead[0] = recorder = None
+                continue
             tell()
             if secrets is not None:
                 secrets.sync(store)
-            stop.wait(cfg.interval_s)
-        result = _leave(controller, store, release=release.is_set())
-        tell()
-        if secrets is not None and result.released:
-            secrets.sync(store)  # withdraw the credentials of the nodes now gone
+            _wait_renewing(election, stop, cfg.interval_s, renew=team)
+        current = lead[0]
+        if current is not None:
+            result = _leave(current, store, release=release.is_set())
+            tell()
+            if secrets is not None and result.released:
+                secrets.sync(store)  # withdraw the credentials of the nodes now gone
+        else:
+            if release.is_set():
+                log.warning("standing by: only the leader releases the fleet (coadapt down "
+                            "--state-dir names it in up.json)")  # fmt: skip
+            result = UpReport(False)
     finally:
         ticking.set()
+        if team:
+            with contextlib.suppress(StoreError):
+                election.release()  # a standby takes over at its next try
         server.shutdown()
         app.close()
         store.close()
-        (state / "up.json").unlink(missing_ok=True)
+        if not team or UpRecord.names_pid(state / "up.json", me):
+            (state / "up.json").unlink(missing_ok=True)
     return result
 
 
@@ -952,6 +1117,30 @@ def leadership_line(leadership: Leadership) -> str:
         f"this controller stands by (epoch {leadership.epoch}): it serves the API and "
         "takes over if the leader goes"
     )
+
+
+def _views_of(controller: Controller, clock: Clock) -> Callable[[], Sequence[JobView]]:
+    return lambda: controller.job_views(clock.now_s())
+
+
+def _wait_renewing(election: Election, stop: threading.Event, interval_s: float, *,
+                   renew: bool) -> None:  # fmt: skip
+    """Wait a round interval (or until ``stop``), renewing the lease every half interval
+    when ``renew`` (a shared store); returns early when the lease was lost."""
+    if not renew:
+        stop.wait(interval_s)
+        return
+    end = time.monotonic() + interval_s
+    while not stop.wait(max(0.0, min(interval_s / 2, end - time.monotonic()))):
+        if time.monotonic() >= end:
+            return
+        try:
+            election.try_lead()
+        except StoreError as e:
+            log.warning("coadapt up: could not renew the leader lease: %s", e)
+            continue
+        if not election.leading:
+            return
 
 
 def _tell_disk_full(

@@ -91,7 +91,7 @@ def test_metrics_of_a_live_cluster_move_as_a_job_runs(tmp_path: Path) -> None:
         before = _scrape(url, token)
         assert set(FAMILIES) <= set(before), set(FAMILIES) - set(before)
         assert _one(before, "coadapt_leader") == 1
-        assert _one(before, "coadapt_leader_epoch") == 0
+        assert _one(before, "coadapt_leader_epoch") >= 1  # the lease it took
 
         _run("submit", str(ROOT / "examples/jobs/mlp-small.yaml"), "--state-dir", str(state),
              env=env)  # fmt: skip
@@ -130,4 +130,4 @@ def test_metrics_of_a_live_cluster_move_as_a_job_runs(tmp_path: Path) -> None:
     routes = {labels["route"] for _, labels, _ in later["coadapt_api_request_duration_seconds"]}
     assert "/v1/agents/<instance_key>/heartbeat" in routes, routes
     assert not any(r.startswith("/v1/agents/i-") for r in routes), routes
-    assert "this controller leads (epoch 0)" in log_path.read_text()
+    assert "this controller leads (epoch " in log_path.read_text()

@@ -77,8 +77,14 @@ def path(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def store(path: Path, clock: FakeClock) -> Iterator[Store]:
-    with Store.create(path, "c1", clock) as s:
+def location(store_location: Path | str) -> Path | str:
+    """The store's file or PostgreSQL URL (both back ends: tests/controller/conftest.py)."""
+    return store_location
+
+
+@pytest.fixture
+def store(location: Path | str, clock: FakeClock) -> Iterator[Store]:
+    with Store.create(location, "c1", clock) as s:
         yield s
 
 
@@ -125,8 +131,21 @@ def drive(store: Store, key: str, target: InstanceStatus) -> InstanceRow:
     return row
 
 
-def snapshot(path: Path) -> list[tuple[object, ...]]:
-    """Every row of every table, read with a plain connection."""
+def snapshot(path: Path | str) -> list[tuple[object, ...]]:
+    """Every row of every table, read with a plain connection (sqlite3, or psycopg)."""
+    if isinstance(path, str):
+        import psycopg
+
+        with psycopg.connect(path) as pg:
+            out: list[tuple[object, ...]] = []
+            tables = pg.execute(
+                "SELECT table_name FROM information_schema.tables "
+                "WHERE table_schema = current_schema() ORDER BY table_name"
+            ).fetchall()
+            for (table,) in tables:
+                out.append((table,))
+                out.extend(pg.execute(f"SELECT * FROM {table} ORDER BY 1, 2").fetchall())
+            return out
     conn = sqlite3.connect(path)
     try:
         out: list[tuple[object, ...]] = []
@@ -313,24 +332,24 @@ def test_every_non_edge_through_the_store_changes_nothing(
     assert snapshot(path) == rows_before
 
 
-def test_a_stale_transition_changes_nothing(store: Store, path: Path) -> None:
+def test_a_stale_transition_changes_nothing(store: Store, location: Path | str) -> None:
     row = add(store, "i-1")
     moved = store.transition("i-1", row.version, S.REQUESTED, reason="launch intent")
-    before = snapshot(path)
+    before = snapshot(location)
     with pytest.raises(StaleVersionError) as err:
         store.transition("i-1", row.version, S.REQUESTED, reason="again")
     assert (err.value.expected, err.value.actual) == (1, 2)
     # A stale version is reported before the edge is checked (the caller must re-read).
     with pytest.raises(StaleVersionError):
         store.transition("i-1", row.version, S.TERMINATED, reason="illegal and stale")
-    assert snapshot(path) == before
+    assert snapshot(location) == before
     assert store.get_instance("i-1") == moved
     with pytest.raises(UnknownRowError):
         store.transition("i-404", 1, S.REQUESTED, reason="nope")
 
 
-def test_two_store_objects_over_one_file(path: Path, clock: FakeClock) -> None:
-    with Store.create(path, "c1", clock) as a, Store.open(path, clock) as b:
+def test_two_store_objects_over_one_file(location: Path | str, clock: FakeClock) -> None:
+    with Store.create(location, "c1", clock) as a, Store.open(location, clock) as b:
         row = add(a, "i-1")
         a.add_job("j1", SPEC)
         seen_by_b = b.get_instance("i-1")
@@ -338,7 +357,7 @@ def test_two_store_objects_over_one_file(path: Path, clock: FakeClock) -> None:
         won = a.transition("i-1", row.version, S.REQUESTED, reason="a launches")
         job = b.get_job("j1")
         a.update_job("j1", job.version, status=JobStatus.RUNNING)
-        before = snapshot(path)
+        before = snapshot(location)
         with pytest.raises(StaleVersionError) as err:
             b.transition("i-1", seen_by_b.version, S.ALLOCATION_FAILED, reason="b gives up")
         assert (err.value.expected, err.value.actual) == (1, 2)
@@ -346,7 +365,7 @@ def test_two_store_objects_over_one_file(path: Path, clock: FakeClock) -> None:
             b.update_instance_fields("i-1", seen_by_b.version, last_heartbeat_s=1.0)
         with pytest.raises(StaleVersionError):
             b.update_job("j1", job.version, status=JobStatus.CANCELLED)
-        assert snapshot(path) == before
+        assert snapshot(location) == before
         assert b.get_instance("i-1") == won
         assert b.history("i-1") == a.history("i-1")
 
@@ -412,13 +431,13 @@ def test_list_instances_and_terminal_request_ids(store: Store) -> None:
     assert store.terminal_request_ids() == {"c1-i-a"}
 
 
-def test_history_times_never_go_backwards(path: Path) -> None:
+def test_history_times_never_go_backwards(location: Path | str) -> None:
     class SteppedClock(FakeClock):
         def step_back(self, seconds: float) -> None:
             self._now_s -= seconds
 
     clock = SteppedClock()
-    with Store.create(path, "c1", clock) as s:
+    with Store.create(location, "c1", clock) as s:
         row = add(s, "i-1")
         clock.advance(100)
         row = s.transition("i-1", row.version, S.REQUESTED, reason="launch")
@@ -535,7 +554,7 @@ def test_the_store_reads_no_clock_of_its_own() -> None:
 # ---- assignments, plans --------------------------------------------------------------------
 
 
-def test_assignments_are_replaced_atomically(store: Store, path: Path) -> None:
+def test_assignments_are_replaced_atomically(store: Store, location: Path | str) -> None:
     for key in ("i-1", "i-2", "i-3"):
         add(store, key)
     store.add_job("j1", SPEC)
@@ -549,28 +568,30 @@ def test_assignments_are_replaced_atomically(store: Store, path: Path) -> None:
     assert store.list_assignments(job="j1") == {("j1", "i-1"): 2, ("j1", "i-2"): 3}
     assert store.list_assignments(instance="i-2") == {("j1", "i-2"): 3, ("j2", "i-2"): 1}
     assert store.list_assignments(job="j2", instance="i-1") == {}
-    before = snapshot(path)
+    before = snapshot(location)
     with pytest.raises(UnknownRowError):
         store.set_assignments("j1", {"i-1": 1, "i-404": 1})
     with pytest.raises(UnknownRowError):
         store.set_assignments("j404", {"i-1": 1})
     with pytest.raises(InvalidInputError):
         store.set_assignments("j1", {"i-1": -1})
-    assert snapshot(path) == before
+    assert snapshot(location) == before
     store.set_assignments("j1", {})
     assert store.list_assignments() == {("j2", "i-2"): 1}
 
 
-def test_the_first_plan_is_marked_once(store: Store, path: Path, clock: FakeClock) -> None:
+def test_the_first_plan_is_marked_once(
+    store: Store, location: Path | str, clock: FakeClock
+) -> None:
     assert store.planned_at_s() is None
     first = clock.now_s()
     store.mark_planned()
     assert store.planned_at_s() == first
     clock.advance(60)
-    before = snapshot(path)
+    before = snapshot(location)
     store.mark_planned()  # every round calls it: once marked, nothing is written
-    assert snapshot(path) == before
-    with Store.open(path, clock) as other:
+    assert snapshot(location) == before
+    with Store.open(location, clock) as other:
         assert other.planned_at_s() == first
         other.mark_planned()  # another object on the file: the first time is kept
         assert other.planned_at_s() == first
@@ -724,6 +745,7 @@ SEED: dict[int, list[str]] = {
         "VALUES ('fake/t/z/on-demand', 7.0, 1.5, 'on-demand')",
     ],
     11: ["INSERT INTO job_etas VALUES ('j1', 5000.0, 30.0)"],
+    12: ["INSERT INTO leader_lease VALUES (1, 'h:1:2', 3, 10.0, 20.0, 21.5, 0)"],
 }
 
 

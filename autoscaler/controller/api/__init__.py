@@ -37,7 +37,10 @@ endpoint                                      role    answer
                                                       process serving (``coadapt up``)
 ``POST /v1/service/down``                     user    202, the same: it releases every instance
                                                       and stops (``coadapt down``)
-``GET  /v1/fleet``                            user    ``{"released_at_s", "release_listing"}``
+``GET  /v1/fleet``                            user    ``{"released_at_s", "release_listing",
+                                                      "leader"}``: ``leader`` says which
+                                                      controller leads (``holder``, ``epoch``,
+                                                      ``since_s``, ``leading``: the one answering)
 ``POST /v1/fleet/release``                    user    202 ``{"released_at_s"}``: the service
                                                       terminates every instance, launches none
 ``POST /v1/fleet/resume``                     user    ``{"released_at_s": null}``: launches again

@@ -40,6 +40,7 @@ from autoscaler.controller.jobbook import (
     admit,
 )
 from autoscaler.controller.jobspec import REFERENCE_PATH, submission_from_body
+from autoscaler.controller.leader import leader_state
 from autoscaler.controller.spend import fleet_cost
 from autoscaler.controller.store import JobStatus
 from autoscaler.errors import InvalidInputError
@@ -188,9 +189,16 @@ def _list_instances(state: ApiState, request: Request) -> Response:
 
 
 def _fleet(state: ApiState, request: Request) -> Response:
+    """The fleet's release, and which controller leads (``leader``: :func:`~autoscaler.
+    controller.leader.leader_state`, ``leading`` whether the one answering does)."""
     store = state.store()
+    me = None if state.service is None else state.service.identity.get("holder")
     return json_response(
-        {"released_at_s": store.released_at_s(), "release_listing": store.release_listing()}
+        {
+            "released_at_s": store.released_at_s(),
+            "release_listing": store.release_listing(),
+            "leader": leader_state(store, me).to_dict(),
+        }
     )
 
 

@@ -25,12 +25,12 @@ Usage and restarts (the one definition; billing, the events and the API read it 
 from __future__ import annotations
 
 import math
-import sqlite3
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from autoscaler.controller.errors import UnknownRowError
 from autoscaler.controller.store.base import StoreBase, in_chunks
+from autoscaler.controller.store.dialect import Connection
 from autoscaler.controller.store.validate import valid_count, valid_text
 
 __all__ = ["AssignmentRow", "AssignmentSpan", "AssignmentTable"]
@@ -131,9 +131,7 @@ class AssignmentTable(StoreBase):
         return True
 
     @staticmethod
-    def _close_spans(
-        conn: sqlite3.Connection, job_name: str, instance_key: str, now: float
-    ) -> None:
+    def _close_spans(conn: Connection, job_name: str, instance_key: str, now: float) -> None:
         """End ``job_name``'s open span on ``instance_key`` at ``now`` (if it has one), its
         GPU-seconds added to the job's closed total, in the caller's transaction."""
         rows = conn.execute(
@@ -155,7 +153,7 @@ class AssignmentTable(StoreBase):
 
     @staticmethod
     def _open_span(
-        conn: sqlite3.Connection, job_name: str, instance_key: str, gpus: int, now: float
+        conn: Connection, job_name: str, instance_key: str, gpus: int, now: float
     ) -> None:
         """Open a span of ``job_name`` on ``instance_key`` at ``now``, counting ``now`` as a
         new placement unless one of the job's spans already opened at that instant (the

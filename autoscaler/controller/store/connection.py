@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Final
 
 from autoscaler.controller.errors import StoreCorruptError, StoreError
+from autoscaler.controller.store.dialect import PgError
 from autoscaler.controller.store.schema import SCHEMA_VERSION, check_schema
 
 __all__ = [
@@ -28,16 +29,18 @@ __all__ = [
 BUSY_TIMEOUT_S: Final = 5.0
 """How long a write waits for another connection's write lock before it fails (StoreError)."""
 
-_WRITERS: dict[Path, threading.RLock] = {}
+_WRITERS: dict[Path | str, threading.RLock] = {}
 _WRITERS_LOCK = threading.Lock()
 
 
-def writer_lock(path: Path) -> threading.RLock:
+def writer_lock(path: Path | str) -> threading.RLock:
     """The in-process lock every :class:`Store` of one file takes around its write
     transactions: threads of one process (the API's, the rounds') queue for it instead of
     spinning in SQLite's busy handler, whose sleeps starve some writers past
-    ``BUSY_TIMEOUT_S`` under load. Other processes still meet SQLite's own lock."""
-    key = path.resolve()
+    ``BUSY_TIMEOUT_S`` under load. Other processes still meet SQLite's own lock. A
+    PostgreSQL store's key is its URL without the password (a ``str``); other processes meet
+    its advisory lock."""
+    key = path.resolve() if isinstance(path, Path) else path
     with _WRITERS_LOCK:
         lock = _WRITERS.get(key)
         if lock is None:
@@ -45,8 +48,11 @@ def writer_lock(path: Path) -> threading.RLock:
         return lock
 
 
-def is_unwritable(e: sqlite3.Error) -> bool:
-    """A read-only database or file system, or a full disk."""
+def is_unwritable(e: BaseException) -> bool:
+    """A read-only database or file system, or a full disk (on PostgreSQL: a read-only
+    transaction, a full disk, or no right to write)."""
+    if isinstance(e, PgError):
+        return e.sqlstate in ("25006", "53100", "42501")
     code = getattr(e, "sqlite_errorcode", None)
     return code is not None and (code & 0xFF) in (sqlite3.SQLITE_READONLY, sqlite3.SQLITE_FULL)
 
@@ -55,7 +61,10 @@ def wal_path(path: Path) -> Path:
     return path.with_name(path.name + "-wal")
 
 
-def is_corruption(e: sqlite3.Error) -> bool:
+def is_corruption(e: BaseException) -> bool:
+    """A damaged database (on PostgreSQL: data or an index the server found corrupted)."""
+    if isinstance(e, PgError):
+        return e.sqlstate in ("XX001", "XX002")
     code = getattr(e, "sqlite_errorcode", None)
     return code is not None and (code & 0xFF) in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
 

@@ -51,10 +51,10 @@ class CostTable(StoreBase):
                 raise UnknownRowError("instances", instance_key)
             cursor = conn.execute(
                 "INSERT INTO cost_records (instance_key, start_s, end_s, price_usd_per_hour, usd) "
-                "VALUES (?, ?, ?, ?, ?)",
+                "VALUES (?, ?, ?, ?, ?) RETURNING record_id",
                 (instance_key, start, end, price, amount),
             )
-            record_id = cursor.lastrowid
+            record_id = cursor.fetchone()[0]
         if record_id is None:  # pragma: no cover - an INSERT into a rowid table always sets it
             raise StoreError(f"{self._path}: no id for the cost record", path=str(self._path))
         return CostRecordRow(record_id, instance_key, start, end, price, amount)

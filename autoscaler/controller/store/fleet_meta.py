@@ -27,7 +27,7 @@ class FleetMeta(StoreBase):
             return
         with self._write("mark the store planned") as conn:
             conn.execute(
-                "INSERT OR IGNORE INTO meta (key, value) VALUES ('planned_at_s', ?)",
+                "INSERT INTO meta (key, value) VALUES ('planned_at_s', ?) ON CONFLICT DO NOTHING",
                 (repr(self._now()),),
             )
         self._planned = True
@@ -46,7 +46,8 @@ class FleetMeta(StoreBase):
         with self._write("mark the fleet released") as conn:
             if released:
                 conn.execute(
-                    "INSERT OR IGNORE INTO meta (key, value) VALUES ('released_at_s', ?)",
+                    "INSERT INTO meta (key, value) VALUES ('released_at_s', ?) "
+                    "ON CONFLICT DO NOTHING",
                     (repr(self._now()),),
                 )
             else:
@@ -80,7 +81,7 @@ class FleetMeta(StoreBase):
         with self._write("mark the cluster down") as conn:
             if down:
                 conn.execute(
-                    "INSERT OR IGNORE INTO meta (key, value) VALUES ('down_at_s', ?)",
+                    "INSERT INTO meta (key, value) VALUES ('down_at_s', ?) ON CONFLICT DO NOTHING",
                     (repr(self._now()),),
                 )
             else:

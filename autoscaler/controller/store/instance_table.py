@@ -6,15 +6,15 @@
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from autoscaler.controller.errors import DuplicateRowError, StaleVersionError, UnknownRowError
 from autoscaler.controller.lifecycle import InstanceStatus, StatusChange, check_transition
 from autoscaler.controller.records import InstanceRow
 from autoscaler.controller.store.base import StoreBase
+from autoscaler.controller.store.dialect import INTEGRITY_ERRORS, Connection
 from autoscaler.controller.store.validate import (
     valid_count,
     valid_enum,
@@ -37,7 +37,7 @@ _INSTANCE_FIELDS: Final = frozenset({"provider_instance_id", "last_heartbeat_s"}
 """Instance fields a caller may change besides the status (transition or not)."""
 
 
-def _instance_row(r: sqlite3.Row) -> InstanceRow:
+def _instance_row(r: Any) -> InstanceRow:
     return InstanceRow(
         instance_key=r["instance_key"],
         request_id=r["request_id"],
@@ -103,7 +103,7 @@ class InstanceTable(StoreBase):
                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, 0, NULL, ?, ?, 1)",
                     (*values, InstanceStatus.QUEUED.value, now, now),
                 )
-            except sqlite3.IntegrityError as e:
+            except INTEGRITY_ERRORS as e:
                 raise DuplicateRowError(
                     "instances", instance_key, f"instance key or request id {request_id!r}"
                 ) from e
@@ -274,7 +274,8 @@ class InstanceTable(StoreBase):
         at_s = valid_number(at_s, "at_s", minimum=None)
         with self._write("record a heartbeat") as conn:
             cursor = conn.execute(
-                "UPDATE instances SET last_heartbeat_s = max(coalesce(last_heartbeat_s, ?1), ?1) "
+                "UPDATE instances SET last_heartbeat_s = CASE WHEN last_heartbeat_s IS NULL "
+                "OR last_heartbeat_s < ?1 THEN ?1 ELSE last_heartbeat_s END "
                 "WHERE instance_key = ?2",
                 (at_s, instance_key),
             )
@@ -309,7 +310,7 @@ class InstanceTable(StoreBase):
             raise UnknownRowError("instances", instance_key)
         return since, started
 
-    def _instance(self, conn: sqlite3.Connection, key: str) -> InstanceRow:
+    def _instance(self, conn: Connection, key: str) -> InstanceRow:
         row = conn.execute(
             f"SELECT {_INSTANCE_COLUMNS} FROM instances WHERE instance_key = ?", (key,)
         ).fetchone()
@@ -317,16 +318,14 @@ class InstanceTable(StoreBase):
             raise UnknownRowError("instances", key)
         return _instance_row(row)
 
-    def _instance_at(
-        self, conn: sqlite3.Connection, key: str, expected_version: int
-    ) -> InstanceRow:
+    def _instance_at(self, conn: Connection, key: str, expected_version: int) -> InstanceRow:
         row = self._instance(conn, key)
         if row.version != expected_version:
             raise StaleVersionError("instances", key, expected_version, row.version)
         return row
 
     @staticmethod
-    def _check_owner(conn: sqlite3.Connection, row: InstanceRow, provider_id: str | None) -> None:
+    def _check_owner(conn: Connection, row: InstanceRow, provider_id: str | None) -> None:
         """No other row owns cloud instance ``provider_id`` (the UNIQUE index is the backstop;
         this names the other row)."""
         if provider_id is None or provider_id == row.provider_instance_id:
@@ -343,7 +342,7 @@ class InstanceTable(StoreBase):
                 f"cloud instance {provider_id} already belongs to row {other[0]}",
             )
 
-    def _history_time(self, conn: sqlite3.Connection, key: str, now: float) -> float:
+    def _history_time(self, conn: Connection, key: str, now: float) -> float:
         last = conn.execute(
             "SELECT max(at_s) FROM instance_history WHERE instance_key = ?", (key,)
         ).fetchone()[0]
@@ -351,7 +350,7 @@ class InstanceTable(StoreBase):
 
     @staticmethod
     def _append_history(
-        conn: sqlite3.Connection,
+        conn: Connection,
         key: str,
         status: InstanceStatus,
         at_s: float,

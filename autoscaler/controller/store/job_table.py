@@ -3,13 +3,13 @@ ETA (``job_etas``)."""
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Iterable, Mapping
-from typing import Final
+from typing import Any, Final
 
 from autoscaler.controller.errors import DuplicateRowError, StaleVersionError, UnknownRowError
 from autoscaler.controller.records import JobBatch, JobEta, JobRow, JobStatus
 from autoscaler.controller.store.base import StoreBase, in_chunks
+from autoscaler.controller.store.dialect import INTEGRITY_ERRORS, Connection
 from autoscaler.controller.store.validate import (
     valid_count,
     valid_enum,
@@ -49,7 +49,7 @@ _JOB_FIELDS: Final = frozenset({"spec_json", "status", "retries", "reason"})
 _JOB_STATUSES: Final = {s.value: s for s in JobStatus}
 
 
-def _job_row(r: sqlite3.Row) -> JobRow:
+def _job_row(r: Any) -> JobRow:
     """A row of ``SELECT {_JOB_COLUMNS}`` (by position: a job list reads hundreds a page)."""
     name, spec_json, status, retries, submitted_at_s, updated_at_s, version, reason, deadline = r
     return JobRow(
@@ -152,7 +152,7 @@ class JobTable(StoreBase):
                     "updated_at_s, version, deadline_s) VALUES (?, ?, ?, 0, ?, ?, 1, ?)",
                     (name, spec_json, status.value, now, now, deadline),
                 )
-            except sqlite3.IntegrityError as e:
+            except INTEGRITY_ERRORS as e:
                 raise DuplicateRowError("jobs", name) from e
             return self._job(conn, name)
 
@@ -252,13 +252,13 @@ class JobTable(StoreBase):
             self._check_updated(conn, cursor, "jobs", name, expected_version)
             return self._job(conn, name)
 
-    def _job(self, conn: sqlite3.Connection, name: str) -> JobRow:
+    def _job(self, conn: Connection, name: str) -> JobRow:
         row = conn.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE name = ?", (name,)).fetchone()
         if row is None:
             raise UnknownRowError("jobs", name)
         return _job_row(row)
 
-    def _job_at(self, conn: sqlite3.Connection, name: str, expected_version: int) -> JobRow:
+    def _job_at(self, conn: Connection, name: str, expected_version: int) -> JobRow:
         job = self._job(conn, name)
         if job.version != expected_version:
             raise StaleVersionError("jobs", name, expected_version, job.version)
@@ -328,7 +328,7 @@ class JobTable(StoreBase):
         return dict(sorted(out.items()))
 
     @staticmethod
-    def _batch(conn: sqlite3.Connection, job_name: str) -> JobBatch | None:
+    def _batch(conn: Connection, job_name: str) -> JobBatch | None:
         row = conn.execute(
             f"SELECT {_BATCH_COLUMNS} FROM job_batches WHERE job_name = ?", (job_name,)
         ).fetchone()
@@ -354,7 +354,7 @@ class JobTable(StoreBase):
                         "INSERT INTO job_etas (job_name, eta_s, eta_at_s) VALUES (?, ?, ?)",
                         (name, eta_s, now),
                     )
-                except sqlite3.IntegrityError as e:
+                except INTEGRITY_ERRORS as e:
                     raise UnknownRowError("jobs", name) from e
 
     def list_etas(self, jobs: Iterable[str] | None = None) -> dict[str, JobEta]:

@@ -35,10 +35,11 @@ class TrainerReportTable(StoreBase):
             if conn.execute("SELECT 1 FROM jobs WHERE name = ?", (job_name,)).fetchone() is None:
                 raise UnknownRowError("jobs", job_name)
             cursor = conn.execute(
-                "INSERT INTO reports (job_name, at_s, payload_json) VALUES (?, ?, ?)",
+                "INSERT INTO reports (job_name, at_s, payload_json) VALUES (?, ?, ?) "
+                "RETURNING report_id",
                 (job_name, now, payload_json),
             )
-            report_id = cursor.lastrowid
+            report_id = cursor.fetchone()[0]
         if report_id is None:  # pragma: no cover - an INSERT into a rowid table always sets it
             raise StoreError(f"{self._path}: no id for the report", path=str(self._path))
         return ReportRow(report_id, job_name, now, payload_json)

@@ -40,6 +40,10 @@ SQLite allows only outside a transaction; none does yet.)
   clock's time) and when the round estimated it (``eta_at_s``); a row only while the job
   runs with a declared length and a model (:meth:`Store.record_etas
   <autoscaler.controller.store.Store.record_etas>`).
+* v12: ``leader_lease``, one row: which controller leads (``holder``), its fencing ``epoch``
+  (+1 at every change of holder), when that holder took it, last renewed it and when it
+  expires, and how many writes of deposed leaders were refused (``refused_writes``)
+  (:mod:`~autoscaler.controller.store.lease_table`).
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from pathlib import Path
 from typing import Final
 
 from autoscaler.controller.errors import StoreCorruptError
+from autoscaler.controller.store.dialect import Connection
 from autoscaler.errors import InvalidInputError
 
 __all__ = [
@@ -60,6 +65,7 @@ __all__ = [
     "apply_migrations",
     "check_schema",
     "migrate",
+    "reference_layout",
     "reference_schema",
     "schema_of",
 ]
@@ -80,7 +86,9 @@ def _old_key_to_new(column: str) -> str:
 @dataclass(frozen=True)
 class Migration:
     """One schema step: the statements that take a store to ``version`` from the one before.
-    They run inside the caller's transaction (DDL is transactional in SQLite)."""
+    They run inside the caller's transaction (DDL is transactional in SQLite and in
+    PostgreSQL, which runs them through the translation of
+    :func:`~autoscaler.controller.store.dialect.to_postgres`)."""
 
     version: int
     summary: str
@@ -314,12 +322,27 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             )""",
         ),
     ),
+    Migration(
+        12,
+        "the leader lease: one controller leads, every write of its rounds carries its epoch",
+        (
+            """CREATE TABLE leader_lease (
+                id INTEGER PRIMARY KEY CHECK (id = 1),
+                holder TEXT NOT NULL,
+                epoch INTEGER NOT NULL,
+                acquired_at_s REAL NOT NULL,
+                renewed_at_s REAL NOT NULL,
+                expires_at_s REAL NOT NULL,
+                refused_writes INTEGER NOT NULL DEFAULT 0
+            )""",
+        ),
+    ),
 )
 
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 
 
-def apply_migrations(conn: sqlite3.Connection, from_version: int, to_version: int) -> None:
+def apply_migrations(conn: Connection, from_version: int, to_version: int) -> None:
     """Apply ``MIGRATIONS[from_version:to_version]`` on ``conn`` inside the caller's
     transaction, recording each new version in ``meta``. :meth:`Store.create` and
     :meth:`Store.open` use it; tests use it to build stores of past versions."""
@@ -362,12 +385,66 @@ def reference_schema(version: int) -> tuple[tuple[str, str, str, str], ...]:
         conn.close()
 
 
-def check_schema(conn: sqlite3.Connection, path: Path, version: int) -> None:
-    """The file's tables and indexes are exactly those of its version's migrations."""
-    have, want = set(schema_of(conn)), set(reference_schema(version))
-    if have != want:
+Layout = frozenset[tuple[str, str, frozenset[str]]]
+"""``(kind, name, columns)`` of every table (its columns) and index (no columns) a store has."""
+
+
+@functools.cache
+def reference_layout(version: int) -> Layout:
+    """The tables with their columns and the indexes that the first ``version`` migrations
+    create: what a PostgreSQL store of that version must have (PostgreSQL keeps no statement
+    text to compare, as SQLite's ``sqlite_master`` does)."""
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    try:
+        conn.execute("BEGIN")
+        apply_migrations(conn, 0, version)
+        conn.execute("COMMIT")
+        out: set[tuple[str, str, frozenset[str]]] = set()
+        for kind, name, _, sql in schema_of(conn):
+            if kind == "table":
+                columns = frozenset(r[1] for r in conn.execute(f"PRAGMA table_info({name})"))
+                out.add(("table", name, columns))
+            elif kind == "index" and sql:
+                out.add(("index", name, frozenset()))
+        return frozenset(out)
+    finally:
+        conn.close()
+
+
+def layout_of(conn: Connection) -> Layout:
+    """The tables (with their columns) and the explicitly created indexes of a PostgreSQL
+    store's schema (those backing a primary key or UNIQUE constraint are the tables')."""
+    columns: dict[str, set[str]] = {}
+    for table, column in conn.execute(
+        "SELECT c.table_name, c.column_name FROM information_schema.columns AS c "
+        "JOIN information_schema.tables AS t ON t.table_schema = c.table_schema "
+        "AND t.table_name = c.table_name WHERE c.table_schema = current_schema() "
+        "AND t.table_type = 'BASE TABLE'"
+    ).fetchall():
+        columns.setdefault(table, set()).add(column)
+    indexes = conn.execute(
+        "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema() AND indexname "
+        "NOT IN (SELECT conname FROM pg_constraint WHERE connamespace = "
+        "current_schema()::regnamespace)"
+    ).fetchall()
+    return frozenset(
+        {("table", t, frozenset(c)) for t, c in columns.items()}
+        | {("index", r[0], frozenset()) for r in indexes}
+    )
+
+
+def check_schema(conn: Connection, path: Path | str, version: int) -> None:
+    """The store's tables and indexes are exactly those of its version's migrations: on
+    SQLite, their statements; on PostgreSQL, their names and the tables' columns."""
+    if isinstance(conn, sqlite3.Connection):
+        have, want = set(schema_of(conn)), set(reference_schema(version))
         missing = sorted(f"{t} {n}" for t, n, _, _ in want - have)
         extra = sorted(f"{t} {n}" for t, n, _, _ in have - want)
+    else:
+        got, expected = layout_of(conn), reference_layout(version)
+        missing = sorted(f"{t} {n}" for t, n, _ in expected - got)
+        extra = sorted(f"{t} {n}" for t, n, _ in got - expected)
+    if missing or extra:
         raise StoreCorruptError(
             f"{path}: its tables differ from schema version {version}: "
             f"missing or changed {missing or 'nothing'}, unexpected {extra or 'nothing'}",
@@ -375,7 +452,7 @@ def check_schema(conn: sqlite3.Connection, path: Path, version: int) -> None:
         )
 
 
-def migrate(conn: sqlite3.Connection, path: Path) -> int:
+def migrate(conn: Connection, path: Path | str) -> int:
     """Bring the store to :data:`SCHEMA_VERSION` in one transaction; returns it. Another
     process may have migrated it meanwhile: the version is read again under the lock."""
     conn.execute("BEGIN IMMEDIATE")

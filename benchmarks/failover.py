@@ -1,0 +1,314 @@
+"""Failover: two ``coadapt up`` processes on one PostgreSQL store, the leader killed.
+
+    python benchmarks/failover.py [--kills N] [--stops 1] [--seed 0] [--epochs 48] [--out F]
+
+It starts its own PostgreSQL server (:class:`emulators.postgres_server.PostgresServer`, the
+tests' helper) and two ``coadapt up`` processes on the ``local`` provider sharing one state
+folder and that store (``--store``), each on its own port, the local agents given both
+addresses (``--api-urls``), rounds every second (a lease of 1.5 s). Three training jobs
+(``examples/jobs/mlp-small.yaml`` under three names, one GPU slot each, ``--epochs`` epochs)
+run while, ``--kills`` times, the lease's holder is SIGKILLed at a random point of its round
+(a random 0.2-2.5 s after the last takeover settled) and started again as a standby on its
+port, and, ``--stops`` times, the leader is frozen (SIGSTOP) past its lease until the other
+takes over, then resumed (SIGCONT); a stop is repeated (at most 5 times) until the woken
+leader had a write refused by epoch. Then the jobs run to their end and ``coadapt down``
+releases the fleet. Measured (one JSON object, printed and with ``--out`` written):
+
+* ``kills``, ``stops``; ``takeover_s`` (each, from the kill or the freeze to the lease's
+  change of holder, polled every 50 ms on the database) and ``takeover_s_max``;
+* ``duplicate_launches``: request ids under which the local provider listed two instances
+  at once (sampled every 0.5 s);
+* ``leaked_instances``: instances the provider still lists after ``coadapt down``, plus those
+  listed under a request id no instance row of the store knows;
+* ``healthy_relaunches``: launchers (``trainer.launch``) of a job started after its first,
+  beyond one (the jobs take one GPU slot each and nothing preempts them: every further
+  launcher is a job stopped and started again);
+* ``jobs``, ``jobs_completed``, ``jobs_exact`` (completed with their progress equal to the
+  length their script declared: the exact sample count), ``stale_writes_refused`` (the lease
+  row's counter: writes of a deposed leader refused by epoch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.chaos import _launchers  # noqa: E402
+from emulators.postgres_server import PostgresServer  # noqa: E402
+from providers.local import LocalProvider  # noqa: E402
+
+CLUSTER = "coadapt-local"
+COADAPT = [sys.executable, "-m", "autoscaler.cli"]
+INTERVAL_S = 1.0
+LEASE_S = 1.5 * INTERVAL_S
+JOBS = ("fo-a", "fo-b", "fo-c")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Failover:
+    def __init__(self, args: argparse.Namespace, url: str) -> None:
+        self.args = args
+        self.url = url
+        self.rng = random.Random(args.seed)
+        self.tmp = Path(tempfile.mkdtemp(prefix="coadapt-failover-"))
+        self.state = self.tmp / "state"
+        self.ports = (_free_port(), _free_port())
+        self.urls = ",".join(f"http://127.0.0.1:{p}" for p in self.ports)
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.takeovers: list[float] = []
+        self.kills = 0
+        self.stops = 0
+        self.by_request: dict[str, set[str]] = {}
+        self.duplicates: set[str] = set()
+        self.launchers: dict[str, set[int]] = {}
+        self.sampling = threading.Event()
+
+    # ---- the pair ----------------------------------------------------------------------------
+
+    def start(self, port: int) -> None:
+        log = (self.tmp / f"up-{port}.log").open("ab")
+        env = {**os.environ, "COADAPT_STORE_URL": self.url, "PYTHONPATH": str(ROOT)}
+        self.procs[port] = subprocess.Popen(
+            [*COADAPT, "up", "--state-dir", str(self.state), "--port", str(port),
+             "--api-urls", self.urls, "--interval-s", str(INTERVAL_S), "--max-gpu-slots", "4",
+             "--max-instances", "4", "--job-isolation", "none"],
+            cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+        )  # fmt: skip
+
+    def lease(self) -> tuple[str, int, int] | None:
+        import psycopg
+
+        try:
+            with psycopg.connect(self.url) as pg:
+                row = pg.execute(
+                    "SELECT holder, epoch, refused_writes FROM leader_lease"
+                ).fetchone()
+        except psycopg.errors.UndefinedTable:
+            return None  # the first up has not built the store yet
+        return None if row is None else (str(row[0]), int(row[1]), int(row[2]))
+
+    def leader_port(self) -> int:
+        lease = self.lease()
+        assert lease is not None
+        return int(lease[0].rsplit(":", 1)[1])
+
+    def wait_takeover(self, epoch: int, since: float) -> float:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            lease = self.lease()
+            if lease is not None and lease[1] > epoch:
+                took = time.monotonic() - since
+                self.takeovers.append(took)
+                return took
+            time.sleep(0.05)
+        raise RuntimeError("no takeover within 60 s: " + self.tail())
+
+    def tail(self) -> str:
+        return "\n".join(
+            f"--- {p.name}\n" + p.read_text(errors="replace")[-2500:]
+            for p in sorted(self.tmp.glob("up-*.log"))
+        )
+
+    def coadapt(self, *args: str) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        return subprocess.run(
+            [*COADAPT, *args, "--state-dir", str(self.state)], cwd=ROOT, capture_output=True,
+            text=True, timeout=180, stdin=subprocess.DEVNULL, env=env,
+        )  # fmt: skip
+
+    # ---- watching ----------------------------------------------------------------------------
+
+    def sample(self) -> None:
+        provider = LocalProvider(self.state / "local")
+        while not self.sampling.wait(0.5):
+            with contextlib.suppress(Exception):
+                listed = provider.list_instances(CLUSTER)
+                seen: dict[str, int] = {}
+                for inst in listed:
+                    seen[inst.request_id] = seen.get(inst.request_id, 0) + 1
+                    self.by_request.setdefault(inst.request_id, set()).add(inst.instance_id)
+                self.duplicates |= {r for r, n in seen.items() if n > 1}
+                ids = {i.instance_id for i in listed}
+                for (job, _), procs in _launchers(ids).items():
+                    self.launchers.setdefault(job, set()).update(pid for pid, _ in procs)
+
+    def jobs(self) -> dict[str, dict[str, Any]]:
+        out = self.coadapt("status", "--json")
+        if out.returncode != 0:
+            return {}
+        return {j["name"]: j for j in json.loads(out.stdout)["jobs"]}
+
+    # ---- the scenario ------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        for port in self.ports:
+            self.start(port)
+            deadline = time.monotonic() + 90
+            while self.lease() is None if port == self.ports[0] else False:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("no controller led within 90 s: " + self.tail())
+                time.sleep(0.2)
+        time.sleep(2.0)  # the second one serves and stands by
+        spec = ROOT / "examples/jobs/mlp-small.yaml"
+        text = spec.read_text().replace("--epochs, 16", f"--epochs, {self.args.epochs}")
+        copy = ROOT / "examples/jobs" / f".failover-{os.getpid()}.yaml"
+        copy.write_text(text)
+        try:
+            for name in JOBS:
+                out = self.coadapt("submit", str(copy), "--name", name)
+                if out.returncode != 0:
+                    raise RuntimeError(f"submit {name}: {out.stderr}")
+        finally:
+            copy.unlink()
+        sampler = threading.Thread(target=self.sample, daemon=True)
+        sampler.start()
+        while not any(j.get("status") == "running" for j in self.jobs().values()):
+            time.sleep(0.5)
+        for _ in range(self.args.kills):
+            time.sleep(self.rng.uniform(0.2, 2.5))  # a random point of the round
+            port = self.leader_port()
+            lease = self.lease()
+            assert lease is not None
+            self.procs[port].send_signal(signal.SIGKILL)
+            killed_at = time.monotonic()
+            self.procs[port].wait()
+            self.kills += 1
+            self.wait_takeover(lease[1], killed_at)
+            self.start(port)  # back as a standby, on its port
+            time.sleep(1.0)
+        refused_before = (self.lease() or ("", 0, 0))[2]
+        for _ in range(self.args.stops):
+            for _try in range(5):
+                time.sleep(self.rng.uniform(0.2, 1.0))
+                port = self.leader_port()
+                lease = self.lease()
+                assert lease is not None
+                self.procs[port].send_signal(signal.SIGSTOP)
+                stopped_at = time.monotonic()
+                self.stops += 1
+                self.wait_takeover(lease[1], stopped_at)
+                time.sleep(LEASE_S)
+                self.procs[port].send_signal(signal.SIGCONT)
+                time.sleep(3 * INTERVAL_S)  # it wakes up, is refused, stands by
+                now_refused = (self.lease() or ("", 0, 0))[2]
+                if now_refused > refused_before:
+                    refused_before = now_refused
+                    break
+        deadline = time.monotonic() + self.args.timeout_s
+        jobs: dict[str, dict[str, Any]] = {}
+        while time.monotonic() < deadline:
+            jobs = self.jobs() or jobs
+            if jobs and all(j["status"] in ("completed", "failed") for j in jobs.values()):
+                break
+            time.sleep(2.0)
+        lease = self.lease()
+        known = set()
+        import psycopg
+
+        last: dict[str, Any] = {}
+        with psycopg.connect(self.url) as pg:
+            known = {str(r[0]) for r in pg.execute("SELECT request_id FROM instances")}
+            for name, raw in pg.execute(
+                "SELECT job_name, payload_json FROM reports ORDER BY report_id"
+            ):
+                last[str(name)] = json.loads(raw)
+        self.sampling.set()
+        sampler.join()
+        strangers = {r for r in self.by_request if r not in known}
+        down = self.coadapt("down")
+        for proc in self.procs.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(60)
+        left = LocalProvider(self.state / "local").list_instances(CLUSTER)
+        exact = [  # completed, its last report at the length its script declared
+            n
+            for n, j in jobs.items()
+            if j["status"] == "completed"
+            and last.get(n, {}).get("target_progress") is not None
+            and last[n].get("progress", 0) >= last[n]["target_progress"]
+        ]
+        return {
+            "kills": self.kills,
+            "stops": self.stops,
+            "takeover_s": [round(t, 3) for t in self.takeovers],
+            "takeover_s_max": round(max(self.takeovers, default=0.0), 3),
+            "interval_s": INTERVAL_S,
+            "lease_s": LEASE_S,
+            "duplicate_launches": len(self.duplicates),
+            "leaked_instances": len(left) + len(strangers),
+            "healthy_relaunches": sum(max(0, len(p) - 1) for p in self.launchers.values()),
+            "launchers": {j: len(p) for j, p in sorted(self.launchers.items())},
+            "jobs": len(JOBS),
+            "jobs_completed": sum(1 for j in jobs.values() if j["status"] == "completed"),
+            "jobs_exact": len(exact),
+            "samples": {
+                n: [last.get(n, {}).get("progress"), last.get(n, {}).get("target_progress")]
+                for n in jobs
+            },
+            "stale_writes_refused": 0 if lease is None else lease[2],
+            "final_epoch": None if lease is None else lease[1],
+            "down_rc": down.returncode,
+        }
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                with contextlib.suppress(OSError):
+                    proc.send_signal(signal.SIGCONT)
+                    proc.kill()
+                proc.wait()
+        with contextlib.suppress(Exception):
+            LocalProvider(self.state / "local").down(CLUSTER)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--kills", type=int, default=10)
+    p.add_argument("--stops", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--epochs", type=int, default=48)
+    p.add_argument("--timeout-s", type=float, default=600.0)
+    p.add_argument("--out", type=Path)
+    args = p.parse_args(argv)
+    if not (0 <= args.kills <= 100 and 0 <= args.stops <= 10 and 1 <= args.epochs <= 10_000):
+        p.error("--kills 0-100, --stops 0-10, --epochs 1-10000")
+    server = PostgresServer().start()
+    try:
+        url = server.create_database()
+        run = Failover(args, url)
+        try:
+            result = run.run()
+        finally:
+            run.close()
+    finally:
+        server.stop()
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out is not None:
+        args.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
