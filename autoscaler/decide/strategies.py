@@ -42,6 +42,7 @@ from autoscaler.decide.deadlines import (
     uniform_progress_ahead,
 )
 from autoscaler.decide.fleet import FleetView
+from autoscaler.decide.restarts import restart_factor
 from autoscaler.decide.sizing import (
     FleetOption,
     JobDemand,
@@ -51,7 +52,7 @@ from autoscaler.decide.sizing import (
     modelled_value,
     size_fleet,
 )
-from autoscaler.decide.views import Allocation, JobView, OfferingRef
+from autoscaler.decide.views import Allocation, ClusterView, JobView, OfferingRef
 from autoscaler.errors import InvalidInputError
 from autoscaler.model.gputypes import SpeedTable, default_speed_table
 
@@ -141,21 +142,25 @@ def demands_of(
     return [
         _limited(
             job,
-            _bounded(
+            _restarted(
                 job,
-                _with_deadline(
+                view.cluster,
+                _bounded(
                     job,
-                    dataclasses.replace(d, remaining_s=remaining_s(job, d.gpu_type)),
-                    speeds,
-                    kinds=kinds
-                    if not job.restricts_offerings
-                    else tuple(sorted({o.kind for o in view.options if o.allows(job)})),
-                    start_s=start_s,
-                    margin_s=margin_s,
-                    value=value,
-                    max_gpus=max_gpus,
-                    cache=deadline_cache,
-                    observed=None if observed is None else observed.get(job.name),
+                    _with_deadline(
+                        job,
+                        dataclasses.replace(d, remaining_s=remaining_s(job, d.gpu_type)),
+                        speeds,
+                        kinds=kinds
+                        if not job.restricts_offerings
+                        else tuple(sorted({o.kind for o in view.options if o.allows(job)})),
+                        start_s=start_s,
+                        margin_s=margin_s,
+                        value=value,
+                        max_gpus=max_gpus,
+                        cache=deadline_cache,
+                        observed=None if observed is None else observed.get(job.name),
+                    ),
                 ),
             ),
             view.options,
@@ -240,6 +245,28 @@ def _with_deadline(
         if demand.curves.get(k)
     }
     return dataclasses.replace(demand, deadline_gpus=gpus, urgent=need.urgent)
+
+
+def _restarted(job: JobView, cluster: ClusterView, demand: JobDemand) -> JobDemand:
+    """``demand`` with only the growth the policy would make (:mod:`autoscaler.decide.
+    restarts`): on the type it runs on, ``g`` GPUs beyond the ``g0`` it holds are worth
+    ``v(g)`` only where ``rho x v(g) > v(g0)`` (the growth beats its restart, ``rho`` the
+    restart factor at its time left), else ``v(g0)``: the sizing buys no instance for a growth
+    the policy would refuse, and values the growth it would make in full. Up to ``g0`` the
+    curve is unchanged. A job not running is unchanged."""
+    g0 = sum(job.allocation.values())
+    if g0 <= 0 or demand.gpu_type is None:
+        return demand
+    rho = restart_factor(demand.remaining_s, cluster.restart_delay_s)
+    if rho >= 1.0:
+        return demand
+    curves = dict(demand.curves)
+    for kind, curve in demand.curves.items():
+        if kind[0] != demand.gpu_type or len(curve) <= g0:
+            continue
+        base = curve[g0 - 1]
+        curves[kind] = curve[:g0] + tuple(v if rho * v > base else base for v in curve[g0:])
+    return dataclasses.replace(demand, curves=curves)
 
 
 def _bounded(job: JobView, demand: JobDemand) -> JobDemand:

@@ -119,6 +119,7 @@ import numpy as np
 from autoscaler.decide.bounds import PoolCapacity, refusal
 from autoscaler.decide.deadlines import required_rate, time_left_s
 from autoscaler.decide.policy.base import Decision
+from autoscaler.decide.restarts import RESTART_HORIZON_S, restart_factors
 from autoscaler.decide.views import (
     Allocation,
     BatchChoice,
@@ -194,7 +195,7 @@ class CoadaptOptions:
     power: float = 0.3
     restart_penalty: bool = True
     restart_rule: str = "horizon"
-    restart_horizon_s: float = 145.0
+    restart_horizon_s: float = RESTART_HORIZON_S
     remaining_weight: float = -0.5
     admit_first: bool = True
     explore_types: bool = False
@@ -1045,9 +1046,7 @@ class CoadaptPolicy:
             return per_job[job_idx]
         work = np.array([math.inf if j.remaining_work is None else j.remaining_work for j in jobs])
         good = np.maximum(np.asarray(goodput, dtype=float), 1e-12)
-        horizon = np.minimum(work[job_idx] / good, self.options.restart_horizon_s)
-        horizon = np.maximum(horizon, 1e-9)
-        return np.maximum(horizon - delay, 0.0) / horizon
+        return restart_factors(work[job_idx] / good, delay, self.options.restart_horizon_s)
 
     # ---- placement -------------------------------------------------------------------------
 
