@@ -731,8 +731,8 @@ def run_up(
     After each round and after a release, what happened is recorded in the store's events
     (:class:`~autoscaler.controller.events.EventRecorder`) and each event is passed to
     ``on_event``; ``on_note`` is told, once, how jobs are isolated (:func:`job_isolation`),
-    and, on a shared (PostgreSQL) store, whether this process leads or stands by and each
-    change of it (the leader lease: :mod:`autoscaler.controller.leader`; every process serves
+    and whether this process leads (on a shared PostgreSQL store: or stands by, and each
+    change of it) (the leader lease: :mod:`autoscaler.controller.leader`; every process serves
     the API, only the leader runs rounds).
     Raises :class:`ServiceError` (one line) when it cannot start, when the store fails, when
     the state folder's disk is full (below ``min_free_bytes`` free: at the start, or at a
@@ -950,7 +950,7 @@ def _run_up(
             return
         said[0] = line
         log.info("%s", line)
-        if team and on_note is not None:
+        if on_note is not None:
             on_note(line)
 
     def tell() -> None:
@@ -1032,8 +1032,8 @@ def _run_up(
                     break
                 controller = lead[0] = new_controller()
                 recorder = EventRecorder(store, clock, views=_views_of(controller, clock))
-                if not team:  # said in the log only: a single user's output is unchanged
-                    log.info("%s", leadership_line(leadership))
+                if not team:  # the one process over its own store leads at once: said once
+                    say(leadership_line(leadership))
                 if team:
                     write_json_atomic(state / "up.json", up_record)  # the leader's API
                     took = (
