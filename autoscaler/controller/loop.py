@@ -458,13 +458,13 @@ class Controller:
         # relaunch (hold.kept_empty): the target keeps it, and it is not drained for cost.
         empty_now = {r.instance_key for r in ready if used.get(r.instance_key, 0) == 0}
         self._empty_since = {k: self._empty_since.get(k, now) for k in empty_now}
-        kept = kept_empty(now, self._keep_empty_s, self._empty_since)
+        spare = kept_empty(now, self._keep_empty_s, self._empty_since)
         held_rows: dict[str, list[str]] = {}
         for r in rows:
             if r.status in HELD:
                 held_rows.setdefault(r.offering_key, []).append(r.instance_key)
-        target = hold_target(target, held_rows, empty_now, kept)
-        held_keys = kept | held_instances(
+        target = hold_target(target, held_rows, empty_now, spare)
+        held_keys = spare | held_instances(
             now,
             self._hold_s,
             self.store.placed_since(j.name for j in read_jobs),
