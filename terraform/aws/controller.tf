@@ -1,5 +1,6 @@
-# The controller: one small on-demand instance running `coadapt up --provider aws` as a systemd
-# service, with the deployment's provider config.
+# The controllers: controller_count small on-demand instances (one without team_store), each
+# running `coadapt up --provider aws` as a systemd service with the deployment's provider config;
+# with team_store each reads the store's URL at start (team_store.tf) and one leads.
 
 data "aws_ssm_parameter" "al2023" {
   count = var.controller_ami_id == null ? 1 : 0
@@ -7,6 +8,7 @@ data "aws_ssm_parameter" "al2023" {
 }
 
 resource "aws_instance" "controller" {
+  count                       = local.controller_count
   ami                         = var.controller_ami_id != null ? var.controller_ami_id : nonsensitive(data.aws_ssm_parameter.al2023[0].value)
   instance_type               = var.controller_instance_type
   iam_instance_profile        = aws_iam_instance_profile.controller.name
@@ -16,7 +18,7 @@ resource "aws_instance" "controller" {
   user_data_replace_on_change = false
 
   network_interface {
-    network_interface_id = aws_network_interface.controller.id
+    network_interface_id = aws_network_interface.controller[count.index].id
     device_index         = 0
   }
 
@@ -39,12 +41,18 @@ resource "aws_instance" "controller" {
     cluster_id    = var.cluster_id
     port          = var.controller_port
     max_instances = var.max_instances
+    region        = var.region
+    store         = local.store
   })
 
-  tags = merge(local.tags, { Name = "${local.prefix}-controller" })
+  tags = merge(local.tags, { Name = "${local.prefix}-controller-${count.index}" })
 
   lifecycle {
     # A new image must not replace the controller (its store holds the fleet's state).
     ignore_changes = [ami]
+    precondition {
+      condition     = local.controller_count == 1 || var.team_store
+      error_message = "controller_count above 1 needs team_store = true (controllers share only a PostgreSQL store)."
+    }
   }
 }

@@ -311,3 +311,36 @@ resource "aws_iam_role_policy" "job_storage" {
   role   = aws_iam_role.job_storage.id
   policy = data.aws_iam_policy_document.job_storage.json
 }
+
+# With team_store: the store's master credential, and nothing else in Secrets Manager (a policy
+# of its own, attached only then; a customer key is used for it through Secrets Manager only).
+data "aws_iam_policy_document" "controller_store" {
+  count = local.team_store ? 1 : 0
+
+  statement {
+    sid       = "ReadStoreSecret"
+    actions   = ["secretsmanager:GetSecretValue"]
+    resources = [local.store.secret_arn]
+  }
+
+  dynamic "statement" {
+    for_each = var.kms_key_arn == null ? [] : [var.kms_key_arn]
+    content {
+      sid       = "StoreSecretKey"
+      actions   = ["kms:Decrypt"]
+      resources = [statement.value]
+      condition {
+        test     = "StringEquals"
+        variable = "kms:ViaService"
+        values   = ["secretsmanager.${var.region}.amazonaws.com"]
+      }
+    }
+  }
+}
+
+resource "aws_iam_role_policy" "controller_store" {
+  count  = local.team_store ? 1 : 0
+  name   = "coadapt-controller-store"
+  role   = aws_iam_role.controller.id
+  policy = data.aws_iam_policy_document.controller_store[0].json
+}

@@ -13,8 +13,9 @@ locals {
     "coadapt-managed-by" = "terraform"
   })
 
-  controller_ip  = aws_network_interface.controller.private_ip
-  controller_url = "http://${local.controller_ip}:${var.controller_port}"
+  # The API's one address: the load balancer's with team_store, else the one controller's.
+  controller_host = var.team_store ? aws_lb.api[0].dns_name : aws_network_interface.controller[0].private_ip
+  controller_url  = "http://${local.controller_host}:${var.controller_port}"
 
   # Each node's own agent credential is an SSM parameter under this path, made by the
   # controller (autoscaler/controller/cloud_setup.py, AwsAgentCredentials).

@@ -27,16 +27,18 @@ resource "aws_ssm_parameter" "user_token" {
   }
 }
 
-# The controller's address is fixed before the template needs it: its network interface is
+# The controller's address is fixed before the template needs it (without team_store; with it,
+# the agents are given the load balancer's): its network interface is
 # made first (the subnet picks the address), the template's user data reads its private_ip, and
 # the controller instance attaches it. The instance's own user data embeds the template's id, so
 # taking the address from aws_instance.controller instead would be a cycle
 # (instance -> template -> instance).
 resource "aws_network_interface" "controller" {
-  subnet_id       = try(local.subnet_ids[0], null)
+  count           = local.controller_count
+  subnet_id       = try(local.subnet_ids[count.index % length(local.subnet_ids)], null)
   security_groups = [aws_security_group.controller.id]
-  description     = "coadapt ${var.cluster_id}: the controller's address (the agents' API URL)"
-  tags            = merge(local.tags, { Name = "${local.prefix}-controller" })
+  description     = "coadapt ${var.cluster_id}: controller ${count.index}'s address (the agents' API URL without team_store)"
+  tags            = merge(local.tags, { Name = "${local.prefix}-controller-${count.index}" })
 
   lifecycle {
     precondition {

@@ -9,13 +9,28 @@ output "region" {
 }
 
 output "controller_url" {
-  description = "The controller API's URL (a private address: reach it from the VPC, a VPN in api_allowed_cidrs, or a tunnel)."
+  description = "The controller API's URL: the internal load balancer's with team_store, else the controller's (a private address: reach it from the VPC, a VPN in api_allowed_cidrs, or a tunnel)."
   value       = local.controller_url
 }
 
 output "controller_instance_id" {
-  description = "The controller's EC2 instance id (SSM Session Manager, logs)."
-  value       = aws_instance.controller.id
+  description = "The first controller's EC2 instance id (SSM Session Manager, logs)."
+  value       = aws_instance.controller[0].id
+}
+
+output "controller_instance_ids" {
+  description = "Every controller's EC2 instance id (one leads; `coadapt status` says which)."
+  value       = aws_instance.controller[*].id
+}
+
+output "store_endpoint" {
+  description = "The team store's address (host:port of the RDS instance; null without team_store). No credential: the password is in the secret store_secret_arn, readable by the controllers' role."
+  value       = var.team_store ? "${aws_db_instance.store[0].address}:${aws_db_instance.store[0].port}" : null
+}
+
+output "store_secret_arn" {
+  description = "The Secrets Manager secret RDS keeps the team store's master credential in (null without team_store); the controllers' role alone is granted to read it."
+  value       = local.team_store ? local.store.secret_arn : null
 }
 
 output "checkpoint_bucket" {

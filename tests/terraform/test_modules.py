@@ -176,7 +176,7 @@ def test_gcp_controller_vm_is_shielded_without_an_address_by_default() -> None:
 
 # ------------------------------------------------------------------------------------- AWS
 
-_DOC_REF = re.compile(r"data\.aws_iam_policy_document\.(\w+)\.json")
+_DOC_REF = re.compile(r"data\.aws_iam_policy_document\.(\w+)(?:\[0\])?\.json")
 
 
 def _policy_actions(role: str) -> set[str]:
@@ -205,7 +205,10 @@ def _policy_actions(role: str) -> set[str]:
 
 
 def test_aws_controller_policy_grants_exactly_the_adapters_calls() -> None:
-    assert _policy_actions("controller") == controller_iam_actions()
+    """The adapter's calls, and (team_store) reading the store's one secret."""
+    assert _policy_actions("controller") == controller_iam_actions() | {
+        "secretsmanager:GetSecretValue"
+    }
 
 
 def test_aws_node_policy_is_its_token_and_the_job_storage_role() -> None:
@@ -348,6 +351,119 @@ def test_terraform_resources_never_carry_the_nodes_ownership_tags() -> None:
     assert "coadapt-cluster-id" not in aws_tags
     for tags in (aws_tags, gcp_labels):
         assert re.search(r'"?coadapt-managed-by"? = "terraform"', tags), tags
+
+
+# ------------------------------------------------------------- AWS: the team store (team_store)
+
+
+def _refs(value: Any, resource: str) -> bool:
+    return resource in str(value)
+
+
+def test_aws_team_store_is_off_by_default() -> None:
+    """Without team_store: one controller, its SQLite file, no database, no balancer."""
+    variables = _named(MODULES["aws"], "variable")
+    assert variables["team_store"]["default"] is False
+    assert variables["controller_count"]["default"] is None
+    locals_ = _named(MODULES["aws"], "locals")
+    assert locals_["controller_count"] == (
+        "${coalesce(var.controller_count, var.team_store ? 2 : 1)}"
+    )
+    for rtype in ("aws_db_instance", "aws_lb", "aws_lb_target_group", "aws_security_group"):
+        for name, body in _of_type(MODULES["aws"], rtype):
+            if name in ("controller", "node"):
+                continue
+            assert body["count"] == "${local.team_store ? 1 : 0}", (rtype, name)
+
+
+def test_aws_team_store_database_is_private_encrypted_protected_and_backed_up() -> None:
+    (db,) = [b for _, b in _of_type(MODULES["aws"], "aws_db_instance")]
+    assert db["engine"] == "postgres"
+    assert db["publicly_accessible"] is False
+    assert db["storage_encrypted"] is True and db["kms_key_id"] == "${var.kms_key_arn}"
+    assert db["deletion_protection"] is True and db["skip_final_snapshot"] is False
+    assert db["backup_retention_period"] == "${var.store_backup_retention_days}"
+    validations = _named(MODULES["aws"], "variable")["store_backup_retention_days"]["validation"]
+    assert ">= 1" in str(validations)
+    # RDS makes the password and keeps it in Secrets Manager: terraform never holds it.
+    assert db["manage_master_user_password"] is True
+    assert "password" not in db and "master_password" not in db
+    assert db["vpc_security_group_ids"] == ["${aws_security_group.store[0].id}"]
+    (group,) = [b for _, b in _of_type(MODULES["aws"], "aws_db_subnet_group")]
+    assert group["subnet_ids"] == "${local.subnet_ids}"  # the private subnets
+    (params,) = [b for _, b in _of_type(MODULES["aws"], "aws_db_parameter_group")]
+    assert {"name": "rds.force_ssl", "value": "1"} in params["parameter"]
+
+
+def test_aws_team_store_is_reachable_from_the_controllers_only() -> None:
+    store_sg = "aws_security_group.store"
+    (sg,) = [b for n, b in _of_type(MODULES["aws"], "aws_security_group") if n == "store"]
+    assert "ingress" not in sg and "egress" not in sg
+    rules = [
+        (n, b) for n, b in _of_type(MODULES["aws"], "aws_vpc_security_group_ingress_rule")
+        if _refs(b["security_group_id"], store_sg)
+    ]  # fmt: skip
+    assert [n for n, _ in rules] == ["store_from_controllers"]
+    (rule,) = [b for _, b in rules]
+    assert rule["referenced_security_group_id"] == "${aws_security_group.controller.id}"
+    assert rule["from_port"] == rule["to_port"] == "${local.store_port}"
+    assert "cidr_ipv4" not in rule and "cidr_ipv6" not in rule
+    for _, rule in _of_type(MODULES["aws"], "aws_vpc_security_group_egress_rule"):
+        if _refs(rule.get("referenced_security_group_id"), store_sg):
+            assert rule["security_group_id"] == "${aws_security_group.controller.id}"
+
+
+def test_aws_store_secret_is_readable_by_the_controller_role_only() -> None:
+    store = _statements("controller_store")
+    assert store["ReadStoreSecret"]["actions"] == ["secretsmanager:GetSecretValue"]
+    assert store["ReadStoreSecret"]["resources"] == ["${local.store.secret_arn}"]
+    locals_ = _named(MODULES["aws"], "locals")
+    assert "aws_db_instance.store[0].master_user_secret[0].secret_arn" in str(locals_["store"])
+    attached = [
+        b for _, b in _of_type(MODULES["aws"], "aws_iam_role_policy")
+        if "controller_store" in str(b["policy"])
+    ]  # fmt: skip
+    assert [b["role"] for b in attached] == ["${aws_iam_role.controller.id}"]
+    for name, doc in _of_type(MODULES["aws"], "aws_iam_policy_document", "data"):
+        if name != "controller_store":
+            assert "secretsmanager" not in str(doc), name
+    assert "secretsmanager" not in str(_policy_actions("node"))
+    assert "secretsmanager" not in str(_policy_actions("job_storage"))
+
+
+def test_aws_store_password_is_in_no_user_data_command_line_or_output() -> None:
+    """The controller reads the secret at start (a root ExecStartPre) into a 0600 file under
+    /run that systemd passes to `coadapt up` as COADAPT_STORE_URL: the password is in neither
+    the user data (which anyone with ec2:DescribeInstanceAttribute reads) nor the command line
+    (``/proc/PID/cmdline``), nor an output."""
+    template = (MODULES["aws"] / "templates" / "controller-user-data.sh.tftpl").read_text()
+    assert "ExecStartPre=+/opt/coadapt/bin/python /etc/coadapt/store-env.py" in template
+    assert "EnvironmentFile=-/run/coadapt-store/env" in template
+    assert "0o600" in template and "get_secret_value" in template
+    (exec_start,) = [ln for ln in template.splitlines() if ln.startswith("ExecStart=")]
+    assert "--store" not in exec_start and "password" not in exec_start.lower()
+    (instance,) = [b for _, b in _of_type(MODULES["aws"], "aws_instance")]
+    args = str(instance["user_data"])
+    assert "local.store" in args and "password" not in args.lower()
+    assert "password" not in str(_named(MODULES["aws"], "locals")["store"]).lower()
+    for name, output in _named(MODULES["aws"], "output").items():
+        assert "password" not in str(output["value"]).lower(), name
+    module_text = "\n".join(t.read_text() for t in _files(MODULES["aws"]))
+    assert "random_password" not in module_text and "master_password" not in module_text
+
+
+def test_aws_team_store_controllers_sit_behind_an_internal_balancer() -> None:
+    (lb,) = [b for _, b in _of_type(MODULES["aws"], "aws_lb")]
+    assert lb["internal"] is True and lb["load_balancer_type"] == "network"
+    (target,) = [b for _, b in _of_type(MODULES["aws"], "aws_lb_target_group")]
+    assert _one(target["health_check"])["protocol"] == "TCP"
+    (attach,) = [b for _, b in _of_type(MODULES["aws"], "aws_lb_target_group_attachment")]
+    assert attach["count"] == "${local.team_store ? local.controller_count : 0}"
+    (instance,) = [b for _, b in _of_type(MODULES["aws"], "aws_instance")]
+    assert instance["count"] == "${local.controller_count}"
+    # The agents (launch template) and the users (output) get the balancer's address.
+    assert "aws_lb.api[0].dns_name" in _named(MODULES["aws"], "locals")["controller_host"]
+    assert _named(MODULES["aws"], "output")["controller_url"]["value"] == "${local.controller_url}"
 
 
 TF_MIRROR = Path("/opt/tf-plugins/registry.terraform.io/hashicorp/aws")

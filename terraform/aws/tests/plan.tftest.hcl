@@ -183,3 +183,58 @@ run "with_a_kms_key" {
     kms_key_arn = "arn:aws:kms:us-east-1:123456789012:key/11111111-2222-3333-4444-555555555555"
   }
 }
+
+run "team_store_plans_a_private_database_and_a_controller_pair" {
+  command = plan
+  variables {
+    team_store = true
+  }
+  override_resource {
+    override_during = plan
+    target          = aws_db_instance.store
+    values = {
+      address            = "coadapt-team-a-store.abc.us-east-1.rds.amazonaws.com"
+      port               = 5432
+      master_user_secret = [{ secret_arn = "arn:aws:secretsmanager:us-east-1:123456789012:secret:rds!db-abc", kms_key_id = "", secret_status = "active" }]
+    }
+  }
+  override_resource {
+    override_during = plan
+    target          = aws_lb.api
+    values          = { arn = "arn:aws:elasticloadbalancing:us-east-1:123456789012:loadbalancer/net/cdapt-x/abc", dns_name = "cdapt-x.elb.us-east-1.amazonaws.com" }
+  }
+  override_resource {
+    override_during = plan
+    target          = aws_lb_target_group.api
+    values          = { arn = "arn:aws:elasticloadbalancing:us-east-1:123456789012:targetgroup/cdapt-x/abc" }
+  }
+  override_resource {
+    override_during = plan
+    target          = aws_security_group.store
+    values          = { id = "sg-0store" }
+  }
+  assert {
+    condition     = length(aws_instance.controller) == 2 && length(aws_lb_target_group_attachment.api) == 2
+    error_message = "two controllers behind the balancer"
+  }
+  assert {
+    condition     = output.controller_url == "http://cdapt-x.elb.us-east-1.amazonaws.com:8080"
+    error_message = "the agents and users are given the balancer's address"
+  }
+  assert {
+    condition     = aws_db_instance.store[0].publicly_accessible == false && aws_db_instance.store[0].storage_encrypted && aws_db_instance.store[0].deletion_protection && aws_db_instance.store[0].backup_retention_period > 0
+    error_message = "the store: private, encrypted, protected, backed up"
+  }
+  assert {
+    condition     = output.store_secret_arn == "arn:aws:secretsmanager:us-east-1:123456789012:secret:rds!db-abc" && output.store_endpoint == "coadapt-team-a-store.abc.us-east-1.rds.amazonaws.com:5432"
+    error_message = "the store's secret and address are output (no password)"
+  }
+}
+
+run "a_pair_without_the_team_store_is_refused" {
+  command = plan
+  variables {
+    controller_count = 2
+  }
+  expect_failures = [aws_instance.controller]
+}
