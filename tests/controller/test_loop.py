@@ -581,7 +581,8 @@ def test_a_late_report_of_the_configuration_before_a_rescale_is_not_credited(
     samples = ctl.book.models.samples("job-0", gpu_type)
 
     clock.advance(30.0)  # the old launch's last report, sent as it was being stopped
-    store.add_report("job-0", _late_report("job-0", old_gpus, old_nodes, old_launch_s, clock.now_s(), 64))
+    late = _late_report("job-0", old_gpus, old_nodes, old_launch_s, clock.now_s(), 64)
+    store.add_report("job-0", late)
     ctl.run_round()
     assert _profile_rows(store, "job-0") == before, "a stale report changed the profiles"
     assert ctl.book.models.samples("job-0", gpu_type) == samples
