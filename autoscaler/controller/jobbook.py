@@ -12,8 +12,10 @@ rule, :func:`trainer.report.remaining_progress`) and the bounds of its spec. :fu
 the check at submission: a deadline the spec's declared length cannot meet at the speed the
 cluster measured of its application is refused with the estimate.
 
-A report carries no GPU type: it is the type of the instances the job is assigned to when the
-report is read (a job runs on one GPU type at a time, the policies' rule).
+A report carries no GPU type: it is credited to the type of the instances the job is assigned to
+when the report is read (a job runs on one GPU type at a time, the policies' rule) only if it
+describes that assignment (:func:`credited_gpu_type`: its world size, nodes and launch), and a
+report of a launch older than one already read is ignored (:meth:`JobBook.record`).
 """
 
 from __future__ import annotations
@@ -48,12 +50,15 @@ __all__ = [
     "BOUNDS_DOC",
     "GENERIC_APPLICATION",
     "JOB_NAME_PATTERN",
+    "LAUNCH_CLOCK_SKEW_S",
     "LENGTH_FIELDS",
     "MAX_DEADLINE_S",
     "MAX_LENGTH",
     "REMOVED_FIELDS",
+    "AssignedRun",
     "JobBook",
     "JobSubmission",
+    "credited_gpu_type",
     "fixed_job_defaults",
     "parse_deadline",
     "submission_deadline",
@@ -831,6 +836,44 @@ class JobSubmission:
         }
 
 
+LAUNCH_CLOCK_SKEW_S: Final = 5.0
+"""How far a trainer node's clock may lag the controller's: a launch that started (by its
+rank 0's clock) up to this long before its job's current placement was recorded is still
+taken as that placement's launch (:func:`credited_gpu_type`)."""
+
+
+@dataclass(frozen=True)
+class AssignedRun:
+    """A job's current assignment, as its reports are read against it: ``num_gpus`` GPUs of
+    type ``gpu_type`` over ``num_nodes`` instances, held as they are since ``placed_at_s``
+    (the store's clock: the latest placement, rescale, move or relaunch of the job,
+    :meth:`~autoscaler.controller.store.Store.placed_at`)."""
+
+    gpu_type: str
+    num_gpus: int
+    num_nodes: int
+    placed_at_s: float
+
+
+def credited_gpu_type(report: TrainerReport, run: AssignedRun | None) -> str | None:
+    """The GPU type whose profile ``report``'s profile entries update: ``run``'s, if the
+    report describes ``run`` (its world size is ``run``'s GPUs, its node count ``run``'s
+    instances, and its launch started no earlier than ``run``'s placement, less
+    :data:`LAUNCH_CLOCK_SKEW_S`), else ``None``: a late report of the configuration the job
+    ran before a rescale, a move to another GPU type or a relaunch is **dropped** from the
+    profiles, never credited to the new one. It is not credited to the type it ran on either
+    (which instances those were is not in the report): little is lost, since a launch's
+    profile is cumulative and its earlier reports, read while it was current, carried nearly
+    all of it. ``None`` too for a job not placed now (``run`` ``None``)."""
+    if run is None:
+        return None
+    if report.world_size != run.num_gpus or report.num_nodes != run.num_nodes:
+        return None
+    if report.started_at_s < run.placed_at_s - LAUNCH_CLOCK_SKEW_S:
+        return None
+    return run.gpu_type
+
+
 @dataclass
 class _Known:
     grad: GradParams | None = None
@@ -840,6 +883,7 @@ class _Known:
     progress: float = 0.0
     target_progress: float | None = None
     done: bool = False
+    launch: tuple[float, int] | None = None  # (started_at_s, attempt) of the newest launch read
 
 
 class JobBook:
@@ -859,8 +903,17 @@ class JobBook:
         self._known: dict[str, _Known] = {}
 
     def record(self, report: TrainerReport, gpu_type: str | None) -> bool:
-        """Take one report of a job running on ``gpu_type`` (``None``: not placed now: only
-        its gradient statistics are kept); whether it added a profile sample."""
+        """Take one report of a job running on ``gpu_type`` (``None``: not placed now, or the
+        report does not describe its placement, :func:`credited_gpu_type`: only its gradient
+        statistics and progress are kept); whether it added a profile sample. A report of a
+        launch older (by ``(started_at_s, attempt)``) than one this book has read of the job
+        is ignored whole: a late report of a stopped launch neither updates a profile nor
+        turns the job's progress and gradient statistics back."""
+        known = self._known.setdefault(report.job_id, _Known())
+        launch = (report.started_at_s, report.attempt)
+        if known.launch is not None and launch < known.launch:
+            return False
+        known.launch = launch
         self.record_gradient(report)
         if gpu_type is None:
             return False

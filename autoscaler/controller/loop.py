@@ -77,7 +77,13 @@ from autoscaler.controller.hold import (
     hold_target,
     kept_empty,
 )
-from autoscaler.controller.jobbook import MAX_JOB_GPUS, JobBook, JobSubmission
+from autoscaler.controller.jobbook import (
+    MAX_JOB_GPUS,
+    AssignedRun,
+    JobBook,
+    JobSubmission,
+    credited_gpu_type,
+)
 from autoscaler.controller.lifecycle import (
     BootPhase,
     InstanceStatus,
@@ -1002,20 +1008,38 @@ class Controller:
     def _read_reports(
         self, assignments: Mapping[tuple[str, str], int], gpu_type_of: Mapping[str, str]
     ) -> None:
-        """New reports into the job book, each under the GPU type its job is assigned to;
-        the profiles they changed are written back to the store (what a restart reads)."""
+        """New reports into the job book, each credited to the GPU type its job is assigned
+        to only if it describes that assignment (:func:`~autoscaler.controller.jobbook.
+        credited_gpu_type`: its world size, nodes and launch; a late report of the
+        configuration before a rescale or a move is dropped from the profiles, and one of a
+        launch older than one already read is ignored, :meth:`JobBook.record`); the profiles
+        they changed are written back to the store (what a restart reads). The one place
+        reports are read."""
         if self._report_cursor < 0:
             self._restore()
+        self._report_cursor, reports = self.store.reports_after(self._report_cursor)
+        reporting = {job for job, _ in reports}
         type_of_job: dict[str, str] = {}
-        for job, key in assignments:
+        gpus_of_job: dict[str, int] = {}
+        nodes_of_job: dict[str, int] = {}
+        for (job, key), gpus in assignments.items():
+            if job not in reporting:
+                continue
+            gpus_of_job[job] = gpus_of_job.get(job, 0) + gpus
+            nodes_of_job[job] = nodes_of_job.get(job, 0) + 1
             if key in gpu_type_of:
                 type_of_job[job] = gpu_type_of[key]
-        self._report_cursor, reports = self.store.reports_after(self._report_cursor)
+        placed_at = self.store.placed_at(sorted(type_of_job)) if type_of_job else {}
+        runs = {
+            job: AssignedRun(gpu_type, gpus_of_job[job], nodes_of_job[job], placed_at[job])
+            for job, gpu_type in type_of_job.items()
+            if job in placed_at
+        }
         touched: set[tuple[str, str]] = set()
-        reporting = {job for job, _ in reports}
         for job, payload in reports:
-            gpu_type = type_of_job.get(job)  # None: from a run no longer placed
-            if self.book.record(TrainerReport.from_json(payload), gpu_type) and gpu_type:
+            report = TrainerReport.from_json(payload)
+            gpu_type = credited_gpu_type(report, runs.get(job))  # None: not credited
+            if self.book.record(report, gpu_type) and gpu_type:
                 touched.update((job, key) for key in self.book.changed_keys(gpu_type))
         t0 = time.perf_counter()
         self.book.refit()

@@ -7,7 +7,11 @@ over its store, a real SQLite file, its fleet strategy and the run's policy); th
 what the controller told it, as its node agent and its trainer would (its assignments and
 planned batch, read back from the store): a new set of GPUs is a relaunch that costs
 ``restart_delay_s`` without progress (a planned stop writes a checkpoint first; the first
-start pays the delay too), a new batch on the same GPUs is applied without one. The world
+start pays the delay too) and starts with the planned batch; a new batch on the same GPUs is
+applied without one when the real trainer applies it: it learns the batch from the reply to
+its next report (sent at the round's end) and runs it from the next round on (the trainer
+adopts it at the next optimizer step its ranks agree on, :mod:`trainer.stepping`, "Batch
+changes": within a step of the reply, which the simulator rounds to the next round). The world
 replaces what is outside the product: the clock, the cloud
 (:class:`~providers.fake.FakeProvider`; a fixed cluster is a fleet the controller holds with
 :class:`~autoscaler.decide.strategies.FixedFleet`, brought up before time 0; cloud mode is
@@ -99,7 +103,8 @@ class _Job:
     app: AppTrace
     limits: BatchLimits
     allocation: Allocation
-    batch: BatchChoice | None = None
+    batch: BatchChoice | None = None  # the batch it runs
+    planned: BatchChoice | None = None  # the controller's latest plan: its next report's reply
     progress: float = 0.0
     delay_left_s: float = 0.0
     starts: int = 0
@@ -120,8 +125,8 @@ class _Job:
     ran: bool = False  # ran this round: it reports at the round's end
     last_run: tuple[BatchChoice, Allocation] | None = None  # what it last ran on
     restarts: int = 0  # as the controller's store counts them (its one definition)
-    # The global batches it trained with, each from the round it was told (its changes only):
-    # the batch history the churn figures need, which the store does not keep.
+    # The global batches it trained with, each from the round it started running it (its
+    # changes only): the batch history the churn figures need, which the store does not keep.
     batches: list[tuple[float, int]] = field(default_factory=list)
 
 
@@ -406,13 +411,26 @@ class Simulator:
                 job.launch_s = self.now_s
             else:
                 job.delay_left_s = 0.0
-        job.batch = batch if gpus else None
-        if (
-            batch is not None
-            and gpus
-            and (not job.batches or job.batches[-1][1] != batch.batch_size)
-        ):
-            job.batches.append((self.now_s, batch.batch_size))
+            job.batch = batch if gpus else None  # a (re)launch starts with the plan's batch
+            self._ran_batch(job, self.now_s)
+        job.planned = batch if gpus else None
+        if not gpus:
+            job.batch = None
+
+    @staticmethod
+    def _ran_batch(job: _Job, from_s: float) -> None:
+        """Note the batch ``job`` runs from ``from_s`` in its batch history (changes only)."""
+        batch = job.batch
+        if batch is not None and (not job.batches or job.batches[-1][1] != batch.batch_size):
+            job.batches.append((from_s, batch.batch_size))
+
+    def _reply(self, job: _Job) -> None:
+        """The API's reply to ``job``'s report: the controller's latest plan for it, which
+        its trainer runs from the next round on (a job that lost its GPUs meanwhile keeps
+        none)."""
+        if job.allocation.num_gpus and job.planned is not None and job.planned != job.batch:
+            job.batch = job.planned
+            self._ran_batch(job, self.now_s + self.config.interval_s)
 
     def _noticed(self, alloc: Allocation) -> bool:
         """Whether any node of ``alloc`` has a preemption notice."""
@@ -471,6 +489,8 @@ class Simulator:
             )
             if job.completion_s is not None:
                 world.exited(job.spec.name)
+            else:
+                self._reply(job)
 
     def _declared(self, job: _Job) -> float | None:
         """The length the job's script declared (the workload's target), or ``None`` when

@@ -32,11 +32,11 @@ CONFIG = ControllerConfig(
 )
 
 
-def _report(job: str, gpus: int, now_s: float, step_s: float) -> str:
+def _report(job: str, gpus: int, now_s: float, step_s: float, nodes: int = 1) -> str:
     return synthetic_report(
         job,
         gpus=gpus,
-        nodes=1,
+        nodes=nodes,
         local_bsz=128,
         step_s=step_s,
         sync_s=step_s * 0.1,
@@ -64,10 +64,13 @@ def _rounds(ctl: Controller, store: Store, clock: FakeClock, n: int) -> None:
         ctl.run_round()
         clock.advance(60.0)
         placed: dict[str, int] = {}
+        nodes: dict[str, int] = {}
         for (job, _), gpus in store.list_assignments().items():
             placed[job] = placed.get(job, 0) + gpus
+            nodes[job] = nodes.get(job, 0) + 1
         for job, gpus in placed.items():
-            store.add_report(job, _report(job, gpus, clock.now_s(), 0.2 + 0.01 * r))
+            step_s = 0.2 + 0.01 * r
+            store.add_report(job, _report(job, gpus, clock.now_s(), step_s, nodes[job]))
 
 
 def test_a_restarted_controller_sees_the_same_models(tmp_path: Path) -> None:
@@ -513,3 +516,83 @@ def test_a_running_job_with_a_declared_length_and_a_model_gets_an_eta_in_the_sto
     clock.advance(60.0)
     ctl.run_round()
     assert store.list_etas() == {}
+
+
+# ---- reports are credited to what produced them ------------------------------------------
+
+
+def _held(store: Store, job: str) -> set[str]:
+    return {key for (name, key) in store.list_assignments() if name == job}
+
+
+def _profile_rows(store: Store, job: str) -> dict[str, str]:
+    return {row.gpu_type: row.params_json for row in store.list_models(job)}
+
+
+def _late_report(
+    job: str, gpus: int, nodes: int, launched_s: float, now_s: float, local_bsz: int
+) -> str:
+    """A report of a launch that started at ``launched_s`` on ``gpus`` GPUs over ``nodes``
+    instances, with a
+    configuration (``local_bsz``) no report has profiled yet and a step time far off the
+    others: were it credited, the profile of the type it is credited to would change."""
+    report = synthetic_report(
+        job,
+        gpus=gpus,
+        nodes=nodes,
+        local_bsz=local_bsz,
+        step_s=1.5,
+        sync_s=0.15,
+        progress=1.0,
+        now_s=now_s,
+        init_batch_size=128,
+        max_batch_size=1024,
+        grad_var=3.0,
+    )
+    return replace(report, started_at_s=launched_s).to_json()
+
+
+def test_a_late_report_of_the_configuration_before_a_rescale_is_not_credited(
+    tmp_path: Path,
+) -> None:
+    """The job is rescaled; then its old launch's last report (the old world size, launched
+    before the rescale) arrives: the profiles of the GPU type the job now runs on (and its
+    pooled fit) are not fitted from it. A report of the new launch still is."""
+    store, cloud, clock = _setup(tmp_path, jobs=1)
+    ctl = Controller(store, cloud, clock, CONFIG)
+    _rounds(ctl, store, clock, 2)
+    old_gpus, old_nodes = _gpus(store, "job-0"), len(_held(store, "job-0"))
+    old_launch_s = clock.now_s() - 60.0  # the round that placed it as it is
+    for _ in range(6):  # profiled on its first GPUs, it scales out within a few rounds
+        ctl.run_round()
+        if _gpus(store, "job-0") != old_gpus:
+            break
+        old_nodes = len(_held(store, "job-0"))
+        old_launch_s = clock.now_s()
+        clock.advance(60.0)
+        store.add_report("job-0", _report("job-0", old_gpus, clock.now_s(), 0.2))
+    new_gpus = _gpus(store, "job-0")
+    assert 0 < new_gpus != old_gpus, "no rescale happened"
+    rescaled_s = clock.now_s()
+    held = _held(store, "job-0")
+    (gpu_type,) = {r.gpu_type for r in store.list_instances() if r.instance_key in held}
+    before = _profile_rows(store, "job-0")
+    assert gpu_type in before and "*" in before, "the job was profiled before the rescale"
+    samples = ctl.book.models.samples("job-0", gpu_type)
+
+    clock.advance(30.0)  # the old launch's last report, sent as it was being stopped
+    late = _late_report("job-0", old_gpus, old_nodes, old_launch_s, clock.now_s(), 64)
+    store.add_report("job-0", late)
+    ctl.run_round()
+    assert _profile_rows(store, "job-0") == before, "a stale report changed the profiles"
+    assert ctl.book.models.samples("job-0", gpu_type) == samples
+
+    clock.advance(60.0)  # the new launch reports a configuration it ran: credited
+    now_gpus, now_nodes = _gpus(store, "job-0"), len(_held(store, "job-0"))
+    launched_s = store.placed_at(["job-0"])["job-0"]
+    assert launched_s >= rescaled_s
+    store.add_report(
+        "job-0", _late_report("job-0", now_gpus, now_nodes, launched_s, clock.now_s(), 32)
+    )
+    ctl.run_round()
+    assert _profile_rows(store, "job-0")[gpu_type] != before[gpu_type]

@@ -346,3 +346,39 @@ def test_the_policy_learns_lengths_only_through_the_declared_channel() -> None:
         assert 0 < (v.remaining_progress or 0) < remaining_progress(0.0, target) == target
     with pytest.raises(InvalidInputError):
         SimConfig(lengths="oracle")
+
+
+def test_a_new_batch_on_the_same_gpus_runs_from_the_round_after_the_report_reply() -> None:
+    """The controller plans a larger batch for a job on the same GPU at its 4th round: its trainer
+    learns it from the reply to the report it sends at that round's end and runs it from the
+    next round on (as the real trainer does), never in the round it was planned; its first
+    launch starts with the batch planned for it."""
+    spec = TraceJob("c", "cifar10", 0.0, 1, 128)
+
+    @dataclass
+    class Rebatch(Scripted):
+        def decide(self, round_input: RoundInput, state: Any) -> Decision:
+            decision = super().decide(round_input, state)
+            plan = decision.plan
+            if sum(1 for seen in self.seen if seen.jobs) > 3 and plan.batches:
+                job = round_input.jobs[0]
+                bigger = fixed_batch_choice(256, 1, job.limits)
+                plan = Plan(plan.allocations, {job.name: bigger})
+            return Decision(plan, state)
+
+    planned: list[int] = []
+    ran: list[int] = []
+
+    def note(now_s: float, done: int, total: int) -> None:
+        store = sim.world.store
+        if done:
+            return
+        planned.append(store.list_batches()["c"].global_batch_size)
+        report = store.latest_report("c")
+        assert report is not None
+        ran.append(json.loads(report.payload_json)["batch"]["global_batch_size"])
+
+    sim = Simulator([spec], Rebatch({"c": (1,)}), SimConfig(num_nodes=1), on_round=note)
+    sim.run()
+    assert planned[:6] == [128, 128, 128, 256, 256, 256]
+    assert ran[:6] == [128, 128, 128, 128, 256, 256]

@@ -214,6 +214,21 @@ class AssignmentTable(StoreBase):
                 out[key] = max(out.get(key, at_s), float(at_s))
         return out
 
+    def placed_at(self, jobs: Iterable[str]) -> dict[str, float]:
+        """When each job's current placement began: per job name, the latest ``from_s`` of
+        its open spans (its latest placement, rescale, move or relaunch: the instant its
+        current launch was asked for). Jobs holding nothing are left out. Reads the open spans
+        of ``jobs`` only (the partial index), never the history."""
+        out: dict[str, float] = {}
+        for chunk, marks in in_chunks(jobs):
+            for job, at_s in self._read(
+                "SELECT job_name, max(from_s) FROM assignment_history "
+                f"WHERE job_name IN ({marks}) AND to_s IS NULL GROUP BY job_name",
+                chunk,
+            ):
+                out[job] = float(at_s)
+        return out
+
     def assignment_rows(
         self, job: str | None = None, instance: str | None = None
     ) -> tuple[AssignmentRow, ...]:
