@@ -1,4 +1,5 @@
-"""``benchmarks/cloud_cost.py --frontier``: every strategy at every knob, and the checks."""
+"""``benchmarks/cloud_cost.py --frontier``: every strategy at every knob of a grid, or its knob
+swept to the ends (``--frontier auto``), and the checks."""
 
 from __future__ import annotations
 
@@ -13,12 +14,53 @@ def test_frontier_refuses_bad_knobs_before_simulating(tmp_path, capsys):
     from benchmarks.cloud_cost import main
 
     out = tmp_path / "f.json"
-    for bad in ("a,b", "", "-0.1", " , ", "nan", ",".join(str(k / 100) for k in range(21))):
+    too_many = ",".join(str(k / 100) for k in range(21))
+    for bad in ("a,b", "", "-0.1", " , ", "nan", too_many, "0.5", "0.2,10.5", "autox"):
         with pytest.raises(SystemExit) as info:
             main(["--experiment", "E3", "--frontier", bad, "--out", str(out)])
         assert info.value.code == 2
     assert "--frontier" in capsys.readouterr().err
+    # The cap on an auto sweep's runs covers the grid at least.
+    for argv in (["--frontier-max-runs", "2"], ["--frontier-max-runs", "0"]):
+        with pytest.raises(SystemExit) as info:
+            main(["--experiment", "E3", "--frontier", "auto", *argv, "--out", str(out)])
+        assert info.value.code == 2
+    assert "--frontier-max-runs" in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_frontier_auto_sweeps_from_the_grid_toward_the_ends(tmp_path, capsys):
+    """A bare --frontier sweeps: one strategy, one workload's first 8 jobs, at most 4 knobs.
+    The grid runs first, then the fast end's first extension (the fast end goes first on a
+    tie); each run prints one line on stderr; the JSON says how each end ended, and the points
+    and statuses written are those the analysis gives for them."""
+    from autoscaler.analysis.frontier import SweepSpec, sweep_ends
+    from benchmarks.cloud_cost import main
+
+    out = tmp_path / "auto.json"
+    argv = ["--experiment", "E3", "--strategies", "coadapt-v100", "--workloads", "1"]
+    argv += ["--max-jobs", "8", "--no-floor", "-j", "1", "--frontier-max-runs", "4"]
+    assert main([*argv, "--out", str(out), "--frontier"]) == 0
+    got = json.loads(out.read_text())
+    points = got["frontier"]["coadapt-v100"]
+    assert [p["knob"] for p in points] == [0.0375, 0.15, 0.5, 0.85]
+    assert got["knobs"] == [0.0375, 0.15, 0.5, 0.85] and got["complete"] is True
+    assert all(p["peak_instances"] >= 1 and p["peak_gpus"] >= 1 for p in points)
+    sweep = got["sweep"]
+    assert sweep["mode"] == "auto" and sweep["spec"]["max_runs"] == 4
+    assert sweep["max_instances"] == 256
+    fleet = sweep["fleets"]["coadapt-v100"]
+    spec = SweepSpec(max_runs=4)
+    expected = {e: s.to_json() for e, s in sweep_ends(points_from_json(points), spec).items()}
+    assert {k: fleet[k] for k in ("fast", "cheap")} == json.loads(json.dumps(expected))
+    assert fleet["runs"] == 4
+    assert fleet["fast"]["knobs"] == [0.0375, 0.15] and fleet["cheap"]["knobs"] == [0.85, 0.5]
+    assert fleet["fast"]["status"] in ("flat", "stopped")
+    err = capsys.readouterr().err
+    assert len([line for line in err.splitlines() if "coadapt-v100" in line]) == 4
+    # No reference fleet beside it: no checks.
+    assert "frontier_checks" not in got
 
 
 @pytest.mark.slow
