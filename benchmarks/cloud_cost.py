@@ -3,7 +3,8 @@
     python benchmarks/cloud_cost.py --experiment E1|E2|E3|E4 [--spot-trace [FAMILY=]FILE]
         [--spot-prices constant|stochastic] [--seed N] [--workloads N]
         [--strategies A,B] [--budget USD_PER_HOUR] [--min-efficiency X] [--optimistic-nodes]
-        [--deadline-factor K] [--frontier [auto|X,Y,...] [--frontier-max-runs N]]
+        [--deadline-factor K] [--frontier [auto|X,Y,...] [--frontier-max-runs N]
+        [--frontier-from FILE]]
         [--no-floor] [--max-jobs N] [-j 2]
         [--limit-jobs N [--limit-markets M,...] [--limit-offerings KEY,...]] --out FILE
 
@@ -68,10 +69,14 @@ from the run's cost ledger: 0 when the limits held).
 flattens at both ends or the knob's range is exhausted (:func:`autoscaler.analysis.frontier.
 next_knob`: from the knobs 0.15, 0.5, 0.85 toward 0 at the fast end and 10 at the cheap end),
 at most ``--frontier-max-runs`` knobs per strategy (default 8), one line on stderr per run.
-Either writes ``{"experiment", "lengths", "knobs", "frontier": {"<strategy>": [{"knob",
-"cost_usd", "mean_jct_s", "p99_jct_s", "preemptions", "peak_instances", "peak_gpus",
-"per_workload"}, ...]}, "sweep": {"mode": "auto"|"grid", "spec", "max_instances", "fleets":
-{"<strategy>": {"runs", "fast", "cheap"}}}, "frontier_checks": ...}``: each strategy's
+``--frontier-from FILE`` takes the points of an earlier ``--frontier`` JSON of the same
+experiment, workloads and settings (``settings``: refused where they differ) as run, and runs
+only the knobs the sweep still asks for (the simulation is deterministic: a knob run again
+gives the same point). Either writes ``{"experiment", "lengths", "knobs", "frontier":
+{"<strategy>": [{"knob", "cost_usd", "mean_jct_s", "p99_jct_s", "preemptions",
+"peak_instances", "peak_gpus", "per_workload"}, ...]}, "sweep": {"mode": "auto"|"grid",
+"spec", "max_instances", "fleets": {"<strategy>": {"runs", "fast", "cheap", "from_file"}}},
+"settings", "complete", "frontier_checks": ...}``: each strategy's
 cost-time points by knob (``peak_instances``/``peak_gpus``: the largest fleet of any of its
 workloads, to set beside the sizing's ``max_instances``), how each end of each sweep ended
 (:func:`~autoscaler.analysis.frontier.sweep_ends`: ``status`` ``flat``, ``range``, ``stopped``
@@ -87,6 +92,7 @@ other fleet's), printed too. ``coadapt cost report FILE --format html`` plots it
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -114,6 +120,7 @@ from autoscaler.analysis.frontier import (
 from autoscaler.decide.policy import make_policy
 from autoscaler.decide.sizing import SizingConfig
 from autoscaler.decide.views import OfferingRef, offering_allowed
+from autoscaler.errors import InvalidInputError
 from autoscaler.sim.config import SimConfig
 from autoscaler.sim.engine import Simulator
 from autoscaler.sim.experiments import (
@@ -329,6 +336,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--limit-markets", type=_names, default=None, metavar="M,...")
     ap.add_argument("--limit-offerings", type=_names, default=None, metavar="KEY,...")
+    ap.add_argument(
+        "--frontier-from",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="--frontier: take the points of an earlier --frontier JSON of the same experiment, "
+        "workloads and settings, and run only the knobs still asked for",
+    )
     ap.add_argument("-j", "--jobs", type=int, default=2)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
@@ -378,8 +393,14 @@ def main(argv: list[str] | None = None) -> int:
         names = tuple(n for n in names if n in wanted)
     if spec is None and knobs:
         spec = _grid_spec(knobs)
+    if args.frontier_from is not None and spec is None:
+        ap.error("--frontier-from goes with --frontier")
     if spec is not None:
-        return _frontier(args, names, workloads, spec, traces or None, auto=not knobs)
+        try:
+            earlier = _earlier_points(args, names, workloads)
+        except (OSError, ValueError, InvalidInputError) as e:
+            ap.error(f"--frontier-from {args.frontier_from}: {e}")
+        return _frontier(args, names, workloads, spec, traces or None, earlier, auto=not knobs)
     tasks = [
         _task(args, s, w, traces or None, args.min_efficiency) for s in names for w in workloads
     ]
@@ -548,6 +569,7 @@ def _frontier(
     workloads: list[str],
     spec: SweepSpec,
     traces: dict[str, str] | None,
+    earlier: dict[str, list[dict]],
     *,
     auto: bool,
 ) -> int:
@@ -556,7 +578,8 @@ def _frontier(
     its next knob and runs those, every workload each, in the pool; the JSON is written after
     each round (``"complete": false`` until the last), so a sweep cut short leaves its points."""
     started = time.perf_counter()
-    points: dict[str, list[dict]] = {s: [] for s in names}
+    points: dict[str, list[dict]] = {s: list(earlier.get(s, ())) for s in names}
+    taken = {s: sorted(p["knob"] for p in pts) for s, pts in points.items()}
     pending = set(names)
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         while pending:
@@ -584,10 +607,10 @@ def _frontier(
             for s, k in asked:
                 points[s].append(_point(k, [r for r in rows if r["strategy"] == s]))
             if asked:
-                out = _frontier_json(args, points, spec, auto=auto, complete=False)
+                out = _frontier_json(args, points, taken, spec, auto=auto, complete=False)
                 out["elapsed_s"] = time.perf_counter() - started
                 write_json_atomic(args.out, out)
-    out = _frontier_json(args, points, spec, auto=auto, complete=True)
+    out = _frontier_json(args, points, taken, spec, auto=auto, complete=True)
     out["elapsed_s"] = time.perf_counter() - started
     write_json_atomic(args.out, out)
     for s, pts in out["frontier"].items():
@@ -612,12 +635,14 @@ def _frontier(
 def _frontier_json(
     args: argparse.Namespace,
     points: dict[str, list[dict]],
+    taken: dict[str, list[float]],
     spec: SweepSpec,
     *,
     auto: bool,
     complete: bool,
 ) -> dict:
-    """``--frontier``'s JSON (module docstring) of the points run so far."""
+    """``--frontier``'s JSON (module docstring) of the points run so far (``taken``: the knobs
+    of each strategy taken from ``--frontier-from``)."""
     frontier = {s: sorted(pts, key=lambda p: p["knob"]) for s, pts in points.items()}
     parsed = {s: points_from_json(p, f"frontier.{s}") for s, p in frontier.items()}
     out: dict = {
@@ -630,15 +655,76 @@ def _frontier_json(
             "spec": spec.to_json(),
             "max_instances": SizingConfig().max_instances,
             "fleets": {
-                s: {"runs": len(pts)}
+                s: {"runs": len(pts), "from_file": taken[s]}
                 | {e: state.to_json() for e, state in sweep_ends(pts, spec).items()}
                 for s, pts in parsed.items()
             },
         },
+        "settings": _settings(args),
         "complete": complete,
     }
     if FRONTIER_REFERENCE in frontier and len(frontier) > 1:
         out["frontier_checks"] = check_frontiers(parsed, FRONTIER_REFERENCE, END_TOLERANCE)
+    return out
+
+
+def _settings(args: argparse.Namespace) -> dict:
+    """What besides the knob decides a frontier point: ``--frontier-from`` refuses a file
+    whose settings differ."""
+    return {
+        "workloads": args.workloads,
+        "max_jobs": args.max_jobs,
+        "budget": args.budget,
+        "optimistic_nodes": args.optimistic_nodes,
+        "spot_prices": args.spot_prices,
+        "seed": args.seed,
+        "spot_trace": sorted(args.spot_trace),
+        "with_floor": not args.no_floor,
+    }
+
+
+def _earlier_points(
+    args: argparse.Namespace, names: tuple[str, ...], workloads: list[str]
+) -> dict[str, list[dict]]:
+    """``--frontier-from``'s points per strategy of ``names`` (none without the flag); raises
+    :class:`~autoscaler.errors.InvalidInputError` (or ``OSError``/``ValueError`` for an
+    unreadable file) where the file is not a frontier of this experiment, workloads and
+    settings."""
+    if args.frontier_from is None:
+        return {}
+    if args.frontier_from.stat().st_size > 50_000_000:
+        raise InvalidInputError("larger than 50 MB", field="frontier_from")
+    data = json.loads(args.frontier_from.read_text())
+    if not isinstance(data, dict) or not isinstance(data.get("frontier"), dict):
+        raise InvalidInputError("not a --frontier JSON (no 'frontier')", field="frontier")
+    if data.get("experiment") != args.experiment:
+        raise InvalidInputError(
+            f"its experiment is {data.get('experiment')!r}, not {args.experiment}",
+            field="experiment",
+        )
+    settings = data.get("settings")
+    if settings is not None and settings != _settings(args):
+        raise InvalidInputError(
+            f"its settings {settings} differ from this run's {_settings(args)}", field="settings"
+        )
+    stems = {Path(w).stem for w in workloads}
+    out: dict[str, list[dict]] = {}
+    for s in names:
+        items = data["frontier"].get(s)
+        if items is None:
+            continue
+        points_from_json(items, f"frontier.{s}")  # each point's figures checked
+        for n, item in enumerate(items):
+            runs = item.get("per_workload")
+            if not isinstance(runs, dict) or set(runs) != stems:
+                raise InvalidInputError(
+                    f"frontier.{s}[{n}] ran other workloads than {sorted(stems)}",
+                    field=f"frontier.{s}[{n}].per_workload",
+                )
+        knobs = [item["knob"] for item in items]
+        if len(set(knobs)) != len(knobs):
+            raise InvalidInputError(f"frontier.{s}: a knob twice", field=f"frontier.{s}")
+        out[s] = [dict(item) for item in items]
     return out
 
 

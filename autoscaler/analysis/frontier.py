@@ -237,7 +237,11 @@ class SweepSpec:
     """How :func:`next_knob` sweeps one fleet's knob (module docstring). ``grid``: the coarse
     knobs run first (ascending, distinct, within ``[knob_min, knob_max]``); ``tolerance``: the
     relative difference below which an end is flat; ``max_runs``: the most knobs run (at least
-    the grid's)."""
+    the grid's). The defaults are ``benchmarks/cloud_cost.py --frontier auto``'s for
+    ``SizingConfig.min_efficiency``, valid in ``[0, inf)``: its lower bound is 0 (buy while a
+    purchase gains anything, up to ``max_instances``, the budget or the offering's capacity);
+    an efficiency is a share of perfect scaling, so a knob far above 1 lets the sizing buy only
+    what starts a waiting job, and 10 stands for the upper end."""
 
     grid: tuple[float, ...] = (0.15, 0.5, 0.85)
     knob_min: float = 0.0

@@ -26,6 +26,27 @@ def test_frontier_refuses_bad_knobs_before_simulating(tmp_path, capsys):
             main(["--experiment", "E3", "--frontier", "auto", *argv, "--out", str(out)])
         assert info.value.code == 2
     assert "--frontier-max-runs" in capsys.readouterr().err
+    # An earlier file of another experiment, other settings or other workloads is refused.
+    earlier = tmp_path / "earlier.json"
+    argv_from = ["--experiment", "E3", "--frontier", "--frontier-from"]
+    point = {"knob": 0.15, "cost_usd": 1.0, "mean_jct_s": 2.0}
+    for payload, said in (
+        ({"experiment": "E2", "frontier": {}}, "experiment"),
+        ({"experiment": "E3", "frontier": {}, "settings": {"seed": 7}}, "settings"),
+        (
+            {"experiment": "E3", "frontier": {"coadapt": [point | {"per_workload": {"x": {}}}]}},
+            "other workloads",
+        ),
+        ({"experiment": "E3"}, "no 'frontier'"),
+    ):
+        earlier.write_text(json.dumps(payload))
+        with pytest.raises(SystemExit) as info:
+            main([*argv_from, str(earlier), "--workloads", "1", "--out", str(out)])
+        assert info.value.code == 2
+        assert said in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--experiment", "E3", "--frontier-from", str(earlier), "--out", str(out)])
+    assert "goes with --frontier" in capsys.readouterr().err
     assert not out.exists()
 
 
@@ -39,9 +60,9 @@ def test_frontier_auto_sweeps_from_the_grid_toward_the_ends(tmp_path, capsys):
     from benchmarks.cloud_cost import main
 
     out = tmp_path / "auto.json"
-    argv = ["--experiment", "E3", "--strategies", "coadapt-v100", "--workloads", "1"]
-    argv += ["--max-jobs", "8", "--no-floor", "-j", "1", "--frontier-max-runs", "4"]
-    assert main([*argv, "--out", str(out), "--frontier"]) == 0
+    base = ["--experiment", "E3", "--strategies", "coadapt-v100", "--workloads", "1"]
+    base += ["--max-jobs", "8", "--no-floor", "-j", "1"]
+    assert main([*base, "--frontier-max-runs", "4", "--out", str(out), "--frontier"]) == 0
     got = json.loads(out.read_text())
     points = got["frontier"]["coadapt-v100"]
     assert [p["knob"] for p in points] == [0.0375, 0.15, 0.5, 0.85]
@@ -61,6 +82,17 @@ def test_frontier_auto_sweeps_from_the_grid_toward_the_ends(tmp_path, capsys):
     assert len([line for line in err.splitlines() if "coadapt-v100" in line]) == 4
     # No reference fleet beside it: no checks.
     assert "frontier_checks" not in got
+    # Taking those points, a cap of 5 runs one knob more: the cheap end's first extension.
+    more = tmp_path / "more.json"
+    argv = [*base, "--frontier-max-runs", "5", "--frontier-from", str(out), "--out", str(more)]
+    assert main([*argv, "--frontier"]) == 0
+    err = capsys.readouterr().err
+    assert [line.split()[2] for line in err.splitlines() if "coadapt-v100" in line][:1] == ["1.7"]
+    assert len([line for line in err.splitlines() if " knob " in line and "$" in line]) == 1
+    again = json.loads(more.read_text())
+    assert [p["knob"] for p in again["frontier"]["coadapt-v100"]] == [0.0375, 0.15, 0.5, 0.85, 1.7]
+    assert again["frontier"]["coadapt-v100"][:4] == points  # taken as they were
+    assert again["sweep"]["fleets"]["coadapt-v100"]["from_file"] == [0.0375, 0.15, 0.5, 0.85]
 
 
 @pytest.mark.slow
