@@ -74,11 +74,12 @@ experiment, workloads and settings (``settings``: refused where they differ) as 
 only the knobs the sweep still asks for (the simulation is deterministic: a knob run again
 gives the same point). Either writes ``{"experiment", "lengths", "knobs", "frontier":
 {"<strategy>": [{"knob", "cost_usd", "mean_jct_s", "p99_jct_s", "preemptions",
-"peak_instances", "peak_gpus", "per_workload"}, ...]}, "sweep": {"mode": "auto"|"grid",
-"spec", "max_instances", "fleets": {"<strategy>": {"runs", "fast", "cheap", "from_file"}}},
-"settings", "complete", "frontier_checks": ...}``: each strategy's
+"peak_instances", "peak_gpus", "at_max_instances", "per_workload"}, ...]}, "sweep":
+{"mode": "auto"|"grid", "spec", "max_instances", "fleets": {"<strategy>": {"runs", "fast",
+"cheap", "from_file"}}}, "settings", "complete", "frontier_checks": ...}``: each strategy's
 cost-time points by knob (``peak_instances``/``peak_gpus``: the largest fleet of any of its
-workloads, to set beside the sizing's ``max_instances``), how each end of each sweep ended
+workloads; ``at_max_instances``: it reached the sizing's ``max_instances``, which then bounded
+the fleet rather than the knob), how each end of each sweep ended
 (:func:`~autoscaler.analysis.frontier.sweep_ends`: ``status`` ``flat``, ``range``, ``stopped``
 or ``open``, the two outermost knobs and their relative difference in the end's axis), and,
 when ``coadapt`` ran beside another strategy,
@@ -643,7 +644,12 @@ def _frontier_json(
 ) -> dict:
     """``--frontier``'s JSON (module docstring) of the points run so far (``taken``: the knobs
     of each strategy taken from ``--frontier-from``)."""
-    frontier = {s: sorted(pts, key=lambda p: p["knob"]) for s, pts in points.items()}
+    cap = SizingConfig().max_instances
+    frontier = {
+        s: [p | {"at_max_instances": p["peak_instances"] >= cap} for p in pts]
+        for s, pts in points.items()
+    }
+    frontier = {s: sorted(pts, key=lambda p: p["knob"]) for s, pts in frontier.items()}
     parsed = {s: points_from_json(p, f"frontier.{s}") for s, p in frontier.items()}
     out: dict = {
         "experiment": args.experiment,
@@ -653,7 +659,7 @@ def _frontier_json(
         "sweep": {
             "mode": "auto" if auto else "grid",
             "spec": spec.to_json(),
-            "max_instances": SizingConfig().max_instances,
+            "max_instances": cap,
             "fleets": {
                 s: {"runs": len(pts), "from_file": taken[s]}
                 | {e: state.to_json() for e, state in sweep_ends(pts, spec).items()}

@@ -68,6 +68,7 @@ def test_frontier_auto_sweeps_from_the_grid_toward_the_ends(tmp_path, capsys):
     assert [p["knob"] for p in points] == [0.0375, 0.15, 0.5, 0.85]
     assert got["knobs"] == [0.0375, 0.15, 0.5, 0.85] and got["complete"] is True
     assert all(p["peak_instances"] >= 1 and p["peak_gpus"] >= 1 for p in points)
+    assert not any(p["at_max_instances"] for p in points)  # 8 jobs: far below 256 instances
     sweep = got["sweep"]
     assert sweep["mode"] == "auto" and sweep["spec"]["max_runs"] == 4
     assert sweep["max_instances"] == 256
