@@ -55,6 +55,7 @@ __all__ = [
     "SweepSpec",
     "check_frontiers",
     "cost_at",
+    "dominated",
     "next_knob",
     "pareto",
     "points_from_json",
@@ -120,6 +121,18 @@ def pareto(points: Sequence[FrontierPoint]) -> list[FrontierPoint]:
             continue  # as slow or slower, and no cheaper than a kept point
         out.append(p)
     return out
+
+
+def dominated(points: Sequence[FrontierPoint]) -> list[FrontierPoint]:
+    """The points another point dominates (cost and mean JCT no higher, one of them lower), by
+    mean JCT then knob; a point equal to another is not dominated by it."""
+
+    def beats(q: FrontierPoint, p: FrontierPoint) -> bool:
+        no_worse = q.cost_usd <= p.cost_usd and q.mean_jct_s <= p.mean_jct_s
+        return no_worse and (q.cost_usd < p.cost_usd or q.mean_jct_s < p.mean_jct_s)
+
+    out = [p for p in points if any(beats(q, p) for q in points)]
+    return sorted(out, key=lambda p: (p.mean_jct_s, p.knob))
 
 
 def cost_at(points: Sequence[FrontierPoint], mean_jct_s: float) -> float | None:

@@ -13,6 +13,7 @@ from autoscaler.analysis.frontier import (
     SweepSpec,
     check_frontiers,
     cost_at,
+    dominated,
     next_knob,
     pareto,
     points_from_json,
@@ -32,6 +33,14 @@ def test_pareto_drops_dominated_points_and_sorts_by_jct() -> None:
     assert [p.knob for p in pareto(pts)] == [0.15, 0.5, 0.85]
     # Equal JCT: only the cheaper stays; equal points: the first.
     assert [p.knob for p in pareto([P(1, 10, 5), P(2, 9, 5), P(3, 9, 5)])] == [2]
+
+
+def test_dominated_are_the_points_another_beats_not_their_twins() -> None:
+    pts = [P(0.85, 100, 900), P(0.15, 300, 400), P(0.5, 200, 600), P(0.7, 250, 800)]
+    assert dominated(pts) == [P(0.7, 250, 800)]
+    # Equal cost and slower: dominated; a twin (the same cost and JCT at another knob): not.
+    assert dominated([P(1, 10, 5), P(2, 10, 6), P(3, 10, 5)]) == [P(2, 10, 6)]
+    assert dominated([P(1.7, 379, 1791), P(3.4, 379, 1791)]) == []
 
 
 def test_cost_at_is_linear_between_points_and_none_outside() -> None:

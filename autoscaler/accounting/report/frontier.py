@@ -4,7 +4,7 @@ html`` on the JSON of ``benchmarks/cloud_cost.py --frontier``).
 The page holds one plot, cost (USD) against mean JCT (s), one line per fleet through all its
 points by mean JCT (its full curve; each marker labelled with its knob, ``min_efficiency``; the
 JCT axis logarithmic when the points span more than :data:`LOG_X_ABOVE` times), the points
-another point of the same fleet dominates (:func:`autoscaler.analysis.frontier.pareto`) drawn
+another point of the same fleet dominates (:func:`autoscaler.analysis.frontier.dominated`) drawn
 hollow, and, where the input carries it, each fleet's floor ``floor_at_jct_usd`` (what the
 cheapest fleet could pay at that mean JCT) as a dotted line of the same colour; then a table of
 the points (each marked on the frontier or dominated), where the input has it how each fleet's
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from autoscaler.accounting.report.html import html_page
-from autoscaler.analysis.frontier import FrontierPoint, pareto, points_from_json
+from autoscaler.analysis.frontier import FrontierPoint, dominated, points_from_json
 from autoscaler.errors import InvalidInputError
 from coadapt_common.atomic import write_text_atomic
 
@@ -62,12 +62,9 @@ class Frontiers:
     sweep: Mapping[str, Any] | None = None
 
     def dominated(self, fleet: str) -> list[FrontierPoint]:
-        """``fleet``'s points another of its points dominates, by mean JCT."""
-        front = {id(p) for p in pareto(self.points[fleet])}
-        return sorted(
-            (p for p in self.points[fleet] if id(p) not in front),
-            key=lambda p: (p.mean_jct_s, p.knob),
-        )
+        """``fleet``'s points another of its points dominates
+        (:func:`autoscaler.analysis.frontier.dominated`), by mean JCT."""
+        return dominated(self.points[fleet])
 
 
 def is_frontier_payload(payload: object) -> bool:
