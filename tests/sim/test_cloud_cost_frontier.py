@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from autoscaler.analysis.frontier import check_frontiers, points_from_json
+from autoscaler.analysis.frontier import END_TOLERANCE, check_frontiers, points_from_json
 
 
 def test_frontier_refuses_bad_knobs_before_simulating(tmp_path, capsys):
@@ -109,7 +109,11 @@ def test_frontier_runs_each_strategy_at_each_knob_and_checks_them(tmp_path, caps
     argv += ["--no-floor"]  # the floors have their own tests (tests/sim/test_floor_run.py)
     assert main([*argv, "--frontier", "0.7,0.15", "-j", "2", "--out", str(out)]) == 0
     got = json.loads(out.read_text())
-    assert got["knobs"] == [0.15, 0.7]
+    assert got["knobs"] == [0.15, 0.7] and got["complete"] is True
+    # An explicit grid: its knobs and no more, each end said (here neither flat nor bounded).
+    assert got["sweep"]["mode"] == "grid" and got["sweep"]["spec"]["grid"] == [0.15, 0.7]
+    for fleet in got["sweep"]["fleets"].values():
+        assert fleet["runs"] == 2 and fleet["fast"]["knobs"] == [0.15, 0.7]
     assert set(got["frontier"]) == {"coadapt", "coadapt-v100"}
     for points in got["frontier"].values():
         assert [p["knob"] for p in points] == [0.15, 0.7]
@@ -121,7 +125,7 @@ def test_frontier_runs_each_strategy_at_each_knob_and_checks_them(tmp_path, caps
         v100[1]["mean_jct_s"],
     )
     parsed = {s: points_from_json(p) for s, p in got["frontier"].items()}
-    expected = check_frontiers(parsed, "coadapt")
+    expected = check_frontiers(parsed, "coadapt", END_TOLERANCE)
     assert got["frontier_checks"] == json.loads(json.dumps(expected))
     printed = capsys.readouterr().out
     assert "frontier checks, coadapt" in printed and "vs coadapt-v100" in printed
