@@ -3,7 +3,9 @@
     python benchmarks/cloud_cost.py --experiment E1|E2|E3|E4 [--spot-trace [FAMILY=]FILE]
         [--spot-prices constant|stochastic] [--seed N] [--workloads N]
         [--strategies A,B] [--budget USD_PER_HOUR] [--min-efficiency X] [--optimistic-nodes]
-        [--deadline-factor K] [--frontier [X,Y,...]] [--no-floor] [--max-jobs N] [-j 2]
+        [--deadline-factor K] [--frontier [auto|X,Y,...] [--frontier-max-runs N]
+        [--frontier-from FILE]]
+        [--no-floor] [--max-jobs N] [-j 2]
         [--limit-jobs N [--limit-markets M,...] [--limit-offerings KEY,...]] --out FILE
 
 ``--spot-trace g4dn=FILE`` replaces one family's availability trace (``g4dn`` or ``p3``; either
@@ -62,19 +64,36 @@ names, ``workload/job``), ``limited_gpu_s`` (the GPU-seconds they held) and
 ``limited_outside_gpu_s`` (the GPU-seconds they held on instances their limits exclude, read
 from the run's cost ledger: 0 when the limits held).
 
-``--frontier [X,Y,...]`` (default knobs 0.15,0.3,0.5,0.7,0.85) runs every chosen strategy at
-every ``--min-efficiency`` knob instead, and writes ``{"experiment", "lengths", "knobs",
-"frontier": {"<strategy>": [{"knob", "cost_usd", "mean_jct_s", "p99_jct_s", "preemptions",
-"per_workload"}, ...]}, "frontier_checks": ...}``: each strategy's cost-time points, and, when
-``coadapt`` ran beside another strategy, :func:`autoscaler.analysis.frontier.check_frontiers` of
-``coadapt`` against the others (E3's acceptance on frontiers: at every other fleet's point
-within coadapt's mean-JCT range coadapt's frontier costs less; it reaches a lower mean JCT; its
-cheapest point is no dearer), printed too. ``coadapt cost report FILE --format html`` plots it.
+``--frontier X,Y,...`` runs every chosen strategy at every ``--min-efficiency`` knob instead;
+``--frontier auto`` (or a bare ``--frontier``) sweeps each strategy's knob until its frontier
+flattens at both ends or the knob's range is exhausted (:func:`autoscaler.analysis.frontier.
+next_knob`: from the knobs 0.15, 0.5, 0.85 toward 0 at the fast end and 10 at the cheap end),
+at most ``--frontier-max-runs`` knobs per strategy (default 8), one line on stderr per run.
+``--frontier-from FILE`` takes the points of an earlier ``--frontier`` JSON of the same
+experiment, workloads and settings (``settings``: refused where they differ) as run, and runs
+only the knobs the sweep still asks for (the simulation is deterministic: a knob run again
+gives the same point). Either writes ``{"experiment", "lengths", "knobs", "frontier":
+{"<strategy>": [{"knob", "cost_usd", "mean_jct_s", "p99_jct_s", "preemptions",
+"peak_instances", "peak_gpus", "at_max_instances", "per_workload"}, ...]}, "sweep":
+{"mode": "auto"|"grid", "spec", "max_instances", "fleets": {"<strategy>": {"runs", "fast",
+"cheap", "from_file"}}}, "settings", "complete", "frontier_checks": ...}``: each strategy's
+cost-time points by knob (``peak_instances``/``peak_gpus``: the largest fleet of any of its
+workloads; ``at_max_instances``: it reached the sizing's ``max_instances``, which then bounded
+the fleet rather than the knob), how each end of each sweep ended
+(:func:`~autoscaler.analysis.frontier.sweep_ends`: ``status`` ``flat``, ``range``, ``stopped``
+or ``open``, the two outermost knobs and their relative difference in the end's axis), and,
+when ``coadapt`` ran beside another strategy,
+:func:`~autoscaler.analysis.frontier.check_frontiers` of ``coadapt`` against the others with
+the ends within :data:`~autoscaler.analysis.frontier.END_TOLERANCE` (E3's acceptance on
+frontiers: at every other fleet's point within coadapt's mean-JCT range coadapt's frontier
+costs less; its fastest point's mean JCT and its cheapest point's cost within 2% of each
+other fleet's), printed too. ``coadapt cost report FILE --format html`` plots it.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -91,10 +110,18 @@ import numpy as np
 from autoscaler.accounting.churn import sum_churn_json
 from autoscaler.accounting.costs import CostRecord, job_costs, summarize
 from autoscaler.analysis.floor import cost_floor
-from autoscaler.analysis.frontier import check_frontiers, points_from_json
+from autoscaler.analysis.frontier import (
+    END_TOLERANCE,
+    SweepSpec,
+    check_frontiers,
+    next_knob,
+    points_from_json,
+    sweep_ends,
+)
 from autoscaler.decide.policy import make_policy
 from autoscaler.decide.sizing import SizingConfig
 from autoscaler.decide.views import OfferingRef, offering_allowed
+from autoscaler.errors import InvalidInputError
 from autoscaler.sim.config import SimConfig
 from autoscaler.sim.engine import Simulator
 from autoscaler.sim.experiments import (
@@ -188,6 +215,8 @@ def _one(task: _Run) -> dict:
         "cost_usd": totals.total_usd,
         "instance_hours": totals.instance_hours,
         "idle_usd": totals.idle_usd,
+        "peak_instances": totals.peak_instances,
+        "peak_gpus": totals.peak_gpus,
         "per_application": per_app,
         "mean_jct_s": float(result.jcts_s.mean()),
         "jcts_s": [float(x) for x in result.jcts_s],
@@ -284,11 +313,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--frontier",
         nargs="?",
-        const=FRONTIER_KNOBS,
+        const="auto",
         default=None,
-        metavar="X,Y,...",
-        help=f"run every strategy at each --min-efficiency knob (default {FRONTIER_KNOBS}) "
-        "and write each one's (cost, mean JCT) frontier",
+        metavar="auto|X,Y,...",
+        help="run every strategy at each --min-efficiency knob, or (auto, the default) sweep "
+        "each one's knob until its frontier flattens at both ends, and write each one's "
+        "(cost, mean JCT) frontier",
+    )
+    ap.add_argument(
+        "--frontier-max-runs",
+        type=positive_int,
+        default=SweepSpec().max_runs,
+        metavar="N",
+        help="--frontier auto: at most N knobs per strategy (each runs every workload)",
     )
     ap.add_argument(
         "--limit-jobs",
@@ -300,19 +337,35 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--limit-markets", type=_names, default=None, metavar="M,...")
     ap.add_argument("--limit-offerings", type=_names, default=None, metavar="KEY,...")
+    ap.add_argument(
+        "--frontier-from",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="--frontier: take the points of an earlier --frontier JSON of the same experiment, "
+        "workloads and settings, and run only the knobs still asked for",
+    )
     ap.add_argument("-j", "--jobs", type=int, default=2)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     if args.limit_jobs and args.limit_markets is None and args.limit_offerings is None:
         ap.error("--limit-jobs wants --limit-markets or --limit-offerings")
     knobs: list[float] = []
-    if args.frontier is not None:
+    spec: SweepSpec | None = None
+    if args.frontier is not None and args.frontier.strip() == "auto":
+        if args.frontier_max_runs < len(SweepSpec().grid):
+            ap.error(f"--frontier-max-runs wants at least {len(SweepSpec().grid)} (the grid)")
+        spec = SweepSpec(max_runs=args.frontier_max_runs)
+    elif args.frontier is not None:
         try:
             knobs = sorted({float(x) for x in args.frontier.split(",") if x.strip()})
         except ValueError:
             ap.error(f"--frontier wants comma-separated numbers, got {args.frontier!r}")
-        if not knobs or len(knobs) > 20 or not all(0 <= k < 10 for k in knobs):
-            ap.error(f"--frontier wants 1 to 20 knobs in [0, 10), got {args.frontier!r}")
+        if not 2 <= len(knobs) <= 20 or not all(0 <= k <= SweepSpec().knob_max for k in knobs):
+            ap.error(
+                f"--frontier wants auto or 2 to 20 knobs in [0, {SweepSpec().knob_max:g}], "
+                f"got {args.frontier!r}"
+            )
     traces: dict[str, str] = {}
     for item in args.spot_trace:
         family, sep, path = item.partition("=")
@@ -339,8 +392,16 @@ def main(argv: list[str] | None = None) -> int:
                 f"--strategies: {args.experiment} has {', '.join(names)}; got {args.strategies!r}"
             )
         names = tuple(n for n in names if n in wanted)
-    if knobs:
-        return _frontier(args, names, workloads, knobs, traces or None)
+    if spec is None and knobs:
+        spec = _grid_spec(knobs)
+    if args.frontier_from is not None and spec is None:
+        ap.error("--frontier-from goes with --frontier")
+    if spec is not None:
+        try:
+            earlier = _earlier_points(args, names, workloads)
+        except (OSError, ValueError, InvalidInputError) as e:
+            ap.error(f"--frontier-from {args.frontier_from}: {e}")
+        return _frontier(args, names, workloads, spec, traces or None, earlier, auto=not knobs)
     tasks = [
         _task(args, s, w, traces or None, args.min_efficiency) for s in names for w in workloads
     ]
@@ -493,77 +554,216 @@ def _over(cost_usd: float, floor_usd: float) -> float | None:
     return cost_usd / floor_usd if floor_usd > 0 else None
 
 
-#: The knobs ``--frontier`` runs without a list.
-FRONTIER_KNOBS = "0.15,0.3,0.5,0.7,0.85"
 #: The fleet whose frontier the others' are checked against.
 FRONTIER_REFERENCE = "coadapt"
+
+
+def _grid_spec(knobs: list[float]) -> SweepSpec:
+    """An explicit ``--frontier X,Y,...`` (2 or more knobs, ascending): those knobs and no
+    more; an end they leave unsettled is ``stopped``."""
+    return SweepSpec(grid=tuple(knobs), max_runs=len(knobs))
 
 
 def _frontier(
     args: argparse.Namespace,
     names: tuple[str, ...],
     workloads: list[str],
-    knobs: list[float],
+    spec: SweepSpec,
     traces: dict[str, str] | None,
+    earlier: dict[str, list[dict]],
+    *,
+    auto: bool,
 ) -> int:
-    """``--frontier``: every strategy at every knob (see the module docstring)."""
-    tasks = [_task(args, s, w, traces, k) for s in names for k in knobs for w in workloads]
+    """``--frontier``: every strategy at the knobs :func:`next_knob` names for it (every knob
+    of an explicit grid; see the module docstring). Each round asks every strategy not done for
+    its next knob and runs those, every workload each, in the pool; the JSON is written after
+    each round (``"complete": false`` until the last), so a sweep cut short leaves its points."""
     started = time.perf_counter()
-    rows = []
+    points: dict[str, list[dict]] = {s: list(earlier.get(s, ())) for s in names}
+    taken = {s: sorted(p["knob"] for p in pts) for s, pts in points.items()}
+    pending = set(names)
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        for task, row in zip(tasks, pool.map(_one, tasks), strict=True):
-            row["knob"] = task.min_efficiency
-            rows.append(row)
-            print(
-                f"  {row['strategy']:16s} knob {row['knob']:5.2f} {row['workload']:12s} "
-                f"${row['cost_usd']:10.2f} mean JCT {row['mean_jct_s']:8.0f} s  "
-                f"({row['wall_s']:.0f} s)",
-                file=sys.stderr,
-                flush=True,
-            )
-    frontier: dict[str, list[dict]] = {}
-    for s in names:
-        points = []
-        for k in knobs:
-            mine = [r for r in rows if r["strategy"] == s and r["knob"] == k]
-            point = {
-                "knob": k,
-                "cost_usd": round(sum(r["cost_usd"] for r in mine), 2),
-                "mean_jct_s": float(np.mean([r["mean_jct_s"] for r in mine])),
-                "p99_jct_s": float(np.percentile([j for r in mine for j in r["jcts_s"]], 99)),
-                "preemptions": sum(r["preemptions"] for r in mine),
-                "per_workload": {
-                    r["workload"]: {"cost_usd": r["cost_usd"], "mean_jct_s": r["mean_jct_s"]}
-                    for r in mine
-                },
-            }
-            # Floors, where the run computes them (USD summed over workloads as cost is).
-            for key in sorted({key for r in mine for key in r if key.startswith("floor")}):
-                values = [r.get(key) for r in mine]
-                if all(isinstance(v, int | float) for v in values):
-                    point[key] = float(sum(values))  # type: ignore[arg-type]
-            points.append(point)
-        frontier[s] = points
-    out: dict = {
-        "experiment": args.experiment,
-        "lengths": SimConfig().lengths,
-        "knobs": knobs,
-        "frontier": frontier,
-    }
-    if FRONTIER_REFERENCE in frontier and len(frontier) > 1:
-        parsed = {s: points_from_json(p, f"frontier.{s}") for s, p in frontier.items()}
-        out["frontier_checks"] = check_frontiers(parsed, FRONTIER_REFERENCE)
+        while pending:
+            asked: list[tuple[str, float]] = []
+            for s in names:
+                if s not in pending:
+                    continue
+                knob = next_knob(points_from_json(points[s]) if points[s] else [], spec)
+                if knob is None:
+                    pending.discard(s)
+                else:
+                    asked.append((s, knob))
+            tasks = [_task(args, s, w, traces, k) for s, k in asked for w in workloads]
+            rows = []
+            for task, row in zip(tasks, pool.map(_one, tasks), strict=True):
+                row["knob"] = task.min_efficiency
+                rows.append(row)
+                print(
+                    f"  {row['strategy']:16s} knob {row['knob']:6.4g} {row['workload']:12s} "
+                    f"${row['cost_usd']:10.2f} mean JCT {row['mean_jct_s']:8.0f} s  "
+                    f"peak {row['peak_instances']:4d} instances  ({row['wall_s']:.0f} s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            for s, k in asked:
+                points[s].append(_point(k, [r for r in rows if r["strategy"] == s]))
+            if asked:
+                out = _frontier_json(args, points, taken, spec, auto=auto, complete=False)
+                out["elapsed_s"] = time.perf_counter() - started
+                write_json_atomic(args.out, out)
+    out = _frontier_json(args, points, taken, spec, auto=auto, complete=True)
     out["elapsed_s"] = time.perf_counter() - started
     write_json_atomic(args.out, out)
-    for s, points in frontier.items():
-        for p in points:
+    for s, pts in out["frontier"].items():
+        for p in pts:
             print(
-                f"{s:16s} knob {p['knob']:5.2f}  cost ${p['cost_usd']:10.2f}  "
-                f"mean JCT {p['mean_jct_s']:8.0f} s"
+                f"{s:16s} knob {p['knob']:6.4g}  cost ${p['cost_usd']:10.2f}  "
+                f"mean JCT {p['mean_jct_s']:8.0f} s  peak {p['peak_instances']} instances"
             )
+        ends = out["sweep"]["fleets"][s]
+        print(
+            f"{s:16s} ends: "
+            + "; ".join(
+                f"{e} {ends[e]['status']} ({_change(ends[e]['change'])} in {ends[e]['axis']})"
+                for e in ("fast", "cheap")
+            )
+        )
     if "frontier_checks" in out:
         _print_checks(out["frontier_checks"])
     return 0
+
+
+def _frontier_json(
+    args: argparse.Namespace,
+    points: dict[str, list[dict]],
+    taken: dict[str, list[float]],
+    spec: SweepSpec,
+    *,
+    auto: bool,
+    complete: bool,
+) -> dict:
+    """``--frontier``'s JSON (module docstring) of the points run so far (``taken``: the knobs
+    of each strategy taken from ``--frontier-from``)."""
+    cap = SizingConfig().max_instances
+    frontier = {
+        s: [p | {"at_max_instances": p["peak_instances"] >= cap} for p in pts]
+        for s, pts in points.items()
+    }
+    frontier = {s: sorted(pts, key=lambda p: p["knob"]) for s, pts in frontier.items()}
+    parsed = {s: points_from_json(p, f"frontier.{s}") for s, p in frontier.items()}
+    out: dict = {
+        "experiment": args.experiment,
+        "lengths": SimConfig().lengths,
+        "knobs": sorted({p["knob"] for pts in frontier.values() for p in pts}),
+        "frontier": frontier,
+        "sweep": {
+            "mode": "auto" if auto else "grid",
+            "spec": spec.to_json(),
+            "max_instances": cap,
+            "fleets": {
+                s: {"runs": len(pts), "from_file": taken[s]}
+                | {e: state.to_json() for e, state in sweep_ends(pts, spec).items()}
+                for s, pts in parsed.items()
+            },
+        },
+        "settings": _settings(args),
+        "complete": complete,
+    }
+    if FRONTIER_REFERENCE in frontier and len(frontier) > 1:
+        out["frontier_checks"] = check_frontiers(parsed, FRONTIER_REFERENCE, END_TOLERANCE)
+    return out
+
+
+def _settings(args: argparse.Namespace) -> dict:
+    """What besides the knob decides a frontier point: ``--frontier-from`` refuses a file
+    whose settings differ."""
+    return {
+        "workloads": args.workloads,
+        "max_jobs": args.max_jobs,
+        "budget": args.budget,
+        "optimistic_nodes": args.optimistic_nodes,
+        "spot_prices": args.spot_prices,
+        "seed": args.seed,
+        "spot_trace": sorted(args.spot_trace),
+        "with_floor": not args.no_floor,
+    }
+
+
+def _earlier_points(
+    args: argparse.Namespace, names: tuple[str, ...], workloads: list[str]
+) -> dict[str, list[dict]]:
+    """``--frontier-from``'s points per strategy of ``names`` (none without the flag); raises
+    :class:`~autoscaler.errors.InvalidInputError` (or ``OSError``/``ValueError`` for an
+    unreadable file) where the file is not a frontier of this experiment, workloads and
+    settings."""
+    if args.frontier_from is None:
+        return {}
+    if args.frontier_from.stat().st_size > 50_000_000:
+        raise InvalidInputError("larger than 50 MB", field="frontier_from")
+    data = json.loads(args.frontier_from.read_text())
+    if not isinstance(data, dict) or not isinstance(data.get("frontier"), dict):
+        raise InvalidInputError("not a --frontier JSON (no 'frontier')", field="frontier")
+    if data.get("experiment") != args.experiment:
+        raise InvalidInputError(
+            f"its experiment is {data.get('experiment')!r}, not {args.experiment}",
+            field="experiment",
+        )
+    settings = data.get("settings")
+    if settings is not None and settings != _settings(args):
+        raise InvalidInputError(
+            f"its settings {settings} differ from this run's {_settings(args)}", field="settings"
+        )
+    stems = {Path(w).stem for w in workloads}
+    out: dict[str, list[dict]] = {}
+    for s in names:
+        items = data["frontier"].get(s)
+        if items is None:
+            continue
+        points_from_json(items, f"frontier.{s}")  # each point's figures checked
+        for n, item in enumerate(items):
+            runs = item.get("per_workload")
+            if not isinstance(runs, dict) or set(runs) != stems:
+                raise InvalidInputError(
+                    f"frontier.{s}[{n}] ran other workloads than {sorted(stems)}",
+                    field=f"frontier.{s}[{n}].per_workload",
+                )
+        knobs = [item["knob"] for item in items]
+        if len(set(knobs)) != len(knobs):
+            raise InvalidInputError(f"frontier.{s}: a knob twice", field=f"frontier.{s}")
+        out[s] = [dict(item) for item in items]
+    return out
+
+
+def _change(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.2f}%"
+
+
+def _point(knob: float, mine: list[dict]) -> dict:
+    """One knob's point of one strategy from its workloads' rows: cost summed, mean JCT the
+    mean of the workloads' (as without ``--frontier``), the largest fleet of any."""
+    point = {
+        "knob": knob,
+        "cost_usd": round(sum(r["cost_usd"] for r in mine), 2),
+        "mean_jct_s": float(np.mean([r["mean_jct_s"] for r in mine])),
+        "p99_jct_s": float(np.percentile([j for r in mine for j in r["jcts_s"]], 99)),
+        "preemptions": sum(r["preemptions"] for r in mine),
+        "peak_instances": max(r["peak_instances"] for r in mine),
+        "peak_gpus": max(r["peak_gpus"] for r in mine),
+        "per_workload": {
+            r["workload"]: {
+                "cost_usd": r["cost_usd"],
+                "mean_jct_s": r["mean_jct_s"],
+                "peak_instances": r["peak_instances"],
+            }
+            for r in mine
+        },
+    }
+    # Floors, where the run computes them (USD summed over workloads as cost is).
+    for key in sorted({key for r in mine for key in r if key.startswith("floor")}):
+        values = [r.get(key) for r in mine]
+        if all(isinstance(v, int | float) for v in values):
+            point[key] = float(sum(values))  # type: ignore[arg-type]
+    return point
 
 
 def _print_checks(checks: dict) -> None:

@@ -1,15 +1,19 @@
 """Cost-time frontiers as one self-contained HTML page (``coadapt cost report FILE --format
 html`` on the JSON of ``benchmarks/cloud_cost.py --frontier``).
 
-The page holds one plot, cost (USD) against mean JCT (s), one line per fleet through its points
-(each marker labelled with its knob, ``min_efficiency``; the JCT axis logarithmic when the
-points span more than :data:`LOG_X_ABOVE` times), and, where the input carries it, each
-fleet's floor ``floor_at_jct_usd`` (what the cheapest fleet could pay at that mean JCT) as a
-dotted line of the same colour; then a table of the points and, where the input has them, the
-frontier checks (:func:`autoscaler.analysis.frontier.check_frontiers`). The plot is inline SVG drawn
-by matplotlib with its text as ``<text>`` (so a browser and a test can read the title, the axes
-and the legend) and each fleet's line in a group ``id="frontier-<fleet>"`` (floors:
-``id="floor-<fleet>"``). No script, no link, nothing from the network.
+The page holds one plot, cost (USD) against mean JCT (s), one line per fleet through all its
+points by mean JCT (its full curve; each marker labelled with its knob, ``min_efficiency``; the
+JCT axis logarithmic when the points span more than :data:`LOG_X_ABOVE` times), the points
+another point of the same fleet dominates (:func:`autoscaler.analysis.frontier.dominated`) drawn
+hollow, and, where the input carries it, each fleet's floor ``floor_at_jct_usd`` (what the
+cheapest fleet could pay at that mean JCT) as a dotted line of the same colour; then a table of
+the points (each marked on the frontier or dominated), where the input has it how each fleet's
+knob sweep ended at each end (``sweep.fleets``: flat, on the knob's range, stopped), and the
+frontier checks (:func:`autoscaler.analysis.frontier.check_frontiers`). The plot is inline SVG
+drawn by matplotlib with its text as ``<text>`` (so a browser and a test can read the title,
+the axes and the legend), each fleet's line in a group ``id="frontier-<fleet>"``, its hollow
+markers in ``id="dominated-<fleet>"`` (only where it has a dominated point) and its floor in
+``id="floor-<fleet>"``. No script, no link, nothing from the network.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from autoscaler.accounting.report.html import html_page
-from autoscaler.analysis.frontier import FrontierPoint, points_from_json
+from autoscaler.analysis.frontier import FrontierPoint, dominated, points_from_json
 from autoscaler.errors import InvalidInputError
 from coadapt_common.atomic import write_text_atomic
 
@@ -48,12 +52,19 @@ fastest."""
 @dataclass(frozen=True)
 class Frontiers:
     """Parsed frontier JSON: per fleet its points (in the file's order), per fleet its floor as
-    (mean JCT s, USD) pairs (empty when the input has none), and the checks as written."""
+    (mean JCT s, USD) pairs (empty when the input has none), the checks as written, and the
+    sweep's ends per fleet as written (``sweep.fleets``; ``None`` without one)."""
 
     points: Mapping[str, Sequence[FrontierPoint]]
     floors: Mapping[str, Sequence[tuple[float, float]]]
     checks: Mapping[str, Any] | None
     experiment: str | None
+    sweep: Mapping[str, Any] | None = None
+
+    def dominated(self, fleet: str) -> list[FrontierPoint]:
+        """``fleet``'s points another of its points dominates
+        (:func:`autoscaler.analysis.frontier.dominated`), by mean JCT."""
+        return dominated(self.points[fleet])
 
 
 def is_frontier_payload(payload: object) -> bool:
@@ -102,16 +113,19 @@ def frontiers_from_json(payload: object) -> Frontiers:
         floors[name] = sorted(floor)
     checks = payload.get("frontier_checks")
     experiment = payload.get("experiment")
+    sweep = payload.get("sweep")
+    fleets = sweep.get("fleets") if isinstance(sweep, Mapping) else None
     return Frontiers(
         points,
         floors,
         checks if isinstance(checks, Mapping) else None,
         experiment if isinstance(experiment, str) else None,
+        fleets if isinstance(fleets, Mapping) else None,
     )
 
 
 def series_id(kind: str, fleet: str) -> str:
-    """The SVG id of a fleet's line (``kind`` ``frontier`` or ``floor``)."""
+    """The SVG id of a fleet's line (``kind`` ``frontier``, ``dominated`` or ``floor``)."""
     return f"{kind}-" + (re.sub(r"[^A-Za-z0-9_-]+", "-", fleet).strip("-") or "fleet")
 
 
@@ -137,6 +151,20 @@ def plot_frontiers_svg(frontiers: Frontiers) -> str:
                 label=name,
             )
             line.set_gid(series_id("frontier", name))
+            dominated = frontiers.dominated(name)
+            if dominated:  # hollow over the filled markers: another point beats each
+                (hollow,) = ax.plot(
+                    [p.mean_jct_s for p in dominated],
+                    [p.cost_usd for p in dominated],
+                    linestyle="none",
+                    marker="o",
+                    markersize=7,
+                    markerfacecolor="white",
+                    markeredgecolor=color,
+                    markeredgewidth=1.5,
+                    label=f"{name} dominated",
+                )
+                hollow.set_gid(series_id("dominated", name))
             for p in ordered:
                 ax.annotate(
                     f"{p.knob:g}",
@@ -163,7 +191,9 @@ def plot_frontiers_svg(frontiers: Frontiers) -> str:
             ax.set_xscale("log")
         ax.set_xlabel("mean JCT (s, log scale)" if wide else "mean JCT (s)")
         ax.set_ylabel("cost (USD)")
-        ax.set_title("Cost against mean JCT, one line per fleet (labels: min_efficiency)")
+        ax.set_title(
+            "Cost against mean JCT, one line per fleet (labels: min_efficiency; hollow: dominated)"
+        )
         if not wide:
             ax.set_xlim(left=0.0)
         ax.set_ylim(bottom=0.0)
@@ -187,21 +217,73 @@ caption { text-align: left; font-weight: 600; padding: 0.3rem 0; }
 th, td { border: 1px solid #ddd; padding: 0.2rem 0.5rem; }
 th { background: #f4f4f4; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .fail { color: #a00; font-weight: 600; }
+td.dominated { color: #777; font-style: italic; }
 """
 
 
 def _points_table(frontiers: Frontiers) -> str:
     rows = []
     for name, pts in frontiers.points.items():
+        dominated = {id(p) for p in frontiers.dominated(name)}
         for p in sorted(pts, key=lambda p: p.knob):
+            where = (
+                '<td class="dominated">dominated</td>'
+                if id(p) in dominated
+                else "<td>frontier</td>"
+            )
             rows.append(
                 f"<tr><td>{html.escape(name)}</td><td class=num>{p.knob:g}</td>"
-                f"<td class=num>{p.cost_usd:,.2f}</td><td class=num>{p.mean_jct_s:,.0f}</td></tr>"
+                f"<td class=num>{p.cost_usd:,.2f}</td><td class=num>{p.mean_jct_s:,.0f}</td>"
+                f"{where}</tr>"
             )
     return (
         '<div class="scroll"><table data-table="frontier-points"><caption>Points</caption>'
         "<thead><tr><th>fleet</th><th>min_efficiency</th><th>cost (USD)</th>"
-        f"<th>mean JCT (s)</th></tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
+        "<th>mean JCT (s)</th><th>on its frontier</th></tr></thead>"
+        f"<tbody>{''.join(rows)}</tbody></table></div>"
+    )
+
+
+_END_WORDS = {
+    "flat": "flat",
+    "range": "knob's range exhausted",
+    "stopped": "stopped before flat",
+    "open": "open",
+}
+
+
+def _end_cell(end: object) -> str:
+    """One end of a fleet's sweep as written (input: what is missing or malformed shows '-')."""
+    if not isinstance(end, Mapping):
+        return "<td>-</td>"
+    status = end.get("status")
+    word = _END_WORDS.get(status, "-") if isinstance(status, str) else "-"
+    knobs = end.get("knobs")
+    pair = [k for k in knobs if _number(k) is not None] if isinstance(knobs, list) else []
+    change = _number(end.get("change"))
+    detail = ""
+    if len(pair) == 2 and change is not None:
+        axis = "cost" if end.get("axis") == "cost_usd" else "mean JCT"
+        detail = f" ({axis} {100 * change:.2f}% apart at {pair[0]:g} and {pair[1]:g})"
+    css = "" if status == "flat" else ' class="fail"'
+    return f"<td><span{css}>{html.escape(word)}</span>{html.escape(detail)}</td>"
+
+
+def _sweep_table(sweep: Mapping[str, Any]) -> str:
+    rows = []
+    for name, fleet in sweep.items():
+        if not isinstance(fleet, Mapping):
+            continue
+        runs = fleet.get("runs")
+        rows.append(
+            f"<tr><td>{html.escape(str(name))}</td>"
+            f"<td class=num>{runs if isinstance(runs, int) else '-'}</td>"
+            f"{_end_cell(fleet.get('fast'))}{_end_cell(fleet.get('cheap'))}</tr>"
+        )
+    return (
+        '<div class="scroll"><table data-table="frontier-sweep"><caption>How each sweep ended'
+        "</caption><thead><tr><th>fleet</th><th>knobs run</th><th>fast end (mean JCT)</th>"
+        f"<th>cheap end (cost)</th></tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
     )
 
 
@@ -235,16 +317,25 @@ def _checks_table(checks: Mapping[str, Any]) -> str:
         rows.append(
             f"<tr><td>{html.escape(str(name))}</td><td>{_verdict(dom.get('holds'))} "
             f"({html.escape('; '.join(ratios)) or 'no point in range'})</td>"
-            f"<td>{_verdict(r.get('holds')) if isinstance(r, Mapping) else '-'}</td>"
-            f"<td>{_verdict(c.get('holds')) if isinstance(c, Mapping) else '-'}</td></tr>"
+            f"<td>{_end_verdict(r, 'jct_ratio')}</td>"
+            f"<td>{_end_verdict(c, 'cost_ratio')}</td></tr>"
         )
+    tolerance = _number(checks.get("tolerance"))
+    within = f" (within {100 * tolerance:g}%)" if tolerance else ""
     return (
         f'<div class="scroll"><table data-table="frontier-checks"><caption>{ref} against each '
         "fleet</caption><thead><tr><th>fleet</th><th>cheaper at its points in range "
-        f"({ref} cost / its cost)</th><th>{ref} reaches a lower mean JCT</th>"
-        f"<th>{ref}'s cheapest no dearer</th></tr></thead><tbody>{''.join(rows)}</tbody>"
-        "</table></div>"
+        f"({ref} cost / its cost)</th><th>{ref}'s fastest mean JCT{within}: "
+        f"{ref}'s / its</th><th>{ref}'s cheapest cost{within}: {ref}'s / its</th></tr>"
+        f"</thead><tbody>{''.join(rows)}</tbody></table></div>"
     )
+
+
+def _end_verdict(check: object, ratio_key: str) -> str:
+    if not isinstance(check, Mapping):
+        return "-"
+    ratio = _number(check.get(ratio_key))
+    return _verdict(check.get("holds")) + ("" if ratio is None else f" ({ratio:.3f})")
 
 
 def render_frontier_html(
@@ -259,10 +350,13 @@ def render_frontier_html(
         + plot_frontiers_svg(frontiers)
         + "<figcaption>Each fleet run at several settings of its knob (SizingConfig."
         "min_efficiency, labelled at its point): total cost of the workloads against the mean "
-        "over workloads of their mean JCT. Dotted: the floor at that mean JCT, where the input "
-        "has one.</figcaption></figure>"
+        "over workloads of their mean JCT, the line through all of a fleet's points by mean "
+        "JCT; hollow: a point another of the same fleet's beats on both. Dotted: the floor at "
+        "that mean JCT, where the input has one.</figcaption></figure>"
     )
     body.append(_points_table(frontiers))
+    if frontiers.sweep is not None:
+        body.append(_sweep_table(frontiers.sweep))
     if frontiers.checks is not None:
         body.append("<h2>Checks</h2>")
         body.append(

@@ -26,7 +26,7 @@ from tests.accounting.report.test_html_chromium import FLAGS, _chromium
 runner = CliRunner()
 
 
-def _payload(floors: bool = False) -> dict:
+def _payload(floors: bool = False, dominated: bool = False, sweep: bool = False) -> dict:
     frontier = {
         "coadapt": [
             {"knob": 0.15, "cost_usd": 371.5, "mean_jct_s": 382.0},
@@ -42,6 +42,9 @@ def _payload(floors: bool = False) -> dict:
             {"knob": 0.7, "cost_usd": 290.0, "mean_jct_s": 500.0},
         ],
     }
+    if dominated:  # slower and dearer than knob 0.7's point; and a dearer twin of 0.15's JCT
+        frontier["coadapt-v100"].insert(1, {"knob": 0.5, "cost_usd": 320.0, "mean_jct_s": 1150.0})
+        frontier["coadapt-v100"].insert(0, {"knob": 0.05, "cost_usd": 350.0, "mean_jct_s": 760.0})
     if floors:
         for pts in frontier.values():
             for p in pts:
@@ -49,7 +52,31 @@ def _payload(floors: bool = False) -> dict:
     from autoscaler.analysis.frontier import points_from_json
 
     checks = check_frontiers({k: points_from_json(v) for k, v in frontier.items()}, "coadapt")
-    return {"experiment": "E3", "frontier": frontier, "frontier_checks": checks}
+    out = {"experiment": "E3", "frontier": frontier, "frontier_checks": checks}
+    if sweep:
+        out["sweep"] = {
+            "mode": "auto",
+            "fleets": {
+                "coadapt": {
+                    "runs": 3,
+                    "fast": {
+                        "status": "range",
+                        "axis": "mean_jct_s",
+                        "knobs": [0.15, 0.3],
+                        "change": 0.0969,
+                    },
+                    "cheap": {
+                        "status": "flat",
+                        "axis": "cost_usd",
+                        "knobs": [0.7, 0.3],
+                        "change": 0.0064,
+                    },
+                },
+                "coadapt-v100": {"runs": 2, "fast": "x", "cheap": {"status": 3}},
+                "coadapt-a100": 7,
+            },
+        }
+    return out
 
 
 def _groups(svg: str) -> dict[str, str]:
@@ -93,7 +120,7 @@ def test_plot_has_title_axes_legend_and_one_line_per_fleet() -> None:
     svg = plot_frontiers_svg(frontiers_from_json(_payload(floors=True)))
     assert svg.startswith("<svg")
     for text in (
-        "Cost against mean JCT, one line per fleet (labels: min_efficiency)",
+        "Cost against mean JCT, one line per fleet (labels: min_efficiency; hollow: dominated)",
         "mean JCT (s)",
         "cost (USD)",
         "coadapt-v100 floor",
@@ -108,6 +135,8 @@ def test_plot_has_title_axes_legend_and_one_line_per_fleet() -> None:
         assert series_id("floor", fleet) in groups
     # The knob labels are drawn at the points.
     assert svg.count(">0.15<") == 3 and svg.count(">0.3<") == 1
+    # Every point is on its fleet's frontier here: nothing hollow.
+    assert "dominated-" not in svg
     # No floors in the input: no floor lines.
     assert "floor-" not in plot_frontiers_svg(frontiers_from_json(_payload()))
     # Points ten times apart in JCT: a log axis, said in its label.
@@ -115,6 +144,55 @@ def test_plot_has_title_axes_legend_and_one_line_per_fleet() -> None:
     wide["frontier"]["coadapt-t4"] = [{"knob": 0.15, "cost_usd": 840.0, "mean_jct_s": 3240.0}]
     svg = plot_frontiers_svg(frontiers_from_json(wide))
     assert ">mean JCT (s, log scale)<" in svg and ">mean JCT (s)<" not in svg
+
+
+def test_plot_draws_the_full_curve_and_marks_dominated_points_hollow() -> None:
+    frontiers = frontiers_from_json(_payload(dominated=True))
+    assert [p.knob for p in frontiers.dominated("coadapt-v100")] == [0.05, 0.5]
+    assert frontiers.dominated("coadapt") == []
+    svg = plot_frontiers_svg(frontiers)
+    groups = _groups(svg)
+    # The line runs through all four points of all-V100, by mean JCT, dominated ones included.
+    line = groups[series_id("frontier", "coadapt-v100")]
+    assert line.count("<use ") == 4
+    path = re.search(r'<path d="([^"]+)"', line).group(1)
+    xs = [float(x) for x in re.findall(r"[ML] ([0-9.]+) [0-9.]+", path)]
+    assert len(xs) == 4 and xs == sorted(xs)
+    # The two dominated points again, hollow (white fill), in their own group; no other fleet
+    # has one.
+    hollow = groups[series_id("dominated", "coadapt-v100")]
+    assert hollow.count("<use ") == 2
+    assert "fill: #ffffff" in hollow
+    assert {g for g in groups if g.startswith("dominated-")} == {"dominated-coadapt-v100"}
+    assert ">coadapt-v100 dominated<" in svg
+    # The table says which points are dominated, by knob.
+    page = render_frontier_html(frontiers)
+    table = re.search(r'data-table="frontier-points".*?</table>', page, re.S).group(0)
+    rows = re.findall(
+        r"<tr><td>coadapt-v100</td><td class=num>([0-9.]+)</td>.*?<td[^>]*>(\w+)</td></tr>", table
+    )
+    assert rows == [
+        ("0.05", "dominated"),
+        ("0.15", "frontier"),
+        ("0.5", "dominated"),
+        ("0.7", "frontier"),
+    ]
+
+
+def test_page_says_how_each_sweep_ended() -> None:
+    page = render_frontier_html(frontiers_from_json(_payload(sweep=True)))
+    table = re.search(r'data-table="frontier-sweep".*?</table>', page, re.S)
+    assert table is not None
+    coadapt = re.search(r"<tr><td>coadapt</td>(.*?)</tr>", table.group(0)).group(1)
+    assert "knob&#x27;s range exhausted" in coadapt
+    assert "mean JCT 9.69% apart at 0.15 and 0.3" in coadapt
+    assert "flat</span> (cost 0.64% apart at 0.7 and 0.3)" in coadapt
+    # The sweep is input: malformed ends show '-', a malformed fleet is left out.
+    v100 = re.search(r"<tr><td>coadapt-v100</td>(.*?)</tr>", table.group(0)).group(1)
+    assert v100.count("<td>-</td>") == 1 and v100.count(">-</span>") == 1
+    assert "<tr><td>coadapt-a100</td>" not in table.group(0)
+    # Without a sweep in the input: no such table.
+    assert "frontier-sweep" not in render_frontier_html(frontiers_from_json(_payload()))
 
 
 def test_page_has_points_and_checks_tables() -> None:
@@ -153,7 +231,8 @@ PROBE = """
 window.addEventListener("load", () => {
   const out = document.createElement("pre");
   out.id = "probe";
-  const lines = document.querySelectorAll("svg g[id^=frontier-], svg g[id^=floor-]");
+  const lines = document.querySelectorAll(
+    "svg g[id^=frontier-], svg g[id^=floor-], svg g[id^=dominated-]");
   out.textContent = Array.from(lines)
     .map((g) => {
       const b = g.getBBox();
@@ -171,7 +250,7 @@ def test_frontier_page_in_headless_chromium(tmp_path: Path) -> None:
 
     binary = _chromium()
     page = tmp_path / "probe.html"
-    html = render_frontier_html(frontiers_from_json(_payload(floors=True)))
+    html = render_frontier_html(frontiers_from_json(_payload(floors=True, dominated=True)))
     page.write_text(html.replace("</body>", PROBE + "</body>"))
     cmd = [binary, *FLAGS, f"--user-data-dir={tmp_path / 'p'}", "--dump-dom", page.as_uri()]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
@@ -185,7 +264,12 @@ def test_frontier_page_in_headless_chromium(tmp_path: Path) -> None:
         series_id(kind, fleet)
         for kind in ("frontier", "floor")
         for fleet in ("coadapt", "coadapt-v100", "coadapt-a100")
-    }
-    for size in boxes.values():
+    } | {series_id("dominated", "coadapt-v100")}
+    for name, size in boxes.items():
         width, height = map(int, size.split("x"))
-        assert width > 20 and height > 5  # laid out across the axes, not collapsed
+        if name.startswith("dominated-"):
+            # Two hollow markers at 760 s and 1150 s: apart on the JCT axis, each drawn.
+            assert width > 20 and height > 3, (name, size)
+        else:
+            assert width > 20 and height > 5  # laid out across the axes, not collapsed
+    assert "dominated" in dom  # the table's marking, as the browser shows it
