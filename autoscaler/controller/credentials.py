@@ -91,10 +91,10 @@ import secrets
 import stat
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any, Final, Protocol
 
 from autoscaler.controller.errors import ControllerError
@@ -108,11 +108,11 @@ __all__ = [
     "SHARED_CREDENTIALS_TTL_S",
     "ApiCredentials",
     "CredentialSource",
-    "SharedCredentialStore",
-    "StoreCredentials",
     "InsecureTokenFileError",
     "Principal",
     "Role",
+    "SharedCredentialStore",
+    "StoreCredentials",
     "TokenFile",
     "TokenFileError",
     "generate_tokens",

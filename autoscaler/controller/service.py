@@ -344,7 +344,9 @@ class _CloudSecrets:
     and, on AWS, each node's own credential. :meth:`sync` never raises: a failure is logged
     and retried at the next call."""
 
-    def __init__(self, cloud: ProviderConfig, tokens: CredentialSource, endpoint_url: str | None) -> None:
+    def __init__(
+        self, cloud: ProviderConfig, tokens: CredentialSource, endpoint_url: str | None
+    ) -> None:
         self._cloud = cloud
         self._tokens = tokens
         self._endpoint_url = endpoint_url
