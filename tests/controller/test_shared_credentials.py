@@ -28,10 +28,7 @@ from providers.local import LocalProvider
 ROOT = Path(__file__).resolve().parents[2]
 COADAPT = [sys.executable, "-m", "autoscaler.cli"]
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not PROC_ROOT.is_dir(), reason="needs Linux /proc"),
-]
+NEEDS_PROC = pytest.mark.skipif(not PROC_ROOT.is_dir(), reason="needs Linux /proc")
 
 
 def _free_port() -> int:
@@ -111,6 +108,8 @@ def pair(
             LocalProvider(state / "local").down("coadapt-local")
 
 
+@pytest.mark.slow
+@NEEDS_PROC
 def test_two_controllers_on_one_store_check_the_same_credentials(
     pair: tuple[dict[str, str], list[Path], list[str]], postgres_url: str
 ) -> None:
@@ -179,3 +178,41 @@ def test_two_controllers_on_one_store_check_the_same_credentials(
     refused = _run(no_store, "tokens", "rotate", "user", "--state-dir", str(b))
     assert refused.returncode == 1 and "--store" in refused.stderr
     assert _tokens(b)["user"] == new
+
+
+def test_the_store_holds_one_set_of_credentials_rotated_in_a_transaction(
+    store_location: Path | str, tmp_path: Path
+) -> None:
+    """On both back ends: the first controller's credentials win, a rotation through one
+    store object is seen by another's source once its TTL has passed, a copy is not rotated
+    without the store, and a refused agent-key rotation writes nothing."""
+    from autoscaler.controller.credentials import (
+        StoreCredentials,
+        TokenFileError,
+        rotate_agent_key,
+        rotate_user_token,
+    )
+    from autoscaler.controller.store import Store
+    from coadapt_common.clock import FakeClock
+
+    clock = FakeClock(start_s=1_700_000_000.0)
+    s1 = Store.create(store_location, "creds", clock)
+    s2 = Store.open(store_location, clock)
+    try:
+        one = StoreCredentials.open(s1, tmp_path / "one.json")
+        two = StoreCredentials.open(s2, tmp_path / "two.json", ttl_s=0.0)
+        assert one.current().user == two.current().user
+        assert one.current().agent_key == two.current().agent_key
+        new = rotate_user_token(tmp_path / "one.json", store=s1)
+        assert two.current().user == new.user  # read again: the TTL is 0
+        assert json.loads((tmp_path / "two.json").read_text())["user"] == new.user
+        with pytest.raises(TokenFileError, match="--store"):
+            rotate_user_token(tmp_path / "two.json")
+        rotate_agent_key(tmp_path / "two.json", now_s=clock.now_s(), store=s2)
+        held = s1.api_credentials_doc()
+        with pytest.raises(TokenFileError, match="grace period"):
+            rotate_agent_key(tmp_path / "one.json", now_s=clock.now_s(), store=s1)
+        assert s1.api_credentials_doc() == held  # nothing written
+    finally:
+        s1.close()
+        s2.close()
