@@ -121,7 +121,9 @@ def test_two_controllers_on_one_store_check_the_same_credentials(
         assert stat.S_IMODE((state / "tokens.json").stat().st_mode) == 0o600
         assert _tokens(state)["shared_store"] is True
     with psycopg.connect(postgres_url) as pg:
-        (doc,) = pg.execute("SELECT value FROM meta WHERE key = 'api_credentials'").fetchone()
+        row = pg.execute("SELECT value FROM meta WHERE key = 'api_credentials'").fetchone()
+    assert row is not None
+    (doc,) = row
     assert json.loads(doc)["user"] == user
     for url in (url_a, url_b):
         assert _status(url, "/v1/jobs", user) == 200
