@@ -24,8 +24,10 @@ from typing import Annotated, Any
 import typer
 
 from autoscaler.cli.common import (
+    STORE_URL_FIX,
     Json,
     StateDir,
+    StoreUrl,
     api_failure,
     deployed_client,
     fail,
@@ -108,18 +110,7 @@ def up(
         int | None,
         typer.Option(help="Fleet GPU cap (local default: --max-gpu-slots)."),
     ] = None,
-    store: Annotated[
-        str | None,
-        typer.Option(
-            "--store",
-            envvar="COADAPT_STORE_URL",
-            show_envvar=True,
-            help="A team's store: a postgresql://user@host:port/db URL whose (existing) "
-            "database keeps every table (default: the SQLite file store.db in the state "
-            "folder). Give the password in COADAPT_STORE_URL or PGPASSWORD, not on the "
-            "command line.",
-        ),
-    ] = None,
+    store: StoreUrl = None,
     new_store: Annotated[
         bool,
         typer.Option(
@@ -264,8 +255,7 @@ def up(
     if not 0 <= retention_days <= 36_500:
         fail(f"--retention-days {retention_days}: give 0 (forever) to 36500", 2)
     if store is not None and not is_postgres_url(store):
-        fail("--store takes a postgresql://user@host:port/database URL (without it the store "
-             "is the SQLite file store.db in the state folder)", 2)  # fmt: skip
+        fail(STORE_URL_FIX, 2)
     _configure_logging(verbose=verbose)
     state = resolve_state_dir(state_dir)
     if state.exists() and not state.is_dir():

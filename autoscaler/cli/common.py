@@ -23,6 +23,22 @@ def default_state_dir() -> Path:
 
 StateDir = Annotated[Path | None, typer.Option("--state-dir", help=STATE_HELP)]
 Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+StoreUrl = Annotated[
+    str | None,
+    typer.Option(
+        "--store",
+        envvar="COADAPT_STORE_URL",
+        show_envvar=True,
+        help="A team's store: a postgresql://user@host:port/db URL whose (existing) "
+        "database keeps every table (default: the SQLite file store.db in the state "
+        "folder). Give the password in COADAPT_STORE_URL or PGPASSWORD, not on the "
+        "command line.",
+    ),
+]
+STORE_URL_FIX = (
+    "--store takes a postgresql://user@host:port/database URL (without it the store "
+    "is the SQLite file store.db in the state folder)"
+)
 
 
 def fail(message: str, code: int = 1) -> NoReturn:

@@ -60,6 +60,20 @@ with ``stop`` once the job is no longer running.
   agent key is refused while the previous key is still honoured (it would cut off whoever has
   not renewed yet), unless forced.
 
+**A shared (PostgreSQL) store** holds the credentials the API checks, so that every
+controller process of the store accepts the same tokens (:class:`StoreCredentials`; the row:
+:mod:`autoscaler.controller.store.credential_meta`, which says why the secrets are kept whole,
+not hashed). The first ``coadapt up`` of a new shared store puts them there (those of its
+``tokens.json`` when it has one, so a controller moved onto a shared store keeps its agents'
+credentials; new ones otherwise); every later one reads them. Each process reads the row again
+at most every :data:`SHARED_CREDENTIALS_TTL_S` seconds, so a rotation made on any machine
+(``coadapt tokens rotate ... --store URL``: the ``store`` argument of the rotations, one write
+transaction) is honoured, and the old users' or scrape token refused, by every process within
+that time. Each process keeps its machine's ``tokens.json`` a copy of the row (0600, marked
+``shared_store``), what the CLI on that machine authenticates with; a rotation of that copy
+alone would change nothing the API checks, so it is refused (it names ``--store``). The
+embedded SQLite store keeps ``tokens.json`` alone, as above.
+
 Nothing here shows a secret: the dataclasses leave them out of ``repr``, and no error message
 quotes a token or a file's content.
 """
@@ -76,6 +90,8 @@ import os
 import secrets
 import stat
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -89,11 +105,14 @@ __all__ = [
     "DEFAULT_AGENT_KEY_GRACE_S",
     "MAX_CREDENTIAL_CHARS",
     "MIN_TOKEN_CHARS",
+    "SHARED_CREDENTIALS_TTL_S",
     "ApiCredentials",
     "CredentialSource",
     "InsecureTokenFileError",
     "Principal",
     "Role",
+    "SharedCredentialStore",
+    "StoreCredentials",
     "TokenFile",
     "TokenFileError",
     "generate_tokens",
@@ -116,6 +135,10 @@ MAX_AGENT_KEY_GRACE_S: Final = 7 * 86400.0
 AGENT_KEY_BYTES: Final = 32
 _MAX_TOKEN_FILE_BYTES: Final = 64 * 1024
 _MAX_SUBJECT_CHARS: Final = 200
+SHARED_CREDENTIALS_TTL_S: Final = 1.0
+"""How old the credentials a controller of a shared store checks may be: it reads the store's
+row again at most this often (a rotation on another machine is honoured within it)."""
+_SHARED_MARK: Final = "shared_store"
 
 _log = logging.getLogger(__name__)
 
@@ -328,7 +351,7 @@ def generate_tokens(path: str | Path, *, overwrite: bool = False) -> ApiCredenti
     return credentials
 
 
-def _parse(p: Path, data: dict[str, Any]) -> ApiCredentials:
+def _parse(p: Path | str, data: dict[str, Any]) -> ApiCredentials:
     def key(name: str) -> bytes | None:
         value = data.get(name)
         if value is None:
@@ -500,34 +523,81 @@ def open_tokens(path: str | Path) -> TokenFile:
     return TokenFile(p)
 
 
-def rotate_user_token(path: str | Path) -> ApiCredentials:
-    """A new users' token in the tokens file ``path``; the old one is refused from the
-    controller's next request. Returns the new credentials."""
+def _new_user_token(old: ApiCredentials) -> ApiCredentials:
+    return dataclasses.replace(old, user=secrets.token_urlsafe(32))
+
+
+def _new_scrape_token(old: ApiCredentials) -> ApiCredentials:
+    return dataclasses.replace(old, scrape=secrets.token_urlsafe(32))
+
+
+def _a_scrape_token(old: ApiCredentials) -> ApiCredentials:
+    return old if old.scrape is not None else _new_scrape_token(old)
+
+
+def _update(
+    path: str | Path,
+    change: Callable[[ApiCredentials], ApiCredentials],
+    store: SharedCredentialStore | None,
+) -> ApiCredentials:
+    """Apply ``change`` to the credentials: those of the tokens file ``path``, or, with
+    ``store``, the shared store's (one write transaction), of which ``path`` then gets the
+    copy. A tokens file that is a shared store's copy is refused without ``store``."""
     p = Path(path)
-    old = load_tokens(p)
-    new = dataclasses.replace(old, user=secrets.token_urlsafe(32))
-    _write(p, new, replace=True)
+    if store is None:
+        data = _read_token_file(p)
+        if data.get(_SHARED_MARK):
+            raise TokenFileError(
+                f"{p}: a copy of a shared store's credentials (the controllers check the "
+                "store's); change them with --store postgresql://... (the store's URL)",
+                path=str(p),
+            )
+        new = change(_parse(p, data))
+        _write(p, new, replace=True)
+        return new
+    where = "the shared store's credentials"
+
+    def change_doc(doc: str | None) -> str:
+        if doc is None:
+            raise TokenFileError(
+                f"{where}: none yet; start `coadapt up --store ...` on it first (it makes them)",
+                path=where,
+            )
+        return change(_parse_doc(where, doc)).to_json().decode()
+
+    new = _parse_doc(where, store.update_api_credentials_doc(change_doc))
+    write_shared_copy(p, new)
     return new
 
 
-def issue_scrape_token(path: str | Path) -> str:
-    """The scrape token of the tokens file ``path`` (good for ``GET /metrics`` only), made
-    and written there when it has none yet: issuing it again gives the same token."""
-    p = Path(path)
-    old = load_tokens(p)
-    if old.scrape is not None:
-        return old.scrape
-    return rotate_scrape_token(p).scrape or ""
+def rotate_user_token(
+    path: str | Path, *, store: SharedCredentialStore | None = None
+) -> ApiCredentials:
+    """A new users' token in the tokens file ``path`` (with ``store``: in the shared store,
+    ``path`` getting the copy); the old one is refused from the controller's next request
+    (every controller's, within :data:`SHARED_CREDENTIALS_TTL_S`, on a shared store).
+    Returns the new credentials."""
+    return _update(path, _new_user_token, store)
 
 
-def rotate_scrape_token(path: str | Path) -> ApiCredentials:
-    """A new scrape token in the tokens file ``path`` (made when it had none); the old one is
-    refused from the controller's next request. Returns the new credentials."""
-    p = Path(path)
-    old = load_tokens(p)
-    new = dataclasses.replace(old, scrape=secrets.token_urlsafe(32))
-    _write(p, new, replace=True)
-    return new
+def issue_scrape_token(path: str | Path, *, store: SharedCredentialStore | None = None) -> str:
+    """The scrape token of the tokens file ``path`` (with ``store``: of the shared store),
+    good for ``GET /metrics`` only, made and written there when it has none yet: issuing it
+    again gives the same token."""
+    if store is None:
+        old = load_tokens(path)
+        if old.scrape is not None:
+            return old.scrape
+    return _update(path, _a_scrape_token, store).scrape or ""
+
+
+def rotate_scrape_token(
+    path: str | Path, *, store: SharedCredentialStore | None = None
+) -> ApiCredentials:
+    """A new scrape token in the tokens file ``path`` (with ``store``: in the shared store)
+    (made when it had none); the old one is refused from the controller's next request.
+    Returns the new credentials."""
+    return _update(path, _new_scrape_token, store)
 
 
 def rotate_agent_key(
@@ -536,35 +606,154 @@ def rotate_agent_key(
     now_s: float,
     grace_s: float = DEFAULT_AGENT_KEY_GRACE_S,
     force: bool = False,
+    store: SharedCredentialStore | None = None,
 ) -> ApiCredentials:
-    """A new agent key in the tokens file ``path``; credentials of the previous one are
-    honoured for ``grace_s`` more seconds (agents and trainers renew meanwhile: see the module
-    docstring). Refuses (:class:`TokenFileError`) while a previous key is still honoured,
-    unless ``force`` (which drops it at once)."""
+    """A new agent key in the tokens file ``path`` (with ``store``: in the shared store);
+    credentials of the previous one are honoured for ``grace_s`` more seconds (agents and
+    trainers renew meanwhile: see the module docstring). Refuses (:class:`TokenFileError`)
+    while a previous key is still honoured, unless ``force`` (which drops it at once)."""
     p = Path(path)
     if not 0 < grace_s <= MAX_AGENT_KEY_GRACE_S:
         raise InvalidInputError(
             f"the grace period must be in (0, {MAX_AGENT_KEY_GRACE_S:.0f}] seconds, got {grace_s}",
             field="grace_s",
         )
-    old = load_tokens(p)
-    until = old.previous_agent_key_until_s
-    if until is not None and now_s < until and not force:
-        raise TokenFileError(
-            f"{p}: the agent key was rotated less than its grace period ago (the previous key "
-            f"is honoured for {until - now_s:.0f} s more); rotate again after that, or with "
-            "--force (agents that have not renewed yet are then refused)",
-            path=str(p),
+    where = str(p) if store is None else "the shared store's credentials"
+
+    def change(old: ApiCredentials) -> ApiCredentials:
+        until = old.previous_agent_key_until_s
+        if until is not None and now_s < until and not force:
+            raise TokenFileError(
+                f"{where}: the agent key was rotated less than its grace period ago (the "
+                f"previous key is honoured for {until - now_s:.0f} s more); rotate again after "
+                "that, or with --force (agents that have not renewed yet are then refused)",
+                path=where,
+            )
+        return ApiCredentials(
+            user=old.user,
+            agent_key=secrets.token_bytes(AGENT_KEY_BYTES),
+            previous_agent_key=old.agent_key,
+            previous_agent_key_until_s=now_s + grace_s,
+            scrape=old.scrape,
         )
-    new = ApiCredentials(
-        user=old.user,
-        agent_key=secrets.token_bytes(AGENT_KEY_BYTES),
-        previous_agent_key=old.agent_key,
-        previous_agent_key_until_s=now_s + grace_s,
-        scrape=old.scrape,
-    )
-    _write(p, new, replace=True)
-    return new
+
+    return _update(p, change, store)
+
+
+# ---- the shared store's credentials --------------------------------------------------------
+
+
+class SharedCredentialStore(Protocol):
+    """What a shared store offers for the credentials (:class:`~autoscaler.controller.store.
+    credential_meta.CredentialMeta`): one document, created once, updated in a transaction."""
+
+    def api_credentials_doc(self) -> str | None: ...
+
+    def create_api_credentials_doc(self, doc: str) -> str: ...
+
+    def update_api_credentials_doc(self, change: Callable[[str | None], str]) -> str: ...
+
+
+def _parse_doc(where: str, doc: str) -> ApiCredentials:
+    try:
+        data = json.loads(doc)
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+    except ValueError as e:  # the message never quotes the document
+        raise TokenFileError(
+            f"{where}: not a credentials document ({str(e).splitlines()[0][:80]}); make new "
+            "secrets with `coadapt tokens rotate all --store ...`",
+            path=where,
+        ) from e
+    return _parse(where, data)
+
+
+def write_shared_copy(path: str | Path, credentials: ApiCredentials) -> None:
+    """The tokens file ``path`` as a copy of a shared store's ``credentials`` (0600, marked
+    ``shared_store``: what the CLI on this machine reads; rotating it alone is refused)."""
+    p = Path(path)
+    doc = json.loads(credentials.to_json())
+    doc[_SHARED_MARK] = True
+    try:
+        data = (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
+        write_bytes_atomic(p, data, durable=True, mode=0o600, replace=True)
+    except OSError as e:
+        raise TokenFileError(
+            f"{p}: cannot write the tokens file ({e.strerror or e}); make its folder "
+            "writable by this user",
+            path=str(p),
+        ) from e
+
+
+class StoreCredentials:
+    """The credentials of a shared store as a running controller sees them (a
+    :class:`CredentialSource`): :meth:`current` reads the store's row again when the last read
+    is :data:`SHARED_CREDENTIALS_TTL_S` old, and rewrites the machine's ``tokens.json`` copy
+    when the row changed. A row that cannot be read or parsed leaves the last good
+    credentials in force (logged). Thread-safe: ``store`` is used under this object's lock
+    only, so it must be a store object of its own (its connection is not shared).
+
+    Made by :meth:`open`: the store's credentials, put there first when it has none."""
+
+    def __init__(
+        self,
+        store: SharedCredentialStore,
+        copy_path: str | Path,
+        credentials: ApiCredentials,
+        doc: str,
+        *,
+        ttl_s: float = SHARED_CREDENTIALS_TTL_S,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.path = Path(copy_path)
+        self._store = store
+        self._ttl_s = ttl_s
+        self._monotonic = monotonic
+        self._lock = threading.Lock()
+        self._credentials = credentials
+        self._doc = doc
+        self._read_at = monotonic()
+
+    @classmethod
+    def open(
+        cls,
+        store: SharedCredentialStore,
+        copy_path: str | Path,
+        *,
+        ttl_s: float = SHARED_CREDENTIALS_TTL_S,
+    ) -> StoreCredentials:
+        """The shared store's credentials, after putting them there if it has none yet (those
+        of the tokens file ``copy_path`` when there is one, so that its agents' credentials
+        stay valid, else new ones; the first controller of the store wins), and writing the
+        copy at ``copy_path``. :class:`TokenFileError` when the store's row is not usable."""
+        p = Path(copy_path)
+        where = "the shared store's credentials"
+        doc = store.api_credentials_doc()
+        if doc is None:
+            seed = open_tokens(p).current() if p.exists() else _new_credentials()
+            doc = store.create_api_credentials_doc(seed.to_json().decode())
+            _log.info("the shared store's credentials are in the store")
+        credentials = _parse_doc(where, doc)
+        write_shared_copy(p, credentials)
+        return cls(store, p, credentials, doc, ttl_s=ttl_s)
+
+    def current(self) -> ApiCredentials:
+        if self._monotonic() - self._read_at < self._ttl_s:
+            return self._credentials
+        with self._lock:
+            if self._monotonic() - self._read_at < self._ttl_s:
+                return self._credentials
+            self._read_at = self._monotonic()
+            try:
+                doc = self._store.api_credentials_doc()
+                if doc is not None and doc != self._doc:
+                    self._credentials = _parse_doc("the shared store's credentials", doc)
+                    self._doc = doc
+                    _log.info("the shared store's credentials changed: read again")
+                    write_shared_copy(self.path, self._credentials)
+            except (ControllerError, InvalidInputError) as e:
+                _log.warning("%s; keeping the credentials read before", e)
+            return self._credentials
 
 
 class TokenFile:

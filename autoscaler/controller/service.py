@@ -43,7 +43,9 @@ start, or ends in one line with a ``disk-full`` event, and agents start no job.
 
 Each launched instance starts :func:`agent_main` with the API URL, its own token file, its
 instance key and these folders (the launch's user data: a command line that carries paths,
-never a secret). The controller reads ``tokens.json`` again when a rotation changed it, and on
+never a secret). The controller reads ``tokens.json`` again when a rotation changed it (on a
+shared store, the store's credentials instead, every controller of the store the same:
+:class:`~autoscaler.controller.credentials.StoreCredentials`, ``tokens.json`` their copy), and on
 a cloud publishes the users' token again (:mod:`autoscaler.controller.cloud_setup`). The API runs
 in threads of this process; job exits reported through it are recorded on the API thread's own
 store (:func:`~autoscaler.controller.loop.record_job_exit`), the rounds run on the main thread.
@@ -96,7 +98,8 @@ from autoscaler.controller.cloud_setup import (
     publish_user_token,
 )
 from autoscaler.controller.credentials import (
-    TokenFile,
+    CredentialSource,
+    StoreCredentials,
     TokenFileError,
     load_token,
     open_tokens,
@@ -266,7 +269,7 @@ class UpConfig:
 
 
 def _agent_user_data(
-    cfg: UpConfig, url: str, tokens: TokenFile, *, isolate: bool = False
+    cfg: UpConfig, url: str, tokens: CredentialSource, *, isolate: bool = False
 ) -> Callable[[InstanceRow], str]:
     """A local instance's user data: its agent's command line, once that agent's own
     credential is in its own token file (``agents/<key>/agent-token.json``, 0600): the users'
@@ -320,7 +323,7 @@ def _agent_user_data(
 
 
 def _cloud_user_data(
-    cloud: ProviderConfig, tokens: TokenFile
+    cloud: ProviderConfig, tokens: CredentialSource
 ) -> Callable[[InstanceRow], str] | None:
     """AWS: none (the deployment's launch template starts the agent; its credential comes
     through SSM: :class:`AwsAgentCredentials`); GCP: each node's startup script, with its
@@ -341,7 +344,9 @@ class _CloudSecrets:
     and, on AWS, each node's own credential. :meth:`sync` never raises: a failure is logged
     and retried at the next call."""
 
-    def __init__(self, cloud: ProviderConfig, tokens: TokenFile, endpoint_url: str | None) -> None:
+    def __init__(
+        self, cloud: ProviderConfig, tokens: CredentialSource, endpoint_url: str | None
+    ) -> None:
         self._cloud = cloud
         self._tokens = tokens
         self._endpoint_url = endpoint_url
@@ -360,6 +365,13 @@ class _CloudSecrets:
                 self._agents.sync(store.list_instances(), credentials)
         except (CredentialPublishError, StoreError) as e:
             log.warning("publishing credentials: %s (retried next round)", e)
+
+
+def _close(store: Store, shared: Store | None) -> None:
+    """Close ``up``'s store and, on a shared store, the credentials' own connection."""
+    store.close()
+    if shared is not None:
+        shared.close()
 
 
 class UpProcess(StrEnum):
@@ -792,6 +804,7 @@ def _run_up(
         state, cfg.cluster_id, clock, new_store=cfg.new_store, store_url=cfg.store_url
     )
     log.info("the store: %s", store.location)
+    shared: Store | None = None  # the credentials' own connection, on a shared store
     try:
         waiting = _unfinished_after_down(store)
         if waiting and not cfg.resume:
@@ -805,7 +818,12 @@ def _run_up(
                 else str(cfg.provider_config.resolve()),
             },
         )
-        tokens = open_tokens(state / "tokens.json")
+        tokens: CredentialSource
+        if cfg.store_url is None:
+            tokens = open_tokens(state / "tokens.json")
+        else:  # every controller of the store checks the store's credentials
+            shared = Store.open(cfg.store_url, clock)
+            tokens = StoreCredentials.open(shared, state / "tokens.json")
         max_gpus = cfg.max_gpus
         controller_cfg = ControllerConfig(
             store.cluster_id,
@@ -854,7 +872,7 @@ def _run_up(
                 )
             strategy = FixedFleet("fixed", dict(cfg.fixed_fleet))
     except BaseException:
-        store.close()
+        _close(store, shared)
         raise
     # What a restart and a new instance cost, as the decisions weigh them: a local instance
     # is a process, ready in seconds, and a local job restarts in about 6-10 s (imports, the
@@ -903,7 +921,7 @@ def _run_up(
         server = _bind(app, cfg, state)
     except BaseException:
         app.close()
-        store.close()
+        _close(store, shared)
         raise
     user_data: Callable[[InstanceRow], str] | None
     if cloud is None and isolation is not None:
@@ -976,7 +994,7 @@ def _run_up(
     except StoreError as e:
         server.shutdown()
         app.close()
-        store.close()
+        _close(store, shared)
         raise ServiceError(describe_store_error(e)) from e
     up_record = {"url": server.url, **identity}
     write_json_atomic(state / "up.json", up_record)
@@ -1100,7 +1118,7 @@ def _run_up(
                 election.release()  # a standby takes over at its next try
         server.shutdown()
         app.close()
-        store.close()
+        _close(store, shared)
         if not team or UpRecord.names_pid(state / "up.json", me):
             (state / "up.json").unlink(missing_ok=True)
     return result

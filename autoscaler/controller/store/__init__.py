@@ -61,8 +61,8 @@ Layout
     :mod:`.base` holds the file and its transactions (:class:`~.base.StoreBase`); each table
     group is a subclass of it in its own module (:mod:`.job_table`, :mod:`.instance_table`,
     :mod:`.assignment_table`, :mod:`.report_table`, :mod:`.price_table`, :mod:`.cost_table`,
-    :mod:`.event_table`, :mod:`.fleet_meta`, :mod:`.lease_table`), and :class:`Store` is all
-    of them.
+    :mod:`.event_table`, :mod:`.fleet_meta`, :mod:`.lease_table`, :mod:`.credential_meta`),
+    and :class:`Store` is all of them.
     :mod:`.retention` says what is pruned with age and what never is, :mod:`.schema` holds
     the migrations, :mod:`.connection` the opening checks, :mod:`.validate` the checks of
     what callers pass in.
@@ -85,6 +85,7 @@ from autoscaler.controller.store.assignment_table import (
 )
 from autoscaler.controller.store.connection import BUSY_TIMEOUT_S
 from autoscaler.controller.store.cost_table import CostRecordRow, CostTable
+from autoscaler.controller.store.credential_meta import CredentialMeta
 from autoscaler.controller.store.event_table import (
     MAX_EVENT_CHARS,
     MAX_EVENTS_READ,
@@ -157,6 +158,7 @@ class Store(
     CostTable,
     Retention,
     LeaseTable,
+    CredentialMeta,
 ):
     """The controller's SQLite store (see the package docstring). Build it with
     :meth:`create` or :meth:`open`; close it with :meth:`close` or a ``with`` block. One
