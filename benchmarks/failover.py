@@ -8,11 +8,14 @@ folder and that store (``--store``), each on its own port, the local agents give
 addresses (``--api-urls``), rounds every second (a lease of 1.5 s). Three training jobs
 (``examples/jobs/mlp-small.yaml`` under three names, one GPU slot each, ``--epochs`` epochs)
 run while, ``--kills`` times, the lease's holder is SIGKILLed at a random point of its round
-(a random 0.2-2.5 s after the last takeover settled) and started again as a standby on its
-port, and, ``--stops`` times, the leader is frozen (SIGSTOP) past its lease until the other
-takes over, then resumed (SIGCONT); a stop is repeated (at most 5 times) until the woken
-leader had a write refused by epoch. Then the jobs run to their end and ``coadapt down``
-releases the fleet. Measured (one JSON object, printed and with ``--out`` written):
+(a random 0.2-2.5 s after the restarted standby said it ``stands by``) and started again as a
+standby on its port, and, ``--stops`` times, the leader is frozen (SIGSTOP) in the middle of
+its round, a random 0-:data:`FREEZE_WITHIN_S` after it renewed the lease (between its lease
+check and the round's writes; the renewal is watched on the database), past its lease until
+the other takes over, then resumed (SIGCONT): it carries on with its round and its stale
+epoch; a stop is repeated (at most :data:`FREEZE_TRIES` times) until the woken leader had a
+write refused by epoch. Then the jobs run to their end and ``coadapt down`` releases the
+fleet. Measured (one JSON object, printed and with ``--out`` written):
 
 * ``kills``, ``stops``; ``takeover_s`` (each, from the kill or the freeze to the lease's
   change of holder, polled every 50 ms on the database) and ``takeover_s_max``;
@@ -23,9 +26,13 @@ releases the fleet. Measured (one JSON object, printed and with ``--out`` writte
 * ``healthy_relaunches``: launchers (``trainer.launch``) of a job started after its first,
   beyond one (the jobs take one GPU slot each and nothing preempts them: every further
   launcher is a job stopped and started again);
-* ``jobs``, ``jobs_completed``, ``jobs_exact`` (completed with their progress equal to the
-  length their script declared: the exact sample count), ``stale_writes_refused`` (the lease
-  row's counter: writes of a deposed leader refused by epoch).
+* ``jobs``, ``jobs_completed``, ``jobs_exact``: completed, and the trainer's own step log
+  (``--log-dir``: the sample ids of every micro-batch) shows every sample of every epoch
+  trained exactly once; ``samples`` gives, by job, ``[trained, expected]`` (sample ids
+  trained, counting a repeat; epochs x dataset size); ``final_report``, by job, the progress
+  and declared length of its last report in the store and whether it said done;
+* ``stale_writes_refused`` (the lease row's counter: writes of a deposed leader refused by
+  epoch), ``freeze_tries`` (the stops it took to get one).
 """
 
 from __future__ import annotations
@@ -58,6 +65,12 @@ COADAPT = [sys.executable, "-m", "autoscaler.cli"]
 INTERVAL_S = 1.0
 LEASE_S = 1.5 * INTERVAL_S
 JOBS = ("fo-a", "fo-b", "fo-c")
+NUM_SAMPLES = 1024  # examples/jobs/mlp-small.yaml's --num-samples: one epoch
+FREEZE_WITHIN_S = 0.05
+"""A stop comes this soon (uniformly at random) after the leader renewed its lease: inside
+its round (a round of three jobs takes tens of milliseconds on this machine)."""
+FREEZE_TRIES = 8
+STANDBY_WAIT_S = 90.0
 
 
 def _free_port() -> int:
@@ -76,6 +89,9 @@ class Failover:
         self.ports = (_free_port(), _free_port())
         self.urls = ",".join(f"http://127.0.0.1:{p}" for p in self.ports)
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.log_offsets: dict[int, int] = {}
+        self.steps = self.tmp / "steps"
+        self.freeze_tries = 0
         self.takeovers: list[float] = []
         self.kills = 0
         self.stops = 0
@@ -86,8 +102,13 @@ class Failover:
 
     # ---- the pair ----------------------------------------------------------------------------
 
+    def log_path(self, port: int) -> Path:
+        return self.tmp / f"up-{port}.log"
+
     def start(self, port: int) -> None:
-        log = (self.tmp / f"up-{port}.log").open("ab")
+        path = self.log_path(port)
+        self.log_offsets[port] = path.stat().st_size if path.exists() else 0
+        log = path.open("ab")
         env = {**os.environ, "COADAPT_STORE_URL": self.url, "PYTHONPATH": str(ROOT)}
         self.procs[port] = subprocess.Popen(
             [*COADAPT, "up", "--state-dir", str(self.state), "--port", str(port),
@@ -107,6 +128,25 @@ class Failover:
         except psycopg.errors.UndefinedTable:
             return None  # the first up has not built the store yet
         return None if row is None else (str(row[0]), int(row[1]), int(row[2]))
+
+    def said_since_start(self, port: int, *needles: str) -> bool:
+        """Whether the ``up`` on ``port`` said one of ``needles`` since it was last started."""
+        with self.log_path(port).open("rb") as f:
+            f.seek(self.log_offsets.get(port, 0))
+            text = f.read().decode(errors="replace")
+        return any(n in text for n in needles)
+
+    def wait_said(self, port: int, *needles: str) -> None:
+        """Until the ``up`` on ``port`` said one of ``needles`` (since its start)."""
+        deadline = time.monotonic() + STANDBY_WAIT_S
+        while not self.said_since_start(port, *needles):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"port {port} never said {needles}: " + self.tail())
+            time.sleep(0.05)
+
+    def renewed_at_s(self, pg: Any) -> float:
+        row = pg.execute("SELECT renewed_at_s FROM leader_lease").fetchone()
+        return float(row[0])
 
     def leader_port(self) -> int:
         lease = self.lease()
@@ -169,18 +209,20 @@ class Failover:
                 if time.monotonic() > deadline:
                     raise RuntimeError("no controller led within 90 s: " + self.tail())
                 time.sleep(0.2)
-        time.sleep(2.0)  # the second one serves and stands by
+        self.wait_said(self.ports[1], "stands by")  # the second one serves and stands by
         spec = ROOT / "examples/jobs/mlp-small.yaml"
         text = spec.read_text().replace("--epochs, 16", f"--epochs, {self.args.epochs}")
+        assert f"--num-samples, {NUM_SAMPLES}," in text and "--step-delay-s, 0.02]" in text
         copy = ROOT / "examples/jobs" / f".failover-{os.getpid()}.yaml"
-        copy.write_text(text)
         try:
-            for name in JOBS:
+            for name in JOBS:  # each with its own step log
+                logged = f"--step-delay-s, 0.02, --log-dir, {self.steps / name}]"
+                copy.write_text(text.replace("--step-delay-s, 0.02]", logged))
                 out = self.coadapt("submit", str(copy), "--name", name)
                 if out.returncode != 0:
                     raise RuntimeError(f"submit {name}: {out.stderr}")
         finally:
-            copy.unlink()
+            copy.unlink(missing_ok=True)
         sampler = threading.Thread(target=self.sample, daemon=True)
         sampler.start()
         while not any(j.get("status") == "running" for j in self.jobs().values()):
@@ -195,22 +237,32 @@ class Failover:
             self.procs[port].wait()
             self.kills += 1
             self.wait_takeover(lease[1], killed_at)
-            self.start(port)  # back as a standby, on its port
-            time.sleep(1.0)
+            self.start(port)  # back as a standby, on its port: the next kill once it stands by
+            self.wait_said(port, "stands by")
         refused_before = (self.lease() or ("", 0, 0))[2]
+        import psycopg
+
         for _ in range(self.args.stops):
-            for _try in range(5):
+            for _try in range(FREEZE_TRIES):
                 time.sleep(self.rng.uniform(0.2, 1.0))
                 port = self.leader_port()
                 lease = self.lease()
                 assert lease is not None
+                with psycopg.connect(self.url, autocommit=True) as pg:
+                    renewed = self.renewed_at_s(pg)
+                    deadline = time.monotonic() + 10 * INTERVAL_S
+                    while self.renewed_at_s(pg) == renewed and time.monotonic() < deadline:
+                        time.sleep(0.002)  # its next round renews the lease first
+                time.sleep(self.rng.uniform(0.0, FREEZE_WITHIN_S))
+                self.log_offsets[port] = self.log_path(port).stat().st_size
                 self.procs[port].send_signal(signal.SIGSTOP)
                 stopped_at = time.monotonic()
                 self.stops += 1
+                self.freeze_tries += 1
                 self.wait_takeover(lease[1], stopped_at)
                 time.sleep(LEASE_S)
                 self.procs[port].send_signal(signal.SIGCONT)
-                time.sleep(3 * INTERVAL_S)  # it wakes up, is refused, stands by
+                self.wait_said(port, "stands by", "standing by")  # woken, refused, deposed
                 now_refused = (self.lease() or ("", 0, 0))[2]
                 if now_refused > refused_before:
                     refused_before = now_refused
@@ -241,12 +293,13 @@ class Failover:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(60)
         left = LocalProvider(self.state / "local").list_instances(CLUSTER)
-        exact = [  # completed, its last report at the length its script declared
+        trained = {n: self.trained(n) for n in jobs}
+        exact = [  # completed, every sample of every epoch trained exactly once
             n
             for n, j in jobs.items()
             if j["status"] == "completed"
-            and last.get(n, {}).get("target_progress") is not None
-            and last[n].get("progress", 0) >= last[n]["target_progress"]
+            and sorted(trained[n]) == list(range(self.args.epochs))
+            and all(sorted(ids) == list(range(NUM_SAMPLES)) for ids in trained[n].values())
         ]
         return {
             "kills": self.kills,
@@ -263,13 +316,29 @@ class Failover:
             "jobs_completed": sum(1 for j in jobs.values() if j["status"] == "completed"),
             "jobs_exact": len(exact),
             "samples": {
-                n: [last.get(n, {}).get("progress"), last.get(n, {}).get("target_progress")]
+                n: [sum(len(ids) for ids in trained[n].values()), self.args.epochs * NUM_SAMPLES]
+                for n in jobs
+            },
+            "final_report": {
+                n: [last.get(n, {}).get(k) for k in ("progress", "target_progress", "done")]
                 for n in jobs
             },
             "stale_writes_refused": 0 if lease is None else lease[2],
+            "freeze_tries": self.freeze_tries,
             "final_epoch": None if lease is None else lease[1],
             "down_rc": down.returncode,
         }
+
+    def trained(self, job: str) -> dict[int, list[int]]:
+        """The sample ids ``job`` trained, by epoch, from its step log (every rank's, every
+        attempt's: a sample trained twice is there twice)."""
+        by_epoch: dict[int, list[int]] = {}
+        for path in sorted((self.steps / job).glob("*.jsonl")):
+            for line in path.read_text().splitlines():
+                record = json.loads(line) if line.strip() else {}
+                if "ids" in record and "event" not in record:
+                    by_epoch.setdefault(int(record["epoch"]), []).extend(record["ids"])
+        return by_epoch
 
     def close(self) -> None:
         for proc in self.procs.values():
