@@ -26,11 +26,14 @@ fleet. Measured (one JSON object, printed and with ``--out`` written):
 * ``healthy_relaunches``: launchers (``trainer.launch``) of a job started after its first,
   beyond one (the jobs take one GPU slot each and nothing preempts them: every further
   launcher is a job stopped and started again);
-* ``jobs``, ``jobs_completed``, ``jobs_exact``: completed, and the trainer's own step log
-  (``--log-dir``: the sample ids of every micro-batch) shows every sample of every epoch
-  trained exactly once; ``samples`` gives, by job, ``[trained, expected]`` (sample ids
-  trained, counting a repeat; epochs x dataset size); ``final_report``, by job, the progress
-  and declared length of its last report in the store and whether it said done;
+* ``jobs``, ``jobs_completed``, ``jobs_exact``: completed at the length its script declared
+  (its last report in the store says done, its progress at least that length) with no sample
+  lost or repeated: the trainer's own step log (``--log-dir``: the sample ids of every
+  micro-batch) holds each step once, every data epoch but the last with every sample exactly
+  once and the last with none twice (a job that grew its batch needs more data epochs than
+  ``--epochs`` for the same progress: AdaScale); ``samples`` gives, by job, ``[trained,
+  repeated, data_epochs]`` from that log; ``final_report``, by job, ``[progress,
+  target_progress, done]`` of its last stored report;
 * ``stale_writes_refused`` (the lease row's counter: writes of a deposed leader refused by
   epoch), ``freeze_tries`` (the stops it took to get one).
 """
@@ -66,9 +69,10 @@ INTERVAL_S = 1.0
 LEASE_S = 1.5 * INTERVAL_S
 JOBS = ("fo-a", "fo-b", "fo-c")
 NUM_SAMPLES = 1024  # examples/jobs/mlp-small.yaml's --num-samples: one epoch
-FREEZE_WITHIN_S = 0.05
+FREEZE_WITHIN_S = 0.01
 """A stop comes this soon (uniformly at random) after the leader renewed its lease: inside
-its round (a round of three jobs takes tens of milliseconds on this machine)."""
+its round (a round renews the lease first, then reads and writes), at a random point of it;
+a stop that falls between two rounds is tried again (``freeze_tries`` counts them)."""
 FREEZE_TRIES = 8
 STANDBY_WAIT_S = 90.0
 
@@ -252,7 +256,7 @@ class Failover:
                     renewed = self.renewed_at_s(pg)
                     deadline = time.monotonic() + 10 * INTERVAL_S
                     while self.renewed_at_s(pg) == renewed and time.monotonic() < deadline:
-                        time.sleep(0.002)  # its next round renews the lease first
+                        pass  # its next round renews the lease first
                 time.sleep(self.rng.uniform(0.0, FREEZE_WITHIN_S))
                 self.log_offsets[port] = self.log_path(port).stat().st_size
                 self.procs[port].send_signal(signal.SIGSTOP)
@@ -294,12 +298,14 @@ class Failover:
                 proc.wait(60)
         left = LocalProvider(self.state / "local").list_instances(CLUSTER)
         trained = {n: self.trained(n) for n in jobs}
-        exact = [  # completed, every sample of every epoch trained exactly once
+        exact = [
             n
             for n, j in jobs.items()
             if j["status"] == "completed"
-            and sorted(trained[n]) == list(range(self.args.epochs))
-            and all(sorted(ids) == list(range(NUM_SAMPLES)) for ids in trained[n].values())
+            and last.get(n, {}).get("done") is True
+            and last[n].get("target_progress") is not None
+            and last[n]["progress"] >= last[n]["target_progress"]
+            and _exact(*trained[n])
         ]
         return {
             "kills": self.kills,
@@ -315,10 +321,7 @@ class Failover:
             "jobs": len(JOBS),
             "jobs_completed": sum(1 for j in jobs.values() if j["status"] == "completed"),
             "jobs_exact": len(exact),
-            "samples": {
-                n: [sum(len(ids) for ids in trained[n].values()), self.args.epochs * NUM_SAMPLES]
-                for n in jobs
-            },
+            "samples": {n: _counts(*trained[n]) for n in jobs},
             "final_report": {
                 n: [last.get(n, {}).get(k) for k in ("progress", "target_progress", "done")]
                 for n in jobs
@@ -329,16 +332,23 @@ class Failover:
             "down_rc": down.returncode,
         }
 
-    def trained(self, job: str) -> dict[int, list[int]]:
-        """The sample ids ``job`` trained, by epoch, from its step log (every rank's, every
-        attempt's: a sample trained twice is there twice)."""
+    def trained(self, job: str) -> tuple[dict[int, list[int]], int]:
+        """The sample ids ``job`` trained, by data epoch, from its step log (every rank's,
+        every attempt's: a sample trained twice is there twice), and how many of its
+        micro-steps (step, micro-batch, rank) were logged more than once (replayed)."""
         by_epoch: dict[int, list[int]] = {}
+        seen: set[tuple[str, int, int]] = set()
+        replayed = 0
         for path in sorted((self.steps / job).glob("*.jsonl")):
+            rank = path.name.split("-", 1)[0]
             for line in path.read_text().splitlines():
                 record = json.loads(line) if line.strip() else {}
                 if "ids" in record and "event" not in record:
+                    key = (rank, int(record["step"]), int(record["micro"]))
+                    replayed += key in seen
+                    seen.add(key)
                     by_epoch.setdefault(int(record["epoch"]), []).extend(record["ids"])
-        return by_epoch
+        return by_epoch, replayed
 
     def close(self) -> None:
         for proc in self.procs.values():
@@ -349,6 +359,25 @@ class Failover:
                 proc.wait()
         with contextlib.suppress(Exception):
             LocalProvider(self.state / "local").down(CLUSTER)
+
+
+def _counts(by_epoch: dict[int, list[int]], replayed: int) -> list[int]:
+    """``[trained, repeated, data_epochs]`` of a job's step log (:meth:`Failover.trained`):
+    sample ids trained, those trained again within their data epoch, data epochs begun."""
+    trained = sum(len(ids) for ids in by_epoch.values())
+    distinct = sum(len(set(ids)) for ids in by_epoch.values())
+    return [trained, trained - distinct, len(by_epoch)]
+
+
+def _exact(by_epoch: dict[int, list[int]], replayed: int) -> bool:
+    """No sample lost or repeated: no micro-step replayed, the data epochs 0..E-1 each with
+    every sample once but the last, which holds no sample twice."""
+    epochs = sorted(by_epoch)
+    if replayed or not epochs or epochs != list(range(len(epochs))):
+        return False
+    full = list(range(NUM_SAMPLES))
+    last = by_epoch[epochs[-1]]
+    return all(sorted(by_epoch[e]) == full for e in epochs[:-1]) and len(set(last)) == len(last)
 
 
 def main(argv: list[str] | None = None) -> int:

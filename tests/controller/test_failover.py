@@ -28,7 +28,8 @@ def test_jobs_run_through_leader_kills_and_a_frozen_leader(tmp_path: Path) -> No
     assert got["takeover_s_max"] <= 2 * INTERVAL_S, got["takeover_s"]
     assert got["jobs_completed"] == got["jobs"] == 3, got["samples"]
     assert got["jobs_exact"] == 3, got["samples"]  # the trainers' own step logs
-    assert all(t == 48 * 1024 for t in (s for s, _ in got["samples"].values())), got["samples"]
+    for trained, repeated, data_epochs in got["samples"].values():  # none lost or twice
+        assert repeated == 0 and trained >= 48 * 1024 and data_epochs >= 48, got["samples"]
     for progress, target, done in got["final_report"].values():  # reports reach a pair
         assert done is True and target is not None and progress >= target, got["final_report"]
     assert got["duplicate_launches"] == 0
