@@ -10,10 +10,11 @@ addresses (``--api-urls``), rounds every second (a lease of 1.5 s). Three traini
 run while, ``--kills`` times, the lease's holder is SIGKILLed at a random point of its round
 (a random 0.2-2.5 s after the restarted standby said it ``stands by``) and started again as a
 standby on its port, and, ``--stops`` times, the leader is frozen (SIGSTOP) in the middle of
-its round, a random 0-:data:`FREEZE_WITHIN_S` after it renewed the lease (between its lease
-check and the round's writes; the renewal is watched on the database), past its lease until
-the other takes over, then resumed (SIGCONT): it carries on with its round and its stale
-epoch; a stop is repeated (at most :data:`FREEZE_TRIES` times) until the woken leader had a
+a round that writes (the first after a new trainer report: it records the models the report
+changed), a random 0-:data:`FREEZE_WITHIN_S` after it renewed the lease (between its lease
+check and the round's writes; the report and the renewal are watched on the database), past
+its lease until the other takes over, then resumed (SIGCONT): it carries on with its round
+and its stale epoch; a stop is repeated (at most :data:`FREEZE_TRIES` times) until the woken leader had a
 write refused by epoch. Then the jobs run to their end and ``coadapt down`` releases the
 fleet. Measured (one JSON object, printed and with ``--out`` written):
 
@@ -74,6 +75,7 @@ FREEZE_WITHIN_S = 0.01
 its round (a round renews the lease first, then reads and writes), at a random point of it;
 a stop that falls between two rounds is tried again (``freeze_tries`` counts them)."""
 FREEZE_TRIES = 8
+REPORT_WAIT_S = 40.0  # the trainers report every 30 s (trainer.env's default)
 STANDBY_WAIT_S = 90.0
 
 
@@ -147,6 +149,10 @@ class Failover:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"port {port} never said {needles}: " + self.tail())
             time.sleep(0.05)
+
+    def last_report_id(self, pg: Any) -> int:
+        row = pg.execute("SELECT coalesce(max(report_id), 0) FROM reports").fetchone()
+        return int(row[0])
 
     def renewed_at_s(self, pg: Any) -> float:
         row = pg.execute("SELECT renewed_at_s FROM leader_lease").fetchone()
@@ -253,6 +259,12 @@ class Failover:
                 lease = self.lease()
                 assert lease is not None
                 with psycopg.connect(self.url, autocommit=True) as pg:
+                    # a round that writes: the next after a new trainer report (it records
+                    # the models the report changed); one with nothing new writes nothing
+                    reported = self.last_report_id(pg)
+                    deadline = time.monotonic() + REPORT_WAIT_S
+                    while self.last_report_id(pg) == reported and time.monotonic() < deadline:
+                        time.sleep(0.01)
                     renewed = self.renewed_at_s(pg)
                     deadline = time.monotonic() + 10 * INTERVAL_S
                     while self.renewed_at_s(pg) == renewed and time.monotonic() < deadline:
