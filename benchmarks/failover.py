@@ -14,9 +14,9 @@ a round that writes (the first after a new trainer report: it records the models
 changed), a random 0-:data:`FREEZE_WITHIN_S` after it renewed the lease (between its lease
 check and the round's writes; the report and the renewal are watched on the database), past
 its lease until the other takes over, then resumed (SIGCONT): it carries on with its round
-and its stale epoch; a stop is repeated (at most :data:`FREEZE_TRIES` times) until the woken leader had a
-write refused by epoch. Then the jobs run to their end and ``coadapt down`` releases the
-fleet. Measured (one JSON object, printed and with ``--out`` written):
+and its stale epoch; a stop is repeated (at most :data:`FREEZE_TRIES` times) until the woken
+leader had a write refused by epoch. Then the jobs run to their end and ``coadapt down``
+releases the fleet. Measured (one JSON object, printed and with ``--out`` written):
 
 * ``kills``, ``stops``; ``takeover_s`` (each, from the kill or the freeze to the lease's
   change of holder, polled every 50 ms on the database) and ``takeover_s_max``;
