@@ -1,7 +1,7 @@
 """How long a controller round takes at scale, cloud latency aside.
 
     python benchmarks/controller_round.py [--jobs 1000] [--instances 500] [--rounds 9]
-        [--history-days N [--compare-fresh]] [--out FILE]
+        [--history-days N [--compare-fresh]] [--store URL | --postgres] [--out FILE]
 
 A real store file (SQLite, WAL, in a temporary folder), the behavioural fake cloud in memory
 (no latency: what is measured is the controller), the default fleet strategy (goodput-per-
@@ -24,6 +24,14 @@ reports are not filled: the controller keeps a bounded number per job as it read
 interleaved with the old one's (alternating which goes first), so both meet the same load
 of a shared machine; the JSON then adds ``"fresh": {"round_s_median", "round_s_p95",
 "phases_s_median"}`` and ``"aged_over_fresh"``, the ratio of the two medians.
+
+``--store URL`` (an empty PostgreSQL database) or ``--postgres`` (a private server started
+and stopped by the run, :class:`emulators.postgres_server.PostgresServer`, a fresh database in
+it) also builds the same cluster on PostgreSQL and times its rounds interleaved with the
+SQLite one's (alternating which goes first, as ``--compare-fresh`` does); the JSON then adds
+``"postgres": {"round_s_median", "round_s_p95", "phases_s_median", "warmup_rounds"}`` and
+``"postgres_over_sqlite"``, the ratio of the two medians (the top-level figures stay
+SQLite's).
 
 Prints a table of the measured rounds split into observe / decide / reconcile / act, and
 writes ``{"round_s_median", "round_s_p95", "rss_mib", "store_mib", "phases_s_median":
@@ -58,6 +66,7 @@ from autoscaler.controller.lifecycle import InstanceStatus
 from autoscaler.controller.loop import Controller, ControllerConfig
 from autoscaler.controller.reconcile import ReconcileConfig
 from autoscaler.controller.store import JobStatus, Store
+from autoscaler.controller.store.postgres import is_postgres_url
 from autoscaler.decide.sizing import SizingConfig
 from autoscaler.model.traces import load_app
 from autoscaler.sim.runner import paper_workloads
@@ -210,14 +219,15 @@ class Bench:
     )
 
 
-def _bench(jobs: int, instances: int, history_days: int) -> Bench:
+def _bench(jobs: int, instances: int, history_days: int, store_url: str | None = None) -> Bench:
     """A cluster of ``jobs`` (the same ones whatever ``history_days``) warmed up until it
-    holds ``instances`` running instances and every placed job has reported."""
+    holds ``instances`` running instances and every placed job has reported; its store a
+    SQLite file in a temporary folder, or the (empty) PostgreSQL database ``store_url``."""
     rng = np.random.default_rng(0)
     clock = FakeClock()
     names = sorted({j.application for f in paper_workloads("1.0") for j in load_workload(f).jobs})
     tmp = Path(tempfile.mkdtemp(prefix="coadapt-bench-"))
-    store = Store.create(tmp / "store.db", CLUSTER, clock)
+    store = Store.create(store_url or tmp / "store.db", CLUSTER, clock)
     apps: dict[str, str] = {}
     for i in range(jobs):
         app = str(rng.choice(names))
@@ -281,18 +291,26 @@ def _summary(bench: Bench) -> dict:
 
 
 def run(
-    jobs: int, instances: int, rounds: int, history_days: int = 0, compare_fresh: bool = False
+    jobs: int,
+    instances: int,
+    rounds: int,
+    history_days: int = 0,
+    compare_fresh: bool = False,
+    store_url: str | None = None,
 ) -> dict:
     bench = _bench(jobs, instances, history_days)
     fresh = _bench(jobs, instances, 0) if compare_fresh else None
+    pg = _bench(jobs, instances, history_days, store_url) if store_url else None
     print(f"{'store':>5} {'round':>5} {'total_s':>8} {'observe':>8} {'decide':>8} "
           f"{'reconcile':>9} {'act':>8}")  # fmt: skip
     for r in range(rounds):
-        if fresh is None:
-            _measure(bench, "aged" if history_days else "fresh")
-            continue
-        pair = [(bench, "aged"), (fresh, "fresh")]  # interleaved: one machine's load for both
-        for b, label in pair if r % 2 == 0 else reversed(pair):
+        # interleaved, alternating which goes first: one machine's load for all of them
+        group = [(bench, "aged" if history_days else ("sqlite" if pg else "fresh"))]
+        if fresh is not None:
+            group = [(bench, "aged"), (fresh, "fresh")]
+        if pg is not None:
+            group.append((pg, "pg"))
+        for b, label in group if r % 2 == 0 else reversed(group):
             _measure(b, label)
     store = bench.store
     live = store.list_instances(statuses=(InstanceStatus.RUNNING,))
@@ -320,7 +338,10 @@ def run(
     if fresh is not None:
         out["fresh"] = _summary(fresh)
         out["aged_over_fresh"] = out["round_s_median"] / out["fresh"]["round_s_median"]
-    for done in (bench, fresh):
+    if pg is not None:
+        out["postgres"] = {**_summary(pg), "warmup_rounds": pg.warmup}
+        out["postgres_over_sqlite"] = out["postgres"]["round_s_median"] / out["round_s_median"]
+    for done in (bench, fresh, pg):
         if done is not None:
             done.store.close()
             shutil.rmtree(done.tmp, ignore_errors=True)
@@ -343,11 +364,38 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also time a fresh store, its rounds interleaved with the old one's",
     )
+    where = p.add_mutually_exclusive_group()
+    where.add_argument(
+        "--store",
+        help="also time the cluster on this (empty) PostgreSQL database, postgresql://...",
+    )
+    where.add_argument(
+        "--postgres",
+        action="store_true",
+        help="also time the cluster on PostgreSQL: a private server this run starts and stops",
+    )
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     if args.history_days < 0:
         p.error("--history-days must be >= 0")
-    result = run(args.jobs, args.instances, args.rounds, args.history_days, args.compare_fresh)
+    if args.store is not None and not is_postgres_url(args.store):
+        p.error("--store takes a postgresql://user@host:port/database URL")
+    server = None
+    if args.postgres:
+        from emulators.postgres_server import PostgresServer, postgres_unavailable
+
+        why = postgres_unavailable()
+        if why is not None:
+            p.error(f"--postgres: no PostgreSQL server can start here: {why}")
+        server = PostgresServer().start()
+    try:
+        url = args.store if server is None else server.create_database()
+        result = run(
+            args.jobs, args.instances, args.rounds, args.history_days, args.compare_fresh, url
+        )
+    finally:
+        if server is not None:
+            server.stop()
     print(json.dumps(result, indent=2))
     if args.out:
         write_json_atomic(args.out, result)

@@ -8,9 +8,13 @@ folder and that store (``--store``), each on its own port, the local agents give
 addresses (``--api-urls``), rounds every second (a lease of 1.5 s). Three training jobs
 (``examples/jobs/mlp-small.yaml`` under three names, one GPU slot each, ``--epochs`` epochs)
 run while, ``--kills`` times, the lease's holder is SIGKILLed at a random point of its round
-(a random 0.2-2.5 s after the last takeover settled) and started again as a standby on its
-port, and, ``--stops`` times, the leader is frozen (SIGSTOP) past its lease until the other
-takes over, then resumed (SIGCONT); a stop is repeated (at most 5 times) until the woken
+(a random 0.2-2.5 s after the restarted standby said it ``stands by``) and started again as a
+standby on its port, and, ``--stops`` times, the leader is frozen (SIGSTOP) in the middle of
+a round that writes (the first after a new trainer report: it records the models the report
+changed), a random 0-:data:`FREEZE_WITHIN_S` after it renewed the lease (between its lease
+check and the round's writes; the report and the renewal are watched on the database), past
+its lease until the other takes over, then resumed (SIGCONT): it carries on with its round
+and its stale epoch; a stop is repeated (at most :data:`FREEZE_TRIES` times) until the woken
 leader had a write refused by epoch. Then the jobs run to their end and ``coadapt down``
 releases the fleet. Measured (one JSON object, printed and with ``--out`` written):
 
@@ -23,9 +27,16 @@ releases the fleet. Measured (one JSON object, printed and with ``--out`` writte
 * ``healthy_relaunches``: launchers (``trainer.launch``) of a job started after its first,
   beyond one (the jobs take one GPU slot each and nothing preempts them: every further
   launcher is a job stopped and started again);
-* ``jobs``, ``jobs_completed``, ``jobs_exact`` (completed with their progress equal to the
-  length their script declared: the exact sample count), ``stale_writes_refused`` (the lease
-  row's counter: writes of a deposed leader refused by epoch).
+* ``jobs``, ``jobs_completed``, ``jobs_exact``: completed at the length its script declared
+  (its last report in the store says done, its progress at least that length) with no sample
+  lost or repeated: the trainer's own step log (``--log-dir``: the sample ids of every
+  micro-batch) holds each step once, every data epoch but the last with every sample exactly
+  once and the last with none twice (a job that grew its batch needs more data epochs than
+  ``--epochs`` for the same progress: AdaScale); ``samples`` gives, by job, ``[trained,
+  repeated, data_epochs]`` from that log; ``final_report``, by job, ``[progress,
+  target_progress, done]`` of its last stored report;
+* ``stale_writes_refused`` (the lease row's counter: writes of a deposed leader refused by
+  epoch), ``freeze_tries`` (the stops it took to get one).
 """
 
 from __future__ import annotations
@@ -58,6 +69,14 @@ COADAPT = [sys.executable, "-m", "autoscaler.cli"]
 INTERVAL_S = 1.0
 LEASE_S = 1.5 * INTERVAL_S
 JOBS = ("fo-a", "fo-b", "fo-c")
+NUM_SAMPLES = 1024  # examples/jobs/mlp-small.yaml's --num-samples: one epoch
+FREEZE_WITHIN_S = 0.01
+"""A stop comes this soon (uniformly at random) after the leader renewed its lease: inside
+its round (a round renews the lease first, then reads and writes), at a random point of it;
+a stop that falls between two rounds is tried again (``freeze_tries`` counts them)."""
+FREEZE_TRIES = 8
+REPORT_WAIT_S = 40.0  # the trainers report every 30 s (trainer.env's default)
+STANDBY_WAIT_S = 90.0
 
 
 def _free_port() -> int:
@@ -76,6 +95,9 @@ class Failover:
         self.ports = (_free_port(), _free_port())
         self.urls = ",".join(f"http://127.0.0.1:{p}" for p in self.ports)
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.log_offsets: dict[int, int] = {}
+        self.steps = self.tmp / "steps"
+        self.freeze_tries = 0
         self.takeovers: list[float] = []
         self.kills = 0
         self.stops = 0
@@ -86,8 +108,13 @@ class Failover:
 
     # ---- the pair ----------------------------------------------------------------------------
 
+    def log_path(self, port: int) -> Path:
+        return self.tmp / f"up-{port}.log"
+
     def start(self, port: int) -> None:
-        log = (self.tmp / f"up-{port}.log").open("ab")
+        path = self.log_path(port)
+        self.log_offsets[port] = path.stat().st_size if path.exists() else 0
+        log = path.open("ab")
         env = {**os.environ, "COADAPT_STORE_URL": self.url, "PYTHONPATH": str(ROOT)}
         self.procs[port] = subprocess.Popen(
             [*COADAPT, "up", "--state-dir", str(self.state), "--port", str(port),
@@ -107,6 +134,29 @@ class Failover:
         except psycopg.errors.UndefinedTable:
             return None  # the first up has not built the store yet
         return None if row is None else (str(row[0]), int(row[1]), int(row[2]))
+
+    def said_since_start(self, port: int, *needles: str) -> bool:
+        """Whether the ``up`` on ``port`` said one of ``needles`` since it was last started."""
+        with self.log_path(port).open("rb") as f:
+            f.seek(self.log_offsets.get(port, 0))
+            text = f.read().decode(errors="replace")
+        return any(n in text for n in needles)
+
+    def wait_said(self, port: int, *needles: str) -> None:
+        """Until the ``up`` on ``port`` said one of ``needles`` (since its start)."""
+        deadline = time.monotonic() + STANDBY_WAIT_S
+        while not self.said_since_start(port, *needles):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"port {port} never said {needles}: " + self.tail())
+            time.sleep(0.05)
+
+    def last_report_id(self, pg: Any) -> int:
+        row = pg.execute("SELECT coalesce(max(report_id), 0) FROM reports").fetchone()
+        return int(row[0])
+
+    def renewed_at_s(self, pg: Any) -> float:
+        row = pg.execute("SELECT renewed_at_s FROM leader_lease").fetchone()
+        return float(row[0])
 
     def leader_port(self) -> int:
         lease = self.lease()
@@ -169,18 +219,20 @@ class Failover:
                 if time.monotonic() > deadline:
                     raise RuntimeError("no controller led within 90 s: " + self.tail())
                 time.sleep(0.2)
-        time.sleep(2.0)  # the second one serves and stands by
+        self.wait_said(self.ports[1], "stands by")  # the second one serves and stands by
         spec = ROOT / "examples/jobs/mlp-small.yaml"
         text = spec.read_text().replace("--epochs, 16", f"--epochs, {self.args.epochs}")
+        assert f"--num-samples, {NUM_SAMPLES}," in text and "--step-delay-s, 0.02]" in text
         copy = ROOT / "examples/jobs" / f".failover-{os.getpid()}.yaml"
-        copy.write_text(text)
         try:
-            for name in JOBS:
+            for name in JOBS:  # each with its own step log
+                logged = f"--step-delay-s, 0.02, --log-dir, {self.steps / name}]"
+                copy.write_text(text.replace("--step-delay-s, 0.02]", logged))
                 out = self.coadapt("submit", str(copy), "--name", name)
                 if out.returncode != 0:
                     raise RuntimeError(f"submit {name}: {out.stderr}")
         finally:
-            copy.unlink()
+            copy.unlink(missing_ok=True)
         sampler = threading.Thread(target=self.sample, daemon=True)
         sampler.start()
         while not any(j.get("status") == "running" for j in self.jobs().values()):
@@ -195,22 +247,38 @@ class Failover:
             self.procs[port].wait()
             self.kills += 1
             self.wait_takeover(lease[1], killed_at)
-            self.start(port)  # back as a standby, on its port
-            time.sleep(1.0)
+            self.start(port)  # back as a standby, on its port: the next kill once it stands by
+            self.wait_said(port, "stands by")
         refused_before = (self.lease() or ("", 0, 0))[2]
+        import psycopg
+
         for _ in range(self.args.stops):
-            for _try in range(5):
+            for _try in range(FREEZE_TRIES):
                 time.sleep(self.rng.uniform(0.2, 1.0))
                 port = self.leader_port()
                 lease = self.lease()
                 assert lease is not None
+                with psycopg.connect(self.url, autocommit=True) as pg:
+                    # a round that writes: the next after a new trainer report (it records
+                    # the models the report changed); one with nothing new writes nothing
+                    reported = self.last_report_id(pg)
+                    deadline = time.monotonic() + REPORT_WAIT_S
+                    while self.last_report_id(pg) == reported and time.monotonic() < deadline:
+                        time.sleep(0.01)
+                    renewed = self.renewed_at_s(pg)
+                    deadline = time.monotonic() + 10 * INTERVAL_S
+                    while self.renewed_at_s(pg) == renewed and time.monotonic() < deadline:
+                        pass  # its next round renews the lease first
+                time.sleep(self.rng.uniform(0.0, FREEZE_WITHIN_S))
+                self.log_offsets[port] = self.log_path(port).stat().st_size
                 self.procs[port].send_signal(signal.SIGSTOP)
                 stopped_at = time.monotonic()
                 self.stops += 1
+                self.freeze_tries += 1
                 self.wait_takeover(lease[1], stopped_at)
                 time.sleep(LEASE_S)
                 self.procs[port].send_signal(signal.SIGCONT)
-                time.sleep(3 * INTERVAL_S)  # it wakes up, is refused, stands by
+                self.wait_said(port, "stands by", "standing by")  # woken, refused, deposed
                 now_refused = (self.lease() or ("", 0, 0))[2]
                 if now_refused > refused_before:
                     refused_before = now_refused
@@ -241,12 +309,15 @@ class Failover:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(60)
         left = LocalProvider(self.state / "local").list_instances(CLUSTER)
-        exact = [  # completed, its last report at the length its script declared
+        trained = {n: self.trained(n) for n in jobs}
+        exact = [
             n
             for n, j in jobs.items()
             if j["status"] == "completed"
-            and last.get(n, {}).get("target_progress") is not None
-            and last[n].get("progress", 0) >= last[n]["target_progress"]
+            and last.get(n, {}).get("done") is True
+            and last[n].get("target_progress") is not None
+            and last[n]["progress"] >= last[n]["target_progress"]
+            and _exact(*trained[n])
         ]
         return {
             "kills": self.kills,
@@ -262,14 +333,34 @@ class Failover:
             "jobs": len(JOBS),
             "jobs_completed": sum(1 for j in jobs.values() if j["status"] == "completed"),
             "jobs_exact": len(exact),
-            "samples": {
-                n: [last.get(n, {}).get("progress"), last.get(n, {}).get("target_progress")]
+            "samples": {n: _counts(*trained[n]) for n in jobs},
+            "final_report": {
+                n: [last.get(n, {}).get(k) for k in ("progress", "target_progress", "done")]
                 for n in jobs
             },
             "stale_writes_refused": 0 if lease is None else lease[2],
+            "freeze_tries": self.freeze_tries,
             "final_epoch": None if lease is None else lease[1],
             "down_rc": down.returncode,
         }
+
+    def trained(self, job: str) -> tuple[dict[int, list[int]], int]:
+        """The sample ids ``job`` trained, by data epoch, from its step log (every rank's,
+        every attempt's: a sample trained twice is there twice), and how many of its
+        micro-steps (step, micro-batch, rank) were logged more than once (replayed)."""
+        by_epoch: dict[int, list[int]] = {}
+        seen: set[tuple[str, int, int]] = set()
+        replayed = 0
+        for path in sorted((self.steps / job).glob("*.jsonl")):
+            rank = path.name.split("-", 1)[0]
+            for line in path.read_text().splitlines():
+                record = json.loads(line) if line.strip() else {}
+                if "ids" in record and "event" not in record:
+                    key = (rank, int(record["step"]), int(record["micro"]))
+                    replayed += key in seen
+                    seen.add(key)
+                    by_epoch.setdefault(int(record["epoch"]), []).extend(record["ids"])
+        return by_epoch, replayed
 
     def close(self) -> None:
         for proc in self.procs.values():
@@ -280,6 +371,25 @@ class Failover:
                 proc.wait()
         with contextlib.suppress(Exception):
             LocalProvider(self.state / "local").down(CLUSTER)
+
+
+def _counts(by_epoch: dict[int, list[int]], replayed: int) -> list[int]:
+    """``[trained, repeated, data_epochs]`` of a job's step log (:meth:`Failover.trained`):
+    sample ids trained, those trained again within their data epoch, data epochs begun."""
+    trained = sum(len(ids) for ids in by_epoch.values())
+    distinct = sum(len(set(ids)) for ids in by_epoch.values())
+    return [trained, trained - distinct, len(by_epoch)]
+
+
+def _exact(by_epoch: dict[int, list[int]], replayed: int) -> bool:
+    """No sample lost or repeated: no micro-step replayed, the data epochs 0..E-1 each with
+    every sample once but the last, which holds no sample twice."""
+    epochs = sorted(by_epoch)
+    if replayed or not epochs or epochs != list(range(len(epochs))):
+        return False
+    full = list(range(NUM_SAMPLES))
+    last = by_epoch[epochs[-1]]
+    return all(sorted(by_epoch[e]) == full for e in epochs[:-1]) and len(set(last)) == len(last)
 
 
 def main(argv: list[str] | None = None) -> int:

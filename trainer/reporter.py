@@ -56,12 +56,22 @@ class ReportSink(Protocol):
     def send(self, report: TrainerReport) -> ReportReply | None: ...
 
 
+MAX_CONTROLLER_URLS = 16
+"""The most addresses an :class:`HttpSink` takes (what ``coadapt up --api-urls`` allows)."""
+
+
 class HttpSink:
     """POSTs JSON to ``{controller_url}/v1/jobs/{job_id}/reports``; parses the reply. It
     authenticates as a bearer with ``token``, or with the credential in ``token_file`` (what
     the agent names in ``COADAPT_REPORT_TOKEN_FILE``), read again before every report so that
     a credential the agent renewed is used without a restart. No proxy, no redirect (see the
-    module docstring); the token is never part of the sink's repr or of an error it raises."""
+    module docstring); the token is never part of the sink's repr or of an error it raises.
+
+    ``controller_url`` may list several addresses, comma-separated (a controller pair's, as
+    ``coadapt up --api-urls`` gives its agents): a report goes to the first that answers,
+    tried in turn when one cannot be reached (a refused or timed-out connection, an unknown
+    host); the one that answered is tried first next time. An HTTP error answer is the
+    controller's and is raised at once."""
 
     def __init__(
         self,
@@ -72,18 +82,31 @@ class HttpSink:
         token: str | None = None,
         token_file: str | os.PathLike[str] | None = None,
     ) -> None:
-        if not controller_url.startswith(("http://", "https://")):
-            raise TrainerConfigError(f"not an http(s) URL: {controller_url!r}", field="url")
+        urls = [u.strip() for u in controller_url.split(",") if u.strip()]
+        if not urls or len(urls) > MAX_CONTROLLER_URLS:
+            raise TrainerConfigError(
+                f"give 1-{MAX_CONTROLLER_URLS} http(s) URLs, comma-separated: "
+                f"{controller_url[:200]!r}",
+                field="url",
+            )
+        for url in urls:
+            if not url.startswith(("http://", "https://")):
+                raise TrainerConfigError(f"not an http(s) URL: {url!r}", field="url")
         if token and token_file:
             raise TrainerConfigError("give a token or a token file, not both", field="token")
-        self.url = controller_url.rstrip("/") + report_path(job_id)
+        self.urls = [u.rstrip("/") + report_path(job_id) for u in urls]
         self.timeout_s = timeout_s
         self._token = token or None
         self._token_file = Path(token_file) if token_file else None
         self._opener = credential_opener()
 
+    @property
+    def url(self) -> str:
+        """The report URL tried first (the last that answered)."""
+        return self.urls[0]
+
     def __repr__(self) -> str:
-        return f"HttpSink({self.url!r})"
+        return f"HttpSink({','.join(self.urls)!r})"
 
     def _bearer(self) -> str | None:
         if self._token_file is None:
@@ -99,17 +122,25 @@ class HttpSink:
         token = self._bearer()
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        request = urllib.request.Request(
-            self.url, data=report.to_json().encode(), method="POST", headers=headers
-        )
-        try:
-            with self._opener.open(request, timeout=self.timeout_s) as response:
-                return ReportReply.from_json(response.read())
-        except urllib.error.HTTPError as e:
-            if e.code != 429:
-                raise
-            wait_s = parse_retry_after(e.headers.get("Retry-After") if e.headers else None)
-            raise ReportThrottledError(-1.0 if wait_s is None else wait_s) from None
+        body = report.to_json().encode()
+        for i, url in enumerate(self.urls):
+            request = urllib.request.Request(url, data=body, method="POST", headers=headers)
+            try:
+                with self._opener.open(request, timeout=self.timeout_s) as response:
+                    reply = ReportReply.from_json(response.read())
+            except urllib.error.HTTPError as e:
+                if e.code != 429:
+                    raise
+                wait_s = parse_retry_after(e.headers.get("Retry-After") if e.headers else None)
+                raise ReportThrottledError(-1.0 if wait_s is None else wait_s) from None
+            except OSError:  # unreachable (URLError, a timeout): the next address
+                if i == len(self.urls) - 1:
+                    raise
+                continue
+            if i:
+                self.urls.insert(0, self.urls.pop(i))
+            return reply
+        raise AssertionError("unreachable: the loop returns or raises")  # pragma: no cover
 
 
 class FileSink:

@@ -29,8 +29,10 @@ from autoscaler.cli.common import (
     StateDir,
     StoreUrl,
     api_failure,
+    cluster_store_location,
     deployed_client,
     fail,
+    open_cluster_store,
     recorded_deployment,
     resolve_state_dir,
 )
@@ -260,6 +262,12 @@ def up(
     state = resolve_state_dir(state_dir)
     if state.exists() and not state.is_dir():
         fail(f"--state-dir {state} is a file, not a folder; name a folder (created if missing)", 2)
+    if store is None and not new_store:  # a team's store, as cluster.json records it
+        recorded = cluster_store_location(state, None)
+        if isinstance(recorded, str):
+            store = recorded
+            typer.echo(f"coadapt: the store is {masked_url(store)}, as {state / 'cluster.json'} "
+                       "records it (its password from PGPASSWORD or ~/.pgpass)")  # fmt: skip
     urls: tuple[str, ...] = ()
     if api_urls is not None:
         urls = tuple(u.strip() for u in api_urls.split(",") if u.strip())
@@ -280,7 +288,7 @@ def up(
         typer.echo(f"coadapt: {state / 'up.json'} was left by a coadapt up that is gone; "
                    "starting again (the store picks up where it stopped)")  # fmt: skip
         (state / "up.json").unlink()
-    waiting = () if resume or new_store else unfinished_after_down(state)
+    waiting = () if resume or new_store else unfinished_after_down(state, store)
     if waiting:
         if not sys.stdin.isatty():
             fail(str(BroughtDownError(state, waiting)))
@@ -465,15 +473,13 @@ def submit(
     typer.echo(json.dumps(job.to_dict()) if json_out else f"submitted {job.name}")
 
 
-def _stored_status(state: Path) -> dict[str, Any]:
-    """What :func:`_status_doc` answers, read from the store in ``state`` (opened read-only)."""
+def _stored_status(state: Path, store_url: str | None) -> dict[str, Any]:
+    """What :func:`_status_doc` answers, read from the cluster's store (opened read-only)."""
     from autoscaler.controller.api import instance_to_dict, jobs_in_store
     from autoscaler.controller.errors import StoreError
-    from autoscaler.controller.store import Store
-    from coadapt_common.clock import SystemClock
 
     try:
-        with Store.open_read_only(state / "store.db", SystemClock()) as store:
+        with open_cluster_store(state, store_url) as store:
             jobs = [j.to_dict() for j in jobs_in_store(store)]
             instances = [instance_to_dict(r) for r in store.list_instances()]
     except StoreError as e:
@@ -646,6 +652,7 @@ def status(
     wide: Annotated[
         bool, typer.Option("--wide", help="Show every column, however wide the terminal.")
     ] = False,
+    store_url: StoreUrl = None,
 ) -> None:
     """Jobs (status, GPUs, batch, progress, submitted, started, elapsed, ETA, deadline, and
     why a job failed or was refused) and the fleet (offering, $/h); of a local cluster that
@@ -659,14 +666,14 @@ def status(
     state = resolve_state_dir(state_dir)
     stored = (
         not any((state / f).exists() for f in ("up.json", "deploy.json"))
-        and (state / "store.db").is_file()
+        and cluster_store_location(state, store_url) is not None
     )
     client = None if stored else _client(state_dir)
     if stored:
         typer.echo(f"coadapt: no cluster is up in {state}; as its store last recorded it", err=True)
     while True:
         try:
-            doc = _status_doc(client) if client is not None else _stored_status(state)
+            doc = _status_doc(client) if client is not None else _stored_status(state, store_url)
         except ApiError as e:
             fail(api_failure(e, state_dir))
         if json_out:
@@ -684,9 +691,10 @@ FOLLOW_POLL_S = 1.0  # how often logs -f looks for new lines and the job's statu
 
 class _LogSource:
     """Where ``coadapt logs`` reads a job's logs and status: the state folder itself when the
-    cluster's store is there (a local cluster, up or not), else the deployment's API."""
+    cluster's store is known there (a local cluster, up or not: ``store.db``, or the database
+    ``cluster.json`` records or ``store_url`` names), else the deployment's API."""
 
-    def __init__(self, state_dir: Path | None, job: str) -> None:
+    def __init__(self, state_dir: Path | None, job: str, store_url: str | None = None) -> None:
         from autoscaler.controller.api import JOB_NAME_PATTERN
 
         self.state = resolve_state_dir(state_dir)
@@ -698,14 +706,15 @@ class _LogSource:
             fail(
                 f"{job!r} is not a job name; coadapt status --state-dir {self.state} lists them", 2
             )
-        if (self.state / "store.db").is_file():
+        if cluster_store_location(self.state, store_url) is not None:
             from autoscaler.controller.errors import StoreError
-            from autoscaler.controller.store import Store
+            from autoscaler.controller.service import ServiceError
+            from autoscaler.controller.service import open_cluster_store as open_store
             from coadapt_common.clock import SystemClock
 
             try:
-                self.store = Store.open_read_only(self.state / "store.db", SystemClock())
-            except StoreError as e:
+                self.store = open_store(self.state, SystemClock(), store_url=store_url)
+            except (StoreError, ServiceError) as e:
                 fail(f"{e}; the job logs are in {self.state / 'logs' / job}")
         else:
             self.client = _client(state_dir)
@@ -773,6 +782,7 @@ def logs(
             "default every control character but line breaks and tabs is shown as ?).",
         ),
     ] = False,
+    store_url: StoreUrl = None,
 ) -> None:
     """A job's logs (every instance it ran on), read from the state folder whether or not
     the cluster is up (a deployed cluster's through its controller). What the job wrote
@@ -781,7 +791,7 @@ def logs(
     try) is one line; the script's own output is shown whole (--raw: all of it)."""
     if timeout_s is not None and not timeout_s > 0:
         fail(f"--timeout-s {timeout_s}: give a number of seconds > 0, or leave it out", 2)
-    source = _LogSource(state_dir, job)
+    source = _LogSource(state_dir, job, store_url)
     try:
         if json_out:
             typer.echo(json.dumps(source.chunk(0).to_dict()))
@@ -908,6 +918,7 @@ def describe(
     job: Annotated[str, typer.Argument(help="The job's name.")],
     state_dir: StateDir = None,
     json_out: Json = False,
+    store_url: StoreUrl = None,
 ) -> None:
     """Everything about one job: its spec, status and reason, times, ETA and deadline, its
     placements (which instance's GPUs, when), batch, the events about it and its GPU-hours
@@ -916,7 +927,7 @@ def describe(
 
     state = resolve_state_dir(state_dir)
     up = any((state / f).exists() for f in ("up.json", "deploy.json"))
-    if not up and not (state / "store.db").is_file():
+    if not up and cluster_store_location(state, store_url) is None:
         fail(f"no cluster is up in {state} and no store is there (coadapt up --state-dir "
              f"{state} makes one)")  # fmt: skip
     if up:
@@ -929,24 +940,25 @@ def describe(
     else:
         typer.echo(f"coadapt: no cluster is up in {state}; as its store last recorded it",
                    err=True)  # fmt: skip
-        info, history = _stored_job(state, job)
-    doc = {**info, "history": history, "cost_usd": _job_cost_usd(state, job)}
+        info, history = _stored_job(state, job, store_url)
+    doc = {**info, "history": history, "cost_usd": _job_cost_usd(state, job, store_url)}
     if json_out:
         typer.echo(json.dumps(doc))
         return
     _render_describe(doc)
 
 
-def _stored_job(state: Path, job: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Job ``job``'s answer and history, read from the store in ``state`` (read-only)."""
+def _stored_job(
+    state: Path, job: str, store_url: str | None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Job ``job``'s answer and history, read from the cluster's store (read-only)."""
     from autoscaler.controller.api.answers import job_history, one_job
     from autoscaler.controller.errors import StoreError, UnknownRowError
-    from autoscaler.controller.store import Store
     from coadapt_common.clock import SystemClock
 
     clock = SystemClock()
     try:
-        with Store.open_read_only(state / "store.db", clock) as store:
+        with open_cluster_store(state, store_url) as store:
             row = store.get_job(job)  # no ETA: a cluster that is not up makes no progress
             return one_job(store, row, etas=False), job_history(store, job, clock.now_s())
     except UnknownRowError:
@@ -955,23 +967,24 @@ def _stored_job(state: Path, job: str) -> tuple[dict[str, Any], dict[str, Any]]:
         fail(str(e))
 
 
-def _job_cost_usd(state: Path, job: str) -> float | None:
+def _job_cost_usd(state: Path, job: str, store_url: str | None) -> float | None:
     """Job ``job``'s share of the bill so far (what coadapt cost report's jobs table says),
-    when the cluster's store is in ``state`` (a local cluster, up or not); else None."""
+    when the cluster's store is known in ``state`` (a local cluster, up or not); else None."""
     from autoscaler.accounting.billing import cost_record_from_store
     from autoscaler.accounting.costs import job_costs
     from autoscaler.controller.errors import StoreError
-    from autoscaler.controller.store import Store
+    from autoscaler.controller.service import ServiceError
+    from autoscaler.controller.service import open_cluster_store as open_store
     from autoscaler.errors import InvalidInputError
     from coadapt_common.clock import SystemClock
 
-    if not (state / "store.db").is_file():
+    if cluster_store_location(state, store_url) is None:
         return None
     clock = SystemClock()
     try:
-        with Store.open_read_only(state / "store.db", clock) as store:
+        with open_store(state, clock, store_url=store_url) as store:
             record = cost_record_from_store(store, clock.now_s())
-    except (StoreError, InvalidInputError):
+    except (StoreError, ServiceError, InvalidInputError):
         return None
     return next((c.cost_usd for c in job_costs(record) if c.job_id == job), 0.0)
 
@@ -1034,6 +1047,7 @@ def _render_describe(doc: dict[str, Any]) -> None:
 def down(
     state_dir: StateDir = None,
     timeout_s: Annotated[float, typer.Option(help="Seconds to wait for the release.")] = 300.0,
+    store_url: StoreUrl = None,
 ) -> None:
     """Release every instance of the cluster and stop its coadapt up: it confirms none is
     left. With coadapt up running it asks it to (checking first that the process up.json
@@ -1052,10 +1066,10 @@ def down(
     state = resolve_state_dir(state_dir)
     up_file = state / "up.json"
     if not up_file.exists():
-        if not (state / "store.db").exists() and (state / "deploy.json").exists():
+        if cluster_store_location(state, store_url) is None and (state / "deploy.json").exists():
             fail(f"{state} holds a deployment, whose controller runs coadapt up: coadapt "
                  f"destroy --state-dir {state} releases its fleet")  # fmt: skip
-        _down_without_up(state, timeout_s, "no coadapt up runs for it")
+        _down_without_up(state, timeout_s, "no coadapt up runs for it", store_url)
         return
     record = UpRecord.read(up_file)
     if record is None:
@@ -1064,7 +1078,7 @@ def down(
     pid, started, url = record.pid, record.started, record.url
     process = record.process()
     if process is UpProcess.GONE:  # killed, crashed, rebooted: released from here
-        _down_without_up(state, timeout_s, f"its coadapt up (pid {pid}) is gone")
+        _down_without_up(state, timeout_s, f"its coadapt up (pid {pid}) is gone", store_url)
         up_file.unlink(missing_ok=True)
         return
     if process is not UpProcess.OURS:
@@ -1102,7 +1116,7 @@ def down(
     typer.echo("coadapt: down")
 
 
-def _down_without_up(state: Path, timeout_s: float, why: str) -> None:
+def _down_without_up(state: Path, timeout_s: float, why: str, store_url: str | None) -> None:
     """``coadapt down`` with no coadapt up running for ``state``: release from here
     (:func:`~autoscaler.controller.service.down_without_up`) and say what was done."""
     from autoscaler.controller.events import Event, format_event
@@ -1112,7 +1126,7 @@ def _down_without_up(state: Path, timeout_s: float, why: str) -> None:
         typer.echo(format_event(event))
 
     try:
-        done = down_without_up(state, timeout_s=timeout_s, on_event=told)
+        done = down_without_up(state, timeout_s=timeout_s, on_event=told, store_url=store_url)
     except ServiceError as e:
         fail(str(e))
     report = done.report
@@ -1156,6 +1170,7 @@ def events(
     json_out: Annotated[
         bool, typer.Option("--json", help="One JSON object per line instead of text.")
     ] = False,
+    store_url: StoreUrl = None,
 ) -> None:
     """The cluster's story from its store, whether or not it is up: launches, notices,
     preemptions, moves, rescales, rebatches, refusals, completions, releases, each with its
@@ -1164,12 +1179,8 @@ def events(
     from autoscaler.controller.errors import StoreError
     from autoscaler.controller.events import event_json, format_event
     from autoscaler.controller.store import Store
-    from coadapt_common.clock import SystemClock
 
     state = resolve_state_dir(state_dir)
-    path = state / "store.db"
-    if not path.exists():
-        fail(f"no cluster store in {state} (coadapt up --state-dir {state} makes one)")
 
     def show(rows: tuple[Any, ...], store: Store) -> None:
         for row in rows:
@@ -1181,7 +1192,7 @@ def events(
     if follow:  # Ctrl-C ends it, also when started where SIGINT is ignored (a shell's &)
         signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        with Store.open_read_only(path, SystemClock()) as store:
+        with open_cluster_store(state, store_url) as store:
             rows = store.events_after(0)
             while len(rows) == 10_000:  # read on past a page
                 rows = rows + store.events_after(rows[-1].seq)

@@ -31,7 +31,8 @@ StoreUrl = Annotated[
         show_envvar=True,
         help="A team's store: a postgresql://user@host:port/db URL whose (existing) "
         "database keeps every table (default: the SQLite file store.db in the state "
-        "folder). Give the password in COADAPT_STORE_URL or PGPASSWORD, not on the "
+        "folder, or the store the folder records: coadapt up --store records it, without "
+        "the password). Give the password in COADAPT_STORE_URL or PGPASSWORD, not on the "
         "command line.",
     ),
 ]
@@ -39,6 +40,33 @@ STORE_URL_FIX = (
     "--store takes a postgresql://user@host:port/database URL (without it the store "
     "is the SQLite file store.db in the state folder)"
 )
+
+
+def open_cluster_store(state: Path, store_url: str | None) -> Any:
+    """The cluster's store (:func:`~autoscaler.controller.service.open_cluster_store`),
+    read-only; a store that cannot be found or opened fails in one line."""
+    from autoscaler.controller.errors import StoreError
+    from autoscaler.controller.service import ServiceError
+    from autoscaler.controller.service import open_cluster_store as open_store
+    from coadapt_common.clock import SystemClock
+
+    cluster_store_location(state, store_url)  # a bad --store: input, exit status 2
+    try:
+        return open_store(state, SystemClock(), store_url=store_url)
+    except (StoreError, ServiceError) as e:
+        fail(str(e))
+
+
+def cluster_store_location(state: Path, store_url: str | None) -> Path | str | None:
+    """Where the cluster's store is (:func:`~autoscaler.controller.service.
+    cluster_store_location`); ``None``: nowhere. A bad ``--store`` fails in one line."""
+    from autoscaler.controller.service import ServiceError
+    from autoscaler.controller.service import cluster_store_location as location
+
+    try:
+        return location(state, store_url)
+    except ServiceError as e:
+        fail(str(e), 2)
 
 
 def fail(message: str, code: int = 1) -> NoReturn:

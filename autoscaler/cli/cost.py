@@ -19,6 +19,8 @@ from typing import Any, NoReturn
 
 import typer
 
+from autoscaler.cli.common import StoreUrl, cluster_store_location
+
 __all__ = ["ReportFormat", "cost_app"]
 
 cost_app = typer.Typer(
@@ -93,6 +95,7 @@ def report(
     wide: bool = typer.Option(
         False, "--wide", help="Table: show every column, however wide the terminal."
     ),
+    store_url: StoreUrl = None,
 ) -> None:
     """Report what a run cost: totals, per job (GPU-hours, USD, goodput per USD, JCT), per
     offering and market (instance-hours, USD, savings vs on-demand), and over time.
@@ -104,6 +107,10 @@ def report(
     provisioning, minimum billing) is idle cost, so jobs + idle = total.
     """
 
+    if file is None and state_dir is None and store_url is not None:
+        from autoscaler.cli.common import default_state_dir
+
+        state_dir = default_state_dir()  # --store alone: the database it names
     if (file is None) == (state_dir is None):
         _fail("give either a FILE or --state-dir")
     if fmt in (ReportFormat.CSV, ReportFormat.HTML) and out is None:
@@ -115,7 +122,7 @@ def report(
         if fmt is not ReportFormat.CSV and out.is_dir():
             _fail(f"--out {out}: is a folder; give a file name")
     if state_dir is not None:
-        reports = [store_report(state_dir)]
+        reports = [store_report(state_dir, store_url)]
         source_name = str(state_dir)
     else:
         assert file is not None
@@ -126,22 +133,26 @@ def report(
     _write_reports(reports, fmt, out, source_name, wide=wide)
 
 
-def store_report(state_dir: Path) -> tuple[str | None, Any, None, Any]:
-    """``(label, record, None, churn)`` of a cluster's store: its cost record and its churn
-    (:func:`~autoscaler.accounting.billing.churn_from_store`, reversals over the controller's
-    default round interval)."""
+def store_report(
+    state_dir: Path, store_url: str | None = None
+) -> tuple[str | None, Any, None, Any]:
+    """``(label, record, None, churn)`` of a cluster's store (the one its state folder
+    records, or ``store_url``'s: :func:`~autoscaler.controller.service.open_cluster_store`):
+    its cost record and its churn (:func:`~autoscaler.accounting.billing.churn_from_store`,
+    reversals over the controller's default round interval)."""
     from autoscaler.accounting.billing import churn_from_store, cost_record_from_store, run_origin_s
     from autoscaler.controller.errors import StoreError
     from autoscaler.controller.loop import ControllerConfig
-    from autoscaler.controller.store import Store
+    from autoscaler.controller.service import ServiceError, open_cluster_store
     from autoscaler.errors import InvalidInputError
     from coadapt_common.clock import SystemClock
 
     clock = SystemClock()
-    if not (state_dir / "store.db").exists():
-        _fail(f"--state-dir {state_dir}: no cluster store there (store.db)")
     try:
-        with Store.open_read_only(state_dir / "store.db", clock) as store:
+        if cluster_store_location(state_dir, store_url) is None:
+            _fail(f"--state-dir {state_dir}: no cluster store there (no store.db, and no "
+                  "database in cluster.json); give the cluster's --store URL")  # fmt: skip
+        with open_cluster_store(state_dir, clock, store_url=store_url) as store:
             record = cost_record_from_store(store, clock.now_s())
             churn = churn_from_store(
                 store,
@@ -150,7 +161,7 @@ def store_report(state_dir: Path) -> tuple[str | None, Any, None, Any]:
                 origin_s=run_origin_s(store) or 0.0,
             )
             return f"cluster {store.cluster_id}", record, None, churn
-    except StoreError as e:
+    except (StoreError, ServiceError) as e:
         _fail(str(e))
     except InvalidInputError as e:  # a store whose history the ledger cannot take: one line
         _fail(f"--state-dir {state_dir}: cannot build its cost record: {e}")

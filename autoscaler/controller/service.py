@@ -25,7 +25,10 @@ its user, whatever the umask)::
     up.json         the running service: its API URL, pid, start time and command line
                     (removed when it stops)
     cluster.json    where its instances come from (``provider``, ``provider_config``): what
-                    :func:`down_without_up` reads to release the fleet with no ``up`` running
+                    :func:`down_without_up` reads to release the fleet with no ``up`` running;
+                    and where its store is (``store``: a PostgreSQL URL without its
+                    password, ``null`` for ``store.db``): what :func:`cluster_store_location`
+                    reads for the commands that read the store with no ``up`` running
     up.log          the output of a ``coadapt up -d`` (it runs in the background)
     logs/<job>/     job logs, one file per instance (what ``GET /v1/jobs/{name}/logs`` reads),
                     each capped by its writer (``--job-log-max-mib``: the latest output is
@@ -135,7 +138,12 @@ from autoscaler.controller.metrics import ControllerMetrics, Leadership
 from autoscaler.controller.ratelimit import RequestLimits
 from autoscaler.controller.reconcile import ReconcileConfig
 from autoscaler.controller.store import InstanceRow, JobStatus, Store
-from autoscaler.controller.store.postgres import EMPTY_DATABASE, masked_url
+from autoscaler.controller.store.postgres import (
+    EMPTY_DATABASE,
+    is_postgres_url,
+    masked_url,
+    url_without_password,
+)
 from autoscaler.decide.sizing import SizingConfig
 from autoscaler.decide.strategies import FixedFleet
 from autoscaler.decide.views import JobView
@@ -816,6 +824,7 @@ def _run_up(
                 "provider_config": None
                 if cfg.provider_config is None
                 else str(cfg.provider_config.resolve()),
+                "store": None if cfg.store_url is None else url_without_password(cfg.store_url),
             },
         )
         tokens: CredentialSource
@@ -1210,17 +1219,65 @@ def _unfinished_after_down(store: Store) -> tuple[str, ...]:
     return tuple(job.name for job in store.list_jobs(statuses=ACTIVE_JOBS))
 
 
-def unfinished_after_down(state: Path) -> tuple[str, ...]:
-    """:func:`_unfinished_after_down` of the store in ``state``, read-only (``coadapt up``
-    asks before it relaunches them); empty when there is no store, or one it cannot read
-    (``up`` itself then says what is wrong with it)."""
-    path = state / "store.db"
-    if not path.is_file():
-        return ()
+def cluster_store_location(state: Path, store_url: str | None = None) -> Path | str | None:
+    """Where the cluster of ``state`` keeps its store, for the commands that read it with
+    or without a running ``up`` (``events``, ``logs``, ``cost report``, ``status``,
+    ``describe``, ``down``, ``up``'s question about a cluster brought down): ``store_url``
+    when given (``--store`` / ``COADAPT_STORE_URL``), else the PostgreSQL database that
+    ``cluster.json`` records (its URL without the password: libpq takes it from
+    ``PGPASSWORD`` or ``~/.pgpass``), else ``state/store.db`` when that file exists; ``None``
+    when there is none. Raises :class:`ServiceError` for a ``store_url`` that is not a
+    ``postgresql://`` URL, or a ``cluster.json`` that records something else as the store."""
+    if store_url is not None:
+        if not is_postgres_url(store_url):
+            raise ServiceError(
+                f"--store {masked_url(store_url)[:200]!r} is not a PostgreSQL URL: give "
+                "postgresql://user@host:port/db (the password in PGPASSWORD), or leave it out "
+                "for the store.db of the state folder"
+            )
+        return store_url
     try:
-        with Store.open_read_only(path, SystemClock()) as store:
+        doc = json.loads((state / "cluster.json").read_text())
+    except (OSError, ValueError):
+        doc = None
+    recorded = doc.get("store") if isinstance(doc, dict) else None
+    if recorded is not None:
+        if not is_postgres_url(recorded):
+            raise ServiceError(
+                f"{state / 'cluster.json'} records a store that is not a PostgreSQL URL "
+                f"({str(recorded)[:200]!r}); give the cluster's store with --store URL, or "
+                "run coadapt up --store URL again, which records it"
+            )
+        return str(recorded)
+    path = state / "store.db"
+    return path if path.is_file() else None
+
+
+def open_cluster_store(
+    state: Path, clock: Clock, *, store_url: str | None = None, read_only: bool = True
+) -> Store:
+    """The store of the cluster of ``state`` (:func:`cluster_store_location`), opened
+    read-only (every write refused) unless ``read_only`` is false. Raises
+    :class:`StoreMissingError` when the folder names no store, :class:`ServiceError` as
+    :func:`cluster_store_location` does, and the store's own :class:`StoreError` s."""
+    where = cluster_store_location(state, store_url)
+    if where is None:
+        raise StoreMissingError(
+            f"no cluster store in {state} (no store.db, and no database in cluster.json): "
+            f"coadapt up --state-dir {state} makes one, or give the cluster's --store URL",
+            path=str(state / "store.db"),
+        )
+    return Store.open_read_only(where, clock) if read_only else Store.open(where, clock)
+
+
+def unfinished_after_down(state: Path, store_url: str | None = None) -> tuple[str, ...]:
+    """:func:`_unfinished_after_down` of the cluster's store (:func:`open_cluster_store`),
+    read-only (``coadapt up`` asks before it relaunches them); empty when there is no store,
+    or one it cannot read (``up`` itself then says what is wrong with it)."""
+    try:
+        with open_cluster_store(state, SystemClock(), store_url=store_url) as store:
             return _unfinished_after_down(store)
-    except StoreError:
+    except (StoreError, ServiceError):
         return ()
 
 
@@ -1271,24 +1328,27 @@ def down_without_up(
     timeout_s: float = 300.0,
     clock: Clock | None = None,
     on_event: Callable[[Event], None] | None = None,
+    store_url: str | None = None,
 ) -> DownWithoutUp:
     """Bring down the cluster of ``state`` with no ``coadapt up`` running for it (killed,
     crashed, stopped): list the cloud under the cluster's tag, release what it lists
     (:func:`_leave`, the rule a stopping ``up`` follows: only a fleet its store has planned;
     on the local provider terminating an instance stops its agent and every job process it
     started), wait up to ``timeout_s`` for the listing to be empty, record the events (each
-    passed to ``on_event``) and mark the cluster down. The caller checks first that no ``up``
-    runs (``up.json``, :class:`UpRecord`). Raises :class:`ServiceError` (one line) when the
-    folder holds no store, or its store or provider cannot be used; a provider that fails
-    while releasing is in the report (``report.error``)."""
+    passed to ``on_event``) and mark the cluster down; the store is the cluster's
+    (:func:`open_cluster_store`: ``store_url``, else where ``cluster.json`` says). The caller
+    checks first that no ``up`` runs (``up.json``, :class:`UpRecord`). Raises
+    :class:`ServiceError` (one line) when the folder holds no store, or its store or provider
+    cannot be used; a provider that fails while releasing is in the report
+    (``report.error``)."""
     clock = clock or SystemClock()
-    path = state / "store.db"
-    if not path.is_file():
+    if cluster_store_location(state, store_url) is None:
         raise ServiceError(
-            f"no cluster in {state} (no store.db there): nothing was stopped or released"
+            f"no cluster in {state} (no store.db there, and no database in cluster.json): "
+            "nothing was stopped or released"
         )
     try:
-        store = Store.open(path, clock)
+        store = open_cluster_store(state, clock, store_url=store_url, read_only=False)
     except StoreError as e:
         raise ServiceError(describe_store_error(e)) from e
     try:

@@ -44,3 +44,25 @@ def test_history_days_fills_an_old_store_and_compares_a_fresh_one(tmp_path: Path
     assert set(fresh) == {"round_s_median", "round_s_p95", "phases_s_median"}
     assert fresh["round_s_p95"] >= fresh["round_s_median"] > 0
     assert doc["aged_over_fresh"] == doc["round_s_median"] / fresh["round_s_median"]
+
+
+def test_store_times_the_same_cluster_on_postgresql_beside_sqlite(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """``--store URL``: the same jobs and fleet on a real PostgreSQL database, its rounds timed
+    interleaved with the SQLite store's, and as busy (the database holds that cluster)."""
+    out = tmp_path / "round.json"
+    argv = ["--jobs", "30", "--instances", "8", "--rounds", "2", "--store", postgres_url]
+    assert main([*argv, "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    pg = doc["postgres"]
+    assert set(pg) == {"round_s_median", "round_s_p95", "phases_s_median", "warmup_rounds"}
+    assert pg["round_s_p95"] >= pg["round_s_median"] > 0
+    assert doc["postgres_over_sqlite"] == pg["round_s_median"] / doc["round_s_median"]
+    from autoscaler.controller.lifecycle import InstanceStatus
+    from autoscaler.controller.store import Store
+    from coadapt_common.clock import SystemClock
+
+    with Store.open_read_only(postgres_url, SystemClock()) as store:
+        assert len(store.list_jobs()) == 30
+        assert len(store.list_instances(statuses=(InstanceStatus.RUNNING,))) == 8

@@ -332,6 +332,34 @@ def test_reporter_posts_periodically_and_hands_replies_over() -> None:
     assert replies and replies[0].batch == BatchConfig(64, 2)
 
 
+def test_http_sink_tries_a_controller_pairs_addresses_in_turn() -> None:
+    """The agents of a controller pair give the trainer both addresses (coadapt up
+    --api-urls): a report reaches the one that serves, whichever is first; the failover
+    benchmark found every report of a pair's jobs lost to 'Name or service not known'."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]  # closed again: nothing listens there
+    live = f"http://127.0.0.1:{server.server_address[1]}"
+    _Sink.received.clear()
+    try:
+        sink = HttpSink(f"http://127.0.0.1:{dead},{live}", "j", timeout_s=2)
+        assert sink.send(_report()) == ReportReply(batch=BatchConfig(64, 2))
+        assert sink.url == f"{live}/v1/jobs/j/reports"  # the one that answered, first now
+        assert sink.send(_report()) is not None
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert len(_Sink.received) == 2
+    with pytest.raises(TrainerConfigError):
+        HttpSink(f"{live},ftp://x", "j")
+    with pytest.raises(OSError):  # none answers: the Reporter logs it and retries
+        HttpSink(f"http://127.0.0.1:{dead},http://127.0.0.1:{dead}", "j", timeout_s=1).send(
+            _report()
+        )
+
+
 def test_reporter_failures_never_raise(tmp_path: Path) -> None:
     reporter = Reporter(HttpSink("http://127.0.0.1:9", "j", timeout_s=0.5), _report, interval_s=1)
     assert reporter.send_now() is None and reporter.failed == 1

@@ -73,6 +73,7 @@ __all__ = [
     "create_database_store",
     "is_postgres_url",
     "masked_url",
+    "url_without_password",
     "validate_database",
 ]
 
@@ -103,6 +104,17 @@ def masked_url(url: str) -> str:
     netloc = parts.netloc.rsplit("@", 1)
     user = (parts.username or "") + ":***"
     return urlunsplit(parts._replace(netloc=f"{user}@{netloc[-1]}"))
+
+
+def url_without_password(url: str) -> str:
+    """``url`` with its password (if any) removed: what a state folder may record (libpq
+    then takes the password from ``PGPASSWORD`` or ``~/.pgpass``)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rsplit("@", 1)[-1]
+    user = parts.netloc.rsplit("@", 1)[0].split(":", 1)[0]
+    return urlunsplit(parts._replace(netloc=f"{user}@{host}" if user else host))
 
 
 def _wrap(e: Exception, url: str) -> PgError:
