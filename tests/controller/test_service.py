@@ -24,6 +24,7 @@ import pytest
 from autoscaler.controller.api import ApiClient, ApiError, generate_tokens, load_tokens
 from autoscaler.controller.jobbook import JobSubmission
 from autoscaler.controller.service import ServiceError, UpConfig, UpReport, run_up
+from autoscaler.controller.store import JobStatus
 from coadapt_common.procfs import PROC_ROOT, is_running, read_stat
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -114,6 +115,15 @@ def test_stopping_keeps_the_fleet_a_restart_takes_it_back_and_down_releases_it(
                 time.sleep(0.2)
             agents = _agent_pids(state)
             assert agents, "no instance was launched"
+            # The job is placed once its instance is ready (its agent heard), a round later.
+            while (
+                user.get_job("holder").status is not JobStatus.RUNNING
+                and time.monotonic() < deadline
+            ):
+                time.sleep(0.2)
+            assert user.get_job("holder").status is JobStatus.RUNNING
+            while not any((state / "logs").rglob("*")) and time.monotonic() < deadline:
+                time.sleep(0.2)
         report = first.end()
         assert isinstance(report, UpReport) and not report.released
         assert report.remaining == tuple(sorted(agents))
