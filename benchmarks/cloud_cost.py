@@ -1,7 +1,7 @@
 """Fleet strategies side by side on priced, preemptible cloud offerings (cost vs JCT).
 
     python benchmarks/cloud_cost.py --experiment E1|E2|E3|E4 [--spot-trace [FAMILY=]FILE]
-        [--spot-prices constant|stochastic] [--seed N] [--workloads N]
+        [--spot-prices constant|stochastic] [--seed N] [--world measured|ideal] [--workloads N]
         [--strategies A,B] [--budget USD_PER_HOUR] [--min-efficiency X] [--optimistic-nodes]
         [--deadline-factor K] [--frontier [auto|X,Y,...] [--frontier-max-runs N]
         [--frontier-from FILE]]
@@ -29,8 +29,9 @@ Experiments (offerings, traces and strategies: :mod:`autoscaler.sim.experiments`
   ``deadline_misses`` (``workload/job`` of each miss).
 
 Every figure comes from the product's controller (its round, store and fleet reconcile) under
-the simulated cloud (:mod:`autoscaler.sim.world`). Writes ``{"experiment": str, "lengths":
-"declared", "strategies": {"<name>": {"cost_usd", "mean_jct_s",
+the simulated cloud (:mod:`autoscaler.sim.world`), in the world ``--world`` names
+(:mod:`autoscaler.sim.truths`). Writes ``{"experiment": str, "lengths":
+"declared", "world": "measured"|"ideal", "strategies": {"<name>": {"cost_usd", "mean_jct_s",
 "p99_jct_s", "preemptions", "instance_hours", "idle_usd", "launches", "restarts_per_job",
 "reversals", "idle_usd_by_cause", ..., "floor_usd", "floor_at_jct_usd",
 "cost_over_floor", "per_application": {...}, "per_workload": {...}}}, "ratios": {...}}``
@@ -135,6 +136,7 @@ from autoscaler.sim.experiments import (
 )
 from autoscaler.sim.floor_inputs import floor_problem
 from autoscaler.sim.runner import paper_workloads
+from autoscaler.sim.truths import MEASURED, WORLDS
 from autoscaler.sim.workload import load_workload
 from benchmarks.argtypes import positive_float, positive_int
 from coadapt_common.atomic import write_json_atomic
@@ -157,6 +159,7 @@ class _Run:
     with_floor: bool
     max_jobs: int | None
     limit_jobs: int = 0
+    world: str = "measured"
     limit_markets: tuple[str, ...] | None = None
     limit_offerings: tuple[str, ...] | None = None
 
@@ -171,7 +174,13 @@ def _one(task: _Run) -> dict:
         optimistic_nodes=task.optimistic_nodes,
     )
     run = build_run(
-        experiment, strategy, traces=traces, sizing=sizing, spot_prices=prices, seed=seed
+        experiment,
+        strategy,
+        traces=traces,
+        sizing=sizing,
+        spot_prices=prices,
+        seed=seed,
+        world=task.world,
     )
     jobs = e1_workload() if workload == "E1" else load_workload(workload).jobs
     if task.max_jobs is not None:
@@ -181,6 +190,8 @@ def _one(task: _Run) -> dict:
     limited = [j.name for j in jobs[: task.limit_jobs]]
     config = SimConfig(
         cloud=run.cloud,
+        seed=seed,
+        world=task.world,
         job_markets=tuple((n, task.limit_markets) for n in limited if task.limit_markets),
         job_offerings=tuple((n, task.limit_offerings) for n in limited if task.limit_offerings),
     )
@@ -298,7 +309,17 @@ def main(argv: list[str] | None = None) -> int:
         default="constant",
         help="spot prices: the catalogue's, constant, or a seeded walk around them",
     )
-    ap.add_argument("--seed", type=int, default=0, help="seed of spot prices and hazards")
+    ap.add_argument(
+        "--seed", type=int, default=0, help="seed of spot prices, hazards and the world's draws"
+    )
+    ap.add_argument(
+        "--world",
+        choices=list(WORLDS),
+        default=MEASURED,
+        help="the world's truths: measured (boots drawn from public start-up measurements, "
+        "restarts from our trainer's, noisy reports; the default) or ideal (every boot the "
+        "sizing's provisioning delay, every restart the policy's restart delay, exact reports)",
+    )
     ap.add_argument(
         "--deadline-factor",
         type=positive_float,
@@ -419,7 +440,12 @@ def main(argv: list[str] | None = None) -> int:
             )
     # What the policies and the sizing were allowed to know of job lengths: every job's
     # script declares its length (SimConfig's default), as the controller reads it.
-    out: dict = {"experiment": args.experiment, "lengths": SimConfig().lengths, "strategies": {}}
+    out: dict = {
+        "experiment": args.experiment,
+        "lengths": SimConfig().lengths,
+        "world": args.world,
+        "strategies": {},
+    }
     if args.experiment == "E4":
         out["deadline_factor"] = args.deadline_factor
     for s in names:
@@ -536,6 +562,7 @@ def _task(
         with_floor=not args.no_floor,
         max_jobs=args.max_jobs,
         limit_jobs=args.limit_jobs,
+        world=args.world,
         limit_markets=args.limit_markets,
         limit_offerings=args.limit_offerings,
     )
@@ -654,6 +681,7 @@ def _frontier_json(
     out: dict = {
         "experiment": args.experiment,
         "lengths": SimConfig().lengths,
+        "world": args.world,
         "knobs": sorted({p["knob"] for pts in frontier.values() for p in pts}),
         "frontier": frontier,
         "sweep": {

@@ -6,7 +6,7 @@ Runs every workload of the chosen load (``--load 1.0``: the eight 1.0x workloads
 0.5x set; ``--workloads PATH``: any folder of workload CSVs) under each policy, on 16 nodes x 4
 GPUs with 60 s rounds, two workloads at a time, and writes::
 
-    {"load": 1.0, "lengths": "declared",
+    {"load": 1.0, "lengths": "declared", "world": "ideal", "speed_error": 0.0,
      "policies": {"<policy>": {"mean_jct_s", "per_workload_jct_s": {...}, "p99_jct_s",
                                 "makespan_s", "restarts_per_job", "mean_ftf_ratio",
                                 "max_ftf_ratio", "policy_ms_p50",
@@ -48,6 +48,14 @@ its length (the workload's target), and the policy gets each job's remaining wor
 trainer's rule; ``none``, no job declares (coadapt's remaining-time weights and restart horizon
 then take their defaults). Jobs end at their true length either way.
 
+``--world ideal|measured`` (recorded as ``"world"``; default ``ideal``, the world the paper's
+simulator assumed, for the comparison with its figures) picks the world's own truths
+(:mod:`autoscaler.sim.truths`): ``measured`` draws each restart from our trainer's measured
+restart times scaled by the model's checkpoint size and has trainers report noisy gradient
+statistics and step times, as our estimator measures them. ``--speed-error E`` (recorded as
+``"speed_error"``; with ``--cluster``) lets each (application, GPU type) pair whose speed is
+derived from the speed table run at the table's ratio times a seeded factor within ``1 +- E``.
+
 ``--option POLICY.KEY=VALUE`` (repeatable) passes an option to a policy's constructor (for
 ablations: ``--option coadapt.remaining_weight=0``); the JSON records them under ``"options"``.
 
@@ -87,6 +95,7 @@ from autoscaler.sim.runner import (
     paper_workloads,
     run_many,
 )
+from autoscaler.sim.truths import IDEAL, WORLDS, check_speed_error
 from autoscaler.sim.workload import (
     compress_arrivals,
     load_workload,
@@ -137,6 +146,22 @@ def main(argv: list[str] | None = None) -> int:
         "declares its length, the workload's target) or none (no job declares)",
     )
     parser.add_argument(
+        "--world",
+        choices=list(WORLDS),
+        default=IDEAL,
+        help="the world's truths: ideal (the paper simulator's: restarts of exactly the "
+        "policies' delay, exact reports) or measured (restarts and report noise measured on "
+        "our trainer)",
+    )
+    parser.add_argument(
+        "--speed-error",
+        type=_speed_error,
+        default=0.0,
+        metavar="E",
+        help="each (application, GPU type) pair derived from the speed table runs at its "
+        "ratio times a seeded factor within 1 +- E (0 <= E <= 0.9)",
+    )
+    parser.add_argument(
         "--arrival-scale",
         type=_arrival_scale,
         default=1.0,
@@ -168,6 +193,15 @@ def _arrival_scale(text: str) -> float:
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
     return value
+
+
+def _speed_error(text: str) -> float:
+    from autoscaler.errors import InvalidInputError
+
+    try:
+        return check_speed_error(float(text))
+    except (ValueError, InvalidInputError) as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _options(items: list[str]) -> dict[str, tuple[tuple[str, object], ...]]:
@@ -219,7 +253,13 @@ def _run(args: argparse.Namespace, scratch: Path) -> int:
             write_workload(compress_arrivals(load_workload(f), scale), scratch / f.name)
             for f in files
         ]
-    config = SimConfig(seed=args.seed, cluster=cluster, lengths=args.lengths)
+    config = SimConfig(
+        seed=args.seed,
+        cluster=cluster,
+        lengths=args.lengths,
+        world=args.world,
+        speed_error=args.speed_error,
+    )
     specs = [
         RunSpec(str(f), p, config, args.option.get(p.value, ())) for p in policies for f in files
     ]
@@ -243,6 +283,8 @@ def _run(args: argparse.Namespace, scratch: Path) -> int:
         "load": load,
         "arrival_scale": args.arrival_scale,
         "lengths": args.lengths,
+        "world": args.world,
+        "speed_error": args.speed_error,
         "options": {p: dict(o) for p, o in args.option.items()},
         "policies": {},
         "elapsed_s": elapsed,

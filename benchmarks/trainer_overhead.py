@@ -621,8 +621,10 @@ def _wait_for(predicate: Any, timeout_s: float, what: str) -> None:
 
 def measure_restart(workdir: Path, new_size: int, delay_s: float) -> dict[str, float]:
     """2 processes → SIGTERM → ``new_size`` processes; seconds to the first step after it."""
-    ckpt = workdir / f"ckpt-{new_size}"
-    old_logs, new_logs = workdir / f"logs-2to{new_size}-a", workdir / f"logs-2to{new_size}-b"
+    # Fresh folders per measurement: a repeat must neither resume nor read the last one's logs.
+    tag = f"2to{new_size}-{time.monotonic_ns()}"
+    ckpt = workdir / f"ckpt-{tag}"
+    old_logs, new_logs = workdir / f"logs-{tag}-a", workdir / f"logs-{tag}-b"
     old = _Job(workdir, ckpt, old_logs, 2, delay_s)
     new = None
     try:
@@ -642,6 +644,9 @@ def measure_restart(workdir: Path, new_size: int, delay_s: float) -> dict[str, f
             "restart_s": first_t - sigterm_t,
             "save_s": max(saves),
             "load_s": max(loads),
+            "checkpoint_bytes": float(
+                max(f.stat().st_size for f in ckpt.rglob("*") if f.is_file())
+            ),
         }
     finally:
         old.close()
@@ -727,6 +732,7 @@ def main(argv: list[str] | None = None) -> int:
                     "restart_2to3_s": r3,
                     "save_s": statistics.median(r["save_s"] for r in all_runs),
                     "load_s": statistics.median(r["load_s"] for r in all_runs),
+                    "checkpoint_bytes": statistics.median(r["checkpoint_bytes"] for r in all_runs),
                     "restart_runs": {str(k): v for k, v in runs.items()},
                 }
             )

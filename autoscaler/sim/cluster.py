@@ -234,7 +234,9 @@ def load_cluster(
 
 
 class TypeSpeed:
-    """True iteration times of one application on one node group's GPU type and instance."""
+    """True iteration times of one application on one node group's GPU type and instance.
+    ``ratio_factor`` multiplies the speed table's ratio of a type derived from it (not the
+    reference type, not a type with its own traces): the world's speed error."""
 
     def __init__(
         self,
@@ -242,6 +244,7 @@ class TypeSpeed:
         group: NodeGroup,
         speeds: SpeedTable,
         traces_root: Path | None = None,
+        ratio_factor: float = 1.0,
     ) -> None:
         self.base = base
         self.group = group
@@ -257,6 +260,8 @@ class TypeSpeed:
             and math.isclose(group.network_gbps, ref.network_gbps)
         )
         self.ratio = 1.0 if self.measured else speeds.model_speed(base.name, group.gpu_type)
+        if self.measured is None and group.gpu_type != REFERENCE_GPU_TYPE:
+            self.ratio *= ratio_factor  # the world's error on the table (SimConfig.speed_error)
         self.intra_factor = sync_factor(ref.intra_gbytes_per_s, group.intra_gbytes_per_s)
         self.inter_factor = sync_factor(ref.network_gbps, group.network_gbps)
         if self.measured is not None:

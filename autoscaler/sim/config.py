@@ -16,6 +16,7 @@ from autoscaler.decide.views import PolicyName
 from autoscaler.errors import InvalidInputError
 from autoscaler.sim.cloud_config import CloudConfig
 from autoscaler.sim.cluster import ClusterSpec, uniform_cluster
+from autoscaler.sim.truths import WORLDS, check_speed_error
 
 __all__ = ["PAPER_POLICIES", "SimConfig"]
 
@@ -58,7 +59,10 @@ class SimConfig:
     work is known). Jobs end at their true length either way. ``job_markets`` and
     ``job_offerings``: per job name, the ``markets`` and ``offerings`` its spec gives (the
     controller's :class:`~autoscaler.controller.jobbook.JobSubmission` fields; jobs not named
-    set neither).
+    set neither). ``world``: the world's own truths, ``"ideal"`` (the paper's simulator's:
+    restarts of exactly ``restart_delay_s``, exact reports) or ``"measured"``; ``speed_error``:
+    how far the true speed of a type derived from the speed table may stray from it (see
+    :mod:`autoscaler.sim.truths`).
     """
 
     num_nodes: int = 16
@@ -77,8 +81,15 @@ class SimConfig:
     lengths: str = "declared"
     job_markets: tuple[tuple[str, tuple[str, ...]], ...] = ()
     job_offerings: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    world: str = "ideal"
+    speed_error: float = 0.0
 
     def __post_init__(self) -> None:
+        if self.world not in WORLDS:
+            raise InvalidInputError(
+                f"world must be one of {', '.join(WORLDS)}, got {self.world!r}", field="world"
+            )
+        check_speed_error(self.speed_error)
         if self.lengths not in LENGTHS:
             raise InvalidInputError(
                 f"lengths must be one of {', '.join(LENGTHS)}, got {self.lengths!r}",

@@ -6,10 +6,12 @@ Every decision is the product's. Each round of ``interval_s``, the
 over its store, a real SQLite file, its fleet strategy and the run's policy); then each job does
 what the controller told it, as its node agent and its trainer would (its assignments and
 planned batch, read back from the store): a new set of GPUs is a relaunch that costs
-``restart_delay_s`` without progress (a planned stop writes a checkpoint first; the first
-start pays the delay too) and starts with the planned batch; a new batch on the same GPUs is
-applied without one when the real trainer applies it: it learns the batch from the reply to
-its next report (sent at the round's end) and runs it from the next round on (the trainer
+``restart_delay_s`` without progress in the ideal world, a measured restart time in the
+measured one (``SimConfig.world``, :mod:`autoscaler.sim.truths`; a planned stop writes a
+checkpoint first; the first start pays the delay too) and starts with the planned batch; a
+new batch on the same GPUs is applied without one when the real trainer applies it: it learns
+the batch from the reply to its next report (sent at the round's end) and runs it from the
+next round on (the trainer
 adopts it at the next optimizer step its ranks agree on, :mod:`trainer.stepping`, "Batch
 changes": within a step of the reply, which the simulator rounds to the next round). The world
 replaces what is outside the product: the clock, the cloud
@@ -76,6 +78,7 @@ from autoscaler.model.traces import AppTrace, load_app
 from autoscaler.sim.cluster import NodeGroup, TypeSpeed
 from autoscaler.sim.config import PAPER_POLICIES, SimConfig
 from autoscaler.sim.results import JobResult, RoundStats, SimResult
+from autoscaler.sim.truths import WorldTruths
 from autoscaler.sim.workload import TraceJob
 from autoscaler.sim.world import CloudWorld, World, WorldConfig, fixed_offering
 from providers.base import Offering
@@ -193,6 +196,8 @@ class Simulator:
         self.workload_name = workload_name
         self.on_round = on_round
         self.speeds: SpeedTable = default_speed_table()
+        cfg = self.config
+        self.truths = WorldTruths.build(cfg.world, cfg.seed, cfg.speed_error)
         self._group: dict[str, NodeGroup] = {}  # instance key -> its node group (true speeds)
         self._type_speed: dict[tuple[str, NodeGroup], TypeSpeed] = {}
         order = sorted(range(len(jobs)), key=lambda i: (jobs[i].submit_time_s, i))
@@ -407,7 +412,7 @@ class Simulator:
                 self.cloud.ledger.job_event(job.spec.name, self.now_s, "restart")
             if gpus:
                 job.starts += 1
-                job.delay_left_s = self.config.restart_delay_s
+                job.delay_left_s = self.truths.restart_s(job.app.name, self.config.restart_delay_s)
                 job.launch_s = self.now_s
             else:
                 job.delay_left_s = 0.0
@@ -599,7 +604,8 @@ class Simulator:
         key = (job.spec.application, group)
         speed = self._type_speed.get(key)
         if speed is None:
-            speed = TypeSpeed(job.app, group, self.speeds, self.config.traces_root)
+            factor = self.truths.speed_factor(job.app.name, group.gpu_type)
+            speed = TypeSpeed(job.app, group, self.speeds, self.config.traces_root, factor)
             self._type_speed[key] = speed
         return speed
 

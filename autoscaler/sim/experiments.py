@@ -79,6 +79,7 @@ from autoscaler.market.series import ConstantPrice, StochasticSpotPrice
 from autoscaler.sim.boot import load_boot_times
 from autoscaler.sim.cloud_config import CloudConfig, CloudOffering, FleetStrategy, PreemptionModel
 from autoscaler.sim.cluster import INTERCONNECTS
+from autoscaler.sim.truths import MEASURED, WORLDS
 from autoscaler.sim.workload import TraceJob
 
 __all__ = [
@@ -312,11 +313,17 @@ def build_run(
     budget_usd_per_hour: float | None = None,
     spot_prices: str = "constant",
     seed: int = 0,
+    world: str = MEASURED,
 ) -> CloudRun:
     """The :class:`CloudRun` of ``strategy`` in ``experiment`` (see the module docstring).
     ``spot_prices``: ``"constant"`` (the catalogue's) or ``"stochastic"``
     (:class:`~autoscaler.market.series.StochasticSpotPrice` around it, capped at on-demand, seeded
-    by ``seed`` and the offering)."""
+    by ``seed`` and the offering). ``world``: in a ``"measured"`` one (:mod:`autoscaler.sim.
+    truths`) each instance boots in a time drawn from the public measurements
+    (:func:`~autoscaler.sim.boot.load_boot_times`, seeded); in the ``"ideal"`` one in the
+    sizing's ``provisioning_delay_s``. The run's ``SimConfig.world`` should name the same."""
+    if world not in WORLDS:
+        raise InvalidInputError(f"unknown world {world!r}", field="world")
     if spot_prices not in ("constant", "stochastic"):
         raise InvalidInputError(f"unknown spot price model {spot_prices!r}", field="spot_prices")
     if experiment not in EXPERIMENTS:
@@ -397,7 +404,7 @@ def build_run(
     cloud = CloudConfig(
         offerings,
         plan,
-        boot=load_boot_times(seed),
+        boot=load_boot_times(seed) if world == MEASURED else None,
         budget_usd_per_hour=sizing.budget_usd_per_hour,
     )
     return CloudRun(experiment, strategy, policy, cloud, policy_options)

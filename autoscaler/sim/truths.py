@@ -1,0 +1,85 @@
+"""The simulated world's own truths, separate from the decision model's beliefs.
+
+``SimConfig.world`` names the world a run replays (:data:`WORLDS`):
+
+- ``"ideal"``: the world the Pollux paper's simulator assumed, kept for the comparison with
+  its published figures: a restart costs exactly the policies' ``restart_delay_s``, trainers
+  report exact gradient statistics and step times, and (in cloud runs) every instance boots
+  in the sizing's ``provisioning_delay_s``;
+- ``"measured"``: each of those drawn from its own measurements instead, each with a stated
+  source: restarts from our trainer's measured restarts scaled by each model's checkpoint
+  size (:mod:`autoscaler.sim.restart`), report noise from our trainer's estimator
+  (:mod:`autoscaler.sim.report_noise`), and in cloud runs boots from public start-up
+  measurements (:mod:`autoscaler.sim.boot`; :func:`autoscaler.sim.experiments.build_run`)
+  and spot preemptions from the availability traces where one is given.
+
+``SimConfig.speed_error`` (either world): each (application, GPU type) pair whose true speed
+is derived from the speed table (no trace measured on that type) runs at the table's ratio
+times a factor drawn uniformly within ``1 +- speed_error``, seeded by the run's seed and the
+pair, so the policies' type estimates (which read the table) are off by up to that much.
+
+Everything here is seeded from the run's seed: the same config gives the same world.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Final
+
+from autoscaler.errors import InvalidInputError
+from autoscaler.sim.restart import RestartTimes, load_restart_times
+
+__all__ = ["IDEAL", "MAX_SPEED_ERROR", "MEASURED", "WORLDS", "WorldTruths", "check_speed_error"]
+
+IDEAL: Final = "ideal"
+MEASURED: Final = "measured"
+WORLDS: tuple[str, ...] = (IDEAL, MEASURED)
+#: A speed error of 1 would allow a type that does not run at all.
+MAX_SPEED_ERROR: Final = 0.9
+
+
+def check_speed_error(value: float) -> float:
+    """``value`` if it is a valid ``speed_error`` (finite, in ``[0, MAX_SPEED_ERROR]``)."""
+    if not (math.isfinite(value) and 0.0 <= value <= MAX_SPEED_ERROR):
+        raise InvalidInputError(
+            f"speed_error must be in [0, {MAX_SPEED_ERROR}], got {value!r}", field="speed_error"
+        )
+    return value
+
+
+@dataclass
+class WorldTruths:
+    """The truths of one simulation (see the module docstring); built once per run by
+    :meth:`build`. ``restart``: the measured restart times, ``None`` in the ideal world."""
+
+    world: str
+    seed: int
+    speed_error: float
+    restart: RestartTimes | None
+
+    @classmethod
+    def build(cls, world: str, seed: int, speed_error: float = 0.0) -> WorldTruths:
+        if world not in WORLDS:
+            raise InvalidInputError(
+                f"world must be one of {', '.join(WORLDS)}, got {world!r}", field="world"
+            )
+        check_speed_error(speed_error)
+        restart = load_restart_times(seed) if world == MEASURED else None
+        return cls(world, seed, speed_error, restart)
+
+    def restart_s(self, application: str, planned_s: float) -> float:
+        """How long a job of ``application`` makes no progress after a (re)start: the
+        policies' ``planned_s`` in the ideal world, a measured draw otherwise."""
+        if self.restart is None:
+            return planned_s
+        return self.restart.draw_s(application)
+
+    def speed_factor(self, application: str, gpu_type: str) -> float:
+        """The factor on the speed table's ratio of ``application`` on ``gpu_type`` (1 without
+        a speed error); the same pair always gets the same factor in a run."""
+        if self.speed_error == 0.0:
+            return 1.0
+        rng = random.Random(f"speed:{self.seed}:{application}:{gpu_type}")
+        return rng.uniform(1.0 - self.speed_error, 1.0 + self.speed_error)
