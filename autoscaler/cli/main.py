@@ -96,6 +96,20 @@ def simulate(
         help="What the policy may know of job lengths, as a controller would: declared "
         "(every job's script declares its length) or none.",
     ),
+    world: str = typer.Option(
+        "ideal",
+        "--world",
+        help="The world's own truths: ideal (restarts of exactly --restart-delay-s, exact "
+        "trainer reports, boots of the sizing's provisioning delay: the paper simulator's "
+        "world) or measured (restarts measured on our trainer and scaled by each model's "
+        "checkpoint, noisy reports, boots from public start-up measurements).",
+    ),
+    speed_error: float = typer.Option(
+        0.0,
+        "--speed-error",
+        help="Each (application, GPU type) pair whose speed comes from the speed table runs "
+        "at its ratio times a seeded factor within 1 +- this (0-0.9).",
+    ),
     suite: str | None = typer.Option(
         None,
         "--suite",
@@ -177,6 +191,8 @@ def simulate(
             interference_avoidance=avoid_interference,
             seed=seed,
             lengths=lengths,
+            world=world,
+            speed_error=speed_error,
         )
         suite_policies = [PolicyName.COADAPT, *PAPER_POLICIES]
         policies = suite_policies if suite else list(dict.fromkeys(policy))
@@ -269,7 +285,13 @@ def _fleet_spec(workload: str, fleet: str, budget: float | None, config: Any) ->
     if fleet not in EXPERIMENTS[experiment]:
         names = sorted({n for names in EXPERIMENTS.values() for n in names})
         raise typer.BadParameter(f"unknown strategy {fleet!r}; one of {', '.join(names)}")
-    run = build_run(experiment, fleet, sizing=SizingConfig(budget_usd_per_hour=budget))
+    run = build_run(
+        experiment,
+        fleet,
+        sizing=SizingConfig(budget_usd_per_hour=budget),
+        seed=config.seed,
+        world=config.world,
+    )
     options = tuple(sorted(run.policy_options.items()))
     return RunSpec(workload, PolicyName(run.policy), replace(config, cloud=run.cloud), options)
 

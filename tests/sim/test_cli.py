@@ -138,3 +138,21 @@ def test_compare_with_paper_rows() -> None:
     assert rows[0].paper_jct_s == pytest.approx(2473.65)
     assert rows[0].ratio == pytest.approx(2000.0 / 2473.65)
     assert rows[-1].workload == "mean" and rows[-1].paper_jct_s == pytest.approx(4038.2, abs=0.1)
+
+
+def test_simulate_in_the_measured_world(small_workload: Path, tmp_path: Path) -> None:
+    """--world measured reaches the run (restarts drawn from the measurements: the JCTs move)
+    and is recorded; a bad --world or --speed-error is one line that names it."""
+    common = ["simulate", str(small_workload), "--policy", "tiresias", "--nodes", "2"]
+    jcts = {}
+    for world in ("ideal", "measured"):
+        out = tmp_path / f"{world}.json"
+        result = runner.invoke(app, [*common, "--world", world, "--out", str(out)])
+        assert result.exit_code == 0, result.output
+        run = json.loads(out.read_text())["runs"][0]
+        assert run["config"]["world"] == world
+        jcts[world] = [job["jct_s"] for job in run["jobs"]]
+    assert jcts["ideal"] != jcts["measured"]
+    for flag, value in (("--world", "dreamt"), ("--speed-error", "1.5")):
+        result = runner.invoke(app, [*common, flag, value])
+        assert result.exit_code != 0 and flag.removeprefix("--").replace("-", "_") in result.output

@@ -101,12 +101,14 @@ def test_speed_error_is_a_seeded_factor_per_pair_within_its_bound() -> None:
     }
     assert all(0.75 <= f <= 1.25 for f in factors.values())
     assert len(set(factors.values())) == len(factors)  # each pair its own draw
-    assert WorldTruths.build("ideal", 7, 0.25).speed_factor("bert", "V100") == factors[
-        ("bert", "V100")
-    ]
-    assert WorldTruths.build("ideal", 8, 0.25).speed_factor("bert", "V100") != factors[
-        ("bert", "V100")
-    ]
+    assert (
+        WorldTruths.build("ideal", 7, 0.25).speed_factor("bert", "V100")
+        == factors[("bert", "V100")]
+    )
+    assert (
+        WorldTruths.build("ideal", 8, 0.25).speed_factor("bert", "V100")
+        != factors[("bert", "V100")]
+    )
     assert WorldTruths.build("ideal", 7).speed_factor("bert", "V100") == 1.0
     for bad in (-0.1, 0.95, float("nan")):
         with pytest.raises(InvalidInputError):
