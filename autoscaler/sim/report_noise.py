@@ -7,7 +7,8 @@ so both scatter around the truth by an amount that shrinks with the number of me
 behind them. :class:`ReportNoise` holds that scatter, the relative standard deviation
 (sd / mean) per quantity at a few measurement counts ``n``, as measured on our own trainer by
 ``benchmarks/report_noise.py`` (2 processes, gloo, CPU, the examples' models; the file and the
-command that regenerates it are in ``autoscaler/data/noise``, whose README gives the caveats).
+command that regenerates it are in ``autoscaler/data/noise``, whose README gives the caveats; at
+each ``n`` the table holds the larger spread of the two models measured there).
 Between two measured ``n`` the spread is interpolated linearly in ``log n``; outside them it is
 clamped to the nearest end (beyond the largest ``n`` the trainer's EMA has forgotten its oldest
 measurements, so the spread stays at its plateau).
@@ -16,9 +17,10 @@ measurements, so the spread stays at its plateau).
 
 * ``grad_var``, ``step_s``, ``noise_scale``: positive quantities, multiplicative log-normal with
   its mean kept at the truth (``value * exp(s Z - s^2/2)``, ``s^2 = ln(1 + r^2)``): the
-  estimators are unbiased, the readings of ``grad_var`` and of step times were never <= 0 in the
-  calibration runs, and their log is nearer normal than the values (their ``sd_log`` there is
-  about ``sqrt(ln(1 + r^2))``); a log-normal keeps them > 0.
+  estimators are unbiased, and the readings of ``grad_var`` and of step times were never <= 0 in
+  the calibration runs (``frac_nonpositive`` in the data). A log-normal keeps them > 0 and
+  matches the data's mean and sd; its tails are those of the MLP's readings (whose ``sd_log`` is
+  close to ``s``), lighter than those of the BERT's preconditioned ``grad_var`` (see the README).
 * ``grad_sqr``: normal, ``value * (1 + r Z)``: the trainer's estimate ``|m_B|^2 - sigma2 / B`` is
   unbiased and not clamped, and with one measurement it did come out <= 0 (``frac_nonpositive``
   in the data; ``trainer.report.GradientStats`` allows it and ``autoscaler.model.goodput`` reads
