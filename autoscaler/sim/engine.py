@@ -55,8 +55,9 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Final
 
 from autoscaler.accounting.billing import churn_from_store, cost_record_from_store, run_origin_s
 from autoscaler.accounting.churn import ChurnFigures
@@ -92,6 +93,17 @@ from trainer.report import (
 
 __all__ = ["SimulationError", "Simulator", "isolated_jct_s", "simulate"]
 
+_GNS_EVERY_STEPS: Final = 16
+"""The trainer's default gradient-noise measurement interval, in optimizer steps
+(``trainer.options.JobOptions.gns_every_steps``, which imports torch: a test holds the two
+equal)."""
+_MAX_PROFILE_STEPS: Final = 10**9
+
+
+def _profile_key(placement: tuple[int, ...], batch: BatchChoice) -> tuple[int, int, int, int]:
+    """A profiled configuration: GPUs, nodes, per-GPU batch, accumulation steps."""
+    return (sum(placement), len(placement), batch.local_bsz, batch.accum_steps)
+
 
 class SimulationError(AutoscalerError):
     """The simulation cannot proceed (a policy broke an invariant, or it ran past its limit)."""
@@ -125,6 +137,8 @@ class _Job:
     # profiled in that launch (a new launch reports from zero, as a real trainer does).
     launch_s: float = 0.0
     profiles: dict[tuple[int, int, int, int], ProfileEntry] = field(default_factory=dict)
+    config_steps: dict[tuple[int, int, int, int], float] = field(default_factory=dict)
+    steps: float = 0.0  # optimizer steps run in all (the gradient estimator's measurements)
     ran: bool = False  # ran this round: it reports at the round's end
     last_run: tuple[BatchChoice, Allocation] | None = None  # what it last ran on
     restarts: int = 0  # as the controller's store counts them (its one definition)
@@ -404,6 +418,7 @@ class Simulator:
             moved_off = self._noticed(job.allocation)
             job.allocation = alloc
             job.profiles = {}
+            job.config_steps = {}
             if moved_off:  # the controller moved it off an instance the cloud takes back
                 job.preemptions += 1
                 assert self.cloud is not None
@@ -483,10 +498,8 @@ class Simulator:
                     epoch=app.epoch_of(job.progress),
                     epoch_position=0,
                     progress=job.progress,
-                    gradient=GradientStats(
-                        app.init_batch_size, job.grad.grad_sqr, job.grad.grad_var, 1, False
-                    ),
-                    profiles=tuple(job.profiles.values()),
+                    gradient=self._gradient_reading(job),
+                    profiles=self._profile_readings(job),
                     hints=JobHints(app.init_batch_size, app.max_batch_size),
                     target_progress=self._declared(job),
                     done=job.completion_s is not None,
@@ -496,6 +509,48 @@ class Simulator:
                 world.exited(job.spec.name)
             else:
                 self._reply(job)
+
+    def _gradient_reading(self, job: _Job) -> GradientStats:
+        """The gradient statistics ``job``'s trainer reports: the true ones in the ideal world;
+        in the measured one a reading with the spread our estimator shows after as many
+        measurements as the job has made (one every ``gns_every_steps`` optimizer steps, its
+        state carried across restarts in the checkpoint, as the trainer's is)."""
+        assert job.grad is not None
+        sqr, var = job.grad.grad_sqr, job.grad.grad_var
+        noise, init = self.truths.noise(job.app.name), job.app.init_batch_size
+        if noise.exact:
+            return GradientStats(init, sqr, var, 1, False)
+        n = max(1, int(job.steps // _GNS_EVERY_STEPS))
+        rng = self.truths.rng
+        return GradientStats(
+            init,
+            noise.noisy(rng, sqr, "grad_sqr", n),
+            noise.noisy(rng, var, "grad_var", n) if var > 0 else var,
+            n,
+            False,
+        )
+
+    def _profile_readings(self, job: _Job) -> tuple[ProfileEntry, ...]:
+        """The profile ``job``'s trainer reports of its launch: the true times in the ideal
+        world; in the measured one each configuration's mean over the steps it ran (their
+        count reported), read with the spread our profiler shows after that many steps (the
+        step, compute and sync times scaled alike)."""
+        noise = self.truths.noise(job.app.name)
+        if noise.exact:
+            return tuple(job.profiles.values())
+        out = []
+        rng = self.truths.rng
+        for config, entry in job.profiles.items():
+            steps = max(1, min(int(job.config_steps.get(config, 1.0)), _MAX_PROFILE_STEPS))
+            step_s = noise.noisy(rng, entry.step_s, "step_s", steps)
+            k = step_s / entry.step_s
+            out.append(
+                replace(
+                    entry, steps=steps, step_s=step_s, compute_s=entry.compute_s * k,
+                    sync_s=entry.sync_s * k,
+                )
+            )  # fmt: skip
+        return tuple(out)
 
     def _declared(self, job: _Job) -> float | None:
         """The length the job's script declared (the workload's target), or ``None`` when
@@ -658,13 +713,24 @@ class Simulator:
         if need <= rate * left:
             run_s = max(need, 0.0) / rate
             job.attained_gpu_s += run_s * gpus
+            self._count_steps(job, placement, batch, max(need, 0.0))
             job.progress = app.target_progress
             job.completion_s = self.now_s + delay + run_s
             return delay + run_s
         job.attained_gpu_s += left * gpus
+        self._count_steps(job, placement, batch, rate * left)
         job.progress = curve.progress_after(job.progress, rate * left)
         self._report_grad(job, batch.batch_size)
         return None
+
+    @staticmethod
+    def _count_steps(
+        job: _Job, placement: tuple[int, ...], batch: BatchChoice, steps: float
+    ) -> None:
+        """``job`` ran ``steps`` optimizer steps of ``batch`` on ``placement``."""
+        job.steps += steps
+        config = _profile_key(placement, batch)
+        job.config_steps[config] = job.config_steps.get(config, 0.0) + steps
 
     def _record(
         self,
@@ -682,7 +748,7 @@ class Simulator:
             self._report_grad(job, batch.batch_size)
         job.ran = True
         job.last_run = (batch, job.allocation)
-        config = (sum(placement), len(placement), batch.local_bsz, batch.accum_steps)
+        config = _profile_key(placement, batch)
         if config not in job.profiles:
             job.profiles[config] = ProfileEntry(
                 num_nodes=len(placement),

@@ -200,23 +200,40 @@ def _check_measurements(measurements: int) -> int:
     return int(measurements)
 
 
-def report_noise_from(data: Mapping[str, Any], source: str = "") -> ReportNoise:
-    """A :class:`ReportNoise` from the JSON of ``benchmarks/report_noise.py`` (its
-    ``calibration`` block: per quantity, ``n`` and ``relative_sd`` lists)."""
+def report_noise_from(
+    data: Mapping[str, Any], source: str = "", model: str | None = None
+) -> ReportNoise:
+    """A :class:`ReportNoise` from the JSON of ``benchmarks/report_noise.py``: its
+    ``calibration`` block (per quantity, ``n`` and ``relative_sd`` lists: per ``n`` the largest
+    spread of the models measured), or with ``model`` that model's own spreads (its
+    ``models.<model>.spread`` rows)."""
     try:
-        table = data["calibration"]
-        curves = {
-            q: NoiseCurve(tuple(table[q]["n"]), tuple(float(r) for r in table[q]["relative_sd"]))
-            for q in QUANTITIES
-        }
+        if model is None:
+            table = data["calibration"]
+            curves = {
+                q: NoiseCurve(
+                    tuple(table[q]["n"]), tuple(float(r) for r in table[q]["relative_sd"])
+                )
+                for q in QUANTITIES
+            }
+        else:
+            rows = data["models"][model]["spread"]
+            curves = {
+                q: NoiseCurve(
+                    tuple(int(r["n"]) for r in rows[q]),
+                    tuple(float(r["relative_sd"]) for r in rows[q]),
+                )
+                for q in QUANTITIES
+            }
         command = str(data.get("command", "")) or source
     except (KeyError, TypeError, ValueError) as e:
         raise InvalidInputError(f"bad report-noise file: {e!r}", field="report_noise") from e
     return ReportNoise(curves, source=command)
 
 
-def load_report_noise(text: str | None = None) -> ReportNoise:
-    """The calibration shipped in ``autoscaler/data/noise`` (or ``text``, the same JSON)."""
+def load_report_noise(text: str | None = None, model: str | None = None) -> ReportNoise:
+    """The calibration shipped in ``autoscaler/data/noise`` (or ``text``, the same JSON): the
+    table over all models, or ``model``'s own spreads (see :func:`report_noise_from`)."""
     if text is None:
         path = Path(__file__).resolve().parents[1] / "data" / "noise" / REPORT_NOISE_JSON
         text = path.read_text(encoding="utf-8")
@@ -226,4 +243,4 @@ def load_report_noise(text: str | None = None) -> ReportNoise:
         raise InvalidInputError(f"report-noise file is not JSON: {e}", field="report_noise") from e
     if not isinstance(data, Mapping):
         raise InvalidInputError("report-noise file must hold a JSON object", field="report_noise")
-    return report_noise_from(data)
+    return report_noise_from(data, model=model)

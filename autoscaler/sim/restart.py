@@ -54,11 +54,18 @@ _DATA: Final = Path(__file__).resolve().parents[1] / "data" / "restart"
 class ModelState:
     """An application's checkpointed state: ``parameters`` float32 weights, ``copies`` times
     (the weights plus the optimizer's per-weight buffers: 2 for SGD with momentum, 3 for
-    Adam)."""
+    Adam), and the ``optimizer`` it trains with."""
 
     application: str
     parameters: int
     copies: int
+    optimizer: str = "SGD"
+
+    @property
+    def preconditioned(self) -> bool:
+        """Whether its optimizer scales each weight's step (Adam, AdamW): its gradient
+        statistics are then the preconditioned ones."""
+        return self.optimizer.lower() in ("adam", "adamw")
 
     def __post_init__(self) -> None:
         if self.parameters < 1 or not 1 <= self.copies <= 8:
@@ -133,7 +140,12 @@ def _models(text: str) -> dict[str, ModelState]:
     out: dict[str, ModelState] = {}
     try:
         for r in csv.DictReader(text.splitlines()):
-            m = ModelState(r["application"].strip(), int(r["parameters"]), int(r["copies"]))
+            m = ModelState(
+                r["application"].strip(),
+                int(r["parameters"]),
+                int(r["copies"]),
+                (r.get("optimizer") or "SGD").strip(),
+            )
             out[m.application] = m
     except (KeyError, ValueError, AttributeError) as e:
         raise InvalidInputError(f"bad restart models table: {e!r}", field="restart_models") from e

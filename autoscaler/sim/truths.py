@@ -8,8 +8,9 @@
   in the sizing's ``provisioning_delay_s``;
 - ``"measured"``: each of those drawn from its own measurements instead, each with a stated
   source: restarts from our trainer's measured restarts scaled by each model's checkpoint
-  size (:mod:`autoscaler.sim.restart`), report noise from our trainer's estimator
-  (:mod:`autoscaler.sim.report_noise`), and in cloud runs boots from public start-up
+  size (:mod:`autoscaler.sim.restart`), report noise from our trainer's estimator and
+  profiler on the calibration model that trains as the application does (SGD or Adam;
+  :mod:`autoscaler.sim.report_noise`), and in cloud runs boots from public start-up
   measurements (:mod:`autoscaler.sim.boot`; :func:`autoscaler.sim.experiments.build_run`)
   and spot preemptions from the availability traces where one is given.
 
@@ -25,10 +26,12 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Final
 
 from autoscaler.errors import InvalidInputError
+from autoscaler.sim.report_noise import ReportNoise, load_report_noise
 from autoscaler.sim.restart import RestartTimes, load_restart_times
 
 __all__ = ["IDEAL", "MAX_SPEED_ERROR", "MEASURED", "WORLDS", "WorldTruths", "check_speed_error"]
@@ -36,6 +39,12 @@ __all__ = ["IDEAL", "MAX_SPEED_ERROR", "MEASURED", "WORLDS", "WorldTruths", "che
 IDEAL: Final = "ideal"
 MEASURED: Final = "measured"
 WORLDS: tuple[str, ...] = (IDEAL, MEASURED)
+#: The calibration models (``autoscaler/data/noise``) whose spreads a measured world's reports
+#: carry: the tiny BERT trained with AdamW (preconditioned gradient statistics) for
+#: applications trained with Adam, the MLP trained with SGD for the others.
+PRECONDITIONED_MODEL: Final = "bert"
+UNPRECONDITIONED_MODEL: Final = "mlp"
+_EXACT: Final = ReportNoise.none()
 #: A speed error of 1 would allow a type that does not run at all.
 MAX_SPEED_ERROR: Final = 0.9
 
@@ -52,12 +61,20 @@ def check_speed_error(value: float) -> float:
 @dataclass
 class WorldTruths:
     """The truths of one simulation (see the module docstring); built once per run by
-    :meth:`build`. ``restart``: the measured restart times, ``None`` in the ideal world."""
+    :meth:`build`. ``restart``: the measured restart times, ``None`` in the ideal world;
+    ``noises``: the reports' measurement noise by whether the application's optimizer is
+    preconditioned (:meth:`noise`; empty, exact, in the ideal world), drawn from ``rng``
+    (seeded by the run's seed, apart from the restarts' draws)."""
 
     world: str
     seed: int
     speed_error: float
     restart: RestartTimes | None
+    noises: Mapping[bool, ReportNoise] = field(default_factory=dict)
+    rng: random.Random = field(init=False, repr=False)  # the report noise's draws
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(f"report-noise:{self.seed}")
 
     @classmethod
     def build(cls, world: str, seed: int, speed_error: float = 0.0) -> WorldTruths:
@@ -66,8 +83,24 @@ class WorldTruths:
                 f"world must be one of {', '.join(WORLDS)}, got {world!r}", field="world"
             )
         check_speed_error(speed_error)
-        restart = load_restart_times(seed) if world == MEASURED else None
-        return cls(world, seed, speed_error, restart)
+        if world == MEASURED:
+            noises = {
+                False: load_report_noise(model=UNPRECONDITIONED_MODEL),
+                True: load_report_noise(model=PRECONDITIONED_MODEL),
+            }
+            return cls(world, seed, speed_error, load_restart_times(seed), noises)
+        return cls(world, seed, speed_error, None)
+
+    def noise(self, application: str) -> ReportNoise:
+        """The measurement noise of a job of ``application``'s reports: exact in the ideal
+        world; in the measured one our estimator's spread on the calibration model that
+        trains as it does (:data:`PRECONDITIONED_MODEL` for an Adam-trained application,
+        :data:`UNPRECONDITIONED_MODEL` otherwise; ``autoscaler/data/restart/models.csv`` says
+        which optimizer each application trains with)."""
+        if not self.noises:
+            return _EXACT
+        model = None if self.restart is None else self.restart.models.get(application)
+        return self.noises[model is not None and model.preconditioned]
 
     def restart_s(self, application: str, planned_s: float) -> float:
         """How long a job of ``application`` makes no progress after a (re)start: the

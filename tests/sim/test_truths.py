@@ -12,6 +12,7 @@ from autoscaler.decide.views import fixed_batch_choice
 from autoscaler.errors import InvalidInputError
 from autoscaler.model.gputypes import default_speed_table
 from autoscaler.model.traces import load_app
+from autoscaler.sim import engine as engine_module
 from autoscaler.sim.cluster import NodeGroup, TypeSpeed, load_cluster
 from autoscaler.sim.engine import SimConfig, _limits, simulate
 from autoscaler.sim.experiments import build_run
@@ -163,3 +164,43 @@ def test_paper_sim_refuses_a_bad_speed_error(capsys: pytest.CaptureFixture[str])
     with pytest.raises(SystemExit):
         paper_sim.main(["--speed-error", "2"])
     assert "speed_error must be in" in capsys.readouterr().err
+
+
+def _seen_grads(world: str, seed: int = 0) -> list[tuple[float, float]]:
+    spec = TraceJob("c", "cifar10", 0.0, 2, 512)
+    policy = Scripted({"c": (2, 0)})
+    simulate([spec], policy, SimConfig(num_nodes=2, world=world, seed=seed))
+    return [
+        (job.model.grad.grad_sqr, job.model.grad.grad_var)
+        for ri in policy.seen
+        for job in ri.jobs
+        if job.model is not None
+    ]
+
+
+def test_measured_reports_scatter_around_the_truth_seeded_ideal_ones_are_the_truth() -> None:
+    ideal, measured = _seen_grads("ideal"), _seen_grads("measured")
+    assert len(ideal) == len(measured) >= 5
+    assert measured != ideal
+    ratios = [m[1] / i[1] for m, i in zip(measured, ideal, strict=True)]
+    assert all(0.2 < r < 5 for r in ratios) and len({round(r, 9) for r in ratios}) > 1
+    assert _seen_grads("measured") == measured  # the same seed, the same readings
+    assert _seen_grads("measured", seed=1) != measured
+
+
+def test_the_engine_counts_measurements_at_the_trainers_interval() -> None:
+    from trainer.options import JobOptions
+
+    assert JobOptions(64).gns_every_steps == engine_module._GNS_EVERY_STEPS
+
+
+def test_reports_carry_the_noise_of_the_calibration_model_that_trains_alike() -> None:
+    from autoscaler.sim.report_noise import load_report_noise
+
+    measured = WorldTruths.build("measured", 0)
+    bert, mlp = load_report_noise(model="bert"), load_report_noise(model="mlp")
+    assert bert.relative_sd("grad_var", 4) != mlp.relative_sd("grad_var", 4)
+    # bert and ncf train with Adam (preconditioned statistics); the others with SGD.
+    for app, curve in (("bert", bert), ("ncf", bert), ("cifar10", mlp), ("imagenet", mlp)):
+        assert measured.noise(app).relative_sd("grad_var", 4) == curve.relative_sd("grad_var", 4)
+    assert WorldTruths.build("ideal", 0).noise("bert").exact
