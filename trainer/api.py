@@ -291,6 +291,14 @@ class ElasticJob:
         return self._loop.step
 
     @property
+    def batch_requested_at_step(self) -> int | None:
+        """Rank 0: the step in progress (optimizer steps completed) when the newest batch
+        configuration not yet agreed arrived, from the controller's reply or
+        :meth:`request_batch_config` (``None``: none yet in this process; other ranks learn a
+        configuration only when the ranks agree on it)."""
+        return self._loop.batch_requested_at_step
+
+    @property
     def skipped_steps(self) -> int:
         return self._loop.skipped
 
@@ -446,7 +454,7 @@ class ElasticJob:
         """Use ``batch`` from the next step the ranks can agree on, without a restart (rank
         0's request is what counts): at an epoch boundary at once, mid-epoch one exchange later
         (:mod:`trainer.stepping`, "Batch changes")."""
-        self._loop.pending_batch = batch
+        self._loop.request_batch(batch)
 
     def request_stop(self) -> None:
         """Checkpoint and stop at the next agreed step (as on SIGTERM)."""
@@ -463,7 +471,7 @@ class ElasticJob:
 
     def _on_reply(self, reply: ReportReply) -> None:
         if reply.batch is not None:
-            self._loop.pending_batch = reply.batch
+            self._loop.request_batch(reply.batch)
         if reply.stop and self._stop_cause is None:
             self._stop_cause = StopCause.CONTROLLER
 

@@ -163,6 +163,7 @@ class StepLoop:
         self.control = control
         self.batch = env.batch or BatchConfig(options.initial_batch_size, 1)
         self.pending_batch: BatchConfig | None = None
+        self.batch_requested_at_step: int | None = None  # see request_batch
         self.batch_lead_steps = 1
         # Agreed configurations not yet in force: (first step, configuration), ascending.
         self._batch_schedule: list[tuple[int, BatchConfig]] = []
@@ -273,6 +274,15 @@ class StepLoop:
         self.batch = batch
         later = [(first, config) for first, config in schedule if first > self.step]
         self._batch_schedule = sorted(later, key=lambda entry: entry[0])
+
+    def request_batch(self, batch: BatchConfig) -> None:
+        """Rank 0: ask for ``batch`` (the controller's reply or the script's request; see the
+        module docstring). Records in ``batch_requested_at_step`` the step in progress (steps
+        completed) when a configuration not already agreed arrived. Callable from the
+        reporter thread."""
+        if batch != self.pending_batch and batch != self._latest_batch():
+            self.batch_requested_at_step = self.step
+        self.pending_batch = batch
 
     def _latest_batch(self) -> BatchConfig:
         return self._batch_schedule[-1][1] if self._batch_schedule else self.batch
