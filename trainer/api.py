@@ -239,6 +239,7 @@ class ElasticJob:
                 interval_s=self.env.report_interval_s,
                 clock=self._clock,
                 on_reply=self._on_reply,
+                reply_window=self._loop.reply_window,
             )
             self._reporter.start()
 
@@ -452,8 +453,9 @@ class ElasticJob:
     # ------------------------------------------------------------------ requests
     def request_batch_config(self, batch: BatchConfig) -> None:
         """Use ``batch`` from the next step the ranks can agree on, without a restart (rank
-        0's request is what counts): at an epoch boundary at once, mid-epoch one exchange later
-        (:mod:`trainer.stepping`, "Batch changes")."""
+        0's request is what counts): at an epoch boundary at once, mid-epoch one exchange after
+        the next (:mod:`trainer.stepping`, "Batch changes"; the controller's reply is adopted
+        within a step of its arrival)."""
         self._loop.request_batch(batch)
 
     def request_stop(self) -> None:
@@ -783,6 +785,7 @@ class ElasticJob:
         if self._pending_write is not None:
             self._pending_write.result()
         self._writer.shutdown(wait=True)
+        self._loop.end_reply_windows()
         if self._reporter is not None:
             self._reporter.stop(final=final_report)
         if threading.current_thread() is threading.main_thread() and not self._finished:
