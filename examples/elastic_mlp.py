@@ -235,6 +235,7 @@ def main(argv: list[str] | None = None) -> None:
                         last_batch = micro.batch
                         log(
                             event="batch_change",
+                            rank=job.rank,
                             first_step=micro.step,
                             epoch=epoch,
                             position=micro.position,
