@@ -40,10 +40,11 @@ is offered at the end of step ``r`` and read at the end of ``r + 1``: in force f
 ``r + 2`` in coadapt's loop and the Hugging Face integration (after the step in progress, at
 most one more step at the old configuration), ``r + 3`` in Lightning's. Per report the window
 costs about two extra exchanges plus one per step of the reply's round trip, and holds the
-report back up to two periods (about ``2 x control_interval_s``); it does not open while the
-loop is not stepping (between epochs, evaluation), and the report then goes out anyway:
-its batch is adopted at the next epoch boundary or by the rule above. A request from the
-script (:meth:`trainer.api.ElasticJob.request_batch_config`) has no window: up to ``2k`` steps.
+report back up to two periods (about ``2 x control_interval_s``). Outside an epoch the report
+goes out at once (the next epoch's start adopts its batch); where the loop stalls inside one
+(evaluation, a slow save) it goes out after that bound, and its batch follows the rule above.
+A request from the script (:meth:`trainer.api.ElasticJob.request_batch_config`) has no
+window: up to ``2k`` steps.
 
 No restart either way: the loader re-plans the rest of the epoch from that step's position with
 the new configuration (:meth:`trainer.data.ElasticDataLoader.load`), so the epoch still visits
@@ -318,14 +319,17 @@ class StepLoop:
         first wait until every step exchanges (the window is open), at most
         ``2 x (control_interval_s + recent step time) + 1 s`` (two exchange periods and a
         second's slack); keep every step exchanging until the reply is handled; then give the
-        period back to ``control_interval_s``. Yields whether the window opened in time (it
-        does not while the loop is not stepping: a report is never held longer). One window
-        at a time (the reporter sends one report at a time)."""
+        period back to ``control_interval_s``. Outside an epoch (before the first, between
+        two) it does not wait: the next epoch's start adopts a batch at once. Yields whether
+        the wait ended before its bound (it does not when the loop stalls inside an epoch: a
+        report is never held longer). One window at a time (the reporter sends one report at
+        a time)."""
         with self._window_lock:
             self._window_requested = True
             if (
                 self._windows_ended
                 or self.world_size == 1  # alone, every step exchanges anyway
+                or self._micro is None  # outside an epoch: the next one's start adopts it
                 or (self._control_every == 1 and self._last_proposal == 1)
             ):
                 self._window_open.set()
