@@ -19,7 +19,8 @@ Send SIGTERM to the launcher at any time: the workers agree on a step, save one 
 exit; relaunch with any ``--nproc-per-node`` and training resumes at the exact sample.
 
 The options after ``--log-dir`` exist for coadapt's tests and benchmark: per-rank JSON-lines logs
-of every micro-batch's sample ids and of events (restore, first step, gradient statistics),
+of every micro-batch's sample ids and of events (restore, first step, gradient statistics,
+each batch change with the step rank 0 learned it at),
 injected non-finite gradients, and batch-configuration changes at epoch boundaries.
 """
 
@@ -198,6 +199,7 @@ def main(argv: list[str] | None = None) -> None:
     say = _Say(job, args.initial_batch_size, quiet=args.quiet or job.rank != 0)
     say.launch(restored is not None)
     loss = torch.tensor(float("nan"))  # an epoch resumed at its end trains no batch
+    last_batch = job.batch  # the configuration of the next step (after a restore)
 
     try:
         for epoch in job.epochs(args.epochs, declare=not args.no_declare):
@@ -229,6 +231,18 @@ def main(argv: list[str] | None = None) -> None:
                 if scheduler is not None:
                     scheduler.step()
                 if job.at_step_boundary:
+                    if micro.batch != last_batch:  # this step was the first at a new one
+                        last_batch = micro.batch
+                        log(
+                            event="batch_change",
+                            rank=job.rank,
+                            first_step=micro.step,
+                            epoch=epoch,
+                            position=micro.position,
+                            batch=micro.batch.global_batch_size,
+                            accum=micro.batch.accum_steps,
+                            requested_at_step=job.batch_requested_at_step,
+                        )
                     say.batch_change()
                     if not first_step_logged:
                         first_step_logged = True

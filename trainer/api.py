@@ -239,6 +239,7 @@ class ElasticJob:
                 interval_s=self.env.report_interval_s,
                 clock=self._clock,
                 on_reply=self._on_reply,
+                reply_window=self._loop.reply_window,
             )
             self._reporter.start()
 
@@ -289,6 +290,14 @@ class ElasticJob:
     def step(self) -> int:
         """Optimizer steps taken over the whole run (including skipped ones)."""
         return self._loop.step
+
+    @property
+    def batch_requested_at_step(self) -> int | None:
+        """Rank 0: the step in progress (optimizer steps completed) when the newest batch
+        configuration not yet agreed arrived, from the controller's reply or
+        :meth:`request_batch_config` (``None``: none yet in this process; other ranks learn a
+        configuration only when the ranks agree on it)."""
+        return self._loop.batch_requested_at_step
 
     @property
     def skipped_steps(self) -> int:
@@ -444,9 +453,10 @@ class ElasticJob:
     # ------------------------------------------------------------------ requests
     def request_batch_config(self, batch: BatchConfig) -> None:
         """Use ``batch`` from the next step the ranks can agree on, without a restart (rank
-        0's request is what counts): at an epoch boundary at once, mid-epoch one exchange later
-        (:mod:`trainer.stepping`, "Batch changes")."""
-        self._loop.pending_batch = batch
+        0's request is what counts): at an epoch boundary at once, mid-epoch one exchange after
+        the next (:mod:`trainer.stepping`, "Batch changes"; the controller's reply is adopted
+        within a step of its arrival)."""
+        self._loop.request_batch(batch)
 
     def request_stop(self) -> None:
         """Checkpoint and stop at the next agreed step (as on SIGTERM)."""
@@ -463,7 +473,7 @@ class ElasticJob:
 
     def _on_reply(self, reply: ReportReply) -> None:
         if reply.batch is not None:
-            self._loop.pending_batch = reply.batch
+            self._loop.request_batch(reply.batch)
         if reply.stop and self._stop_cause is None:
             self._stop_cause = StopCause.CONTROLLER
 
@@ -775,6 +785,7 @@ class ElasticJob:
         if self._pending_write is not None:
             self._pending_write.result()
         self._writer.shutdown(wait=True)
+        self._loop.end_reply_windows()
         if self._reporter is not None:
             self._reporter.stop(final=final_report)
         if threading.current_thread() is threading.main_thread() and not self._finished:

@@ -25,6 +25,9 @@ class JobOptions:
     exchange their stop/checkpoint flags about this often (every k-th step, k chosen by rank 0
     from its step time and agreed at the previous exchange; a stop lands within two exchanges of
     the request; each exchange costs one small CPU all-reduce; alone, every step, for free).
+    Around each report's reply the ranks exchange every step, so that a batch change from the
+    controller lands within a step of the reply whatever this interval
+    (:mod:`trainer.stepping`, "Within a step of the reply").
     ``checkpoint_every_s`` / ``checkpoint_every_steps``: periodic checkpoints (0 = off; stops
     always checkpoint).
     ``keep_last``: checkpoints kept. ``data_seed``: seed of the data order.

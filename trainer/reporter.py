@@ -7,6 +7,11 @@ Delivery never raises into training: failures are logged (at most once a minute)
 report is attempted on schedule. The controller's :class:`~trainer.report.ReportReply` is handed
 to ``on_reply``. Torch-free.
 
+A scheduled report may be sent inside a ``reply_window`` (a context manager the reporter enters
+around sending it and handling its reply; the final report at exit is not): the job's step loop
+uses it so that the ranks agree on a reply's batch within a step of its arrival
+(:meth:`trainer.stepping.StepLoop.reply_window`). It may hold a report back, for a bounded time.
+
 A controller that refuses a report with 429 (too many reports from this job: see
 ``autoscaler.controller.ratelimit``) says in ``Retry-After`` how many seconds to wait; the
 reporter sends nothing until then (also no final report at exit; at most
@@ -27,6 +32,7 @@ import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Protocol
 
@@ -169,6 +175,7 @@ class Reporter:
         interval_s: float,
         clock: Clock | None = None,
         on_reply: Callable[[ReportReply], None] | None = None,
+        reply_window: Callable[[], AbstractContextManager[object]] | None = None,
     ) -> None:
         if not interval_s > 0:
             raise TrainerConfigError("must be > 0", field="report_interval_s")
@@ -177,6 +184,7 @@ class Reporter:
         self._interval_s = interval_s
         self._clock = clock or SystemClock()
         self._on_reply = on_reply
+        self._reply_window = reply_window
         self._wake = threading.Event()
         self._stopped = False
         self._thread: threading.Thread | None = None
@@ -199,7 +207,11 @@ class Reporter:
             if wait_s > 0:
                 self._wake.wait(wait_s)
                 continue
-            self.send_now()
+            if self._reply_window is None:
+                self.send_now()
+            else:
+                with self._reply_window():
+                    self.send_now()
             next_s = self._clock.monotonic_s() + self._interval_s
 
     def send_now(self) -> ReportReply | None:

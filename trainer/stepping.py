@@ -17,17 +17,34 @@ position, profile, and (every few steps, the period adapted to ``control_interva
 stop/checkpoint exchange among ranks (:class:`trainer.control.ControlChannel`).
 
 **Batch changes** (one rule, for coadapt's loop and both framework integrations). Rank 0's
-request (:attr:`StepLoop.pending_batch`: the controller's reply or
-:meth:`trainer.api.ElasticJob.request_batch_config`) is adopted
+request (:attr:`StepLoop.pending_batch`, set by :meth:`StepLoop.request_batch`: the
+controller's reply or :meth:`trainer.api.ElasticJob.request_batch_config`) is adopted
 
 * at an epoch boundary, at once: the ranks agree on it before the epoch's first global batch is
   planned (a broadcast at :meth:`StepLoop.start_epoch_iteration`);
 * mid-epoch, at the next optimizer step the ranks can all still plan: rank 0 offers it at the
-  next exchange (every step with ``control_interval_s=0``; about every ``control_interval_s``
-  otherwise), every rank reads it at the following one, at the end of some step ``c``, and it is
-  in force from step ``c + batch_lead_steps``. ``batch_lead_steps`` is 1 where the loader plans
-  a step after the previous one's update (coadapt's loop, the Hugging Face integration: the
-  very next step), 2 where the framework fetches one micro-batch ahead (Lightning).
+  next exchange, every rank reads it at the following one, at the end of some step ``c``, and
+  it is in force from step ``c + batch_lead_steps``. ``batch_lead_steps`` is 1 where the loader
+  plans a step after the previous one's update (coadapt's loop, the Hugging Face integration:
+  the very next step), 2 where the framework fetches one micro-batch ahead (Lightning).
+
+**Within a step of the reply.** Exchanges come every step only with ``control_interval_s=0``;
+otherwise about every ``control_interval_s`` (``k`` steps, up to 64), and a request waits for
+the next exchange and one more: up to ``2k`` steps (the batch timing test measured 13 steps at
+the default 0.5 s and 0.05 s steps before this rule). So rank 0 sends each scheduled report
+inside a *reply window* (:meth:`StepLoop.reply_window`): it first proposes a period of 1 and
+holds the report until every step exchanges (at most two periods), keeps every step
+exchanging until the reply is handled, then proposes its ``control_interval_s`` period again.
+A reply that arrives while step ``r`` is in progress (:attr:`StepLoop.batch_requested_at_step`)
+is offered at the end of step ``r`` and read at the end of ``r + 1``: in force from step
+``r + 2`` in coadapt's loop and the Hugging Face integration (after the step in progress, at
+most one more step at the old configuration), ``r + 3`` in Lightning's. Per report the window
+costs about two extra exchanges plus one per step of the reply's round trip, and holds the
+report back up to two periods (about ``2 x control_interval_s``). Outside an epoch the report
+goes out at once (the next epoch's start adopts its batch); where the loop stalls inside one
+(evaluation, a slow save) it goes out after that bound, and its batch follows the rule above.
+A request from the script (:meth:`trainer.api.ElasticJob.request_batch_config`) has no
+window: up to ``2k`` steps.
 
 No restart either way: the loader re-plans the rest of the epoch from that step's position with
 the new configuration (:meth:`trainer.data.ElasticDataLoader.load`), so the epoch still visits
@@ -38,8 +55,10 @@ launch that sets the batch (``COADAPT_BATCH_SIZE``) replaces both.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NoReturn, Protocol
@@ -133,7 +152,9 @@ class StepLoop:
     may be read from the reporter thread (host-side values only).
 
     Public state: ``batch`` (configuration of the step in progress, or of the last one),
-    ``pending_batch`` (rank 0's request, see the module docstring), ``batch_lead_steps`` (the
+    ``pending_batch`` (rank 0's request, see the module docstring),
+    ``batch_requested_at_step`` (rank 0: the step in progress when the newest request not yet
+    agreed arrived; ``None`` before any), ``batch_lead_steps`` (the
     loader's planning lead, see the module docstring), ``data``
     (:class:`~trainer.data.DataState`), ``step`` (optimizer steps over the whole run, skipped
     ones included), ``progress`` (initial-batch-size iterations),
@@ -163,6 +184,7 @@ class StepLoop:
         self.control = control
         self.batch = env.batch or BatchConfig(options.initial_batch_size, 1)
         self.pending_batch: BatchConfig | None = None
+        self.batch_requested_at_step: int | None = None  # see request_batch
         self.batch_lead_steps = 1
         # Agreed configurations not yet in force: (first step, configuration), ascending.
         self._batch_schedule: list[tuple[int, BatchConfig]] = []
@@ -200,6 +222,14 @@ class StepLoop:
         self._pending_decision = ControlDecision()
         self._control_every = 1  # adapted at each exchange (see trainer.control)
         self._since_exchange = 0
+        self._last_proposal = 1  # rank 0's period proposal in flight (none yet: period 1)
+        # Rank 0's reply window (module docstring, "Batch changes"): the reporter thread
+        # requests it, the loop opens it; the lock makes a request and an exchange's post
+        # atomic with respect to each other.
+        self._window_lock = threading.Lock()
+        self._window_requested = False
+        self._window_open = threading.Event()
+        self._windows_ended = False
 
     def attach(
         self,
@@ -273,6 +303,49 @@ class StepLoop:
         self.batch = batch
         later = [(first, config) for first, config in schedule if first > self.step]
         self._batch_schedule = sorted(later, key=lambda entry: entry[0])
+
+    def request_batch(self, batch: BatchConfig) -> None:
+        """Rank 0: ask for ``batch`` (the controller's reply or the script's request; see the
+        module docstring). Records in ``batch_requested_at_step`` the step in progress (steps
+        completed) when a configuration not already agreed arrived. Callable from the
+        reporter thread."""
+        if batch != self.pending_batch and batch != self._latest_batch():
+            self.batch_requested_at_step = self.step
+        self.pending_batch = batch
+
+    @contextlib.contextmanager
+    def reply_window(self) -> Iterator[bool]:
+        """Rank 0, in the reporter thread, around sending one report and handling its reply:
+        first wait until every step exchanges (the window is open), at most
+        ``2 x (control_interval_s + recent step time) + 1 s`` (two exchange periods and a
+        second's slack); keep every step exchanging until the reply is handled; then give the
+        period back to ``control_interval_s``. Outside an epoch (before the first, between
+        two) it does not wait: the next epoch's start adopts a batch at once. Yields whether
+        the wait ended before its bound (it does not when the loop stalls inside an epoch: a
+        report is never held longer). One window at a time (the reporter sends one report at
+        a time)."""
+        with self._window_lock:
+            self._window_requested = True
+            if (
+                self._windows_ended
+                or self.world_size == 1  # alone, every step exchanges anyway
+                or self._micro is None  # outside an epoch: the next one's start adopts it
+                or (self._control_every == 1 and self._last_proposal == 1)
+            ):
+                self._window_open.set()
+        wait_s = 2.0 * (self._options.control_interval_s + (self.profiler.recent_step_s() or 0.0))
+        try:
+            yield self._window_open.wait(wait_s + 1.0)
+        finally:
+            with self._window_lock:
+                self._window_requested = False
+                self._window_open.clear()
+
+    def end_reply_windows(self) -> None:
+        """The loop steps no more (the job shuts down): no report waits for a window."""
+        with self._window_lock:
+            self._windows_ended = True
+            self._window_open.set()
 
     def _latest_batch(self) -> BatchConfig:
         return self._batch_schedule[-1][1] if self._batch_schedule else self.batch
@@ -515,13 +588,18 @@ class StepLoop:
         )
         if exchange:
             offer = self._batch_offer()
-            self.control.post(
-                stop=self._host.stop_cause is not None,
-                checkpoint=self._checkpoint_due(),
-                next_every=self._propose_control_every(),
-                batch_size=offer.global_batch_size if offer else 0,
-                accum_steps=offer.accum_steps if offer else 0,
-            )
+            with self._window_lock:
+                proposal = self._propose_control_every()
+                self.control.post(
+                    stop=self._host.stop_cause is not None,
+                    checkpoint=self._checkpoint_due(),
+                    next_every=proposal,
+                    batch_size=offer.global_batch_size if offer else 0,
+                    accum_steps=offer.accum_steps if offer else 0,
+                )
+                self._last_proposal = proposal
+                if self._window_requested and self._control_every == 1 and proposal == 1:
+                    self._window_open.set()  # every step exchanges from here on
             self._posted_at = self.step
         self._after_step(decision)
         return result
@@ -532,9 +610,12 @@ class StepLoop:
         return pending if pending is not None and pending != self._latest_batch() else None
 
     def _propose_control_every(self) -> int:
-        """Rank 0: steps per ``control_interval_s`` at the recent step time (1..64)."""
+        """Rank 0: steps per ``control_interval_s`` at the recent step time (1..64); 1 while a
+        reply window is requested or open."""
         if self.rank != 0:
             return 0
+        if self._window_requested:
+            return 1
         step_s = self.profiler.recent_step_s()
         if step_s is None or step_s <= 0:
             return 1

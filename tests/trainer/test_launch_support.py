@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import os
@@ -330,6 +331,44 @@ def test_reporter_posts_periodically_and_hands_replies_over() -> None:
         server.server_close()
     assert len(_Sink.received) >= 3 and reporter.failed == 0
     assert replies and replies[0].batch == BatchConfig(64, 2)
+
+
+def test_reporter_sends_each_scheduled_report_and_handles_its_reply_inside_the_window() -> None:
+    """The step loop's reply window (trainer.stepping, "Batch changes") must cover the whole
+    exchange: entered before the report is built and sent, left after ``on_reply`` ran; the
+    final report at exit waits for no window."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _Sink.received.clear()
+    events: list[str] = []
+
+    @contextlib.contextmanager
+    def window() -> Iterator[bool]:
+        events.append("open")
+        yield True
+        events.append("close")
+
+    def build() -> TrainerReport:
+        events.append("build")
+        return _report()
+
+    try:
+        sink = HttpSink(f"http://127.0.0.1:{server.server_address[1]}", "j")
+        reporter = Reporter(
+            sink, build, interval_s=0.05, on_reply=lambda _r: events.append("reply"),
+            reply_window=window,
+        )  # fmt: skip
+        reporter.start()
+        deadline = time.monotonic() + 10
+        while events.count("close") < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        reporter.stop(final=True)
+    finally:
+        server.shutdown()
+        server.server_close()
+    scheduled = events.count("open")
+    assert scheduled >= 2
+    assert events == ["open", "build", "reply", "close"] * scheduled + ["build", "reply"]
 
 
 def test_http_sink_tries_a_controller_pairs_addresses_in_turn() -> None:

@@ -84,9 +84,9 @@ What each coadapt duty maps to:
   wants one calls ``save_model()`` after ``train()``.
 * **Batch changes** from the controller (total batch and accumulation steps; the per-device
   batch follows) apply mid-epoch without a restart, by the rule of coadapt's own loop
-  (:mod:`trainer.stepping`, "Batch changes"): the ranks agree on the change at the next
-  exchange of the stop flags (every step with ``control_interval_s=0``, about every
-  ``control_interval_s`` otherwise) and it is in force from the next optimizer step; the
+  (:mod:`trainer.stepping`, "Batch changes"): the ranks agree on the change at an exchange
+  of the stop flags (around a report's reply, every step: a reply that arrives during step
+  ``r`` is read at the end of ``r + 1``) and it is in force from the next optimizer step; the
   elastic loader re-plans the rest of the epoch from there (every sample still once) and the
   accumulation count is the plan's. A change requested before an epoch starts is in force from
   its first step. Only a change of GPU count is a restart (stop, checkpoint, relaunch), in

@@ -67,8 +67,9 @@ every boundary the step loop needs (fit start, each batch start and end) and lea
   larger batch an epoch is worth less progress, and the run goes on into later epochs).
 * **Batch configuration.** The controller's batch configuration (total batch and accumulation)
   is adopted mid-epoch without a restart, by the rule of coadapt's own loop
-  (:mod:`trainer.stepping`, "Batch changes"): the ranks agree on it at the next exchange of the
-  stop flags, and it is in force from the **second** optimizer step after that exchange, not the
+  (:mod:`trainer.stepping`, "Batch changes"): the ranks agree on it at an exchange of the stop
+  flags (a reply that arrives during step ``r`` is read at the end of ``r + 1``), and it is in
+  force from the **second** optimizer step after that exchange, not the
   first as in coadapt's loop and the Hugging Face integration: Lightning's data fetcher takes
   each batch from the loader one batch ahead of the one it trains (that is how it knows an
   epoch's last batch), so the first micro-batch of the next step is already planned when the
