@@ -97,6 +97,9 @@ _GNS_EVERY_STEPS: Final = 16
 """The trainer's default gradient-noise measurement interval, in optimizer steps
 (``trainer.options.JobOptions.gns_every_steps``, which imports torch: a test holds the two
 equal)."""
+_GNS_SMOOTHING: Final = 0.95
+"""The trainer's default EMA weight of the past per gradient-noise measurement
+(``trainer.options.JobOptions.gns_smoothing``; a test holds the two equal)."""
 _MAX_PROFILE_STEPS: Final = 10**9
 
 
@@ -139,6 +142,8 @@ class _Job:
     profiles: dict[tuple[int, int, int, int], ProfileEntry] = field(default_factory=dict)
     config_steps: dict[tuple[int, int, int, int], float] = field(default_factory=dict)
     steps: float = 0.0  # optimizer steps run in all (the gradient estimator's measurements)
+    # Measured world: per reading stream, its last standard normal and measurement count.
+    noise_z: dict[object, tuple[float, int]] = field(default_factory=dict)
     ran: bool = False  # ran this round: it reports at the round's end
     last_run: tuple[BatchChoice, Allocation] | None = None  # what it last ran on
     restarts: int = 0  # as the controller's store counts them (its one definition)
@@ -419,6 +424,8 @@ class Simulator:
             job.allocation = alloc
             job.profiles = {}
             job.config_steps = {}
+            # A new launch profiles afresh; its gradient estimate is the checkpoint's.
+            job.noise_z = {k: v for k, v in job.noise_z.items() if isinstance(k, str)}
             if moved_off:  # the controller moved it off an instance the cloud takes back
                 job.preemptions += 1
                 assert self.cloud is not None
@@ -521,28 +528,48 @@ class Simulator:
         if noise.exact:
             return GradientStats(init, sqr, var, 1, False)
         n = max(1, int(job.steps // _GNS_EVERY_STEPS))
-        rng = self.truths.rng
+        # The trainer's estimate is an EMA: k measurements after the last report, its error
+        # keeps a weight of smoothing**k (the readings are not independent from report to
+        # report; a world that drew them afresh would shake the policy more than a trainer does).
+        sqr_z = self._z(job, "grad_sqr", n, lambda n0: _GNS_SMOOTHING ** (n - n0))
+        var_z = self._z(job, "grad_var", n, lambda n0: _GNS_SMOOTHING ** (n - n0))
         return GradientStats(
             init,
-            noise.noisy(rng, sqr, "grad_sqr", n),
-            noise.noisy(rng, var, "grad_var", n) if var > 0 else var,
+            noise.reading(sqr, "grad_sqr", n, sqr_z),
+            noise.reading(var, "grad_var", n, var_z) if var > 0 else var,
             n,
             False,
         )
+
+    def _z(self, job: _Job, stream: object, n: int, rho: Callable[[int], float]) -> float:
+        """The standard normal behind ``job``'s reading of ``stream`` (a quantity, or a
+        profiled configuration's step time) at ``n`` measurements: the last one's, kept with
+        correlation ``rho(n_last)``, plus fresh noise (seeded, :attr:`WorldTruths.rng`)."""
+        eps = self.truths.rng.gauss(0.0, 1.0)
+        last = job.noise_z.get(stream)
+        if last is None:
+            z = eps
+        else:
+            r = min(max(rho(last[1]), 0.0), 1.0)
+            z = r * last[0] + math.sqrt(1.0 - r * r) * eps
+        job.noise_z[stream] = (z, n)
+        return z
 
     def _profile_readings(self, job: _Job) -> tuple[ProfileEntry, ...]:
         """The profile ``job``'s trainer reports of its launch: the true times in the ideal
         world; in the measured one each configuration's mean over the steps it ran (their
         count reported), read with the spread our profiler shows after that many steps (the
-        step, compute and sync times scaled alike)."""
+        step, compute and sync times scaled alike), its error carried from report to report
+        as a running mean's is."""
         noise = self.truths.noise(job.app.name)
         if noise.exact:
             return tuple(job.profiles.values())
         out = []
-        rng = self.truths.rng
         for config, entry in job.profiles.items():
             steps = max(1, min(int(job.config_steps.get(config, 1.0)), _MAX_PROFILE_STEPS))
-            step_s = noise.noisy(rng, entry.step_s, "step_s", steps)
+            # A mean over the steps so far: the one at n0 steps correlates sqrt(n0/n) with it.
+            z = self._z(job, config, steps, lambda n0, n=steps: math.sqrt(min(n0 / n, 1.0)))
+            step_s = noise.reading(entry.step_s, "step_s", steps, z)
             k = step_s / entry.step_s
             out.append(
                 replace(

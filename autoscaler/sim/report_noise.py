@@ -154,8 +154,17 @@ class ReportNoise:
         ``rng`` (a ``numpy.random.Generator`` or a ``random.Random``), none when the spread is
         0: the same seed gives the same readings. ``value`` must be finite, and > 0 for all but
         ``grad_sqr`` (:class:`InvalidInputError` otherwise)."""
+        if self._curve(quantity).at(_check_measurements(measurements)) == 0:
+            return self.reading(value, quantity, measurements, 0.0)
+        return self.reading(value, quantity, measurements, _standard_normal(rng))
+
+    def reading(self, value: float, quantity: str, measurements: int, z: float) -> float:
+        """:meth:`noisy`'s reading at a given standard normal ``z`` (the caller draws it:
+        a world whose readings are correlated over time keeps its own ``z`` per stream)."""
         curve = self._curve(quantity)
         n = _check_measurements(measurements)
+        if not math.isfinite(z):
+            raise InvalidInputError("z must be finite", field="z")
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise InvalidInputError(f"{quantity} must be a number", field=quantity)
         value = float(value)
@@ -166,7 +175,6 @@ class ReportNoise:
         r = curve.at(n)
         if r == 0:
             return value
-        z = _standard_normal(rng)
         if quantity in _LOGNORMAL:
             s2 = math.log1p(r * r)
             return value * math.exp(math.sqrt(s2) * z - s2 / 2)

@@ -192,6 +192,7 @@ def test_the_engine_counts_measurements_at_the_trainers_interval() -> None:
     from trainer.options import JobOptions
 
     assert JobOptions(64).gns_every_steps == engine_module._GNS_EVERY_STEPS
+    assert JobOptions(64).gns_smoothing == engine_module._GNS_SMOOTHING
 
 
 def test_reports_carry_the_noise_of_the_calibration_model_that_trains_alike() -> None:
