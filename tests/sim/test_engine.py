@@ -290,8 +290,9 @@ def _fields(job: TraceJob) -> tuple:
     return job.application, job.submit_time_s, job.num_replicas, job.batch_size
 
 
-def test_same_seed_gives_byte_identical_json(tmp_path: Path) -> None:
-    cfg = SimConfig(num_nodes=2, seed=5)
+@pytest.mark.parametrize("world", ["ideal", "measured"])
+def test_same_seed_gives_byte_identical_json(tmp_path: Path, world: str) -> None:
+    cfg = SimConfig(num_nodes=2, seed=5, world=world)
     paths = []
     for i in range(2):
         res = simulate(SMALL, make_policy("pollux", seed=5, **FAST_POLLUX), cfg)
