@@ -60,7 +60,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import shlex
 import statistics
 import subprocess
@@ -75,6 +74,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.argtypes import positive_int  # noqa: E402
+from benchmarks.trainer_overhead import torchrun_env  # noqa: E402
 
 MODELS = ("mlp", "bert")
 QUANTITIES = ("grad_sqr", "grad_var", "noise_scale", "step_s")
@@ -182,12 +182,8 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def _env(workdir: Path, tag: str) -> dict[str, str]:
-    env = dict(os.environ)
+    env = torchrun_env()
     env.update(
-        OMP_NUM_THREADS="1",
-        GLOO_SOCKET_IFNAME="lo",
-        TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
-        PYTHONPATH=str(ROOT),
         COADAPT_REPORT_FILE=str(workdir / f"reports-{tag}.jsonl"),
         COADAPT_CHECKPOINT_URI=str(workdir / f"ckpt-{tag}"),
     )

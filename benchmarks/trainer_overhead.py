@@ -354,7 +354,7 @@ def measure_throughput_hf(
     """Interleaved plain-Trainer / CoadaptTrainer segments (with ``calibrate``: plain against
     plain, A/A); the same figures as :func:`measure_throughput` from wall-clock rates."""
     result = workdir / ("calibration-hf.json" if calibrate else "throughput-hf.json")
-    env = _env()
+    env = torchrun_env()
     if calibrate:
         env["COADAPT_BENCH_AA"] = "1"
     env["COADAPT_REPORT_FILE"] = str(workdir / "reports-hf.jsonl")
@@ -384,7 +384,9 @@ def measure_throughput_hf(
 # ---------------------------------------------------------------------------- driver side
 
 
-def _env() -> dict[str, str]:
+def torchrun_env() -> dict[str, str]:
+    """This environment for a local torchrun job: one thread per process, gloo on loopback,
+    the checkout importable."""
     env = dict(os.environ)
     env.update(
         OMP_NUM_THREADS="1",
@@ -409,7 +411,7 @@ def measure_throughput(
     """Interleaved DDP / coadapt segments; with ``calibrate``, DDP against a second plain DDP
     (an A/A run: how far from 0 this host's noise alone puts the figures)."""
     result = workdir / ("calibration.json" if calibrate else "throughput.json")
-    env = _env()
+    env = torchrun_env()
     if calibrate:
         env["COADAPT_BENCH_AA"] = "1"
     env["COADAPT_REPORT_FILE"] = str(workdir / "reports.jsonl")
@@ -508,7 +510,7 @@ def worker_lightning(args: argparse.Namespace) -> None:
 
 def _lightning_fit(args: argparse.Namespace, workdir: Path, variant: str, tag: str) -> dict:
     result = workdir / f"lightning-{tag}.json"
-    env = _env()
+    env = torchrun_env()
     env["COADAPT_REPORT_FILE"] = str(workdir / f"reports-{tag}.jsonl")
     env["COADAPT_CHECKPOINT_URI"] = str(workdir / f"ckpt-{tag}")
     command = [
@@ -586,7 +588,11 @@ class _Job:
         ]  # fmt: skip
         self.out = open(workdir / f"launch-{nproc}-{time.monotonic_ns()}.out", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            command, env=_env(), stdout=self.out, stderr=subprocess.STDOUT, start_new_session=True
+            command,
+            env=torchrun_env(),
+            stdout=self.out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
 
     def events(self, name: str) -> list[dict[str, Any]]:
