@@ -172,6 +172,11 @@ resource "google_sql_database_instance" "store" {
   }
 
   depends_on = [google_service_networking_connection.store]
+
+  lifecycle {
+    # Cloud SQL grows the disk itself (disk_autoresize): a grown disk is not a change to undo.
+    ignore_changes = [settings[0].disk_size]
+  }
 }
 
 resource "google_sql_database" "store" {

@@ -20,7 +20,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -655,9 +655,11 @@ class _GoogleApis(http.server.BaseHTTPRequestHandler):
 
     token = "ya29.test-token"
     password = "p@ss/w:rd%+ \u00e9"
-    secret_path = "/v1/projects/team-project-1/secrets/coadapt-team-a-store-password/versions/latest:access"
-    context: ssl.SSLContext
-    seen: list[str] = []
+    secret_path = (
+        "/v1/projects/team-project-1/secrets/coadapt-team-a-store-password/versions/latest:access"
+    )
+    context: ClassVar[ssl.SSLContext]
+    seen: ClassVar[list[str]] = []
 
     def log_message(self, *args: Any) -> None:
         pass
@@ -688,8 +690,11 @@ class _GoogleApis(http.server.BaseHTTPRequestHandler):
     @staticmethod
     def _json(out: Any, body: dict[str, Any]) -> None:
         raw = json.dumps(body).encode()
-        out.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                  + f"Content-Length: {len(raw)}\r\nConnection: close\r\n\r\n".encode() + raw)
+        out.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(raw)}\r\nConnection: close\r\n\r\n".encode()
+            + raw
+        )
 
 
 @pytest.mark.skipif(
