@@ -1,6 +1,7 @@
-# The controller VM: runs `coadapt up --provider gcp` as a systemd service. It creates the GPU
-# nodes itself (instances.insert / bulkInsert from provider.json), so there is no instance
-# template for nodes (see README.md).
+# The controller VM(s): controller_count (one without team_store) run `coadapt up --provider
+# gcp` as a systemd service. The controller creates the GPU nodes itself (instances.insert /
+# bulkInsert from provider.json), so there is no instance template for nodes (see README.md).
+# With team_store each reads the store's URL at start (team_store.tf) and one leads.
 
 resource "google_compute_address" "controller" {
   project      = var.project
@@ -41,16 +42,19 @@ locals {
     pip_spec_shell     = local.pip_spec_shell
     provider_json      = jsonencode(local.provider_config)
     controller_command = local.controller_command
+    store              = local.store
   })
 }
 
 resource "google_compute_instance" "controller" {
   #checkov:skip=CKV_GCP_40:No external IP by default: the access_config block exists only when the deployer sets controller_external_ip = true (a dynamic block checkov cannot evaluate); the API port stays closed to the internet either way (api_allowed_cidrs refuses 0.0.0.0/0).
   #checkov:skip=CKV_GCP_38:The boot disk (the controller's store and API tokens file) is encrypted at rest with Google-managed keys; customer-supplied keys would put raw key material in the terraform configuration and state, a worse place for it.
+  count = local.controller_count
+
   project      = var.project
-  name         = local.controller_name
+  name         = count.index == 0 ? local.controller_name : "${local.controller_name}-${count.index}"
   description  = "coadapt cluster ${var.cluster_id}: controller (coadapt up --provider gcp)"
-  zone         = var.zones[0]
+  zone         = local.controller_zones[count.index]
   machine_type = var.controller_machine_type
   tags         = [local.controller_tag]
   labels       = local.common_labels
@@ -71,7 +75,8 @@ resource "google_compute_instance" "controller" {
   network_interface {
     network    = local.network_self_link
     subnetwork = local.subnetwork_self_link
-    network_ip = google_compute_address.controller.address
+    # With team_store the static address is the balancer's (team_store.tf).
+    network_ip = local.team_store ? null : google_compute_address.controller.address
 
     dynamic "access_config" {
       for_each = var.controller_external_ip ? [1] : []
@@ -110,5 +115,17 @@ resource "google_compute_instance" "controller" {
     google_secret_manager_secret_iam_member.controller_adds_user_token,
     # And outbound access for pip.
     google_compute_router_nat.coadapt,
+    # With team_store: the store, its user and the password the service reads at start.
+    google_sql_database.store,
+    google_sql_user.store,
+    google_secret_manager_secret_version.store_password,
+    google_secret_manager_secret_iam_member.controller_reads_store_password,
   ]
+
+  lifecycle {
+    precondition {
+      condition     = local.controller_count == 1 || var.team_store
+      error_message = "controller_count above 1 needs team_store = true (controllers share only a PostgreSQL store)."
+    }
+  }
 }

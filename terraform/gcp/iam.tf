@@ -1,7 +1,8 @@
 # Two service accounts with the least they need:
 # * controller: a custom role with exactly the Compute Engine permissions the GCP adapter uses
 #   (providers/gcp/permissions.py), actAs on the node account only, adding versions to the
-#   users' token secret only, and log writing;
+#   users' token secret only, and log writing; with team_store, reading the store's password
+#   secret only (no Cloud SQL role: team_store.tf says why);
 # * node: object read/write in the checkpoint bucket only, and log writing. No secret: each
 #   node's own agent credential comes in its startup script, written by the controller.
 
@@ -73,6 +74,16 @@ resource "google_secret_manager_secret_iam_member" "controller_adds_user_token" 
   project   = var.project
   secret_id = google_secret_manager_secret.user_token.secret_id
   role      = "roles/secretmanager.secretVersionAdder"
+  member    = "serviceAccount:${google_service_account.controller.email}"
+}
+
+# With team_store: each controller reads the store's password, and no other secret.
+resource "google_secret_manager_secret_iam_member" "controller_reads_store_password" {
+  count = local.team_store ? 1 : 0
+
+  project   = var.project
+  secret_id = google_secret_manager_secret.store_password[0].secret_id
+  role      = "roles/secretmanager.secretAccessor"
   member    = "serviceAccount:${google_service_account.controller.email}"
 }
 

@@ -17,13 +17,28 @@ output "region" {
 }
 
 output "controller_url" {
-  description = "The controller API's URL on its static internal address (reachable from the VPC, from api_allowed_cidrs, or through an IAP tunnel)."
+  description = "The controller API's URL on its static internal address: the internal load balancer's with team_store, else the controller VM's (reachable from the VPC, from api_allowed_cidrs, or through an IAP tunnel)."
   value       = local.controller_url
 }
 
 output "controller_instance_name" {
-  description = "Name of the controller VM (in the first zone of zones)."
-  value       = google_compute_instance.controller.name
+  description = "Name of the (first) controller VM (in the first zone of zones)."
+  value       = google_compute_instance.controller[0].name
+}
+
+output "controller_instances" {
+  description = "Every controller VM, name to zone (one leads; `coadapt status` says which)."
+  value       = { for vm in google_compute_instance.controller : vm.name => vm.zone }
+}
+
+output "store_endpoint" {
+  description = "The team store's address, private IP:port of the Cloud SQL instance (null without team_store). No credential: the password is in the secret store_password_secret, readable by the controllers' service account."
+  value       = local.team_store ? "${local.store.host}:${local.store.port}" : null
+}
+
+output "store_password_secret" {
+  description = "Secret Manager secret id holding the team store user's password (null without team_store); the controllers' service account alone is granted to read it."
+  value       = local.team_store ? local.store.secret_id : null
 }
 
 output "checkpoint_bucket" {

@@ -14,3 +14,25 @@ resource "google_secret_manager_secret" "user_token" {
     auto {}
   }
 }
+
+# With team_store: the team store's database password (team_store.tf). Terraform generates it
+# and writes it here (the one version); the controllers' service account may read this secret
+# alone (iam.tf) and each controller reads it at start.
+resource "google_secret_manager_secret" "store_password" {
+  count = local.team_store ? 1 : 0
+
+  project   = var.project
+  secret_id = "${local.prefix}-store-password"
+  labels    = local.common_labels
+
+  replication {
+    auto {}
+  }
+}
+
+resource "google_secret_manager_secret_version" "store_password" {
+  count = local.team_store ? 1 : 0
+
+  secret      = google_secret_manager_secret.store_password[0].id
+  secret_data = random_password.store[0].result
+}

@@ -173,3 +173,65 @@ variable "labels" {
   description = "Extra labels on every labelled resource the module creates (not on the nodes: the controller labels those)."
   default     = {}
 }
+
+variable "team_store" {
+  type        = bool
+  description = "Keep the controllers' store in Cloud SQL for PostgreSQL 15 (private IP only, TLS required, backups with point-in-time recovery, regional availability and deletion protection by default; its user's password generated into Secret Manager, read by the controllers at start) and run controller_count controllers behind an internal TCP load balancer at controller_url. false (default): one controller with its SQLite file on its boot disk."
+  default     = false
+}
+
+variable "controller_count" {
+  type        = number
+  description = "How many controllers run `coadapt up` (one leads, the others stand by); controller i runs in zones[i mod the number of zones]. null (default): 2 with team_store, else 1. More than 1 needs team_store."
+  default     = null
+
+  validation {
+    condition     = var.controller_count == null || (try(floor(var.controller_count) == var.controller_count, false) && try(var.controller_count >= 1 && var.controller_count <= 3, false))
+    error_message = "controller_count must be 1, 2 or 3 (or null)."
+  }
+}
+
+variable "store_tier" {
+  type        = string
+  description = "Cloud SQL machine tier of the team store (with team_store), e.g. db-custom-1-3840 (1 vCPU, 3.75 GB)."
+  default     = "db-custom-1-3840"
+
+  validation {
+    condition     = can(regex("^db-", var.store_tier))
+    error_message = "store_tier must be a Cloud SQL tier such as db-custom-1-3840."
+  }
+}
+
+variable "store_disk_size_gb" {
+  type        = number
+  description = "The team store's SSD, GB (with team_store; at least 10); Cloud SQL grows it when it fills."
+  default     = 10
+
+  validation {
+    condition     = var.store_disk_size_gb >= 10 && floor(var.store_disk_size_gb) == var.store_disk_size_gb
+    error_message = "store_disk_size_gb must be an integer >= 10."
+  }
+}
+
+variable "store_backup_retention_days" {
+  type        = number
+  description = "How many daily automated backups of the team store Cloud SQL keeps (with team_store): 1-365 (backups stay on); point-in-time recovery covers the last min(7, this) days."
+  default     = 7
+
+  validation {
+    condition     = var.store_backup_retention_days >= 1 && var.store_backup_retention_days <= 365 && floor(var.store_backup_retention_days) == var.store_backup_retention_days
+    error_message = "store_backup_retention_days must be an integer within 1-365 (backups stay on)."
+  }
+}
+
+variable "store_high_availability" {
+  type        = bool
+  description = "A standby of the team store in a second zone of the region (Cloud SQL REGIONAL availability; with team_store). false: ZONAL, and the database is the pair's one point of failure."
+  default     = true
+}
+
+variable "store_deletion_protection" {
+  type        = bool
+  description = "Refuse to delete the team store's Cloud SQL instance, in terraform and in the Cloud SQL API (with team_store). Set it to false (and apply) before a destroy that should delete the database."
+  default     = true
+}

@@ -6,14 +6,21 @@ the adapters are tested to call (``providers/aws/permissions.py``,
 
 from __future__ import annotations
 
+import base64
 import functools
+import http.server
+import json
 import os
 import re
 import shutil
+import ssl
+import stat
 import subprocess
+import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -134,12 +141,23 @@ def test_gcp_service_accounts_get_no_broad_project_role() -> None:
 
 def test_gcp_nodes_read_no_secret_and_the_controller_adds_only_the_users_token() -> None:
     """No shared agents' secret: each node's own credential comes in its startup script
-    (autoscaler/controller/cloud_setup.py), so the node account reads nothing in Secret Manager."""
+    (autoscaler/controller/cloud_setup.py), so the node account reads nothing in Secret Manager;
+    the controller adds versions to the users' token and (team_store) reads the store's
+    password, each by a binding on that one secret."""
     secrets = [n for n, _ in _of_type(MODULES["gcp"], "google_secret_manager_secret")]
-    assert secrets == ["user_token"]
+    assert sorted(secrets) == ["store_password", "user_token"]
+    grants = {
+        (b["secret_id"], b["role"])
+        for _, b in _of_type(MODULES["gcp"], "google_secret_manager_secret_iam_member")
+    }  # fmt: skip
+    assert grants == {
+        ("${google_secret_manager_secret.user_token.secret_id}",
+         "roles/secretmanager.secretVersionAdder"),
+        ("${google_secret_manager_secret.store_password[0].secret_id}",
+         "roles/secretmanager.secretAccessor"),
+    }  # fmt: skip
     for _, binding in _of_type(MODULES["gcp"], "google_secret_manager_secret_iam_member"):
-        assert "controller" in binding["member"] and "node" not in binding["member"]
-        assert binding["role"] == "roles/secretmanager.secretVersionAdder"
+        assert binding["member"] == "serviceAccount:${google_service_account.controller.email}"
     assert "agent_token_secret" not in str(_named(MODULES["gcp"], "locals")["provider_config"])
 
 
@@ -156,7 +174,8 @@ def test_gcp_no_firewall_rule_admits_the_internet() -> None:
     rules = _of_type(MODULES["gcp"], "google_compute_firewall")
     assert rules
     for name, rule in rules:
-        assert rule.get("direction", "INGRESS") == "INGRESS"
+        # Egress rules only deny (the nodes' way to the team store).
+        assert rule.get("direction", "INGRESS") == "INGRESS" or "allow" not in rule, name
         sources = rule.get("source_ranges", [])
         assert not (isinstance(sources, list) and ANYWHERE & set(sources)), name
         assert str(rule.get("description", "")).strip(), f"rule {name} undescribed"
@@ -466,7 +485,346 @@ def test_aws_team_store_controllers_sit_behind_an_internal_balancer() -> None:
     assert _named(MODULES["aws"], "output")["controller_url"]["value"] == "${local.controller_url}"
 
 
-TF_MIRROR = Path("/opt/tf-plugins/registry.terraform.io/hashicorp/aws")
+# ------------------------------------------------------------- GCP: the team store (team_store)
+
+_GCP_STORE_RESOURCES = {
+    "google_sql_database_instance", "google_sql_database", "google_sql_user", "random_password",
+    "random_id", "google_secret_manager_secret_version", "google_compute_region_health_check",
+    "google_compute_region_backend_service", "google_compute_forwarding_rule",
+}  # fmt: skip
+
+
+def _gcp(rtype: str, name: str) -> Any:
+    return dict(_of_type(MODULES["gcp"], rtype))[name]
+
+
+def test_gcp_team_store_is_off_by_default() -> None:
+    """Without team_store: one controller (named and placed as before), its SQLite file, no
+    database, no password, no balancer, no new firewall rule or grant."""
+    variables = _named(MODULES["gcp"], "variable")
+    assert variables["team_store"]["default"] is False
+    assert variables["controller_count"]["default"] is None
+    locals_ = _named(MODULES["gcp"], "locals")
+    assert locals_["controller_count"] == (
+        "${coalesce(var.controller_count, var.team_store ? 2 : 1)}"
+    )
+    for rtype, name, body in _resources(MODULES["gcp"]):
+        if rtype in _GCP_STORE_RESOURCES or name in (
+            "store_password", "controller_reads_store_password", "nodes_to_store",
+            "health_checks_to_controllers",
+        ):  # fmt: skip
+            assert body["count"] == "${local.team_store ? 1 : 0}", (rtype, name)
+    for name in ("store_range", "store"):
+        rtype = "google_compute_global_address" if name == "store_range" else (
+            "google_service_networking_connection"
+        )  # fmt: skip
+        assert _gcp(rtype, name)["count"] == "${local.team_store && local.create_network ? 1 : 0}"
+    groups = _gcp("google_compute_instance_group", "controllers")
+    assert groups["for_each"] == (
+        "${local.team_store ? toset(distinct(local.controller_zones)) : toset([])}"
+    )
+    vm = _gcp("google_compute_instance", "controller")
+    assert vm["count"] == "${local.controller_count}"
+    assert vm["name"] == (
+        '${count.index == 0 ? local.controller_name : "${local.controller_name}-${count.index}"}'
+    )
+    assert _one(vm["network_interface"])["network_ip"] == (
+        "${local.team_store ? null : google_compute_address.controller.address}"
+    )
+    assert locals_["controller_zones"] == (
+        "${[for i in range(local.controller_count) : var.zones[i % length(var.zones)]]}"
+    )
+    (precondition,) = vm["lifecycle"][0]["precondition"]
+    assert precondition["condition"] == "${local.controller_count == 1 || var.team_store}"
+
+
+def test_gcp_team_store_database_is_private_tls_only_backed_up_and_protected() -> None:
+    db = _gcp("google_sql_database_instance", "store")
+    assert db["database_version"] == "POSTGRES_15"
+    settings = _one(db["settings"])
+    ip = _one(settings["ip_configuration"])
+    assert ip["ipv4_enabled"] is False and ip["ssl_mode"] == "ENCRYPTED_ONLY"
+    assert ip["private_network"] == "${local.network_self_link}"
+    assert "authorized_networks" not in ip
+    backups = _one(settings["backup_configuration"])
+    assert backups["enabled"] is True and backups["point_in_time_recovery_enabled"] is True
+    assert _one(backups["backup_retention_settings"])["retained_backups"] == (
+        "${var.store_backup_retention_days}"
+    )
+    variables = _named(MODULES["gcp"], "variable")
+    assert ">= 1" in str(variables["store_backup_retention_days"]["validation"])
+    assert db["deletion_protection"] == "${var.store_deletion_protection}"
+    assert settings["deletion_protection_enabled"] == "${var.store_deletion_protection}"
+    assert variables["store_deletion_protection"]["default"] is True
+    assert variables["store_high_availability"]["default"] is True
+    flags = {f["name"]: f["value"] for f in settings["database_flags"]}
+    assert flags["log_connections"] == "on" and flags["log_lock_waits"] == "on"
+    # Private services access on the module's own network, before the instance.
+    peering = _gcp("google_compute_global_address", "store_range")
+    assert peering["purpose"] == "VPC_PEERING" and peering["address_type"] == "INTERNAL"
+    assert db["depends_on"] == ["${google_service_networking_connection.store}"]
+
+
+def test_gcp_store_password_is_readable_by_the_controllers_only() -> None:
+    """One accessor binding, on the store's password secret, for the controllers' service
+    account; no project-wide Secret Manager or Cloud SQL role (the controllers connect to the
+    private IP with the password: no cloudsql.client without the Auth Proxy)."""
+    accessors = [
+        (n, b) for n, b in _of_type(MODULES["gcp"], "google_secret_manager_secret_iam_member")
+        if b["role"] == "roles/secretmanager.secretAccessor"
+    ]  # fmt: skip
+    assert [n for n, _ in accessors] == ["controller_reads_store_password"]
+    (binding,) = [b for _, b in accessors]
+    assert binding["secret_id"] == "${google_secret_manager_secret.store_password[0].secret_id}"
+    assert binding["member"] == "serviceAccount:${google_service_account.controller.email}"
+    for kind in ("google_project_iam_member", "google_project_iam_binding",
+                 "google_project_iam_policy", "google_secret_manager_secret_iam_binding",
+                 "google_secret_manager_secret_iam_policy"):  # fmt: skip
+        for name, body in _of_type(MODULES["gcp"], kind):
+            assert "secretmanager" not in str(body) and "cloudsql" not in str(body), name
+    version = _gcp("google_secret_manager_secret_version", "store_password")
+    assert version["secret"] == "${google_secret_manager_secret.store_password[0].id}"
+    assert version["secret_data"] == "${random_password.store[0].result}"
+    user = _gcp("google_sql_user", "store")
+    assert user["password"] == "${random_password.store[0].result}"
+    assert _gcp("random_password", "store")["length"] >= 32
+
+
+def _render_controller_startup(store: dict[str, Any] | None) -> str:
+    """The controller's startup script as terraform renders it (``templatefile`` in
+    ``terraform console``: no provider needed)."""
+    template = MODULES["gcp"] / "templates" / "controller-startup.sh.tftpl"
+    args = {
+        "pip_spec_shell": "'coadapt'", "provider_json": "{}",
+        "controller_command": "/opt/coadapt/bin/coadapt up --provider gcp --port 8080",
+        "store": store,
+    }  # fmt: skip
+    expression = f"jsonencode(templatefile({json.dumps(str(template))}, {_hcl(args)}))"
+    done = subprocess.run(
+        ["terraform", "console"], input=expression, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "TF_CLI_CONFIG_FILE": os.devnull},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rendered: str = json.loads(json.loads(done.stdout))
+    return rendered
+
+
+def _hcl(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_hcl(v)}" for k, v in value.items()) + "}"
+    return json.dumps(value)
+
+
+_STORE = {
+    "host": "10.20.0.3", "port": 5432, "database": "coadapt", "user": "coadapt",
+    "project": "team-project-1", "secret_id": "coadapt-team-a-store-password",
+}  # fmt: skip
+
+
+@pytest.mark.skipif(not shutil.which("terraform"), reason="needs a terraform binary")
+def test_gcp_store_password_is_in_no_startup_script_command_line_or_output() -> None:
+    """The controller reads the password at each start (a root ExecStartPre) into a 0600 file
+    under /run that systemd passes to `coadapt up` as COADAPT_STORE_URL: it is in neither the
+    startup script (instance metadata, readable with compute.instances.get), nor the command
+    line, nor an output. Without the store the script starts `coadapt up` as before."""
+    plain = _render_controller_startup(None)
+    with_store = _render_controller_startup(_STORE)
+    for script in (plain, with_store):
+        subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+        (exec_start,) = [ln for ln in script.splitlines() if ln.startswith("ExecStart=")]
+        assert "--store" not in exec_start and "password" not in exec_start.lower()
+    assert "store" not in plain.replace("provider.json", "") and "COADAPT_STORE_URL" not in plain
+    assert "ExecStartPre=+/opt/coadapt/bin/python /etc/coadapt/store-env.py" in with_store
+    assert "EnvironmentFile=-/run/coadapt-store/env" in with_store
+    assert "secrets/coadapt-team-a-store-password/versions/latest:access" in with_store
+    compile(_store_env_script(with_store), "store-env.py", "exec")
+    assert "random_password" not in str(_named(MODULES["gcp"], "locals")["store"])
+    for name, output in _named(MODULES["gcp"], "output").items():
+        assert "random_password" not in str(output["value"]), name
+    assert "random_password" not in str(_gcp("google_compute_instance", "controller"))
+    startup = _named(MODULES["gcp"], "locals")["controller_startup_script"]
+    assert "local.store" in startup and "random_password" not in startup
+
+
+class _GoogleApis(http.server.BaseHTTPRequestHandler):
+    """A forward proxy standing in for the metadata server (plain HTTP) and Secret Manager
+    (HTTPS through CONNECT, with the test's own certificate): what a controller's
+    store-env.py talks to, on loopback."""
+
+    token = "ya29.test-token"
+    password = "p@ss/w:rd%+ \u00e9"
+    secret_path = (
+        "/v1/projects/team-project-1/secrets/coadapt-team-a-store-password/versions/latest:access"
+    )
+    context: ClassVar[ssl.SSLContext]
+    seen: ClassVar[list[str]] = []
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:  # the metadata server, through the proxy
+        url = "http://metadata.google.internal/computeMetadata/v1/instance/service-accounts/default/token"
+        assert self.path == url and self.headers["Metadata-Flavor"] == "Google"
+        self.seen.append("token")
+        self._json(self.wfile, {"access_token": self.token, "expires_in": 3599})
+
+    def do_CONNECT(self) -> None:  # Secret Manager, over TLS
+        assert self.path == "secretmanager.googleapis.com:443"
+        self.send_response(200)
+        self.end_headers()
+        with self.context.wrap_socket(self.connection, server_side=True) as tls:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += tls.recv(4096)
+            lines = head.decode().split("\r\n")
+            headers = dict(ln.split(": ", 1) for ln in lines[1:] if ": " in ln)
+            assert lines[0] == f"GET {self.secret_path} HTTP/1.1", lines[0]
+            assert headers["Authorization"] == f"Bearer {self.token}"
+            self.seen.append("secret")
+            data = base64.b64encode(self.password.encode()).decode()
+            self._json(tls, {"name": "x", "payload": {"data": data}})
+        self.close_connection = True
+
+    @staticmethod
+    def _json(out: Any, body: dict[str, Any]) -> None:
+        raw = json.dumps(body).encode()
+        out.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(raw)}\r\nConnection: close\r\n\r\n".encode()
+            + raw
+        )
+
+
+@pytest.mark.skipif(
+    not (shutil.which("terraform") and shutil.which("openssl")),
+    reason="needs a terraform binary (templatefile) and openssl (a test certificate)",
+)
+def test_gcp_controller_start_reads_the_store_password_into_a_private_environment_file(
+    tmp_path: Path,
+) -> None:
+    """The store-env.py a controller runs before each start, as terraform renders it, run for
+    real against loopback stand-ins for the metadata server and Secret Manager: it asks the
+    metadata server for a token, reads the password's latest version with it, and writes a
+    0600 file whose COADAPT_STORE_URL (TLS required) gives libpq back the exact password."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=secretmanager.googleapis.com",
+         "-addext", "subjectAltName=DNS:secretmanager.googleapis.com",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    _GoogleApis.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    _GoogleApis.context.load_cert_chain(cert, key)
+    _GoogleApis.seen = []
+    run_dir = tmp_path / "run"
+    script = _store_env_script(_render_controller_startup(_STORE))
+    assert script.count("/run/coadapt-store") == 4
+    (tmp_path / "store-env.py").write_text(script.replace("/run/coadapt-store", str(run_dir)))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _GoogleApis)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        proxy = f"http://127.0.0.1:{server.server_address[1]}"
+        env = {
+            "PATH": os.environ["PATH"], "http_proxy": proxy, "https_proxy": proxy,
+            "SSL_CERT_FILE": str(cert),
+        }  # fmt: skip
+        done = subprocess.run([sys.executable, str(tmp_path / "store-env.py")], env=env,
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert done.returncode == 0, done.stderr
+    assert _GoogleApis.seen == ["token", "secret"]
+    env_file = run_dir / "env"
+    assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
+    assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700
+    (line,) = env_file.read_text().splitlines()
+    name, _, quoted = line.partition("=")
+    assert name == "COADAPT_STORE_URL" and quoted[0] == quoted[-1] == '"'
+    from psycopg.conninfo import conninfo_to_dict
+
+    assert conninfo_to_dict(quoted[1:-1]) == {
+        "user": "coadapt", "password": _GoogleApis.password, "host": "10.20.0.3",
+        "port": "5432", "dbname": "coadapt", "sslmode": "require",
+    }  # fmt: skip
+
+
+def _store_env_script(startup: str) -> str:
+    match = re.search(r"<<'COADAPT_STORE_ENV'\n(.*?)\nCOADAPT_STORE_ENV\n", startup, re.S)
+    assert match, "no store-env.py in the startup script"
+    return match.group(1)
+
+
+def test_gcp_team_store_controllers_sit_behind_an_internal_balancer() -> None:
+    rule = _gcp("google_compute_forwarding_rule", "api")
+    assert rule["load_balancing_scheme"] == "INTERNAL" and rule["ip_protocol"] == "TCP"
+    assert rule["ports"] == ["${tostring(var.controller_port)}"]
+    # The static internal address controller_url names: the agents and users keep it.
+    assert rule["ip_address"] == "${google_compute_address.controller.address}"
+    assert rule["allow_global_access"] is False
+    assert _named(MODULES["gcp"], "locals")["controller_url"] == (
+        "http://${google_compute_address.controller.address}:${var.controller_port}"
+    )
+    backends = _gcp("google_compute_region_backend_service", "api")
+    assert backends["load_balancing_scheme"] == "INTERNAL" and backends["protocol"] == "TCP"
+    assert backends["health_checks"] == ["${google_compute_region_health_check.api[0].id}"]
+    (backend,) = [d["backend"] for d in backends["dynamic"]]
+    assert backend["for_each"] == "${google_compute_instance_group.controllers}"
+    check = _gcp("google_compute_region_health_check", "api")
+    assert _one(check["tcp_health_check"])["port"] == "${var.controller_port}"
+    groups = _gcp("google_compute_instance_group", "controllers")
+    assert "google_compute_instance.controller[i].self_link" in str(groups["instances"])
+
+
+def test_gcp_team_store_firewall_opens_only_the_health_checks_and_closes_the_store() -> None:
+    """The balancer passes the clients' own addresses through, so the rules that admit the
+    nodes and api_allowed_cidrs to the controllers serve it unchanged; the one new ingress
+    rule admits Google's health checkers, to the API port of the controllers only. The nodes
+    (their jobs) are denied any egress to the store's private IP."""
+    checks = _gcp("google_compute_firewall", "health_checks_to_controllers")
+    assert _named(MODULES["gcp"], "locals")["health_check_ranges"] == [
+        "35.191.0.0/16", "130.211.0.0/22"
+    ]  # fmt: skip
+    assert checks["source_ranges"] == "${local.health_check_ranges}"
+    assert checks["target_tags"] == ["${local.controller_tag}"]
+    assert checks["allow"] == [{"protocol": "tcp", "ports": ["${tostring(var.controller_port)}"]}]
+    closed = _gcp("google_compute_firewall", "nodes_to_store")
+    assert closed["direction"] == "EGRESS" and closed["target_tags"] == ["${local.node_tag}"]
+    assert closed["deny"] == [{"protocol": "all"}] and "allow" not in closed
+    assert closed["destination_ranges"] == [
+        "${google_sql_database_instance.store[0].private_ip_address}/32"
+    ]  # fmt: skip
+    nodes = _gcp("google_compute_firewall", "nodes_to_controller")
+    assert nodes["source_tags"] == ["${local.node_tag}"]
+    assert nodes["target_tags"] == ["${local.controller_tag}"]
+
+
+TF_MIRROR_ROOT = Path("/opt/tf-plugins")
+TF_MIRROR = TF_MIRROR_ROOT / "registry.terraform.io" / "hashicorp" / "aws"
+GCP_PROVIDERS = [TF_MIRROR_ROOT / "registry.terraform.io" / "hashicorp" / p
+                 for p in ("google", "random")]  # fmt: skip
+
+
+def _terraform_test(cloud: str, tmp_path: Path, env: dict[str, str]) -> None:
+    """``terraform init`` from the local provider mirror, then ``terraform test`` (the
+    module's tests/*.tftest.hcl), on a copy of the module: every run passes."""
+    module = tmp_path / cloud
+    shutil.copytree(MODULES[cloud], module)
+    rc = tmp_path / "tfrc"
+    rc.write_text(
+        f'provider_installation {{\n filesystem_mirror {{ path = "{TF_MIRROR_ROOT}" }}\n}}\n'
+    )
+    env = {**os.environ, "TF_CLI_CONFIG_FILE": str(rc), "TF_IN_AUTOMATION": "1", **env}
+    for command in (["init", "-backend=false", "-input=false"], ["test"]):
+        done = subprocess.run(
+            ["terraform", *command], cwd=module, env=env, capture_output=True, text=True,
+            timeout=600,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "0 failed" in done.stdout
 
 
 @pytest.mark.slow
@@ -478,20 +836,20 @@ def test_aws_plans_offline_with_terraform_test(tmp_path: Path) -> None:
     """Where terraform and the AWS provider are at hand: ``terraform test`` plans the module
     with fake credentials and overridden data sources (terraform/aws/tests/plan.tftest.hcl):
     a new VPC and an existing one plan, and every refused input is refused."""
-    module = tmp_path / "aws"
-    shutil.copytree(MODULES["aws"], module)
-    rc = tmp_path / "tfrc"
-    rc.write_text(
-        f'provider_installation {{\n filesystem_mirror {{ path = "{TF_MIRROR.parents[2]}" }}\n}}\n'
-    )
-    env = {
-        **os.environ, "TF_CLI_CONFIG_FILE": str(rc), "TF_IN_AUTOMATION": "1",
+    _terraform_test("aws", tmp_path, {
         "AWS_ACCESS_KEY_ID": "AKIAFAKEFAKEFAKEFAKE", "AWS_SECRET_ACCESS_KEY": "fake",
-    }  # fmt: skip
-    for command in (["init", "-backend=false", "-input=false"], ["test"]):
-        done = subprocess.run(
-            ["terraform", *command], cwd=module, env=env, capture_output=True, text=True,
-            timeout=600,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    assert "0 failed" in done.stdout
+    })  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not (shutil.which("terraform") and all(p.is_dir() for p in GCP_PROVIDERS)),
+    reason="needs a terraform binary and hashicorp/google and hashicorp/random in a local mirror",
+)
+def test_gcp_plans_offline_with_terraform_test(tmp_path: Path) -> None:
+    """Where terraform and the google and random providers are at hand: ``terraform test``
+    plans the module with mock providers (terraform/gcp/tests/plan.tftest.hcl): the team
+    store's resources exist only with team_store, the database has no public IP, the password's
+    grant is on its one secret, controller_count places the controllers, and every refused
+    input is refused."""
+    _terraform_test("gcp", tmp_path, {})
