@@ -110,6 +110,7 @@ from autoscaler.decide.policy.base import Decision, Policy
 from autoscaler.decide.sizing import FleetOption, SizingConfig
 from autoscaler.decide.strategies import FixedFleet, GoodputSizing
 from autoscaler.decide.views import (
+    MAX_FINISHED_JOBS,
     Allocation,
     BatchChoice,
     ClusterView,
@@ -785,13 +786,16 @@ class Controller:
 
     def _decide(self, cluster: ClusterView, views: tuple[JobView, ...]) -> Plan:
         """The policy's plan, with a job it fails on failed and left out (see
-        :meth:`_isolate`); the policy's state moves on only with a plan."""
+        :meth:`_isolate`); the policy's state moves on only with a plan. The round input
+        carries the lengths of the store's latest completed jobs (at most
+        :data:`~autoscaler.decide.views.MAX_FINISHED_JOBS`, :meth:`Store.finished_gpu_s`)."""
         state = self.policy_state
+        finished = self.store.finished_gpu_s(MAX_FINISHED_JOBS)
 
         def decide(jobs: tuple[JobView, ...]) -> Decision:
             if not jobs:  # every job was failed: nothing left to decide
                 return Decision(Plan({}, {}), state)
-            round_input = RoundInput(cluster, jobs)
+            round_input = RoundInput(cluster, jobs, finished)
             decision = self.policy.decide(round_input, state)
             self._check_plan(round_input, decision.plan)
             return decision
