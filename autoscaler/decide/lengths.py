@@ -13,7 +13,12 @@ For a job that has had ``a`` GPU-seconds, with ``R = L - a`` the residual of a f
   as Tiresias uses it), ``min over quanta D of E[min(R, D)] / P(R <= D)``: the least expected
   service spent per completion over any quantum, itself a service time (with ``D`` past
   every residual it is the mean residual, so it is never above ``"expected"``); a job likely to
-  end within a short quantum counts as short.
+  end within a short quantum counts as short;
+* ``"censored"``: the mean residual of the Kaplan-Meier estimate (Kaplan and Meier, JASA 53,
+  1958) that also counts the jobs still running (the ``attained_gpu_s`` passed) as lengths of
+  at least their service, right-censored: only jobs that ended early have finished at first,
+  and the finished lengths alone understate the lengths of the jobs that run; the mass left
+  past the last observation ``t`` is taken to run ``t`` more (Gott, below).
 
 Where the finished jobs say nothing -- fewer than :data:`MIN_FINISHED_JOBS` have finished, or
 the job has already outlived every one of them -- the prior is Gott's Copernican rule (J. R.
@@ -42,7 +47,34 @@ __all__ = ["LENGTH_RULES", "MIN_FINISHED_JOBS", "remaining_service_gpu_s"]
 
 MIN_FINISHED_JOBS: Final = 5
 """Below this many finished jobs the learned distribution is not used (Gott's prior is)."""
-LENGTH_RULES: Final = ("expected", "gittins")
+LENGTH_RULES: Final = ("expected", "gittins", "censored")
+
+
+def _censored(attained: np.ndarray, lengths: np.ndarray, floor_gpu_s: float) -> np.ndarray:
+    """The ``"censored"`` rule: Kaplan-Meier over the finished lengths (events) and the
+    running jobs' attained service (censored), the mass left past the last observation
+    ``t`` taken to run ``t`` more (Gott); a job at or past ``t``: Gott's prior."""
+    times = np.concatenate((lengths, attained))
+    event = np.concatenate((np.ones(lengths.size), np.zeros(attained.size)))
+    t_max = float(np.max(times))
+    ev_times = np.unique(lengths)
+    at_risk = np.array([np.count_nonzero(times >= t) for t in ev_times], dtype=float)
+    deaths = np.array([np.count_nonzero((times == t) & (event == 1)) for t in ev_times])
+    surv = np.cumprod(1.0 - deaths / at_risk)  # S just after each event time
+    knots = np.concatenate(([0.0], ev_times, [t_max]))
+    level = np.concatenate(([1.0], surv))  # S on [knots[i], knots[i + 1])
+    out = np.maximum(attained, floor_gpu_s)
+    tail = float(level[-1]) * t_max
+    for j, a in enumerate(attained):
+        if a >= t_max:
+            continue
+        i = int(np.searchsorted(knots, a, side="right")) - 1
+        s_a = float(level[i])
+        if s_a <= 0:
+            continue
+        area = s_a * (knots[i + 1] - a) + float(np.dot(level[i + 1 :], np.diff(knots[i + 1 :])))
+        out[j] = max((area + tail) / s_a, floor_gpu_s)
+    return out
 
 
 def remaining_service_gpu_s(
@@ -68,6 +100,8 @@ def remaining_service_gpu_s(
     out = np.maximum(attained, floor_gpu_s)  # Gott's prior: as long again as it has run
     if lengths.size < MIN_FINISHED_JOBS:
         return out
+    if rule == "censored":
+        return _censored(attained, lengths, floor_gpu_s)
     n = lengths.size
     prefix = np.concatenate(([0.0], np.cumsum(lengths)))
     first = np.searchsorted(lengths, attained, side="right")  # the lengths above each job's

@@ -189,10 +189,12 @@ class CoadaptOptions:
     default) takes each job's expected remaining service, learned online from the lengths of
     the cluster's finished jobs (:attr:`RoundInput.finished_gpu_s`), in place of its remaining
     time in the remaining-time weight (same exponent ``remaining_weight``), ``"gittins"`` the
-    reciprocal of its Gittins index instead (both and their prior:
-    :mod:`autoscaler.decide.lengths`); ``"attained"`` (the rule before, kept for comparison)
-    takes its attained service (GPU-seconds held so far) with exponent ``attained_weight``
-    (-0.25, tuned on the shared 1.0x workloads), ``"mean"`` weighs every job alike.
+    reciprocal of its Gittins index instead, ``"censored"`` the expected remaining service
+    with the round's jobs counted as lengths of at least their attained service
+    (Kaplan-Meier; each rule and its prior: :mod:`autoscaler.decide.lengths`); ``"attained"``
+    (the rule before, kept for comparison) takes its attained service (GPU-seconds held so
+    far) with exponent ``attained_weight`` (-0.25, tuned on the shared 1.0x workloads),
+    ``"mean"`` weighs every job alike.
     ``deadline_margin_s``: how early a job with a deadline is planned to be done (see
     Deadlines in the module docstring).
     """
