@@ -292,7 +292,10 @@ class AssignmentTable(StoreBase):
         last changed, its completion; ties by name): the job lengths a policy learns from
         (:attr:`~autoscaler.decide.views.RoundInput.finished_gpu_s`). Only ``completed``
         jobs: a failed, cancelled or refused job's service is not a length. A completed job
-        holds no span, so its closed total is all it had."""
+        holds no span, so its closed total is all it had. It reads the past (the completed
+        jobs through the status index): a controller reads it once, then keeps the lengths
+        as jobs complete (:meth:`Controller._learn_lengths
+        <autoscaler.controller.loop.Controller._learn_lengths>`)."""
         limit = valid_count(limit, "limit", minimum=1)
         rows = self._read(
             "SELECT u.closed_gpu_s FROM jobs AS j JOIN job_usage AS u ON u.job_name = j.name "
