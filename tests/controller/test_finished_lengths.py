@@ -1,5 +1,6 @@
 """The job lengths a policy learns from reach it from the store: each completed job's attained
-service, the latest first, bounded; failed and cancelled jobs are no lengths."""
+service, the latest first, bounded; failed and cancelled jobs are no lengths; a restarted
+controller reads them again."""
 
 from __future__ import annotations
 
@@ -60,7 +61,8 @@ def _rounds(ctl: Controller, clock: FakeClock, n: int) -> None:
 def test_the_round_input_carries_the_completed_jobs_attained_service(tmp_path: Path) -> None:
     store, clock = _store(tmp_path, jobs=4)
     policy = Recording()
-    ctl = Controller(store, FakeProvider(clock=clock), clock, CONFIG, policy=policy)
+    cloud = FakeProvider(clock=clock)
+    ctl = Controller(store, cloud, clock, CONFIG, policy=policy)
     _rounds(ctl, clock, 4)
     placed = {job for job, _ in store.list_assignments()}
     assert placed == {"job-0", "job-1", "job-2", "job-3"}, f"the jobs should run first: {placed}"
@@ -80,6 +82,9 @@ def test_the_round_input_carries_the_completed_jobs_attained_service(tmp_path: P
     ctl.run_round()  # a round still decides (job-4) and is told what finished
     assert policy.inputs[-1].finished_gpu_s == (served["job-1"][0], served["job-0"][0])
     assert store.finished_gpu_s(1) == (served["job-1"][0],)  # bounded, the latest first
+    again = Recording()  # a restarted controller reads them from the store
+    Controller(store, cloud, clock, CONFIG, policy=again).run_round()
+    assert again.inputs[-1].finished_gpu_s == (served["job-1"][0], served["job-0"][0])
 
 
 def test_the_finished_lengths_read_is_bounded(tmp_path: Path) -> None:
