@@ -95,10 +95,10 @@ product's controller; switch one ingredient with ``--option coadapt.KEY=VALUE``)
 0.886 / 0.870; with ``--lengths none`` and the rule before (``unknown_remaining='attained'``)
 0.908 / 0.950 (``unknown_remaining='mean'``: 0.925 / 0.976; ``attained_weight`` -0.5 gave 0.972
 and -1 1.033 at 1.0x, chosen there). The learned rule that replaced it as the default
-(``'expected'``, no constant fitted) was measured on workloads 1-6 of the eight only (one run
-each, ``--workloads`` a folder of one workload): 0.939 of pollux's mean JCT at 1.0x, no worse
-on 6 of 6 (``'attained'`` on the same workloads: 0.947, 6 of 6); with ``--arrival-scale 2``
-0.982, no worse on 4 of 6 (``'attained'``: 0.982, 5 of 6). ``'gittins'`` gave 0.985 at 1.0x on
+(``'expected'``, no constant fitted) gave 0.943 of pollux's mean JCT at 1.0x, no worse on 8
+of 8 (``'attained'`` re-measured on the same code: 0.958, 7 of 8); with ``--arrival-scale 2``
+0.988, no worse on 5 of 8 (``'attained'``: 0.987, 6 of 8) (one run per workload, each its own
+``--workloads`` folder, same seed). ``'gittins'`` gave 0.985 at 1.0x on
 workloads 1-2 (``'attained'`` 0.937 there), ``'censored'`` 0.968 at 1.0x and 1.001 at
 ``--arrival-scale 2`` on workloads 1-3 (``'attained'`` 0.945 and 0.984). The ablations
 that follow were measured with the simulator before it ran the controller (where the defaults
