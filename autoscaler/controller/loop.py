@@ -56,6 +56,7 @@ import logging
 import math
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Final, TypeVar
@@ -110,6 +111,7 @@ from autoscaler.decide.policy.base import Decision, Policy
 from autoscaler.decide.sizing import FleetOption, SizingConfig
 from autoscaler.decide.strategies import FixedFleet, GoodputSizing
 from autoscaler.decide.views import (
+    MAX_FINISHED_JOBS,
     Allocation,
     BatchChoice,
     ClusterView,
@@ -359,6 +361,10 @@ class Controller:
         self._awake = AwakeLog(self._started_s, config.stall_gap_s)
         self._suspected: tuple[str, ...] = ()
         self._etas_said = True  # a store may hold a past run's ETAs: the first round replaces them
+        # The lengths of the latest completed jobs, oldest first (read from the store once, then
+        # kept as jobs leave the active set: see _learn_lengths), and last round's active jobs.
+        self._lengths: deque[float] | None = None
+        self._watched: frozenset[str] = frozenset()
         # The batch each job last left, and when (the hold's batch damping); a restarted
         # controller starts with none.
         self._batch_left: dict[str, BatchLeft] = {}
@@ -404,6 +410,7 @@ class Controller:
         rows = self.store.list_instances(statuses=_LIVE)  # the store is read first: a
         read_jobs = self.store.list_jobs(statuses=ACTIVE_JOBS)  # damaged one fails here, before
         assignments = self.store.list_assignments()  # any cloud call
+        lengths = self._learn_lengths(read_jobs, now)
         try:
             observed = tuple(self.provider.list_instances(self.config.cluster_id))
             self._refuse_unknown_fleet(observed)
@@ -526,7 +533,7 @@ class Controller:
             if v.name not in fixed
         )
         # No job, or no node to put one on (every instance booting): nothing to decide.
-        plan = self._decide(cluster, views) if views and cluster.nodes else Plan({}, {})
+        plan = self._decide(cluster, views, lengths) if views and cluster.nodes else Plan({}, {})
         # A job the policy refuses on the nodes of this round is not refused for good: the
         # fleet may grow. It waits; a job no fleet this controller may build could hold was
         # refused at admission (_admit), with the same rule.
@@ -783,15 +790,44 @@ class Controller:
         )
         return target, jobs
 
-    def _decide(self, cluster: ClusterView, views: tuple[JobView, ...]) -> Plan:
+    def _learn_lengths(self, active: Sequence[JobRow], now: float) -> tuple[float, ...]:
+        """The attained service at which each of the latest completed jobs ended, the latest
+        first, at most :data:`~autoscaler.decide.views.MAX_FINISHED_JOBS` (what the round
+        input carries to the policy: :attr:`RoundInput.finished_gpu_s`). The first round
+        reads them from the store (:meth:`Store.finished_gpu_s`); after that a round reads
+        no past: a job that was active last round and is not now is looked up by name, and
+        its service (:meth:`Store.usage`) is added if it completed (failed, cancelled and
+        refused jobs are no lengths; one deleted within a round is missed)."""
+        if self._lengths is None:
+            latest = self.store.finished_gpu_s(MAX_FINISHED_JOBS)
+            self._lengths = deque(reversed(latest), maxlen=MAX_FINISHED_JOBS)
+        else:
+            names = {row.name for row in active}
+            ended: list[JobRow] = []
+            for name in sorted(self._watched - names):
+                with contextlib.suppress(UnknownRowError):  # deleted meanwhile
+                    row = self.store.get_job(name)
+                    if row.status is JobStatus.COMPLETED:
+                        ended.append(row)
+            if ended:
+                usage = self.store.usage([row.name for row in ended], now)
+                for row in sorted(ended, key=lambda r: (r.updated_at_s, r.name)):
+                    self._lengths.append(usage.get(row.name, (0.0, 0))[0])
+        self._watched = frozenset(row.name for row in active)
+        return tuple(reversed(self._lengths))
+
+    def _decide(
+        self, cluster: ClusterView, views: tuple[JobView, ...], finished: tuple[float, ...] = ()
+    ) -> Plan:
         """The policy's plan, with a job it fails on failed and left out (see
-        :meth:`_isolate`); the policy's state moves on only with a plan."""
+        :meth:`_isolate`); the policy's state moves on only with a plan. ``finished``: the
+        latest completed jobs' lengths (:meth:`_learn_lengths`), for the round input."""
         state = self.policy_state
 
         def decide(jobs: tuple[JobView, ...]) -> Decision:
             if not jobs:  # every job was failed: nothing left to decide
                 return Decision(Plan({}, {}), state)
-            round_input = RoundInput(cluster, jobs)
+            round_input = RoundInput(cluster, jobs, finished)
             decision = self.policy.decide(round_input, state)
             self._check_plan(round_input, decision.plan)
             return decision

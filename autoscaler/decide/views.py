@@ -31,7 +31,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from autoscaler.errors import InvalidInputError
 from autoscaler.market.terms import MARKETS, OfferingRef
@@ -40,6 +40,7 @@ if TYPE_CHECKING:  # imported for annotations only; keeps ``import autoscaler.de
     from autoscaler.model.goodput import BatchLimits, GoodputModel
 
 __all__ = [
+    "MAX_FINISHED_JOBS",
     "Allocation",
     "BatchChoice",
     "ClusterView",
@@ -529,12 +530,47 @@ class ClusterView:
         return MappingProxyType(dict(sorted(counts.items())))
 
 
+MAX_FINISHED_JOBS: Final = 1000
+"""The most finished jobs' lengths one :class:`RoundInput` carries (the controller passes its
+most recently completed ones): a bound on a round's input and cost, not a tuned setting."""
+
+
 @dataclass(frozen=True)
 class RoundInput:
-    """A policy's complete input for one round: the cluster and its active jobs."""
+    """A policy's complete input for one round: the cluster, its active jobs and what the
+    cluster has learned of job lengths.
+
+    ``finished_gpu_s``: the attained service (GPU-seconds, restart delays included, as
+    :attr:`JobView.attained_gpu_s`) at which each of the cluster's most recently *completed*
+    jobs ended (failed, cancelled and refused jobs are not lengths), at most
+    :data:`MAX_FINISHED_JOBS`, in any order; empty when none is known. Each is finite and
+    >= 0, else :class:`InvalidInputError`.
+    """
 
     cluster: ClusterView
     jobs: tuple[JobView, ...]
+    finished_gpu_s: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        lengths = tuple(self.finished_gpu_s)
+        if len(lengths) > MAX_FINISHED_JOBS:
+            raise InvalidInputError(
+                f"at most {MAX_FINISHED_JOBS} finished jobs' lengths, got {len(lengths)}",
+                field="finished_gpu_s",
+            )
+        out = []
+        for x in lengths:
+            if isinstance(x, bool) or not isinstance(x, (int, float)):
+                raise InvalidInputError(
+                    f"a finished job's length must be a number, got {x!r}", field="finished_gpu_s"
+                )
+            if not (math.isfinite(x) and x >= 0):
+                raise InvalidInputError(
+                    f"a finished job's length must be finite and >= 0, got {x!r}",
+                    field="finished_gpu_s",
+                )
+            out.append(float(x))
+        object.__setattr__(self, "finished_gpu_s", tuple(out))
 
 
 @dataclass(frozen=True)

@@ -383,3 +383,20 @@ def test_a_new_batch_on_the_same_gpus_runs_from_the_round_after_the_report_reply
     sim.run()
     assert planned[:6] == [128, 128, 128, 256, 256, 256]
     assert ran[:6] == [128, 128, 128, 128, 256, 256]
+
+
+def test_the_policy_learns_the_finished_jobs_lengths_from_the_controllers_store() -> None:
+    """The simulator runs the controller's own round, so a policy gets the lengths of the
+    jobs that completed (the store's attained service of each), however few declared theirs:
+    none before the first job ends, then one more with each completion, each the GPU-seconds
+    that job held (the results' ``gpu_s``, to within one round of the cluster's 8 GPUs: the
+    store closes a job's spans when the controller hears that it ended)."""
+    policy = Recording(make_policy(PolicyName.COADAPT))
+    res = simulate(SMALL, policy, SimConfig(num_nodes=2, gpus_per_node=4, lengths="none"))
+    counts = [len(r.finished_gpu_s) for r in policy.inputs]
+    assert counts[0] == 0 and counts == sorted(counts) and counts[-1] >= 1
+    assert counts[-1] <= len(res.jobs) - 1  # the round that saw the last job end decides nothing
+    held = sorted(j.gpu_s for j in res.jobs)
+    for length in policy.inputs[-1].finished_gpu_s:
+        assert length > 0
+        assert min(abs(length - g) for g in held) <= 60.0 * 8, (length, held)

@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from autoscaler.controller.errors import UnknownRowError
+from autoscaler.controller.records import JobStatus
 from autoscaler.controller.store.base import StoreBase, in_chunks
 from autoscaler.controller.store.dialect import Connection
 from autoscaler.controller.store.validate import valid_count, valid_text
@@ -284,6 +285,24 @@ class AssignmentTable(StoreBase):
         (:func:`~autoscaler.controller.store.placement_instants`), the events' ``rescale`` and
         ``resume`` and the simulator's results. Jobs never placed are left out."""
         return {name: restarts for name, (_, restarts) in self.usage(jobs, 0.0).items()}
+
+    def finished_gpu_s(self, limit: int) -> tuple[float, ...]:
+        """The attained service (GPU-seconds, the module docstring's) at which each of the
+        ``limit`` (>= 1) most recently completed jobs ended, the latest first (by when its row
+        last changed, its completion; ties by name): the job lengths a policy learns from
+        (:attr:`~autoscaler.decide.views.RoundInput.finished_gpu_s`). Only ``completed``
+        jobs: a failed, cancelled or refused job's service is not a length. A completed job
+        holds no span, so its closed total is all it had. It reads the past (the completed
+        jobs through the status index): a controller reads it once, then keeps the lengths
+        as jobs complete (:meth:`Controller._learn_lengths
+        <autoscaler.controller.loop.Controller._learn_lengths>`)."""
+        limit = valid_count(limit, "limit", minimum=1)
+        rows = self._read(
+            "SELECT u.closed_gpu_s FROM jobs AS j JOIN job_usage AS u ON u.job_name = j.name "
+            "WHERE j.status = ? ORDER BY j.updated_at_s DESC, j.name DESC LIMIT ?",
+            (JobStatus.COMPLETED.value, limit),
+        )
+        return tuple(max(0.0, float(r[0])) for r in rows)
 
     def usage(self, jobs: Iterable[str], now_s: float) -> dict[str, tuple[float, int]]:
         """Each job's (GPU-seconds it has held to ``now_s``, restarts), as the module

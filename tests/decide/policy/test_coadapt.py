@@ -403,18 +403,45 @@ def test_linear_batch_rule_keeps_the_users_per_gpu_batch() -> None:
 
 
 def test_without_any_declared_length_the_least_served_job_gets_the_contested_gpu() -> None:
-    """No job declared its length: attained service stands in for the time left (a job that
-    has run less is more likely to end soon), so of two alike queued jobs contending for one
-    GPU the one served less starts, whatever their order; weighed alike ("mean") the other,
-    which the tie favours here, would."""
+    """No job declared its length and none has finished: the prior (Gott's: as much again as
+    it has had) stands in for the time left, as attained service did before ("attained"), so
+    of two alike queued jobs contending for one GPU the one served less starts, whatever
+    their order; weighed alike ("mean") the other, which the tie favours here, would."""
     c = cluster(nodes=1, gpus=1)
     m = model(0.0001)
     served = view("b-served", nodes=1, model=m, profiled=1, attained=36000.0)
     fresh = view("a-fresh", nodes=1, model=m, profiled=1, attained=600.0)
     for ri in (round_input(c, served, fresh), round_input(c, fresh, served)):
-        got = CoadaptPolicy().decide(ri, CoadaptState()).plan.allocations
-        assert got["a-fresh"].num_gpus == 1 and got["b-served"].num_gpus == 0
+        for rule in ("expected", "gittins", "attained"):
+            got = CoadaptPolicy(unknown_remaining=rule).decide(ri, CoadaptState()).plan
+            assert got.allocations["a-fresh"].num_gpus == 1, rule
+            assert got.allocations["b-served"].num_gpus == 0, rule
         alike = CoadaptPolicy(unknown_remaining="mean").decide(ri, CoadaptState()).plan
         assert alike.allocations["b-served"].num_gpus == 1
     with pytest.raises(InvalidInputError, match="unknown_remaining"):
         CoadaptPolicy(unknown_remaining="oracle")
+
+
+@pytest.mark.parametrize("rule", ["expected", "gittins"])
+def test_the_contested_gpu_goes_to_the_job_the_finished_lengths_say_ends_first(rule: str) -> None:
+    """The weight follows the lengths the cluster has seen finish, not attained service:
+    every finished job ran 40,000 GPU-s, so the job at 36,000 has 4,000 left and the one at
+    600 has 39,400: the served one starts (attained service, the rule before, starts the
+    other). Once the served one has outlived every finished job (they all ran 30,000) it is
+    expected to run as long again, and the fresh one starts."""
+    c = cluster(nodes=1, gpus=1)
+    m = model(0.0001)
+    served = view("b-served", nodes=1, model=m, profiled=1, attained=36000.0)
+    fresh = view("a-fresh", nodes=1, model=m, profiled=1, attained=600.0)
+    policy = CoadaptPolicy(unknown_remaining=rule)
+    old = CoadaptPolicy(unknown_remaining="attained")
+    for jobs in ((served, fresh), (fresh, served)):
+        near_end = RoundInput(c, jobs, (40000.0,) * 8)
+        got = policy.decide(near_end, CoadaptState()).plan.allocations
+        assert got["b-served"].num_gpus == 1 and got["a-fresh"].num_gpus == 0
+        before = old.decide(near_end, CoadaptState()).plan.allocations
+        assert before["a-fresh"].num_gpus == 1
+        past_all = RoundInput(c, jobs, (30000.0,) * 8)
+        got = policy.decide(past_all, CoadaptState()).plan.allocations
+        assert got["a-fresh"].num_gpus == 1 and got["b-served"].num_gpus == 0
+    assert CoadaptOptions().unknown_remaining == "expected"
