@@ -52,6 +52,7 @@ controller's round) are in :class:`~autoscaler.sim.results.SimResult`.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -101,6 +102,11 @@ _GNS_SMOOTHING: Final = 0.95
 """The trainer's default EMA weight of the past per gradient-noise measurement
 (``trainer.options.JobOptions.gns_smoothing``; a test holds the two equal)."""
 _MAX_PROFILE_STEPS: Final = 10**9
+
+
+def _running_mean_rho(n0: int, n: int) -> float:
+    """How a running mean over ``n`` samples correlates with itself at ``n0 <= n``."""
+    return math.sqrt(min(n0 / n, 1.0))
 
 
 def _profile_key(placement: tuple[int, ...], batch: BatchChoice) -> tuple[int, int, int, int]:
@@ -568,7 +574,7 @@ class Simulator:
         for config, entry in job.profiles.items():
             steps = max(1, min(int(job.config_steps.get(config, 1.0)), _MAX_PROFILE_STEPS))
             # A mean over the steps so far: the one at n0 steps correlates sqrt(n0/n) with it.
-            z = self._z(job, config, steps, lambda n0, n=steps: math.sqrt(min(n0 / n, 1.0)))
+            z = self._z(job, config, steps, functools.partial(_running_mean_rho, n=steps))
             step_s = noise.reading(entry.step_s, "step_s", steps, z)
             k = step_s / entry.step_s
             out.append(
