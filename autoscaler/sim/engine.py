@@ -11,10 +11,9 @@ measured one (``SimConfig.world``, :mod:`autoscaler.sim.truths`; a planned stop 
 checkpoint first; the first start pays the delay too) and starts with the planned batch; a
 new batch on the same GPUs is applied without one when the real trainer applies it: it learns
 the batch from the reply to its next report (sent at the round's end) and runs it from the
-next round on (the trainer
-adopts it at the next optimizer step its ranks agree on, :mod:`trainer.stepping`, "Batch
-changes": within a step of the reply, which the simulator rounds to the next round). The world
-replaces what is outside the product: the clock, the cloud
+next round on (the trainer adopts it within a step of the reply, :mod:`trainer.stepping`,
+"Batch changes", which the simulator rounds to the next round). The world replaces what is
+outside the product: the clock, the cloud
 (:class:`~providers.fake.FakeProvider`; a fixed cluster is a fleet the controller holds with
 :class:`~autoscaler.decide.strategies.FixedFleet`, brought up before time 0; cloud mode is
 :class:`~autoscaler.sim.world.CloudWorld`), the agents (heartbeats, exits) and the trainers,
@@ -58,7 +57,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Final
+from typing import Final, TypeVar
 
 from autoscaler.accounting.billing import churn_from_store, cost_record_from_store, run_origin_s
 from autoscaler.accounting.churn import ChurnFigures
@@ -102,6 +101,13 @@ _GNS_SMOOTHING: Final = 0.95
 """The trainer's default EMA weight of the past per gradient-noise measurement
 (``trainer.options.JobOptions.gns_smoothing``; a test holds the two equal)."""
 _MAX_PROFILE_STEPS: Final = 10**9
+_K = TypeVar("_K")
+
+
+def _ema_rho(n0: int, n: int) -> float:
+    """How the trainer's gradient EMA after ``n`` measurements correlates with itself after
+    ``n0 <= n``: the error it had keeps a weight of smoothing**(n - n0)."""
+    return float(_GNS_SMOOTHING ** max(n - n0, 0))
 
 
 def _running_mean_rho(n0: int, n: int) -> float:
@@ -148,8 +154,11 @@ class _Job:
     profiles: dict[tuple[int, int, int, int], ProfileEntry] = field(default_factory=dict)
     config_steps: dict[tuple[int, int, int, int], float] = field(default_factory=dict)
     steps: float = 0.0  # optimizer steps run in all (the gradient estimator's measurements)
-    # Measured world: per reading stream, its last standard normal and measurement count.
-    noise_z: dict[object, tuple[float, int]] = field(default_factory=dict)
+    # Measured world: per reading stream, its last standard normal and measurement count:
+    # the gradient statistics (kept across launches, as the checkpoint keeps the estimator)
+    # and each profiled configuration's step time (of this launch, as ``profiles``).
+    grad_z: dict[str, tuple[float, int]] = field(default_factory=dict)
+    profile_z: dict[tuple[int, int, int, int], tuple[float, int]] = field(default_factory=dict)
     ran: bool = False  # ran this round: it reports at the round's end
     last_run: tuple[BatchChoice, Allocation] | None = None  # what it last ran on
     restarts: int = 0  # as the controller's store counts them (its one definition)
@@ -430,8 +439,7 @@ class Simulator:
             job.allocation = alloc
             job.profiles = {}
             job.config_steps = {}
-            # A new launch profiles afresh; its gradient estimate is the checkpoint's.
-            job.noise_z = {k: v for k, v in job.noise_z.items() if isinstance(k, str)}
+            job.profile_z = {}
             if moved_off:  # the controller moved it off an instance the cloud takes back
                 job.preemptions += 1
                 assert self.cloud is not None
@@ -534,11 +542,11 @@ class Simulator:
         if noise.exact:
             return GradientStats(init, sqr, var, 1, False)
         n = max(1, int(job.steps // _GNS_EVERY_STEPS))
-        # The trainer's estimate is an EMA: k measurements after the last report, its error
-        # keeps a weight of smoothing**k (the readings are not independent from report to
-        # report; a world that drew them afresh would shake the policy more than a trainer does).
-        sqr_z = self._z(job, "grad_sqr", n, lambda n0: _GNS_SMOOTHING ** (n - n0))
-        var_z = self._z(job, "grad_var", n, lambda n0: _GNS_SMOOTHING ** (n - n0))
+        # Correlated from report to report as the trainer's EMA is (:func:`_ema_rho`): a
+        # world that drew them afresh would shake the policy more than a trainer does.
+        rho = functools.partial(_ema_rho, n=n)
+        sqr_z = self._z(job.grad_z, "grad_sqr", n, rho)
+        var_z = self._z(job.grad_z, "grad_var", n, rho)
         return GradientStats(
             init,
             noise.reading(sqr, "grad_sqr", n, sqr_z),
@@ -547,18 +555,24 @@ class Simulator:
             False,
         )
 
-    def _z(self, job: _Job, stream: object, n: int, rho: Callable[[int], float]) -> float:
-        """The standard normal behind ``job``'s reading of ``stream`` (a quantity, or a
-        profiled configuration's step time) at ``n`` measurements: the last one's, kept with
+    def _z(
+        self,
+        streams: dict[_K, tuple[float, int]],
+        stream: _K,
+        n: int,
+        rho: Callable[[int], float],
+    ) -> float:
+        """The standard normal behind a job's reading of ``stream`` (one of ``streams``, the
+        job's ``grad_z`` or ``profile_z``) at ``n`` measurements: the last one's, kept with
         correlation ``rho(n_last)``, plus fresh noise (seeded, :attr:`WorldTruths.rng`)."""
         eps = self.truths.rng.gauss(0.0, 1.0)
-        last = job.noise_z.get(stream)
+        last = streams.get(stream)
         if last is None:
             z = eps
         else:
             r = min(max(rho(last[1]), 0.0), 1.0)
             z = r * last[0] + math.sqrt(1.0 - r * r) * eps
-        job.noise_z[stream] = (z, n)
+        streams[stream] = (z, n)
         return z
 
     def _profile_readings(self, job: _Job) -> tuple[ProfileEntry, ...]:
@@ -574,7 +588,7 @@ class Simulator:
         for config, entry in job.profiles.items():
             steps = max(1, min(int(job.config_steps.get(config, 1.0)), _MAX_PROFILE_STEPS))
             # A mean over the steps so far: the one at n0 steps correlates sqrt(n0/n) with it.
-            z = self._z(job, config, steps, functools.partial(_running_mean_rho, n=steps))
+            z = self._z(job.profile_z, config, steps, functools.partial(_running_mean_rho, n=steps))
             step_s = noise.reading(entry.step_s, "step_s", steps, z)
             k = step_s / entry.step_s
             out.append(
