@@ -10,11 +10,13 @@ sessions, so killing the launcher's group does not reach them).
 from __future__ import annotations
 
 import contextlib
+import http.server
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,6 +24,7 @@ from typing import Any
 
 from coadapt_common.procfs import process_start_time
 from trainer.control import RunDir
+from trainer.report import ReportReply, TrainerReport
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "elastic_mlp.py"
@@ -163,3 +166,50 @@ def load_example(path: Path) -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+class ReportServer(http.server.ThreadingHTTPServer):
+    """A local controller stand-in over real HTTP: records each report the trainer posts (and
+    its path) and answers it with ``reply(report, index)`` (``index``: its place in
+    ``reports``). Use it with :func:`serving`."""
+
+    def __init__(self, reply: Callable[[TrainerReport, int], ReportReply]) -> None:
+        self.reports: list[TrainerReport] = []
+        self.paths: list[str] = []
+        self.reply = reply
+        super().__init__(("127.0.0.1", 0), _ReportHandler)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _ReportHandler(http.server.BaseHTTPRequestHandler):
+    server: ReportServer
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        self.server.paths.append(self.path)
+        report = TrainerReport.from_json(body)  # raises on schema errors
+        self.server.reports.append(report)
+        payload = self.server.reply(report, len(self.server.reports) - 1).to_json().encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def serving(server: ReportServer) -> Iterator[ReportServer]:
+    """``server`` answering on a thread until the block ends."""
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -10,15 +10,21 @@ launcher (an agreed stop with a checkpoint) and a one-process relaunch that fini
 
 from __future__ import annotations
 
-import http.server
-import threading
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.trainer.harness import EXAMPLE, Cluster, iter_micro_records, read_jsonl, wait_until
+from tests.trainer.harness import (
+    EXAMPLE,
+    Cluster,
+    ReportServer,
+    iter_micro_records,
+    read_jsonl,
+    serving,
+    wait_until,
+)
 from trainer.data import epoch_order
 from trainer.launch import ExitCode
 from trainer.report import BatchConfig, ReportReply, TrainerReport
@@ -30,48 +36,24 @@ OLD, NEW = BatchConfig(20, 1), BatchConfig(40, 2)
 REPLY_FROM_STEP = 12  # the first report built at or after this step is answered with NEW
 
 
-class _Controller(http.server.ThreadingHTTPServer):
+class _Controller(ReportServer):
     """Answers reports as the controller does (its planned batch in every reply): nothing
     until a report from step ``REPLY_FROM_STEP`` on, then ``NEW``."""
 
     def __init__(self) -> None:
-        self.reports: list[TrainerReport] = []
         self.batch_from_report: int | None = None  # index in ``reports`` of the first NEW reply
-        super().__init__(("127.0.0.1", 0), _Handler)
+        super().__init__(self._answer)
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    server: _Controller
-
-    def do_POST(self) -> None:
-        report = TrainerReport.from_json(self.rfile.read(int(self.headers["Content-Length"])))
-        self.server.reports.append(report)
-        if self.server.batch_from_report is None and report.step >= REPLY_FROM_STEP:
-            self.server.batch_from_report = len(self.server.reports) - 1
-        batch = NEW if self.server.batch_from_report is not None else None
-        payload = ReportReply(batch=batch).to_json().encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, *args: object) -> None:
-        pass
+    def _answer(self, report: TrainerReport, index: int) -> ReportReply:
+        if self.batch_from_report is None and report.step >= REPLY_FROM_STEP:
+            self.batch_from_report = index
+        return ReportReply(batch=NEW if self.batch_from_report is not None else None)
 
 
 @pytest.fixture
 def controller() -> Iterator[_Controller]:
-    server = _Controller()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
+    with serving(_Controller()) as server:
+        yield server
 
 
 def test_batch_from_a_report_reply_lands_within_one_step_and_resumes_exactly(

@@ -6,8 +6,6 @@ exact-resume test, 3 for gradient noise, 2 for corruption, non-finite gradients 
 
 from __future__ import annotations
 
-import http.server
-import threading
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,15 +16,17 @@ import torch
 from tests.trainer.harness import (
     EXAMPLE,
     Cluster,
+    ReportServer,
     iter_micro_records,
     load_example,
     max_step,
     read_jsonl,
+    serving,
     wait_until,
 )
 from trainer.data import epoch_order
 from trainer.launch import ExitCode
-from trainer.report import BatchConfig, ReportReply, TrainerReport
+from trainer.report import BatchConfig, ReportReply
 from trainer.reporter import read_reports
 
 pytestmark = pytest.mark.slow
@@ -199,50 +199,15 @@ def test_gradient_noise_matches_the_analytic_value(
 # standalone relaunch that falls back to the previous checkpoint and reports to a file.
 
 
-class _Controller(http.server.ThreadingHTTPServer):
-    """A local controller stand-in: records reports, replies with a batch configuration."""
-
-    def __init__(self, reply: ReportReply) -> None:
-        self.reports: list[TrainerReport] = []
-        self.paths: list[str] = []
-        self.reply = reply
-        super().__init__(("127.0.0.1", 0), _ControllerHandler)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-
-class _ControllerHandler(http.server.BaseHTTPRequestHandler):
-    server: _Controller
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        self.server.paths.append(self.path)
-        self.server.reports.append(TrainerReport.from_json(body))  # raises on schema errors
-        payload = self.server.reply.to_json().encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
-def controller() -> Iterator[_Controller]:
-    server = _Controller(ReportReply(batch=BatchConfig(48, 1)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
+def controller() -> Iterator[ReportServer]:
+    reply = ReportReply(batch=BatchConfig(48, 1))
+    with serving(ReportServer(lambda _report, _index: reply)) as server:
+        yield server
 
 
 def test_reports_nonfinite_step_and_corrupt_checkpoint_fallback(
-    cluster: Cluster, tmp_path: Path, controller: _Controller
+    cluster: Cluster, tmp_path: Path, controller: ReportServer
 ) -> None:
     n, batch, bad_step = 512, 32, 6
     logs, ckpt, report_file = tmp_path / "logs", tmp_path / "ckpt", tmp_path / "reports.jsonl"

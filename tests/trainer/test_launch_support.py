@@ -3,23 +3,21 @@
 from __future__ import annotations
 
 import contextlib
-import http.server
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import ClassVar
 
 import pytest
 
 from coadapt_common.clock import FakeClock
 from coadapt_common.procfs import process_start_time
+from tests.trainer.harness import ReportServer, serving
 from trainer.control import ExitKind, ExitMarker, RunDir
 from trainer.errors import TrainerConfigError
 from trainer.launch import (
@@ -298,38 +296,23 @@ def _report() -> TrainerReport:
     )  # fmt: skip
 
 
-class _Sink(http.server.BaseHTTPRequestHandler):
-    received: ClassVar[list[TrainerReport]] = []
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        _Sink.received.append(TrainerReport.from_json(body))
-        reply = ReportReply(batch=BatchConfig(64, 2)).to_json().encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(reply)))
-        self.end_headers()
-        self.wfile.write(reply)
-
-    def log_message(self, *args: object) -> None:
-        pass
+def _sink_server() -> ReportServer:
+    """A controller stand-in that answers every report with batch 64 in 2 steps."""
+    reply = ReportReply(batch=BatchConfig(64, 2))
+    return ReportServer(lambda _report, _index: reply)
 
 
 def test_reporter_posts_periodically_and_hands_replies_over() -> None:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     replies: list[ReportReply] = []
-    try:
-        sink = HttpSink(f"http://127.0.0.1:{server.server_address[1]}", "j")
+    with serving(_sink_server()) as server:
+        sink = HttpSink(server.url, "j")
         reporter = Reporter(sink, _report, interval_s=0.05, on_reply=replies.append)
         reporter.start()
         deadline = time.monotonic() + 10
-        while len(_Sink.received) < 2 and time.monotonic() < deadline:
+        while len(server.reports) < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
         reporter.stop(final=True)
-    finally:
-        server.shutdown()
-        server.server_close()
-    assert len(_Sink.received) >= 3 and reporter.failed == 0
+    assert len(server.reports) >= 3 and reporter.failed == 0
     assert replies and replies[0].batch == BatchConfig(64, 2)
 
 
@@ -337,9 +320,6 @@ def test_reporter_sends_each_scheduled_report_and_handles_its_reply_inside_the_w
     """The step loop's reply window (trainer.stepping, "Batch changes") must cover the whole
     exchange: entered before the report is built and sent, left after ``on_reply`` ran; the
     final report at exit waits for no window."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    _Sink.received.clear()
     events: list[str] = []
 
     @contextlib.contextmanager
@@ -352,8 +332,8 @@ def test_reporter_sends_each_scheduled_report_and_handles_its_reply_inside_the_w
         events.append("build")
         return _report()
 
-    try:
-        sink = HttpSink(f"http://127.0.0.1:{server.server_address[1]}", "j")
+    with serving(_sink_server()) as server:
+        sink = HttpSink(server.url, "j")
         reporter = Reporter(
             sink, build, interval_s=0.05, on_reply=lambda _r: events.append("reply"),
             reply_window=window,
@@ -363,9 +343,6 @@ def test_reporter_sends_each_scheduled_report_and_handles_its_reply_inside_the_w
         while events.count("close") < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
         reporter.stop(final=True)
-    finally:
-        server.shutdown()
-        server.server_close()
     scheduled = events.count("open")
     assert scheduled >= 2
     assert events == ["open", "build", "reply", "close"] * scheduled + ["build", "reply"]
@@ -375,22 +352,16 @@ def test_http_sink_tries_a_controller_pairs_addresses_in_turn() -> None:
     """The agents of a controller pair give the trainer both addresses (coadapt up
     --api-urls): a report reaches the one that serves, whichever is first; the failover
     benchmark found every report of a pair's jobs lost to 'Name or service not known'."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         dead = s.getsockname()[1]  # closed again: nothing listens there
-    live = f"http://127.0.0.1:{server.server_address[1]}"
-    _Sink.received.clear()
-    try:
+    with serving(_sink_server()) as server:
+        live = server.url
         sink = HttpSink(f"http://127.0.0.1:{dead},{live}", "j", timeout_s=2)
         assert sink.send(_report()) == ReportReply(batch=BatchConfig(64, 2))
         assert sink.url == f"{live}/v1/jobs/j/reports"  # the one that answered, first now
         assert sink.send(_report()) is not None
-    finally:
-        server.shutdown()
-        server.server_close()
-    assert len(_Sink.received) == 2
+    assert len(server.reports) == 2
     with pytest.raises(TrainerConfigError):
         HttpSink(f"{live},ftp://x", "j")
     with pytest.raises(OSError):  # none answers: the Reporter logs it and retries
