@@ -16,7 +16,6 @@ import importlib.util
 import math
 import subprocess
 import sys
-import threading
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -196,14 +195,11 @@ def test_trainer_keeps_given_optimizer_declares_fractional_epochs_and_evaluates_
 
 @pytest.fixture
 def controller() -> Iterator:
-    from tests.trainer.test_elastic_acceptance import _Controller
+    from tests.trainer.harness import ReportServer, serving
 
-    server = _Controller(ReportReply(batch=BatchConfig(45, 1)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
+    reply = ReportReply(batch=BatchConfig(45, 1))
+    with serving(ReportServer(lambda _report, _index: reply)) as server:
+        yield server
 
 
 def _steps_of(logs: Path) -> dict[int, dict]:
