@@ -331,7 +331,8 @@ def test_hf_job_stops_resumes_exactly_and_takes_the_controllers_batch(
         "a step at batch 45",
         p3,
     )
-    controller.reply = ReportReply(stop=True)
+    stop = ReportReply(stop=True)
+    controller.reply = lambda _report, _index: stop
     assert p3.wait(90) == ExitCode.STOPPED, p3.text()[-3000:]
 
     # 4. One process to the end (the batch of the checkpoint: 45).
