@@ -25,8 +25,9 @@ the job has already outlived every one of them -- the prior is Gott's Copernican
 Gott III, Nature 363, 315-319, 1993): with nothing else known, a process that has lasted ``a``
 is as likely to end before ``2a`` as after, so its remaining service is taken to be ``a``
 (job lengths are heavy-tailed: one that has run longer is expected to run longer still). Every
-result is floored at ``floor_gpu_s`` (the caller passes one GPU for one round, the least a
-job that runs at all receives), so a job that has not run yet is not taken as done.
+result is floored at ``floor_gpu_s`` (the caller passes one GPU for the longer of a round and a
+restart, the least a job that runs at all receives; service below it is the job's start), so a
+job that has not run yet is not taken as done.
 No constant here is fitted to any workload: the quantities come from the finished jobs,
 the prior from Gott's argument, :data:`MIN_FINISHED_JOBS` says only how few samples are too
 few to call a distribution.

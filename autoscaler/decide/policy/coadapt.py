@@ -534,7 +534,12 @@ class CoadaptPolicy:
         menu = self._menu(jobs, cluster, pools, pool_of_node, caps, models, tables)
 
         capacity = np.array([pool.capacity for pool in pools], dtype=np.int64)
-        weight = self._weights(jobs, fair_goodput, round_input.finished_gpu_s, cluster.interval_s)
+        weight = self._weights(
+            jobs,
+            fair_goodput,
+            round_input.finished_gpu_s,
+            max(cluster.interval_s, cluster.restart_delay_s),
+        )
         ref = 1.0
         if opt.power < -2.0 and menu.job.size:
             values, empty = self._values(jobs, cluster, menu, fair_goodput, weight, power=-2.0)
@@ -1033,14 +1038,15 @@ class CoadaptPolicy:
         jobs: Sequence[JobView],
         fair_goodput: np.ndarray,
         finished_gpu_s: Sequence[float],
-        interval_s: float,
+        floor_s: float,
     ) -> np.ndarray:
         """Each job's remaining-time weight ``(T_j / geometric mean T) ** remaining_weight``.
         ``T_j`` is the declared remaining time; when no job of the round declared its length,
         by ``unknown_remaining`` (see :class:`CoadaptOptions`): the expected remaining service
         learned from ``finished_gpu_s`` (:func:`autoscaler.decide.lengths.
-        remaining_service_gpu_s`, attained service floored at one GPU for one round,
-        ``interval_s``), the same weight; or the older rules."""
+        remaining_service_gpu_s`, attained service floored at one GPU for ``floor_s``, the
+        longer of a round and a restart: service below that is the job's start, which says
+        nothing of its length), the same weight; or the older rules."""
         beta = self.options.remaining_weight
         if beta == 0:
             return np.ones(len(jobs))
@@ -1061,7 +1067,7 @@ class CoadaptPolicy:
             # count, so GPU-seconds and fair-share seconds differ by one factor, which the
             # geometric mean below cancels.
             known = remaining_service_gpu_s(
-                attained, finished_gpu_s, rule=rule, floor_gpu_s=max(interval_s, 1.0)
+                attained, finished_gpu_s, rule=rule, floor_gpu_s=max(floor_s, 1.0)
             )
             mean = float(np.exp(np.mean(np.log(known))))
             return (known / mean) ** beta

@@ -255,6 +255,25 @@ def test_admit_first_starts_queued_jobs_before_growing_running_ones() -> None:
     assert all(got[f"q{i}"] == 1 for i in range(3)) and got["run"] == 1
 
 
+def test_a_job_is_not_stopped_for_newcomers_while_its_service_is_its_start() -> None:
+    """Expected remaining service grows with attained service (Gott's prior), so newcomers may
+    take a running job's GPUs; but service below a restart is the job's start, not a sign of
+    its length: a job placed seconds ago keeps its GPUs (a live 1-second-round cluster stopped
+    one after 3 s for a job submitted after it: tests/controller/test_failover.py)."""
+    c = ClusterView.uniform(2, 1, now_s=600.0, round_index=10, interval_s=1.0, restart_delay_s=10.0)
+
+    def plan(attained_s: float) -> dict[str, tuple[int, ...]]:
+        runner = view("a", alloc=(1, 0), age=attained_s + 1.0, attained=attained_s)
+        late = [view("b", age=2.0), view("c", age=0.5)]
+        return rows(c, CoadaptPolicy().decide(round_input(c, runner, *late), CoadaptState()).plan)
+
+    for attained_s in (2.0, 9.0):
+        got = plan(attained_s)
+        assert got["a"] == (1, 0) and sorted([got["b"], got["c"]]) == [(0, 0), (0, 1)], got
+    got = plan(60.0)  # six restarts' worth of service: the newcomers go first
+    assert got["a"] == (0, 0) and sorted([got["b"], got["c"]]) == [(0, 1), (1, 0)], got
+
+
 def test_a_running_job_never_trades_its_type_for_a_slower_one() -> None:
     nodes = (NodeView("a100-0", "A100", 8), NodeView("a100-1", "A100", 8))
     c = ClusterView((*nodes, NodeView("v100-0", "V100", 8)), now_s=600.0, round_index=10)
