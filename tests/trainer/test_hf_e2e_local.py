@@ -6,7 +6,8 @@ torchrun and gloo run ``examples/hf_classifier.py`` (a ``CoadaptTrainer``, gpus 
 float64, a per-sample sleep as an accelerator's work). The policy grows it to 2 processes; a
 second job (``examples/jobs/mlp-small.yaml``) arrives and the policy shares the two slots: the HF
 job shrinks to 1; the small job ends and the HF job grows back to 2; then its instance gets a
-spot notice and it resumes on the fleet's replacement. Then:
+spot notice (once the controller changed its batch within that launch, or after 30 s) and it
+resumes on the fleet's replacement. Then:
 
 * its per-step sample ids show every sample of every epoch trained exactly once, over 1 and 2
   processes, and its final weights equal a plain loop over the same global batches (the
@@ -114,6 +115,7 @@ local_batch_size: {{max: 128}}
     timeline: list[tuple[float, str]] = []
     noticed: str | None = None
     noticed_at = 0.0
+    regrown: dict[tuple[float, int], tuple[float, int]] = {}  # launch -> first seen, its batch
     t0 = time.monotonic()
     try:
         deadline = time.monotonic() + 30
@@ -147,6 +149,20 @@ local_batch_size: {{max: 128}}
                 phase = "regrow"  # the small job ends; the HF job grows back to 2
                 status_docs.append(_status(state))
             elif phase == "regrow" and size == 2 and job["assignment"]:
+                # The regrown launch runs until the controller's batch changes within it (the
+                # gradient noise scale it measures by then moves the plan) or for 30 s; a
+                # notice at its first report raced that change to the next launch.
+                report = job["report"]
+                launch = (report["started_at_s"], report["attempt"])
+                first_batch = regrown.setdefault(
+                    launch, (time.monotonic(), report["global_batch_size"])
+                )
+                if (
+                    report["global_batch_size"] == first_batch[1]
+                    and time.monotonic() - first_batch[0] < 30
+                ):
+                    time.sleep(0.5)
+                    continue
                 listed = {r.instance_key: r for r in user.list_instances()}
                 (victim,) = list(job["assignment"])
                 pid = listed[victim].provider_instance_id
