@@ -243,13 +243,12 @@ local_batch_size: {{max: 128}}
         steps,
     )  # fmt: skip
     got = torch.load(final)
-    # Over ~300 steps at the controller's batches the float64 runs differ from the reference
-    # by summation order only: 1e-13 of each tensor's largest entry in most runs, up to 1e-8
-    # in one (entries that Adam's normalisation amplifies where gradients are tiny; seen with
-    # two in-launch batch changes and one at a restart), failing an elementwise 1e-7 on
-    # entries near 0. A wrong
-    # batch, weight or learning rate at any one step moves the weights by about lr x its error
-    # (>= 1e-5 of 0.1-sized tensors for a 1% error): 1e-7 of each tensor's scale still catches it.
+    # Over ~300 steps at the controller's batches the float64 run and the reference agree to
+    # 1e-13 of each tensor's largest entry in most runs, to 1e-8 in one (seen with two
+    # in-launch batch changes and one at a restart; the source was not found), which fails an
+    # elementwise 1e-7 on entries near 0. A wrong batch, sample weight or learning rate at any
+    # one step moves the weights by about lr x its error (>= 1e-5 of 0.1-sized tensors for a
+    # 1% error): 1e-7 of each tensor's scale still catches it.
     for name, ref in reference.items():
         atol = max(1e-10, 1e-7 * float(ref.abs().max()))
         torch.testing.assert_close(
