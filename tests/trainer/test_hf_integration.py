@@ -26,10 +26,12 @@ import torch
 from tests.trainer.harness import (
     ROOT,
     Cluster,
+    ReportServer,
     iter_micro_records,
     load_example,
     max_step,
     read_jsonl,
+    serving,
     wait_until,
 )
 from trainer.data import epoch_order
@@ -194,9 +196,7 @@ def test_trainer_keeps_given_optimizer_declares_fractional_epochs_and_evaluates_
 
 
 @pytest.fixture
-def controller() -> Iterator:
-    from tests.trainer.harness import ReportServer, serving
-
+def controller() -> Iterator[ReportServer]:
     reply = ReportReply(batch=BatchConfig(45, 1))
     with serving(ReportServer(lambda _report, _index: reply)) as server:
         yield server
