@@ -318,7 +318,9 @@ def main(argv: list[str] | None = None) -> int:
         default=MEASURED,
         help="the world's truths: measured (boots drawn from public start-up measurements, "
         "restarts from our trainer's, noisy reports; the default) or ideal (every boot the "
-        "sizing's provisioning delay, every restart the policy's restart delay, exact reports)",
+        "sizing's provisioning delay, every restart the policy's restart delay, exact reports); "
+        "measured-restarts and measured-reports: the ideal world with only that truth measured "
+        "(ablations)",
     )
     ap.add_argument(
         "--deadline-factor",

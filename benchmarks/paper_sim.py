@@ -151,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         default=IDEAL,
         help="the world's truths: ideal (the paper simulator's: restarts of exactly the "
         "policies' delay, exact reports) or measured (restarts and report noise measured on "
-        "our trainer)",
+        "our trainer); measured-restarts and measured-reports measure only the one truth "
+        "(ablations: how far each moves the figures)",
     )
     parser.add_argument(
         "--speed-error",

@@ -102,7 +102,9 @@ def simulate(
         help="The world's own truths: ideal (restarts of exactly --restart-delay-s, exact "
         "trainer reports, boots of the sizing's provisioning delay: the paper simulator's "
         "world) or measured (restarts measured on our trainer and scaled by each model's "
-        "checkpoint, noisy reports, boots from public start-up measurements).",
+        "checkpoint, noisy reports, boots from public start-up measurements); "
+        "measured-restarts or measured-reports: the ideal world with only that truth measured "
+        "(ablations).",
     ),
     speed_error: float = typer.Option(
         0.0,

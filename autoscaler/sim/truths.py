@@ -12,7 +12,10 @@
   profiler on the calibration model that trains as the application does (SGD or Adam;
   :mod:`autoscaler.sim.report_noise`), and in cloud runs boots from public start-up
   measurements (:mod:`autoscaler.sim.boot`; :func:`autoscaler.sim.experiments.build_run`)
-  and spot preemptions from the availability traces where one is given.
+  and spot preemptions from the availability traces where one is given;
+- ``"measured-restarts"`` and ``"measured-reports"``: the ideal world with one measured truth
+  each (the restarts; the reports' noise), to say how far each moves a figure (ablations:
+  boots stay the sizing's in both).
 
 ``SimConfig.speed_error`` (either world): each (application, GPU type) pair whose true speed
 is derived from the speed table (no trace measured on that type) runs at the table's ratio
@@ -34,11 +37,22 @@ from autoscaler.errors import InvalidInputError
 from autoscaler.sim.report_noise import ReportNoise, load_report_noise
 from autoscaler.sim.restart import RestartTimes, load_restart_times
 
-__all__ = ["IDEAL", "MAX_SPEED_ERROR", "MEASURED", "WORLDS", "WorldTruths", "check_speed_error"]
+__all__ = [
+    "IDEAL",
+    "MAX_SPEED_ERROR",
+    "MEASURED",
+    "MEASURED_REPORTS",
+    "MEASURED_RESTARTS",
+    "WORLDS",
+    "WorldTruths",
+    "check_speed_error",
+]
 
 IDEAL: Final = "ideal"
 MEASURED: Final = "measured"
-WORLDS: tuple[str, ...] = (IDEAL, MEASURED)
+MEASURED_RESTARTS: Final = "measured-restarts"
+MEASURED_REPORTS: Final = "measured-reports"
+WORLDS: tuple[str, ...] = (IDEAL, MEASURED, MEASURED_RESTARTS, MEASURED_REPORTS)
 #: The calibration models (``autoscaler/data/noise``) whose spreads a measured world's reports
 #: carry: the tiny BERT trained with AdamW (preconditioned gradient statistics) for
 #: applications trained with Adam, the MLP trained with SGD for the others.
@@ -61,16 +75,19 @@ def check_speed_error(value: float) -> float:
 @dataclass
 class WorldTruths:
     """The truths of one simulation (see the module docstring); built once per run by
-    :meth:`build`. ``restart``: the measured restart times, ``None`` in the ideal world;
-    ``noises``: the reports' measurement noise by whether the application's optimizer is
-    preconditioned (:meth:`noise`; empty, exact, in the ideal world), drawn from ``rng``
-    (seeded by the run's seed, apart from the restarts' draws)."""
+    :meth:`build`. ``restart``: the measured restart times (and each application's model),
+    ``None`` in the ideal world; ``restarts_measured``: whether restarts are drawn from them
+    (false in ``"measured-reports"``); ``noises``: the reports' measurement noise by whether
+    the application's optimizer is preconditioned (:meth:`noise`; empty, exact, in the ideal
+    and ``"measured-restarts"`` worlds), drawn from ``rng`` (seeded by the run's seed, apart
+    from the restarts' draws)."""
 
     world: str
     seed: int
     speed_error: float
     restart: RestartTimes | None
     noises: Mapping[bool, ReportNoise] = field(default_factory=dict)
+    restarts_measured: bool = True
     rng: random.Random = field(init=False, repr=False)  # the report noise's draws
 
     def __post_init__(self) -> None:
@@ -83,13 +100,16 @@ class WorldTruths:
                 f"world must be one of {', '.join(WORLDS)}, got {world!r}", field="world"
             )
         check_speed_error(speed_error)
-        if world == MEASURED:
+        if world == IDEAL:
+            return cls(world, seed, speed_error, None)
+        noises: dict[bool, ReportNoise] = {}
+        if world in (MEASURED, MEASURED_REPORTS):
             noises = {
                 False: load_report_noise(model=UNPRECONDITIONED_MODEL),
                 True: load_report_noise(model=PRECONDITIONED_MODEL),
             }
-            return cls(world, seed, speed_error, load_restart_times(seed), noises)
-        return cls(world, seed, speed_error, None)
+        restarts = load_restart_times(seed)
+        return cls(world, seed, speed_error, restarts, noises, world != MEASURED_REPORTS)
 
     def noise(self, application: str) -> ReportNoise:
         """The measurement noise of a job of ``application``'s reports: exact in the ideal
@@ -104,8 +124,9 @@ class WorldTruths:
 
     def restart_s(self, application: str, planned_s: float) -> float:
         """How long a job of ``application`` makes no progress after a (re)start: the
-        policies' ``planned_s`` in the ideal world, a measured draw otherwise."""
-        if self.restart is None:
+        policies' ``planned_s`` in the ideal and ``"measured-reports"`` worlds, a measured draw
+        otherwise."""
+        if self.restart is None or not self.restarts_measured:
             return planned_s
         return self.restart.draw_s(application)
 

@@ -205,3 +205,22 @@ def test_reports_carry_the_noise_of_the_calibration_model_that_trains_alike() ->
     for app, curve in (("bert", bert), ("ncf", bert), ("cifar10", mlp), ("imagenet", mlp)):
         assert measured.noise(app).relative_sd("grad_var", 4) == curve.relative_sd("grad_var", 4)
     assert WorldTruths.build("ideal", 0).noise("bert").exact
+
+
+def test_the_ablation_worlds_measure_one_truth_each() -> None:
+    """``measured-restarts`` draws the measured world's restarts with exact reports;
+    ``measured-reports`` restarts in the policies' delay with the measured world's noise."""
+    restarts, reports = (
+        WorldTruths.build("measured-restarts", 0),
+        WorldTruths.build("measured-reports", 0),
+    )
+    measured = WorldTruths.build("measured", 0)
+    assert [restarts.restart_s("bert", 30.0) for _ in range(5)] == [
+        measured.restart_s("bert", 30.0) for _ in range(5)
+    ]
+    assert reports.restart_s("bert", 30.0) == 30.0
+    assert restarts.noise("bert").exact and not reports.noise("bert").exact
+    assert reports.noise("ncf") == measured.noise("ncf")  # Adam-trained: the bert curve
+    ideal = _seen_grads("ideal")  # the same restart (the policies' delay), noisy readings
+    seen = _seen_grads("measured-reports")
+    assert len(seen) == len(ideal) and seen != ideal
