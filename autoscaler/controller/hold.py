@@ -31,9 +31,13 @@ restart it paid. Within it:
   for cost. When one of its instances leaves (a notice, a preemption, a dead agent) the
   policy places it again.
 * **Batch changes are damped** (:func:`damp_batches`): on an unchanged allocation, a batch
-  change back to within ``batch_tolerance`` of the batch the job left, less than the horizon
-  after it left it, is not made; the job keeps the batch it runs. A change of allocation
-  takes its batch with it (the job restarts anyway).
+  change in the direction opposite to the job's last batch change on that allocation, at
+  most the horizon after it, is not made; the job keeps the batch it runs. This is the
+  reversal the churn figures count (:func:`autoscaler.accounting.churn.batch_reversals`): a
+  noisy estimate that swings the optimum up and down moves the batch one way at a time. A
+  change of allocation takes its batch with it (the job restarts anyway) and starts afresh:
+  the first batch chosen from the new allocation's own measurements may go either way
+  (holding it against the batch the old allocation's change set cost simulated jobs time).
 
 Pure functions over numbers: the controller reads the store and passes them in.
 """
@@ -62,21 +66,15 @@ __all__ = [
 class HoldConfig:
     """How long decisions hold (see the module docstring): ``rounds`` controller rounds (5:
     the issue's acceptance counts reversals and drains of young instances within 5 rounds),
-    never less than one restart; ``batch_tolerance``: a batch within this fraction of the
-    one a job left is a reversal to it; ``keep_empty``: keep an empty ready instance for the
+    never less than one restart; ``keep_empty``: keep an empty ready instance for the
     rent-or-buy break-even (:meth:`empty_keep_s`)."""
 
     rounds: int = 5
-    batch_tolerance: float = 0.05
     keep_empty: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.rounds, bool) or not isinstance(self.rounds, int) or self.rounds < 0:
             raise InvalidInputError("hold rounds must be an integer >= 0", field="hold.rounds")
-        if not (0 <= self.batch_tolerance < 1):
-            raise InvalidInputError(
-                "batch_tolerance must be in [0, 1)", field="hold.batch_tolerance"
-            )
 
     def empty_keep_s(self, boot_s: float) -> float:
         """How long an empty ready instance is kept: ``boot_s``, the boot the sizing believes
@@ -96,10 +94,12 @@ class HoldConfig:
 
 @dataclass(frozen=True)
 class BatchLeft:
-    """A job left global batch ``batch_size`` at ``at_s`` (the clock's seconds)."""
+    """A job left global batch ``batch_size`` at ``at_s`` (the clock's seconds) for a larger
+    one (``rose`` true) or a smaller one."""
 
     batch_size: int
     at_s: float
+    rose: bool
 
 
 def held_instances(
@@ -183,37 +183,38 @@ def damp_batches(
     left: Mapping[str, BatchLeft],
     now_s: float,
     hold_s: float,
-    tolerance: float,
 ) -> tuple[dict[str, BatchChoice], dict[str, BatchLeft]]:
-    """The batches to act on and the memory of the batches jobs left (see the module
+    """The batches to act on and the memory of each job's last batch change (see the module
     docstring). ``batches``: the plan's; ``allocations``: the round's final ones; ``held``:
     what each job held when the round read it; ``planned``: the batch each runs now (the
     store's planned batches); ``left``: the memory from the last round. A job of ``batches``
-    that keeps its allocation and would go back, within ``hold_s``, to within ``tolerance``
-    of the batch it left keeps its planned batch; every change made is remembered (the batch
-    left, now). Only the jobs of ``batches`` are remembered."""
+    that keeps its allocation and would change its batch in the direction opposite to its
+    last change there, at most ``hold_s`` after it, keeps its planned batch; every change
+    made on an unchanged allocation is remembered (the batch left, now, its direction), a
+    change of allocation forgets the job's last change. Only the jobs of ``batches`` are
+    remembered, and only for ``hold_s`` (its end included, as the churn figures count)."""
     out: dict[str, BatchChoice] = {}
     memory: dict[str, BatchLeft] = {}
     for name, choice in batches.items():
         now_batch = planned.get(name)
         before = left.get(name)
         alloc = allocations.get(name, Allocation())
-        if before is not None and now_s - before.at_s < hold_s:
+        recent = before is not None and now_s - before.at_s <= hold_s  # as churn counts
+        if before is not None and recent:
             memory[name] = before
         if now_batch is None or choice.batch_size == now_batch.global_batch_size:
             out[name] = choice
             continue
+        rose = choice.batch_size > now_batch.global_batch_size
         same_place = alloc == held.get(name, Allocation()) and alloc.num_gpus == now_batch.gpus
-        reversal = (
-            before is not None
-            and now_s - before.at_s < hold_s
-            and abs(choice.batch_size - before.batch_size) <= tolerance * before.batch_size + 1e-9
-        )
-        if same_place and reversal:
+        if same_place and before is not None and recent and rose != before.rose:
             out[name] = BatchChoice(
                 now_batch.global_batch_size, now_batch.local_batch_size, now_batch.accum_steps
             )
             continue
         out[name] = choice
-        memory[name] = BatchLeft(now_batch.global_batch_size, now_s)
+        if same_place:
+            memory[name] = BatchLeft(now_batch.global_batch_size, now_s, rose)
+        else:
+            memory.pop(name, None)
     return out, memory

@@ -594,7 +594,6 @@ class Controller:
             self._batch_left,
             now,
             self._hold_s,
-            self.config.hold.batch_tolerance,
         )
         return out
 

@@ -179,20 +179,22 @@ def test_an_adaptive_job_is_moved_in_the_same_story(tmp_path: Path) -> None:
 
 
 class _Flipping:
-    """The coadapt policy, but each round the job's batch flips between 128 and 120 on its
-    one GPU (6 % apart): the 16 -> 17 -> 16 seen live."""
+    """The coadapt policy, but each round the job's batch on its one GPU is the next of
+    ``sizes`` (cycled); by default it flips between 128 and 120 (6 % apart): the
+    16 -> 17 -> 16 seen live."""
 
-    def __init__(self) -> None:
+    def __init__(self, sizes: tuple[int, ...] = (128, 120)) -> None:
         self.inner = make_policy("coadapt")
         self.calls = 0
+        self.sizes = sizes
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
     def decide(self, round_input: RoundInput, state: Any) -> Decision:
         d = self.inner.decide(round_input, state)
+        size = self.sizes[self.calls % len(self.sizes)]
         self.calls += 1
-        size = 128 if self.calls % 2 else 120
         batches = {
             name: BatchChoice(size, size, 1)
             for name, alloc in d.plan.allocations.items()
@@ -217,6 +219,27 @@ def test_a_batch_change_is_not_reversed_within_the_horizon(tmp_path: Path) -> No
     for (t0, left, _), (t1, _, back) in itertools.pairwise(changes):
         if abs(back - left) <= 0.05 * left:
             assert t1 - t0 >= HOLD_S, f"batch {left} -> {back} after {t1 - t0:.0f} s: {sizes}"
+
+
+def test_a_batch_that_swings_moves_one_way_within_the_horizon(tmp_path: Path) -> None:
+    """An optimum that swings up and down as its noisy estimate does (each swing more than
+    5 % from the batch left) is followed one way at a time: no change against the last one
+    within the horizon, the reversal the churn figures count."""
+    from autoscaler.accounting.churn import batch_reversals
+
+    store, cloud, clock, target = _setup(tmp_path)
+    swinging: Any = _Flipping((64, 96, 80, 112, 100, 128, 116, 124, 72, 90))
+    ctl = Controller(store, cloud, clock, CONFIG, strategy=target, policy=swinging)
+    sizes: list[tuple[float, int]] = []
+    for _ in range(16):
+        now = clock.now_s()
+        _round(ctl, store, clock)
+        batch = store.get_batch("job-0")
+        if batch is not None:
+            sizes.append((now, batch.global_batch_size))
+    seen = " ".join(f"{t - sizes[0][0]:.0f}s:{b}" for t, b in sizes)
+    assert len({b for _, b in sizes}) >= 3, f"the batch follows the plan: {seen}"
+    assert batch_reversals(sizes, HOLD_S) == 0, seen
 
 
 def test_the_hold_config_is_checked() -> None:
@@ -255,3 +278,28 @@ def test_an_empty_instance_is_kept_for_the_break_even_only_while_the_plan_wants_
     assert HoldConfig().empty_keep_s(120.0) == 120.0
     assert HoldConfig(rounds=0).empty_keep_s(120.0) == 0.0
     assert HoldConfig(keep_empty=False).empty_keep_s(120.0) == 0.0
+
+
+def test_a_change_of_allocation_starts_the_batch_memory_afresh() -> None:
+    """After a rescale the first batch chosen on the new allocation may go either way; on an
+    unchanged allocation a change against the last one within the horizon is not made."""
+    from autoscaler.controller.hold import BatchLeft, damp_batches
+    from autoscaler.controller.records import JobBatch
+    from autoscaler.decide.views import Allocation
+
+    one, two = Allocation({"a": 1}), Allocation({"a": 2})
+    rose = {"j": BatchLeft(100, 0.0, rose=True)}  # 100 -> 128 at t = 0, on one GPU
+
+    def damp(choice: int, alloc: Allocation, held: Allocation, gpus: int) -> tuple[int, bool]:
+        planned = {"j": JobBatch("j", 128, 128, 1, gpus, 0.0)}
+        out, memory = damp_batches(
+            {"j": BatchChoice(choice, choice, 1)}, {"j": alloc}, {"j": held}, planned, rose,
+            60.0, HOLD_S,
+        )  # fmt: skip
+        return out["j"].batch_size, "j" in memory
+
+    assert damp(110, one, one, 1) == (128, True)  # a reversal on the same GPU: not made
+    assert damp(150, one, one, 1) == (150, True)  # the same way: made, remembered
+    assert damp(110, two, one, 1) == (110, False)  # with a rescale: made, memory afresh
+    rose = {"j": BatchLeft(100, 0.0 - HOLD_S - 1, rose=True)}
+    assert damp(110, one, one, 1) == (110, True)  # past the horizon: made
