@@ -9,7 +9,7 @@ import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -203,17 +203,23 @@ class _Flipping:
         return Decision(Plan(d.plan.allocations, batches, d.plan.fleet, d.plan.refused), d.state)
 
 
-def test_a_batch_change_is_not_reversed_within_the_horizon(tmp_path: Path) -> None:
+def _batches_run(tmp_path: Path, policy: _Flipping, rounds: int) -> list[tuple[float, int]]:
+    """``(round start, job-0's planned global batch)`` over ``rounds`` controller rounds
+    with ``policy``."""
     store, cloud, clock, target = _setup(tmp_path)
-    flipping: Any = _Flipping()
-    ctl = Controller(store, cloud, clock, CONFIG, strategy=target, policy=flipping)
+    ctl = Controller(store, cloud, clock, CONFIG, strategy=target, policy=cast(Any, policy))
     sizes: list[tuple[float, int]] = []
-    for _ in range(14):
+    for _ in range(rounds):
         now = clock.now_s()
         _round(ctl, store, clock)
         batch = store.get_batch("job-0")
         if batch is not None:
             sizes.append((now, batch.global_batch_size))
+    return sizes
+
+
+def test_a_batch_change_is_not_reversed_within_the_horizon(tmp_path: Path) -> None:
+    sizes = _batches_run(tmp_path, _Flipping(), 14)
     changes = [(t, a, b) for (_, a), (t, b) in itertools.pairwise(sizes) if a != b]
     assert changes, "the batch does change"
     for (t0, left, _), (t1, _, back) in itertools.pairwise(changes):
@@ -227,16 +233,7 @@ def test_a_batch_that_swings_moves_one_way_within_the_horizon(tmp_path: Path) ->
     within the horizon, the reversal the churn figures count."""
     from autoscaler.accounting.churn import batch_reversals
 
-    store, cloud, clock, target = _setup(tmp_path)
-    swinging: Any = _Flipping((64, 96, 80, 112, 100, 128, 116, 124, 72, 90))
-    ctl = Controller(store, cloud, clock, CONFIG, strategy=target, policy=swinging)
-    sizes: list[tuple[float, int]] = []
-    for _ in range(16):
-        now = clock.now_s()
-        _round(ctl, store, clock)
-        batch = store.get_batch("job-0")
-        if batch is not None:
-            sizes.append((now, batch.global_batch_size))
+    sizes = _batches_run(tmp_path, _Flipping((64, 96, 80, 112, 100, 128, 116, 124, 72, 90)), 16)
     seen = " ".join(f"{t - sizes[0][0]:.0f}s:{b}" for t, b in sizes)
     assert len({b for _, b in sizes}) >= 3, f"the batch follows the plan: {seen}"
     assert batch_reversals(sizes, HOLD_S) == 0, seen
