@@ -60,7 +60,8 @@ class SimConfig:
     ``job_offerings``: per job name, the ``markets`` and ``offerings`` its spec gives (the
     controller's :class:`~autoscaler.controller.jobbook.JobSubmission` fields; jobs not named
     set neither). ``world``: the world's own truths, ``"ideal"`` (the paper's simulator's:
-    restarts of exactly ``restart_delay_s``, exact reports) or ``"measured"``; ``speed_error``:
+    restarts of exactly ``restart_delay_s``, exact reports), ``"measured"``, or one of its
+    two ablations (:data:`~autoscaler.sim.truths.WORLDS`); ``speed_error``:
     how far the true speed of a type derived from the speed table may stray from it (see
     :mod:`autoscaler.sim.truths`).
     """
