@@ -94,10 +94,9 @@ class HoldConfig:
 
 @dataclass(frozen=True)
 class BatchLeft:
-    """A job left global batch ``batch_size`` at ``at_s`` (the clock's seconds) for a larger
-    one (``rose`` true) or a smaller one."""
+    """A job's last batch change on its allocation: at ``at_s`` (the clock's seconds), to a
+    larger batch (``rose`` true) or a smaller one."""
 
-    batch_size: int
     at_s: float
     rose: bool
 
@@ -190,7 +189,7 @@ def damp_batches(
     store's planned batches); ``left``: the memory from the last round. A job of ``batches``
     that keeps its allocation and would change its batch in the direction opposite to its
     last change there, at most ``hold_s`` after it, keeps its planned batch; every change
-    made on an unchanged allocation is remembered (the batch left, now, its direction), a
+    made on an unchanged allocation is remembered (when, and its direction), a
     change of allocation forgets the job's last change. Only the jobs of ``batches`` are
     remembered, and only for ``hold_s`` (its end included, as the churn figures count)."""
     out: dict[str, BatchChoice] = {}
@@ -214,7 +213,7 @@ def damp_batches(
             continue
         out[name] = choice
         if same_place:
-            memory[name] = BatchLeft(now_batch.global_batch_size, now_s, rose)
+            memory[name] = BatchLeft(now_s, rose)
         else:
             memory.pop(name, None)
     return out, memory

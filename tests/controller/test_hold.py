@@ -285,7 +285,7 @@ def test_a_change_of_allocation_starts_the_batch_memory_afresh() -> None:
     from autoscaler.decide.views import Allocation
 
     one, two = Allocation({"a": 1}), Allocation({"a": 2})
-    rose = {"j": BatchLeft(100, 0.0, rose=True)}  # 100 -> 128 at t = 0, on one GPU
+    rose = {"j": BatchLeft(0.0, rose=True)}  # 100 -> 128 at t = 0, on one GPU
 
     def damp(choice: int, alloc: Allocation, held: Allocation, gpus: int) -> tuple[int, bool]:
         planned = {"j": JobBatch("j", 128, 128, 1, gpus, 0.0)}
@@ -298,5 +298,5 @@ def test_a_change_of_allocation_starts_the_batch_memory_afresh() -> None:
     assert damp(110, one, one, 1) == (128, True)  # a reversal on the same GPU: not made
     assert damp(150, one, one, 1) == (150, True)  # the same way: made, remembered
     assert damp(110, two, one, 1) == (110, False)  # with a rescale: made, memory afresh
-    rose = {"j": BatchLeft(100, 0.0 - HOLD_S - 1, rose=True)}
+    rose = {"j": BatchLeft(0.0 - HOLD_S - 1, rose=True)}
     assert damp(110, one, one, 1) == (110, True)  # past the horizon: made
